@@ -1,0 +1,73 @@
+// The interface every backend (CPU now, CUDA next) offers to the schedules: GPT-2's forward pass,
+// and its backward pass cut at block boundaries.
+//
+// Backward is split so that a schedule can decide, block by block, where each gradient goes:
+// the whole-model gradient buffer (gpu mode), or one of two gradient slots handed to CPU workers
+// (layup mode). The order a schedule must call is the order of backpropagation:
+//
+//   forward(params, batch)                     loss of the batch
+//   backward_head(params, grads...)            classifier + final layer norm
+//   backward_block(L-1 ... 0, params, slot)    each transformer block
+//   backward_embeddings(params, grads)         token and position embeddings
+//
+// Every backward call ACCUMULATES (+=) into the gradient memory it is given, so gradient
+// accumulation over micro-batches and the tied token embedding (which receives gradient from
+// the LM head first and from the input embedding last) need nothing special; a schedule zeroes
+// gradient memory when it starts a new accumulation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/gpt2_config.h"
+#include "model/parameter_layout.h"
+
+namespace layup {
+
+// B sequences of T token ids. targets may be null for inference (no loss, no backward).
+struct TokenBatch {
+  const int32_t* inputs = nullptr;   // [B, T]
+  const int32_t* targets = nullptr;  // [B, T] or null
+  int batch = 0;                     // B
+  int seq_len = 0;                   // T
+};
+
+using ParameterPointers = SpanPointers<const float>;
+using GradientPointers = SpanPointers<float>;
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+
+  virtual std::string name() const = 0;
+
+  // Runs the forward pass. With targets it returns the mean cross-entropy over the B*T
+  // positions (padded-vocabulary logits excluded); without, it returns NaN. B and T must not
+  // exceed the sizes the backend was made for.
+  virtual float forward(const ParameterPointers& params, const TokenBatch& batch) = 0;
+
+  // Logits of the last forward: [B, T, padded_vocab] row-major, in host memory. Entries at and
+  // beyond the real vocabulary are the padded logits and carry no meaning.
+  virtual const float* logits() const = 0;
+
+  // Backward of the loss through the classifier (tied LM head) and the final layer norm.
+  // loss_scale multiplies d(loss): 1 for one batch, 1/N when accumulating N micro-batches.
+  // Accumulates into final_norm_grad (the final-norm span) and into the wte part of
+  // embeddings_grad (the embeddings span).
+  virtual void backward_head(const ParameterPointers& params, float* final_norm_grad,
+                             float* embeddings_grad, float loss_scale) = 0;
+
+  // Backward of one transformer block; accumulates into block_grad, which is laid out like one
+  // block span (BlockOffsets). Blocks must be called from the last to the first.
+  virtual void backward_block(int layer, const ParameterPointers& params, float* block_grad) = 0;
+
+  // Backward of the token and position embeddings; accumulates into embeddings_grad.
+  virtual void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) = 0;
+};
+
+// The fp32 CPU backend (OpenMP), sized for batches up to max_batch x max_seq_len.
+std::unique_ptr<ModelBackend> make_cpu_backend(const Gpt2Config& config, int max_batch,
+                                               int max_seq_len);
+
+}  // namespace layup
