@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs layup's whole test suite: the C++ unit tests and the oracle tests that compare layup with
+# PyTorch, Hugging Face transformers and tiktoken. Installs what is missing first (Debian
+# packages through setup.sh; the Python oracles into a virtual environment, ~3 GB the first time).
+#   ./scripts/test.sh               Release build in build/, every test
+#   ./scripts/test.sh --sanitize    ASan + UBSan build in build-sanitize/, the C++ tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--sanitize" ]; then
+  BUILD_DIR=build-sanitize CMAKE_ARGS="-DLAYUP_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo" \
+    ./scripts/setup.sh
+  # OpenMP's runtime keeps thread pools alive at exit; that is not a leak of ours.
+  export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+  ctest --test-dir build-sanitize --output-on-failure -j 2 -E oracle_pytest
+  exit 0
+fi
+
+venv=${LAYUP_VENV:-$HOME/.cache/layup/venv}
+oracles=(torch transformers tiktoken safetensors numpy pytest regex)
+if ! "$venv/bin/python" -c "import torch, transformers, tiktoken, safetensors, numpy, pytest, regex" 2>/dev/null; then
+  echo "installing the Python oracles into $venv"
+  python3 -m venv "$venv" || { apt-get install -y -qq python3-venv && python3 -m venv "$venv"; }
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install -q "${oracles[@]}"
+fi
+CMAKE_ARGS="-DLAYUP_PYTHON=$venv/bin/python" ./scripts/setup.sh
+ctest --test-dir build --output-on-failure -j 2

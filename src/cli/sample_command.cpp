@@ -1,0 +1,75 @@
+// `layup sample`: generate text from a checkpoint.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli/commands.h"
+#include "core/rng.h"
+#include "io/checkpoint.h"
+#include "sample/generate.h"
+#include "tokenizer/bpe_tokenizer.h"
+#include "train/corpus_shards.h"
+
+namespace layup {
+
+namespace {
+
+struct SampleFlags {
+  std::string checkpoint;
+  std::string tokenizer;
+  std::string prompt = "\n";
+  SamplingOptions sampling{200, 0.8f, 40};
+  uint64_t seed = 1;
+};
+
+}  // namespace
+
+void add_sample_command(CLI::App& app) {
+  auto flags = std::make_shared<SampleFlags>();
+  CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
+  cmd->add_option("--checkpoint", flags->checkpoint,
+                  "A checkpoint folder (model.safetensors + config.json, e.g. from Hugging Face "
+                  "save_pretrained) or a run folder (its latest checkpoint)")
+      ->required();
+  cmd->add_option("--prompt", flags->prompt, "Text to continue")->capture_default_str();
+  cmd->add_option("--tokens", flags->sampling.new_tokens, "Tokens to generate")
+      ->capture_default_str();
+  cmd->add_option("--temperature", flags->sampling.temperature, "Sampling temperature")
+      ->capture_default_str();
+  cmd->add_option("--top-k", flags->sampling.top_k, "Sample among the k likeliest tokens (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--seed", flags->seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--tokenizer", flags->tokenizer,
+                  "Folder with gpt2.tiktoken or encoder.json + vocab.bpe (default: shipped)");
+  cmd->callback([flags]() {
+    LAYUP_CHECK(flags->sampling.new_tokens >= 0, "--tokens must not be negative");
+    LAYUP_CHECK(flags->sampling.temperature > 0.0f, "--temperature must be positive");
+    LAYUP_CHECK(flags->sampling.top_k >= 0, "--top-k must not be negative");
+    const std::string tokenizer_dir =
+        flags->tokenizer.empty()
+            ? (std::filesystem::path(shipped_data_dir()) / "gpt2-tokenizer").string()
+            : flags->tokenizer;
+    const BpeTokenizer tokenizer = BpeTokenizer::load_dir(tokenizer_dir);
+    const LoadedModel model = load_hf_model(find_latest_checkpoint(flags->checkpoint));
+    const Gpt2Config& config = model.config;
+    LAYUP_CHECK(config.vocab_size <= tokenizer.vocab_size(), "the model's vocabulary (",
+                config.vocab_size, ") is larger than the tokenizer's (", tokenizer.vocab_size(), ")");
+    std::vector<int32_t> prompt = tokenizer.encode(flags->prompt);
+    if (prompt.empty()) prompt.push_back(tokenizer.eot_token());
+
+    const ParameterLayout layout(config);
+    std::unique_ptr<ModelBackend> backend = make_cpu_backend(config, 1, config.n_positions);
+    const ParameterPointers params = layout.pointers<const float>(model.params.data());
+    Rng rng(flags->seed);
+    const std::vector<int32_t> tokens = generate(
+        [&](const TokenBatch& batch) {
+          backend->forward(params, batch);
+          return backend->logits();
+        },
+        prompt, config.n_positions, config.vocab_size, config.padded_vocab_size, flags->sampling,
+        rng);
+    std::printf("%s\n", tokenizer.decode(tokens).c_str());
+  });
+}
+
+}  // namespace layup

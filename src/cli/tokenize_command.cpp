@@ -1,0 +1,49 @@
+// `layup tokenize`: text files -> train/validation token shards.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli/commands.h"
+#include "tokenizer/bpe_tokenizer.h"
+#include "train/corpus_shards.h"
+
+namespace layup {
+
+namespace {
+
+struct TokenizeFlags {
+  std::vector<std::string> files;
+  std::string out;
+  std::string tokenizer;
+  double val_fraction = 0.05;
+};
+
+}  // namespace
+
+void add_tokenize_command(CLI::App& app) {
+  auto flags = std::make_shared<TokenizeFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "tokenize",
+      "Turn UTF-8 text files into token shards (llm.c's layout: 256 int32 header, uint16 tokens)");
+  cmd->add_option("files", flags->files, "Text files; each is one document")->required();
+  cmd->add_option("--out", flags->out, "Folder for train_*.bin and val_*.bin")->required();
+  cmd->add_option("--val-fraction", flags->val_fraction,
+                  "Share of each document (its end) kept for validation")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", flags->tokenizer,
+                  "Folder with gpt2.tiktoken or encoder.json + vocab.bpe (default: shipped)");
+  cmd->callback([flags]() {
+    const std::string tokenizer_dir =
+        flags->tokenizer.empty()
+            ? (std::filesystem::path(shipped_data_dir()) / "gpt2-tokenizer").string()
+            : flags->tokenizer;
+    const BpeTokenizer tokenizer = BpeTokenizer::load_dir(tokenizer_dir);
+    const ShardSummary summary =
+        write_corpus_shards(tokenizer, flags->files, flags->out, flags->val_fraction);
+    std::printf("%zu training tokens, %zu validation tokens\n", summary.train_tokens,
+                summary.val_tokens);
+    for (const std::string& file : summary.files) std::printf("  %s\n", file.c_str());
+  });
+}
+
+}  // namespace layup

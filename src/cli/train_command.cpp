@@ -1,0 +1,146 @@
+// `layup train`: flags -> TrainOptions -> the training loop.
+#include <omp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "train/progress_line.h"
+#include "train/trainer.h"
+
+namespace layup {
+
+namespace {
+
+struct TrainFlags {
+  TrainOptions options;
+  std::string model = "small";
+  int layers = 0, heads = 0, dim = 0, context = 0;
+  std::string clip = "1.0";
+  int threads = 0;
+};
+
+// Resolves --model / --layers --heads --dim / --context into a config, refusing mixtures.
+Gpt2Config resolve_model(const TrainFlags& flags, bool model_given) {
+  const bool sizes_given = flags.layers || flags.heads || flags.dim;
+  LAYUP_CHECK(!(model_given && sizes_given),
+              "give either --model or --layers/--heads/--dim, not both: --model ", flags.model,
+              " already fixes the sizes");
+  Gpt2Config config = named_config(flags.model);
+  if (sizes_given) {
+    LAYUP_CHECK(flags.layers && flags.heads && flags.dim,
+                "an explicit model needs all of --layers, --heads and --dim");
+    config.n_layer = flags.layers;
+    config.n_head = flags.heads;
+    config.n_embd = flags.dim;
+  }
+  if (flags.context) config.n_positions = flags.context;
+  return config;
+}
+
+float parse_clip(const std::string& text) {
+  if (text == "none") return 0.0f;
+  try {
+    size_t used = 0;
+    const float value = std::stof(text, &used);
+    if (used == text.size() && value > 0.0f && std::isfinite(value)) return value;
+  } catch (const std::exception&) {
+  }
+  fail("--clip takes a positive number or 'none' (got '", text, "')");
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto flags = std::make_shared<TrainFlags>();
+  TrainOptions& o = flags->options;
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train a GPT-2 model. With no arguments: a small GPT-2 on the shipped public-domain "
+      "corpus, with progress, evaluation, checkpoints, a JSON-lines log and a sample at the end.");
+  cmd->add_option("--model", flags->model, "Named config: small, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
+      ->capture_default_str();
+  cmd->add_option("--layers", flags->layers, "Explicit model: number of blocks");
+  cmd->add_option("--heads", flags->heads, "Explicit model: attention heads");
+  cmd->add_option("--dim", flags->dim, "Explicit model: width");
+  cmd->add_option("--context", flags->context, "Model context (positions); default from the config");
+  cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();
+  cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
+  cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches accumulated per update")
+      ->capture_default_str();
+  cmd->add_option("--steps", o.steps, "Optimizer updates (sets the LR schedule's length)")
+      ->capture_default_str();
+  cmd->add_option("--until-step", o.until_step,
+                  "Stop after this update and checkpoint (resume later with --resume)");
+  cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")
+      ->capture_default_str();
+  cmd->add_option("--warmup", o.warmup_steps, "Linear warmup updates")->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay,
+                  "AdamW decoupled weight decay, applied to the matrices (attention, MLP, token "
+                  "embedding = LM head) and NOT to biases, layer-norm gains or position embeddings")
+      ->capture_default_str();
+  cmd->add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
+  cmd->add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
+  cmd->add_option("--clip", flags->clip, "Global gradient-norm clip threshold, or 'none'")
+      ->capture_default_str();
+  cmd->add_option("--eval-every", o.eval_every, "Validation every N updates (0: never)")
+      ->capture_default_str();
+  cmd->add_option("--eval-batches", o.eval_batches, "Validation batches per evaluation")
+      ->capture_default_str();
+  cmd->add_option("--checkpoint-every", o.checkpoint_every,
+                  "Checkpoint every N updates (and always at the end; 0: only at the end)")
+      ->capture_default_str();
+  cmd->add_option("--keep-checkpoints", o.keep_checkpoints, "Checkpoints kept in the run folder")
+      ->capture_default_str();
+  cmd->add_option("--log-every", o.log_every,
+                  "Progress line every N updates when stderr is not a terminal")
+      ->capture_default_str();
+  cmd->add_option("--data", o.data_dir,
+                  "Folder of train_*.bin / val_*.bin token shards (default: the shipped corpus, "
+                  "tokenized once into ~/.cache/layup)");
+  cmd->add_option("--tokenizer", o.tokenizer_dir,
+                  "Folder with gpt2.tiktoken or encoder.json + vocab.bpe (default: shipped)");
+  cmd->add_option("--out", o.out_dir, "Run folder for checkpoints and log.jsonl (default: "
+                                      "runs/train-DATE-TIME, or the resumed run's folder)");
+  cmd->add_option("--resume", o.resume, "Continue from a checkpoint or a run folder's latest");
+  cmd->add_option("--sample-tokens", o.sample_tokens, "Tokens sampled at the end (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--prompt", o.sample_prompt, "Prompt of the final sample");
+  cmd->add_option("--temperature", o.temperature, "Sampling temperature")->capture_default_str();
+  cmd->add_option("--top-k", o.top_k, "Sample among the k likeliest tokens (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of initialization and batch order")->capture_default_str();
+  cmd->add_option("--device", o.device, "cpu (the CUDA backend comes next)")->capture_default_str();
+  cmd->add_option("--mode", o.mode, "Schedule: gpu (offload and layup come next)")
+      ->capture_default_str();
+  cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
+
+  cmd->callback([flags, cmd]() {
+    TrainOptions options = flags->options;
+    const bool model_given = cmd->count("--model") > 0;
+    const bool any_model_flag = model_given || cmd->count("--layers") || cmd->count("--heads") ||
+                                cmd->count("--dim") || cmd->count("--context");
+    LAYUP_CHECK(options.resume.empty() || !any_model_flag,
+                "--resume takes the model from the checkpoint; drop --model, --layers, --heads, "
+                "--dim and --context");
+    options.model = resolve_model(*flags, model_given);
+    options.model_name = (cmd->count("--layers") ? "custom" : flags->model);
+    options.clip = parse_clip(flags->clip);
+    LAYUP_CHECK(flags->threads >= 0, "--threads must not be negative");
+    if (flags->threads > 0) omp_set_num_threads(flags->threads);
+
+    const TrainResult result = train(options);
+    std::printf("trained to step %d in %s; validation loss %.4f at the start, %.4f at the end\n",
+                result.steps_done, ProgressLine::format_duration(result.wall_s).c_str(),
+                result.initial_val_loss, result.final_val_loss);
+    if (!result.last_checkpoint.empty())
+      std::printf("checkpoint: %s\n", result.last_checkpoint.c_str());
+    if (!result.sample.empty()) std::printf("\nsample:\n%s\n", result.sample.c_str());
+  });
+}
+
+}  // namespace layup

@@ -1,0 +1,56 @@
+// GPT-2 weight initialization, parallel and deterministic.
+#include "model/init.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/rng.h"
+
+namespace layup {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Fills x with N(0, std) in chunks, each drawn from its own stream derived from (seed, tensor,
+// chunk), so the values do not depend on the number of threads.
+void fill_normal(float* x, size_t count, float std, uint64_t seed, size_t tensor_index) {
+  constexpr size_t kChunk = 1 << 16;
+  const size_t chunks = (count + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+  for (size_t c = 0; c < chunks; ++c) {
+    Rng stream(seed);
+    stream.set_state(Rng(seed ^ (tensor_index * 0x9E3779B97F4A7C15ull) ^ (c << 32)).next_u64());
+    const size_t end = std::min(count, (c + 1) * kChunk);
+    for (size_t i = c * kChunk; i < end; ++i) x[i] = std * stream.normal();
+  }
+}
+
+}  // namespace
+
+void init_parameters(const ParameterLayout& layout, float* params, uint64_t seed) {
+  const Gpt2Config& config = layout.config();
+  const float residual_std = 0.02f / std::sqrt(2.0f * config.n_layer);
+  const auto& tensors = layout.tensors();
+  for (size_t index = 0; index < tensors.size(); ++index) {
+    const TensorSpec& tensor = tensors[index];
+    float* x = params + tensor.offset;
+    if (ends_with(tensor.name, ".bias")) {
+      std::fill(x, x + tensor.count, 0.0f);
+    } else if (tensor.name.find("ln_") != std::string::npos) {
+      std::fill(x, x + tensor.count, 1.0f);
+    } else if (tensor.name == "wte.weight") {
+      const size_t real_rows = static_cast<size_t>(config.vocab_size) * config.n_embd;
+      fill_normal(x, real_rows, 0.02f, seed, index);
+      std::fill(x + real_rows, x + tensor.count, 0.0f);
+    } else {
+      const bool residual = ends_with(tensor.name, "c_proj.weight");
+      fill_normal(x, tensor.count, residual ? residual_std : 0.02f, seed, index);
+    }
+  }
+}
+
+}  // namespace layup

@@ -1,0 +1,15 @@
+// GPT-2's initialization of a fresh model.
+#pragma once
+
+#include <cstdint>
+
+#include "model/parameter_layout.h"
+
+namespace layup {
+
+// Fills params (layout.total_count() floats) as GPT-2 does: matrices and embeddings ~ N(0, 0.02),
+// the two residual projections of each block ~ N(0, 0.02 / sqrt(2 n_layer)), biases 0, layer-norm
+// gains 1. The padded vocabulary rows of wte are 0. The result depends only on the seed.
+void init_parameters(const ParameterLayout& layout, float* params, uint64_t seed);
+
+}  // namespace layup

@@ -1,0 +1,66 @@
+// Everything `layup train` can be told, with the defaults of the embedded default run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/gpt2_config.h"
+
+namespace layup {
+
+struct TrainOptions {
+  // Model: a named config, or explicit sizes (the CLI resolves them into `model`).
+  std::string model_name = "small";
+  Gpt2Config model;
+
+  // Data: a folder of train_*.bin / val_*.bin token shards; empty = the shipped corpus,
+  // tokenized once into a cache folder.
+  std::string data_dir;
+  std::string tokenizer_dir;  // for the final sample and the default data; empty = shipped
+
+  // Batch: micro-batch B x T, accumulated grad_accum times per update.
+  int batch = 16;
+  int seq_len = 128;
+  int grad_accum = 1;
+
+  // Optimization.
+  int steps = 400;
+  int until_step = -1;  // stop after this update, to split a run into jobs (-1: run to `steps`)
+  float lr = 3e-3f;
+  float min_lr = 3e-4f;
+  int warmup_steps = 20;
+  float weight_decay = 0.1f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float clip = 1.0f;  // global-norm threshold; <= 0 means no clipping (--clip none)
+
+  // Evaluation, logging, checkpoints.
+  int eval_every = 50;
+  int eval_batches = 8;
+  int checkpoint_every = 100;
+  int keep_checkpoints = 2;
+  int log_every = 10;  // progress lines when stderr is not a terminal
+  std::string out_dir;
+  std::string resume;
+
+  // The sample printed at the end.
+  int sample_tokens = 64;
+  std::string sample_prompt = "\n";
+  float temperature = 0.8f;
+  int top_k = 40;
+
+  uint64_t seed = 1337;
+  std::string device = "cpu";
+  std::string mode = "gpu";
+};
+
+// Throws layup::Error for contradictory or out-of-range options, naming the flag.
+void validate_train_options(const TrainOptions& options);
+
+// The options that must not change across a resume (model, batch, data, optimizer), as JSON.
+nlohmann::json run_identity(const TrainOptions& options);
+
+}  // namespace layup

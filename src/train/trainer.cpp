@@ -1,0 +1,245 @@
+// The training loop: for each update, draw micro-batches, let the schedule step, log, evaluate,
+// checkpoint; at the end, print a sample.
+#include "train/trainer.h"
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/token_dataset.h"
+#include "io/checkpoint.h"
+#include "model/init.h"
+#include "optim/lr_schedule.h"
+#include "sample/generate.h"
+#include "schedule/schedule.h"
+#include "tokenizer/bpe_tokenizer.h"
+#include "train/corpus_shards.h"
+#include "train/progress_line.h"
+
+namespace layup {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string timestamped_run_dir() {
+  const std::time_t now = std::time(nullptr);
+  char name[64];
+  std::strftime(name, sizeof name, "runs/train-%Y%m%d-%H%M%S", std::localtime(&now));
+  return name;
+}
+
+std::string format_rate(double tokens_per_s) {
+  char text[32];
+  if (tokens_per_s >= 1e6)
+    std::snprintf(text, sizeof text, "%.2fM", tokens_per_s / 1e6);
+  else if (tokens_per_s >= 1e3)
+    std::snprintf(text, sizeof text, "%.1fk", tokens_per_s / 1e3);
+  else
+    std::snprintf(text, sizeof text, "%.0f", tokens_per_s);
+  return text;
+}
+
+// One JSON object per line, flushed as written, so a crashed run still leaves its log.
+class JsonLinesLog {
+ public:
+  explicit JsonLinesLog(const std::string& path) : out_(path, std::ios::app) {
+    LAYUP_CHECK(out_, "cannot open the log file '", path, "' for appending");
+  }
+  void write(const nlohmann::json& record) { out_ << record.dump() << std::endl; }
+
+ private:
+  std::ofstream out_;
+};
+
+float mean_validation_loss(Schedule& schedule, const ValidationBatches& val) {
+  double sum = 0.0;
+  TokenBatchBuffer buffer;
+  for (int i = 0; i < val.size(); ++i) {
+    val.get(i, buffer);
+    sum += schedule.evaluate(buffer.view());
+  }
+  return static_cast<float>(sum / val.size());
+}
+
+}  // namespace
+
+TrainResult train(TrainOptions options) {
+  // Resuming takes the model and the run's identity from the checkpoint.
+  Checkpoint resumed;
+  std::string resumed_from;
+  if (!options.resume.empty()) {
+    resumed_from = find_latest_checkpoint(options.resume);
+    resumed = load_checkpoint(resumed_from);
+    LAYUP_CHECK(resumed.has_training_state, "checkpoint '", resumed_from,
+                "' has no training_state.safetensors, so it cannot be resumed; it can still be "
+                "used with `layup sample`");
+    const nlohmann::json saved = resumed.state.options;
+    options.model = resumed.model.config;
+    const nlohmann::json wanted = run_identity(options);
+    for (const auto& [key, value] : saved.items()) {
+      LAYUP_CHECK(!wanted.contains(key) || wanted[key] == value, "cannot resume '",
+                  resumed_from, "' with a different ", key, ": the checkpoint has ", value.dump(),
+                  ", the command line gives ", wanted[key].dump());
+    }
+    if (options.out_dir.empty()) options.out_dir = fs::path(resumed_from).parent_path().string();
+  }
+  validate_train_options(options);
+  if (options.out_dir.empty()) options.out_dir = timestamped_run_dir();
+
+  const std::string tokenizer_dir = options.tokenizer_dir.empty()
+                                        ? (fs::path(shipped_data_dir()) / "gpt2-tokenizer").string()
+                                        : options.tokenizer_dir;
+  const BpeTokenizer tokenizer = BpeTokenizer::load_dir(tokenizer_dir);
+  const std::string data_dir =
+      options.data_dir.empty() ? default_shard_dir(tokenizer) : options.data_dir;
+  const Gpt2Config& config = options.model;
+  const TokenDataset train_data = TokenDataset::open(data_dir, "train", config.vocab_size);
+  const TokenDataset val_data = TokenDataset::open(data_dir, "val", config.vocab_size);
+  BatchSampler sampler(train_data, options.batch, options.seq_len, options.seed);
+  const ValidationBatches val(val_data, options.batch, options.seq_len, options.eval_batches);
+
+  const ParameterLayout layout(config);
+  std::unique_ptr<Schedule> schedule =
+      make_gpu_schedule(make_cpu_backend(config, options.batch, options.seq_len), layout);
+
+  int start_step = 0;
+  long long tokens_seen = 0;
+  if (!resumed_from.empty()) {
+    schedule->import_tensors({std::move(resumed.model.params), std::move(resumed.state.adam_m),
+                              std::move(resumed.state.adam_v)});
+    start_step = static_cast<int>(resumed.state.step);
+    tokens_seen = resumed.state.tokens_seen;
+    sampler.set_state(resumed.state.data_rng_state);
+  } else {
+    OptimizerTensors fresh;
+    fresh.params.resize(layout.total_count());
+    init_parameters(layout, fresh.params.data(), options.seed);
+    fresh.adam_m.assign(layout.total_count(), 0.0f);
+    fresh.adam_v.assign(layout.total_count(), 0.0f);
+    schedule->import_tensors(fresh);
+  }
+
+  const int last_step = options.until_step > 0 ? options.until_step : options.steps;
+  const LrSchedule lr_schedule{options.lr, options.min_lr, options.warmup_steps, options.steps};
+  const long long tokens_per_step =
+      static_cast<long long>(options.batch) * options.seq_len * options.grad_accum;
+
+  // The run folder is made only once everything it depends on has loaded, so a command that
+  // fails on bad input leaves nothing behind.
+  fs::create_directories(options.out_dir);
+  JsonLinesLog log((fs::path(options.out_dir) / "log.jsonl").string());
+  ProgressLine progress(stderr, last_step, options.log_every);
+  std::fprintf(stderr,
+               "layup train: %s (%d layers, %d heads, width %d, %.1fM parameters), batch %dx%d x%d "
+               "accumulation, %d steps, mode %s on %s\n  run folder: %s\n",
+               options.model_name.c_str(), config.n_layer, config.n_head, config.n_embd,
+               parameter_count(config) / 1e6, options.batch, options.seq_len, options.grad_accum,
+               options.steps, options.mode.c_str(), options.device.c_str(),
+               options.out_dir.c_str());
+  if (!resumed_from.empty()) progress.message("resumed from " + resumed_from);
+
+  TrainResult result;
+  result.initial_val_loss = NAN;
+  result.final_val_loss = NAN;
+  auto evaluate = [&](int step) {
+    const float loss = mean_validation_loss(*schedule, val);
+    log.write({{"step", step}, {"val_loss", loss}});
+    char text[96];
+    std::snprintf(text, sizeof text, "step %d: validation loss %.4f", step, loss);
+    progress.message(text);
+    return loss;
+  };
+  auto save = [&](int step) {
+    OptimizerTensors tensors = schedule->export_tensors();
+    TrainingState state;
+    state.step = step;
+    state.adam_m = std::move(tensors.adam_m);
+    state.adam_v = std::move(tensors.adam_v);
+    state.data_rng_state = sampler.state();
+    state.tokens_seen = tokens_seen;
+    state.options = run_identity(options);
+    result.last_checkpoint = save_checkpoint(options.out_dir, config, layout,
+                                             tensors.params.data(), state,
+                                             options.keep_checkpoints);
+    progress.message("checkpoint " + result.last_checkpoint);
+  };
+
+  if (options.eval_every > 0 && start_step == 0) result.initial_val_loss = evaluate(0);
+
+  std::vector<TokenBatchBuffer> buffers(options.grad_accum);
+  std::vector<TokenBatch> micro_batches(options.grad_accum);
+  const double start_s = progress.elapsed_s();
+  for (int step = start_step; step < last_step; ++step) {
+    for (int i = 0; i < options.grad_accum; ++i) {
+      sampler.next(buffers[i]);
+      micro_batches[i] = buffers[i].view();
+    }
+
+    UpdateSettings settings;
+    settings.adamw.hyper = {lr_schedule.at(step), options.beta1, options.beta2, options.eps,
+                            options.weight_decay};
+    settings.adamw.t = step + 1;
+    settings.clip_max_norm = options.clip;
+    const double step_start_s = progress.elapsed_s();
+    const StepStats stats = schedule->step(micro_batches, settings);
+    const double step_s = progress.elapsed_s() - step_start_s;
+    if (!stats.applied) {
+      progress.finish();
+      fail("training diverged at step ", step + 1, ": the loss is ", stats.loss,
+           " and the gradient norm ", stats.grad_norm, "; the parameters were not updated",
+           result.last_checkpoint.empty() ? std::string(" and no checkpoint was written")
+                                          : "; the last good checkpoint is " + result.last_checkpoint,
+           ". Try a lower --lr (now ", options.lr, ") or a longer --warmup");
+    }
+    tokens_seen += tokens_per_step;
+    const int done = step + 1;
+    const double run_s = progress.elapsed_s() - start_s;
+    const double tokens_per_s = tokens_per_step * (done - start_step) / run_s;
+    log.write({{"step", done},
+               {"loss", stats.loss},
+               {"lr", settings.adamw.hyper.lr},
+               {"grad_norm", stats.grad_norm},
+               {"clip_factor", stats.clip_factor},
+               {"step_ms", step_s * 1e3},
+               {"tokens_per_s", tokens_per_s},
+               {"elapsed_s", progress.elapsed_s()}});
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "step %d/%d | loss %.4f | lr %.2e | %.0f ms/step | %s tok/s | elapsed %s | ETA %s",
+                  done, last_step, stats.loss, settings.adamw.hyper.lr, step_s * 1e3,
+                  format_rate(tokens_per_s).c_str(),
+                  ProgressLine::format_duration(progress.elapsed_s()).c_str(),
+                  ProgressLine::format_duration(run_s / (done - start_step) * (last_step - done))
+                      .c_str());
+    progress.update(done, text);
+
+    const bool last = done == last_step;
+    if (options.eval_every > 0 && (done % options.eval_every == 0 || last))
+      result.final_val_loss = evaluate(done);
+    if ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) || last) save(done);
+  }
+  progress.finish();
+  result.steps_done = last_step;
+
+  if (options.sample_tokens > 0 && last_step == options.steps) {
+    std::unique_ptr<Schedule>& model = schedule;
+    Rng rng(options.seed + 1);
+    std::vector<int32_t> prompt = tokenizer.encode(options.sample_prompt);
+    if (prompt.empty()) prompt.push_back(tokenizer.eot_token());
+    const std::vector<int32_t> tokens = generate(
+        [&](const TokenBatch& batch) { return model->forward_logits(batch); }, prompt,
+        options.seq_len, config.vocab_size, config.padded_vocab_size,
+        {options.sample_tokens, options.temperature, options.top_k}, rng);
+    result.sample = tokenizer.decode(tokens);
+    log.write({{"sample", result.sample}});
+  }
+  result.wall_s = progress.elapsed_s();
+  return result;
+}
+
+}  // namespace layup

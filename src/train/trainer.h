@@ -1,0 +1,24 @@
+// The training loop of `layup train`: data, schedule, evaluation, logging, checkpoints, sample.
+#pragma once
+
+#include <string>
+
+#include "train/train_options.h"
+
+namespace layup {
+
+struct TrainResult {
+  int steps_done = 0;
+  float initial_val_loss = 0.0f;  // NaN when no evaluation ran
+  float final_val_loss = 0.0f;
+  std::string last_checkpoint;  // empty when none was written
+  std::string sample;           // the generated text at the end, if any
+  double wall_s = 0.0;
+};
+
+// Runs (or resumes) training as the options say. Throws layup::Error for bad input and when
+// the loss stops being finite (no checkpoint is written after that point; the message names
+// the last good one).
+TrainResult train(TrainOptions options);
+
+}  // namespace layup

@@ -1,0 +1,142 @@
+// A small driver that exposes layup's model and training step to the PyTorch oracle tests.
+//
+//   layup_model_tool grads MODEL_DIR TOKENS B T OUT_DIR
+//       forward + backward of one batch; writes OUT_DIR/outputs.safetensors (logits [B,T,V],
+//       loss [1]) and the gradient as a Hugging Face checkpoint in OUT_DIR/grads/ (HF names
+//       and layouts, so the test compares it tensor by tensor with torch's .grad).
+//   layup_model_tool train MODEL_DIR TOKENS B T STEPS ACCUM LR MIN_LR WARMUP WD CLIP OUT_DIR
+//       STEPS updates of the gpu schedule (AdamW betas 0.9/0.95, eps 1e-8, warmup + cosine);
+//       writes the parameters to OUT_DIR/model/ and losses/grad norms to OUT_DIR/losses.safetensors.
+//   layup_model_tool loss MODEL_DIR TOKENS B T
+//       prints the mean loss of one batch.
+//
+// TOKENS is raw little-endian int32: for each micro-batch, B*T inputs then B*T targets.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "io/hf_checkpoint.h"
+#include "io/safetensors.h"
+#include "optim/lr_schedule.h"
+#include "schedule/schedule.h"
+
+namespace {
+
+using namespace layup;
+
+std::vector<int32_t> read_tokens(const std::string& path, size_t expected) {
+  std::ifstream in(path, std::ios::binary);
+  LAYUP_CHECK(in, "cannot open ", path);
+  std::vector<int32_t> tokens(expected);
+  in.read(reinterpret_cast<char*>(tokens.data()), expected * sizeof(int32_t));
+  LAYUP_CHECK(in.gcount() == static_cast<std::streamsize>(expected * sizeof(int32_t)), path,
+              " holds fewer than ", expected, " tokens");
+  return tokens;
+}
+
+TokenBatch micro_batch(const std::vector<int32_t>& tokens, int index, int B, int T) {
+  const size_t n = static_cast<size_t>(B) * T;
+  return TokenBatch{tokens.data() + 2 * n * index, tokens.data() + 2 * n * index + n, B, T};
+}
+
+int grads(char** argv) {
+  const LoadedModel model = load_hf_model(argv[2]);
+  const int B = std::atoi(argv[4]), T = std::atoi(argv[5]);
+  const std::string out = argv[6];
+  const std::vector<int32_t> tokens = read_tokens(argv[3], 2ull * B * T);
+  const Gpt2Config& config = model.config;
+  const ParameterLayout layout(config);
+  auto backend = make_cpu_backend(config, B, T);
+  const ParameterPointers params = layout.pointers<const float>(model.params.data());
+  std::vector<float> grad(layout.total_count(), 0.0f);
+  const GradientPointers g = layout.pointers(grad.data());
+
+  const float loss = backend->forward(params, micro_batch(tokens, 0, B, T));
+  backend->backward_head(params, g.final_norm, g.embeddings, 1.0f);
+  for (int layer = config.n_layer - 1; layer >= 0; --layer)
+    backend->backward_block(layer, params, g.blocks[layer]);
+  backend->backward_embeddings(params, g.embeddings);
+
+  std::filesystem::create_directories(out);
+  save_hf_model(out + "/grads", config, layout, grad.data());
+  // Logits over the real vocabulary only, copied out of the padded rows.
+  const size_t V = config.vocab_size, Vp = config.padded_vocab_size;
+  std::vector<float> logits(static_cast<size_t>(B) * T * V);
+  for (size_t row = 0; row < static_cast<size_t>(B) * T; ++row)
+    std::copy_n(backend->logits() + row * Vp, V, logits.data() + row * V);
+  const std::vector<SafetensorsTensor> outputs{
+      {"logits", {static_cast<size_t>(B), static_cast<size_t>(T), V}, logits.data(), {}},
+      {"loss", {1}, &loss, {}}};
+  write_safetensors(out + "/outputs.safetensors", outputs);
+  return 0;
+}
+
+int train(char** argv) {
+  const LoadedModel model = load_hf_model(argv[2]);
+  const int B = std::atoi(argv[4]), T = std::atoi(argv[5]);
+  const int steps = std::atoi(argv[6]), accum = std::atoi(argv[7]);
+  const LrSchedule lr{std::strtof(argv[8], nullptr), std::strtof(argv[9], nullptr),
+                      std::atoi(argv[10]), steps};
+  const float weight_decay = std::strtof(argv[11], nullptr), clip = std::strtof(argv[12], nullptr);
+  const std::string out = argv[13];
+  const std::vector<int32_t> tokens = read_tokens(argv[3], 2ull * B * T * steps * accum);
+  const ParameterLayout layout(model.config);
+  auto schedule = make_gpu_schedule(make_cpu_backend(model.config, B, T), layout);
+  const size_t n = layout.total_count();
+  schedule->import_tensors({model.params, std::vector<float>(n), std::vector<float>(n)});
+
+  std::vector<float> losses, norms, clip_factors;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<TokenBatch> batches;
+    for (int i = 0; i < accum; ++i) batches.push_back(micro_batch(tokens, step * accum + i, B, T));
+    UpdateSettings settings;
+    settings.adamw.hyper = {lr.at(step), 0.9f, 0.95f, 1e-8f, weight_decay};
+    settings.adamw.t = step + 1;
+    settings.clip_max_norm = clip;
+    const StepStats stats = schedule->step(batches, settings);
+    LAYUP_CHECK(stats.applied, "step ", step, " was not applied");
+    losses.push_back(stats.loss);
+    norms.push_back(static_cast<float>(stats.grad_norm));
+    clip_factors.push_back(stats.clip_factor);
+  }
+  std::filesystem::create_directories(out);
+  save_hf_model(out + "/model", model.config, layout, schedule->export_tensors().params.data());
+  const size_t s = steps;
+  const std::vector<SafetensorsTensor> outputs{{"loss", {s}, losses.data(), {}},
+                                               {"grad_norm", {s}, norms.data(), {}},
+                                               {"clip_factor", {s}, clip_factors.data(), {}}};
+  write_safetensors(out + "/losses.safetensors", outputs);
+  return 0;
+}
+
+int loss(char** argv) {
+  const LoadedModel model = load_hf_model(argv[2]);
+  const int B = std::atoi(argv[4]), T = std::atoi(argv[5]);
+  const std::vector<int32_t> tokens = read_tokens(argv[3], 2ull * B * T);
+  const ParameterLayout layout(model.config);
+  auto backend = make_cpu_backend(model.config, B, T);
+  const float value = backend->forward(layout.pointers<const float>(model.params.data()),
+                                       micro_batch(tokens, 0, B, T));
+  std::printf("%.9g\n", value);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string command = argc > 1 ? argv[1] : "";
+    if (command == "grads" && argc == 7) return grads(argv);
+    if (command == "train" && argc == 14) return train(argv);
+    if (command == "loss" && argc == 6) return loss(argv);
+    std::fprintf(stderr, "usage: see the comment at the top of tests/oracle/model_tool.cpp\n");
+    return 2;
+  } catch (const layup::Error& error) {
+    std::fprintf(stderr, "layup_model_tool: %s\n", error.what());
+    return 1;
+  }
+}

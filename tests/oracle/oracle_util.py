@@ -1,0 +1,100 @@
+"""Helpers shared by the oracle tests: paths to layup's binaries, random GPT-2 models, tokens."""
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+BUILD_DIR = Path(os.environ.get("LAYUP_BUILD_DIR", Path(__file__).resolve().parents[2] / "build"))
+DATA_DIR = Path(os.environ.get("LAYUP_DATA_DIR", Path(__file__).resolve().parents[2] / "data"))
+VOCAB = 50257
+
+
+def binary(name):
+    path = BUILD_DIR / name
+    assert path.exists(), f"{path} is missing: build layup first (cmake --build {BUILD_DIR})"
+    return str(path)
+
+
+def run(args, check=True, **kwargs):
+    """Runs a command, returning the CompletedProcess; on failure shows its output."""
+    result = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def random_hf_model(path, n_layer=2, n_head=4, n_embd=64, n_positions=32, seed=0):
+    """A random GPT2LMHeadModel saved with save_pretrained. Biases and layer-norm parameters are
+    perturbed away from their 0/1 init so that every parameter takes part in the check."""
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions,
+                        vocab_size=VOCAB, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        activation_function="gelu_new")
+    model = GPT2LMHeadModel(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "ln_" in name or name.endswith(".bias"):
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(path)
+    return load_hf(path)
+
+
+def load_hf(path):
+    model = GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager",
+                                            torch_dtype=torch.float32)
+    model.eval()  # no dropout (the probabilities are 0 anyway)
+    return model
+
+
+def random_tokens(path, micro_batches, B, T, seed=1):
+    """Writes micro_batches x (B*T inputs, B*T targets) int32 tokens; returns them as tensors."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(micro_batches):
+        window = rng.integers(0, VOCAB, size=(B, T + 1), dtype=np.int32)
+        batches.append((window[:, :-1].copy(), window[:, 1:].copy()))
+    with open(path, "wb") as f:
+        for inputs, targets in batches:
+            f.write(inputs.tobytes())
+            f.write(targets.tobytes())
+    return [(torch.from_numpy(i).long(), torch.from_numpy(t).long()) for i, t in batches]
+
+
+def hf_loss(model, inputs, targets):
+    logits = model(inputs).logits
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             targets.reshape(-1)), logits
+
+
+def relative_error(actual, expected):
+    actual = torch.as_tensor(actual, dtype=torch.float64)
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+
+TINY_MODEL = ["--layers", "2", "--heads", "2", "--dim", "32", "--context", "64"]
+TINY_TRAINING = ["--seq-len", "32", "--batch", "4", "--eval-every", "5",
+                         "--eval-batches", "2", "--sample-tokens", "0", "--warmup", "2",
+                         "--lr", "1e-3", "--min-lr", "1e-4"]
+TINY_RUN = TINY_MODEL + TINY_TRAINING
+
+
+def tiny_shards(path, characters=60_000):
+    """Token shards of the start of both shipped texts, made with `layup tokenize`."""
+    path.mkdir(parents=True, exist_ok=True)
+    texts = []
+    for name in ("austen.txt", "kjv.txt"):
+        text_path = path / name
+        text_path.write_bytes((DATA_DIR / "corpus" / name).read_bytes()[:characters])
+        texts.append(text_path)
+    shards = path / "shards"
+    run([binary("layup"), "tokenize", "--out", shards, *texts])
+    return shards
+
+
+def read_log(run_dir):
+    import json
+    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]

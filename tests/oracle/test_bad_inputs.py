@@ -1,0 +1,138 @@
+"""Bad input gets a clear message, a non-zero exit, and damages no file (through the CLI)."""
+import hashlib
+import shutil
+import struct
+
+import pytest
+
+from oracle_util import DATA_DIR, TINY_RUN, TINY_TRAINING, binary, run, tiny_shards
+
+
+def snapshot(*roots):
+    """sha256 of every file under the roots, to show that a failed command changed nothing."""
+    files = {}
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                files[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return files
+
+
+def fails_with(args, *phrases):
+    result = run(args, check=False)
+    assert result.returncode != 0, f"expected a failure:\n{result.stdout}\n{result.stderr}"
+    message = result.stderr.lower()
+    for phrase in phrases:
+        assert phrase.lower() in message, f"{phrase!r} not in:\n{result.stderr}"
+    assert "terminate called" not in result.stderr and "Sanitizer" not in result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return tiny_shards(tmp_path_factory.mktemp("data"))
+
+
+def train(data, out, *extra):
+    return [binary("layup"), "train", *TINY_RUN, "--steps", "2", "--data", data, "--out", out,
+            *extra]
+
+
+def damaged_data(tmp_path, shards, damage):
+    """A copy of the shards whose train shard was rewritten by `damage(bytes) -> bytes`."""
+    data = tmp_path / "damaged"
+    shutil.copytree(shards, data)
+    shard = data / "train_000000.bin"
+    shard.write_bytes(damage(shard.read_bytes()))
+    return data
+
+
+def shard_case(tmp_path, shards, damage, *phrases):
+    data = damaged_data(tmp_path, shards, damage)
+    before = snapshot(data)
+    fails_with(train(data, tmp_path / "run"), "train_000000.bin", *phrases)
+    assert snapshot(data) == before
+    assert not (tmp_path / "run").exists(), "a failed start must not leave a run folder"
+
+
+def test_missing_shards(tmp_path):
+    fails_with(train(tmp_path / "nowhere", tmp_path / "run"), str(tmp_path / "nowhere"))
+
+
+def test_empty_shard(tmp_path, shards):
+    shard_case(tmp_path, shards, lambda b: b"", "empty")
+
+
+def test_truncated_shard(tmp_path, shards):
+    shard_case(tmp_path, shards, lambda b: b[:len(b) - 100], "truncated")
+
+
+def test_wrong_magic(tmp_path, shards):
+    shard_case(tmp_path, shards, lambda b: struct.pack("<i", 12345) + b[4:], "magic")
+
+
+def test_token_id_out_of_vocabulary(tmp_path, shards):
+    def poison(b):
+        return b[:1024 + 20] + struct.pack("<H", 50300) + b[1024 + 22:]
+    shard_case(tmp_path, shards, poison, "50300", "vocab")
+
+
+def test_corrupted_checkpoint_on_resume(tmp_path, shards):
+    run(train(shards, tmp_path / "run", "--until-step", "1"))
+    weights = tmp_path / "run" / "step-00000001" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    before = snapshot(tmp_path / "run")
+    fails_with([binary("layup"), "train", "--resume", tmp_path / "run", *TINY_TRAINING,
+                "--steps", "2", "--data", shards], "model.safetensors")
+    assert snapshot(tmp_path / "run") == before
+
+
+def test_corrupted_tokenizer(tmp_path, shards):
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    ranks = (DATA_DIR / "gpt2-tokenizer" / "gpt2.tiktoken").read_bytes()
+    (tokenizer / "gpt2.tiktoken").write_bytes(ranks[:5000] + b"%%%not base64%%% 17\n" + ranks[5000:])
+    before = snapshot(tokenizer)
+    fails_with(train(shards, tmp_path / "run", "--tokenizer", tokenizer), "gpt2.tiktoken")
+    assert snapshot(tokenizer) == before
+
+
+@pytest.mark.parametrize("flags, phrase", [
+    (["--model", "gpt2", "--layers", "2"], "either --model or --layers"),
+    (["--model", "gpt2", "--seq-len", "2048"], "above the model's context"),
+    (["--batch", "0"], "--batch"),
+    (["--min-lr", "1", "--lr", "0.1"], "--min-lr"),
+    (["--warmup", "50", "--steps", "10"], "--warmup"),
+    (["--until-step", "30", "--steps", "10"], "--until-step"),
+    (["--clip", "-1"], "--clip"),
+    (["--model", "nonsense"], "unknown model config"),
+])
+def test_contradictory_or_out_of_range_flags(tmp_path, shards, flags, phrase):
+    fails_with([binary("layup"), "train", "--data", shards, "--out", tmp_path / "run", *flags],
+               phrase)
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_refuses_model_flags(tmp_path, shards):
+    run(train(shards, tmp_path / "run", "--until-step", "1"))
+    before = snapshot(tmp_path / "run")
+    fails_with([binary("layup"), "train", "--resume", tmp_path / "run", "--model", "gpt2"],
+               "--resume takes the model from the checkpoint")
+    assert snapshot(tmp_path / "run") == before
+
+
+def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, shards):
+    # A huge learning rate without clipping makes the loss non-finite within a few steps.
+    args = [binary("layup"), "train", *TINY_RUN, "--steps", "30", "--data", shards,
+            "--out", tmp_path / "run", "--lr", "1e30", "--min-lr", "1e30", "--clip", "none",
+            "--checkpoint-every", "1", "--keep-checkpoints", "1", "--warmup", "0",
+            "--eval-every", "0"]
+    result = fails_with(args, "diverged", "last good checkpoint")
+    checkpoints = sorted((tmp_path / "run").glob("step-*"))
+    assert len(checkpoints) == 1 and str(checkpoints[0]) in result.stderr
+    # The kept checkpoint is whole and holds no NaN or Inf: it was written before divergence.
+    import torch
+    from safetensors.torch import load_file
+    for name, tensor in load_file(checkpoints[0] / "model.safetensors").items():
+        assert torch.isfinite(tensor).all(), name
+    run([binary("layup"), "sample", "--checkpoint", checkpoints[0], "--tokens", "2"])
