@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "io/checkpoint.h"
 #include "sample/generate.h"
