@@ -12,13 +12,15 @@ namespace {
 
 class GpuSchedule final : public Schedule {
  public:
-  GpuSchedule(std::unique_ptr<ModelBackend> backend, const ParameterLayout& layout)
+  GpuSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
+              const ParameterLayout& layout)
       : backend_(std::move(backend)),
+        device_(std::move(device)),
         layout_(layout),
-        params_(layout.total_count(), 0.0f),
-        grads_(layout.total_count(), 0.0f),
-        adam_m_(layout.total_count(), 0.0f),
-        adam_v_(layout.total_count(), 0.0f) {}
+        params_(device_->allocate(layout.total_count())),
+        grads_(device_->allocate(layout.total_count())),
+        adam_m_(device_->allocate(layout.total_count())),
+        adam_v_(device_->allocate(layout.total_count())) {}
 
   std::string name() const override { return "gpu"; }
 
@@ -27,7 +29,7 @@ class GpuSchedule final : public Schedule {
     LAYUP_CHECK(!micro_batches.empty(), "a training step needs at least one micro-batch");
     const ParameterPointers params = layout_.pointers<const float>(params_.data());
     const GradientPointers grads = layout_.pointers(grads_.data());
-    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    device_->fill_zero(grads_.data(), grads_.count());
 
     const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
     double loss_sum = 0.0;
@@ -41,14 +43,15 @@ class GpuSchedule final : public Schedule {
 
     StepStats stats;
     stats.loss = static_cast<float>(loss_sum / micro_batches.size());
-    stats.grad_norm = std::sqrt(sum_of_squares(grads_.data(), grads_.size()));
+    stats.grad_norm = std::sqrt(device_->sum_of_squares(grads_.data(), grads_.count()));
     if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm)) return stats;
 
     AdamWStep adamw = settings.adamw;
     adamw.grad_scale = stats.clip_factor = clip_factor(stats.grad_norm, settings.clip_max_norm);
     for (const Span& span : layout_.spans()) {
-      adamw_update_span(layout_, span, params_.data() + span.offset, grads_.data() + span.offset,
-                        adam_m_.data() + span.offset, adam_v_.data() + span.offset, adamw);
+      device_->adamw_update_span(layout_, span, params_.data() + span.offset,
+                                 grads_.data() + span.offset, adam_m_.data() + span.offset,
+                                 adam_v_.data() + span.offset, adamw);
     }
     stats.applied = true;
     return stats;
@@ -63,29 +66,38 @@ class GpuSchedule final : public Schedule {
     return backend_->logits();
   }
 
-  OptimizerTensors export_tensors() const override { return {params_, adam_m_, adam_v_}; }
+  OptimizerTensors export_tensors() const override {
+    const size_t n = layout_.total_count();
+    OptimizerTensors tensors{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+    device_->copy_to_host(tensors.params.data(), params_.data(), n);
+    device_->copy_to_host(tensors.adam_m.data(), adam_m_.data(), n);
+    device_->copy_to_host(tensors.adam_v.data(), adam_v_.data(), n);
+    return tensors;
+  }
 
   void import_tensors(const OptimizerTensors& tensors) override {
     const size_t n = layout_.total_count();
     LAYUP_CHECK(tensors.params.size() == n && tensors.adam_m.size() == n &&
                     tensors.adam_v.size() == n,
                 "model state has ", tensors.params.size(), " parameters but the model needs ", n);
-    params_ = tensors.params;
-    adam_m_ = tensors.adam_m;
-    adam_v_ = tensors.adam_v;
+    device_->copy_to_device(params_.data(), tensors.params.data(), n);
+    device_->copy_to_device(adam_m_.data(), tensors.adam_m.data(), n);
+    device_->copy_to_device(adam_v_.data(), tensors.adam_v.data(), n);
   }
 
  private:
   std::unique_ptr<ModelBackend> backend_;
+  std::unique_ptr<Device> device_;
   ParameterLayout layout_;
-  std::vector<float> params_, grads_, adam_m_, adam_v_;
+  DeviceBuffer params_, grads_, adam_m_, adam_v_;
 };
 
 }  // namespace
 
 std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,
+                                            std::unique_ptr<Device> device,
                                             const ParameterLayout& layout) {
-  return std::make_unique<GpuSchedule>(std::move(backend), layout);
+  return std::make_unique<GpuSchedule>(std::move(backend), std::move(device), layout);
 }
 
 }  // namespace layup

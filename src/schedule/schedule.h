@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/device.h"
 #include "backend/model_backend.h"
 #include "model/parameter_layout.h"
 #include "optim/adamw.h"
@@ -60,6 +61,7 @@ class Schedule {
 // The `gpu` mode: parameters, full gradients and AdamW state in the backend's memory; forward,
 // full backward, clip, update.
 std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,
+                                            std::unique_ptr<Device> device,
                                             const ParameterLayout& layout);
 
 }  // namespace layup

@@ -105,7 +105,8 @@ TrainResult train(TrainOptions options) {
 
   const ParameterLayout layout(config);
   std::unique_ptr<Schedule> schedule =
-      make_gpu_schedule(make_cpu_backend(config, options.batch, options.seq_len), layout);
+      make_gpu_schedule(make_cpu_backend(config, options.batch, options.seq_len),
+                        make_cpu_device(), layout);
 
   int start_step = 0;
   long long tokens_seen = 0;

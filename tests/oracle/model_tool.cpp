@@ -85,7 +85,7 @@ int train(char** argv) {
   const std::string out = argv[13];
   const std::vector<int32_t> tokens = read_tokens(argv[3], 2ull * B * T * steps * accum);
   const ParameterLayout layout(model.config);
-  auto schedule = make_gpu_schedule(make_cpu_backend(model.config, B, T), layout);
+  auto schedule = make_gpu_schedule(make_cpu_backend(model.config, B, T), make_cpu_device(), layout);
   const size_t n = layout.total_count();
   schedule->import_tensors({model.params, std::vector<float>(n), std::vector<float>(n)});
 

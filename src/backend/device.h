@@ -1,0 +1,66 @@
+// The device a backend computes on, as the schedules see it: memory, copies, and the two bulk
+// operations of an optimizer step (gradient norm, AdamW), so one schedule serves every backend.
+//
+// On the CPU backend "device memory" is host memory and the operations run on the host; on the
+// CUDA backend they are cudaMalloc'd buffers and kernels. Streams and events for the layer-wise
+// overlap join this interface with the offload and layup schedules.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "model/parameter_layout.h"
+#include "optim/adamw.h"
+
+namespace layup {
+
+class Device;
+
+// Floats in a device's memory, freed by that device when the buffer goes.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Device* device, float* data, size_t count)
+      : device_(device), data_(data), count_(count) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+
+  float* data() const { return data_; }
+  size_t count() const { return count_; }
+
+ private:
+  Device* device_ = nullptr;
+  float* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual std::string name() const = 0;
+
+  // A zeroed buffer of `count` floats in device memory.
+  virtual DeviceBuffer allocate(size_t count) = 0;
+  virtual void release(float* data) = 0;
+
+  virtual void copy_to_device(float* device_dst, const float* host_src, size_t count) = 0;
+  virtual void copy_to_host(float* host_dst, const float* device_src, size_t count) = 0;
+  virtual void fill_zero(float* device_dst, size_t count) = 0;
+
+  // Sum of squares of x, bitwise reproducible run to run (see optim/grad_norm.h).
+  virtual double sum_of_squares(const float* x, size_t count) = 0;
+
+  // AdamW on one span, weight decay per tensor as the layout says (see optim/adamw.h).
+  virtual void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
+                                 const float* grads, float* m, float* v,
+                                 const AdamWStep& step) = 0;
+};
+
+std::unique_ptr<Device> make_cpu_device();
+
+}  // namespace layup

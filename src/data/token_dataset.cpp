@@ -1,0 +1,162 @@
+// Shard discovery, the concatenated token dataset, and the training and validation batchers.
+#include "data/token_dataset.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/error.h"
+#include "data/token_shard.h"
+
+namespace layup {
+namespace fs = std::filesystem;
+namespace {
+
+// True when `split` is one of the words of `file_name` separated by '_' and '.'.
+bool name_has_word(const std::string& file_name, const std::string& split) {
+  size_t start = 0;
+  while (start <= file_name.size()) {
+    size_t end = file_name.find_first_of("_.", start);
+    if (end == std::string::npos) end = file_name.size();
+    if (file_name.compare(start, end - start, split) == 0) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+void copy_window(std::span<const uint16_t> tokens, size_t start, int seq_len, int32_t* inputs,
+                 int32_t* targets) {
+  for (int t = 0; t < seq_len; ++t) {
+    inputs[t] = tokens[start + t];
+    targets[t] = tokens[start + t + 1];
+  }
+}
+
+void resize_batch(TokenBatchBuffer& out, int batch, int seq_len) {
+  out.batch = batch;
+  out.seq_len = seq_len;
+  out.inputs.resize(static_cast<size_t>(batch) * seq_len);
+  out.targets.resize(static_cast<size_t>(batch) * seq_len);
+}
+
+void check_batch_shape(int batch, int seq_len) {
+  LAYUP_CHECK(batch >= 1 && seq_len >= 1, "batch size and sequence length must be positive (got ",
+              batch, " and ", seq_len, ")");
+}
+
+}  // namespace
+
+std::vector<std::string> find_token_shards(const std::string& location, const std::string& split) {
+  LAYUP_CHECK(!location.empty(), "no token shard location given");
+  std::error_code error;
+  std::vector<std::string> paths;
+  if (fs::is_regular_file(location, error)) return {location};
+  if (fs::is_directory(location, error)) {
+    for (const fs::directory_entry& entry : fs::directory_iterator(location, error)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_regular_file(error) && name.ends_with(".bin") &&
+          (split.empty() || name_has_word(name, split))) {
+        paths.push_back(entry.path().string());
+      }
+    }
+    LAYUP_CHECK(!error, "cannot list the directory ", location, ": ", error.message());
+    LAYUP_CHECK(!paths.empty(), "no token shards in ", location, ": expected *.bin files",
+                split.empty() ? std::string() : " with '" + split + "' in their name", " (e.g. ",
+                split.empty() ? "train" : split, "_000000.bin)");
+    std::sort(paths.begin(), paths.end());
+    return paths;
+  }
+  LAYUP_CHECK(location.find_first_of("*?[") != std::string::npos,
+              "token shards not found: ", location, " does not exist");
+  glob_t matches{};
+  const int result = ::glob(location.c_str(), 0, nullptr, &matches);
+  for (size_t i = 0; result == 0 && i < matches.gl_pathc; ++i) {
+    if (fs::is_regular_file(matches.gl_pathv[i], error)) paths.emplace_back(matches.gl_pathv[i]);
+  }
+  ::globfree(&matches);
+  LAYUP_CHECK(!paths.empty(), "no token shards match the pattern ", location);
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+TokenDataset::TokenDataset(const std::vector<std::string>& shard_paths, int vocab_size)
+    : shard_paths_(shard_paths) {
+  LAYUP_CHECK(!shard_paths.empty(), "a token dataset needs at least one shard");
+  for (const std::string& path : shard_paths) {
+    const std::vector<uint16_t> shard = read_token_shard(path, vocab_size);
+    tokens_.insert(tokens_.end(), shard.begin(), shard.end());
+  }
+}
+
+TokenDataset TokenDataset::open(const std::string& location, const std::string& split,
+                                int vocab_size) {
+  return TokenDataset(find_token_shards(location, split), vocab_size);
+}
+
+BatchSampler::BatchSampler(const TokenDataset& dataset, int batch, int seq_len, uint64_t seed)
+    : tokens_(dataset.tokens()), batch_(batch), seq_len_(seq_len), rng_(seed) {
+  check_batch_shape(batch, seq_len);
+  LAYUP_CHECK(tokens_.size() >= static_cast<size_t>(seq_len) + 1, "the training data has ",
+              tokens_.size(), " tokens, too few for one sequence of T=", seq_len,
+              " (T+1 tokens are needed for inputs and targets); use more data or a shorter "
+              "sequence length");
+}
+
+void BatchSampler::next(TokenBatchBuffer& out) {
+  resize_batch(out, batch_, seq_len_);
+  // Starts in [0, size - T - 1], so the window's last token (the last target) is in range.
+  const uint64_t start_count = tokens_.size() - static_cast<size_t>(seq_len_);
+  for (int b = 0; b < batch_; ++b) {
+    const size_t start = static_cast<size_t>(rng_.below(start_count));
+    const size_t row = static_cast<size_t>(b) * seq_len_;
+    copy_window(tokens_, start, seq_len_, out.inputs.data() + row, out.targets.data() + row);
+  }
+}
+
+TokenBatchBuffer BatchSampler::next() {
+  TokenBatchBuffer out;
+  next(out);
+  return out;
+}
+
+ValidationBatches::ValidationBatches(const TokenDataset& dataset, int batch, int seq_len,
+                                     int max_batches)
+    : tokens_(dataset.tokens()), batch_(batch), seq_len_(seq_len), count_(0) {
+  check_batch_shape(batch, seq_len);
+  LAYUP_CHECK(tokens_.size() >= static_cast<size_t>(seq_len) + 1, "the validation data has ",
+              tokens_.size(), " tokens, too few for one sequence of T=", seq_len,
+              " (T+1 tokens are needed for inputs and targets); use more data or a shorter "
+              "sequence length");
+  // Windows of T inputs overlap their neighbours only in the one token that is the last target
+  // of one window and the first input of the next.
+  const size_t windows = (tokens_.size() - 1) / static_cast<size_t>(seq_len);
+  const size_t whole_batches = windows / static_cast<size_t>(batch);
+  LAYUP_CHECK(whole_batches >= 1, "the validation data has ", tokens_.size(),
+              " tokens, which make ", windows, " sequences of T=", seq_len,
+              ", fewer than one batch of B=", batch, " (", static_cast<size_t>(batch) * seq_len + 1,
+              " tokens are needed); use more validation data or a smaller batch");
+  size_t count = whole_batches;
+  if (max_batches > 0) count = std::min(count, static_cast<size_t>(max_batches));
+  count_ = static_cast<int>(std::min<size_t>(count, 1u << 30));
+}
+
+void ValidationBatches::get(int index, TokenBatchBuffer& out) const {
+  LAYUP_CHECK(index >= 0 && index < count_, "validation batch ", index,
+              " does not exist (there are ", count_, ")");
+  resize_batch(out, batch_, seq_len_);
+  for (int b = 0; b < batch_; ++b) {
+    const size_t window = static_cast<size_t>(index) * batch_ + b;
+    const size_t row = static_cast<size_t>(b) * seq_len_;
+    copy_window(tokens_, window * seq_len_, seq_len_, out.inputs.data() + row,
+                out.targets.data() + row);
+  }
+}
+
+TokenBatchBuffer ValidationBatches::get(int index) const {
+  TokenBatchBuffer out;
+  get(index, out);
+  return out;
+}
+
+}  // namespace layup

@@ -1,0 +1,101 @@
+// Training and validation data: the tokens of one or more shards, and the batches cut from them.
+//
+// A TokenDataset concatenates its shards in order (each llm.c shard starts with an end-of-text
+// token, so a window that crosses a shard boundary crosses a document boundary, as windows do
+// inside a shard). Training batches come from BatchSampler: B windows of T+1 tokens at uniformly
+// random start positions, drawn from one layup::Rng whose single word of state is all that a
+// checkpoint needs to continue the exact same sequence of batches. Validation uses a fixed list of
+// non-overlapping windows from the start of the validation tokens, so every evaluation of a run
+// (and of every run with the same data) sees the same text.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/model_backend.h"
+#include "core/rng.h"
+
+namespace layup {
+
+// Shard files at `location`: the file itself; in a directory, the `*.bin` files whose name has
+// `split` as one of its '_'/'.'-separated words (split "train" picks "train_000001.bin" and
+// llm.c's "fineweb_train_000001.bin", not "fineweb_val_000000.bin"; an empty split picks every
+// `*.bin`); otherwise the files matching `location` as a glob pattern ("data/*_val_*.bin").
+// Sorted by name. Throws layup::Error when nothing matches.
+std::vector<std::string> find_token_shards(const std::string& location,
+                                           const std::string& split = "");
+
+class TokenDataset {
+ public:
+  // Reads and checks every shard (see read_token_shard) and concatenates them in order.
+  TokenDataset(const std::vector<std::string>& shard_paths, int vocab_size);
+
+  // The shards find_token_shards(location, split) names.
+  static TokenDataset open(const std::string& location, const std::string& split, int vocab_size);
+
+  std::span<const uint16_t> tokens() const { return tokens_; }
+  size_t size() const { return tokens_.size(); }
+  const std::vector<std::string>& shard_paths() const { return shard_paths_; }
+
+ private:
+  std::vector<std::string> shard_paths_;
+  std::vector<uint16_t> tokens_;
+};
+
+// The token ids of one batch, owned; view() is what a ModelBackend takes.
+struct TokenBatchBuffer {
+  int batch = 0;                 // B
+  int seq_len = 0;               // T
+  std::vector<int32_t> inputs;   // [B, T]: window[0 : T]
+  std::vector<int32_t> targets;  // [B, T]: window[1 : T + 1]
+
+  TokenBatch view() const { return {inputs.data(), targets.data(), batch, seq_len}; }
+};
+
+// Random training batches. Holds a view of the dataset's tokens: the dataset must outlive it.
+class BatchSampler {
+ public:
+  // Throws layup::Error when the dataset has fewer than seq_len + 1 tokens.
+  BatchSampler(const TokenDataset& dataset, int batch, int seq_len, uint64_t seed);
+
+  // Draws the next batch: B start positions in [0, size - T - 1], one Rng draw each, in order.
+  void next(TokenBatchBuffer& out);
+  TokenBatchBuffer next();
+
+  // The generator's state; set_state(state()) resumes the same sequence of batches.
+  uint64_t state() const { return rng_.state(); }
+  void set_state(uint64_t state) { rng_.set_state(state); }
+
+  int batch() const { return batch_; }
+  int seq_len() const { return seq_len_; }
+
+ private:
+  std::span<const uint16_t> tokens_;
+  int batch_;
+  int seq_len_;
+  Rng rng_;
+};
+
+// A fixed list of validation batches: window w covers tokens [w*T, w*T + T] (inputs and shifted
+// targets), batch i holds windows i*B .. i*B + B-1. Holds a view of the dataset's tokens.
+class ValidationBatches {
+ public:
+  // max_batches <= 0 takes every whole batch that fits. Throws layup::Error when not even one
+  // batch fits, saying how many tokens there are and how many one batch needs.
+  ValidationBatches(const TokenDataset& dataset, int batch, int seq_len, int max_batches);
+
+  int size() const { return count_; }
+  void get(int index, TokenBatchBuffer& out) const;
+  TokenBatchBuffer get(int index) const;
+
+ private:
+  std::span<const uint16_t> tokens_;
+  int batch_;
+  int seq_len_;
+  int count_;
+};
+
+}  // namespace layup

@@ -1,0 +1,120 @@
+// Reading and writing llm.c-style token shards.
+#include "data/token_shard.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+namespace layup {
+
+static_assert(std::endian::native == std::endian::little,
+              "token shards are little-endian; layup reads and writes them without byte swaps");
+
+namespace {
+
+// Reads exactly out.size() bytes at `offset`, or fails.
+void read_exactly(int fd, size_t offset, std::span<std::byte> out, const std::string& path) {
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t got =
+        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    LAYUP_CHECK(got > 0, "cannot read token shard ", path, ": ",
+                got == 0 ? "the file ended early (was it changed while being read?)"
+                         : std::strerror(errno));
+    done += static_cast<size_t>(got);
+  }
+}
+
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+void write_token_shard(const std::string& path, std::span<const uint16_t> tokens) {
+  LAYUP_CHECK(!tokens.empty(), "cannot write token shard ", path,
+              ": there are no tokens to write (a shard holds at least one)");
+  LAYUP_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+              "cannot write token shard ", path, ": ", tokens.size(),
+              " tokens do not fit one shard (at most 2147483647); split them over several");
+  std::array<int32_t, kTokenShardHeaderInts> header{};
+  header[0] = kTokenShardMagic;
+  header[1] = kTokenShardVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+  const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(header)),
+                                               std::as_bytes(tokens)};
+  write_file_atomically(path, pieces);
+}
+
+std::vector<uint16_t> read_token_shard(const std::string& path, int vocab_size) {
+  LAYUP_CHECK(vocab_size >= 1 && vocab_size <= 65536, "cannot check token shard ", path,
+              " against a vocabulary of ", vocab_size, " tokens (expected 1..65536)");
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  LAYUP_CHECK(fd.get() >= 0, "cannot open token shard ", path, ": ", std::strerror(errno));
+  struct stat info;
+  LAYUP_CHECK(::fstat(fd.get(), &info) == 0 && S_ISREG(info.st_mode), "cannot read token shard ",
+              path, ": it is not a regular file");
+  const size_t file_bytes = static_cast<size_t>(info.st_size);
+  LAYUP_CHECK(file_bytes > 0, "token shard ", path,
+              " is empty (0 bytes); it was not written completely, make it again");
+  LAYUP_CHECK(file_bytes >= kTokenShardHeaderBytes, "token shard ", path, " has ", file_bytes,
+              " bytes, fewer than the ", kTokenShardHeaderBytes,
+              "-byte header of a layup/llm.c token shard; the file is truncated or is not a "
+              "token shard");
+
+  std::array<int32_t, kTokenShardHeaderInts> header{};
+  read_exactly(fd.get(), 0, std::as_writable_bytes(std::span(header)), path);
+  LAYUP_CHECK(header[0] == kTokenShardMagic, path,
+              " is not a layup/llm.c token shard: it starts with the number ", header[0],
+              " where a shard has the magic number ", kTokenShardMagic,
+              "; token shards are made by layup's data preparation or llm.c's data scripts");
+  LAYUP_CHECK(header[1] == kTokenShardVersion, "token shard ", path, " has version ", header[1],
+              "; layup reads version ", kTokenShardVersion,
+              " (uint16 token ids; llm.c's version 2 holds uint32 ids of other tokenizers)");
+  const int64_t declared = header[2];
+  LAYUP_CHECK(declared > 0, "token shard ", path, " declares ", declared,
+              " tokens in its header; a shard holds at least one");
+
+  const size_t body_bytes = file_bytes - kTokenShardHeaderBytes;
+  const size_t expected_bytes = static_cast<size_t>(declared) * sizeof(uint16_t);
+  LAYUP_CHECK(body_bytes >= expected_bytes, "token shard ", path,
+              " is truncated: its header declares ", declared, " tokens but the file holds only ",
+              body_bytes / sizeof(uint16_t), " (", body_bytes,
+              " bytes after the header); make the shard again");
+  LAYUP_CHECK(body_bytes == expected_bytes, "token shard ", path, " has ",
+              body_bytes - expected_bytes, " bytes after the ", declared,
+              " tokens its header declares; the header's count is wrong or the file is damaged");
+
+  std::vector<uint16_t> tokens(static_cast<size_t>(declared));
+  read_exactly(fd.get(), kTokenShardHeaderBytes, std::as_writable_bytes(std::span(tokens)), path);
+  for (size_t position = 0; position < tokens.size(); ++position) {
+    if (tokens[position] >= vocab_size) {
+      fail("token shard ", path, " has token id ", tokens[position], " at position ", position,
+           ", outside the vocabulary of ", vocab_size,
+           " tokens; the shard was made with another tokenizer or is damaged");
+    }
+  }
+  return tokens;
+}
+
+}  // namespace layup

@@ -1,0 +1,42 @@
+// Writing files so that a crash or an error never leaves a half-written one behind.
+//
+// Every file layup writes (weights, optimizer state, token shards) goes through here: the bytes go
+// to `<path>.tmp-<pid>` in the same directory, which is flushed to disk (fsync) and then renamed
+// over `<path>`; finally the directory itself is flushed so the rename survives a power cut.
+// rename() within one directory is atomic on POSIX file systems, so a reader sees either the old
+// file or the complete new one. If anything fails before the rename, the temporary file is
+// removed, the old file is untouched, and a layup::Error says what went wrong.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace layup {
+
+// Appends bytes to the file being written. Small pieces are buffered, large ones go straight
+// to the file, so a writer may hand over anything from one header field to a whole tensor.
+using AppendBytes = std::function<void(std::span<const std::byte>)>;
+
+// Writes `contents` to `path` atomically.
+void write_file_atomically(const std::string& path, std::span<const std::byte> contents);
+
+// Writes the concatenation of `pieces` to `path` atomically, without concatenating them in memory.
+void write_file_atomically(const std::string& path,
+                           std::span<const std::span<const std::byte>> pieces);
+
+// Calls `write_contents` with an AppendBytes that streams into the temporary file, then commits
+// the file. An exception thrown by `write_contents` removes the temporary file and propagates;
+// the old file at `path` is left as it was.
+void write_file_atomically(const std::string& path,
+                           const std::function<void(const AppendBytes& append)>& write_contents);
+
+// Flushes a directory's entries (new names, renames, deletions) to disk.
+void fsync_directory(const std::string& dir);
+
+// Reads a whole file. Throws layup::Error naming the file when it cannot be opened or read.
+std::vector<std::byte> read_file_bytes(const std::string& path);
+
+}  // namespace layup

@@ -1,0 +1,194 @@
+// Checkpoint directories: write into `.partial`, flush, publish by rename, then rotate.
+#include "io/checkpoint.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+namespace layup {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kStepPrefix = "step-";
+constexpr const char* kPartialSuffix = ".partial";
+
+// The step of a complete checkpoint directory's name ("step-<digits>"), or -1.
+int64_t parse_step_dir_name(const std::string& name) {
+  if (!name.starts_with(kStepPrefix)) return -1;
+  const char* begin = name.data() + std::strlen(kStepPrefix);
+  const char* end = name.data() + name.size();
+  if (begin == end) return -1;
+  int64_t step = -1;
+  auto [stop, error] = std::from_chars(begin, end, step);
+  return error == std::errc() && stop == end && step >= 0 ? step : -1;
+}
+
+bool is_model_dir(const fs::path& dir) {
+  std::error_code error;
+  return fs::is_regular_file(dir / kHfWeightsFileName, error) &&
+         fs::is_regular_file(dir / kHfConfigFileName, error);
+}
+
+// Complete checkpoints in `run_dir`, by step.
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& run_dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(run_dir, error)) {
+    const int64_t step = parse_step_dir_name(entry.path().filename().string());
+    if (step >= 0 && entry.is_directory(error) && is_model_dir(entry.path())) {
+      found.emplace_back(step, entry.path());
+    }
+  }
+  LAYUP_CHECK(!error, "cannot list the directory ", run_dir.string(), ": ", error.message());
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+void remove_tree(const fs::path& path) {
+  std::error_code error;
+  fs::remove_all(path, error);
+  LAYUP_CHECK(!error, "cannot remove ", path.string(), ": ", error.message());
+}
+
+// Moves the finished `partial` directory to `final_dir`, replacing an existing one. rename()
+// cannot replace a non-empty directory, so the two are swapped atomically (renameat2 with
+// RENAME_EXCHANGE) and the old contents, now under the partial name, are deleted. Where the
+// file system cannot swap, the old directory is moved aside first: a crash in between leaves it
+// under a `.replaced` name, never a half-written checkpoint under the final one.
+void publish_directory(const fs::path& partial, const fs::path& final_dir) {
+  std::error_code error;
+  if (!fs::exists(final_dir, error)) {
+    if (::rename(partial.c_str(), final_dir.c_str()) != 0) {
+      fail("cannot rename ", partial.string(), " to ", final_dir.string(), ": ",
+           std::strerror(errno));
+    }
+    return;
+  }
+  if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(partial, error);  // the old checkpoint; a leftover is removed on the next save
+    return;
+  }
+  const fs::path replaced = final_dir.string() + ".replaced";
+  fs::remove_all(replaced, error);
+  if (::rename(final_dir.c_str(), replaced.c_str()) != 0) {
+    fail("cannot move ", final_dir.string(), " aside to replace it: ", std::strerror(errno));
+  }
+  if (::rename(partial.c_str(), final_dir.c_str()) != 0) {
+    const int rename_error = errno;
+    ::rename(replaced.c_str(), final_dir.c_str());  // put the old checkpoint back
+    fail("cannot rename ", partial.string(), " to ", final_dir.string(), ": ",
+         std::strerror(rename_error));
+  }
+  fs::remove_all(replaced, error);
+}
+
+// Deletes leftovers of interrupted saves and the checkpoints before `step` beyond `keep_last`.
+void rotate_checkpoints(const fs::path& run_dir, int64_t step, int keep_last) {
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(run_dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(kStepPrefix) &&
+        (name.ends_with(kPartialSuffix) || name.ends_with(".replaced") ||
+         name.ends_with(".deleting"))) {
+      remove_tree(entry.path());
+    }
+  }
+  if (keep_last == 0) return;
+  std::vector<std::pair<int64_t, fs::path>> older;
+  for (auto& checkpoint : list_checkpoints(run_dir)) {
+    if (checkpoint.first < step) older.push_back(std::move(checkpoint));
+  }
+  const size_t keep_older = static_cast<size_t>(keep_last - 1);
+  if (older.size() <= keep_older) return;
+  for (size_t i = 0; i < older.size() - keep_older; ++i) {
+    // Rename first, so a crash mid-deletion leaves no half-deleted directory with a valid name.
+    const fs::path doomed = older[i].second.string() + ".deleting";
+    fs::rename(older[i].second, doomed, error);
+    LAYUP_CHECK(!error, "cannot remove the old checkpoint ", older[i].second.string(), ": ",
+                error.message());
+    remove_tree(doomed);
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "%s%08lld", kStepPrefix, static_cast<long long>(step));
+  return name;
+}
+
+std::string save_checkpoint(const std::string& run_dir, const Gpt2Config& config,
+                            const ParameterLayout& layout, const float* params,
+                            const TrainingState& state, int keep_last) {
+  LAYUP_CHECK(keep_last >= 0, "the number of checkpoints to keep must be 0 (all) or more, not ",
+              keep_last);
+  LAYUP_CHECK(state.step >= 0, "cannot save a checkpoint of negative step ", state.step);
+  std::error_code error;
+  fs::create_directories(run_dir, error);
+  LAYUP_CHECK(!error, "cannot create the run directory ", run_dir, ": ", error.message());
+
+  const fs::path final_dir = fs::path(run_dir) / checkpoint_dir_name(state.step);
+  const fs::path partial = final_dir.string() + kPartialSuffix;
+  remove_tree(partial);  // left by an interrupted save of the same step
+  try {
+    fs::create_directory(partial, error);
+    LAYUP_CHECK(!error, "cannot create ", partial.string(), ": ", error.message());
+    save_hf_model(partial.string(), config, layout, params);
+    save_training_state((partial / kTrainingStateFileName).string(), layout, state);
+    fsync_directory(partial.string());
+    publish_directory(partial, final_dir);
+  } catch (...) {
+    fs::remove_all(partial, error);
+    throw;
+  }
+  fsync_directory(run_dir);
+  rotate_checkpoints(run_dir, state.step, keep_last);
+  return final_dir.string();
+}
+
+std::string find_latest_checkpoint(const std::string& dir) {
+  std::error_code error;
+  LAYUP_CHECK(fs::exists(dir, error), "cannot load a checkpoint from ", dir, ": it does not exist");
+  if (fs::is_regular_file(fs::path(dir) / kHfWeightsFileName, error)) return dir;
+  LAYUP_CHECK(fs::is_directory(dir, error), "cannot load a checkpoint from ", dir,
+              ": it is not a directory");
+  const auto checkpoints = list_checkpoints(dir);
+  LAYUP_CHECK(!checkpoints.empty(), dir, " holds no checkpoint: expected ", kHfWeightsFileName,
+              " and ", kHfConfigFileName, " in it, or step-XXXXXXXX/ directories holding them (",
+              kPartialSuffix, " directories are unfinished saves and are ignored)");
+  return checkpoints.back().second.string();
+}
+
+const TrainingState& Checkpoint::training_state() const {
+  LAYUP_CHECK(has_training_state, path, " holds model weights only (no ", kTrainingStateFileName,
+              "), so a run cannot resume from it; start a new run initialized from these "
+              "weights instead");
+  return state;
+}
+
+Checkpoint load_checkpoint(const std::string& dir) {
+  Checkpoint checkpoint;
+  checkpoint.path = find_latest_checkpoint(dir);
+  checkpoint.model = load_hf_model(checkpoint.path);
+  const fs::path state_path = fs::path(checkpoint.path) / kTrainingStateFileName;
+  std::error_code error;
+  if (fs::exists(state_path, error)) {
+    checkpoint.state =
+        load_training_state(state_path.string(), ParameterLayout(checkpoint.model.config));
+    checkpoint.has_training_state = true;
+  }
+  return checkpoint;
+}
+
+}  // namespace layup

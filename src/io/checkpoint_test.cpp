@@ -1,0 +1,192 @@
+// Tests of checkpoint directories: save/load, rotation, replacement of the same step, and that a
+// failed save or an interrupted one (a `.partial` directory) never hides or damages a complete
+// checkpoint.
+#include "io/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "core/rng.h"
+#include "io/test_files.h"
+
+namespace layup {
+namespace {
+
+namespace fs = std::filesystem;
+using test_files::contains;
+using test_files::error_message;
+using test_files::snapshot;
+using test_files::TempDir;
+using test_files::write_text;
+
+Gpt2Config tiny_config() {
+  Gpt2Config config;
+  config.n_layer = 1;
+  config.n_head = 2;
+  config.n_embd = 8;
+  config.n_positions = 16;
+  config.vocab_size = 50;
+  config.padded_vocab_size = 128;
+  return config;
+}
+
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class CheckpointDir : public ::testing::Test {
+ protected:
+  // Parameters and a training state that differ for every step.
+  std::vector<float> params_for(int64_t step) {
+    Rng rng(step);
+    std::vector<float> params(layout_.total_count(), 0.0f);
+    // Leave the padded embedding rows zero, as training keeps them.
+    const size_t wte_used = static_cast<size_t>(config_.vocab_size) * config_.n_embd;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (i < wte_used || i >= layout_.embeddings().wpe) params[i] = rng.normal();
+    }
+    return params;
+  }
+
+  TrainingState state_for(int64_t step) {
+    TrainingState state;
+    state.step = step;
+    state.adam_m.assign(layout_.total_count(), 0.5f * step);
+    state.adam_v.assign(layout_.total_count(), 0.25f * step);
+    state.data_rng_state = 1000 + step;
+    state.tokens_seen = 64 * step;
+    return state;
+  }
+
+  std::string save(int64_t step, int keep_last = 2) {
+    const std::vector<float> params = params_for(step);
+    return save_checkpoint(run_dir_, config_, layout_, params.data(), state_for(step), keep_last);
+  }
+
+  TempDir dir_;
+  std::string run_dir_ = dir_.file("run");
+  Gpt2Config config_ = tiny_config();
+  ParameterLayout layout_{config_};
+};
+
+TEST_F(CheckpointDir, SaveAndLoadLatest) {
+  const std::string path = save(100);
+  EXPECT_EQ(path, run_dir_ + "/step-00000100");
+  EXPECT_EQ(entries(path), (std::vector<std::string>{"config.json", "model.safetensors",
+                                                     "training_state.safetensors"}));
+  const Checkpoint checkpoint = load_checkpoint(run_dir_);
+  EXPECT_EQ(checkpoint.path, path);
+  EXPECT_TRUE(same_floats(checkpoint.model.params, params_for(100)));
+  ASSERT_TRUE(checkpoint.has_training_state);
+  const TrainingState& state = checkpoint.training_state();
+  EXPECT_EQ(state.step, 100);
+  EXPECT_EQ(state.data_rng_state, 1100u);
+  EXPECT_EQ(state.tokens_seen, 6400);
+  EXPECT_TRUE(same_floats(state.adam_m, state_for(100).adam_m));
+  EXPECT_TRUE(same_floats(state.adam_v, state_for(100).adam_v));
+  // The checkpoint directory itself is a valid argument too.
+  EXPECT_EQ(find_latest_checkpoint(path), path);
+  EXPECT_EQ(load_checkpoint(path).path, path);
+}
+
+TEST_F(CheckpointDir, KeepsTheLastTwo) {
+  save(100);
+  save(200);
+  save(300);
+  EXPECT_EQ(entries(run_dir_), (std::vector<std::string>{"step-00000200", "step-00000300"}));
+  EXPECT_EQ(find_latest_checkpoint(run_dir_), run_dir_ + "/step-00000300");
+  save(400, /*keep_last=*/1);
+  EXPECT_EQ(entries(run_dir_), (std::vector<std::string>{"step-00000400"}));
+}
+
+TEST_F(CheckpointDir, KeepLastZeroKeepsAll) {
+  save(1, 0);
+  save(2, 0);
+  save(3, 0);
+  EXPECT_EQ(entries(run_dir_).size(), 3u);
+  EXPECT_TRUE(contains(error_message([&] { save(4, -1); }), "must be 0 (all) or more"));
+}
+
+TEST_F(CheckpointDir, LaterStepsOfAnEarlierRunAreNotDeleted) {
+  save(500);
+  save(100);
+  save(200);
+  EXPECT_EQ(entries(run_dir_),
+            (std::vector<std::string>{"step-00000100", "step-00000200", "step-00000500"}));
+}
+
+TEST_F(CheckpointDir, SavingTheSameStepReplacesIt) {
+  save(100);
+  const std::vector<float> other = params_for(999);
+  save_checkpoint(run_dir_, config_, layout_, other.data(), state_for(100));
+  EXPECT_EQ(entries(run_dir_), (std::vector<std::string>{"step-00000100"}));
+  EXPECT_TRUE(same_floats(load_checkpoint(run_dir_).model.params, other));
+}
+
+TEST_F(CheckpointDir, FindLatestIgnoresPartialAndIncompleteDirectories) {
+  save(100);
+  // An interrupted save of a later step, a directory without weights, and unrelated names.
+  fs::copy(run_dir_ + "/step-00000100", run_dir_ + "/step-00000300.partial");
+  fs::create_directory(run_dir_ + "/step-00000400");
+  fs::copy(run_dir_ + "/step-00000100", run_dir_ + "/step-0000x500");
+  write_text(run_dir_ + "/step-00000600", "a file, not a directory");
+  EXPECT_EQ(find_latest_checkpoint(run_dir_), run_dir_ + "/step-00000100");
+  // The next save clears the leftover of the interrupted one.
+  save(200);
+  EXPECT_FALSE(fs::exists(run_dir_ + "/step-00000300.partial"));
+}
+
+TEST_F(CheckpointDir, NoCheckpointIsAnError) {
+  fs::create_directories(run_dir_ + "/step-00000100.partial");
+  const std::string message = error_message([&] { find_latest_checkpoint(run_dir_); });
+  EXPECT_TRUE(contains(message, run_dir_ + " holds no checkpoint"));
+  EXPECT_TRUE(contains(message, ".partial directories are unfinished saves"));
+  EXPECT_TRUE(
+      contains(error_message([&] { load_checkpoint(dir_.file("nothing")); }), "does not exist"));
+}
+
+TEST_F(CheckpointDir, FailedSaveLeavesEverythingAsItWas) {
+  save(100);
+  save(200);
+  const auto before = snapshot(run_dir_);
+  // The model files are written into step-00000300.partial/ before the state is found to be
+  // wrong; the partial directory must go, the complete checkpoints must stay.
+  TrainingState broken = state_for(300);
+  broken.adam_m.resize(3);
+  const std::vector<float> params = params_for(300);
+  const std::string message =
+      error_message([&] { save_checkpoint(run_dir_, config_, layout_, params.data(), broken); });
+  EXPECT_TRUE(contains(message, "the model has " + std::to_string(layout_.total_count())));
+  EXPECT_EQ(snapshot(run_dir_), before);
+  EXPECT_EQ(find_latest_checkpoint(run_dir_), run_dir_ + "/step-00000200");
+}
+
+TEST_F(CheckpointDir, ModelWithoutTrainingStateCannotBeResumed) {
+  const std::vector<float> params = params_for(1);
+  save_hf_model(dir_.file("pretrained"), config_, layout_, params.data());
+  const Checkpoint checkpoint = load_checkpoint(dir_.file("pretrained"));
+  EXPECT_FALSE(checkpoint.has_training_state);
+  EXPECT_TRUE(same_floats(checkpoint.model.params, params));
+  const std::string message = error_message([&] { checkpoint.training_state(); });
+  EXPECT_TRUE(contains(message, "holds model weights only"));
+  EXPECT_TRUE(contains(message, "cannot resume"));
+}
+
+TEST(CheckpointNames, StepDirectoryName) {
+  EXPECT_EQ(checkpoint_dir_name(0), "step-00000000");
+  EXPECT_EQ(checkpoint_dir_name(123456789), "step-123456789");
+}
+
+}  // namespace
+}  // namespace layup

@@ -1,0 +1,281 @@
+// Tests of the Hugging Face GPT-2 checkpoint: exact round trip, the layout HF expects (names,
+// transposed Conv1D weights, unpadded vocabulary, config.json), and an error for every kind of
+// checkpoint this engine cannot run.
+#include "io/hf_checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "core/rng.h"
+#include "io/safetensors.h"
+#include "io/test_files.h"
+
+namespace layup {
+namespace {
+
+using test_files::contains;
+using test_files::error_message;
+using test_files::read_text;
+using test_files::snapshot;
+using test_files::TempDir;
+using test_files::write_text;
+
+Gpt2Config tiny_config() {
+  Gpt2Config config;
+  config.n_layer = 2;
+  config.n_head = 2;
+  config.n_embd = 8;
+  config.n_positions = 16;
+  config.vocab_size = 50;
+  config.padded_vocab_size = pad_vocab_size(50);  // 128
+  return config;
+}
+
+// Random parameters with the padded embedding rows zero, as a trained model has them.
+std::vector<float> random_params(const ParameterLayout& layout, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> params(layout.total_count());
+  for (float& value : params) value = rng.normal();
+  const Gpt2Config& config = layout.config();
+  std::fill(params.begin() + layout.embeddings().wte + config.vocab_size * config.n_embd,
+            params.begin() + layout.embeddings().wte + config.padded_vocab_size * config.n_embd,
+            0.0f);
+  return params;
+}
+
+bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct ExtraTensor {
+  std::string name;
+  std::vector<size_t> shape;
+  std::vector<float> values;
+};
+
+// Rewrites a saved model's weights file: every tensor renamed by `rename` except `drop`, plus
+// `extra`.
+void rewrite_weights(const std::string& dir, const std::function<std::string(std::string)>& rename,
+                     const std::vector<ExtraTensor>& extra = {}, const std::string& drop = "") {
+  const std::string path = dir + "/model.safetensors";
+  std::vector<std::vector<float>> values;
+  std::vector<SafetensorsTensor> tensors;
+  {
+    SafetensorsReader reader(path);
+    for (const SafetensorsTensorInfo& info : reader.tensors()) {
+      if (info.name == drop) continue;
+      values.push_back(reader.read_floats(info.name));
+      tensors.push_back({rename(info.name), info.shape, nullptr, {}});
+    }
+  }
+  for (const ExtraTensor& tensor : extra) {
+    values.push_back(tensor.values);
+    tensors.push_back({tensor.name, tensor.shape, nullptr, {}});
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = values[i].data();
+  write_safetensors(path, tensors, {{"format", "pt"}});
+}
+
+std::string same_name(std::string name) {
+  return name;
+}
+
+class HfCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = tiny_config();
+    layout_ = std::make_unique<ParameterLayout>(config_);
+    params_ = random_params(*layout_, 7);
+    model_dir_ = dir_.file("model");
+    save_hf_model(model_dir_, config_, *layout_, params_.data());
+  }
+
+  // Loads the model, expects a layup::Error, and checks that loading changed no file.
+  std::string load_error() {
+    const auto before = snapshot(dir_.path());
+    const std::string message = error_message([&] { load_hf_model(model_dir_); });
+    EXPECT_EQ(snapshot(dir_.path()), before);
+    return message;
+  }
+
+  void edit_config(const std::function<void(nlohmann::json&)>& edit) {
+    const std::string path = model_dir_ + "/config.json";
+    nlohmann::json json = nlohmann::json::parse(read_text(path));
+    edit(json);
+    write_text(path, json.dump(2));
+  }
+
+  TempDir dir_;
+  Gpt2Config config_;
+  std::unique_ptr<ParameterLayout> layout_;
+  std::vector<float> params_;
+  std::string model_dir_;
+};
+
+TEST_F(HfCheckpoint, SaveLoadIsBitIdenticalIncludingZeroPaddedRows) {
+  EXPECT_EQ(snapshot(model_dir_).size(), 2u);  // model.safetensors, config.json, no temporaries
+  const LoadedModel loaded = load_hf_model(model_dir_);
+  EXPECT_EQ(loaded.config.n_layer, 2);
+  EXPECT_EQ(loaded.config.n_head, 2);
+  EXPECT_EQ(loaded.config.n_embd, 8);
+  EXPECT_EQ(loaded.config.n_positions, 16);
+  EXPECT_EQ(loaded.config.vocab_size, 50);
+  EXPECT_EQ(loaded.config.padded_vocab_size, 128);
+  EXPECT_EQ(loaded.config.layer_norm_epsilon, 1e-5f);
+  EXPECT_TRUE(bit_identical(loaded.params, params_));
+}
+
+TEST_F(HfCheckpoint, WritesWhatTransformersExpects) {
+  SafetensorsReader reader(model_dir_ + "/model.safetensors");
+  EXPECT_EQ(reader.metadata().at("format"), "pt");
+  EXPECT_EQ(reader.tensors().size(), 2u + 12u * 2 + 2);
+  EXPECT_EQ(reader.find("lm_head.weight"), nullptr);  // tied
+  for (const SafetensorsTensorInfo& tensor : reader.tensors()) {
+    EXPECT_TRUE(tensor.name.starts_with("transformer.")) << tensor.name;
+  }
+  EXPECT_EQ(reader.find("transformer.wte.weight")->shape, (std::vector<size_t>{50, 8}));
+  EXPECT_EQ(reader.find("transformer.wpe.weight")->shape, (std::vector<size_t>{16, 8}));
+  EXPECT_EQ(reader.find("transformer.h.1.attn.c_attn.weight")->shape, (std::vector<size_t>{8, 24}));
+  EXPECT_EQ(reader.find("transformer.h.1.mlp.c_proj.weight")->shape, (std::vector<size_t>{32, 8}));
+  EXPECT_EQ(reader.find("transformer.ln_f.bias")->shape, (std::vector<size_t>{8}));
+
+  // Conv1D weights are [in, out]: HF's [i][o] is layup's [o][i].
+  const std::vector<float> qkv = reader.read_floats("transformer.h.1.attn.c_attn.weight");
+  const float* layup_qkv =
+      params_.data() + layout_->block_offset(1) + layout_->block().attn_qkv_weight;
+  for (size_t i = 0; i < 8; ++i) {
+    for (size_t o = 0; o < 24; ++o) ASSERT_EQ(qkv[i * 24 + o], layup_qkv[o * 8 + i]);
+  }
+
+  const nlohmann::json json = nlohmann::json::parse(read_text(model_dir_ + "/config.json"));
+  EXPECT_EQ(json["model_type"], "gpt2");
+  EXPECT_EQ(json["architectures"], nlohmann::json::array({"GPT2LMHeadModel"}));
+  EXPECT_EQ(json["activation_function"], "gelu_new");
+  EXPECT_EQ(json["n_embd"], 8);
+  EXPECT_EQ(json["n_head"], 2);
+  EXPECT_EQ(json["n_layer"], 2);
+  EXPECT_EQ(json["n_positions"], 16);
+  EXPECT_EQ(json["n_ctx"], 16);
+  EXPECT_EQ(json["vocab_size"], 50);
+  EXPECT_TRUE(json["n_inner"].is_null());
+  EXPECT_EQ(json["tie_word_embeddings"], true);
+  EXPECT_EQ(json["eos_token_id"], 49);  // 50256 does not exist in a 50-token vocabulary
+  EXPECT_EQ(json["layup"]["padded_vocab_size"], 128);
+  EXPECT_TRUE(contains(read_text(model_dir_ + "/config.json"), "\"layer_norm_epsilon\": 1e-05"));
+}
+
+TEST_F(HfCheckpoint, LoadsNamesWithoutPrefixAndIgnoresMaskBuffersAndTiedHead) {
+  const std::vector<float> wte(params_.begin(), params_.begin() + 50 * 8);
+  rewrite_weights(model_dir_,
+                  [](std::string name) { return name.substr(std::strlen("transformer.")); },
+                  {{"h.0.attn.bias", {1, 1, 4, 4}, std::vector<float>(16, 1.0f)},
+                   {"h.1.attn.masked_bias", {}, {-1e4f}},
+                   {"lm_head.weight", {50, 8}, wte}});
+  EXPECT_TRUE(bit_identical(load_hf_model(model_dir_).params, params_));
+}
+
+TEST_F(HfCheckpoint, UntiedHeadIsAnError) {
+  std::vector<float> head(params_.begin(), params_.begin() + 50 * 8);
+  head[3 * 8 + 5] += 1.0f;
+  rewrite_weights(model_dir_, same_name, {{"lm_head.weight", {50, 8}, head}});
+  const std::string message = load_error();
+  EXPECT_TRUE(contains(message, "lm_head.weight differs from the token embedding"));
+  EXPECT_TRUE(contains(message, "row 3, column 5"));
+  EXPECT_TRUE(contains(message, "tied LM head"));
+}
+
+TEST_F(HfCheckpoint, MissingTensorIsNamed) {
+  rewrite_weights(model_dir_, same_name, {}, "transformer.h.1.mlp.c_proj.bias");
+  const std::string message = load_error();
+  EXPECT_TRUE(
+      contains(message, "model.safetensors has no tensor 'transformer.h.1.mlp.c_proj.bias'"));
+  EXPECT_TRUE(contains(message, "1 of 28 tensors"));
+}
+
+TEST_F(HfCheckpoint, WrongShapeIsNamed) {
+  edit_config([](nlohmann::json& json) { json["n_positions"] = 32; });
+  const std::string message = load_error();
+  EXPECT_TRUE(contains(message, "tensor 'transformer.wpe.weight' has shape [16, 8]"));
+  EXPECT_TRUE(contains(message, "needs [32, 8]"));
+}
+
+TEST_F(HfCheckpoint, TensorOfAnotherModelIsAnError) {
+  edit_config([](nlohmann::json& json) { json["n_layer"] = 1; });
+  const std::string message = load_error();
+  EXPECT_TRUE(contains(message, "'transformer.h.1."));
+  EXPECT_TRUE(contains(message, "n_layer=1"));
+  EXPECT_TRUE(contains(message, "do not match their config.json"));
+}
+
+TEST_F(HfCheckpoint, DamagedWeightsFile) {
+  const std::string path = model_dir_ + "/model.safetensors";
+  const std::string bytes = read_text(path);
+  uint64_t header_length = 0;
+  std::memcpy(&header_length, bytes.data(), 8);
+  write_text(path, bytes.substr(0, 8 + header_length + 100));  // truncated inside the data
+  const std::string message = load_error();
+  EXPECT_TRUE(contains(message, path));
+  EXPECT_TRUE(contains(message, "beyond the end of the data section"));
+}
+
+TEST_F(HfCheckpoint, ConfigErrors) {
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {[](nlohmann::json& j) { j["model_type"] = "gpt_neox"; }, "describes a \"gpt_neox\" model"},
+      {[](nlohmann::json& j) { j.erase("model_type"); }, "has no \"model_type\""},
+      {[](nlohmann::json& j) { j["activation_function"] = "relu"; },
+       "activation_function \"relu\" is not supported"},
+      {[](nlohmann::json& j) { j["n_inner"] = 10; }, "n_inner is 10"},
+      {[](nlohmann::json& j) { j.erase("n_embd"); }, "has no \"n_embd\""},
+      {[](nlohmann::json& j) { j["n_head"] = "two"; }, "\"n_head\" is \"two\", not an integer"},
+      {[](nlohmann::json& j) { j["n_head"] = 3; }, "not divisible by the number of heads 3"},
+      {[](nlohmann::json& j) { j["tie_word_embeddings"] = false; },
+       "\"tie_word_embeddings\" is false"},
+      {[](nlohmann::json& j) { j["scale_attn_by_inverse_layer_idx"] = true; },
+       "\"scale_attn_by_inverse_layer_idx\" is true"},
+      {[](nlohmann::json& j) { j["vocab_size"] = 70000; }, "out of range 1..65536"},
+      {[](nlohmann::json& j) { j = nlohmann::json::array(); }, "instead of a JSON object"},
+  };
+  const std::string config_path = model_dir_ + "/config.json";
+  const std::string original = read_text(config_path);
+  for (const Case& c : cases) {
+    write_text(config_path, original);
+    edit_config(c.edit);
+    const std::string message = load_error();
+    EXPECT_TRUE(contains(message, config_path));
+    EXPECT_TRUE(contains(message, c.expected));
+  }
+  write_text(config_path, original);
+  edit_config([](nlohmann::json& j) { j["activation_function"] = "gelu_pytorch_tanh"; });
+  EXPECT_NO_THROW(load_hf_model(model_dir_));
+}
+
+TEST_F(HfCheckpoint, ConfigIsNotJson) {
+  write_text(model_dir_ + "/config.json", "{\"n_layer\": 2,");
+  EXPECT_TRUE(contains(load_error(), "config.json is not valid JSON"));
+}
+
+TEST_F(HfCheckpoint, MissingFilesAndDirectory) {
+  std::filesystem::remove(model_dir_ + "/config.json");
+  EXPECT_TRUE(contains(load_error(), "cannot open " + model_dir_ + "/config.json"));
+  const std::string message = error_message([&] { load_hf_model(dir_.file("nowhere")); });
+  EXPECT_TRUE(contains(message, "is not a directory"));
+}
+
+TEST_F(HfCheckpoint, HonoursAnotherPaddingRecordedByLayup) {
+  edit_config([](nlohmann::json& j) { j["layup"]["padded_vocab_size"] = 64; });
+  const LoadedModel loaded = load_hf_model(model_dir_);
+  EXPECT_EQ(loaded.config.padded_vocab_size, 64);
+  EXPECT_EQ(loaded.params.size(), ParameterLayout(loaded.config).total_count());
+  // Without the layup key (a checkpoint from the hub) the vocabulary is padded to 128.
+  edit_config([](nlohmann::json& j) { j.erase("layup"); });
+  EXPECT_EQ(load_hf_model(model_dir_).config.padded_vocab_size, 128);
+}
+
+}  // namespace
+}  // namespace layup

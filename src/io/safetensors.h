@@ -1,0 +1,93 @@
+// Reading and writing safetensors, the file format Hugging Face stores weights in.
+//
+// A safetensors file is
+//   [8 bytes: header length N, little-endian uint64]
+//   [N bytes: JSON header]  {"__metadata__": {"key": "value", ...},
+//                            "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+//                            ...}
+//   [data]                  tensor bytes, row-major little-endian, at [begin, end) from the start
+//                           of the data section
+// The writer stores F32 only, streams tensors straight from the caller's memory, pads the header
+// with spaces to a multiple of 8 bytes (as the reference implementation does) and leaves no gaps,
+// so transformers and the `safetensors` package read its files. The reader validates the whole
+// header before any data is read, then reads F32, F16 and BF16 tensors into float, one tensor at a
+// time, so loading a model needs no second copy of the file in memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace layup {
+
+// One tensor as the header describes it.
+struct SafetensorsTensorInfo {
+  std::string name;
+  std::string dtype;  // as spelled in the file: "F32", "F16", "BF16", "I64", ...
+  std::vector<size_t> shape;
+  size_t element_count = 0;
+  size_t data_begin = 0;  // byte offsets from the start of the data section
+  size_t data_end = 0;
+};
+
+class SafetensorsReader {
+ public:
+  // Opens `path` and validates its header: length, JSON, every tensor's dtype, shape and offsets
+  // (inside the data, matching the shape, not overlapping). Bytes after the last tensor are
+  // allowed. Throws layup::Error naming the file and, where one is at fault, the tensor.
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&& other) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&& other) noexcept;
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Tensors in the order of their data in the file.
+  const std::vector<SafetensorsTensorInfo>& tensors() const { return tensors_; }
+  // The tensor called `name`, or null.
+  const SafetensorsTensorInfo* find(std::string_view name) const;
+  // The "__metadata__" entries (empty when the file has none).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // Reads tensor `name` (F32, F16 or BF16) into `out`, converting to float. `out` must hold
+  // exactly the tensor's element count. Throws for a missing tensor or another dtype.
+  void read_floats(const std::string& name, std::span<float> out) const;
+  std::vector<float> read_floats(const std::string& name) const;
+
+ private:
+  void read_bytes(size_t data_offset, std::span<std::byte> out, const std::string& tensor) const;
+
+  std::string path_;
+  int fd_ = -1;
+  size_t data_start_ = 0;  // file offset of the data section: 8 + header length
+  std::vector<SafetensorsTensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// One F32 tensor to write. Its bytes come from `data` (element count = product of `shape`,
+// row-major) or, when `fill` is set, from `fill`, which is called with a scratch buffer of that
+// many floats while the file is being written (e.g. to store a transposed copy without
+// transposing the whole model up front).
+struct SafetensorsTensor {
+  std::string name;
+  std::vector<size_t> shape;
+  const float* data = nullptr;
+  std::function<void(std::span<float> out)> fill;
+};
+
+// Writes the tensors, in the given order, and the metadata to `path` atomically (see
+// atomic_file.h). Names must be unique, non-empty and not "__metadata__".
+void write_safetensors(const std::string& path, std::span<const SafetensorsTensor> tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// IEEE half and bfloat16 to float, exactly (every value of both formats is a float).
+float half_to_float(uint16_t bits);
+float bfloat16_to_float(uint16_t bits);
+
+}  // namespace layup

@@ -1,0 +1,161 @@
+// Tests of the training-state file: exact round trip of every field, and errors for a state of
+// another model or a damaged file.
+#include "io/training_state.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/rng.h"
+#include "io/safetensors.h"
+#include "io/test_files.h"
+
+namespace layup {
+namespace {
+
+using test_files::contains;
+using test_files::error_message;
+using test_files::read_text;
+using test_files::snapshot;
+using test_files::TempDir;
+using test_files::write_text;
+
+Gpt2Config tiny_config(int n_layer = 1) {
+  Gpt2Config config;
+  config.n_layer = n_layer;
+  config.n_head = 2;
+  config.n_embd = 8;
+  config.n_positions = 16;
+  config.vocab_size = 50;
+  config.padded_vocab_size = 128;
+  return config;
+}
+
+TrainingState random_state(const ParameterLayout& layout, int64_t step) {
+  Rng rng(step + 1);
+  TrainingState state;
+  state.step = step;
+  state.adam_m.resize(layout.total_count());
+  state.adam_v.resize(layout.total_count());
+  for (float& m : state.adam_m) m = rng.normal() * 1e-3f;
+  for (float& v : state.adam_v) v = rng.uniform() * 1e-6f;
+  state.data_rng_state = std::numeric_limits<uint64_t>::max() - 12345;
+  state.tokens_seen = step * 4096;
+  state.best_val_loss = 3.14159265358979;
+  state.options = {{"lr", 6e-4}, {"batch", 4}, {"schedule", {{"warmup", 10}}}};
+  return state;
+}
+
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class TrainingStateFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_ = random_state(layout_, 42);
+    path_ = dir_.file("training_state.safetensors");
+    save_training_state(path_, layout_, state_);
+  }
+
+  std::string load_error(const ParameterLayout& layout) {
+    const auto before = snapshot(dir_.path());
+    const std::string message = error_message([&] { load_training_state(path_, layout); });
+    EXPECT_TRUE(contains(message, path_));
+    EXPECT_EQ(snapshot(dir_.path()), before);
+    return message;
+  }
+
+  // Rewrites the file with the same moments and `metadata` changed by `edit`.
+  void rewrite(const std::function<void(std::map<std::string, std::string>&)>& edit,
+               bool drop_v = false) {
+    std::map<std::string, std::string> metadata = SafetensorsReader(path_).metadata();
+    edit(metadata);
+    std::vector<SafetensorsTensor> tensors = {
+        {"adamw.m", {state_.adam_m.size()}, state_.adam_m.data(), {}}};
+    if (!drop_v) tensors.push_back({"adamw.v", {state_.adam_v.size()}, state_.adam_v.data(), {}});
+    write_safetensors(path_, tensors, metadata);
+  }
+
+  TempDir dir_;
+  ParameterLayout layout_{tiny_config()};
+  TrainingState state_;
+  std::string path_;
+};
+
+TEST_F(TrainingStateFile, RoundTripIsExact) {
+  const TrainingState loaded = load_training_state(path_, layout_);
+  EXPECT_EQ(loaded.step, 42);
+  EXPECT_EQ(loaded.data_rng_state, state_.data_rng_state);
+  EXPECT_EQ(loaded.tokens_seen, 42 * 4096);
+  EXPECT_TRUE(std::isnan(loaded.last_val_loss));
+  EXPECT_EQ(loaded.best_val_loss, 3.14159265358979);
+  EXPECT_EQ(loaded.options, state_.options);
+  EXPECT_TRUE(same_floats(loaded.adam_m, state_.adam_m));
+  EXPECT_TRUE(same_floats(loaded.adam_v, state_.adam_v));
+  EXPECT_EQ(snapshot(dir_.path()).size(), 1u);
+}
+
+TEST_F(TrainingStateFile, StateOfAnotherModelNamesBothSizes) {
+  const ParameterLayout bigger(tiny_config(2));
+  const std::string message = load_error(bigger);
+  EXPECT_TRUE(contains(message, "holds " + std::to_string(layout_.total_count()) + " values"));
+  EXPECT_TRUE(contains(message, "the model has " + std::to_string(bigger.total_count())));
+  EXPECT_TRUE(contains(message, "different model"));
+}
+
+TEST_F(TrainingStateFile, SavingMomentsOfWrongLengthWritesNothing) {
+  TempDir other;
+  TrainingState state = state_;
+  state.adam_v.pop_back();
+  const std::string message =
+      error_message([&] { save_training_state(other.file("s.safetensors"), layout_, state); });
+  EXPECT_TRUE(contains(message, "hold " + std::to_string(layout_.total_count()) + " and " +
+                                    std::to_string(layout_.total_count() - 1) + " values"));
+  EXPECT_TRUE(snapshot(other.path()).empty());
+}
+
+TEST_F(TrainingStateFile, CorruptedScalars) {
+  rewrite([](auto& metadata) { metadata["step"] = "12x"; });
+  EXPECT_TRUE(contains(load_error(layout_), "metadata entry \"step\" is '12x'"));
+  rewrite([](auto& metadata) { metadata["step"] = "-5"; });
+  EXPECT_TRUE(contains(load_error(layout_), "negative step (-5)"));
+  rewrite([](auto& metadata) {
+    metadata["step"] = "5";
+    metadata.erase("data_rng_state");
+  });
+  EXPECT_TRUE(contains(load_error(layout_), "has no \"data_rng_state\" entry"));
+}
+
+TEST_F(TrainingStateFile, CorruptedOptions) {
+  rewrite([](auto& metadata) { metadata["options"] = "{\"lr\": "; });
+  EXPECT_TRUE(contains(load_error(layout_), "\"options\" is not valid JSON"));
+}
+
+TEST_F(TrainingStateFile, NotATrainingState) {
+  rewrite([](auto& metadata) { metadata["format"] = "pt"; });
+  EXPECT_TRUE(contains(load_error(layout_),
+                       "is not a layup training state (its metadata has "
+                       "format 'pt'"));
+  rewrite([](auto& metadata) {
+    metadata["format"] = "layup-training-state";
+    metadata["format_version"] = "9";
+  });
+  EXPECT_TRUE(contains(load_error(layout_), "format version 9"));
+}
+
+TEST_F(TrainingStateFile, MissingMoment) {
+  rewrite([](auto&) {}, /*drop_v=*/true);
+  EXPECT_TRUE(contains(load_error(layout_), "has no tensor 'adamw.v'"));
+}
+
+TEST_F(TrainingStateFile, TruncatedFile) {
+  const std::string bytes = read_text(path_);
+  write_text(path_, bytes.substr(0, bytes.size() - 4));
+  EXPECT_TRUE(contains(load_error(layout_), "beyond the end of the data section"));
+}
+
+}  // namespace
+}  // namespace layup
