@@ -9,6 +9,8 @@ int main(int argc, char** argv) {
       "layup trains GPT-2-family language models, with a layer-wise split between GPU and CPU.\n"
       "Run `layup train` with no arguments to train a small GPT-2 on the shipped corpus."};
   app.require_subcommand(1);
+  // A flag given twice takes its last value, so a command line can override a shared prefix.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   layup::add_train_command(app);
   layup::add_sample_command(app);
   layup::add_tokenize_command(app);

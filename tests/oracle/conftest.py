@@ -1,19 +1,11 @@
-"""Fixtures shared by the oracle tests: where the build and the data are.
-
-ctest sets LAYUP_BUILD_DIR and LAYUP_DATA_DIR; run by hand, they default to build/ and data/ of
-this checkout. Relative paths are taken from the current directory.
-"""
-
-import os
-import pathlib
+"""Fixtures shared by the oracle tests: where the build and the data are (see paths.py)."""
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from paths import BUILD_DIR, DATA_DIR
 
 
-def _directory_from_env(variable, default):
-    path = pathlib.Path(os.environ.get(variable, default)).resolve()
+def _directory(variable, path):
     if not path.is_dir():
         pytest.fail(f"{variable}={path} is not a directory")
     return path
@@ -21,9 +13,9 @@ def _directory_from_env(variable, default):
 
 @pytest.fixture(scope="session")
 def build_dir():
-    return _directory_from_env("LAYUP_BUILD_DIR", REPO / "build")
+    return _directory("LAYUP_BUILD_DIR", BUILD_DIR)
 
 
 @pytest.fixture(scope="session")
 def data_dir():
-    return _directory_from_env("LAYUP_DATA_DIR", REPO / "data")
+    return _directory("LAYUP_DATA_DIR", DATA_DIR)

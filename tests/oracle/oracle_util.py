@@ -1,14 +1,11 @@
 """Helpers shared by the oracle tests: paths to layup's binaries, random GPT-2 models, tokens."""
-import os
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-BUILD_DIR = Path(os.environ.get("LAYUP_BUILD_DIR", Path(__file__).resolve().parents[2] / "build"))
-DATA_DIR = Path(os.environ.get("LAYUP_DATA_DIR", Path(__file__).resolve().parents[2] / "data"))
+from paths import BUILD_DIR, DATA_DIR
 VOCAB = 50257
 
 
