@@ -134,9 +134,13 @@ void add_train_command(CLI::App& app) {
     if (flags->threads > 0) omp_set_num_threads(flags->threads);
 
     const TrainResult result = train(options);
-    std::printf("trained to step %d in %s; validation loss %.4f at the start, %.4f at the end\n",
-                result.steps_done, ProgressLine::format_duration(result.wall_s).c_str(),
-                result.initial_val_loss, result.final_val_loss);
+    std::printf("trained to step %d in %s", result.steps_done,
+                ProgressLine::format_duration(result.wall_s).c_str());
+    if (std::isfinite(result.initial_val_loss))
+      std::printf("; validation loss %.4f at the start", result.initial_val_loss);
+    if (std::isfinite(result.final_val_loss))
+      std::printf("; validation loss %.4f at the end", result.final_val_loss);
+    std::printf("\n");
     if (!result.last_checkpoint.empty())
       std::printf("checkpoint: %s\n", result.last_checkpoint.c_str());
     if (!result.sample.empty()) std::printf("\nsample:\n%s\n", result.sample.c_str());

@@ -21,12 +21,12 @@ struct TrainOptions {
   std::string tokenizer_dir;  // for the final sample and the default data; empty = shipped
 
   // Batch: micro-batch B x T, accumulated grad_accum times per update.
-  int batch = 16;
-  int seq_len = 128;
+  int batch = 8;
+  int seq_len = 256;
   int grad_accum = 1;
 
   // Optimization.
-  int steps = 400;
+  int steps = 300;
   int until_step = -1;  // stop after this update, to split a run into jobs (-1: run to `steps`)
   float lr = 3e-3f;
   float min_lr = 3e-4f;

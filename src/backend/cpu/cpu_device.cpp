@@ -16,8 +16,8 @@ class CpuDevice final : public Device {
 
   DeviceBuffer allocate(size_t count) override {
     // 64-byte alignment: whole cache lines and aligned AVX-512 loads.
-    float* data = static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t(64),
-                                                       std::nothrow));
+    float* data = static_cast<float*>(
+        ::operator new[](count * sizeof(float), std::align_val_t(64), std::nothrow));
     LAYUP_CHECK(data != nullptr || count == 0, "out of host memory allocating ",
                 count * sizeof(float) / 1e9, " GB");
     std::memset(data, 0, count * sizeof(float));
@@ -46,6 +46,8 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
+std::unique_ptr<Device> make_cpu_device() {
+  return std::make_unique<CpuDevice>();
+}
 
 }  // namespace layup

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Copies the header-only build dependencies (Eigen, nlohmann-json, CLI11) and GoogleTest's
+# sources from this Debian machine into .carry/ (git-ignored), for a machine that lacks them and
+# cannot install packages: the GPU machine. There: cmake -DCMAKE_PREFIX_PATH=$PWD/.carry/usr
+# -DLAYUP_GTEST_SOURCE=$PWD/.carry/googletest ...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+carry=.carry
+rm -rf "$carry"
+mkdir -p "$carry/usr/include" "$carry/usr/share/cmake" "$carry/usr/share/eigen3"
+cp -r /usr/include/eigen3 /usr/include/nlohmann /usr/include/CLI "$carry/usr/include/"
+cp -r /usr/share/cmake/CLI11 /usr/share/cmake/nlohmann_json "$carry/usr/share/cmake/"
+cp -r /usr/share/eigen3/cmake "$carry/usr/share/eigen3/"
+cp -r /usr/src/googletest "$carry/googletest"
+du -sh "$carry"
