@@ -114,7 +114,13 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--top-k", o.top_k, "Sample among the k likeliest tokens (0: all)")
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of initialization and batch order")->capture_default_str();
-  cmd->add_option("--device", o.device, "cpu (the CUDA backend comes next)")->capture_default_str();
+  cmd->add_option("--device", o.device,
+                  "auto, cpu or cuda; auto picks cuda where this build has it and a GPU is usable")
+      ->capture_default_str();
+  cmd->add_option("--dtype", o.dtype,
+                  "auto, fp32 or bf16; bf16 computes in bf16 with fp32 master weights and AdamW "
+                  "state (auto: bf16 on cuda, fp32 on cpu)")
+      ->capture_default_str();
   cmd->add_option("--mode", o.mode, "Schedule: gpu (offload and layup come next)")
       ->capture_default_str();
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");

@@ -33,7 +33,7 @@ const std::string& metadata_entry(const SafetensorsReader& reader, const std::st
 // Parses the whole string as a number, or fails naming the entry.
 template <class Number>
 Number parse_metadata_number(const SafetensorsReader& reader, const std::string& key) {
-  const std::string& text = metadata_entry(reader, key);
+  const std::string text = metadata_entry(reader, key);
   Number value{};
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   LAYUP_CHECK(error == std::errc() && end == text.data() + text.size() && !text.empty(),
@@ -90,7 +90,7 @@ TrainingState load_training_state(const std::string& path, const ParameterLayout
               " is not a layup training state (its metadata has format '",
               format == reader.metadata().end() ? std::string("<none>") : format->second,
               "', expected '", kFormatTag, "')");
-  const std::string& version = metadata_entry(reader, "format_version");
+  const std::string version = metadata_entry(reader, "format_version");
   LAYUP_CHECK(version == kFormatVersion, path, " has training-state format version ", version,
               "; this build of layup reads version ", kFormatVersion);
 
@@ -102,7 +102,7 @@ TrainingState load_training_state(const std::string& path, const ParameterLayout
   state.best_val_loss = parse_metadata_number<double>(reader, "best_val_loss");
   LAYUP_CHECK(state.step >= 0 && state.tokens_seen >= 0, path, ": negative step (", state.step,
               ") or tokens seen (", state.tokens_seen, "); the training state is damaged");
-  const std::string& options_text = metadata_entry(reader, "options");
+  const std::string options_text = metadata_entry(reader, "options");
   try {
     state.options = nlohmann::json::parse(options_text);
   } catch (const nlohmann::json::exception& error) {

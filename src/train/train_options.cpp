@@ -33,8 +33,6 @@ void validate_train_options(const TrainOptions& o) {
   LAYUP_CHECK(o.sample_tokens >= 0, "--sample-tokens must not be negative");
   LAYUP_CHECK(o.temperature > 0.0f, "--temperature must be positive (got ", o.temperature, ")");
   LAYUP_CHECK(o.top_k >= 0, "--top-k must not be negative (0 = the whole vocabulary)");
-  LAYUP_CHECK(o.device == "cpu", "--device ", o.device,
-              " is not available in this build; the CPU backend is --device cpu");
   LAYUP_CHECK(o.mode == "gpu", "--mode ", o.mode, " is not implemented yet; use --mode gpu");
 }
 

@@ -53,7 +53,8 @@ struct TrainOptions {
   int top_k = 40;
 
   uint64_t seed = 1337;
-  std::string device = "cpu";
+  std::string device = "auto";  // auto | cpu | cuda (auto: cuda where usable)
+  std::string dtype = "auto";   // auto | fp32 | bf16 (auto: bf16 on cuda, fp32 on cpu)
   std::string mode = "gpu";
 };
 

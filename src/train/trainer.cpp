@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/backend_factory.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/token_dataset.h"
@@ -103,10 +104,13 @@ TrainResult train(TrainOptions options) {
   BatchSampler sampler(train_data, options.batch, options.seq_len, options.seed);
   const ValidationBatches val(val_data, options.batch, options.seq_len, options.eval_batches);
 
+  const ComputeTarget target = resolve_compute_target({options.device, options.dtype});
+  options.device = target.device;
+  options.dtype = target.dtype;
   const ParameterLayout layout(config);
+  BackendAndDevice compute = make_backend(target, config, options.batch, options.seq_len);
   std::unique_ptr<Schedule> schedule =
-      make_gpu_schedule(make_cpu_backend(config, options.batch, options.seq_len),
-                        make_cpu_device(), layout);
+      make_gpu_schedule(std::move(compute.backend), std::move(compute.device), layout);
 
   int start_step = 0;
   long long tokens_seen = 0;
@@ -137,11 +141,11 @@ TrainResult train(TrainOptions options) {
   ProgressLine progress(stderr, last_step, options.log_every);
   std::fprintf(stderr,
                "layup train: %s (%d layers, %d heads, width %d, %.1fM parameters), batch %dx%d x%d "
-               "accumulation, %d steps, mode %s on %s\n  run folder: %s\n",
+               "accumulation, %d steps, mode %s on %s (%s)\n  run folder: %s\n",
                options.model_name.c_str(), config.n_layer, config.n_head, config.n_embd,
                parameter_count(config) / 1e6, options.batch, options.seq_len, options.grad_accum,
                options.steps, options.mode.c_str(), options.device.c_str(),
-               options.out_dir.c_str());
+               options.dtype.c_str(), options.out_dir.c_str());
   if (!resumed_from.empty()) progress.message("resumed from " + resumed_from);
 
   TrainResult result;

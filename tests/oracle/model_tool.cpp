@@ -6,10 +6,15 @@
 //       and layouts, so the test compares it tensor by tensor with torch's .grad).
 //   layup_model_tool train MODEL_DIR TOKENS B T STEPS ACCUM LR MIN_LR WARMUP WD CLIP OUT_DIR
 //       STEPS updates of the gpu schedule (AdamW betas 0.9/0.95, eps 1e-8, warmup + cosine);
-//       writes the parameters to OUT_DIR/model/ and losses/grad norms to OUT_DIR/losses.safetensors.
+//       writes the parameters to OUT_DIR/model/ and losses/grad norms to
+//       OUT_DIR/losses.safetensors.
 //   layup_model_tool loss MODEL_DIR TOKENS B T
 //       prints the mean loss of one batch.
+//   layup_model_tool target
+//       prints the compute target the others use, or fails saying why it is not usable.
 //
+// The compute target is --device/--dtype as in `layup train`, taken from the environment:
+// LAYUP_ORACLE_DEVICE (default cpu) and LAYUP_ORACLE_DTYPE (default fp32).
 // TOKENS is raw little-endian int32: for each micro-batch, B*T inputs then B*T targets.
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend_factory.h"
 #include "core/error.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
@@ -38,6 +44,19 @@ std::vector<int32_t> read_tokens(const std::string& path, size_t expected) {
   return tokens;
 }
 
+ComputeTarget oracle_target() {
+  const char* device = std::getenv("LAYUP_ORACLE_DEVICE");
+  const char* dtype = std::getenv("LAYUP_ORACLE_DTYPE");
+  return resolve_compute_target({device ? device : "cpu", dtype ? dtype : "fp32"});
+}
+
+// Copies `count` floats from the target's memory to the host.
+std::vector<float> to_host(Device& device, const float* data, size_t count) {
+  std::vector<float> host(count);
+  device.copy_to_host(host.data(), data, count);
+  return host;
+}
+
 TokenBatch micro_batch(const std::vector<int32_t>& tokens, int index, int B, int T) {
   const size_t n = static_cast<size_t>(B) * T;
   return TokenBatch{tokens.data() + 2 * n * index, tokens.data() + 2 * n * index + n, B, T};
@@ -50,24 +69,31 @@ int grads(char** argv) {
   const std::vector<int32_t> tokens = read_tokens(argv[3], 2ull * B * T);
   const Gpt2Config& config = model.config;
   const ParameterLayout layout(config);
-  auto backend = make_cpu_backend(config, B, T);
-  const ParameterPointers params = layout.pointers<const float>(model.params.data());
-  std::vector<float> grad(layout.total_count(), 0.0f);
-  const GradientPointers g = layout.pointers(grad.data());
+  BackendAndDevice compute = make_backend(oracle_target(), config, B, T);
+  const size_t n = layout.total_count();
+  DeviceBuffer params_buffer = compute.device->allocate(n),
+               grad_buffer = compute.device->allocate(n);
+  compute.device->copy_to_device(params_buffer.data(), model.params.data(), n);
+  const ParameterPointers params = layout.pointers<const float>(params_buffer.data());
+  const GradientPointers g = layout.pointers(grad_buffer.data());
 
-  const float loss = backend->forward(params, micro_batch(tokens, 0, B, T));
-  backend->backward_head(params, g.final_norm, g.embeddings, 1.0f);
-  for (int layer = config.n_layer - 1; layer >= 0; --layer)
-    backend->backward_block(layer, params, g.blocks[layer]);
-  backend->backward_embeddings(params, g.embeddings);
-
-  std::filesystem::create_directories(out);
-  save_hf_model(out + "/grads", config, layout, grad.data());
-  // Logits over the real vocabulary only, copied out of the padded rows.
+  ModelBackend& backend = *compute.backend;
+  const float loss = backend.forward(params, micro_batch(tokens, 0, B, T));
+  // Logits over the real vocabulary only, copied out of the padded rows before the backward
+  // (a backend may turn them into their gradient in place).
   const size_t V = config.vocab_size, Vp = config.padded_vocab_size;
   std::vector<float> logits(static_cast<size_t>(B) * T * V);
+  const float* padded_logits = backend.logits();
   for (size_t row = 0; row < static_cast<size_t>(B) * T; ++row)
-    std::copy_n(backend->logits() + row * Vp, V, logits.data() + row * V);
+    std::copy_n(padded_logits + row * Vp, V, logits.data() + row * V);
+  backend.backward_head(params, g.final_norm, g.embeddings, 1.0f);
+  for (int layer = config.n_layer - 1; layer >= 0; --layer)
+    backend.backward_block(layer, params, g.blocks[layer]);
+  backend.backward_embeddings(params, g.embeddings);
+
+  std::filesystem::create_directories(out);
+  save_hf_model(out + "/grads", config, layout,
+                to_host(*compute.device, grad_buffer.data(), n).data());
   const std::vector<SafetensorsTensor> outputs{
       {"logits", {static_cast<size_t>(B), static_cast<size_t>(T), V}, logits.data(), {}},
       {"loss", {1}, &loss, {}}};
@@ -85,7 +111,8 @@ int train(char** argv) {
   const std::string out = argv[13];
   const std::vector<int32_t> tokens = read_tokens(argv[3], 2ull * B * T * steps * accum);
   const ParameterLayout layout(model.config);
-  auto schedule = make_gpu_schedule(make_cpu_backend(model.config, B, T), make_cpu_device(), layout);
+  BackendAndDevice compute = make_backend(oracle_target(), model.config, B, T);
+  auto schedule = make_gpu_schedule(std::move(compute.backend), std::move(compute.device), layout);
   const size_t n = layout.total_count();
   schedule->import_tensors({model.params, std::vector<float>(n), std::vector<float>(n)});
 
@@ -118,10 +145,19 @@ int loss(char** argv) {
   const int B = std::atoi(argv[4]), T = std::atoi(argv[5]);
   const std::vector<int32_t> tokens = read_tokens(argv[3], 2ull * B * T);
   const ParameterLayout layout(model.config);
-  auto backend = make_cpu_backend(model.config, B, T);
-  const float value = backend->forward(layout.pointers<const float>(model.params.data()),
-                                       micro_batch(tokens, 0, B, T));
+  BackendAndDevice compute = make_backend(oracle_target(), model.config, B, T);
+  const size_t n = layout.total_count();
+  DeviceBuffer params = compute.device->allocate(n);
+  compute.device->copy_to_device(params.data(), model.params.data(), n);
+  const float value = compute.backend->forward(layout.pointers<const float>(params.data()),
+                                               micro_batch(tokens, 0, B, T));
   std::printf("%.9g\n", value);
+  return 0;
+}
+
+int target() {
+  const ComputeTarget resolved = oracle_target();
+  std::printf("%s %s\n", resolved.device.c_str(), resolved.dtype.c_str());
   return 0;
 }
 
@@ -133,6 +169,7 @@ int main(int argc, char** argv) {
     if (command == "grads" && argc == 7) return grads(argv);
     if (command == "train" && argc == 14) return train(argv);
     if (command == "loss" && argc == 6) return loss(argv);
+    if (command == "target" && argc == 2) return target();
     std::fprintf(stderr, "usage: see the comment at the top of tests/oracle/model_tool.cpp\n");
     return 2;
   } catch (const layup::Error& error) {

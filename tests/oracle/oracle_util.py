@@ -95,3 +95,15 @@ def tiny_shards(path, characters=60_000):
 def read_log(run_dir):
     import json
     return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+
+
+def target_env(device, dtype="fp32"):
+    """The environment that points layup_model_tool at a compute target; skips the calling test,
+    saying why, where this build or machine cannot run that target (e.g. no GPU)."""
+    import os
+    import pytest
+    env = dict(os.environ, LAYUP_ORACLE_DEVICE=device, LAYUP_ORACLE_DTYPE=dtype)
+    probe = run([binary("layup_model_tool"), "target"], check=False, env=env)
+    if probe.returncode != 0:
+        pytest.skip(f"{device}/{dtype} is not usable here: {probe.stderr.strip()}")
+    return env

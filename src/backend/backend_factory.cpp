@@ -1,0 +1,56 @@
+// Backend selection: the CPU backend always, the CUDA backend where built and a GPU is usable.
+#include "backend/backend_factory.h"
+
+#include "core/error.h"
+
+#ifdef LAYUP_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_device.h"
+#endif
+
+namespace layup {
+
+namespace {
+
+// Whether the CUDA backend can run here; `why` says why not.
+bool cuda_usable(std::string* why) {
+#ifdef LAYUP_HAVE_CUDA
+  return cuda_device_available(why);
+#else
+  *why = "this build of layup has no CUDA backend (nvcc was not found when it was configured)";
+  return false;
+#endif
+}
+
+}  // namespace
+
+ComputeTarget resolve_compute_target(const ComputeTarget& requested) {
+  ComputeTarget target = requested;
+  LAYUP_CHECK(target.device == "auto" || target.device == "cpu" || target.device == "cuda",
+              "--device takes auto, cpu or cuda (got '", target.device, "')");
+  LAYUP_CHECK(target.dtype == "auto" || target.dtype == "fp32" || target.dtype == "bf16",
+              "--dtype takes auto, fp32 or bf16 (got '", target.dtype, "')");
+  std::string why;
+  if (target.device == "auto") target.device = cuda_usable(&why) ? "cuda" : "cpu";
+  if (target.device == "cuda")
+    LAYUP_CHECK(cuda_usable(&why), "--device cuda: ", why, "; use --device cpu");
+  if (target.dtype == "auto") target.dtype = target.device == "cuda" ? "bf16" : "fp32";
+  LAYUP_CHECK(target.device == "cuda" || target.dtype == "fp32",
+              "the CPU backend computes in fp32 only; use --dtype fp32 (or --device cuda)");
+  return target;
+}
+
+BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& config, int max_batch,
+                              int max_seq_len) {
+#ifdef LAYUP_HAVE_CUDA
+  if (target.device == "cuda") {
+    const ComputeDtype dtype =
+        target.dtype == "bf16" ? ComputeDtype::kBFloat16 : ComputeDtype::kFloat32;
+    return {make_cuda_backend(config, max_batch, max_seq_len, dtype), make_cuda_device()};
+  }
+#endif
+  LAYUP_CHECK(target.device == "cpu", "no backend for --device ", target.device);
+  return {make_cpu_backend(config, max_batch, max_seq_len), make_cpu_device()};
+}
+
+}  // namespace layup

@@ -1,0 +1,31 @@
+// Picks and builds the backend (ops) and device (memory, optimizer math) a run computes on.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/device.h"
+#include "backend/model_backend.h"
+
+namespace layup {
+
+struct ComputeTarget {
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string dtype = "auto";   // auto | fp32 | bf16
+};
+
+// Resolves "auto": cuda with bf16 where this build has the CUDA backend and a GPU is usable,
+// otherwise cpu with fp32. Throws layup::Error for a target this build or machine cannot run,
+// saying why and what to use instead.
+ComputeTarget resolve_compute_target(const ComputeTarget& requested);
+
+struct BackendAndDevice {
+  std::unique_ptr<ModelBackend> backend;
+  std::unique_ptr<Device> device;
+};
+
+// Builds the backend for a resolved target, sized for max_batch x max_seq_len.
+BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& config, int max_batch,
+                              int max_seq_len);
+
+}  // namespace layup

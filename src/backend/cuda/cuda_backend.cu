@@ -1,0 +1,544 @@
+// GPT-2 on the CUDA ops: the pre-LN block, the tied LM head, and backward cut at block boundaries.
+// The same model and the same sequence of ops as backend/cpu/cpu_backend.cpp:
+//
+//   x_0 = wte[tokens] + wpe[0:T]
+//   block l:  mid = x + c_proj(attention(c_attn(ln_1(x))))
+//             x'  = mid + mlp_proj(gelu(mlp_fc(ln_2(mid))))
+//   logits = ln_f(x_L) wte^T          (over the padded vocabulary; padded wte rows are zero)
+//   loss   = mean over positions of the cross-entropy over the real vocabulary
+//
+// As on the CPU, a residual add passes its gradient to both summands unchanged, so d_residual_
+// serves as the gradient of a block's output and of its branches' outputs at once, and each layer
+// norm's input gradient is accumulated into it.
+//
+// Everything runs on one blocking stream (see cuda_device.h for why blocking). Activation memory is
+// one allocation, cut into 256-byte aligned pieces (cuBLASLt's preferred alignment).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/ops/attention.cuh"
+#include "backend/cuda/ops/cast.cuh"
+#include "backend/cuda/ops/classifier.cuh"
+#include "backend/cuda/ops/common.cuh"
+#include "backend/cuda/ops/embedding.cuh"
+#include "backend/cuda/ops/gelu.cuh"
+#include "backend/cuda/ops/layernorm.cuh"
+#include "backend/cuda/ops/matmul.cuh"
+#include "backend/cuda/ops/residual.cuh"
+#include "core/error.h"
+#include "model/parameter_layout.h"
+
+namespace layup {
+namespace {
+
+constexpr size_t kAlignBytes = 256;
+
+size_t align_up(size_t value, size_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+// Hands out aligned pieces of one buffer. Run once with a null base to measure, then again over
+// the real allocation: both passes hand out the same offsets.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <class U>
+  void take(U*& pointer, size_t count) {
+    used_ = align_up(used_, kAlignBytes);
+    pointer = base_ ? reinterpret_cast<U*>(base_ + used_) : nullptr;
+    used_ += count * sizeof(U);
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+template <class T>
+class CudaBackend final : public ModelBackend {
+ public:
+  CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override {
+    return std::string("cuda-") + (std::is_same_v<T, float> ? "fp32" : "bf16");
+  }
+  float forward(const ParameterPointers& params, const TokenBatch& batch) override;
+  const float* logits() const override;
+  void backward_head(const ParameterPointers& params, float* final_norm_grad,
+                     float* embeddings_grad, float loss_scale) override;
+  void backward_block(int layer, const ParameterPointers& params, float* block_grad) override;
+  void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) override;
+
+ private:
+  // What one transformer block saves in its forward for its backward. Rows are the B*T positions.
+  struct BlockActivations {
+    T* ln_1;                       // [BT,C]
+    float *ln_1_mean, *ln_1_rstd;  // [BT]
+    T* qkv;                        // [BT,3C]
+    T* att_out;                    // [BT,C] heads merged, before c_proj
+    float* att_lse;                // [B,NH,T] log-sum-exp of each score row
+    T* residual_mid;               // [BT,C] x + attention branch
+    T* ln_2;                       // [BT,C]
+    float *ln_2_mean, *ln_2_rstd;  // [BT]
+    T* fc;                         // [BT,4C] before GELU
+    T* fc_gelu;                    // [BT,4C] after GELU
+  };
+
+  enum class BackwardStep { kNeedsForwardWithTargets, kHead, kBlock, kEmbeddings };
+
+  void carve(Carver& carver);
+  void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
+  // The weights the kernels read: the fp32 spans themselves, or their bf16 compute copy.
+  SpanPointers<const T> weights(const ParameterPointers& params) const;
+  void refresh_compute_weights(const ParameterPointers& params);
+  void zero(T* buffer, size_t count) {
+    LAYUP_CUDA_CHECK(cudaMemsetAsync(buffer, 0, count * sizeof(T), stream_));
+  }
+
+  Gpt2Config config_;
+  ParameterLayout layout_;
+  int max_batch_, max_seq_len_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::CublasLt> blas_;
+
+  void* arena_ = nullptr;
+  size_t arena_bytes_ = 0;
+
+  // The bf16 compute copy of the weights (bf16 mode only), spans at 256-byte aligned offsets.
+  T* compute_weights_ = nullptr;
+  std::vector<size_t> compute_span_offsets_;  // in layout().spans() order
+
+  // The last forward's batch: token ids, targets, and the embedding backward's grouping.
+  int batch_ = 0, seq_len_ = 0;
+  int32_t *tokens_ = nullptr, *targets_ = nullptr;
+  int32_t *positions_ = nullptr, *segment_start_ = nullptr, *segment_token_ = nullptr;
+  int segments_ = 0;
+  // Pinned host staging for the uploads above and the losses coming back.
+  int32_t* host_ints_ = nullptr;  // inputs [BT], targets [BT], positions [BT], starts [BT+1],
+                                  // tokens [BT]
+  float* host_losses_ = nullptr;  // [BT]
+
+  // Forward activations. residual_[l] is block l's input; residual_[L] is the input of ln_f.
+  std::vector<T*> residual_;
+  std::vector<BlockActivations> blocks_;
+  T* ln_f_ = nullptr;                                  // [BT,C]
+  float *ln_f_mean_ = nullptr, *ln_f_rstd_ = nullptr;  // [BT]
+  T* logits_ = nullptr;                                // [BT,Vp]; dlogits after backward_head
+  float *losses_ = nullptr, *logsumexp_ = nullptr;     // [BT]
+  T* branch_out_ = nullptr;  // [BT,C] scratch: a branch before its residual add
+
+  // Backward state: d_residual_ is dL/d(residual stream) where backward has reached; the rest are
+  // gradients of one block's intermediates, and scratch for the ops' deterministic reductions.
+  T* d_residual_ = nullptr;  // [BT,C]
+  T* d_ln_ = nullptr;        // [BT,C]
+  T* d_att_out_ = nullptr;   // [BT,C]
+  T* d_qkv_ = nullptr;       // [BT,3C]
+  T* d_fc_gelu_ = nullptr;   // [BT,4C]
+  T* d_fc_ = nullptr;        // [BT,4C]
+  float* scratch_ = nullptr;
+  size_t scratch_floats_ = 0;
+
+  bool logits_valid_ = false;
+  mutable std::vector<float> host_logits_;
+  mutable std::vector<T> host_logits_raw_;  // bf16 mode: the logits as they come off the GPU
+
+  BackwardStep next_step_ = BackwardStep::kNeedsForwardWithTargets;
+  int next_layer_ = -1;
+};
+
+template <class T>
+CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len)
+    : config_(config), layout_(config), max_batch_(max_batch), max_seq_len_(max_seq_len) {
+  validate_config(config);
+  LAYUP_CHECK(max_batch >= 1 && max_seq_len >= 1, "the CUDA backend needs a batch size and a ",
+              "sequence length of at least 1 (got ", max_batch, " x ", max_seq_len, ")");
+  LAYUP_CHECK(max_seq_len <= config.n_positions, "sequence length ", max_seq_len,
+              " exceeds the model's context of ", config.n_positions, " positions; use --seq-len ",
+              config.n_positions, " or less");
+  LAYUP_CHECK(config.head_dim() <= cuda::kMaxAttentionHeadDim, "the CUDA attention kernels take ",
+              "head dimensions up to ", cuda::kMaxAttentionHeadDim, "; this model has ",
+              config.head_dim(), " (width ", config.n_embd, " over ", config.n_head, " heads)");
+  LAYUP_CHECK(static_cast<long long>(max_batch) * config.n_head <= 65535, "batch ", max_batch,
+              " x ", config.n_head,
+              " heads exceeds the 65535 attention blocks of one grid "
+              "dimension; use a smaller --batch");
+  std::string why;
+  LAYUP_CHECK(cuda_device_available(&why), "cannot use the CUDA backend: ", why);
+  blas_ = std::make_unique<cuda::CublasLt>();
+
+  const size_t BT = static_cast<size_t>(max_batch) * max_seq_len;
+  const int C = config.n_embd;
+  scratch_floats_ =
+      std::max({cuda::matmul_backward_scratch_floats(static_cast<int>(BT), 4 * C),
+                cuda::layernorm_backward_scratch_floats(static_cast<int>(BT), C),
+                cuda::attention_backward_scratch_floats(max_batch, max_seq_len, config.n_head)});
+  if constexpr (!std::is_same_v<T, float>) {
+    size_t offset = 0;
+    for (const Span& span : layout_.spans()) {
+      compute_span_offsets_.push_back(offset);
+      offset = align_up(offset + span.count, kAlignBytes / sizeof(T));
+    }
+  }
+
+  Carver measure(nullptr);
+  carve(measure);
+  arena_bytes_ = measure.used();
+  LAYUP_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: see cuda_device.h
+  if (cudaMalloc(&arena_, arena_bytes_) != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    cudaStreamDestroy(stream_);
+    fail("the CUDA backend needs ", arena_bytes_ / 1e9,
+         " GB of GPU memory for activations at B=", max_batch, ", T=", max_seq_len, " (",
+         std::is_same_v<T, float> ? "fp32" : "bf16", "); the GPU has ", free_bytes / 1e9,
+         " GB free of ", total_bytes / 1e9, "; try a smaller --batch or --seq-len",
+         std::is_same_v<T, float> ? ", or bf16" : "");
+  }
+  Carver place(static_cast<char*>(arena_));
+  carve(place);
+
+  const size_t host_ints = 5 * BT + 1;
+  LAYUP_CUDA_CHECK(cudaMallocHost(&host_ints_, host_ints * sizeof(int32_t)));
+  LAYUP_CUDA_CHECK(cudaMallocHost(&host_losses_, BT * sizeof(float)));
+}
+
+template <class T>
+void CudaBackend<T>::carve(Carver& carver) {
+  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_len_;
+  const size_t C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
+  const size_t Vp = config_.padded_vocab_size;
+  if constexpr (!std::is_same_v<T, float>) {
+    carver.take(compute_weights_, compute_span_offsets_.back() + layout_.spans().back().count);
+  }
+  carver.take(tokens_, BT);
+  carver.take(targets_, BT);
+  carver.take(positions_, BT);
+  carver.take(segment_start_, BT + 1);
+  carver.take(segment_token_, BT);
+
+  residual_.resize(L + 1);
+  for (T*& residual : residual_) carver.take(residual, BT * C);
+  blocks_.resize(L);
+  for (BlockActivations& a : blocks_) {
+    carver.take(a.ln_1, BT * C);
+    carver.take(a.ln_1_mean, BT);
+    carver.take(a.ln_1_rstd, BT);
+    carver.take(a.qkv, BT * 3 * C);
+    carver.take(a.att_out, BT * C);
+    carver.take(a.att_lse, BT * NH);
+    carver.take(a.residual_mid, BT * C);
+    carver.take(a.ln_2, BT * C);
+    carver.take(a.ln_2_mean, BT);
+    carver.take(a.ln_2_rstd, BT);
+    carver.take(a.fc, BT * 4 * C);
+    carver.take(a.fc_gelu, BT * 4 * C);
+  }
+  carver.take(ln_f_, BT * C);
+  carver.take(ln_f_mean_, BT);
+  carver.take(ln_f_rstd_, BT);
+  carver.take(logits_, BT * Vp);
+  carver.take(losses_, BT);
+  carver.take(logsumexp_, BT);
+  carver.take(branch_out_, BT * C);
+
+  carver.take(d_residual_, BT * C);
+  carver.take(d_ln_, BT * C);
+  carver.take(d_att_out_, BT * C);
+  carver.take(d_qkv_, BT * 3 * C);
+  carver.take(d_fc_gelu_, BT * 4 * C);
+  carver.take(d_fc_, BT * 4 * C);
+  carver.take(scratch_, scratch_floats_);
+}
+
+template <class T>
+CudaBackend<T>::~CudaBackend() {
+  // Destructors cannot throw: free what was made and ignore the status.
+  if (stream_) cudaStreamSynchronize(stream_);
+  cudaFreeHost(host_losses_);
+  cudaFreeHost(host_ints_);
+  cudaFree(arena_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+template <class T>
+void CudaBackend<T>::check_batch(const ParameterPointers& params, const TokenBatch& batch) const {
+  LAYUP_CHECK(params.embeddings && params.final_norm &&
+                  static_cast<int>(params.blocks.size()) == config_.n_layer,
+              "the CUDA backend was given parameters for ", params.blocks.size(),
+              " blocks; the model has ", config_.n_layer);
+  LAYUP_CHECK(batch.inputs != nullptr, "the batch has no input tokens");
+  LAYUP_CHECK(batch.batch >= 1 && batch.batch <= max_batch_, "batch of ", batch.batch,
+              " sequences does not fit the CUDA backend, which was made for 1..", max_batch_);
+  LAYUP_CHECK(batch.seq_len >= 1 && batch.seq_len <= max_seq_len_, "sequence length ",
+              batch.seq_len, " does not fit the CUDA backend, which was made for 1..", max_seq_len_,
+              " (the model's context is ", config_.n_positions, ")");
+  const int count = batch.batch * batch.seq_len;
+  for (int i = 0; i < count; ++i) {
+    LAYUP_CHECK(batch.inputs[i] >= 0 && batch.inputs[i] < config_.vocab_size, "input token ",
+                batch.inputs[i], " at position ", i, " is outside the vocabulary 0..",
+                config_.vocab_size - 1);
+    LAYUP_CHECK(!batch.targets || (batch.targets[i] >= 0 && batch.targets[i] < config_.vocab_size),
+                "target token ", batch.targets[i], " at position ", i,
+                " is outside the vocabulary 0..", config_.vocab_size - 1);
+  }
+}
+
+template <class T>
+SpanPointers<const T> CudaBackend<T>::weights(const ParameterPointers& params) const {
+  if constexpr (std::is_same_v<T, float>) {
+    return params;
+  } else {
+    SpanPointers<const T> result;
+    const std::vector<Span>& spans = layout_.spans();
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const T* span = compute_weights_ + compute_span_offsets_[i];
+      if (spans[i].kind == SpanKind::kEmbeddings)
+        result.embeddings = span;
+      else if (spans[i].kind == SpanKind::kBlock)
+        result.blocks.push_back(span);
+      else
+        result.final_norm = span;
+    }
+    return result;
+  }
+}
+
+template <class T>
+void CudaBackend<T>::refresh_compute_weights(const ParameterPointers& params) {
+  if constexpr (!std::is_same_v<T, float>) {
+    const std::vector<Span>& spans = layout_.spans();
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const float* master = spans[i].kind == SpanKind::kEmbeddings ? params.embeddings
+                            : spans[i].kind == SpanKind::kBlock    ? params.blocks[spans[i].layer]
+                                                                   : params.final_norm;
+      cuda::cast_to_bf16(compute_weights_ + compute_span_offsets_[i], master, spans[i].count,
+                         stream_);
+    }
+  }
+}
+
+template <class T>
+float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch& batch) {
+  check_batch(params, batch);
+  batch_ = batch.batch;
+  seq_len_ = batch.seq_len;
+  const int B = batch_, T_ = seq_len_, BT = B * T_;
+  const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
+  const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
+  const float eps = config_.layer_norm_epsilon;
+  const BlockOffsets& o = layout_.block();
+  const EmbeddingOffsets& e = layout_.embeddings();
+  const FinalNormOffsets& f = layout_.final_norm();
+
+  // Host staging: the previous forward synchronized, so its uploads are done.
+  int32_t* host_inputs = host_ints_;
+  int32_t* host_targets = host_inputs + BT;
+  std::copy_n(batch.inputs, BT, host_inputs);
+  LAYUP_CUDA_CHECK(
+      cudaMemcpyAsync(tokens_, host_inputs, BT * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  refresh_compute_weights(params);
+  const SpanPointers<const T> w = weights(params);
+
+  cuda::embedding_forward(residual_[0], tokens_, w.embeddings + e.wte, w.embeddings + e.wpe, B, T_,
+                          C, stream_);
+  for (int l = 0; l < L; ++l) {
+    const T* p = w.blocks[l];
+    BlockActivations& a = blocks_[l];
+    const T* x = residual_[l];
+    cuda::layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, x, p + o.ln_1_weight, p + o.ln_1_bias,
+                            BT, C, eps, stream_);
+    cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
+                         3 * C, stream_);
+    cuda::attention_forward(a.att_out, a.att_lse, a.qkv, B, T_, C, NH, stream_);
+    cuda::matmul_forward(*blas_, branch_out_, a.att_out, p + o.attn_proj_weight,
+                         p + o.attn_proj_bias, BT, C, C, stream_);
+    cuda::residual_forward(a.residual_mid, x, branch_out_, BT * C, stream_);
+
+    cuda::layernorm_forward(a.ln_2, a.ln_2_mean, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight,
+                            p + o.ln_2_bias, BT, C, eps, stream_);
+    cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C, 4 * C,
+                         stream_);
+    cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
+    cuda::matmul_forward(*blas_, branch_out_, a.fc_gelu, p + o.mlp_proj_weight, p + o.mlp_proj_bias,
+                         BT, 4 * C, C, stream_);
+    cuda::residual_forward(residual_[l + 1], a.residual_mid, branch_out_, BT * C, stream_);
+  }
+  cuda::layernorm_forward(ln_f_, ln_f_mean_, ln_f_rstd_, residual_[L], w.final_norm + f.weight,
+                          w.final_norm + f.bias, BT, C, eps, stream_);
+  cuda::matmul_forward(*blas_, logits_, ln_f_, w.embeddings + e.wte, static_cast<const T*>(nullptr),
+                       BT, C, Vp, stream_);
+  logits_valid_ = true;
+
+  if (!batch.targets) {
+    next_step_ = BackwardStep::kNeedsForwardWithTargets;
+    LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  std::copy_n(batch.targets, BT, host_targets);
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(targets_, host_targets, BT * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+  cuda::classifier_forward(losses_, logsumexp_, logits_, targets_, BT, V, Vp, stream_);
+  LAYUP_CUDA_CHECK(
+      cudaMemcpyAsync(host_losses_, losses_, BT * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+
+  // While the GPU runs the forward: group the positions by token for the embedding backward.
+  const cuda::EmbeddingBackwardPlan plan = cuda::make_embedding_backward_plan(host_inputs, BT);
+  segments_ = plan.segments();
+  int32_t* host_positions = host_targets + BT;
+  int32_t* host_starts = host_positions + BT;
+  int32_t* host_segment_tokens = host_starts + BT + 1;
+  std::copy(plan.positions.begin(), plan.positions.end(), host_positions);
+  std::copy(plan.segment_start.begin(), plan.segment_start.end(), host_starts);
+  std::copy(plan.segment_token.begin(), plan.segment_token.end(), host_segment_tokens);
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(positions_, host_positions, BT * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(segment_start_, host_starts, (segments_ + 1) * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(segment_token_, host_segment_tokens, segments_ * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+
+  LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  double total = 0.0;
+  for (int n = 0; n < BT; ++n) total += host_losses_[n];
+  next_step_ = BackwardStep::kHead;
+  return static_cast<float>(total / BT);
+}
+
+template <class T>
+const float* CudaBackend<T>::logits() const {
+  LAYUP_CHECK(logits_valid_, "the CUDA backend's logits are gone: backward_head turns them into ",
+              "their gradient in place; read logits() after forward and before the backward");
+  const size_t count = static_cast<size_t>(batch_) * seq_len_ * config_.padded_vocab_size;
+  host_logits_.resize(count);
+  if constexpr (std::is_same_v<T, float>) {
+    LAYUP_CUDA_CHECK(
+        cudaMemcpy(host_logits_.data(), logits_, count * sizeof(float), cudaMemcpyDeviceToHost));
+  } else {
+    host_logits_raw_.resize(count);
+    LAYUP_CUDA_CHECK(
+        cudaMemcpy(host_logits_raw_.data(), logits_, count * sizeof(T), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < count; ++i) host_logits_[i] = cuda::to_float(host_logits_raw_[i]);
+  }
+  return host_logits_.data();
+}
+
+template <class T>
+void CudaBackend<T>::backward_head(const ParameterPointers& params, float* final_norm_grad,
+                                   float* embeddings_grad, float loss_scale) {
+  LAYUP_CHECK(next_step_ != BackwardStep::kNeedsForwardWithTargets,
+              "backward_head needs a forward pass with targets first (on the CUDA backend, one "
+              "forward per backward pass: the head's backward consumes the logits)");
+  LAYUP_CHECK(next_step_ == BackwardStep::kHead,
+              "backward_head called in the middle of a backward pass; finish it with the blocks "
+              "and backward_embeddings first");
+  const int BT = batch_ * seq_len_, C = config_.n_embd;
+  const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
+  const EmbeddingOffsets& e = layout_.embeddings();
+  const FinalNormOffsets& f = layout_.final_norm();
+  const SpanPointers<const T> w = weights(params);
+  const float dloss = loss_scale / BT;  // d(mean loss) / d(loss of one position), scaled
+
+  // dlogits, in place of the logits: the buffer is the largest activation, and nothing else needs
+  // the logits once the loss is known.
+  cuda::classifier_backward(logits_, logits_, logsumexp_, targets_, BT, V, Vp, dloss, stream_);
+  logits_valid_ = false;
+  zero(d_ln_, static_cast<size_t>(BT) * C);
+  cuda::matmul_backward(*blas_, d_ln_, embeddings_grad + e.wte, nullptr, logits_, ln_f_,
+                        w.embeddings + e.wte, BT, C, Vp, scratch_, stream_);
+  zero(d_residual_, static_cast<size_t>(BT) * C);
+  cuda::layernorm_backward(d_residual_, final_norm_grad + f.weight, final_norm_grad + f.bias, d_ln_,
+                           residual_[config_.n_layer], w.final_norm + f.weight, ln_f_mean_,
+                           ln_f_rstd_, BT, C, scratch_, stream_);
+  next_step_ = BackwardStep::kBlock;
+  next_layer_ = config_.n_layer - 1;
+}
+
+template <class T>
+void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, float* block_grad) {
+  LAYUP_CHECK(next_step_ == BackwardStep::kBlock && layer == next_layer_, "backward_block(", layer,
+              ") is out of order: backward runs backward_head, then blocks ", config_.n_layer - 1,
+              " down to 0, then backward_embeddings",
+              next_step_ == BackwardStep::kBlock ? "; the next block is " : "",
+              next_step_ == BackwardStep::kBlock ? std::to_string(next_layer_) : "");
+  const int B = batch_, T_ = seq_len_, BT = B * T_;
+  const int C = config_.n_embd, NH = config_.n_head;
+  const BlockOffsets& o = layout_.block();
+  const T* p = weights(params).blocks[layer];
+  float* g = block_grad;
+  const BlockActivations& a = blocks_[layer];
+
+  // MLP branch. d_residual_ holds dL/d(block output) = dL/d(MLP output).
+  zero(d_fc_gelu_, static_cast<size_t>(BT) * 4 * C);
+  cuda::matmul_backward(*blas_, d_fc_gelu_, g + o.mlp_proj_weight, g + o.mlp_proj_bias, d_residual_,
+                        a.fc_gelu, p + o.mlp_proj_weight, BT, 4 * C, C, scratch_, stream_);
+  zero(d_fc_, static_cast<size_t>(BT) * 4 * C);
+  cuda::gelu_backward(d_fc_, a.fc, d_fc_gelu_, BT * 4 * C, stream_);
+  zero(d_ln_, static_cast<size_t>(BT) * C);
+  cuda::matmul_backward(*blas_, d_ln_, g + o.mlp_fc_weight, g + o.mlp_fc_bias, d_fc_, a.ln_2,
+                        p + o.mlp_fc_weight, BT, C, 4 * C, scratch_, stream_);
+  // Adding ln_2's input gradient turns d_residual_ into dL/d(residual_mid).
+  cuda::layernorm_backward(d_residual_, g + o.ln_2_weight, g + o.ln_2_bias, d_ln_, a.residual_mid,
+                           p + o.ln_2_weight, a.ln_2_mean, a.ln_2_rstd, BT, C, scratch_, stream_);
+
+  // Attention branch. d_residual_ holds dL/d(residual_mid) = dL/d(attention branch output).
+  zero(d_att_out_, static_cast<size_t>(BT) * C);
+  cuda::matmul_backward(*blas_, d_att_out_, g + o.attn_proj_weight, g + o.attn_proj_bias,
+                        d_residual_, a.att_out, p + o.attn_proj_weight, BT, C, C, scratch_,
+                        stream_);
+  zero(d_qkv_, static_cast<size_t>(BT) * 3 * C);
+  cuda::attention_backward(d_qkv_, d_att_out_, a.qkv, a.att_out, a.att_lse, B, T_, C, NH, scratch_,
+                           stream_);
+  zero(d_ln_, static_cast<size_t>(BT) * C);
+  cuda::matmul_backward(*blas_, d_ln_, g + o.attn_qkv_weight, g + o.attn_qkv_bias, d_qkv_, a.ln_1,
+                        p + o.attn_qkv_weight, BT, C, 3 * C, scratch_, stream_);
+  // Adding ln_1's input gradient turns d_residual_ into dL/d(block input).
+  cuda::layernorm_backward(d_residual_, g + o.ln_1_weight, g + o.ln_1_bias, d_ln_, residual_[layer],
+                           p + o.ln_1_weight, a.ln_1_mean, a.ln_1_rstd, BT, C, scratch_, stream_);
+
+  next_layer_ = layer - 1;
+  if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
+}
+
+template <class T>
+void CudaBackend<T>::backward_embeddings(const ParameterPointers& /*params*/,
+                                         float* embeddings_grad) {
+  LAYUP_CHECK(next_step_ == BackwardStep::kEmbeddings,
+              "backward_embeddings called before the backward of block 0");
+  const EmbeddingOffsets& e = layout_.embeddings();
+  cuda::embedding_backward(embeddings_grad + e.wte, embeddings_grad + e.wpe, d_residual_,
+                           positions_, segment_start_, segment_token_, segments_, batch_, seq_len_,
+                           config_.n_embd, stream_);
+  // The logits were consumed by backward_head: another backward needs another forward.
+  next_step_ = BackwardStep::kNeedsForwardWithTargets;
+}
+
+}  // namespace
+
+const char* compute_dtype_name(ComputeDtype dtype) {
+  return dtype == ComputeDtype::kFloat32 ? "fp32" : "bf16";
+}
+
+std::unique_ptr<ModelBackend> make_cuda_backend(const Gpt2Config& config, int max_batch,
+                                                int max_seq_len, ComputeDtype dtype) {
+  if (dtype == ComputeDtype::kFloat32)
+    return std::make_unique<CudaBackend<float>>(config, max_batch, max_seq_len);
+  return std::make_unique<CudaBackend<__nv_bfloat16>>(config, max_batch, max_seq_len);
+}
+
+}  // namespace layup

@@ -1,0 +1,229 @@
+// The CUDA device: memory, copies, the deterministic sum of squares and the fused AdamW kernel.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/ops/common.cuh"
+
+namespace layup {
+namespace {
+
+using cuda::ceil_div;
+
+__global__ void probe_kernel() {}
+
+// ---- Sum of squares ---------------------------------------------------------------------------
+//
+// A fixed grid (never sized from the GPU), each thread summing its grid-stride share in double in
+// index order, a fixed reduction tree inside each block, and the per-block partials summed on the
+// host in block order: the same input gives the same bits on every run and every GPU.
+
+constexpr int kSumBlocks = 1024;
+constexpr int kSumThreads = 256;
+
+__global__ void __launch_bounds__(kSumThreads)
+    sum_of_squares_kernel(double* partials, const float* x, size_t count) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t first = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  double sum = 0.0;
+  // 16-byte loads over the aligned body, then the scalar rest.
+  const size_t packs = cuda::is_aligned16(x) ? count / 4 : 0;
+  for (size_t p = first; p < packs; p += stride) {
+    const float4 v = reinterpret_cast<const float4*>(x)[p];
+    sum += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y +
+           static_cast<double>(v.z) * v.z + static_cast<double>(v.w) * v.w;
+  }
+  for (size_t i = packs * 4 + first; i < count; i += stride)
+    sum += static_cast<double>(x[i]) * x[i];
+
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  __shared__ double warp_sums[kSumThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
+    partials[blockIdx.x] = total;
+  }
+}
+
+// ---- AdamW ------------------------------------------------------------------------------------
+//
+// One pass over each element: scale the gradient (global-norm clipping), update both moments,
+// decay (matrices only) and step; the formula of optim/adamw.cpp, operation for operation. One
+// launch per span: blockIdx.y picks the tensor, whose decay factor differs.
+
+constexpr int kMaxTensorsPerLaunch = 16;
+constexpr int kAdamThreads = 256;
+
+struct AdamWTensors {
+  int count;
+  size_t offset[kMaxTensorsPerLaunch];
+  size_t size[kMaxTensorsPerLaunch];
+  float decay_factor[kMaxTensorsPerLaunch];  // 1 - lr wd, or 1 where the tensor does not decay
+};
+
+struct AdamWScalars {
+  float beta1, beta2, eps, step_size, inv_sqrt_bias_correction2, grad_scale;
+};
+
+__global__ void __launch_bounds__(kAdamThreads)
+    adamw_kernel(float* params, const float* grads, float* m, float* v, AdamWTensors tensors,
+                 AdamWScalars s) {
+  const int tensor = blockIdx.y;
+  const size_t offset = tensors.offset[tensor], size = tensors.size[tensor];
+  const float decay_factor = tensors.decay_factor[tensor];
+  for (size_t j = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; j < size;
+       j += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t i = offset + j;
+    const float g = grads[i] * s.grad_scale;
+    const float m_i = s.beta1 * m[i] + (1.0f - s.beta1) * g;
+    const float v_i = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
+    m[i] = m_i;
+    v[i] = v_i;
+    params[i] = params[i] * decay_factor -
+                s.step_size * m_i / (sqrtf(v_i) * s.inv_sqrt_bias_correction2 + s.eps);
+  }
+}
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice() {
+    int device = 0;
+    LAYUP_CUDA_CHECK(cudaGetDevice(&device));
+    cudaDeviceProp properties{};
+    LAYUP_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+    name_ = "cuda:" + std::to_string(device) + " (" + properties.name + ")";
+    LAYUP_CUDA_CHECK(cudaMalloc(&partials_, kSumBlocks * sizeof(double)));
+  }
+  ~CudaDevice() override { cudaFree(partials_); }
+
+  std::string name() const override { return name_; }
+
+  DeviceBuffer allocate(size_t count) override {
+    if (count == 0) return DeviceBuffer(this, nullptr, 0);
+    float* data = nullptr;
+    const cudaError_t status = cudaMalloc(&data, count * sizeof(float));
+    if (status != cudaSuccess) {
+      cudaGetLastError();  // an allocation failure is not sticky; clear it
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      fail("out of GPU memory allocating ", count * sizeof(float) / 1e9, " GB on ", name_, " (",
+           free_bytes / 1e9, " GB free of ", total_bytes / 1e9, "): ", cudaGetErrorString(status),
+           "; try a smaller --batch or --seq-len");
+    }
+    LAYUP_CUDA_CHECK(cudaMemsetAsync(data, 0, count * sizeof(float), cudaStreamLegacy));
+    return DeviceBuffer(this, data, count);
+  }
+
+  void release(float* data) override {
+    // Called from DeviceBuffer's destructor, which cannot throw: report and go on.
+    const cudaError_t status = cudaFree(data);
+    if (status != cudaSuccess)
+      std::fprintf(stderr, "layup: cudaFree failed: %s\n", cudaGetErrorString(status));
+  }
+
+  void copy_to_device(float* dst, const float* src, size_t count) override {
+    LAYUP_CUDA_CHECK(cudaMemcpy(dst, src, count * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  void copy_to_host(float* dst, const float* src, size_t count) override {
+    LAYUP_CUDA_CHECK(cudaMemcpy(dst, src, count * sizeof(float), cudaMemcpyDeviceToHost));
+  }
+  void fill_zero(float* dst, size_t count) override {
+    LAYUP_CUDA_CHECK(cudaMemsetAsync(dst, 0, count * sizeof(float), cudaStreamLegacy));
+  }
+
+  double sum_of_squares(const float* x, size_t count) override {
+    sum_of_squares_kernel<<<kSumBlocks, kSumThreads, 0, cudaStreamLegacy>>>(partials_, x, count);
+    LAYUP_CUDA_CHECK_LAUNCH();
+    std::vector<double> partials(kSumBlocks);
+    LAYUP_CUDA_CHECK(cudaMemcpy(partials.data(), partials_, kSumBlocks * sizeof(double),
+                                cudaMemcpyDeviceToHost));
+    double total = 0.0;
+    for (double partial : partials) total += partial;
+    return total;
+  }
+
+  void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
+                         const float* grads, float* m, float* v, const AdamWStep& step) override {
+    const AdamWHyper& h = step.hyper;
+    // Bias corrections in double, exactly as optim/adamw.cpp computes them.
+    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(h.beta1), step.t);
+    const double bias_correction2 = 1.0 - std::pow(static_cast<double>(h.beta2), step.t);
+    const AdamWScalars scalars{h.beta1,
+                               h.beta2,
+                               h.eps,
+                               static_cast<float>(h.lr / bias_correction1),
+                               static_cast<float>(1.0 / std::sqrt(bias_correction2)),
+                               step.grad_scale};
+    const float decay_factor = 1.0f - h.lr * h.weight_decay;
+
+    const std::vector<TensorSpec> tensors = layout.tensors_in(span);
+    for (size_t first = 0; first < tensors.size(); first += kMaxTensorsPerLaunch) {
+      AdamWTensors batch{};
+      size_t largest = 0;
+      for (size_t i = first; i < std::min(tensors.size(), first + kMaxTensorsPerLaunch); ++i) {
+        const int k = batch.count++;
+        batch.offset[k] = tensors[i].offset_in_span;
+        batch.size[k] = tensors[i].count;
+        batch.decay_factor[k] = tensors[i].weight_decay ? decay_factor : 1.0f;
+        largest = std::max(largest, tensors[i].count);
+      }
+      const dim3 grid(cuda::grid_for(std::min<size_t>(largest, size_t{1} << 22), kAdamThreads),
+                      batch.count);
+      adamw_kernel<<<grid, kAdamThreads, 0, cudaStreamLegacy>>>(params, grads, m, v, batch,
+                                                                scalars);
+      LAYUP_CUDA_CHECK_LAUNCH();
+    }
+  }
+
+ private:
+  std::string name_;
+  double* partials_ = nullptr;  // [kSumBlocks]
+};
+
+}  // namespace
+
+bool cuda_device_available(std::string* why) {
+  // Asked once: the answer cannot change within a process.
+  static const std::string reason = [] {
+    int count = 0;
+    cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      return std::string("no usable CUDA GPU: ") + cudaGetErrorString(status);
+    }
+    if (count == 0) return std::string("no CUDA GPU is visible");
+    // The binary holds machine code for CMAKE_CUDA_ARCHITECTURES (and PTX for newer chips);
+    // asking for a kernel's attributes loads it, and fails on a GPU the build cannot serve.
+    cudaFuncAttributes attributes{};
+    status = cudaFuncGetAttributes(&attributes, probe_kernel);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      int device = 0, major = 0, minor = 0;
+      cudaGetDevice(&device);
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+      return std::string("this build's kernels cannot run on the GPU (compute capability ") +
+             std::to_string(major) + "." + std::to_string(minor) +
+             "): " + cudaGetErrorString(status) +
+             "; rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + std::to_string(major * 10 + minor);
+    }
+    return std::string();
+  }();
+  if (why) *why = reason;
+  return reason.empty();
+}
+
+std::unique_ptr<Device> make_cuda_device() {
+  std::string why;
+  LAYUP_CHECK(cuda_device_available(&why), "cannot use the CUDA device: ", why);
+  return std::make_unique<CudaDevice>();
+}
+
+}  // namespace layup

@@ -1,0 +1,27 @@
+// The CUDA device as the schedules see it (backend/device.h): cudaMalloc'd memory, copies, and the
+// optimizer step's two bulk operations as kernels (deterministic sum of squares, fused AdamW).
+//
+// Plain C++ header: callers need no CUDA headers.
+//
+// Ordering: the device's work runs on CUDA's legacy default stream, and the CUDA backend's stream
+// is a blocking stream, which the legacy stream synchronizes with in both directions. So a schedule
+// may call the device and the backend in program order (zero the gradients, run backward, take the
+// norm, update) and each step sees the one before it, with no events to manage.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/device.h"
+
+namespace layup {
+
+// True when a CUDA GPU is present and can run this build's kernels. Otherwise false, and *why
+// (when not null) says what is missing, e.g. for a test's skip message.
+bool cuda_device_available(std::string* why);
+
+// Device 0 (or the one CUDA_VISIBLE_DEVICES leaves first). Throws layup::Error when there is
+// no usable GPU.
+std::unique_ptr<Device> make_cuda_device();
+
+}  // namespace layup

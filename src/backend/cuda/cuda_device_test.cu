@@ -1,0 +1,121 @@
+// The CUDA device against the CPU device: memory and copies, the sum of squares (close to the
+// CPU's, and bitwise reproducible), and AdamW span by span (the same formula as optim/adamw.cpp).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/ops/gradient_check.h"
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_test_support.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/parameter_layout.h"
+#include "optim/adamw.h"
+#include "optim/grad_norm.h"
+
+namespace layup {
+namespace {
+
+using namespace cuda_test;
+using op_test::random_vector;
+
+TEST(CudaDevice, AllocatesZeroedMemoryCopiesAndZeroes) {
+  LAYUP_REQUIRE_GPU();
+  std::unique_ptr<Device> device = make_cuda_device();
+  EXPECT_NE(device->name().find("cuda"), std::string::npos);
+  const size_t count = 1000003;
+  DeviceBuffer buffer = device->allocate(count);
+  ASSERT_EQ(buffer.count(), count);
+  std::vector<float> host(count, 1.0f);
+  device->copy_to_host(host.data(), buffer.data(), count);
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ(host[i], 0.0f) << i;
+
+  Rng rng(1);
+  const std::vector<float> values = random_vector(rng, count);
+  device->copy_to_device(buffer.data(), values.data(), count);
+  device->copy_to_host(host.data(), buffer.data(), count);
+  EXPECT_EQ(host, values);
+
+  device->fill_zero(buffer.data() + 5, 10);
+  device->copy_to_host(host.data(), buffer.data(), count);
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ(host[i], (i >= 5 && i < 15) ? 0.0f : values[i]) << i;
+  EXPECT_EQ(device->allocate(0).data(), nullptr);
+}
+
+TEST(CudaDevice, SumOfSquaresMatchesCpuAndIsReproducible) {
+  LAYUP_REQUIRE_GPU();
+  std::unique_ptr<Device> device = make_cuda_device();
+  for (size_t count : {size_t{1}, size_t{3}, size_t{1000}, (size_t{1} << 20) + 7}) {
+    for (size_t offset : {size_t{0}, size_t{1}}) {
+      Rng rng(count + offset);
+      const std::vector<float> values = random_vector(rng, count, 0.01f);
+      DeviceBuffer buffer = device->allocate(count + offset);
+      device->copy_to_device(buffer.data() + offset, values.data(), count);
+      const double gpu = device->sum_of_squares(buffer.data() + offset, count);
+      const double cpu = sum_of_squares(values.data(), count);
+      EXPECT_NEAR(gpu, cpu, 1e-12 * cpu) << "count " << count << " offset " << offset;
+      const double again = device->sum_of_squares(buffer.data() + offset, count);
+      EXPECT_EQ(std::memcmp(&gpu, &again, sizeof(double)), 0) << "not bitwise reproducible";
+    }
+  }
+}
+
+TEST(CudaDevice, AdamWMatchesCpuOnEverySpan) {
+  LAYUP_REQUIRE_GPU();
+  std::unique_ptr<Device> device = make_cuda_device();
+  Gpt2Config config;
+  config.n_layer = 2;
+  config.n_head = 2;
+  config.n_embd = 16;
+  config.n_positions = 8;
+  config.vocab_size = 61;
+  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
+  const ParameterLayout layout(config);
+  const size_t n = layout.total_count();
+
+  Rng rng(3);
+  std::vector<float> params = random_vector(rng, n), grads = random_vector(rng, n, 0.1f);
+  std::vector<float> m = random_vector(rng, n, 0.01f), v = random_vector(rng, n, 0.001f);
+  for (float& value : v) value = value * value;  // second moments are not negative
+  DeviceBuffer d_params = device->allocate(n), d_grads = device->allocate(n);
+  DeviceBuffer d_m = device->allocate(n), d_v = device->allocate(n);
+  device->copy_to_device(d_params.data(), params.data(), n);
+  device->copy_to_device(d_grads.data(), grads.data(), n);
+  device->copy_to_device(d_m.data(), m.data(), n);
+  device->copy_to_device(d_v.data(), v.data(), n);
+
+  AdamWStep step;
+  step.hyper.lr = 3e-3f;
+  step.hyper.weight_decay = 0.1f;
+  step.t = 7;
+  step.grad_scale = 0.8f;
+  for (const Span& span : layout.spans()) {
+    adamw_update_span(layout, span, params.data() + span.offset, grads.data() + span.offset,
+                      m.data() + span.offset, v.data() + span.offset, step);
+    device->adamw_update_span(layout, span, d_params.data() + span.offset,
+                              d_grads.data() + span.offset, d_m.data() + span.offset,
+                              d_v.data() + span.offset, step);
+  }
+  std::vector<float> result(n);
+  device->copy_to_host(result.data(), d_params.data(), n);
+  EXPECT_LE(relative_error(result, params), 1e-6) << "params";
+  device->copy_to_host(result.data(), d_m.data(), n);
+  EXPECT_LE(relative_error(result, m), 1e-6) << "m";
+  device->copy_to_host(result.data(), d_v.data(), n);
+  EXPECT_LE(relative_error(result, v), 1e-6) << "v";
+}
+
+TEST(CudaDevice, AvailabilityExplainsItself) {
+  std::string why = "unchanged";
+  const bool available = cuda_device_available(&why);
+  if (available)
+    EXPECT_TRUE(why.empty());
+  else
+    EXPECT_FALSE(why.empty());
+  if (!available) EXPECT_THROW(make_cuda_device(), Error);
+}
+
+}  // namespace
+}  // namespace layup

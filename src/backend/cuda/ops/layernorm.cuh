@@ -1,0 +1,28 @@
+// Layer normalization over the last dimension on the GPU (biased variance, as nn.LayerNorm). Same
+// math as the CPU op (backend/cpu/ops/layernorm.h). Activations, weight and bias are T (float or
+// __nv_bfloat16); the statistics and the weight gradients are fp32.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace layup::cuda {
+
+// out[n,:] = (inp[n,:] - mean[n]) * rstd[n] * weight + bias, rstd = 1 / sqrt(var + eps).
+// Writes out [N,C] and saves mean [N], rstd [N] for the backward.
+template <class T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                       const T* bias, int N, int C, float eps, cudaStream_t stream);
+
+// Floats of scratch layernorm_backward needs for N rows of width C.
+size_t layernorm_backward_scratch_floats(int N, int C);
+
+// Accumulates dinp [N,C], dweight [C], dbias [C] from dout [N,C], using the saved mean and rstd.
+// dweight and dbias are sums over rows, computed deterministically (no atomics).
+template <class T>
+void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                        const T* weight, const float* mean, const float* rstd, int N, int C,
+                        float* scratch, cudaStream_t stream);
+
+}  // namespace layup::cuda

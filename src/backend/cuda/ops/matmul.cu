@@ -1,0 +1,215 @@
+// Fully connected layer, forward and backward, on cuBLASLt.
+//
+// cuBLASLt is column-major; a row-major [R, C] matrix is the column-major [C, R] matrix, its
+// transpose, in the same memory. With y = x W^T + b (x [N,IC], W [OC,IC], y [N,OC]):
+//
+//   forward   y^T [OC,N]  = (W^T stored [IC,OC])^T  x^T [IC,N]            + b broadcast
+//   backward  dx^T [IC,N] = W^T [IC,OC]             dy^T [OC,N]           + dx^T   (beta 1)
+//             dW^T [IC,OC] = x^T [IC,N]             (dy^T stored [OC,N])^T + dW^T  (beta 1)
+//             db = sum_n dy_n                       (column sums, common.cuh)
+//
+// cuBLASLt's heuristic assumes 256-byte aligned buffers unless told otherwise, and our buffers are
+// slices of larger ones (a block's bias sits wherever the layout puts it), so every call tells it
+// the actual alignment of each pointer. The chosen algorithm is cached per problem.
+#include <cuda_bf16.h>
+
+#include <memory>
+
+#include "backend/cuda/ops/common.cuh"
+#include "backend/cuda/ops/matmul.cuh"
+
+namespace layup::cuda {
+namespace {
+
+// cuBLAS's recommendation for Hopper.
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+// The largest power of two (at most 256) that divides the address.
+uint32_t alignment_bytes(const void* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  if (address == 0) return 256;
+  return static_cast<uint32_t>(std::min<uintptr_t>(256, address & (~address + 1)));
+}
+
+struct DescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* desc) const { cublasLtMatmulDescDestroy(desc); }
+};
+struct LayoutDeleter {
+  void operator()(cublasLtMatrixLayoutOpaque_t* layout) const {
+    cublasLtMatrixLayoutDestroy(layout);
+  }
+};
+struct PreferenceDeleter {
+  void operator()(cublasLtMatmulPreferenceOpaque_t* preference) const {
+    cublasLtMatmulPreferenceDestroy(preference);
+  }
+};
+using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
+using MatrixLayout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
+using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter>;
+
+MatrixLayout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  LAYUP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld));
+  return MatrixLayout(layout);
+}
+
+template <class T>
+constexpr cudaDataType_t data_type() {
+  if constexpr (std::is_same_v<T, float>)
+    return CUDA_R_32F;
+  else
+    return CUDA_R_16BF;
+}
+
+template <class T>
+__global__ void fill_rows_with_bias_kernel(T* out, const T* bias, int N, int OC) {
+  const size_t total = static_cast<size_t>(N) * OC;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    out[i] = bias[i % OC];
+}
+
+template <class T>
+struct BiasGradientTerm {
+  const T* dout;
+  int OC;
+  __device__ void operator()(int n, int o, float (&values)[1]) const {
+    values[0] = to_float(dout[static_cast<size_t>(n) * OC + o]);
+  }
+};
+
+}  // namespace
+
+CublasLt::CublasLt() {
+  LAYUP_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  LAYUP_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  workspace_bytes_ = kWorkspaceBytes;
+}
+
+CublasLt::~CublasLt() {
+  // Destructors must not throw; a failure here leaves nothing to recover anyway.
+  cudaFree(workspace_);
+  cublasLtDestroy(handle_);
+}
+
+void CublasLt::matmul(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, void* d,
+                      cudaDataType_t d_type, int64_t ldd, float beta, const void* bias,
+                      cudaStream_t stream) {
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  LAYUP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const MatmulDesc desc(raw_desc);
+  const cublasOperation_t trans_a = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t trans_b = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LAYUP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA,
+                                                    &trans_a, sizeof(trans_a)));
+  LAYUP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB,
+                                                    &trans_b, sizeof(trans_b)));
+  const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  LAYUP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                    &epilogue, sizeof(epilogue)));
+  if (bias) {
+    LAYUP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &bias, sizeof(bias)));
+  }
+
+  // Stored shapes: op(A) is m x k, so A is k x m when transposed; likewise B.
+  const MatrixLayout a_layout =
+      a.transposed ? make_layout(a.type, k, m, a.ld) : make_layout(a.type, m, k, a.ld);
+  const MatrixLayout b_layout =
+      b.transposed ? make_layout(b.type, n, k, b.ld) : make_layout(b.type, k, n, b.ld);
+  const MatrixLayout d_layout = make_layout(d_type, m, n, ldd);
+
+  const uint32_t align_a = alignment_bytes(a.data), align_b = alignment_bytes(b.data);
+  const uint32_t align_d = alignment_bytes(d);
+  // The heuristic also reads the bias pointer's alignment (not its contents).
+  const uint32_t align_bias = bias ? alignment_bytes(bias) : 0;
+  const Key key{m,       n,       k,       a.transposed, b.transposed, a.type,
+                b.type,  d_type,  a.ld,    b.ld,         ldd,          epilogue,
+                align_a, align_b, align_d, beta != 0.0f, align_bias};
+  auto found = algorithms_.find(key);
+  if (found == algorithms_.end()) {
+    cublasLtMatmulPreference_t raw_preference = nullptr;
+    LAYUP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_preference));
+    const Preference preference(raw_preference);
+    const uint64_t workspace = workspace_bytes_;
+    LAYUP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+    for (const auto& [attribute, bytes] : alignments) {
+      LAYUP_CUBLAS_CHECK(
+          cublasLtMatmulPreferenceSetAttribute(preference.get(), attribute, &bytes, sizeof(bytes)));
+    }
+    cublasLtMatmulHeuristicResult_t result = {};
+    int returned = 0;
+    LAYUP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
+        handle_, desc.get(), a_layout.get(), b_layout.get(), d_layout.get(), d_layout.get(),
+        preference.get(), 1, &result, &returned));
+    LAYUP_CHECK(returned > 0 && result.state == CUBLAS_STATUS_SUCCESS,
+                "cuBLASLt has no algorithm for the matmul m=", m, " n=", n, " k=", k, " (A type ",
+                a.type, ", ld ", a.ld, ", aligned ", align_a, "; B type ", b.type, ", ld ", b.ld,
+                ", aligned ", align_b, "; D type ", d_type, ", ld ", ldd, ", aligned ", align_d,
+                ")");
+    found = algorithms_.emplace(key, result.algo).first;
+  }
+
+  const float alpha = 1.0f;
+  LAYUP_CUBLAS_CHECK(cublasLtMatmul(handle_, desc.get(), &alpha, a.data, a_layout.get(), b.data,
+                                    b_layout.get(), &beta, d, d_layout.get(), d, d_layout.get(),
+                                    &found->second, workspace_, workspace_bytes_, stream));
+}
+
+template <class T>
+void matmul_forward(CublasLt& blas, T* out, const T* inp, const T* weight, const T* bias, int N,
+                    int IC, int OC, cudaStream_t stream) {
+  constexpr cudaDataType_t type = data_type<T>();
+  float beta = 0.0f;
+  const T* epilogue_bias = bias;
+  if (bias && !is_aligned16(bias)) {
+    // The bias epilogue needs an aligned vector: start from the bias rows and add the product.
+    fill_rows_with_bias_kernel<<<grid_for(static_cast<size_t>(N) * OC, 256), 256, 0, stream>>>(
+        out, bias, N, OC);
+    LAYUP_CUDA_CHECK_LAUNCH();
+    beta = 1.0f;
+    epilogue_bias = nullptr;
+  }
+  blas.matmul(OC, N, IC, {weight, type, true, IC}, {inp, type, false, IC}, out, type, OC, beta,
+              epilogue_bias, stream);
+}
+
+size_t matmul_backward_scratch_floats(int N, int OC) {
+  return column_reduce_scratch_floats(N, OC, 1);
+}
+
+template <class T>
+void matmul_backward(CublasLt& blas, T* dinp, float* dweight, float* dbias, const T* dout,
+                     const T* inp, const T* weight, int N, int IC, int OC, float* scratch,
+                     cudaStream_t stream) {
+  constexpr cudaDataType_t type = data_type<T>();
+  blas.matmul(IC, N, OC, {weight, type, false, IC}, {dout, type, false, OC}, dinp, type, IC, 1.0f,
+              nullptr, stream);
+  blas.matmul(IC, OC, N, {inp, type, false, IC}, {dout, type, true, OC}, dweight, CUDA_R_32F, IC,
+              1.0f, nullptr, stream);
+  if (dbias) {
+    column_sums_accumulate<1>(ColumnOutputs<1>{{dbias}}, N, OC, BiasGradientTerm<T>{dout, OC},
+                              scratch, stream);
+  }
+}
+
+template void matmul_forward<float>(CublasLt&, float*, const float*, const float*, const float*,
+                                    int, int, int, cudaStream_t);
+template void matmul_forward<__nv_bfloat16>(CublasLt&, __nv_bfloat16*, const __nv_bfloat16*,
+                                            const __nv_bfloat16*, const __nv_bfloat16*, int, int,
+                                            int, cudaStream_t);
+template void matmul_backward<float>(CublasLt&, float*, float*, float*, const float*, const float*,
+                                     const float*, int, int, int, float*, cudaStream_t);
+template void matmul_backward<__nv_bfloat16>(CublasLt&, __nv_bfloat16*, float*, float*,
+                                             const __nv_bfloat16*, const __nv_bfloat16*,
+                                             const __nv_bfloat16*, int, int, int, float*,
+                                             cudaStream_t);
+
+}  // namespace layup::cuda
