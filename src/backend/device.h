@@ -57,8 +57,7 @@ class Device {
 
   // AdamW on one span, weight decay per tensor as the layout says (see optim/adamw.h).
   virtual void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
-                                 const float* grads, float* m, float* v,
-                                 const AdamWStep& step) = 0;
+                                 const float* grads, float* m, float* v, const AdamWStep& step) = 0;
 };
 
 std::unique_ptr<Device> make_cpu_device();

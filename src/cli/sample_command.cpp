@@ -54,7 +54,8 @@ void add_sample_command(CLI::App& app) {
     const LoadedModel model = load_hf_model(find_latest_checkpoint(flags->checkpoint));
     const Gpt2Config& config = model.config;
     LAYUP_CHECK(config.vocab_size <= tokenizer.vocab_size(), "the model's vocabulary (",
-                config.vocab_size, ") is larger than the tokenizer's (", tokenizer.vocab_size(), ")");
+                config.vocab_size, ") is larger than the tokenizer's (", tokenizer.vocab_size(),
+                ")");
     std::vector<int32_t> prompt = tokenizer.encode(flags->prompt);
     if (prompt.empty()) prompt.push_back(tokenizer.eot_token());
 

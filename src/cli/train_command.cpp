@@ -60,12 +60,14 @@ void add_train_command(CLI::App& app) {
       "train",
       "Train a GPT-2 model. With no arguments: a small GPT-2 on the shipped public-domain "
       "corpus, with progress, evaluation, checkpoints, a JSON-lines log and a sample at the end.");
-  cmd->add_option("--model", flags->model, "Named config: small, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
+  cmd->add_option("--model", flags->model,
+                  "Named config: small, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
       ->capture_default_str();
   cmd->add_option("--layers", flags->layers, "Explicit model: number of blocks");
   cmd->add_option("--heads", flags->heads, "Explicit model: attention heads");
   cmd->add_option("--dim", flags->dim, "Explicit model: width");
-  cmd->add_option("--context", flags->context, "Model context (positions); default from the config");
+  cmd->add_option("--context", flags->context,
+                  "Model context (positions); default from the config");
   cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();
   cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
   cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches accumulated per update")
@@ -104,8 +106,9 @@ void add_train_command(CLI::App& app) {
                   "tokenized once into ~/.cache/layup)");
   cmd->add_option("--tokenizer", o.tokenizer_dir,
                   "Folder with gpt2.tiktoken or encoder.json + vocab.bpe (default: shipped)");
-  cmd->add_option("--out", o.out_dir, "Run folder for checkpoints and log.jsonl (default: "
-                                      "runs/train-DATE-TIME, or the resumed run's folder)");
+  cmd->add_option("--out", o.out_dir,
+                  "Run folder for checkpoints and log.jsonl (default: "
+                  "runs/train-DATE-TIME, or the resumed run's folder)");
   cmd->add_option("--resume", o.resume, "Continue from a checkpoint or a run folder's latest");
   cmd->add_option("--sample-tokens", o.sample_tokens, "Tokens sampled at the end (0: none)")
       ->capture_default_str();
@@ -113,7 +116,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--temperature", o.temperature, "Sampling temperature")->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Sample among the k likeliest tokens (0: all)")
       ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed of initialization and batch order")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of initialization and batch order")
+      ->capture_default_str();
   cmd->add_option("--device", o.device,
                   "auto, cpu or cuda; auto picks cuda where this build has it and a GPU is usable")
       ->capture_default_str();

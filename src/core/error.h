@@ -27,7 +27,7 @@ template <class... Parts>
 }  // namespace layup
 
 // Throws layup::Error with the streamed parts when the condition does not hold.
-#define LAYUP_CHECK(condition, ...)             \
-  do {                                          \
+#define LAYUP_CHECK(condition, ...)               \
+  do {                                            \
     if (!(condition)) ::layup::fail(__VA_ARGS__); \
   } while (0)

@@ -5,7 +5,9 @@
 
 namespace layup {
 
-int pad_vocab_size(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
+int pad_vocab_size(int vocab_size) {
+  return (vocab_size + 127) / 128 * 128;
+}
 
 namespace {
 
@@ -28,7 +30,7 @@ struct NamedConfig {
 // so that a 2-core CPU trains it visibly in about ten minutes (most of its 7M parameters are the
 // token embedding, which the full GPT-2 vocabulary makes unavoidable).
 constexpr NamedConfig kNamedConfigs[] = {
-    {"small", 4, 4, 128, 256},         {"gpt2", 12, 12, 768, 1024},
+    {"small", 4, 4, 128, 256},           {"gpt2", 12, 12, 768, 1024},
     {"gpt2-medium", 24, 16, 1024, 1024}, {"gpt2-large", 36, 20, 1280, 1024},
     {"gpt2-xl", 48, 25, 1600, 1024},
 };
@@ -41,7 +43,8 @@ Gpt2Config named_config(std::string_view name) {
       return make_config(named.n_layer, named.n_head, named.n_embd, named.n_positions);
   }
   std::string known;
-  for (const NamedConfig& named : kNamedConfigs) known += std::string(known.empty() ? "" : ", ") + named.name;
+  for (const NamedConfig& named : kNamedConfigs)
+    known += std::string(known.empty() ? "" : ", ") + named.name;
   fail("unknown model config '", name, "'; known configs: ", known,
        " (or give --layers, --heads and --dim)");
 }

@@ -41,8 +41,7 @@ ParameterLayout::ParameterLayout(const Gpt2Config& config) : config_(config) {
     size_t count = 1;
     for (size_t dim : shape) count *= dim;
     tensors_.push_back(TensorSpec{std::move(name), std::move(shape), span.offset + offset_in_span,
-                                  count, offset_in_span, span.kind, span.layer, decay,
-                                  transposed});
+                                  count, offset_in_span, span.kind, span.layer, decay, transposed});
   };
 
   const size_t V = config.padded_vocab_size, P = config.n_positions;

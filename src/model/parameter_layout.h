@@ -23,15 +23,15 @@ struct BlockOffsets {
   size_t attn_qkv_weight, attn_qkv_bias;    // [3C, C], [3C]: q, k, v stacked
   size_t attn_proj_weight, attn_proj_bias;  // [C, C], [C]
   size_t ln_2_weight, ln_2_bias;
-  size_t mlp_fc_weight, mlp_fc_bias;        // [4C, C], [4C]
-  size_t mlp_proj_weight, mlp_proj_bias;    // [C, 4C], [C]
-  size_t count;                             // floats in one block
+  size_t mlp_fc_weight, mlp_fc_bias;      // [4C, C], [4C]
+  size_t mlp_proj_weight, mlp_proj_bias;  // [C, 4C], [C]
+  size_t count;                           // floats in one block
 };
 
 // Offsets inside the embeddings span.
 struct EmbeddingOffsets {
-  size_t wte;    // [padded_vocab, C]; also the (tied) LM head
-  size_t wpe;    // [n_positions, C]
+  size_t wte;  // [padded_vocab, C]; also the (tied) LM head
+  size_t wpe;  // [n_positions, C]
   size_t count;
 };
 
@@ -49,11 +49,11 @@ struct TensorSpec {
   std::vector<size_t> shape;  // layup's shape (matrices [out, in])
   size_t offset;              // from the start of the whole buffer
   size_t count;
-  size_t offset_in_span;      // from the start of its span
+  size_t offset_in_span;  // from the start of its span
   SpanKind span;
-  int layer;                  // block index, or -1 outside blocks
-  bool weight_decay;          // AdamW decays matrices only: not biases, gains or positions
-  bool transposed_in_hf;      // stored [in, out] by Hugging Face (Conv1D)
+  int layer;              // block index, or -1 outside blocks
+  bool weight_decay;      // AdamW decays matrices only: not biases, gains or positions
+  bool transposed_in_hf;  // stored [in, out] by Hugging Face (Conv1D)
 };
 
 // A contiguous range of the flat buffer.

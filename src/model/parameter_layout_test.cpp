@@ -1,4 +1,5 @@
-// Pins the block-contiguous layout: spans tile the buffer, blocks share offsets, counts match GPT-2.
+// Pins the block-contiguous layout: spans tile the buffer, blocks share offsets, counts match
+// GPT-2.
 #include "model/parameter_layout.h"
 
 #include <gtest/gtest.h>

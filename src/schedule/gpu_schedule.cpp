@@ -77,9 +77,9 @@ class GpuSchedule final : public Schedule {
 
   void import_tensors(const OptimizerTensors& tensors) override {
     const size_t n = layout_.total_count();
-    LAYUP_CHECK(tensors.params.size() == n && tensors.adam_m.size() == n &&
-                    tensors.adam_v.size() == n,
-                "model state has ", tensors.params.size(), " parameters but the model needs ", n);
+    LAYUP_CHECK(
+        tensors.params.size() == n && tensors.adam_m.size() == n && tensors.adam_v.size() == n,
+        "model state has ", tensors.params.size(), " parameters but the model needs ", n);
     device_->copy_to_device(params_.data(), tensors.params.data(), n);
     device_->copy_to_device(adam_m_.data(), tensors.adam_m.data(), n);
     device_->copy_to_device(adam_v_.data(), tensors.adam_v.data(), n);

@@ -14,15 +14,15 @@ void validate_train_options(const TrainOptions& o) {
               " positions; use --seq-len ", o.model.n_positions, " or less");
   LAYUP_CHECK(o.grad_accum >= 1, "--grad-accum must be at least 1 (got ", o.grad_accum, ")");
   LAYUP_CHECK(o.steps >= 1, "--steps must be at least 1 (got ", o.steps, ")");
-  LAYUP_CHECK(o.until_step == -1 || (o.until_step >= 1 && o.until_step <= o.steps),
-              "--until-step ", o.until_step, " must lie between 1 and --steps ", o.steps);
+  LAYUP_CHECK(o.until_step == -1 || (o.until_step >= 1 && o.until_step <= o.steps), "--until-step ",
+              o.until_step, " must lie between 1 and --steps ", o.steps);
   LAYUP_CHECK(o.lr > 0.0f, "--lr must be positive (got ", o.lr, ")");
   LAYUP_CHECK(o.min_lr >= 0.0f && o.min_lr <= o.lr, "--min-lr ", o.min_lr,
               " must lie between 0 and --lr ", o.lr);
   LAYUP_CHECK(o.warmup_steps >= 0 && o.warmup_steps <= o.steps, "--warmup ", o.warmup_steps,
               " must lie between 0 and --steps ", o.steps);
-  LAYUP_CHECK(o.weight_decay >= 0.0f, "--weight-decay must not be negative (got ",
-              o.weight_decay, ")");
+  LAYUP_CHECK(o.weight_decay >= 0.0f, "--weight-decay must not be negative (got ", o.weight_decay,
+              ")");
   LAYUP_CHECK(o.beta1 >= 0.0f && o.beta1 < 1.0f, "--beta1 must lie in [0, 1) (got ", o.beta1, ")");
   LAYUP_CHECK(o.beta2 >= 0.0f && o.beta2 < 1.0f, "--beta2 must lie in [0, 1) (got ", o.beta2, ")");
   LAYUP_CHECK(o.eps > 0.0f, "--eps must be positive (got ", o.eps, ")");
@@ -37,15 +37,24 @@ void validate_train_options(const TrainOptions& o) {
 }
 
 nlohmann::json run_identity(const TrainOptions& o) {
-  return {{"n_layer", o.model.n_layer},   {"n_head", o.model.n_head},
-          {"n_embd", o.model.n_embd},     {"n_positions", o.model.n_positions},
-          {"vocab_size", o.model.vocab_size}, {"batch", o.batch},
-          {"seq_len", o.seq_len},         {"grad_accum", o.grad_accum},
-          {"steps", o.steps},             {"lr", o.lr},
-          {"min_lr", o.min_lr},           {"warmup_steps", o.warmup_steps},
-          {"weight_decay", o.weight_decay}, {"beta1", o.beta1},
-          {"beta2", o.beta2},             {"eps", o.eps},
-          {"clip", o.clip},               {"seed", o.seed}};
+  return {{"n_layer", o.model.n_layer},
+          {"n_head", o.model.n_head},
+          {"n_embd", o.model.n_embd},
+          {"n_positions", o.model.n_positions},
+          {"vocab_size", o.model.vocab_size},
+          {"batch", o.batch},
+          {"seq_len", o.seq_len},
+          {"grad_accum", o.grad_accum},
+          {"steps", o.steps},
+          {"lr", o.lr},
+          {"min_lr", o.min_lr},
+          {"warmup_steps", o.warmup_steps},
+          {"weight_decay", o.weight_decay},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"clip", o.clip},
+          {"seed", o.seed}};
 }
 
 }  // namespace layup

@@ -83,8 +83,8 @@ TrainResult train(TrainOptions options) {
     options.model = resumed.model.config;
     const nlohmann::json wanted = run_identity(options);
     for (const auto& [key, value] : saved.items()) {
-      LAYUP_CHECK(!wanted.contains(key) || wanted[key] == value, "cannot resume '",
-                  resumed_from, "' with a different ", key, ": the checkpoint has ", value.dump(),
+      LAYUP_CHECK(!wanted.contains(key) || wanted[key] == value, "cannot resume '", resumed_from,
+                  "' with a different ", key, ": the checkpoint has ", value.dump(),
                   ", the command line gives ", wanted[key].dump());
     }
     if (options.out_dir.empty()) options.out_dir = fs::path(resumed_from).parent_path().string();
@@ -144,8 +144,8 @@ TrainResult train(TrainOptions options) {
                "accumulation, %d steps, mode %s on %s (%s)\n  run folder: %s\n",
                options.model_name.c_str(), config.n_layer, config.n_head, config.n_embd,
                parameter_count(config) / 1e6, options.batch, options.seq_len, options.grad_accum,
-               options.steps, options.mode.c_str(), options.device.c_str(),
-               options.dtype.c_str(), options.out_dir.c_str());
+               options.steps, options.mode.c_str(), options.device.c_str(), options.dtype.c_str(),
+               options.out_dir.c_str());
   if (!resumed_from.empty()) progress.message("resumed from " + resumed_from);
 
   TrainResult result;
@@ -168,9 +168,8 @@ TrainResult train(TrainOptions options) {
     state.data_rng_state = sampler.state();
     state.tokens_seen = tokens_seen;
     state.options = run_identity(options);
-    result.last_checkpoint = save_checkpoint(options.out_dir, config, layout,
-                                             tensors.params.data(), state,
-                                             options.keep_checkpoints);
+    result.last_checkpoint = save_checkpoint(options.out_dir, config, layout, tensors.params.data(),
+                                             state, options.keep_checkpoints);
     progress.message("checkpoint " + result.last_checkpoint);
   };
 
@@ -197,8 +196,9 @@ TrainResult train(TrainOptions options) {
       progress.finish();
       fail("training diverged at step ", step + 1, ": the loss is ", stats.loss,
            " and the gradient norm ", stats.grad_norm, "; the parameters were not updated",
-           result.last_checkpoint.empty() ? std::string(" and no checkpoint was written")
-                                          : "; the last good checkpoint is " + result.last_checkpoint,
+           result.last_checkpoint.empty()
+               ? std::string(" and no checkpoint was written")
+               : "; the last good checkpoint is " + result.last_checkpoint,
            ". Try a lower --lr (now ", options.lr, ") or a longer --warmup");
     }
     tokens_seen += tokens_per_step;
@@ -214,13 +214,13 @@ TrainResult train(TrainOptions options) {
                {"tokens_per_s", tokens_per_s},
                {"elapsed_s", progress.elapsed_s()}});
     char text[256];
-    std::snprintf(text, sizeof text,
-                  "step %d/%d | loss %.4f | lr %.2e | %.0f ms/step | %s tok/s | elapsed %s | ETA %s",
-                  done, last_step, stats.loss, settings.adamw.hyper.lr, step_s * 1e3,
-                  format_rate(tokens_per_s).c_str(),
-                  ProgressLine::format_duration(progress.elapsed_s()).c_str(),
-                  ProgressLine::format_duration(run_s / (done - start_step) * (last_step - done))
-                      .c_str());
+    std::snprintf(
+        text, sizeof text,
+        "step %d/%d | loss %.4f | lr %.2e | %.0f ms/step | %s tok/s | elapsed %s | ETA %s", done,
+        last_step, stats.loss, settings.adamw.hyper.lr, step_s * 1e3,
+        format_rate(tokens_per_s).c_str(),
+        ProgressLine::format_duration(progress.elapsed_s()).c_str(),
+        ProgressLine::format_duration(run_s / (done - start_step) * (last_step - done)).c_str());
     progress.update(done, text);
 
     const bool last = done == last_step;
@@ -232,14 +232,13 @@ TrainResult train(TrainOptions options) {
   result.steps_done = last_step;
 
   if (options.sample_tokens > 0 && last_step == options.steps) {
-    std::unique_ptr<Schedule>& model = schedule;
     Rng rng(options.seed + 1);
     std::vector<int32_t> prompt = tokenizer.encode(options.sample_prompt);
     if (prompt.empty()) prompt.push_back(tokenizer.eot_token());
-    const std::vector<int32_t> tokens = generate(
-        [&](const TokenBatch& batch) { return model->forward_logits(batch); }, prompt,
-        options.seq_len, config.vocab_size, config.padded_vocab_size,
-        {options.sample_tokens, options.temperature, options.top_k}, rng);
+    const std::vector<int32_t> tokens =
+        generate([&](const TokenBatch& batch) { return schedule->forward_logits(batch); }, prompt,
+                 options.seq_len, config.vocab_size, config.padded_vocab_size,
+                 {options.sample_tokens, options.temperature, options.top_k}, rng);
     result.sample = tokenizer.decode(tokens);
     log.write({{"sample", result.sample}});
   }
