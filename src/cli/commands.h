@@ -8,5 +8,6 @@ namespace layup {
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace layup

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# The CUDA speed benchmark on one H200, in one call: builds layup with the CUDA backend, then for
+# each config runs `layup bench` and the PyTorch peer (eager and torch.compile) on the same
+# B x T, and prints a markdown table of tokens/s with the ratios layup / peer.
+#
+#   bench/run_h200.sh                          # gpt2:32 gpt2-medium:16 gpt2-large:8 gpt2-xl:4
+#   CONFIGS="gpt2:32 gpt2-medium:16" bench/run_h200.sh
+#
+# Environment: CONFIGS (model:batch ...), SEQ_LEN (1024), WARMUP (3), STEPS (10), BUDGET_S (540:
+# the whole script's wall-clock budget; every command runs under `timeout` with what is left, at
+# most COMMAND_LIMIT_S (180) each),
+# PYTHON (python3, the one with PyTorch), BUILD (build-h200 in the repository), OUT (where the
+# results go; else the build folder). Dependencies come from .carry/ as in
+# src/backend/cuda/run_gpu_tests.sh. Writes four files: build.log, bench.log (every command's
+# output), results.json (a list of every run's JSON object) and summary.md (the table).
+set -uo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD:-$repo/build-h200}
+out=${OUT:-$build}
+configs=${CONFIGS:-"gpt2:32 gpt2-medium:16 gpt2-large:8 gpt2-xl:4"}
+seq_len=${SEQ_LEN:-1024}
+warmup=${WARMUP:-3}
+steps=${STEPS:-10}
+budget_s=${BUDGET_S:-540}
+command_limit_s=${COMMAND_LIMIT_S:-180}
+python=${PYTHON:-python3}
+mkdir -p "$build" "$out"
+export PATH="/usr/local/cuda/bin:$PATH"
+runs=$(mktemp -d)  # one JSON per run, combined into results.json at the end
+log=$out/bench.log
+: > "$log"
+
+# Seconds left for a command: the budget minus what has run, less a margin for the summary.
+left() { echo $((budget_s - SECONDS - 10)); }
+
+run_timed() {  # name, command...: under timeout with what is left; output appended to bench.log
+  local name=$1
+  shift
+  local limit
+  limit=$(left)
+  [ "$limit" -gt "$command_limit_s" ] && limit=$command_limit_s
+  if [ "$limit" -lt 20 ]; then
+    echo "=== $name: skipped, the budget is spent" | tee -a "$log"
+    return 1
+  fi
+  echo "=== $name (timeout ${limit} s): $*" | tee -a "$log"
+  local started=$SECONDS
+  timeout "$limit" "$@" >> "$log" 2>&1
+  local result=$?
+  echo "=== $name: exit $result after $((SECONDS - started)) s" | tee -a "$log"
+  return $result
+}
+
+cmake_args=(-DCMAKE_BUILD_TYPE=Release -DLAYUP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+prefixes=()
+for prefix in "$repo/.carry/usr" "$repo/.carry"; do
+  if [ -d "$prefix/include" ]; then
+    prefixes+=("$prefix")
+    export CPATH="$prefix/include${CPATH:+:$CPATH}"
+  fi
+done
+if [ ${#prefixes[@]} -gt 0 ]; then
+  cmake_args+=("-DCMAKE_PREFIX_PATH=$(IFS=';'; echo "${prefixes[*]}")")
+fi
+if [ -d "$repo/.carry/googletest" ]; then
+  cmake_args+=("-DLAYUP_GTEST_SOURCE=$repo/.carry/googletest")
+fi
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 |
+  tee -a "$log"
+echo "=== build (log: $out/build.log)"
+{
+  timeout "$(left)" cmake -S "$repo" -B "$build" "${cmake_args[@]}" &&
+    timeout "$(left)" cmake --build "$build" -j"$(nproc)" --target layup
+} > "$out/build.log" 2>&1
+if [ $? -ne 0 ]; then
+  tail -n 40 "$out/build.log"
+  echo "build failed after $SECONDS s"
+  exit 1
+fi
+echo "=== build: done after $SECONDS s"
+
+for config in $configs; do
+  model=${config%%:*}
+  batch=${config##*:}
+  common=(--model "$model" --batch "$batch" --seq-len "$seq_len" --warmup "$warmup"
+          --steps "$steps")
+  run_timed "layup $model B=$batch" "$build/layup" bench "${common[@]}" --device cuda \
+    --dtype bf16 --json "$runs/$model-layup.json"
+  run_timed "pytorch eager $model B=$batch" "$python" "$repo/bench/pytorch_peer.py" \
+    "${common[@]}" --device cuda --json "$runs/$model-eager.json"
+  run_timed "pytorch compile $model B=$batch" "$python" "$repo/bench/pytorch_peer.py" \
+    "${common[@]}" --device cuda --compile --json "$runs/$model-compile.json"
+done
+
+"$python" - "$runs" "$out" "$configs" <<'PY'
+import glob, json, os, sys
+
+runs_dir, out_dir, configs = sys.argv[1], sys.argv[2], sys.argv[3].split()
+results = []
+for path in sorted(glob.glob(os.path.join(runs_dir, "*.json"))):
+    with open(path) as f:
+        results.append(json.load(f))
+with open(os.path.join(out_dir, "results.json"), "w") as f:
+    json.dump(results, f, indent=2)
+
+def find(model, engine):
+    for r in results:
+        if r["model"] == model and r["engine"] == engine:
+            return r
+    return None
+
+def tps(r):
+    return f"{r['tokens_per_s']:,.0f}" if r else "-"
+
+def ratio(a, b):
+    return f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}" if a and b else "-"
+
+def gib(r):
+    return f"{r['memory_peak_bytes'] / 2**30:.1f}" if r else "-"
+
+def mfu(r):
+    return f"{100 * r['mfu']:.1f}%" if r and r.get("mfu") is not None else "-"
+
+lines = [
+    "| config | B x T | layup tok/s | eager tok/s | compile tok/s | layup/eager | layup/compile "
+    "| layup ms/step | layup MFU | compile MFU | layup GiB* | compile GiB** |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
+]
+for config in configs:
+    model, batch = config.split(":")
+    lay, eager, comp = (find(model, e) for e in ("layup", "pytorch-eager", "pytorch-compile"))
+    any_run = lay or eager or comp
+    bt = f"{batch} x {any_run['seq_len']}" if any_run else batch
+    lay_ms = f"{lay['median_ms']:.1f}" if lay else "-"
+    lines.append(
+        f"| {model} | {bt} | {tps(lay)} | {tps(eager)} | {tps(comp)} | {ratio(lay, eager)} "
+        f"| {ratio(lay, comp)} | {lay_ms} | {mfu(lay)} | {mfu(comp)} | {gib(lay)} | {gib(comp)} |")
+gpu = next((r["device_name"] for r in results if r.get("device") == "cuda"), "unknown GPU")
+commit = next((r["git_commit"] for r in results), "unknown")
+lines += [
+    "",
+    f"{gpu}, commit {commit}; tokens/s over the timed steps, median ms/step; MFU against "
+    "989.4 TFLOP/s dense bf16 with 6N + 12LTC FLOPs per token (N = 12LC^2 + VC).",
+    "* layup: GPU memory in use (cudaMemGetInfo total - free), max after each step. "
+    "** PyTorch: torch.cuda.max_memory_allocated.",
+]
+text = "\n".join(lines) + "\n"
+with open(os.path.join(out_dir, "summary.md"), "w") as f:
+    f.write(text)
+print(text)
+PY
+rm -rf "$runs"
+echo "total: $SECONDS s; files in $out: build.log bench.log results.json summary.md"

@@ -1,0 +1,80 @@
+// `layup bench`: times training steps on synthetic tokens (train/benchmark.h) and prints a table,
+// and with --json writes the result, command line and machine into a file.
+#include <omp.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <span>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "train/benchmark.h"
+
+namespace layup {
+
+namespace {
+
+struct BenchFlags {
+  BenchmarkOptions options;
+  std::string json_path;
+  int threads = 0;
+};
+
+// The process's own command line, as the kernel has it (arguments joined by spaces).
+std::string own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!text.empty() && text.back() == '\0') text.pop_back();
+  for (char& c : text)
+    if (c == '\0') c = ' ';
+  return text;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto flags = std::make_shared<BenchFlags>();
+  BenchmarkOptions& o = flags->options;
+  CLI::App* cmd = app.add_subcommand(
+      "bench",
+      "Time training steps (forward, backward, AdamW) of a freshly initialized GPT-2 on synthetic "
+      "tokens: tokens/s, ms/step, MFU and device memory.");
+  cmd->add_option("--model", o.model_name,
+                  "Named config: small, gpt2, gpt2-medium, gpt2-large, "
+                  "gpt2-xl")
+      ->capture_default_str();
+  cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
+  cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();
+  cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
+  cmd->add_option("--warmup", o.warmup_steps, "Untimed steps first")->capture_default_str();
+  cmd->add_option("--steps", o.steps, "Timed steps")->capture_default_str();
+  cmd->add_option("--device", o.device, "auto, cpu or cuda")->capture_default_str();
+  cmd->add_option("--dtype", o.dtype, "auto, fp32 or bf16 (auto: bf16 on cuda, fp32 on cpu)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the initialization and the synthetic tokens")
+      ->capture_default_str();
+  cmd->add_option("--json", flags->json_path, "Also write the result as one JSON object here");
+  cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
+
+  cmd->callback([flags]() {
+    BenchmarkOptions options = flags->options;
+    options.model = named_config(options.model_name);
+    LAYUP_CHECK(flags->threads >= 0, "--threads must not be negative");
+    if (flags->threads > 0) omp_set_num_threads(flags->threads);
+
+    std::fprintf(stderr, "layup bench: %s, batch %dx%d, %d warm-up + %d timed steps\n",
+                 options.model_name.c_str(), options.batch, options.seq_len, options.warmup_steps,
+                 options.steps);
+    const BenchmarkResult result = run_benchmark(options);
+    std::printf("%s", format_benchmark_table(options, result).c_str());
+    if (!flags->json_path.empty()) {
+      const std::string text = benchmark_json(options, result, own_command_line()).dump(2) + "\n";
+      write_file_atomically(flags->json_path, std::as_bytes(std::span(text.data(), text.size())));
+      std::printf("  %-22s %s\n", "json", flags->json_path.c_str());
+    }
+  });
+}
+
+}  // namespace layup

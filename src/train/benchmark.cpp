@@ -1,0 +1,293 @@
+// `layup bench`: synthetic-token training steps of the `gpu` schedule, timed; see benchmark.h.
+#include "train/benchmark.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <memory>
+
+#include "backend/backend_factory.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/token_dataset.h"
+#include "model/init.h"
+#include "model/parameter_layout.h"
+#include "schedule/schedule.h"
+
+#ifdef LAYUP_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace layup {
+
+namespace {
+
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) {
+        const size_t start = line.find_first_not_of(' ', colon + 1);
+        return start == std::string::npos ? "" : line.substr(start);
+      }
+    }
+  }
+  return "unknown";
+}
+
+std::string gpu_name() {
+#ifdef LAYUP_HAVE_CUDA
+  int device = 0;
+  cudaDeviceProp properties{};
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaGetDeviceProperties(&properties, device) == cudaSuccess)
+    return properties.name;
+#endif
+  return "unknown";
+}
+
+// Bytes in use on the current GPU (total - free: every process's allocations), or -1.
+long long cuda_used_bytes() {
+#ifdef LAYUP_HAVE_CUDA
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+    return static_cast<long long>(total_bytes - free_bytes);
+#endif
+  return -1;
+}
+
+long long process_peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<long long>(usage.ru_maxrss) * 1024;  // Linux reports kilobytes
+}
+
+std::string hostname() {
+  char name[256] = {};
+  return gethostname(name, sizeof name - 1) == 0 ? name : "unknown";
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return text;
+}
+
+// The commit of the source tree this binary was built from, or "unknown".
+std::string git_commit() {
+  const std::string source_dir = std::string(LAYUP_DATA_DIR) + "/..";
+  const std::string command = "git -C '" + source_dir + "' rev-parse HEAD 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return "unknown";
+  char line[128] = {};
+  const bool got = std::fgets(line, sizeof line, pipe) != nullptr;
+  const int status = pclose(pipe);
+  std::string commit = got ? line : "";
+  while (!commit.empty() && (commit.back() == '\n' || commit.back() == '\r')) commit.pop_back();
+  return status == 0 && commit.size() == 40 ? commit : "unknown";
+}
+
+std::string format_bytes(long long bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return text;
+}
+
+}  // namespace
+
+double training_flops_per_token(const Gpt2Config& config, int seq_len) {
+  const double L = config.n_layer, C = config.n_embd, V = config.vocab_size, T = seq_len;
+  const double matmul_weights = 12.0 * L * C * C + V * C;
+  return 6.0 * matmul_weights + 12.0 * L * T * C;
+}
+
+double bf16_peak_flops(const std::string& device_name) {
+  // Dense (no sparsity) bf16 tensor-core peaks of the SXM parts, from NVIDIA's data sheets.
+  if (device_name.find("H100") != std::string::npos ||
+      device_name.find("H200") != std::string::npos)
+    return 989.4e12;
+  return 0.0;
+}
+
+BenchmarkResult run_benchmark(const BenchmarkOptions& options) {
+  const Gpt2Config& config = options.model;
+  validate_config(config);
+  LAYUP_CHECK(options.batch > 0 && options.seq_len > 0, "--batch and --seq-len must be positive");
+  LAYUP_CHECK(options.seq_len <= config.n_positions, "--seq-len ", options.seq_len,
+              " is longer than the model's context of ", config.n_positions, " positions");
+  LAYUP_CHECK(options.grad_accum > 0, "--grad-accum must be positive");
+  LAYUP_CHECK(options.steps > 0 && options.warmup_steps >= 0,
+              "--steps must be positive and --warmup not negative");
+
+  BenchmarkResult result;
+  const ComputeTarget target = resolve_compute_target({options.device, options.dtype});
+  result.device = target.device;
+  result.dtype = target.dtype;
+  const bool on_cuda = target.device == "cuda";
+  result.device_name = on_cuda ? gpu_name() : cpu_model_name();
+  if (on_cuda) {
+    result.memory_source =
+        "cudaMemGetInfo total-free, whole GPU, max after each step (all processes)";
+    result.memory_before_bytes = cuda_used_bytes();
+  } else {
+    result.memory_source = "peak resident set of the process (getrusage)";
+    result.memory_before_bytes = process_peak_rss_bytes();
+  }
+  auto sample_memory = [&] {
+    const long long now = on_cuda ? cuda_used_bytes() : process_peak_rss_bytes();
+    result.memory_peak_bytes = std::max(result.memory_peak_bytes, now);
+  };
+
+  const ParameterLayout layout(config);
+  BackendAndDevice compute = make_backend(target, config, options.batch, options.seq_len);
+  std::unique_ptr<Schedule> schedule =
+      make_gpu_schedule(std::move(compute.backend), std::move(compute.device), layout);
+  OptimizerTensors fresh;
+  fresh.params.resize(layout.total_count());
+  init_parameters(layout, fresh.params.data(), options.seed);
+  fresh.adam_m.assign(layout.total_count(), 0.0f);
+  fresh.adam_v.assign(layout.total_count(), 0.0f);
+  schedule->import_tensors(fresh);
+  fresh = {};
+
+  // Uniform random token ids, the same for every step: the timing does not depend on the values.
+  Rng rng(options.seed);
+  std::vector<TokenBatchBuffer> buffers(options.grad_accum);
+  std::vector<TokenBatch> micro_batches;
+  const size_t tokens = static_cast<size_t>(options.batch) * options.seq_len;
+  for (TokenBatchBuffer& buffer : buffers) {
+    buffer.batch = options.batch;
+    buffer.seq_len = options.seq_len;
+    buffer.inputs.resize(tokens);
+    buffer.targets.resize(tokens);
+    for (size_t i = 0; i < tokens; ++i) {
+      buffer.inputs[i] = static_cast<int32_t>(rng.below(config.vocab_size));
+      buffer.targets[i] = static_cast<int32_t>(rng.below(config.vocab_size));
+    }
+    micro_batches.push_back(buffer.view());
+  }
+  result.tokens_per_step = static_cast<long long>(tokens) * options.grad_accum;
+
+  UpdateSettings settings;
+  settings.adamw.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  settings.clip_max_norm = 1.0f;
+  for (int step = 0; step < options.warmup_steps + options.steps; ++step) {
+    settings.adamw.t = step + 1;
+    const auto start = std::chrono::steady_clock::now();
+    const StepStats stats = schedule->step(micro_batches, settings);
+    const auto end = std::chrono::steady_clock::now();
+    sample_memory();
+    result.last_loss = stats.loss;
+    if (step >= options.warmup_steps)
+      result.step_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+  }
+
+  result.median_ms = median_of(result.step_ms);
+  result.min_ms = *std::min_element(result.step_ms.begin(), result.step_ms.end());
+  result.max_ms = *std::max_element(result.step_ms.begin(), result.step_ms.end());
+  for (double ms : result.step_ms) result.total_s += ms / 1e3;
+  result.tokens_per_s =
+      result.tokens_per_step * static_cast<double>(result.step_ms.size()) / result.total_s;
+  result.flops_per_token = training_flops_per_token(config, options.seq_len);
+  result.achieved_flops = result.flops_per_token * result.tokens_per_s;
+  // The bf16 peak is the honest yardstick for a bf16 run only; no CPU peak is claimed.
+  result.peak_flops = on_cuda ? bf16_peak_flops(result.device_name) : 0.0;
+  result.mfu = result.peak_flops > 0 ? result.achieved_flops / result.peak_flops : 0.0;
+  return result;
+}
+
+std::string format_benchmark_table(const BenchmarkOptions& options, const BenchmarkResult& result) {
+  std::string table;
+  auto row = [&](const char* name, const std::string& value) {
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-22s %s\n", name, value.c_str());
+    table += line;
+  };
+  auto number = [](const char* format, double value) {
+    char text[64];
+    std::snprintf(text, sizeof text, format, value);
+    return std::string(text);
+  };
+  row("config", options.model_name + " (" + std::to_string(options.model.n_layer) + " layers, " +
+                    std::to_string(options.model.n_head) + " heads, width " +
+                    std::to_string(options.model.n_embd) + ")");
+  row("B x T x accumulation", std::to_string(options.batch) + " x " +
+                                  std::to_string(options.seq_len) + " x " +
+                                  std::to_string(options.grad_accum));
+  row("device / dtype", result.device + " (" + result.device_name + ") / " + result.dtype);
+  row("steps", std::to_string(options.warmup_steps) + " warm-up, " +
+                   std::to_string(result.step_ms.size()) + " timed");
+  row("tokens/s", number("%.0f", result.tokens_per_s));
+  row("ms/step", number("median %.2f", result.median_ms) + number(", min %.2f", result.min_ms) +
+                     number(", max %.2f", result.max_ms));
+  row("FLOPs/token", number("%.4g (6N + 12LTC, N = matmul weights)", result.flops_per_token));
+  row("achieved", number("%.2f TFLOP/s", result.achieved_flops / 1e12));
+  row("MFU", result.peak_flops > 0
+                 ? number("%.1f%%", 100.0 * result.mfu) +
+                       number(" of %.1f TFLOP/s dense bf16", result.peak_flops / 1e12)
+                 : std::string("n/a (no known peak for this device)"));
+  row("memory peak", format_bytes(result.memory_peak_bytes) +
+                         " (before: " + format_bytes(result.memory_before_bytes) + "; " +
+                         result.memory_source + ")");
+  row("last loss", number("%.4f", result.last_loss));
+  return table;
+}
+
+nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkResult& result,
+                              const std::string& command_line) {
+  return {
+      {"engine", "layup"},
+      {"command_line", command_line},
+      {"model", options.model_name},
+      {"n_layer", options.model.n_layer},
+      {"n_head", options.model.n_head},
+      {"n_embd", options.model.n_embd},
+      {"batch", options.batch},
+      {"seq_len", options.seq_len},
+      {"grad_accum", options.grad_accum},
+      {"warmup_steps", options.warmup_steps},
+      {"steps", options.steps},
+      {"seed", options.seed},
+      {"device", result.device},
+      {"dtype", result.dtype},
+      {"device_name", result.device_name},
+      {"tokens_per_step", result.tokens_per_step},
+      {"step_ms", result.step_ms},
+      {"median_ms", result.median_ms},
+      {"min_ms", result.min_ms},
+      {"max_ms", result.max_ms},
+      {"tokens_per_s", result.tokens_per_s},
+      {"flops_per_token", result.flops_per_token},
+      {"flops_formula", "6N + 12LTC, N = 12LC^2 + VC (matmul weights, V = 50257, tied head)"},
+      {"achieved_tflops", result.achieved_flops / 1e12},
+      {"peak_tflops",
+       result.peak_flops > 0 ? nlohmann::json(result.peak_flops / 1e12) : nlohmann::json(nullptr)},
+      {"mfu", result.peak_flops > 0 ? nlohmann::json(result.mfu) : nlohmann::json(nullptr)},
+      {"memory_source", result.memory_source},
+      {"memory_before_bytes", result.memory_before_bytes},
+      {"memory_peak_bytes", result.memory_peak_bytes},
+      {"last_loss", result.last_loss},
+      {"machine",
+       {{"hostname", hostname()},
+        {"cpu", cpu_model_name()},
+        {"gpu", result.device == "cuda" ? result.device_name : std::string("none")}}},
+      {"date", utc_now()},
+      {"git_commit", git_commit()},
+  };
+}
+
+}  // namespace layup

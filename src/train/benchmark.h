@@ -1,0 +1,77 @@
+// `layup bench`: times training steps of the `gpu` schedule on synthetic tokens and reports
+// throughput, step time, model FLOP utilization (MFU) and device memory.
+//
+// The model is freshly initialized (model/init.h) and the tokens are uniform random ids from a
+// fixed seed, so a benchmark needs no data and measures only the engine. Each timed step is
+// wall-clock (steady_clock) around Schedule::step, which returns after the loss is read back
+// and so after the device has finished the step.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/gpt2_config.h"
+
+namespace layup {
+
+struct BenchmarkOptions {
+  std::string model_name = "gpt2";
+  Gpt2Config model;
+  int batch = 32;      // B
+  int seq_len = 1024;  // T
+  int grad_accum = 1;
+  int warmup_steps = 3;
+  int steps = 10;
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string dtype = "auto";   // auto | fp32 | bf16
+  uint64_t seed = 1337;
+};
+
+// Training FLOPs per token, forward + backward, by the PaLM paper's count (Chowdhery et al. 2022,
+// appendix B), which llm.c also uses:
+//   6 N + 12 L T C
+// N = the weights of the matmuls: 12 L C^2 in the blocks (qkv 3C^2, projection C^2, MLP 8C^2)
+// plus V C for the tied LM head, V the real vocabulary (50257; the padded rows do no useful
+// work). Biases, layer norms and the position embedding are left out. 12 L T C is the attention
+// matmuls (QK^T and AV, forward and backward), counted in full, not halved for the causal mask.
+double training_flops_per_token(const Gpt2Config& config, int seq_len);
+
+// The dense bf16 peak of a device in FLOP/s by its name, or 0 when layup does not know it
+// (then MFU is not reported). H100/H200 SXM: 989.4 TFLOP/s.
+double bf16_peak_flops(const std::string& device_name);
+
+struct BenchmarkResult {
+  std::string device;       // cpu | cuda
+  std::string dtype;        // fp32 | bf16
+  std::string device_name;  // the GPU's name, or the CPU model
+  long long tokens_per_step = 0;
+  std::vector<double> step_ms;  // every timed step, in order
+  double median_ms = 0.0, min_ms = 0.0, max_ms = 0.0;
+  double total_s = 0.0;       // sum of the timed steps
+  double tokens_per_s = 0.0;  // timed tokens / total_s
+  double flops_per_token = 0.0;
+  double achieved_flops = 0.0;  // flops_per_token * tokens_per_s
+  double peak_flops = 0.0;      // 0: unknown
+  double mfu = 0.0;             // achieved / peak; 0 when the peak is unknown
+  // Device memory: on CUDA, (total - free) from cudaMemGetInfo, sampled after every step (warm-
+  // up and timed) and before the backend was built; it counts every process on the GPU. On the
+  // CPU, the process's peak resident set (getrusage).
+  std::string memory_source;
+  long long memory_before_bytes = 0;
+  long long memory_peak_bytes = 0;
+  float last_loss = 0.0f;
+};
+
+// Builds the model, backend and schedule, runs the warm-up then the timed steps.
+BenchmarkResult run_benchmark(const BenchmarkOptions& options);
+
+// The result as a table for a terminal.
+std::string format_benchmark_table(const BenchmarkOptions& options, const BenchmarkResult& result);
+
+// Everything in the table, plus the command line, machine, date and git commit.
+nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkResult& result,
+                              const std::string& command_line);
+
+}  // namespace layup

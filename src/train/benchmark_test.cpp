@@ -1,0 +1,113 @@
+// `layup bench`'s measurement on a tiny model on the CPU, and its FLOP count pinned by hand.
+#include "train/benchmark.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace layup {
+namespace {
+
+BenchmarkOptions tiny_options() {
+  BenchmarkOptions options;
+  options.model_name = "tiny";
+  options.model.n_layer = 2;
+  options.model.n_head = 2;
+  options.model.n_embd = 32;
+  options.model.n_positions = 32;
+  options.model.vocab_size = 300;
+  options.model.padded_vocab_size = pad_vocab_size(300);
+  options.batch = 2;
+  options.seq_len = 16;
+  options.grad_accum = 2;
+  options.warmup_steps = 1;
+  options.steps = 4;
+  options.device = "cpu";
+  options.dtype = "fp32";
+  return options;
+}
+
+TEST(Benchmark, FlopsPerTokenOfGpt2) {
+  // gpt2: L = 12, C = 768, V = 50257, T = 1024.
+  //   N = 12 * 12 * 768^2 + 50257 * 768 = 84,934,656 + 38,597,376 = 123,532,032
+  //   6N = 741,192,192;  12 L T C = 12 * 12 * 1024 * 768 = 113,246,208
+  EXPECT_DOUBLE_EQ(training_flops_per_token(named_config("gpt2"), 1024), 854438400.0);
+}
+
+TEST(Benchmark, KnownPeaks) {
+  EXPECT_DOUBLE_EQ(bf16_peak_flops("NVIDIA H200"), 989.4e12);
+  EXPECT_DOUBLE_EQ(bf16_peak_flops("NVIDIA H100 80GB HBM3"), 989.4e12);
+  EXPECT_EQ(bf16_peak_flops("AMD EPYC 7B13"), 0.0);
+}
+
+TEST(Benchmark, TimesStepsOnTheCpu) {
+  const BenchmarkOptions options = tiny_options();
+  const BenchmarkResult result = run_benchmark(options);
+  EXPECT_EQ(result.device, "cpu");
+  EXPECT_EQ(result.dtype, "fp32");
+  ASSERT_EQ(result.step_ms.size(), 4u);
+  EXPECT_EQ(result.tokens_per_step, 2 * 16 * 2);
+  EXPECT_GT(result.tokens_per_s, 0.0);
+  EXPECT_GT(result.min_ms, 0.0);
+  EXPECT_LE(result.min_ms, result.median_ms);
+  EXPECT_LE(result.median_ms, result.max_ms);
+  double total_s = 0.0;
+  for (double ms : result.step_ms) total_s += ms / 1e3;
+  EXPECT_NEAR(result.tokens_per_s, 4.0 * 2 * 16 * 2 / total_s, 1e-9 * result.tokens_per_s);
+  EXPECT_EQ(result.peak_flops, 0.0);  // no CPU peak claimed, so no MFU
+  EXPECT_EQ(result.mfu, 0.0);
+  EXPECT_GT(result.memory_peak_bytes, 0);
+  EXPECT_TRUE(std::isfinite(result.last_loss));
+
+  const std::string table = format_benchmark_table(options, result);
+  EXPECT_NE(table.find("tokens/s"), std::string::npos);
+  EXPECT_NE(table.find("n/a"), std::string::npos);
+
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("layup_bench_test_" + std::to_string(getpid()) + ".json");
+  std::ofstream(path) << benchmark_json(options, result, "layup bench --test").dump(2);
+  std::ifstream in(path);
+  const nlohmann::json parsed = nlohmann::json::parse(in);
+  std::filesystem::remove(path);
+  for (const char* key : {"engine",
+                          "command_line",
+                          "model",
+                          "batch",
+                          "seq_len",
+                          "grad_accum",
+                          "warmup_steps",
+                          "steps",
+                          "device",
+                          "dtype",
+                          "device_name",
+                          "step_ms",
+                          "median_ms",
+                          "min_ms",
+                          "max_ms",
+                          "tokens_per_s",
+                          "flops_per_token",
+                          "mfu",
+                          "memory_peak_bytes",
+                          "memory_source",
+                          "machine",
+                          "date",
+                          "git_commit"})
+    EXPECT_TRUE(parsed.contains(key)) << key;
+  EXPECT_EQ(parsed["command_line"], "layup bench --test");
+  EXPECT_TRUE(parsed["mfu"].is_null());
+  EXPECT_DOUBLE_EQ(parsed["tokens_per_s"].get<double>(), result.tokens_per_s);
+  EXPECT_TRUE(parsed["machine"].contains("hostname"));
+  EXPECT_TRUE(parsed["machine"].contains("cpu"));
+}
+
+TEST(Benchmark, RefusesASequenceLongerThanTheContext) {
+  BenchmarkOptions options = tiny_options();
+  options.seq_len = 64;
+  EXPECT_ANY_THROW(run_benchmark(options));
+}
+
+}  // namespace
+}  // namespace layup
