@@ -51,6 +51,9 @@ class Device {
   virtual void copy_to_device(float* device_dst, const float* host_src, size_t count) = 0;
   virtual void copy_to_host(float* host_dst, const float* device_src, size_t count) = 0;
   virtual void fill_zero(float* device_dst, size_t count) = 0;
+  // device_dst[i] += device_src[i]: one float add per element, so the sum of micro-batch
+  // gradients rounds the same on every device and in every mode.
+  virtual void add(float* device_dst, const float* device_src, size_t count) = 0;
 
   // Sum of squares of x, bitwise reproducible run to run (see optim/grad_norm.h).
   virtual double sum_of_squares(const float* x, size_t count) = 0;

@@ -1,6 +1,15 @@
 // The `gpu` mode: the whole training step on one device, the baseline every mode is measured
 // against. On the CPU backend "the device" is the host; the step is the same.
+//
+// The three modes must give bitwise-identical results on the CPU backend, so this mode uses the
+// same float arithmetic as `offload` and `layup`: the global norm is the sum of per-span sums of
+// squares added in layout order, and with several micro-batches each micro-batch's gradient is
+// computed into zeroed memory and then added to the accumulator with one float add per element,
+// in micro-batch order (Device::add, on the device). Letting the backend accumulate into the same
+// buffer would round differently: its kernels add inside their sums, e.g. GEMM with beta = 1.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "optim/grad_norm.h"
@@ -29,21 +38,33 @@ class GpuSchedule final : public Schedule {
     LAYUP_CHECK(!micro_batches.empty(), "a training step needs at least one micro-batch");
     const ParameterPointers params = layout_.pointers<const float>(params_.data());
     const GradientPointers grads = layout_.pointers(grads_.data());
-    device_->fill_zero(grads_.data(), grads_.count());
+    const bool accumulate = micro_batches.size() > 1;
+    if (accumulate) {
+      if (accumulated_.count() == 0) accumulated_ = device_->allocate(grads_.count());
+      device_->fill_zero(accumulated_.data(), accumulated_.count());
+    }
 
     const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
     double loss_sum = 0.0;
     for (const TokenBatch& batch : micro_batches) {
+      device_->fill_zero(grads_.data(), grads_.count());
       loss_sum += backend_->forward(params, batch);
       backend_->backward_head(params, grads.final_norm, grads.embeddings, loss_scale);
       for (int layer = layout_.config().n_layer - 1; layer >= 0; --layer)
         backend_->backward_block(layer, params, grads.blocks[layer]);
       backend_->backward_embeddings(params, grads.embeddings);
+      if (accumulate) device_->add(accumulated_.data(), grads_.data(), grads_.count());
     }
+    // The update reads the gradient from grads_; swapping the buffers avoids a copy.
+    if (accumulate) std::swap(grads_, accumulated_);
 
     StepStats stats;
     stats.loss = static_cast<float>(loss_sum / micro_batches.size());
-    stats.grad_norm = std::sqrt(device_->sum_of_squares(grads_.data(), grads_.count()));
+    // Per-span sums added in layout order: the fixed order every mode uses.
+    double sum_sq = 0.0;
+    for (const Span& span : layout_.spans())
+      sum_sq += device_->sum_of_squares(grads_.data() + span.offset, span.count);
+    stats.grad_norm = std::sqrt(sum_sq);
     if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm)) return stats;
 
     AdamWStep adamw = settings.adamw;
@@ -90,6 +111,8 @@ class GpuSchedule final : public Schedule {
   std::unique_ptr<Device> device_;
   ParameterLayout layout_;
   DeviceBuffer params_, grads_, adam_m_, adam_v_;
+  // The sum over micro-batches, allocated on the first step that accumulates.
+  DeviceBuffer accumulated_;
 };
 
 }  // namespace

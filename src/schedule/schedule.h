@@ -2,7 +2,8 @@
 // forward, backward and the AdamW update run. The trainer sees only this interface.
 //
 // Modes (shared/DESIGN.md): `gpu` keeps everything on the device and updates after backward;
-// `offload` and `layup` move the optimizer to the CPU (next issues).
+// `offload` and `layup` keep fp32 master weights, the accumulated gradient and the AdamW moments
+// on the host and run AdamW on the CPU. The three modes agree bitwise on the CPU backend.
 #pragma once
 
 #include <cstdint>
@@ -63,5 +64,24 @@ class Schedule {
 std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,
                                             std::unique_ptr<Device> device,
                                             const ParameterLayout& layout);
+
+// The `offload` mode (ZeRO-Offload style baseline): forward and full backward into a whole-model
+// gradient buffer on the device; the gradient is copied to the host span by span, the CPU clips
+// and runs AdamW on host fp32 master weights and moments, and the new weights are copied back.
+// Nothing overlaps.
+std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> backend,
+                                                std::unique_ptr<Device> device,
+                                                const ParameterLayout& layout);
+
+// The `layup` mode (the paper's schedule): the device thread runs backward block by block into two
+// gradient slots (WeightGradSlots); each finished slot goes to cpu_workers CPU threads that
+// stream it into the host's fp32 gradient and run AdamW on that block. Without clipping
+// (clip_max_norm <= 0) blocks are updated during backward, overlapped with it; with clipping the
+// global norm is known at the end of backward and the CPU then updates every block before the
+// step returns (exact, DESIGN.md design (a)). Embeddings and the final norm are updated after
+// backward_embeddings, once.
+std::unique_ptr<Schedule> make_layup_schedule(std::unique_ptr<ModelBackend> backend,
+                                              std::unique_ptr<Device> device,
+                                              const ParameterLayout& layout, int cpu_workers = 2);
 
 }  // namespace layup

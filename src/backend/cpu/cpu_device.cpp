@@ -33,6 +33,10 @@ class CpuDevice final : public Device {
     std::memcpy(dst, src, count * sizeof(float));
   }
   void fill_zero(float* dst, size_t count) override { std::memset(dst, 0, count * sizeof(float)); }
+  void add(float* dst, const float* src, size_t count) override {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < count; ++i) dst[i] += src[i];
+  }
 
   double sum_of_squares(const float* x, size_t count) override {
     return layup::sum_of_squares(x, count);

@@ -91,6 +91,12 @@ __global__ void __launch_bounds__(kAdamThreads)
   }
 }
 
+__global__ void add_kernel(float* dst, const float* src, size_t count) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] += src[i];
+}
+
 class CudaDevice final : public Device {
  public:
   CudaDevice() {
@@ -136,6 +142,13 @@ class CudaDevice final : public Device {
   }
   void fill_zero(float* dst, size_t count) override {
     LAYUP_CUDA_CHECK(cudaMemsetAsync(dst, 0, count * sizeof(float), cudaStreamLegacy));
+  }
+
+  void add(float* dst, const float* src, size_t count) override {
+    if (count == 0) return;
+    const size_t blocks = std::min<size_t>((count + 255) / 256, 65536);
+    add_kernel<<<static_cast<unsigned>(blocks), 256, 0, cudaStreamLegacy>>>(dst, src, count);
+    LAYUP_CUDA_CHECK_LAUNCH();
   }
 
   double sum_of_squares(const float* x, size_t count) override {

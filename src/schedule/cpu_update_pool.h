@@ -1,0 +1,45 @@
+// The CPU workers of the `layup` schedule: a fixed set of threads that run tasks (copy a gradient
+// slot out, accumulate it, run AdamW on one block, copy the new weights back) in the order they
+// were submitted, while the device thread goes on with the backward of the next block.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace layup {
+
+class CpuUpdatePool {
+ public:
+  explicit CpuUpdatePool(int worker_count);
+  ~CpuUpdatePool();
+  CpuUpdatePool(const CpuUpdatePool&) = delete;
+  CpuUpdatePool& operator=(const CpuUpdatePool&) = delete;
+
+  int worker_count() const { return static_cast<int>(workers_.size()); }
+
+  // Queues a task; a free worker takes it (tasks start in submission order).
+  void submit(std::function<void()> task);
+
+  // Waits until every submitted task has finished; rethrows the first exception a task threw
+  // since the last wait.
+  void wait_idle();
+
+ private:
+  void work();
+
+  std::mutex mutex_;
+  std::condition_variable task_ready_;
+  std::condition_variable idle_;
+  std::deque<std::function<void()>> queue_;
+  int running_ = 0;
+  bool stopping_ = false;
+  std::exception_ptr first_error_;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace layup
