@@ -52,20 +52,8 @@ run_timed() {  # name, command...: under timeout with what is left; output appen
   return $result
 }
 
-cmake_args=(-DCMAKE_BUILD_TYPE=Release -DLAYUP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
-prefixes=()
-for prefix in "$repo/.carry/usr" "$repo/.carry"; do
-  if [ -d "$prefix/include" ]; then
-    prefixes+=("$prefix")
-    export CPATH="$prefix/include${CPATH:+:$CPATH}"
-  fi
-done
-if [ ${#prefixes[@]} -gt 0 ]; then
-  cmake_args+=("-DCMAKE_PREFIX_PATH=$(IFS=';'; echo "${prefixes[*]}")")
-fi
-if [ -d "$repo/.carry/googletest" ]; then
-  cmake_args+=("-DLAYUP_GTEST_SOURCE=$repo/.carry/googletest")
-fi
+# shellcheck source=scripts/gpu_cmake_args.sh
+source "$repo/scripts/gpu_cmake_args.sh"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 |
   tee -a "$log"

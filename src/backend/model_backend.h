@@ -66,6 +66,12 @@ class ModelBackend {
   virtual void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) = 0;
 };
 
+// The checks every backend makes on a forward's inputs: parameters for every block, B and T within
+// the sizes the backend was made for, every token id inside the vocabulary. Throws layup::Error
+// naming the backend (e.g. "CPU") and the offending value.
+void check_token_batch(const char* backend_name, const Gpt2Config& config, int max_batch,
+                       int max_seq_len, const ParameterPointers& params, const TokenBatch& batch);
+
 // The fp32 CPU backend (OpenMP), sized for batches up to max_batch x max_seq_len.
 std::unique_ptr<ModelBackend> make_cpu_backend(const Gpt2Config& config, int max_batch,
                                                int max_seq_len);

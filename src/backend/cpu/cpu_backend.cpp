@@ -95,25 +95,7 @@ CpuBackend::CpuBackend(const Gpt2Config& config, int max_batch, int max_seq_len)
 }
 
 void CpuBackend::check_batch(const ParameterPointers& params, const TokenBatch& batch) const {
-  LAYUP_CHECK(params.embeddings && params.final_norm &&
-                  static_cast<int>(params.blocks.size()) == config_.n_layer,
-              "the CPU backend was given parameters for ", params.blocks.size(),
-              " blocks; the model has ", config_.n_layer);
-  LAYUP_CHECK(batch.inputs != nullptr, "the batch has no input tokens");
-  LAYUP_CHECK(batch.batch >= 1 && batch.batch <= max_batch_, "batch of ", batch.batch,
-              " sequences does not fit the CPU backend, which was made for 1..", max_batch_);
-  LAYUP_CHECK(batch.seq_len >= 1 && batch.seq_len <= max_seq_len_, "sequence length ",
-              batch.seq_len, " does not fit the CPU backend, which was made for 1..", max_seq_len_,
-              " (the model's context is ", config_.n_positions, ")");
-  const int count = batch.batch * batch.seq_len;
-  for (int i = 0; i < count; ++i) {
-    LAYUP_CHECK(batch.inputs[i] >= 0 && batch.inputs[i] < config_.vocab_size, "input token ",
-                batch.inputs[i], " at position ", i, " is outside the vocabulary 0..",
-                config_.vocab_size - 1);
-    LAYUP_CHECK(!batch.targets || (batch.targets[i] >= 0 && batch.targets[i] < config_.vocab_size),
-                "target token ", batch.targets[i], " at position ", i,
-                " is outside the vocabulary 0..", config_.vocab_size - 1);
-  }
+  check_token_batch("CPU", config_, max_batch_, max_seq_len_, params, batch);
 }
 
 float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& batch) {

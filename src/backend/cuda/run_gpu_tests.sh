@@ -25,20 +25,8 @@ mkdir -p "$build" "$logs"
 export PATH="/usr/local/cuda/bin:$PATH"
 status=0
 
-cmake_args=(-DCMAKE_BUILD_TYPE=Release -DLAYUP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
-prefixes=()
-for prefix in "$repo/.carry/usr" "$repo/.carry"; do
-  if [ -d "$prefix/include" ]; then
-    prefixes+=("$prefix")
-    export CPATH="$prefix/include${CPATH:+:$CPATH}"
-  fi
-done
-if [ ${#prefixes[@]} -gt 0 ]; then
-  cmake_args+=("-DCMAKE_PREFIX_PATH=$(IFS=';'; echo "${prefixes[*]}")")
-fi
-if [ -d "$repo/.carry/googletest" ]; then
-  cmake_args+=("-DLAYUP_GTEST_SOURCE=$repo/.carry/googletest")
-fi
+# shellcheck source=scripts/gpu_cmake_args.sh
+source "$repo/scripts/gpu_cmake_args.sh"
 
 run_stage() {  # name, command...: runs it with its output in $logs/<name>.log
   local name=$1

@@ -1,0 +1,32 @@
+// Checks shared by every backend.
+#include "backend/model_backend.h"
+
+#include "core/error.h"
+
+namespace layup {
+
+void check_token_batch(const char* backend_name, const Gpt2Config& config, int max_batch,
+                       int max_seq_len, const ParameterPointers& params, const TokenBatch& batch) {
+  LAYUP_CHECK(params.embeddings && params.final_norm &&
+                  static_cast<int>(params.blocks.size()) == config.n_layer,
+              "the ", backend_name, " backend was given parameters for ", params.blocks.size(),
+              " blocks; the model has ", config.n_layer);
+  LAYUP_CHECK(batch.inputs != nullptr, "the batch has no input tokens");
+  LAYUP_CHECK(batch.batch >= 1 && batch.batch <= max_batch, "batch of ", batch.batch,
+              " sequences does not fit the ", backend_name, " backend, which was made for 1..",
+              max_batch);
+  LAYUP_CHECK(batch.seq_len >= 1 && batch.seq_len <= max_seq_len, "sequence length ", batch.seq_len,
+              " does not fit the ", backend_name, " backend, which was made for 1..", max_seq_len,
+              " (the model's context is ", config.n_positions, ")");
+  const int count = batch.batch * batch.seq_len;
+  for (int i = 0; i < count; ++i) {
+    LAYUP_CHECK(batch.inputs[i] >= 0 && batch.inputs[i] < config.vocab_size, "input token ",
+                batch.inputs[i], " at position ", i, " is outside the vocabulary 0..",
+                config.vocab_size - 1);
+    LAYUP_CHECK(!batch.targets || (batch.targets[i] >= 0 && batch.targets[i] < config.vocab_size),
+                "target token ", batch.targets[i], " at position ", i,
+                " is outside the vocabulary 0..", config.vocab_size - 1);
+  }
+}
+
+}  // namespace layup
