@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Copies the header-only build dependencies (Eigen, nlohmann-json, CLI11) and GoogleTest's
-# sources from this Debian machine into .carry/ (git-ignored), for a machine that lacks them and
-# cannot install packages: the GPU machine. There: cmake -DCMAKE_PREFIX_PATH=$PWD/.carry/usr
+# Copies the header-only build dependencies (Eigen, nlohmann-json, CLI11, the cuDNN frontend) and
+# GoogleTest's sources from this Debian machine into .carry/ (git-ignored), for a machine that
+# lacks them and cannot install packages: the GPU machine. The cuDNN frontend's headers come from
+# the pip package nvidia-cudnn-frontend (downloaded here when the test venv does not have it). There: cmake -DCMAKE_PREFIX_PATH=$PWD/.carry/usr
 # -DLAYUP_GTEST_SOURCE=$PWD/.carry/googletest ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,4 +13,9 @@ cp -r /usr/include/eigen3 /usr/include/nlohmann /usr/include/CLI "$carry/usr/inc
 cp -r /usr/share/cmake/CLI11 /usr/share/cmake/nlohmann_json "$carry/usr/share/cmake/"
 cp -r /usr/share/eigen3/cmake "$carry/usr/share/eigen3/"
 cp -r /usr/src/googletest "$carry/googletest"
+frontend=$(mktemp -d)
+pip download -q --no-deps --only-binary=:all: -d "$frontend" nvidia-cudnn-frontend
+python3 -m zipfile -e "$frontend"/nvidia_cudnn_frontend-*.whl "$frontend/wheel"
+cp -r "$frontend/wheel/include/." "$carry/usr/include/"
+rm -rf "$frontend"
 du -sh "$carry"

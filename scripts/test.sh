@@ -18,8 +18,11 @@ if [ "${1:-}" = "--sanitize" ]; then
 fi
 
 venv=${LAYUP_VENV:-$HOME/.cache/layup/venv}
-oracles=(torch transformers tiktoken safetensors numpy pytest regex)
-if ! "$venv/bin/python" -c "import torch, transformers, tiktoken, safetensors, numpy, pytest, regex" 2>/dev/null; then
+# The oracles, and the cuDNN frontend's headers (nvidia-cudnn-frontend; torch brings cuDNN itself),
+# which the CUDA build compiles against for its fused attention.
+oracles=(torch transformers tiktoken safetensors numpy pytest regex nvidia-cudnn-frontend)
+if ! "$venv/bin/python" -c "import torch, transformers, tiktoken, safetensors, numpy, pytest, regex
+import importlib.util; assert importlib.util.find_spec('cudnn')" 2>/dev/null; then
   echo "installing the Python oracles into $venv"
   python3 -m venv "$venv" || { apt-get install -y -qq python3-venv && python3 -m venv "$venv"; }
   "$venv/bin/pip" install -q --upgrade pip

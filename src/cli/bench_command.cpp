@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "train/benchmark.h"
+#include "train/train_options.h"
 
 namespace layup {
 
@@ -18,6 +19,7 @@ namespace {
 
 struct BenchFlags {
   BenchmarkOptions options;
+  std::string clip = "1.0";
   std::string json_path;
   int threads = 0;
 };
@@ -55,18 +57,34 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the initialization and the synthetic tokens")
       ->capture_default_str();
+  cmd->add_option("--mode", o.mode,
+                  "Schedule: gpu (all on the device), offload (AdamW on the CPU after backward, "
+                  "no overlap) or layup (per-block AdamW on the CPU, fed through two gradient "
+                  "slots; overlaps the backward with --clip none; with clipping the updates run "
+                  "after backward, so clipping stays exact)")
+      ->capture_default_str();
+  cmd->add_option("--cpu-workers", o.cpu_workers,
+                  "layup mode: CPU threads that take the gradient slots and run AdamW (the other "
+                  "modes ignore it)")
+      ->capture_default_str();
+  cmd->add_option("--clip", flags->clip, "Global gradient-norm clip threshold, or 'none'")
+      ->capture_default_str();
+  cmd->add_option("--trace", o.trace_path,
+                  "Write a Chrome/Perfetto trace (JSON; open in ui.perfetto.dev) of the first " +
+                      std::to_string(kMaxTracedSteps) + " timed steps here");
   cmd->add_option("--json", flags->json_path, "Also write the result as one JSON object here");
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
 
   cmd->callback([flags]() {
     BenchmarkOptions options = flags->options;
     options.model = named_config(options.model_name);
+    options.clip = parse_clip_flag(flags->clip);
     LAYUP_CHECK(flags->threads >= 0, "--threads must not be negative");
     if (flags->threads > 0) omp_set_num_threads(flags->threads);
 
-    std::fprintf(stderr, "layup bench: %s, batch %dx%d, %d warm-up + %d timed steps\n",
+    std::fprintf(stderr, "layup bench: %s, batch %dx%d, %d warm-up + %d timed steps, mode %s\n",
                  options.model_name.c_str(), options.batch, options.seq_len, options.warmup_steps,
-                 options.steps);
+                 options.steps, options.mode.c_str());
     const BenchmarkResult result = run_benchmark(options);
     std::printf("%s", format_benchmark_table(options, result).c_str());
     if (!flags->json_path.empty()) {

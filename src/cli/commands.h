@@ -9,5 +9,6 @@ void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_adamw_bench_command(CLI::App& app);
 
 }  // namespace layup

@@ -40,17 +40,6 @@ Gpt2Config resolve_model(const TrainFlags& flags, bool model_given) {
   return config;
 }
 
-float parse_clip(const std::string& text) {
-  if (text == "none") return 0.0f;
-  try {
-    size_t used = 0;
-    const float value = std::stof(text, &used);
-    if (used == text.size() && value > 0.0f && std::isfinite(value)) return value;
-  } catch (const std::exception&) {
-  }
-  fail("--clip takes a positive number or 'none' (got '", text, "')");
-}
-
 }  // namespace
 
 void add_train_command(CLI::App& app) {
@@ -125,8 +114,20 @@ void add_train_command(CLI::App& app) {
                   "auto, fp32 or bf16; bf16 computes in bf16 with fp32 master weights and AdamW "
                   "state (auto: bf16 on cuda, fp32 on cpu)")
       ->capture_default_str();
-  cmd->add_option("--mode", o.mode, "Schedule: gpu (offload and layup come next)")
+  cmd->add_option("--mode", o.mode,
+                  "Schedule: gpu (all on the device), offload (AdamW on the CPU after backward, "
+                  "no overlap) or layup (per-block AdamW on the CPU, fed through two gradient "
+                  "slots; overlaps the backward with --clip none; with clipping the updates run "
+                  "after backward, so clipping stays exact). All three train identically, and a "
+                  "run may resume in another mode")
       ->capture_default_str();
+  cmd->add_option("--cpu-workers", o.cpu_workers,
+                  "layup mode: CPU threads that take the gradient slots and run AdamW (the other "
+                  "modes ignore it)")
+      ->capture_default_str();
+  cmd->add_option("--trace", o.trace_path,
+                  "Write a Chrome/Perfetto trace of every step here (JSON; open in "
+                  "ui.perfetto.dev): device work and each CPU worker on tracks of their own");
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
 
   cmd->callback([flags, cmd]() {
@@ -139,7 +140,7 @@ void add_train_command(CLI::App& app) {
                 "--dim and --context");
     options.model = resolve_model(*flags, model_given);
     options.model_name = (cmd->count("--layers") ? "custom" : flags->model);
-    options.clip = parse_clip(flags->clip);
+    options.clip = parse_clip_flag(flags->clip);
     LAYUP_CHECK(flags->threads >= 0, "--threads must not be negative");
     if (flags->threads > 0) omp_set_num_threads(flags->threads);
 
@@ -153,6 +154,7 @@ void add_train_command(CLI::App& app) {
     std::printf("\n");
     if (!result.last_checkpoint.empty())
       std::printf("checkpoint: %s\n", result.last_checkpoint.c_str());
+    if (!options.trace_path.empty()) std::printf("trace: %s\n", options.trace_path.c_str());
     if (!result.sample.empty()) std::printf("\nsample:\n%s\n", result.sample.c_str());
   });
 }

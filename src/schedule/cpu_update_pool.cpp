@@ -7,10 +7,19 @@
 
 namespace layup {
 
+namespace {
+// Set once by each worker thread; a thread belongs to at most one pool.
+thread_local int this_thread_worker_index = -1;
+}  // namespace
+
+int CpuUpdatePool::current_worker() {
+  return this_thread_worker_index;
+}
+
 CpuUpdatePool::CpuUpdatePool(int worker_count) {
   LAYUP_CHECK(worker_count >= 1, "the CPU update pool needs at least one worker, not ",
               worker_count);
-  for (int i = 0; i < worker_count; ++i) workers_.emplace_back([this] { work(); });
+  for (int i = 0; i < worker_count; ++i) workers_.emplace_back([this, i] { work(i); });
 }
 
 CpuUpdatePool::~CpuUpdatePool() {
@@ -39,7 +48,8 @@ void CpuUpdatePool::wait_idle() {
   }
 }
 
-void CpuUpdatePool::work() {
+void CpuUpdatePool::work(int worker_index) {
+  this_thread_worker_index = worker_index;
   std::unique_lock lock(mutex_);
   for (;;) {
     task_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });

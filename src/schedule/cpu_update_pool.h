@@ -1,6 +1,9 @@
 // The CPU workers of the `layup` schedule: a fixed set of threads that run tasks (copy a gradient
 // slot out, accumulate it, run AdamW on one block, copy the new weights back) in the order they
 // were submitted, while the device thread goes on with the backward of the next block.
+//
+// A task can ask which worker runs it (current_worker), e.g. to put its trace span on that
+// worker's track.
 #pragma once
 
 #include <condition_variable>
@@ -22,6 +25,10 @@ class CpuUpdatePool {
 
   int worker_count() const { return static_cast<int>(workers_.size()); }
 
+  // The index (0 .. worker_count-1) of the pool worker calling this, or -1 when the caller is
+  // not a pool worker.
+  static int current_worker();
+
   // Queues a task; a free worker takes it (tasks start in submission order).
   void submit(std::function<void()> task);
 
@@ -30,7 +37,7 @@ class CpuUpdatePool {
   void wait_idle();
 
  private:
-  void work();
+  void work(int worker_index);
 
   std::mutex mutex_;
   std::condition_variable task_ready_;

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "optim/grad_norm.h"
 #include "schedule/schedule.h"
+#include "trace/trace_recorder.h"
 
 namespace layup {
 
@@ -48,11 +49,22 @@ class GpuSchedule final : public Schedule {
     double loss_sum = 0.0;
     for (const TokenBatch& batch : micro_batches) {
       device_->fill_zero(grads_.data(), grads_.count());
-      loss_sum += backend_->forward(params, batch);
-      backend_->backward_head(params, grads.final_norm, grads.embeddings, loss_scale);
-      for (int layer = layout_.config().n_layer - 1; layer >= 0; --layer)
+      {
+        TraceSpan traced(trace_, device_track_, "forward");
+        loss_sum += backend_->forward(params, batch);
+      }
+      {
+        TraceSpan traced(trace_, device_track_, "backward_head");
+        backend_->backward_head(params, grads.final_norm, grads.embeddings, loss_scale);
+      }
+      for (int layer = layout_.config().n_layer - 1; layer >= 0; --layer) {
+        TraceSpan traced(trace_, device_track_, "backward_block", layer);
         backend_->backward_block(layer, params, grads.blocks[layer]);
-      backend_->backward_embeddings(params, grads.embeddings);
+      }
+      {
+        TraceSpan traced(trace_, device_track_, "backward_embeddings");
+        backend_->backward_embeddings(params, grads.embeddings);
+      }
       if (accumulate) device_->add(accumulated_.data(), grads_.data(), grads_.count());
     }
     // The update reads the gradient from grads_; swapping the buffers avoids a copy.
@@ -62,14 +74,18 @@ class GpuSchedule final : public Schedule {
     stats.loss = static_cast<float>(loss_sum / micro_batches.size());
     // Per-span sums added in layout order: the fixed order every mode uses.
     double sum_sq = 0.0;
-    for (const Span& span : layout_.spans())
-      sum_sq += device_->sum_of_squares(grads_.data() + span.offset, span.count);
+    {
+      TraceSpan traced(trace_, device_track_, "grad_norm");
+      for (const Span& span : layout_.spans())
+        sum_sq += device_->sum_of_squares(grads_.data() + span.offset, span.count);
+    }
     stats.grad_norm = std::sqrt(sum_sq);
     if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm)) return stats;
 
     AdamWStep adamw = settings.adamw;
     adamw.grad_scale = stats.clip_factor = clip_factor(stats.grad_norm, settings.clip_max_norm);
     for (const Span& span : layout_.spans()) {
+      TraceSpan traced(trace_, device_track_, adamw_trace_name(span.kind), span.layer);
       device_->adamw_update_span(layout_, span, params_.data() + span.offset,
                                  grads_.data() + span.offset, adam_m_.data() + span.offset,
                                  adam_v_.data() + span.offset, adamw);

@@ -28,10 +28,20 @@
 // of squares in layout order: exactly what `gpu` and `offload` compute, so all three modes agree
 // bitwise on the CPU backend.
 //
+// The host state (master weights, accumulated gradient, moments) is HostOptimizerSchedule's.
+// Workers touch disjoint spans of it; the pool's mutex orders them with the main thread.
+//
+// Trace (set_trace): the device thread's "forward", "backward_head", "wait_slot l" (waiting for
+// a slot's release), "backward_block l", "backward_embeddings" and "consume head" on the track
+// "GPU"; each worker's "consume block l" (copy out, accumulate, release), "adamw block l",
+// "adamw embeddings" and "adamw final_norm" on its track "cpu worker i".
+//
 // Non-finite values: a non-finite loss is known before the last backward, and then nothing is
 // updated, as in the other modes. Without clipping, a non-finite gradient is found only block by
 // block: a block whose gradient is not finite is not updated, but the other blocks were updated
 // during backward and stay updated (the step reports applied = false; `gpu` changes nothing).
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -39,14 +49,16 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "optim/grad_norm.h"
 #include "schedule/cpu_update_pool.h"
-#include "schedule/schedule.h"
+#include "schedule/host_optimizer_schedule.h"
 #include "schedule/weight_grad_slots.h"
+#include "trace/trace_recorder.h"
 
 namespace layup {
 
@@ -56,7 +68,13 @@ namespace {
 // CPU workers overlap with it even when "the device" is the host.
 class DeviceThread {
  public:
-  DeviceThread() : thread_([this] { loop(); }) {}
+  // The OpenMP thread count (--threads) is per thread in libgomp: a new std::thread starts with
+  // the process default, not the creator's setting, so the device thread adopts the creator's.
+  DeviceThread()
+      : thread_([this, omp_threads = omp_get_max_threads()] {
+          omp_set_num_threads(omp_threads);
+          loop();
+        }) {}
   ~DeviceThread() {
     {
       std::lock_guard lock(mutex_);
@@ -108,21 +126,14 @@ class DeviceThread {
   std::thread thread_;  // last: starts after the members it uses exist
 };
 
-class LayupSchedule final : public Schedule {
+class LayupSchedule final : public HostOptimizerSchedule {
  public:
   LayupSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
                 const ParameterLayout& layout, int cpu_workers)
-      : backend_(std::move(backend)),
-        device_(std::move(device)),
-        layout_(layout),
-        params_(device_->allocate(layout.total_count())),
+      : HostOptimizerSchedule(std::move(backend), std::move(device), layout),
         embeddings_grad_(device_->allocate(layout.embeddings().count)),
         final_norm_grad_(device_->allocate(layout.final_norm().count)),
         slots_(*device_, layout.block().count),
-        host_params_(layout.total_count(), 0.0f),
-        host_grads_(layout.total_count(), 0.0f),
-        host_m_(layout.total_count(), 0.0f),
-        host_v_(layout.total_count(), 0.0f),
         head_staging_(std::max(layout.embeddings().count, layout.final_norm().count)),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_updated_(layout.config().n_layer, 0),
@@ -135,6 +146,14 @@ class LayupSchedule final : public Schedule {
       pool_.wait_idle();
     } catch (...) {
     }
+  }
+
+  void set_trace(TraceRecorder* recorder) override {
+    Schedule::set_trace(recorder);
+    worker_tracks_.clear();
+    if (recorder == nullptr) return;
+    for (int worker = 0; worker < pool_.worker_count(); ++worker)
+      worker_tracks_.push_back(recorder->track("cpu worker " + std::to_string(worker)));
   }
 
   std::string name() const override { return "layup"; }
@@ -182,67 +201,68 @@ class LayupSchedule final : public Schedule {
         LAYUP_CHECK(block_updated_[span.layer], "block ", span.layer, " missed its update");
         continue;
       }
-      pool_.submit([this, span, adamw] { update_span(span, adamw); });
+      pool_.submit([this, span, adamw] { update_span(span, adamw, worker_track()); });
     }
     pool_.wait_idle();
     stats.applied = true;
     return stats;
   }
 
-  float evaluate(const TokenBatch& batch) override {
-    return backend_->forward(layout_.pointers<const float>(params_.data()), batch);
-  }
-
-  const float* forward_logits(const TokenBatch& batch) override {
-    backend_->forward(layout_.pointers<const float>(params_.data()), batch);
-    return backend_->logits();
-  }
-
-  OptimizerTensors export_tensors() const override {
-    return OptimizerTensors{host_params_, host_m_, host_v_};
-  }
-
-  void import_tensors(const OptimizerTensors& tensors) override {
-    const size_t n = layout_.total_count();
-    LAYUP_CHECK(
-        tensors.params.size() == n && tensors.adam_m.size() == n && tensors.adam_v.size() == n,
-        "model state has ", tensors.params.size(), " parameters but the model needs ", n);
-    host_params_ = tensors.params;
-    host_m_ = tensors.adam_m;
-    host_v_ = tensors.adam_v;
-    device_->copy_to_device(params_.data(), host_params_.data(), n);
-  }
-
  private:
   size_t embeddings_count() const { return layout_.embeddings().count; }
   size_t final_norm_count() const { return layout_.final_norm().count; }
-  float* span_grads(const Span& span) { return host_grads_.data() + span.offset; }
+
+  // The trace track of the pool worker calling this (0 when not tracing).
+  int worker_track() const {
+    const int worker = CpuUpdatePool::current_worker();
+    return worker >= 0 && worker < static_cast<int>(worker_tracks_.size()) ? worker_tracks_[worker]
+                                                                           : 0;
+  }
 
   // Runs on the device thread: forward and backward of every micro-batch, block gradients
   // through the slots to the workers.
   void device_step(std::span<const TokenBatch> micro_batches, bool overlap,
                    const AdamWStep& unclipped, double& loss_sum) {
-    const ParameterPointers params = layout_.pointers<const float>(params_.data());
+    const ParameterPointers params = device_params();
     const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
     for (size_t k = 0; k < micro_batches.size(); ++k) {
       const bool last = k + 1 == micro_batches.size();
-      loss_sum += backend_->forward(params, micro_batches[k]);
+      {
+        TraceSpan traced(trace_, device_track_, "forward");
+        loss_sum += backend_->forward(params, micro_batches[k]);
+      }
       // The mean loss is complete before the last backward: a non-finite one updates nothing.
       const bool update_blocks =
           overlap && last && std::isfinite(static_cast<float>(loss_sum / micro_batches.size()));
 
       device_->fill_zero(embeddings_grad_.data(), embeddings_grad_.count());
       device_->fill_zero(final_norm_grad_.data(), final_norm_grad_.count());
-      backend_->backward_head(params, final_norm_grad_.data(), embeddings_grad_.data(), loss_scale);
+      {
+        TraceSpan traced(trace_, device_track_, "backward_head");
+        backend_->backward_head(params, final_norm_grad_.data(), embeddings_grad_.data(),
+                                loss_scale);
+      }
       for (int layer = layout_.config().n_layer - 1; layer >= 0; --layer) {
-        const SlotLease lease = slots_.acquire(layer);
-        device_->fill_zero(lease.data, slots_.block_count());
-        backend_->backward_block(layer, params, lease.data);
+        const SlotLease lease = [&] {
+          // How long the device waited for a CPU worker to hand the slot back: the stall the
+          // double buffer costs when the CPU side is slower than a block's backward.
+          TraceSpan traced(trace_, device_track_, "wait_slot", layer);
+          return slots_.acquire(layer);
+        }();
+        {
+          TraceSpan traced(trace_, device_track_, "backward_block", layer);
+          device_->fill_zero(lease.data, slots_.block_count());
+          backend_->backward_block(layer, params, lease.data);
+        }
         pool_.submit([this, lease, last, update_blocks, unclipped] {
           consume_block(lease, last, update_blocks, unclipped);
         });
       }
-      backend_->backward_embeddings(params, embeddings_grad_.data());
+      {
+        TraceSpan traced(trace_, device_track_, "backward_embeddings");
+        backend_->backward_embeddings(params, embeddings_grad_.data());
+      }
+      TraceSpan traced(trace_, device_track_, "consume head");
       add_to_host(embeddings_grad_, layout_.spans().front());
       add_to_host(final_norm_grad_, layout_.spans().back());
     }
@@ -260,6 +280,7 @@ class LayupSchedule final : public Schedule {
     const Span& span = layout_.spans()[1 + lease.layer];
     float* accumulated = span_grads(span);
     {
+      TraceSpan traced(trace_, worker_track(), "consume block", lease.layer);
       // The staging buffer belongs to the slot: it is free for the slot's next holder only
       // after release, so the add comes before it. Release even when the copy throws, so the
       // device thread is not left waiting.
@@ -276,33 +297,19 @@ class LayupSchedule final : public Schedule {
     const double sum_sq = sum_of_squares(accumulated, span.count);
     span_sum_sq_[1 + lease.layer] = sum_sq;
     if (update && std::isfinite(sum_sq)) {
-      update_span(span, adamw);
+      update_span(span, adamw, worker_track());
       block_updated_[lease.layer] = 1;
     }
   }
 
-  // CPU worker: AdamW on one span of the host's master weights, new weights to the device.
-  void update_span(const Span& span, const AdamWStep& adamw) {
-    adamw_update_span(layout_, span, host_params_.data() + span.offset, span_grads(span),
-                      host_m_.data() + span.offset, host_v_.data() + span.offset, adamw);
-    device_->copy_to_device(params_.data() + span.offset, host_params_.data() + span.offset,
-                            span.count);
-  }
-
-  std::unique_ptr<ModelBackend> backend_;
-  std::unique_ptr<Device> device_;
-  ParameterLayout layout_;
-  DeviceBuffer params_;                             // the compute copy the device reads
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
   WeightGradSlots slots_;                           // block gradients, two slots
-  // Host side: fp32 master weights, the accumulated gradient and the AdamW moments, in layout
-  // order. Workers touch disjoint spans; the pool's mutex orders them with the main thread.
-  std::vector<float> host_params_, host_grads_, host_m_, host_v_;
   std::vector<float> slot_staging_[WeightGradSlots::kSlotCount];  // one per slot, owned by the
                                                                   // slot's current holder
   std::vector<float> head_staging_;                               // device thread only
   std::vector<double> span_sum_sq_;  // per span, written by the span's worker
   std::vector<char> block_updated_;  // per block, written by the block's worker
+  std::vector<int> worker_tracks_;   // "cpu worker i" in trace_, by worker index
   bool broken_ = false;
   // Last: threads stop (joined in their destructors) before the state they use goes away.
   CpuUpdatePool pool_;

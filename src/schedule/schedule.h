@@ -4,6 +4,10 @@
 // Modes (shared/DESIGN.md): `gpu` keeps everything on the device and updates after backward;
 // `offload` and `layup` keep fp32 master weights, the accumulated gradient and the AdamW moments
 // on the host and run AdamW on the CPU. The three modes agree bitwise on the CPU backend.
+//
+// Tracing (trace/trace_recorder.h): with set_trace, a schedule records each step's work on the
+// track "GPU" (the thread that issues device work; on the CPU backend, the host thread that plays
+// the device) and its host-side work on the tracks "cpu worker i".
 #pragma once
 
 #include <cstdint>
@@ -18,6 +22,8 @@
 #include "optim/adamw.h"
 
 namespace layup {
+
+class TraceRecorder;
 
 struct StepStats {
   float loss = 0.0f;         // mean over the micro-batches
@@ -57,7 +63,34 @@ class Schedule {
 
   virtual OptimizerTensors export_tensors() const = 0;
   virtual void import_tensors(const OptimizerTensors& tensors) = 0;
+
+  // Records the spans of every later step into `recorder` (null: stop). Call between steps; the
+  // recorder must outlive the steps it records. A schedule with worker threads overrides it to
+  // make their tracks too.
+  virtual void set_trace(TraceRecorder* recorder);
+
+ protected:
+  TraceRecorder* trace_ = nullptr;
+  int device_track_ = 0;  // "GPU" in trace_
 };
+
+// The modes `--mode` takes: gpu, offload, layup.
+const std::vector<std::string>& schedule_modes();
+
+// The schedule of a mode, by name; cpu_workers is used by `layup` only. Throws layup::Error for
+// an unknown mode, naming the ones there are.
+std::unique_ptr<Schedule> make_schedule(const std::string& mode,
+                                        std::unique_ptr<ModelBackend> backend,
+                                        std::unique_ptr<Device> device,
+                                        const ParameterLayout& layout, int cpu_workers);
+
+// One line for logs and reports: what the mode does, with this many CPU workers and this clip
+// threshold (<= 0: none); for `layup`, how clipping is honoured.
+std::string describe_schedule(const std::string& mode, int cpu_workers, float clip_max_norm);
+
+// The trace name of the AdamW update of one span kind: "adamw embeddings", "adamw block" (with the
+// layer as the span's index), "adamw final_norm".
+const char* adamw_trace_name(SpanKind kind);
 
 // The `gpu` mode: parameters, full gradients and AdamW state in the backend's memory; forward,
 // full backward, clip, update.

@@ -1,4 +1,4 @@
-// `layup bench`: synthetic-token training steps of the `gpu` schedule, timed; see benchmark.h.
+// `layup bench`: synthetic-token training steps of a schedule, timed; see benchmark.h.
 #include "train/benchmark.h"
 
 #include <sys/resource.h>
@@ -18,6 +18,8 @@
 #include "model/init.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule.h"
+#include "trace/trace_recorder.h"
+#include "train/memory_usage.h"
 
 #ifdef LAYUP_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -57,22 +59,6 @@ std::string gpu_name() {
     return properties.name;
 #endif
   return "unknown";
-}
-
-// Bytes in use on the current GPU (total - free: every process's allocations), or -1.
-long long cuda_used_bytes() {
-#ifdef LAYUP_HAVE_CUDA
-  size_t free_bytes = 0, total_bytes = 0;
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
-    return static_cast<long long>(total_bytes - free_bytes);
-#endif
-  return -1;
-}
-
-long long process_peak_rss_bytes() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<long long>(usage.ru_maxrss) * 1024;  // Linux reports kilobytes
 }
 
 std::string hostname() {
@@ -132,6 +118,12 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options) {
   LAYUP_CHECK(options.grad_accum > 0, "--grad-accum must be positive");
   LAYUP_CHECK(options.steps > 0 && options.warmup_steps >= 0,
               "--steps must be positive and --warmup not negative");
+  const std::vector<std::string>& modes = schedule_modes();
+  LAYUP_CHECK(std::find(modes.begin(), modes.end(), options.mode) != modes.end(), "--mode ",
+              options.mode, " is not a schedule; use gpu, offload or layup");
+  LAYUP_CHECK(options.cpu_workers >= 1, "--cpu-workers must be at least 1 (got ",
+              options.cpu_workers, ")");
+  if (!options.trace_path.empty()) check_trace_path(options.trace_path);
 
   BenchmarkResult result;
   const ComputeTarget target = resolve_compute_target({options.device, options.dtype});
@@ -142,20 +134,34 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options) {
   if (on_cuda) {
     result.memory_source =
         "cudaMemGetInfo total-free, whole GPU, max after each step (all processes)";
-    result.memory_before_bytes = cuda_used_bytes();
+    result.memory_before_bytes = device_memory_used_bytes();
   } else {
     result.memory_source = "peak resident set of the process (getrusage)";
     result.memory_before_bytes = process_peak_rss_bytes();
   }
   auto sample_memory = [&] {
-    const long long now = on_cuda ? cuda_used_bytes() : process_peak_rss_bytes();
+    const long long now = on_cuda ? device_memory_used_bytes() : process_peak_rss_bytes();
     result.memory_peak_bytes = std::max(result.memory_peak_bytes, now);
   };
 
   const ParameterLayout layout(config);
   BackendAndDevice compute = make_backend(target, config, options.batch, options.seq_len);
+  // Declared before the schedule, which records into it: it must outlive the schedule.
+  std::unique_ptr<TraceRecorder> trace;
   std::unique_ptr<Schedule> schedule =
-      make_gpu_schedule(std::move(compute.backend), std::move(compute.device), layout);
+      make_schedule(options.mode, std::move(compute.backend), std::move(compute.device), layout,
+                    options.cpu_workers);
+  result.schedule = describe_schedule(options.mode, options.cpu_workers, options.clip);
+  int steps_track = 0;
+  if (!options.trace_path.empty()) {
+    trace = std::make_unique<TraceRecorder>();
+    trace->set_recording(false);  // from the first timed step on
+    steps_track = trace->track("steps");
+    schedule->set_trace(trace.get());
+    trace->set_metadata("mode", options.mode);
+    trace->set_metadata("model", options.model_name);
+    trace->set_metadata("schedule", result.schedule);
+  }
   OptimizerTensors fresh;
   fresh.params.resize(layout.total_count());
   init_parameters(layout, fresh.params.data(), options.seed);
@@ -184,16 +190,26 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options) {
 
   UpdateSettings settings;
   settings.adamw.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
-  settings.clip_max_norm = 1.0f;
+  settings.clip_max_norm = options.clip;
   for (int step = 0; step < options.warmup_steps + options.steps; ++step) {
     settings.adamw.t = step + 1;
+    const int timed_step = step - options.warmup_steps;  // negative during warm-up
+    if (trace) trace->set_recording(timed_step >= 0 && timed_step < kMaxTracedSteps);
     const auto start = std::chrono::steady_clock::now();
-    const StepStats stats = schedule->step(micro_batches, settings);
+    const StepStats stats = [&] {
+      TraceSpan traced(trace.get(), steps_track, "timed step", timed_step + 1);
+      return schedule->step(micro_batches, settings);
+    }();
     const auto end = std::chrono::steady_clock::now();
     sample_memory();
     result.last_loss = stats.loss;
     if (step >= options.warmup_steps)
       result.step_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+  }
+
+  if (trace) {
+    result.traced_steps = std::min(options.steps, kMaxTracedSteps);
+    trace->write(options.trace_path);
   }
 
   result.median_ms = median_of(result.step_ms);
@@ -213,9 +229,9 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options) {
 std::string format_benchmark_table(const BenchmarkOptions& options, const BenchmarkResult& result) {
   std::string table;
   auto row = [&](const char* name, const std::string& value) {
-    char line[256];
-    std::snprintf(line, sizeof line, "  %-22s %s\n", name, value.c_str());
-    table += line;
+    char label[64];
+    std::snprintf(label, sizeof label, "  %-22s ", name);
+    table += label + value + "\n";  // values may be long (the schedule's description)
   };
   auto number = [](const char* format, double value) {
     char text[64];
@@ -225,6 +241,7 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
   row("config", options.model_name + " (" + std::to_string(options.model.n_layer) + " layers, " +
                     std::to_string(options.model.n_head) + " heads, width " +
                     std::to_string(options.model.n_embd) + ")");
+  row("mode", result.schedule);
   row("B x T x accumulation", std::to_string(options.batch) + " x " +
                                   std::to_string(options.seq_len) + " x " +
                                   std::to_string(options.grad_accum));
@@ -244,6 +261,9 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
                          " (before: " + format_bytes(result.memory_before_bytes) + "; " +
                          result.memory_source + ")");
   row("last loss", number("%.4f", result.last_loss));
+  if (result.traced_steps > 0)
+    row("trace",
+        options.trace_path + " (timed steps 1-" + std::to_string(result.traced_steps) + ")");
   return table;
 }
 
@@ -262,6 +282,14 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"warmup_steps", options.warmup_steps},
       {"steps", options.steps},
       {"seed", options.seed},
+      {"mode", options.mode},
+      {"cpu_workers",
+       options.mode == "layup" ? nlohmann::json(options.cpu_workers) : nlohmann::json(nullptr)},
+      {"clip", options.clip > 0 ? nlohmann::json(options.clip) : nlohmann::json("none")},
+      {"schedule", result.schedule},
+      {"trace",
+       result.traced_steps > 0 ? nlohmann::json(options.trace_path) : nlohmann::json(nullptr)},
+      {"traced_steps", result.traced_steps},
       {"device", result.device},
       {"dtype", result.dtype},
       {"device_name", result.device_name},

@@ -1,10 +1,13 @@
-// `layup bench`: times training steps of the `gpu` schedule on synthetic tokens and reports
-// throughput, step time, model FLOP utilization (MFU) and device memory.
+// `layup bench`: times training steps of a schedule (--mode gpu, offload or layup) on synthetic
+// tokens and reports throughput, step time, model FLOP utilization (MFU) and device memory.
 //
 // The model is freshly initialized (model/init.h) and the tokens are uniform random ids from a
 // fixed seed, so a benchmark needs no data and measures only the engine. Each timed step is
 // wall-clock (steady_clock) around Schedule::step, which returns after the loss is read back
 // and so after the device has finished the step.
+//
+// With a trace path, the first kMaxTracedSteps timed steps (never the warm-up) are recorded into a
+// Chrome/Perfetto trace (trace/trace_recorder.h): enough to see the pattern, small enough to open.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +30,14 @@ struct BenchmarkOptions {
   std::string device = "auto";  // auto | cpu | cuda
   std::string dtype = "auto";   // auto | fp32 | bf16
   uint64_t seed = 1337;
+  std::string mode = "gpu";  // gpu | offload | layup
+  int cpu_workers = 2;       // layup: CPU threads that consume gradient slots and run AdamW
+  float clip = 1.0f;         // global-norm clip threshold; <= 0: none (layup then overlaps)
+  std::string trace_path;    // empty: no trace
 };
+
+// The timed steps a benchmark's trace records at most.
+constexpr int kMaxTracedSteps = 20;
 
 // Training FLOPs per token, forward + backward, by the PaLM paper's count (Chowdhery et al. 2022,
 // appendix B), which llm.c also uses:
@@ -62,6 +72,8 @@ struct BenchmarkResult {
   long long memory_before_bytes = 0;
   long long memory_peak_bytes = 0;
   float last_loss = 0.0f;
+  std::string schedule;  // describe_schedule(): the mode and how it treats clipping
+  int traced_steps = 0;  // steps in the trace file (0: no trace)
 };
 
 // Builds the model, backend and schedule, runs the warm-up then the timed steps.

@@ -1,7 +1,12 @@
 // Checks of `layup train`'s options.
 #include "train/train_options.h"
 
+#include <algorithm>
+#include <cmath>
+#include <exception>
+
 #include "core/error.h"
+#include "schedule/schedule.h"
 
 namespace layup {
 
@@ -33,7 +38,10 @@ void validate_train_options(const TrainOptions& o) {
   LAYUP_CHECK(o.sample_tokens >= 0, "--sample-tokens must not be negative");
   LAYUP_CHECK(o.temperature > 0.0f, "--temperature must be positive (got ", o.temperature, ")");
   LAYUP_CHECK(o.top_k >= 0, "--top-k must not be negative (0 = the whole vocabulary)");
-  LAYUP_CHECK(o.mode == "gpu", "--mode ", o.mode, " is not implemented yet; use --mode gpu");
+  const std::vector<std::string>& modes = schedule_modes();
+  LAYUP_CHECK(std::find(modes.begin(), modes.end(), o.mode) != modes.end(), "--mode ", o.mode,
+              " is not a schedule; use gpu, offload or layup");
+  LAYUP_CHECK(o.cpu_workers >= 1, "--cpu-workers must be at least 1 (got ", o.cpu_workers, ")");
 }
 
 nlohmann::json run_identity(const TrainOptions& o) {
@@ -55,6 +63,17 @@ nlohmann::json run_identity(const TrainOptions& o) {
           {"eps", o.eps},
           {"clip", o.clip},
           {"seed", o.seed}};
+}
+
+float parse_clip_flag(const std::string& text) {
+  if (text == "none") return 0.0f;
+  try {
+    size_t used = 0;
+    const float value = std::stof(text, &used);
+    if (used == text.size() && value > 0.0f && std::isfinite(value)) return value;
+  } catch (const std::exception&) {
+  }
+  fail("--clip takes a positive number or 'none' (got '", text, "')");
 }
 
 }  // namespace layup

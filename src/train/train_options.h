@@ -54,13 +54,22 @@ struct TrainOptions {
   uint64_t seed = 1337;
   std::string device = "auto";  // auto | cpu | cuda (auto: cuda where usable)
   std::string dtype = "auto";   // auto | fp32 | bf16 (auto: bf16 on cuda, fp32 on cpu)
+  // The schedule (schedule/schedule.h): gpu | offload | layup. Not part of the run's identity: a
+  // checkpoint is the same in every mode, so a run may resume in another mode.
   std::string mode = "gpu";
+  int cpu_workers = 2;     // layup: CPU threads that consume gradient slots and run AdamW
+  std::string trace_path;  // a Chrome/Perfetto trace of every step goes here; empty = none
 };
 
 // Throws layup::Error for contradictory or out-of-range options, naming the flag.
 void validate_train_options(const TrainOptions& options);
 
 // The options that must not change across a resume (model, batch, data, optimizer), as JSON.
+// How the step is computed (mode, CPU workers, device, threads, tracing) may change.
 nlohmann::json run_identity(const TrainOptions& options);
+
+// The value of a --clip flag: a positive threshold, or "none" (0: no clipping). Throws
+// layup::Error for anything else.
+float parse_clip_flag(const std::string& text);
 
 }  // namespace layup

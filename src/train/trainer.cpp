@@ -2,6 +2,7 @@
 // checkpoint; at the end, print a sample.
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -18,7 +19,9 @@
 #include "sample/generate.h"
 #include "schedule/schedule.h"
 #include "tokenizer/bpe_tokenizer.h"
+#include "trace/trace_recorder.h"
 #include "train/corpus_shards.h"
+#include "train/memory_usage.h"
 #include "train/progress_line.h"
 
 namespace layup {
@@ -81,6 +84,8 @@ TrainResult train(TrainOptions options) {
                 "used with `layup sample`");
     const nlohmann::json saved = resumed.state.options;
     options.model = resumed.model.config;
+    // The mode is not part of the identity: checkpoints are parameters and moments in layout
+    // order whatever computed them, so a run may continue in another mode.
     const nlohmann::json wanted = run_identity(options);
     for (const auto& [key, value] : saved.items()) {
       LAYUP_CHECK(!wanted.contains(key) || wanted[key] == value, "cannot resume '", resumed_from,
@@ -91,6 +96,7 @@ TrainResult train(TrainOptions options) {
   }
   validate_train_options(options);
   if (options.out_dir.empty()) options.out_dir = timestamped_run_dir();
+  if (!options.trace_path.empty()) check_trace_path(options.trace_path);
 
   const std::string tokenizer_dir = options.tokenizer_dir.empty()
                                         ? (fs::path(shipped_data_dir()) / "gpt2-tokenizer").string()
@@ -109,8 +115,22 @@ TrainResult train(TrainOptions options) {
   options.dtype = target.dtype;
   const ParameterLayout layout(config);
   BackendAndDevice compute = make_backend(target, config, options.batch, options.seq_len);
+  // Declared before the schedule, which records into it: it must outlive the schedule.
+  std::unique_ptr<TraceRecorder> trace;
   std::unique_ptr<Schedule> schedule =
-      make_gpu_schedule(std::move(compute.backend), std::move(compute.device), layout);
+      make_schedule(options.mode, std::move(compute.backend), std::move(compute.device), layout,
+                    options.cpu_workers);
+  int steps_track = 0;
+  if (!options.trace_path.empty()) {
+    trace = std::make_unique<TraceRecorder>();
+    steps_track = trace->track("steps");
+    schedule->set_trace(trace.get());
+    trace->set_metadata("mode", options.mode);
+    trace->set_metadata("model", options.model_name);
+    trace->set_metadata("device", options.device);
+    trace->set_metadata("schedule",
+                        describe_schedule(options.mode, options.cpu_workers, options.clip));
+  }
 
   int start_step = 0;
   long long tokens_seen = 0;
@@ -141,11 +161,13 @@ TrainResult train(TrainOptions options) {
   ProgressLine progress(stderr, last_step, options.log_every);
   std::fprintf(stderr,
                "layup train: %s (%d layers, %d heads, width %d, %.1fM parameters), batch %dx%d x%d "
-               "accumulation, %d steps, mode %s on %s (%s)\n  run folder: %s\n",
+               "accumulation, %d steps, mode %s on %s (%s)\n  schedule: %s\n  run folder: %s\n",
                options.model_name.c_str(), config.n_layer, config.n_head, config.n_embd,
                parameter_count(config) / 1e6, options.batch, options.seq_len, options.grad_accum,
                options.steps, options.mode.c_str(), options.device.c_str(), options.dtype.c_str(),
+               describe_schedule(options.mode, options.cpu_workers, options.clip).c_str(),
                options.out_dir.c_str());
+  if (trace) std::fprintf(stderr, "  trace: %s (every step)\n", options.trace_path.c_str());
   if (!resumed_from.empty()) progress.message("resumed from " + resumed_from);
 
   TrainResult result;
@@ -178,6 +200,10 @@ TrainResult train(TrainOptions options) {
   std::vector<TokenBatchBuffer> buffers(options.grad_accum);
   std::vector<TokenBatch> micro_batches(options.grad_accum);
   const double start_s = progress.elapsed_s();
+  // Peak memory for the progress line: the GPU's (cudaMemGetInfo, all processes, read after each
+  // step) on cuda, the process's peak resident set on the cpu.
+  const bool on_cuda = options.device == "cuda";
+  long long peak_memory_bytes = 0;
   for (int step = start_step; step < last_step; ++step) {
     for (int i = 0; i < options.grad_accum; ++i) {
       sampler.next(buffers[i]);
@@ -190,8 +216,13 @@ TrainResult train(TrainOptions options) {
     settings.adamw.t = step + 1;
     settings.clip_max_norm = options.clip;
     const double step_start_s = progress.elapsed_s();
-    const StepStats stats = schedule->step(micro_batches, settings);
+    const StepStats stats = [&] {
+      TraceSpan traced(trace.get(), steps_track, "step", step + 1);
+      return schedule->step(micro_batches, settings);
+    }();
     const double step_s = progress.elapsed_s() - step_start_s;
+    peak_memory_bytes = std::max(peak_memory_bytes,
+                                 on_cuda ? device_memory_used_bytes() : process_peak_rss_bytes());
     if (!stats.applied) {
       progress.finish();
       fail("training diverged at step ", step + 1, ": the loss is ", stats.loss,
@@ -212,13 +243,16 @@ TrainResult train(TrainOptions options) {
                {"clip_factor", stats.clip_factor},
                {"step_ms", step_s * 1e3},
                {"tokens_per_s", tokens_per_s},
+               {on_cuda ? "peak_device_bytes" : "peak_rss_bytes", peak_memory_bytes},
                {"elapsed_s", progress.elapsed_s()}});
     char text[256];
     std::snprintf(
         text, sizeof text,
-        "step %d/%d | loss %.4f | lr %.2e | %.0f ms/step | %s tok/s | elapsed %s | ETA %s", done,
-        last_step, stats.loss, settings.adamw.hyper.lr, step_s * 1e3,
-        format_rate(tokens_per_s).c_str(),
+        "step %d/%d | loss %.4f | lr %.2e | %.0f ms/step | %s tok/s | %s %.2f GiB | elapsed %s | "
+        "ETA %s",
+        done, last_step, stats.loss, settings.adamw.hyper.lr, step_s * 1e3,
+        format_rate(tokens_per_s).c_str(), on_cuda ? "gpu mem" : "peak rss",
+        peak_memory_bytes / 1073741824.0,
         ProgressLine::format_duration(progress.elapsed_s()).c_str(),
         ProgressLine::format_duration(run_s / (done - start_step) * (last_step - done)).c_str());
     progress.update(done, text);
@@ -230,6 +264,7 @@ TrainResult train(TrainOptions options) {
   }
   progress.finish();
   result.steps_done = last_step;
+  if (trace) trace->write(options.trace_path);
 
   if (options.sample_tokens > 0 && last_step == options.steps) {
     Rng rng(options.seed + 1);

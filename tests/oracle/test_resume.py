@@ -1,4 +1,7 @@
-"""Resume is exact: 20 steps straight == 10 steps, stop, resume, 10 steps (bit for bit)."""
+"""Resume is exact: 20 steps straight == 10 steps, stop, resume, 10 steps (bit for bit), also when
+the resumed run uses another mode."""
+import pytest
+
 from oracle_util import TINY_RUN, TINY_TRAINING, binary, read_log, run, tiny_shards
 
 
@@ -22,3 +25,32 @@ def test_resume_is_bitwise_identical_to_a_straight_run(tmp_path):
 
     assert losses(tmp_path / "straight") == losses(tmp_path / "split")
     assert len(losses(tmp_path / "straight")) == 20
+
+
+@pytest.mark.parametrize("first_mode, then_mode, clip", [
+    ("layup", "gpu", "1.0"),      # layup with exact clipping (updates after backward)
+    ("offload", "layup", "none"),  # layup with its updates overlapping the backward
+])
+def test_resume_may_change_the_mode(tmp_path, first_mode, then_mode, clip):
+    """Checkpoints do not depend on the mode: 2 steps in one mode, resumed for 2 in another, give
+    the same files as 4 steps in gpu mode (the modes agree bitwise on the CPU backend)."""
+    shards = tiny_shards(tmp_path / "data")
+    common = [binary("layup"), "train", *TINY_RUN, "--steps", "4", "--clip", clip,
+              "--device", "cpu", "--data", shards]
+    run([*common, "--mode", "gpu", "--out", tmp_path / "straight"])
+    run([*common, "--mode", first_mode, "--until-step", "2", "--out", tmp_path / "split"])
+    resumed = run([binary("layup"), "train", "--resume", tmp_path / "split", "--steps", "4",
+                   *TINY_TRAINING, "--clip", clip, "--device", "cpu", "--data", shards,
+                   "--mode", then_mode])
+    assert f"mode {then_mode}" in resumed.stderr
+
+    for name in ("model.safetensors", "training_state.safetensors"):
+        straight = (tmp_path / "straight" / "step-00000004" / name).read_bytes()
+        split = (tmp_path / "split" / "step-00000004" / name).read_bytes()
+        assert straight == split, f"{name} differs after {first_mode} -> {then_mode}"
+
+    def losses(run_dir):
+        return [(r["step"], r["loss"]) for r in read_log(run_dir) if "loss" in r]
+
+    assert losses(tmp_path / "straight") == losses(tmp_path / "split")
+    assert len(losses(tmp_path / "straight")) == 4

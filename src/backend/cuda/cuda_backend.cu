@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -28,6 +29,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/ops/attention.cuh"
+#include "backend/cuda/ops/attention_cudnn.cuh"
 #include "backend/cuda/ops/cast.cuh"
 #include "backend/cuda/ops/classifier.cuh"
 #include "backend/cuda/ops/common.cuh"
@@ -106,6 +108,8 @@ class CudaBackend final : public ModelBackend {
   // The weights the kernels read: the fp32 spans themselves, or their bf16 compute copy.
   SpanPointers<const T> weights(const ParameterPointers& params) const;
   void refresh_compute_weights(const ParameterPointers& params);
+  // cuDNN attention where present, except for single-position sequences, which it rejects.
+  bool use_cudnn_attention(int seq_len) const { return cudnn_attention_ && seq_len > 1; }
   void zero(T* buffer, size_t count) {
     LAYUP_CUDA_CHECK(cudaMemsetAsync(buffer, 0, count * sizeof(T), stream_));
   }
@@ -115,6 +119,12 @@ class CudaBackend final : public ModelBackend {
   int max_batch_, max_seq_len_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::CublasLt> blas_;
+  // bf16 mode: cuDNN's fused attention when this build and machine have it (LAYUP_ATTENTION=layup
+  // chooses layup's own kernel); null means layup's kernel. fp32 always uses layup's kernel.
+  std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
+  // bf16 mode: the MLP's GELU runs in the matmuls' epilogues (matmul.cuh). fp32, the mode that
+  // must match the CPU to 1e-5, keeps the separate GELU op, which computes exactly as the CPU's.
+  bool fuse_gelu_ = false;
 
   void* arena_ = nullptr;
   size_t arena_bytes_ = 0;
@@ -195,6 +205,8 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
     }
   }
 
+  // The carver aligns every buffer to 256 bytes, so only the width decides (matmul_gelu_fusable).
+  fuse_gelu_ = !std::is_same_v<T, float> && (4 * C) % 8 == 0;
   Carver measure(nullptr);
   carve(measure);
   arena_bytes_ = measure.used();
@@ -212,6 +224,19 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
   }
   Carver place(static_cast<char*>(arena_));
   carve(place);
+  if constexpr (!std::is_same_v<T, float>) {
+    const char* choice = std::getenv("LAYUP_ATTENTION");
+    const std::string attention = choice ? choice : "auto";
+    LAYUP_CHECK(attention == "auto" || attention == "cudnn" || attention == "layup",
+                "LAYUP_ATTENTION must be auto, cudnn or layup, not '", attention, "'");
+    std::string why;
+    if (attention != "layup" && cuda::CudnnAttention::available(&why)) {
+      cudnn_attention_ = std::make_unique<cuda::CudnnAttention>(stream_);
+    } else {
+      LAYUP_CHECK(attention != "cudnn",
+                  "LAYUP_ATTENTION=cudnn but cuDNN attention is unavailable: ", why);
+    }
+  }
 
   const size_t host_ints = 5 * BT + 1;
   LAYUP_CUDA_CHECK(cudaMallocHost(&host_ints_, host_ints * sizeof(int32_t)));
@@ -261,7 +286,7 @@ void CudaBackend<T>::carve(Carver& carver) {
   carver.take(d_ln_, BT * C);
   carver.take(d_att_out_, BT * C);
   carver.take(d_qkv_, BT * 3 * C);
-  carver.take(d_fc_gelu_, BT * 4 * C);
+  if (!fuse_gelu_) carver.take(d_fc_gelu_, BT * 4 * C);  // the fused backward needs none
   carver.take(d_fc_, BT * 4 * C);
   carver.take(scratch_, scratch_floats_);
 }
@@ -270,6 +295,7 @@ template <class T>
 CudaBackend<T>::~CudaBackend() {
   // Destructors cannot throw: free what was made and ignore the status.
   if (stream_) cudaStreamSynchronize(stream_);
+  cudnn_attention_.reset();  // it works on stream_, which goes below
   cudaFreeHost(host_losses_);
   cudaFreeHost(host_ints_);
   cudaFree(arena_);
@@ -347,16 +373,26 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
                             BT, C, eps, stream_);
     cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
                          3 * C, stream_);
-    cuda::attention_forward(a.att_out, a.att_lse, a.qkv, B, T_, C, NH, stream_);
+    if (use_cudnn_attention(T_)) {
+      if constexpr (!std::is_same_v<T, float>)
+        cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, B, T_, C, NH);
+    } else {
+      cuda::attention_forward(a.att_out, a.att_lse, a.qkv, B, T_, C, NH, stream_);
+    }
     cuda::matmul_forward(*blas_, branch_out_, a.att_out, p + o.attn_proj_weight,
                          p + o.attn_proj_bias, BT, C, C, stream_);
     cuda::residual_forward(a.residual_mid, x, branch_out_, BT * C, stream_);
 
     cuda::layernorm_forward(a.ln_2, a.ln_2_mean, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight,
                             p + o.ln_2_bias, BT, C, eps, stream_);
-    cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C, 4 * C,
-                         stream_);
-    cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
+    if (fuse_gelu_) {
+      cuda::matmul_gelu_forward(*blas_, a.fc_gelu, a.fc, a.ln_2, p + o.mlp_fc_weight,
+                                p + o.mlp_fc_bias, BT, C, 4 * C, stream_);
+    } else {
+      cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C,
+                           4 * C, stream_);
+      cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
+    }
     cuda::matmul_forward(*blas_, branch_out_, a.fc_gelu, p + o.mlp_proj_weight, p + o.mlp_proj_bias,
                          BT, 4 * C, C, stream_);
     cuda::residual_forward(residual_[l + 1], a.residual_mid, branch_out_, BT * C, stream_);
@@ -440,9 +476,9 @@ void CudaBackend<T>::backward_head(const ParameterPointers& params, float* final
   // the logits once the loss is known.
   cuda::classifier_backward(logits_, logits_, logsumexp_, targets_, BT, V, Vp, dloss, stream_);
   logits_valid_ = false;
-  zero(d_ln_, static_cast<size_t>(BT) * C);
   cuda::matmul_backward(*blas_, d_ln_, embeddings_grad + e.wte, nullptr, logits_, ln_f_,
-                        w.embeddings + e.wte, BT, C, Vp, scratch_, stream_);
+                        w.embeddings + e.wte, BT, C, Vp, scratch_, cuda::InputGradient::kOverwrite,
+                        stream_);
   zero(d_residual_, static_cast<size_t>(BT) * C);
   cuda::layernorm_backward(d_residual_, final_norm_grad + f.weight, final_norm_grad + f.bias, d_ln_,
                            residual_[config_.n_layer], w.final_norm + f.weight, ln_f_mean_,
@@ -466,29 +502,40 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
   const BlockActivations& a = blocks_[layer];
 
   // MLP branch. d_residual_ holds dL/d(block output) = dL/d(MLP output).
-  zero(d_fc_gelu_, static_cast<size_t>(BT) * 4 * C);
-  cuda::matmul_backward(*blas_, d_fc_gelu_, g + o.mlp_proj_weight, g + o.mlp_proj_bias, d_residual_,
-                        a.fc_gelu, p + o.mlp_proj_weight, BT, 4 * C, C, scratch_, stream_);
-  zero(d_fc_, static_cast<size_t>(BT) * 4 * C);
-  cuda::gelu_backward(d_fc_, a.fc, d_fc_gelu_, BT * 4 * C, stream_);
-  zero(d_ln_, static_cast<size_t>(BT) * C);
+  if (fuse_gelu_) {
+    cuda::matmul_backward_through_gelu(*blas_, d_fc_, g + o.mlp_proj_weight, g + o.mlp_proj_bias,
+                                       d_residual_, a.fc_gelu, a.fc, p + o.mlp_proj_weight, BT,
+                                       4 * C, C, scratch_, stream_);
+  } else {
+    cuda::matmul_backward(*blas_, d_fc_gelu_, g + o.mlp_proj_weight, g + o.mlp_proj_bias,
+                          d_residual_, a.fc_gelu, p + o.mlp_proj_weight, BT, 4 * C, C, scratch_,
+                          cuda::InputGradient::kOverwrite, stream_);
+    zero(d_fc_, static_cast<size_t>(BT) * 4 * C);
+    cuda::gelu_backward(d_fc_, a.fc, d_fc_gelu_, BT * 4 * C, stream_);
+  }
   cuda::matmul_backward(*blas_, d_ln_, g + o.mlp_fc_weight, g + o.mlp_fc_bias, d_fc_, a.ln_2,
-                        p + o.mlp_fc_weight, BT, C, 4 * C, scratch_, stream_);
+                        p + o.mlp_fc_weight, BT, C, 4 * C, scratch_,
+                        cuda::InputGradient::kOverwrite, stream_);
   // Adding ln_2's input gradient turns d_residual_ into dL/d(residual_mid).
   cuda::layernorm_backward(d_residual_, g + o.ln_2_weight, g + o.ln_2_bias, d_ln_, a.residual_mid,
                            p + o.ln_2_weight, a.ln_2_mean, a.ln_2_rstd, BT, C, scratch_, stream_);
 
   // Attention branch. d_residual_ holds dL/d(residual_mid) = dL/d(attention branch output).
-  zero(d_att_out_, static_cast<size_t>(BT) * C);
   cuda::matmul_backward(*blas_, d_att_out_, g + o.attn_proj_weight, g + o.attn_proj_bias,
                         d_residual_, a.att_out, p + o.attn_proj_weight, BT, C, C, scratch_,
-                        stream_);
-  zero(d_qkv_, static_cast<size_t>(BT) * 3 * C);
-  cuda::attention_backward(d_qkv_, d_att_out_, a.qkv, a.att_out, a.att_lse, B, T_, C, NH, scratch_,
-                           stream_);
-  zero(d_ln_, static_cast<size_t>(BT) * C);
+                        cuda::InputGradient::kOverwrite, stream_);
+  if (use_cudnn_attention(T_)) {
+    // cuDNN overwrites all of d_qkv_ (dq, dk and dv), so it needs no zeroing.
+    if constexpr (!std::is_same_v<T, float>)
+      cudnn_attention_->backward(d_qkv_, d_att_out_, a.qkv, a.att_out, a.att_lse, B, T_, C, NH);
+  } else {
+    zero(d_qkv_, static_cast<size_t>(BT) * 3 * C);
+    cuda::attention_backward(d_qkv_, d_att_out_, a.qkv, a.att_out, a.att_lse, B, T_, C, NH,
+                             scratch_, stream_);
+  }
   cuda::matmul_backward(*blas_, d_ln_, g + o.attn_qkv_weight, g + o.attn_qkv_bias, d_qkv_, a.ln_1,
-                        p + o.attn_qkv_weight, BT, C, 3 * C, scratch_, stream_);
+                        p + o.attn_qkv_weight, BT, C, 3 * C, scratch_,
+                        cuda::InputGradient::kOverwrite, stream_);
   // Adding ln_1's input gradient turns d_residual_ into dL/d(block input).
   cuda::layernorm_backward(d_residual_, g + o.ln_1_weight, g + o.ln_1_bias, d_ln_, residual_[layer],
                            p + o.ln_1_weight, a.ln_1_mean, a.ln_1_rstd, BT, C, scratch_, stream_);

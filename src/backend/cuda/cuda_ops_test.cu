@@ -26,6 +26,7 @@
 #include "backend/cpu/ops/residual.h"
 #include "backend/cuda/cuda_test_support.h"
 #include "backend/cuda/ops/attention.cuh"
+#include "backend/cuda/ops/attention_cudnn.cuh"
 #include "backend/cuda/ops/cast.cuh"
 #include "backend/cuda/ops/classifier.cuh"
 #include "backend/cuda/ops/embedding.cuh"
@@ -312,7 +313,8 @@ TEST_P(LayerNormOp, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Sizes, LayerNormOp,
                          ::testing::Values(LayerNormCase{1, 3}, LayerNormCase{5, 13},
                                            LayerNormCase{7, 64}, LayerNormCase{33, 37},
-                                           LayerNormCase{300, 768}, LayerNormCase{64, 1600}));
+                                           LayerNormCase{9, 24}, LayerNormCase{300, 768},
+                                           LayerNormCase{64, 1600}));
 
 // ---- Matmul -----------------------------------------------------------------------------------
 
@@ -359,9 +361,22 @@ void check_matmul(const MatmulCase& shape) {
   DeviceArray<float> dw(dw_initial, offset), db(db_initial, offset);
   DeviceArray<float> scratch(cuda::matmul_backward_scratch_floats(N, OC));
   cuda::matmul_backward(blas, dx.get(), dw.get(), has_bias ? db.get() : nullptr, d_dout.get(),
-                        d_x.get(), d_w.get(), N, IC, OC, scratch.get(), kStream);
+                        d_x.get(), d_w.get(), N, IC, OC, scratch.get(),
+                        cuda::InputGradient::kAccumulate, kStream);
   LAYUP_EXPECT_RELATIVE(dx.floats(), dx_expected, accumulator_baseline<T>(dx_initial),
                         tolerance<T>(), "matmul dinp");
+
+  // Overwriting: dinp starts poisoned and must come out as the product alone.
+  std::vector<float> dx_alone(N * IC, 0.0f), dw_scratch(OC * IC, 0.0f);
+  matmul_backward(dx_alone.data(), dw_scratch.data(), nullptr, dout.data(), x.data(), w.data(), N,
+                  IC, OC);
+  DeviceTensor<T> dx_fresh(N * IC, offset);
+  DeviceArray<float> dw_fresh(std::vector<float>(OC * IC, 0.0f), offset);
+  dx_fresh.array.poison();
+  cuda::matmul_backward(blas, dx_fresh.get(), dw_fresh.get(), nullptr, d_dout.get(), d_x.get(),
+                        d_w.get(), N, IC, OC, scratch.get(), cuda::InputGradient::kOverwrite,
+                        kStream);
+  LAYUP_EXPECT_RELATIVE(dx_fresh.floats(), dx_alone, {}, tolerance<T>(), "matmul dinp overwrite");
   LAYUP_EXPECT_RELATIVE(dw.download(), dw_expected, dw_initial, tolerance<T>(), "matmul dweight");
   if (has_bias)
     LAYUP_EXPECT_RELATIVE(db.download(), db_expected, db_initial, tolerance<T>(), "matmul dbias");
@@ -382,6 +397,78 @@ INSTANTIATE_TEST_SUITE_P(
                       MatmulCase{128, 64, 192, true, 0}, MatmulCase{257, 96, 384, true, 0},
                       MatmulCase{37, 19, 70, true, 1}, MatmulCase{128, 64, 192, true, 3},
                       MatmulCase{64, 64, 1000, false, 0}));
+
+// ---- Matmul with GELU in cuBLASLt's epilogue (the bf16 mode's MLP) ---------------------------
+
+struct GeluMatmulCase {
+  int N, IC, OC;  // the first MLP layer: [N,IC] -> [N,OC], OC a multiple of 8
+};
+
+void PrintTo(const GeluMatmulCase& c, std::ostream* os) {
+  *os << "N" << c.N << "_IC" << c.IC << "_OC" << c.OC;
+}
+
+class GeluMatmulOp : public ::testing::TestWithParam<GeluMatmulCase> {};
+
+// matmul_gelu_forward against the CPU's matmul then GELU; matmul_backward_through_gelu (the next
+// layer's backward, [N,OC] -> [N,IC2]) against the CPU's matmul backward then GELU backward.
+template <class T>
+void check_gelu_matmul(const GeluMatmulCase& shape) {
+  const auto [N, IC, OC] = shape;
+  const int IC2 = 5;  // the next layer's output width (any)
+  Rng rng(N * 7 + IC * 3 + OC);
+  const std::vector<float> x = rounded<T>(random_vector(rng, N * IC));
+  const std::vector<float> w = rounded<T>(random_vector(rng, OC * IC));
+  const std::vector<float> b = rounded<T>(random_vector(rng, OC));
+  std::vector<float> pre_expected(N * OC), out_expected(N * OC);
+  matmul_forward(pre_expected.data(), x.data(), w.data(), b.data(), N, IC, OC);
+  gelu_forward(out_expected.data(), pre_expected.data(), N * OC);
+
+  cuda::CublasLt blas;
+  DeviceTensor<T> d_x(x), d_w(w), d_b(b), pre(N * OC), out(N * OC);
+  pre.array.poison();
+  out.array.poison();
+  cuda::matmul_gelu_forward(blas, out.get(), pre.get(), d_x.get(), d_w.get(), d_b.get(), N, IC, OC,
+                            kStream);
+  LAYUP_EXPECT_RELATIVE(pre.floats(), pre_expected, {}, tolerance<T>(), "fused pre-GELU");
+  LAYUP_EXPECT_RELATIVE(out.floats(), out_expected, {}, tolerance<T>(), "fused GELU output");
+
+  // Next layer: y [N,IC2] = gelu(pre) w2^T + b2. Its backward through the GELU, from the CPU's
+  // pre-activation rounded to T (what the device stored).
+  const std::vector<float> pre_used = rounded<T>(pre_expected);
+  std::vector<float> act(N * OC);
+  gelu_forward(act.data(), pre_used.data(), N * OC);
+  act = rounded<T>(act);
+  const std::vector<float> w2 = rounded<T>(random_vector(rng, IC2 * OC));
+  const std::vector<float> dy = rounded<T>(random_vector(rng, N * IC2));
+  std::vector<float> d_act(N * OC, 0.0f), d_pre_expected(N * OC, 0.0f);
+  std::vector<float> dw2_expected(IC2 * OC, 0.0f), db2_expected(IC2, 0.0f);
+  matmul_backward(d_act.data(), dw2_expected.data(), db2_expected.data(), dy.data(), act.data(),
+                  w2.data(), N, OC, IC2);
+  gelu_backward(d_pre_expected.data(), pre_used.data(), d_act.data(), N * OC);
+
+  DeviceTensor<T> d_pre_used(pre_used), d_act_in(act), d_w2(w2), d_dy(dy), d_pre(N * OC);
+  DeviceArray<float> dw2(std::vector<float>(IC2 * OC, 0.0f)), db2(std::vector<float>(IC2, 0.0f));
+  DeviceArray<float> scratch(cuda::matmul_backward_scratch_floats(N, IC2));
+  d_pre.array.poison();
+  cuda::matmul_backward_through_gelu(blas, d_pre.get(), dw2.get(), db2.get(), d_dy.get(),
+                                     d_act_in.get(), d_pre_used.get(), d_w2.get(), N, OC, IC2,
+                                     scratch.get(), kStream);
+  LAYUP_EXPECT_RELATIVE(d_pre.floats(), d_pre_expected, {}, tolerance<T>(), "fused dGELU input");
+  LAYUP_EXPECT_RELATIVE(dw2.download(), dw2_expected, {}, tolerance<T>(), "fused dGELU dweight");
+  LAYUP_EXPECT_RELATIVE(db2.download(), db2_expected, {}, tolerance<T>(), "fused dGELU dbias");
+}
+
+TEST_P(GeluMatmulOp, MatchesCpu) {
+  LAYUP_REQUIRE_GPU();
+  // bf16 only: the fp32 mode keeps the separate GELU op (cuda_backend.cu says why).
+  check_gelu_matmul<__nv_bfloat16>(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, GeluMatmulOp,
+                         ::testing::Values(GeluMatmulCase{1, 3, 8}, GeluMatmulCase{7, 13, 16},
+                                           GeluMatmulCase{37, 19, 72},
+                                           GeluMatmulCase{256, 64, 256}));
 
 // ---- Attention --------------------------------------------------------------------------------
 
@@ -477,6 +564,52 @@ INSTANTIATE_TEST_SUITE_P(
                       AttentionCase{1, 256, 64, 1},    // head dim 64, eight tiles
                       AttentionCase{1, 100, 256, 2},   // head dim 128
                       AttentionCase{2, 40, 120, 1}));  // head dim 120 (padded to 128)
+
+// cuDNN's fused attention (the bf16 mode's default where cuDNN is built in) against the same CPU
+// op. cuDNN takes head dimensions that are multiples of 8; it overwrites dqkv. Its backward may
+// sum dq in a different order run to run, so reproducibility is not asserted here.
+class CudnnAttentionOp : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(CudnnAttentionOp, MatchesCpu) {
+  LAYUP_REQUIRE_GPU();
+  std::string why;
+  if (!cuda::CudnnAttention::available(&why)) GTEST_SKIP() << why;
+  using T = __nv_bfloat16;
+  const auto [B, T_, C, NH] = GetParam();
+  Rng rng(B * 1000 + T_ * 10 + C + 7);
+  const size_t BT = static_cast<size_t>(B) * T_;
+  const std::vector<float> qkv = rounded<T>(random_vector(rng, BT * 3 * C));
+  std::vector<float> out_expected(BT * C), att(static_cast<size_t>(B) * NH * T_ * T_);
+  attention_forward(out_expected.data(), att.data(), qkv.data(), B, T_, C, NH);
+
+  cuda::CudnnAttention attention(kStream);
+  DeviceTensor<T> d_qkv(qkv), out(BT * C);
+  DeviceArray<float> lse(static_cast<size_t>(B) * NH * T_);
+  out.array.poison();
+  lse.poison();
+  attention.forward(out.get(), lse.get(), d_qkv.get(), B, T_, C, NH);
+  LAYUP_EXPECT_RELATIVE(out.floats(), out_expected, {}, tolerance<T>(), "cuDNN attention out");
+  LAYUP_EXPECT_RELATIVE(lse.download(), attention_lse_reference(qkv, B, T_, C, NH), {},
+                        tolerance<T>(), "cuDNN attention lse");
+
+  const std::vector<float> dout = rounded<T>(random_vector(rng, BT * C));
+  std::vector<float> dqkv_expected(BT * 3 * C, 0.0f);
+  attention_backward(dqkv_expected.data(), dout.data(), qkv.data(), att.data(), B, T_, C, NH);
+  DeviceTensor<T> d_dout(dout), dqkv(BT * 3 * C);
+  dqkv.array.poison();
+  attention.backward(dqkv.get(), d_dout.get(), d_qkv.get(), out.get(), lse.get(), B, T_, C, NH);
+  LAYUP_EXPECT_RELATIVE(dqkv.floats(), dqkv_expected, {}, tolerance<T>(), "cuDNN attention dqkv");
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, CudnnAttentionOp,
+                         ::testing::Values(AttentionCase{1, 2, 64,
+                                                         2},  // T = 2 (cuDNN rejects T = 1)
+                                           AttentionCase{2, 17, 128, 2},   // head dim 64, odd T
+                                           AttentionCase{2, 70, 96, 3},    // head dim 32
+                                           AttentionCase{3, 33, 192, 3},   // B = 3, one row past 32
+                                           AttentionCase{1, 100, 256, 2},  // head dim 128
+                                           AttentionCase{1, 1024, 64, 1},  // GPT-2's context
+                                           AttentionCase{2, 256, 768, 12}));  // GPT-2's heads
 
 // ---- Classifier -------------------------------------------------------------------------------
 

@@ -56,8 +56,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int v = threadIdx.x * K; v < vector_end; v += blockDim.x * K) {
     float values[K];
     load_floats<K>(z + v, values);
+    // One rescale per pack, not per element: the pack's max first, then K exps against it.
+    float pack_max = values[0];
 #pragma unroll
-    for (int i = 0; i < K; ++i) add_logit(acc, values[i]);
+    for (int i = 1; i < K; ++i) pack_max = fmaxf(pack_max, values[i]);
+    float pack_sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < K; ++i) pack_sum += expf(values[i] - pack_max);
+    acc = merge(acc, MaxSum{pack_max, pack_sum});
   }
   for (int v = vector_end + threadIdx.x; v < V; v += blockDim.x) add_logit(acc, to_float(z[v]));
 

@@ -139,8 +139,12 @@ void launch_elementwise(size_t count, bool aligned, const Op& op, cudaStream_t s
 // chunks (a function of N alone, never of the GPU), each (chunk, 32 columns) block sums its rows
 // in a fixed order into a partial, and a second kernel adds the partials of each column in chunk
 // order and accumulates (+=) the total into the output. The result is bitwise reproducible.
+//
+// Where the row width is a multiple of a 16-byte pack and the inputs are aligned (every GPT-2
+// width), each thread owns K = one pack of adjacent columns, so a warp reads 512 contiguous bytes
+// of a row per load instead of 64. The grouping of rows, and so the result, does not depend on K.
 
-constexpr int kColumnTile = 32;  // columns per block: one warp-wide, coalesced row segment
+constexpr int kColumnTile = 32;  // threads per block along the columns: one warp
 constexpr int kColumnLanes = 8;  // rows summed side by side in a block
 constexpr int kMaxRowChunks = 128;
 
@@ -153,33 +157,41 @@ inline size_t column_reduce_scratch_floats(int N, int C, int outputs) {
   return static_cast<size_t>(outputs) * column_reduce_chunks(N) * C;
 }
 
-// Term(n, c, values) writes the kOutputs values row n contributes to column c.
-template <int kOutputs, class Term>
+// term.template at<K>(n, c, values) writes the kOutputs values row n contributes to each of the K
+// columns c .. c+K-1 (values[k][i] for column c+i); with K > 1, c is a multiple of K.
+template <int kOutputs, int K, class Term>
 __global__ void __launch_bounds__(kColumnTile* kColumnLanes)
     column_partial_sums_kernel(float* partials, int N, int C, int rows_per_chunk, Term term) {
-  __shared__ float lanes[kOutputs][kColumnLanes][kColumnTile];
-  const int c = blockIdx.x * kColumnTile + threadIdx.x;
+  __shared__ float lanes[kOutputs][kColumnLanes][kColumnTile * K];
+  const int c = (blockIdx.x * kColumnTile + threadIdx.x) * K;
   const int chunk = blockIdx.y;
   const int row_end = min(N, (chunk + 1) * rows_per_chunk);
-  float sum[kOutputs] = {};
+  float sum[kOutputs][K] = {};
   if (c < C) {
     for (int n = chunk * rows_per_chunk + threadIdx.y; n < row_end; n += kColumnLanes) {
-      float values[kOutputs];
-      term(n, c, values);
+      float values[kOutputs][K];
+      term.template at<K>(n, c, values);
 #pragma unroll
-      for (int k = 0; k < kOutputs; ++k) sum[k] += values[k];
+      for (int k = 0; k < kOutputs; ++k)
+#pragma unroll
+        for (int i = 0; i < K; ++i) sum[k][i] += values[k][i];
     }
   }
 #pragma unroll
-  for (int k = 0; k < kOutputs; ++k) lanes[k][threadIdx.y][threadIdx.x] = sum[k];
+  for (int k = 0; k < kOutputs; ++k)
+#pragma unroll
+    for (int i = 0; i < K; ++i) lanes[k][threadIdx.y][threadIdx.x * K + i] = sum[k][i];
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
 #pragma unroll
-    for (int k = 0; k < kOutputs; ++k) {
-      float total = 0.0f;
-      for (int lane = 0; lane < kColumnLanes; ++lane) total += lanes[k][lane][threadIdx.x];
-      partials[(static_cast<size_t>(k) * gridDim.y + chunk) * C + c] = total;
-    }
+    for (int k = 0; k < kOutputs; ++k)
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+        float total = 0.0f;
+        for (int lane = 0; lane < kColumnLanes; ++lane)
+          total += lanes[k][lane][threadIdx.x * K + i];
+        partials[(static_cast<size_t>(k) * gridDim.y + chunk) * C + c + i] = total;
+      }
   }
 }
 
@@ -203,15 +215,22 @@ __global__ void column_finish_kernel(ColumnOutputs<kOutputs> outputs, const floa
 }
 
 // outputs.out[k][c] += sum over n of term(n, c)[k]; scratch holds
-// column_reduce_scratch_floats(N, C, kOutputs) floats.
-template <int kOutputs, class Term>
-void column_sums_accumulate(ColumnOutputs<kOutputs> outputs, int N, int C, Term term,
+// column_reduce_scratch_floats(N, C, kOutputs) floats. `packed` (the caller's promise that C is a
+// multiple of kPack and the term's inputs are 16-byte aligned) selects kPack columns per thread.
+template <int kOutputs, int kPack, class Term>
+void column_sums_accumulate(ColumnOutputs<kOutputs> outputs, int N, int C, Term term, bool packed,
                             float* scratch, cudaStream_t stream) {
   const int chunks = column_reduce_chunks(N);
   const int rows_per_chunk = ceil_div(N, chunks);
-  const dim3 grid(ceil_div(C, kColumnTile), chunks);
-  column_partial_sums_kernel<kOutputs>
-      <<<grid, dim3(kColumnTile, kColumnLanes), 0, stream>>>(scratch, N, C, rows_per_chunk, term);
+  if (packed && C % kPack == 0) {
+    const dim3 grid(ceil_div(C / kPack, kColumnTile), chunks);
+    column_partial_sums_kernel<kOutputs, kPack>
+        <<<grid, dim3(kColumnTile, kColumnLanes), 0, stream>>>(scratch, N, C, rows_per_chunk, term);
+  } else {
+    const dim3 grid(ceil_div(C, kColumnTile), chunks);
+    column_partial_sums_kernel<kOutputs, 1>
+        <<<grid, dim3(kColumnTile, kColumnLanes), 0, stream>>>(scratch, N, C, rows_per_chunk, term);
+  }
   LAYUP_CUDA_CHECK_LAUNCH();
   column_finish_kernel<kOutputs><<<ceil_div(C, 256), 256, 0, stream>>>(outputs, scratch, chunks, C);
   LAYUP_CUDA_CHECK_LAUNCH();

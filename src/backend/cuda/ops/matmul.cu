@@ -4,13 +4,19 @@
 // transpose, in the same memory. With y = x W^T + b (x [N,IC], W [OC,IC], y [N,OC]):
 //
 //   forward   y^T [OC,N]  = (W^T stored [IC,OC])^T  x^T [IC,N]            + b broadcast
-//   backward  dx^T [IC,N] = W^T [IC,OC]             dy^T [OC,N]           + dx^T   (beta 1)
+//   backward  dx^T [IC,N] = W^T [IC,OC]             dy^T [OC,N]         (+ dx^T   when
+//   accumulating)
 //             dW^T [IC,OC] = x^T [IC,N]             (dy^T stored [OC,N])^T + dW^T  (beta 1)
 //             db = sum_n dy_n                       (column sums, common.cuh)
 //
 // cuBLASLt's heuristic assumes 256-byte aligned buffers unless told otherwise, and our buffers are
 // slices of larger ones (a block's bias sits wherever the layout puts it), so every call tells it
 // the actual alignment of each pointer. The chosen algorithm is cached per problem.
+//
+// The MLP's GELU rides in cuBLASLt's epilogues (bf16 mode): forward, GELU_AUX_BIAS writes the
+// pre-activation and the activation in one pass; backward, DGELU multiplies the next layer's input
+// gradient by gelu'(pre-activation) before storing it. That removes two element-wise passes over
+// the [N, 4C] activations per block and the buffer between them.
 #include <cuda_bf16.h>
 
 #include <memory>
@@ -74,10 +80,20 @@ template <class T>
 struct BiasGradientTerm {
   const T* dout;
   int OC;
-  __device__ void operator()(int n, int o, float (&values)[1]) const {
-    values[0] = to_float(dout[static_cast<size_t>(n) * OC + o]);
+  template <int K>
+  __device__ void at(int n, int o, float (&values)[1][K]) const {
+    load_floats<K>(dout + static_cast<size_t>(n) * OC + o, values[0]);
   }
 };
+
+// dbias += column sums of dout [N,OC], K = one pack of columns per thread where aligned.
+template <class T>
+void accumulate_bias_gradient(float* dbias, const T* dout, int N, int OC, float* scratch,
+                              cudaStream_t stream) {
+  column_sums_accumulate<1, Pack<T>::kSize>(ColumnOutputs<1>{{dbias}}, N, OC,
+                                            BiasGradientTerm<T>{dout, OC}, is_aligned16(dout),
+                                            scratch, stream);
+}
 
 }  // namespace
 
@@ -94,8 +110,9 @@ CublasLt::~CublasLt() {
 }
 
 void CublasLt::matmul(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, void* d,
-                      cudaDataType_t d_type, int64_t ldd, float beta, const void* bias,
+                      cudaDataType_t d_type, int64_t ldd, float beta, const Epilogue& fused,
                       cudaStream_t stream) {
+  const void* bias = fused.bias;
   cublasLtMatmulDesc_t raw_desc = nullptr;
   LAYUP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const MatmulDesc desc(raw_desc);
@@ -105,12 +122,31 @@ void CublasLt::matmul(int64_t m, int64_t n, int64_t k, const Operand& a, const O
                                                     &trans_a, sizeof(trans_a)));
   LAYUP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB,
                                                     &trans_b, sizeof(trans_b)));
-  const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  switch (fused.kind) {
+    case EpilogueKind::kNone:
+      break;
+    case EpilogueKind::kBias:
+      epilogue = CUBLASLT_EPILOGUE_BIAS;
+      break;
+    case EpilogueKind::kGeluAuxBias:
+      epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+      break;
+    case EpilogueKind::kDGelu:
+      epilogue = CUBLASLT_EPILOGUE_DGELU;
+      break;
+  }
   LAYUP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                     &epilogue, sizeof(epilogue)));
   if (bias) {
     LAYUP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                       &bias, sizeof(bias)));
+  }
+  if (fused.aux) {
+    LAYUP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &fused.aux, sizeof(fused.aux)));
+    LAYUP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &fused.aux_ld, sizeof(fused.aux_ld)));
   }
 
   // Stored shapes: op(A) is m x k, so A is k x m when transposed; likewise B.
@@ -124,9 +160,10 @@ void CublasLt::matmul(int64_t m, int64_t n, int64_t k, const Operand& a, const O
   const uint32_t align_d = alignment_bytes(d);
   // The heuristic also reads the bias pointer's alignment (not its contents).
   const uint32_t align_bias = bias ? alignment_bytes(bias) : 0;
+  const uint32_t align_aux = fused.aux ? alignment_bytes(fused.aux) : 0;
   const Key key{m,       n,       k,       a.transposed, b.transposed, a.type,
                 b.type,  d_type,  a.ld,    b.ld,         ldd,          epilogue,
-                align_a, align_b, align_d, beta != 0.0f, align_bias};
+                align_a, align_b, align_d, beta != 0.0f, align_bias,   align_aux};
   auto found = algorithms_.find(key);
   if (found == algorithms_.end()) {
     cublasLtMatmulPreference_t raw_preference = nullptr;
@@ -178,7 +215,26 @@ void matmul_forward(CublasLt& blas, T* out, const T* inp, const T* weight, const
     epilogue_bias = nullptr;
   }
   blas.matmul(OC, N, IC, {weight, type, true, IC}, {inp, type, false, IC}, out, type, OC, beta,
-              epilogue_bias, stream);
+              {epilogue_bias ? CublasLt::EpilogueKind::kBias : CublasLt::EpilogueKind::kNone,
+               epilogue_bias},
+              stream);
+}
+
+bool matmul_gelu_fusable(const void* pre_gelu, const void* out, const void* bias, int OC) {
+  return OC % 8 == 0 && is_aligned16(pre_gelu) && is_aligned16(out) &&
+         (!bias || is_aligned16(bias));
+}
+
+template <class T>
+void matmul_gelu_forward(CublasLt& blas, T* out, T* pre_gelu, const T* inp, const T* weight,
+                         const T* bias, int N, int IC, int OC, cudaStream_t stream) {
+  LAYUP_CHECK(matmul_gelu_fusable(pre_gelu, out, bias, OC),
+              "matmul_gelu_forward needs 16-byte aligned buffers and a width that is a multiple of "
+              "8 (got ",
+              OC, ")");
+  constexpr cudaDataType_t type = data_type<T>();
+  blas.matmul(OC, N, IC, {weight, type, true, IC}, {inp, type, false, IC}, out, type, OC, 0.0f,
+              {CublasLt::EpilogueKind::kGeluAuxBias, bias, pre_gelu, OC}, stream);
 }
 
 size_t matmul_backward_scratch_floats(int N, int OC) {
@@ -188,17 +244,46 @@ size_t matmul_backward_scratch_floats(int N, int OC) {
 template <class T>
 void matmul_backward(CublasLt& blas, T* dinp, float* dweight, float* dbias, const T* dout,
                      const T* inp, const T* weight, int N, int IC, int OC, float* scratch,
-                     cudaStream_t stream) {
+                     InputGradient dinp_mode, cudaStream_t stream) {
   constexpr cudaDataType_t type = data_type<T>();
-  blas.matmul(IC, N, OC, {weight, type, false, IC}, {dout, type, false, OC}, dinp, type, IC, 1.0f,
-              nullptr, stream);
+  const float dinp_beta = dinp_mode == InputGradient::kAccumulate ? 1.0f : 0.0f;
+  blas.matmul(IC, N, OC, {weight, type, false, IC}, {dout, type, false, OC}, dinp, type, IC,
+              dinp_beta, {}, stream);
   blas.matmul(IC, OC, N, {inp, type, false, IC}, {dout, type, true, OC}, dweight, CUDA_R_32F, IC,
-              1.0f, nullptr, stream);
+              1.0f, {}, stream);
   if (dbias) {
-    column_sums_accumulate<1>(ColumnOutputs<1>{{dbias}}, N, OC, BiasGradientTerm<T>{dout, OC},
-                              scratch, stream);
+    accumulate_bias_gradient(dbias, dout, N, OC, scratch, stream);
   }
 }
+
+template <class T>
+void matmul_backward_through_gelu(CublasLt& blas, T* d_pre_gelu, float* dweight, float* dbias,
+                                  const T* dout, const T* inp, const T* pre_gelu, const T* weight,
+                                  int N, int IC, int OC, float* scratch, cudaStream_t stream) {
+  LAYUP_CHECK(matmul_gelu_fusable(pre_gelu, d_pre_gelu, nullptr, IC),
+              "matmul_backward_through_gelu needs 16-byte aligned buffers and a width that is a "
+              "multiple of 8 (got ",
+              IC, ")");
+  constexpr cudaDataType_t type = data_type<T>();
+  blas.matmul(IC, N, OC, {weight, type, false, IC}, {dout, type, false, OC}, d_pre_gelu, type, IC,
+              0.0f, {CublasLt::EpilogueKind::kDGelu, nullptr, const_cast<T*>(pre_gelu), IC},
+              stream);
+  blas.matmul(IC, OC, N, {inp, type, false, IC}, {dout, type, true, OC}, dweight, CUDA_R_32F, IC,
+              1.0f, {}, stream);
+  if (dbias) {
+    accumulate_bias_gradient(dbias, dout, N, OC, scratch, stream);
+  }
+}
+
+#define LAYUP_INSTANTIATE_GELU_MATMULS(T)                                                          \
+  template void matmul_gelu_forward<T>(CublasLt&, T*, T*, const T*, const T*, const T*, int, int,  \
+                                       int, cudaStream_t);                                         \
+  template void matmul_backward_through_gelu<T>(CublasLt&, T*, float*, float*, const T*, const T*, \
+                                                const T*, const T*, int, int, int, float*,         \
+                                                cudaStream_t);
+LAYUP_INSTANTIATE_GELU_MATMULS(float)
+LAYUP_INSTANTIATE_GELU_MATMULS(__nv_bfloat16)
+#undef LAYUP_INSTANTIATE_GELU_MATMULS
 
 template void matmul_forward<float>(CublasLt&, float*, const float*, const float*, const float*,
                                     int, int, int, cudaStream_t);
@@ -206,10 +291,11 @@ template void matmul_forward<__nv_bfloat16>(CublasLt&, __nv_bfloat16*, const __n
                                             const __nv_bfloat16*, const __nv_bfloat16*, int, int,
                                             int, cudaStream_t);
 template void matmul_backward<float>(CublasLt&, float*, float*, float*, const float*, const float*,
-                                     const float*, int, int, int, float*, cudaStream_t);
+                                     const float*, int, int, int, float*, InputGradient,
+                                     cudaStream_t);
 template void matmul_backward<__nv_bfloat16>(CublasLt&, __nv_bfloat16*, float*, float*,
                                              const __nv_bfloat16*, const __nv_bfloat16*,
                                              const __nv_bfloat16*, int, int, int, float*,
-                                             cudaStream_t);
+                                             InputGradient, cudaStream_t);
 
 }  // namespace layup::cuda

@@ -34,14 +34,24 @@ class CublasLt {
     int64_t ld;
   };
 
-  // D [m,n] = op(A) [m,k] op(B) [k,n] + beta D (+ bias[m] broadcast over the columns when bias is
-  // not null; bias has D's type and must be 16-byte aligned). Column-major, fp32 accumulation.
+  // What cuBLASLt does to the product before it stores D. kBias: + bias[m] broadcast over the
+  // columns (bias has D's type, 16-byte aligned). kGeluAuxBias: Z = product + bias is stored in
+  // aux (ld aux_ld) and D = gelu(Z). kDGelu: D = product * gelu'(aux). GELU is the tanh form.
+  enum class EpilogueKind { kNone, kBias, kGeluAuxBias, kDGelu };
+  struct Epilogue {
+    EpilogueKind kind = EpilogueKind::kNone;
+    const void* bias = nullptr;
+    void* aux = nullptr;
+    int64_t aux_ld = 0;
+  };
+
+  // D [m,n] = epilogue(op(A) [m,k] op(B) [k,n]) + beta D. Column-major, fp32 accumulation.
   void matmul(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, void* d,
-              cudaDataType_t d_type, int64_t ldd, float beta, const void* bias,
+              cudaDataType_t d_type, int64_t ldd, float beta, const Epilogue& epilogue,
               cudaStream_t stream);
 
  private:
-  using Key = std::array<int64_t, 17>;
+  using Key = std::array<int64_t, 18>;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
@@ -53,14 +63,39 @@ template <class T>
 void matmul_forward(CublasLt& blas, T* out, const T* inp, const T* weight, const T* bias, int N,
                     int IC, int OC, cudaStream_t stream);
 
+// Whether the fused GELU forms below can run on these buffers: cuBLASLt's GELU epilogues want
+// 16-byte aligned buffers and an output width that is a multiple of 8.
+bool matmul_gelu_fusable(const void* pre_gelu, const void* out, const void* bias, int OC);
+
+// The MLP's first layer with its GELU: pre_gelu [N,OC] = inp weight^T + bias, out = gelu(pre_gelu),
+// both written by the one matmul (the GELU runs in cuBLASLt's epilogue). Same math as
+// matmul_forward followed by gelu_forward; needs matmul_gelu_fusable.
+template <class T>
+void matmul_gelu_forward(CublasLt& blas, T* out, T* pre_gelu, const T* inp, const T* weight,
+                         const T* bias, int N, int IC, int OC, cudaStream_t stream);
+
 // Floats of scratch matmul_backward needs (for the bias gradient's column sums).
 size_t matmul_backward_scratch_floats(int N, int OC);
 
-// Accumulates dinp [N,IC] += dout weight, dweight [OC,IC] += dout^T inp, dbias [OC] += sum_n dout.
-// dbias may be null. dbias is summed deterministically (no atomics).
+// Whether matmul_backward adds the input gradient to dinp or overwrites dinp. Overwriting spares
+// the caller a zero fill and the product a read of dinp: in a transformer block most input
+// gradients go into a fresh buffer.
+enum class InputGradient { kAccumulate, kOverwrite };
+
+// dinp [N,IC] (+)= dout weight, as dinp_mode says; accumulates dweight [OC,IC] += dout^T inp and
+// dbias [OC] += sum_n dout. dbias may be null. dbias is summed deterministically (no atomics).
 template <class T>
 void matmul_backward(CublasLt& blas, T* dinp, float* dweight, float* dbias, const T* dout,
                      const T* inp, const T* weight, int N, int IC, int OC, float* scratch,
-                     cudaStream_t stream);
+                     InputGradient dinp_mode, cudaStream_t stream);
+
+// matmul_backward of a layer whose input was gelu(pre_gelu): the input gradient goes through the
+// GELU in the same matmul, d_pre_gelu [N,IC] = (dout weight) * gelu'(pre_gelu) (overwritten);
+// dweight and dbias accumulate as in matmul_backward. Needs matmul_gelu_fusable(pre_gelu,
+// d_pre_gelu, nullptr, IC).
+template <class T>
+void matmul_backward_through_gelu(CublasLt& blas, T* d_pre_gelu, float* dweight, float* dbias,
+                                  const T* dout, const T* inp, const T* pre_gelu, const T* weight,
+                                  int N, int IC, int OC, float* scratch, cudaStream_t stream);
 
 }  // namespace layup::cuda

@@ -1,0 +1,51 @@
+// Causal self-attention through cuDNN's fused flash attention (its SDPA graph, built with the
+// cuDNN frontend), for the bf16 mode: tensor cores, and no T x T matrix in device memory.
+//
+// Same contract as attention.cuh on GPT-2's fused qkv layout: q, k and v are read in place from
+// qkv [B,T,3C] through strides, the output is out [B,T,C] with heads merged, and the saved
+// statistic is the natural-log log-sum-exp of each row of scaled scores, lse [B,NH,T] -- the same
+// quantity the layup kernel saves, so the two share their activation memory. Unlike the layup
+// kernel, backward OVERWRITES dqkv (cuDNN writes dq, dk and dv, which together cover all of it).
+//
+// Graphs are built once per shape (B, T, C, NH) and cached: building takes milliseconds to
+// seconds, executing microseconds. The workspace cuDNN asks for is one device allocation owned
+// here, grown when a larger shape needs more.
+//
+// Built only where CMake found cuDNN and the cuDNN frontend headers (LAYUP_HAVE_CUDNN); elsewhere
+// available() says why not and the backend uses the layup kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+namespace layup::cuda {
+
+class CudnnAttention {
+ public:
+  // Whether this build and this machine can run cuDNN attention; when not, *why says why.
+  static bool available(std::string* why);
+
+  explicit CudnnAttention(cudaStream_t stream);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // Throws layup::Error with cuDNN's message when cuDNN cannot run this shape (checked when the
+  // shape's graph is first built).
+  void forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T_, int C,
+               int NH);
+  void backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                const __nv_bfloat16* out, const float* lse, int B, int T_, int C, int NH);
+
+  // Device bytes held for cuDNN's workspace.
+  size_t workspace_bytes() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace layup::cuda

@@ -1,0 +1,277 @@
+// `layup bench-adamw`: the CPU AdamW rate on fp32 master weights and moments (optim/host_adamw.h)
+// and, in the same run over the same arrays, the plain OpenMP loop it replaces; prints G params/s
+// and GB/s of memory traffic as a table, and with --json writes them into a file.
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "optim/adamw.h"
+#include "optim/adamw_simd.h"
+#include "optim/host_adamw.h"
+
+namespace layup {
+
+namespace {
+
+// Memory traffic of one parameter's update: it reads params, grads, m and v (16 bytes) and writes
+// params, m and v (12 bytes). The written lines were read just before, so no extra
+// read-for-ownership traffic arises: 28 bytes in all.
+constexpr double kBytesPerParam = 28.0;
+constexpr int kWarmupUpdates = 2;
+
+struct AdamWBenchFlags {
+  size_t params = 124439808;  // gpt2-small (124M, padded vocabulary)
+  int workers = 0;
+  bool no_pin = false;
+  std::string isa = "auto";
+  int repeats = 20;
+  std::string json_path;
+};
+
+struct FreeDeleter {
+  void operator()(float* data) const { std::free(data); }
+};
+using FloatBuffer = std::unique_ptr<float[], FreeDeleter>;
+
+// Uninitialized, 64-byte aligned: no page is touched until the workers touch it.
+FloatBuffer allocate_floats(size_t count) {
+  const size_t bytes = std::max<size_t>(64, (count * sizeof(float) + 63) / 64 * 64);
+  float* data = static_cast<float*>(std::aligned_alloc(64, bytes));
+  LAYUP_CHECK(data != nullptr, "out of host memory allocating ", bytes / 1e9,
+              " GB for the AdamW benchmark; try a smaller --params");
+  return FloatBuffer(data);
+}
+
+struct Timing {
+  std::vector<double> seconds;  // every timed update, in order
+  double median_s = 0.0, best_s = 0.0;
+};
+
+Timing summarize(std::vector<double> seconds) {
+  Timing timing;
+  timing.seconds = seconds;
+  std::sort(seconds.begin(), seconds.end());
+  const size_t n = seconds.size();
+  timing.median_s = n % 2 ? seconds[n / 2] : 0.5 * (seconds[n / 2 - 1] + seconds[n / 2]);
+  timing.best_s = seconds.front();
+  return timing;
+}
+
+// The loop adamw_update ran before the SIMD kernels: one OpenMP parallel for over the elements,
+// vectorized (or not) as the compiler sees fit. The comparison the issue names.
+void plain_openmp_adamw(float* params, const float* grads, float* m, float* v, size_t count,
+                        const AdamWStep& step) {
+  const AdamWHyper& h = step.hyper;
+  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(h.beta1), step.t);
+  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(h.beta2), step.t);
+  const float step_size = static_cast<float>(h.lr / bias_correction1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
+  const float decay_factor = 1.0f - h.lr * h.weight_decay;
+  const float beta1 = h.beta1, beta2 = h.beta2, eps = h.eps, scale = step.grad_scale;
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < count; ++i) {
+    const float g = grads[i] * scale;
+    const float m_i = beta1 * m[i] + (1.0f - beta1) * g;
+    const float v_i = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = m_i;
+    v[i] = v_i;
+    params[i] = params[i] * decay_factor - step_size * m_i / (std::sqrt(v_i) * inv_sqrt_bc2 + eps);
+  }
+}
+
+// Times kWarmupUpdates untimed then `repeats` timed calls of update(step); calls after_warmup in
+// between.
+template <class Update, class AfterWarmup>
+Timing time_updates(int repeats, Update update, AfterWarmup after_warmup) {
+  AdamWStep step;
+  step.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  for (int i = 0; i < kWarmupUpdates; ++i) {
+    step.t = i + 1;
+    update(step);
+  }
+  after_warmup();
+  std::vector<double> seconds;
+  for (int i = 0; i < repeats; ++i) {
+    step.t = kWarmupUpdates + i + 1;
+    const auto start = std::chrono::steady_clock::now();
+    update(step);
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return summarize(seconds);
+}
+
+nlohmann::json timing_json(const Timing& timing, size_t params) {
+  return {{"seconds", timing.seconds},
+          {"median_params_per_s", params / timing.median_s},
+          {"best_params_per_s", params / timing.best_s},
+          {"median_gb_per_s", params * kBytesPerParam / timing.median_s / 1e9},
+          {"best_gb_per_s", params * kBytesPerParam / timing.best_s / 1e9}};
+}
+
+std::string own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!text.empty() && text.back() == '\0') text.pop_back();
+  for (char& c : text)
+    if (c == '\0') c = ' ';
+  return text;
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t start = line.find_first_not_of(" \t:", line.find(':'));
+    return start == std::string::npos ? "" : line.substr(start);
+  }
+  return "unknown";
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return text;
+}
+
+void run_adamw_bench(const AdamWBenchFlags& flags) {
+  LAYUP_CHECK(flags.params > 0, "--params must be positive");
+  LAYUP_CHECK(flags.repeats > 0, "--repeats must be positive, not ", flags.repeats);
+  LAYUP_CHECK(flags.workers >= 0, "--workers must not be negative, not ", flags.workers);
+  HostAdamWOptions options;
+  options.workers = flags.workers;
+  options.pin = !flags.no_pin;
+  // auto leaves the choice to LAYUP_ADAMW_ISA, and to the CPU where that is unset. Parsed here
+  // first so that a bad name is reported as the flag's.
+  if (flags.isa != "auto") parse_adamw_isa(flags.isa, "--isa");
+  options.isa = flags.isa == "auto" ? "" : flags.isa;
+  HostAdamW engine(options);
+  const size_t n = flags.params;
+  std::fprintf(stderr,
+               "layup bench-adamw: %zu parameters (%.2f GB of fp32 params, grads, m, v), "
+               "%d warm-up + %d timed updates per variant\n",
+               n, 4.0 * n * sizeof(float) / 1e9, kWarmupUpdates, flags.repeats);
+
+  FloatBuffer params = allocate_floats(n), grads = allocate_floats(n);
+  FloatBuffer m = allocate_floats(n), v = allocate_floats(n);
+  // First touch from the workers, with the split the updates use: each page lands on the NUMA
+  // node of the worker that will update it.
+  engine.for_each_worker_share(n, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const float x = static_cast<float>(static_cast<int>(i % 2001) - 1000) * 1e-3f;
+      params[i] = 0.02f * x;
+      grads[i] = 1e-3f * x;
+      m[i] = 0.0f;
+      v[i] = 0.0f;
+    }
+  });
+
+  const Timing engine_timing = time_updates(
+      flags.repeats,
+      [&](const AdamWStep& step) {
+        engine.update(params.get(), grads.get(), m.get(), v.get(), n, step, true);
+      },
+      [&] { engine.reset_statistics(); });  // the report then covers the timed updates only
+  // The OpenMP loop after, not interleaved: libgomp's threads spin after each region and would
+  // steal the engine's cores. Same thread count, for a like-for-like ratio.
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(engine.worker_count());
+  const Timing openmp_timing = time_updates(
+      flags.repeats,
+      [&](const AdamWStep& step) {
+        plain_openmp_adamw(params.get(), grads.get(), m.get(), v.get(), n, step);
+      },
+      [] {});
+  // libgomp binds its threads only when OMP_PROC_BIND (or OMP_PLACES) asks it to.
+  const bool openmp_bound = omp_get_proc_bind() != omp_proc_bind_false;
+  omp_set_num_threads(saved_threads);
+  const double ratio = openmp_timing.median_s / engine_timing.median_s;
+
+  const auto row = [&](const char* variant, const char* isa, int workers, const char* pinned,
+                       const Timing& timing) {
+    std::printf("  %-18s %-9s %7d  %-6s %11.3f %9.3f %12.1f %9.1f\n", variant, isa, workers, pinned,
+                n / timing.median_s / 1e9, n / timing.best_s / 1e9,
+                n * kBytesPerParam / timing.median_s / 1e9,
+                n * kBytesPerParam / timing.best_s / 1e9);
+  };
+  std::printf("  %-18s %-9s %7s  %-6s %11s %9s %12s %9s\n", "variant", "ISA", "workers", "pinned",
+              "Gparam/s med", "best", "GB/s med", "best");
+  row("HostAdamW", adamw_isa_name(engine.isa()), engine.worker_count(),
+      engine.pinned() ? "yes" : "no", engine_timing);
+  row("plain OpenMP loop", "compiler", engine.worker_count(), openmp_bound ? "bound" : "no",
+      openmp_timing);
+  std::printf("  HostAdamW / plain OpenMP loop (median): %.2fx\n", ratio);
+  std::printf("  %s\n", engine.report().c_str());
+  std::printf("  pinning: %s\n", engine.pin_status().c_str());
+  std::printf("  traffic: 28 bytes per parameter (reads p, g, m, v; writes p, m, v)\n");
+
+  if (!flags.json_path.empty()) {
+    const nlohmann::json json = {
+        {"engine", "layup"},
+        {"benchmark", "adamw"},
+        {"command_line", own_command_line()},
+        {"params", n},
+        {"warmup_updates", kWarmupUpdates},
+        {"repeats", flags.repeats},
+        {"bytes_per_param", kBytesPerParam},
+        {"host_adamw",
+         {{"isa", adamw_isa_name(engine.isa())},
+          {"workers", engine.worker_count()},
+          {"pinned", engine.pinned()},
+          {"pin_status", engine.pin_status()},
+          {"timing", timing_json(engine_timing, n)}}},
+        {"openmp_loop",
+         {{"threads", engine.worker_count()},
+          {"bound", openmp_bound},
+          {"timing", timing_json(openmp_timing, n)}}},
+        {"ratio_median", ratio},
+        {"report", engine.report()},
+        {"machine", {{"cpu", cpu_model_name()}, {"online_cores", sysconf(_SC_NPROCESSORS_ONLN)}}},
+        {"date", utc_now()},
+    };
+    const std::string text = json.dump(2) + "\n";
+    write_file_atomically(flags.json_path, std::as_bytes(std::span(text.data(), text.size())));
+    std::printf("  json: %s\n", flags.json_path.c_str());
+  }
+}
+
+}  // namespace
+
+void add_adamw_bench_command(CLI::App& app) {
+  auto flags = std::make_shared<AdamWBenchFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench-adamw",
+      "Time the CPU AdamW on fp32 master weights and moments (pinned workers, SIMD) against a "
+      "plain OpenMP loop over the same arrays: G params/s and GB/s of memory traffic.");
+  cmd->add_option("--params", flags->params, "Parameters to update (default: gpt2-small's)")
+      ->capture_default_str();
+  cmd->add_option("--workers", flags->workers,
+                  "Worker threads (default 0: one per core this process may use)")
+      ->capture_default_str();
+  cmd->add_flag("--no-pin", flags->no_pin, "Do not pin the workers to cores");
+  cmd->add_option("--isa", flags->isa,
+                  "scalar, avx2, avx512, neon or auto (auto: LAYUP_ADAMW_ISA if set, else the "
+                  "best this CPU runs)")
+      ->capture_default_str();
+  cmd->add_option("--repeats", flags->repeats, "Timed updates per variant")->capture_default_str();
+  cmd->add_option("--json", flags->json_path, "Also write the result as one JSON object here");
+  cmd->callback([flags]() { run_adamw_bench(*flags); });
+}
+
+}  // namespace layup

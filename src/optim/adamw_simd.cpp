@@ -1,0 +1,314 @@
+// The AdamW element loops (scalar, AVX2, AVX-512, NEON) and the run-time choice among them.
+//
+// Compiled with -ffp-contract=off (CMakeLists.txt): GCC implements _mm256_mul_ps and friends as
+// plain vector arithmetic, so without that flag it would fuse a product and a sum into an FMA
+// wherever the target has one (always under -march=native on a recent CPU, and inside the
+// target("avx512f") functions), rounding once instead of twice and breaking bitwise agreement
+// with the scalar loop.
+#include "optim/adamw_simd.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+namespace layup {
+
+namespace {
+
+// One element, in the operation order every level follows (see adamw_simd.h).
+inline void adamw_element(float& param, float grad, float& m, float& v, const AdamWConstants& c) {
+  const float g = grad * c.grad_scale;
+  const float m_i = c.beta1 * m + c.one_minus_beta1 * g;
+  const float v_i = c.beta2 * v + c.one_minus_beta2 * g * g;
+  m = m_i;
+  v = v_i;
+  param = param * c.decay_factor -
+          c.step_size * m_i / (std::sqrt(v_i) * c.inv_sqrt_bias_correction2 + c.eps);
+}
+
+void adamw_scalar(float* params, const float* grads, float* m, float* v, size_t count,
+                  const AdamWConstants& c) {
+  for (size_t i = 0; i < count; ++i) adamw_element(params[i], grads[i], m[i], v[i], c);
+}
+
+#if defined(__x86_64__)
+
+// Eight elements in the lanes of AVX registers. _mm256_sqrt_ps and _mm256_div_ps are correctly
+// rounded, as sqrtss and divss are; the approximations (_mm256_rsqrt_ps, _mm256_rcp_ps) would not
+// be. Operand order of each product and sum follows the scalar expression.
+__attribute__((target("avx2"))) inline void adamw8(__m256& p, __m256 grad, __m256& m, __m256& v,
+                                                   const AdamWConstants& c) {
+  const __m256 g = _mm256_mul_ps(grad, _mm256_set1_ps(c.grad_scale));
+  m = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(c.beta1), m),
+                    _mm256_mul_ps(_mm256_set1_ps(c.one_minus_beta1), g));
+  v = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(c.beta2), v),
+                    _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(c.one_minus_beta2), g), g));
+  const __m256 denominator =
+      _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(v), _mm256_set1_ps(c.inv_sqrt_bias_correction2)),
+                    _mm256_set1_ps(c.eps));
+  p = _mm256_sub_ps(_mm256_mul_ps(p, _mm256_set1_ps(c.decay_factor)),
+                    _mm256_div_ps(_mm256_mul_ps(_mm256_set1_ps(c.step_size), m), denominator));
+}
+
+__attribute__((target("avx2"))) void adamw_avx2(float* params, const float* grads, float* m,
+                                                float* v, size_t count, const AdamWConstants& c) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    __m256 p_i = _mm256_loadu_ps(params + i), m_i = _mm256_loadu_ps(m + i);
+    __m256 v_i = _mm256_loadu_ps(v + i);
+    adamw8(p_i, _mm256_loadu_ps(grads + i), m_i, v_i, c);
+    _mm256_storeu_ps(params + i, p_i);
+    _mm256_storeu_ps(m + i, m_i);
+    _mm256_storeu_ps(v + i, v_i);
+  }
+  for (; i < count; ++i) adamw_element(params[i], grads[i], m[i], v[i], c);
+}
+
+__attribute__((target("avx512f"))) inline void adamw16(__m512& p, __m512 grad, __m512& m, __m512& v,
+                                                       const AdamWConstants& c) {
+  const __m512 g = _mm512_mul_ps(grad, _mm512_set1_ps(c.grad_scale));
+  m = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(c.beta1), m),
+                    _mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta1), g));
+  v = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(c.beta2), v),
+                    _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta2), g), g));
+  // _mm512_mask_sqrt_ps with every lane selected is _mm512_sqrt_ps; GCC 12's _mm512_sqrt_ps
+  // trips a false -Wmaybe-uninitialized (its _mm512_undefined_ps, GCC bug 105593).
+  const __m512 root = _mm512_mask_sqrt_ps(v, static_cast<__mmask16>(0xFFFF), v);
+  const __m512 denominator = _mm512_add_ps(
+      _mm512_mul_ps(root, _mm512_set1_ps(c.inv_sqrt_bias_correction2)), _mm512_set1_ps(c.eps));
+  p = _mm512_sub_ps(_mm512_mul_ps(p, _mm512_set1_ps(c.decay_factor)),
+                    _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(c.step_size), m), denominator));
+}
+
+__attribute__((target("avx512f"))) void adamw_avx512(float* params, const float* grads, float* m,
+                                                     float* v, size_t count,
+                                                     const AdamWConstants& c) {
+  size_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    __m512 p_i = _mm512_loadu_ps(params + i), m_i = _mm512_loadu_ps(m + i);
+    __m512 v_i = _mm512_loadu_ps(v + i);
+    adamw16(p_i, _mm512_loadu_ps(grads + i), m_i, v_i, c);
+    _mm512_storeu_ps(params + i, p_i);
+    _mm512_storeu_ps(m + i, m_i);
+    _mm512_storeu_ps(v + i, v_i);
+  }
+  if (i < count) {
+    // The last 1-15 elements under a mask: masked-off lanes load zeros and are never stored, and
+    // a masked load does not fault on the memory past the end.
+    const __mmask16 mask = static_cast<__mmask16>((1u << (count - i)) - 1u);
+    __m512 p_i = _mm512_maskz_loadu_ps(mask, params + i), m_i = _mm512_maskz_loadu_ps(mask, m + i);
+    __m512 v_i = _mm512_maskz_loadu_ps(mask, v + i);
+    adamw16(p_i, _mm512_maskz_loadu_ps(mask, grads + i), m_i, v_i, c);
+    _mm512_mask_storeu_ps(params + i, mask, p_i);
+    _mm512_mask_storeu_ps(m + i, mask, m_i);
+    _mm512_mask_storeu_ps(v + i, mask, v_i);
+  }
+}
+
+#endif  // __x86_64__
+
+#if defined(__aarch64__)
+
+// Four elements in NEON lanes. AArch64's FSQRT and FDIV on vectors are correctly rounded; the
+// estimates (vrsqrteq_f32, vrecpeq_f32) would not be. vmulq_f32 followed by vaddq_f32 stays two
+// roundings because this file is compiled with -ffp-contract=off (GCC would otherwise emit FMLA).
+inline void adamw4(float32x4_t& p, float32x4_t grad, float32x4_t& m, float32x4_t& v,
+                   const AdamWConstants& c) {
+  const float32x4_t g = vmulq_f32(grad, vdupq_n_f32(c.grad_scale));
+  m = vaddq_f32(vmulq_f32(vdupq_n_f32(c.beta1), m), vmulq_f32(vdupq_n_f32(c.one_minus_beta1), g));
+  v = vaddq_f32(vmulq_f32(vdupq_n_f32(c.beta2), v),
+                vmulq_f32(vmulq_f32(vdupq_n_f32(c.one_minus_beta2), g), g));
+  const float32x4_t denominator = vaddq_f32(
+      vmulq_f32(vsqrtq_f32(v), vdupq_n_f32(c.inv_sqrt_bias_correction2)), vdupq_n_f32(c.eps));
+  p = vsubq_f32(vmulq_f32(p, vdupq_n_f32(c.decay_factor)),
+                vdivq_f32(vmulq_f32(vdupq_n_f32(c.step_size), m), denominator));
+}
+
+void adamw_neon(float* params, const float* grads, float* m, float* v, size_t count,
+                const AdamWConstants& c) {
+  size_t i = 0;
+  for (; i + 4 <= count; i += 4) {
+    float32x4_t p_i = vld1q_f32(params + i), m_i = vld1q_f32(m + i), v_i = vld1q_f32(v + i);
+    adamw4(p_i, vld1q_f32(grads + i), m_i, v_i, c);
+    vst1q_f32(params + i, p_i);
+    vst1q_f32(m + i, m_i);
+    vst1q_f32(v + i, v_i);
+  }
+  for (; i < count; ++i) adamw_element(params[i], grads[i], m[i], v[i], c);
+}
+
+#endif  // __aarch64__
+
+// Why a level is missing here, or "" when it is available.
+std::string unavailable_reason(AdamWIsa isa) {
+  switch (isa) {
+    case AdamWIsa::kScalar:
+      return "";
+    case AdamWIsa::kAvx2:
+    case AdamWIsa::kAvx512:
+#if defined(__x86_64__)
+      // libgcc's check includes the OS's support for the wider registers (XCR0), not only the
+      // CPUID bit.
+      __builtin_cpu_init();
+      if (isa == AdamWIsa::kAvx2 && !__builtin_cpu_supports("avx2"))
+        return "this CPU does not support AVX2";
+      if (isa == AdamWIsa::kAvx512 && !__builtin_cpu_supports("avx512f"))
+        return "this CPU does not support AVX-512F";
+      return "";
+#else
+      return "this build is not for x86-64";
+#endif
+    case AdamWIsa::kNeon:
+#if defined(__aarch64__)
+      return "";
+#else
+      return "this build is not for AArch64";
+#endif
+  }
+  return "unknown level";
+}
+
+std::string available_list() {
+  std::string list;
+  for (AdamWIsa isa : available_adamw_isas()) {
+    if (!list.empty()) list += ", ";
+    list += adamw_isa_name(isa);
+  }
+  return list;
+}
+
+}  // namespace
+
+AdamWConstants adamw_constants(const AdamWStep& step, bool decay) {
+  const AdamWHyper& h = step.hyper;
+  // Bias corrections in double, as PyTorch computes them in Python floats.
+  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(h.beta1), step.t);
+  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(h.beta2), step.t);
+  AdamWConstants c;
+  c.beta1 = h.beta1;
+  c.one_minus_beta1 = 1.0f - h.beta1;
+  c.beta2 = h.beta2;
+  c.one_minus_beta2 = 1.0f - h.beta2;
+  c.eps = h.eps;
+  c.step_size = static_cast<float>(h.lr / bias_correction1);
+  c.inv_sqrt_bias_correction2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
+  c.decay_factor = decay ? 1.0f - h.lr * h.weight_decay : 1.0f;
+  c.grad_scale = step.grad_scale;
+  return c;
+}
+
+const char* adamw_isa_name(AdamWIsa isa) {
+  switch (isa) {
+    case AdamWIsa::kScalar:
+      return "scalar";
+    case AdamWIsa::kAvx2:
+      return "AVX2";
+    case AdamWIsa::kAvx512:
+      return "AVX-512";
+    case AdamWIsa::kNeon:
+      return "NEON";
+  }
+  return "unknown";
+}
+
+bool adamw_isa_available(AdamWIsa isa) {
+  return unavailable_reason(isa).empty();
+}
+
+std::vector<AdamWIsa> available_adamw_isas() {
+  std::vector<AdamWIsa> levels;
+  for (AdamWIsa isa : {AdamWIsa::kScalar, AdamWIsa::kAvx2, AdamWIsa::kAvx512, AdamWIsa::kNeon})
+    if (adamw_isa_available(isa)) levels.push_back(isa);
+  return levels;
+}
+
+AdamWIsa best_adamw_isa() {
+  if (adamw_isa_available(AdamWIsa::kAvx512)) return AdamWIsa::kAvx512;
+  if (adamw_isa_available(AdamWIsa::kAvx2)) return AdamWIsa::kAvx2;
+  if (adamw_isa_available(AdamWIsa::kNeon)) return AdamWIsa::kNeon;
+  return AdamWIsa::kScalar;
+}
+
+AdamWIsa parse_adamw_isa(std::string_view name, std::string_view source) {
+  std::string lower(name);
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (lower.empty() || lower == "auto") return best_adamw_isa();
+  AdamWIsa isa;
+  if (lower == "scalar") {
+    isa = AdamWIsa::kScalar;
+  } else if (lower == "avx2") {
+    isa = AdamWIsa::kAvx2;
+  } else if (lower == "avx512") {
+    isa = AdamWIsa::kAvx512;
+  } else if (lower == "neon") {
+    isa = AdamWIsa::kNeon;
+  } else {
+    fail(source, " '", name, "' names no AdamW loop: use scalar, avx2, avx512, neon or auto");
+  }
+  const std::string reason = unavailable_reason(isa);
+  LAYUP_CHECK(reason.empty(), source, " '", name, "' asks for the ", adamw_isa_name(isa),
+              " AdamW loop, but ", reason, "; available here: ", available_list());
+  return isa;
+}
+
+AdamWIsa adamw_isa_from_environment() {
+  const char* value = std::getenv("LAYUP_ADAMW_ISA");
+  return parse_adamw_isa(value ? value : "", "LAYUP_ADAMW_ISA");
+}
+
+AdamWIsa default_adamw_isa() {
+  // A static initializer that throws is retried at the next call, so a bad LAYUP_ADAMW_ISA is
+  // reported at every update rather than once.
+  static const AdamWIsa isa = adamw_isa_from_environment();
+  return isa;
+}
+
+AdamWKernel adamw_kernel(AdamWIsa isa) {
+  const std::string reason = unavailable_reason(isa);
+  LAYUP_CHECK(reason.empty(), "the ", adamw_isa_name(isa), " AdamW loop is not available: ", reason,
+              "; available here: ", available_list());
+  switch (isa) {
+    case AdamWIsa::kScalar:
+      return adamw_scalar;
+#if defined(__x86_64__)
+    case AdamWIsa::kAvx2:
+      return adamw_avx2;
+    case AdamWIsa::kAvx512:
+      return adamw_avx512;
+#endif
+#if defined(__aarch64__)
+    case AdamWIsa::kNeon:
+      return adamw_neon;
+#endif
+    default:
+      break;
+  }
+  fail("no AdamW loop for ", adamw_isa_name(isa));
+}
+
+AdamWKernel default_adamw_kernel() {
+  static const AdamWKernel kernel = adamw_kernel(default_adamw_isa());
+  return kernel;
+}
+
+ElementRange adamw_share(size_t count, int part, int parts) {
+  constexpr size_t kLineFloats = 16;  // 64 bytes
+  const size_t lines = (count + kLineFloats - 1) / kLineFloats;
+  const size_t n = static_cast<size_t>(parts), k = static_cast<size_t>(part);
+  // Whole lines dealt out as evenly as they go: shares differ by at most one line.
+  const size_t begin = std::min(count, lines * k / n * kLineFloats);
+  const size_t end = std::min(count, lines * (k + 1) / n * kLineFloats);
+  return {begin, end};
+}
+
+}  // namespace layup

@@ -1,0 +1,87 @@
+// The AdamW element loop at each SIMD level (scalar, AVX2, AVX-512, NEON), and the choice among
+// them at run time.
+//
+// Every level computes, for each element, exactly the operations of the scalar loop, in the same
+// order and with the same rounding:
+//   g = grad * grad_scale
+//   m = beta1 m + (1 - beta1) g                     (two products, one sum)
+//   v = beta2 v + ((1 - beta2) g) g                 (three products, one sum)
+//   p = p decay_factor - (step_size m) / (sqrt(v) inv_sqrt_bias_correction2 + eps)
+// IEEE single precision makes each of those a correctly rounded operation on every level (sqrt
+// and division included: no reciprocal estimates), and this file and its users are compiled
+// without FMA contraction (-ffp-contract=off, see CMakeLists.txt), so all levels produce the same
+// bits. The schedules' equivalence tests and exact resume depend on that.
+//
+// The level is picked once per process (default_adamw_isa): the best one this binary was built
+// with and this CPU runs, or a lower one named by the environment, LAYUP_ADAMW_ISA=scalar|avx2|
+// avx512|neon (for tests and benchmarks). AVX2 and AVX-512 are chosen at run time on x86-64
+// (their loops are compiled with target attributes, so the baseline build needs no -mavx flags);
+// NEON is part of every AArch64 CPU and is used whenever the build is for AArch64.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+#include "optim/adamw.h"
+
+namespace layup {
+
+enum class AdamWIsa { kScalar, kAvx2, kAvx512, kNeon };
+
+// The per-call constants of the element loop, computed once from the step (in double where
+// PyTorch computes them in Python floats).
+struct AdamWConstants {
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float eps;
+  float step_size;                  // lr / (1 - beta1^t)
+  float inv_sqrt_bias_correction2;  // 1 / sqrt(1 - beta2^t)
+  float decay_factor;               // 1 - lr wd, or 1 where the tensor does not decay
+  float grad_scale;                 // the clip factor
+};
+
+AdamWConstants adamw_constants(const AdamWStep& step, bool decay);
+
+// Updates `count` elements in place; no alignment is required of the pointers.
+using AdamWKernel = void (*)(float* params, const float* grads, float* m, float* v, size_t count,
+                             const AdamWConstants& c);
+
+// "scalar", "AVX2", "AVX-512" or "NEON".
+const char* adamw_isa_name(AdamWIsa isa);
+
+// Whether this binary has the level's loop and this CPU can run it.
+bool adamw_isa_available(AdamWIsa isa);
+
+// The levels available here, lowest first (always starting with scalar).
+std::vector<AdamWIsa> available_adamw_isas();
+
+// The fastest available level.
+AdamWIsa best_adamw_isa();
+
+// "scalar", "avx2", "avx512" or "neon" as that level, "auto" (or "") as the best available one.
+// Throws layup::Error for an unknown name or a level this binary or CPU does not have; the message
+// names `source` (the flag or variable the name came from).
+AdamWIsa parse_adamw_isa(std::string_view name, std::string_view source = "AdamW ISA");
+
+// LAYUP_ADAMW_ISA as it is now, parsed as above; unset means the best available level.
+AdamWIsa adamw_isa_from_environment();
+
+// adamw_isa_from_environment(), read at the first call and then fixed for the process.
+AdamWIsa default_adamw_isa();
+
+// The loop of one level; throws layup::Error where the level is not available.
+AdamWKernel adamw_kernel(AdamWIsa isa);
+
+// The loop of default_adamw_isa().
+AdamWKernel default_adamw_kernel();
+
+// Share `part` of `parts` of [0, count): contiguous, in order, boundaries at multiples of 16
+// floats (64 bytes, one cache line when the buffer is aligned) so that two threads never write
+// the same line. Trailing shares may be empty.
+struct ElementRange {
+  size_t begin, end;
+};
+ElementRange adamw_share(size_t count, int part, int parts);
+
+}  // namespace layup

@@ -1,0 +1,146 @@
+// HostAdamW: the CPU AdamW engine for the host-side optimizer state, built for memory bandwidth.
+//
+// AdamW on fp32 master weights moves 28 bytes per parameter (reads p, g, m, v; writes p, m, v)
+// for a dozen flops, so on a many-core host it runs at the speed of memory. This engine owns a
+// fixed set of worker threads, one per core, each pinned to its core; an update splits every
+// tensor into one contiguous share per worker (cut at 64-byte lines, adamw_share) and runs the
+// SIMD loop of optim/adamw_simd.h on the shares in parallel. Because a worker always gets the
+// same share of a tensor, the pages it first touched (for_each_worker_share) stay on its NUMA
+// node and in its caches. It counts what it did, so a run can report its AdamW rate.
+//
+// Results are bitwise identical to adamw_update / adamw_update_span: the update is elementwise
+// and every level of the loop gives the same bits, so neither the worker count nor the split
+// changes anything.
+//
+// Threading contract:
+//  - Any thread may call update, update_span, for_each_worker_share and the statistics, e.g. a
+//    worker of a schedule's CPU pool. Calls are serialized: a second caller waits until the first
+//    call returns (each call already uses every worker, so overlapping calls would gain nothing).
+//  - A call returns when every worker has finished its share; the caller may then read and
+//    write the buffers (the hand-back is a release/acquire pair, no further fence needed).
+//  - Never call into the engine from inside a for_each_worker_share task (it would deadlock).
+//  - The caller sleeps while the workers run; the workers poll for up to 50 us after a call and
+//    then sleep on a condition variable, so an idle engine burns no CPU.
+//  - The workers take every core they are given: where another thread must keep a core (the
+//    thread that drives the device), leave it out with HostAdamWOptions::cores / workers.
+//
+// Use, e.g. from a CPU worker of a schedule, block by block:
+//   HostAdamW adamw;  // one worker per core, pinned, the best SIMD level
+//   adamw.update_span(layout, span, params + span.offset, grads, m + span.offset,
+//                     v + span.offset, step);
+//   ...
+//   log(adamw.report());  // "CPU AdamW: 16 workers (pinned), AVX-512, 3.41 G params/s ..."
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/parameter_layout.h"
+#include "optim/adamw.h"
+#include "optim/adamw_simd.h"
+
+namespace layup {
+
+struct HostAdamWOptions {
+  int workers = 0;         // 0: one per core this process may run on (sched_getaffinity)
+  bool pin = true;         // pin worker i to core cores[i]
+  std::vector<int> cores;  // the cores to pin to, in order (default: the allowed ones, ascending)
+  std::string isa = "";    // scalar, avx2, avx512, neon or auto; "" means LAYUP_ADAMW_ISA or auto
+};
+
+class HostAdamW {
+ public:
+  // Starts the workers. Pinning that fails leaves the worker unpinned and says why in
+  // pin_status(); it never throws. A bad worker count or ISA throws layup::Error.
+  explicit HostAdamW(const HostAdamWOptions& options = {});
+  ~HostAdamW();
+  HostAdamW(const HostAdamW&) = delete;
+  HostAdamW& operator=(const HostAdamW&) = delete;
+
+  // AdamW on one span whose buffers start at the span's first element (as adamw_update_span);
+  // weight decay per tensor as the layout says.
+  void update_span(const ParameterLayout& layout, const Span& span, float* params,
+                   const float* grads, float* m, float* v, const AdamWStep& step);
+
+  // AdamW on `count` contiguous parameters (as adamw_update).
+  void update(float* params, const float* grads, float* m, float* v, size_t count,
+              const AdamWStep& step, bool decay);
+
+  // Runs task(begin, end) on every worker with the share of [0, count) that update() would give
+  // it, in parallel, and returns when all are done. Touching a new buffer this way first puts
+  // each page on the NUMA node of the worker that will update it. Not counted in the statistics.
+  void for_each_worker_share(size_t count, const std::function<void(size_t, size_t)>& task);
+
+  int worker_count() const { return static_cast<int>(threads_.size()); }
+  AdamWIsa isa() const { return isa_; }
+  bool pinned() const { return pinned_; }  // every worker is pinned to its own core
+  // "pinned to cores 0-15", "not pinned (pinning turned off)" or what went wrong.
+  const std::string& pin_status() const { return pin_status_; }
+
+  // Statistics over every update and update_span call since construction (or the last reset):
+  // calls, parameters updated, and wall-clock seconds from entering a call to its return.
+  int64_t updates() const;
+  int64_t params_updated() const;
+  double seconds() const;
+  double rate_params_per_s() const;  // 0 before the first update
+  void reset_statistics();
+  // One line, e.g. "CPU AdamW: 16 workers (pinned), AVX-512, 3.41 G params/s over 120 updates".
+  std::string report() const;
+
+ private:
+  // One tensor of the current job.
+  struct TensorJob {
+    float* params;
+    const float* grads;
+    float* m;
+    float* v;
+    size_t count;
+    bool decay;
+  };
+
+  void pin_workers(const HostAdamWOptions& options);
+  // Publishes the job in tensors_ (or touch_) to the workers and waits until all are done.
+  void run_job();
+  void work(int index);
+  void run_share(int index);
+  void count_update(size_t params, double seconds);
+
+  AdamWIsa isa_;
+  AdamWKernel kernel_;
+  bool pinned_ = false;
+  std::string pin_status_;
+
+  // The current job, written by the caller before it bumps generation_, read by the workers
+  // after they see the new generation.
+  std::vector<TensorJob> tensors_;
+  AdamWConstants with_decay_{}, without_decay_{};
+  const std::function<void(size_t, size_t)>* touch_ = nullptr;
+  size_t touch_count_ = 0;
+
+  mutable std::mutex call_mutex_;  // serializes callers; also guards the statistics
+  int64_t updates_ = 0;
+  int64_t params_updated_ = 0;
+  double seconds_ = 0.0;
+
+  // Hand-off: the caller bumps generation_ (under mutex_, so a sleeping worker cannot miss it);
+  // each worker decrements remaining_ when its share is done, and the last one wakes the caller.
+  std::mutex mutex_;
+  std::condition_variable work_ready_;
+  std::condition_variable work_done_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> remaining_{0};
+  std::atomic<bool> stopping_{false};
+  std::exception_ptr first_error_;  // what a for_each_worker_share task threw; guarded by mutex_
+
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace layup

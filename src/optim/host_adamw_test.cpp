@@ -1,0 +1,272 @@
+// Pins HostAdamW to adamw_update / adamw_update_span bit for bit whatever the worker count, its
+// statistics, its first-touch split, and that pinning which fails or is turned off changes
+// nothing but the status.
+#include "optim/host_adamw.h"
+
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/gpt2_config.h"
+#include "model/parameter_layout.h"
+#include "optim/adamw.h"
+
+namespace layup {
+namespace {
+
+struct State {
+  std::vector<float> params, grads, m, v;
+};
+
+State random_state(size_t count, uint64_t seed) {
+  Rng rng(seed);
+  State s{std::vector<float>(count), std::vector<float>(count), std::vector<float>(count),
+          std::vector<float>(count)};
+  for (size_t i = 0; i < count; ++i) {
+    s.params[i] = 0.1f * rng.normal();
+    s.grads[i] = 0.01f * rng.normal();
+    s.m[i] = 0.001f * rng.normal();
+    const float root = 0.001f * rng.normal();
+    s.v[i] = root * root;
+  }
+  return s;
+}
+
+AdamWStep step_number(int k) {
+  AdamWStep step;
+  step.hyper = {2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  step.t = 1 + k;
+  step.grad_scale = 0.6f;
+  return step;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  // memcmp must not see the null data() of an empty vector.
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+void expect_same_bits(const State& got, const State& expected, const std::string& where) {
+  EXPECT_TRUE(same_bits(got.params, expected.params)) << "params differ: " << where;
+  EXPECT_TRUE(same_bits(got.m, expected.m)) << "m differs: " << where;
+  EXPECT_TRUE(same_bits(got.v, expected.v)) << "v differs: " << where;
+}
+
+// A small model whose width (40) is not a multiple of 16, so tensors start off cache lines.
+ParameterLayout small_layout() {
+  Gpt2Config config;
+  config.n_layer = 2;
+  config.n_head = 2;
+  config.n_embd = 40;
+  config.n_positions = 8;
+  config.vocab_size = 61;
+  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
+  return ParameterLayout(config);
+}
+
+// Three steps over every span with the engine and with adamw_update_span, compared after each.
+void expect_spans_match(HostAdamW& engine, const std::string& what) {
+  const ParameterLayout layout = small_layout();
+  const size_t n = layout.total_count();
+  State got = random_state(n, 5), expected = got;
+  for (int k = 0; k < 3; ++k) {
+    const AdamWStep step = step_number(k);
+    for (const Span& span : layout.spans()) {
+      const size_t at = span.offset;
+      engine.update_span(layout, span, got.params.data() + at, got.grads.data() + at,
+                         got.m.data() + at, got.v.data() + at, step);
+      adamw_update_span(layout, span, expected.params.data() + at, expected.grads.data() + at,
+                        expected.m.data() + at, expected.v.data() + at, step);
+    }
+    expect_same_bits(got, expected, what + ", step " + std::to_string(k));
+  }
+}
+
+TEST(HostAdamW, SpanUpdatesMatchAdamWUpdateSpanForAnyWorkerCount) {
+  for (int workers : {1, 2, 3, 7}) {
+    HostAdamWOptions options;
+    options.workers = workers;
+    HostAdamW engine(options);
+    ASSERT_EQ(engine.worker_count(), workers);
+    expect_spans_match(engine, std::to_string(workers) + " workers");
+  }
+}
+
+TEST(HostAdamW, RawUpdatesMatchAdamWUpdateOnOddSizes) {
+  HostAdamWOptions options;
+  options.workers = 3;
+  HostAdamW engine(options);
+  for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{17}, size_t{1000003}}) {
+    for (bool decay : {false, true}) {
+      State got = random_state(count, 9 + count), expected = got;
+      for (int k = 0; k < 3; ++k) {
+        const AdamWStep step = step_number(k);
+        engine.update(got.params.data(), got.grads.data(), got.m.data(), got.v.data(), count, step,
+                      decay);
+        adamw_update(expected.params.data(), expected.grads.data(), expected.m.data(),
+                     expected.v.data(), count, step, decay);
+      }
+      expect_same_bits(got, expected,
+                       "count " + std::to_string(count) + ", decay " + std::to_string(decay));
+    }
+  }
+}
+
+TEST(HostAdamW, EveryIsaGivesTheSameBits) {
+  const size_t count = 100003;
+  State reference = random_state(count, 21);
+  adamw_update(reference.params.data(), reference.grads.data(), reference.m.data(),
+               reference.v.data(), count, step_number(0), true);
+  for (AdamWIsa isa : available_adamw_isas()) {
+    HostAdamWOptions options;
+    options.workers = 2;
+    options.isa = isa == AdamWIsa::kScalar   ? "scalar"
+                  : isa == AdamWIsa::kAvx2   ? "avx2"
+                  : isa == AdamWIsa::kAvx512 ? "avx512"
+                                             : "neon";
+    HostAdamW engine(options);
+    EXPECT_EQ(engine.isa(), isa);
+    State got = random_state(count, 21);
+    engine.update(got.params.data(), got.grads.data(), got.m.data(), got.v.data(), count,
+                  step_number(0), true);
+    expect_same_bits(got, reference, adamw_isa_name(isa));
+  }
+}
+
+TEST(HostAdamW, StatisticsCountTheParameters) {
+  HostAdamWOptions options;
+  options.workers = 2;
+  HostAdamW engine(options);
+  EXPECT_EQ(engine.rate_params_per_s(), 0.0);
+  EXPECT_NE(engine.report().find("no updates yet"), std::string::npos) << engine.report();
+
+  const size_t count = 200000;
+  State s = random_state(count, 3);
+  engine.update(s.params.data(), s.grads.data(), s.m.data(), s.v.data(), count, step_number(0),
+                true);
+  engine.update(s.params.data(), s.grads.data(), s.m.data(), s.v.data(), count, step_number(1),
+                false);
+  const ParameterLayout layout = small_layout();
+  const Span& block = layout.spans()[1];
+  State b = random_state(block.count, 4);
+  engine.update_span(layout, block, b.params.data(), b.grads.data(), b.m.data(), b.v.data(),
+                     step_number(0));
+
+  EXPECT_EQ(engine.updates(), 3);
+  EXPECT_EQ(engine.params_updated(), static_cast<int64_t>(2 * count + block.count));
+  EXPECT_GT(engine.seconds(), 0.0);
+  EXPECT_NEAR(engine.rate_params_per_s(), engine.params_updated() / engine.seconds(), 1e-6);
+  const std::string report = engine.report();
+  EXPECT_NE(report.find("CPU AdamW: 2 workers"), std::string::npos) << report;
+  EXPECT_NE(report.find(adamw_isa_name(engine.isa())), std::string::npos) << report;
+  EXPECT_NE(report.find("G params/s over 3 updates"), std::string::npos) << report;
+
+  engine.reset_statistics();
+  EXPECT_EQ(engine.updates(), 0);
+  EXPECT_EQ(engine.params_updated(), 0);
+}
+
+TEST(HostAdamW, PinningTurnedOffOrOnChangesOnlyTheStatus) {
+  HostAdamWOptions options;
+  options.workers = 2;
+  options.pin = false;
+  HostAdamW unpinned(options);
+  EXPECT_FALSE(unpinned.pinned());
+  EXPECT_NE(unpinned.pin_status().find("turned off"), std::string::npos) << unpinned.pin_status();
+  expect_spans_match(unpinned, "unpinned");
+
+  options.pin = true;
+  options.workers = 0;  // one per allowed core: every worker can have a core of its own
+  HostAdamW pinned(options);
+  EXPECT_GE(pinned.worker_count(), 1);
+  // A container may forbid setting affinity; then the engine says so and runs unpinned.
+  if (pinned.pinned()) {
+    EXPECT_EQ(pinned.pin_status().rfind("pinned to cores ", 0), 0u) << pinned.pin_status();
+  } else {
+    EXPECT_EQ(pinned.pin_status().rfind("not pinned: ", 0), 0u) << pinned.pin_status();
+  }
+  expect_spans_match(pinned, "pinned");
+}
+
+TEST(HostAdamW, PinningThatFailsLeavesTheWorkersUnpinnedAndWorking) {
+  HostAdamWOptions options;
+  options.workers = 2;
+  options.cores = {CPU_SETSIZE - 1};  // a core no machine running the tests has
+  HostAdamW engine(options);
+  EXPECT_FALSE(engine.pinned());
+  EXPECT_EQ(engine.pin_status().rfind("not pinned: ", 0), 0u) << engine.pin_status();
+  EXPECT_NE(engine.pin_status().find("failed"), std::string::npos) << engine.pin_status();
+  expect_spans_match(engine, "after a failed pin");
+
+  options.cores = {-1};
+  HostAdamW outside(options);
+  EXPECT_FALSE(outside.pinned());
+  EXPECT_NE(outside.pin_status().find("outside"), std::string::npos) << outside.pin_status();
+}
+
+TEST(HostAdamW, WorkerSharesCoverEveryElementOnce) {
+  HostAdamWOptions options;
+  options.workers = 3;
+  HostAdamW engine(options);
+  const size_t count = 1000003;
+  std::vector<int> touched(count, 0);
+  engine.for_each_worker_share(count, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) ++touched[i];
+  });
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ(touched[i], 1) << i;
+  EXPECT_EQ(engine.updates(), 0);  // touching is not an update
+
+  EXPECT_THROW(engine.for_each_worker_share(
+                   count, [](size_t, size_t) { throw std::runtime_error("task failed"); }),
+               std::runtime_error);
+  // The engine still works after a task threw.
+  expect_spans_match(engine, "after a throwing task");
+}
+
+TEST(HostAdamW, CallsFromSeveralThreadsAreSerialized) {
+  HostAdamWOptions options;
+  options.workers = 2;
+  HostAdamW engine(options);
+  constexpr int kCallers = 4;
+  constexpr size_t kCount = 10007;
+  std::vector<State> got, expected;
+  for (int c = 0; c < kCallers; ++c) {
+    got.push_back(random_state(kCount, 100 + c));
+    expected.push_back(got.back());
+  }
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      for (int k = 0; k < 20; ++k)
+        engine.update(got[c].params.data(), got[c].grads.data(), got[c].m.data(), got[c].v.data(),
+                      kCount, step_number(k), true);
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  for (int c = 0; c < kCallers; ++c) {
+    for (int k = 0; k < 20; ++k)
+      adamw_update(expected[c].params.data(), expected[c].grads.data(), expected[c].m.data(),
+                   expected[c].v.data(), kCount, step_number(k), true);
+    expect_same_bits(got[c], expected[c], "caller " + std::to_string(c));
+  }
+  EXPECT_EQ(engine.updates(), kCallers * 20);
+}
+
+TEST(HostAdamW, BadOptionsThrow) {
+  HostAdamWOptions options;
+  options.workers = -1;
+  EXPECT_THROW(HostAdamW{options}, Error);
+  options.workers = 1;
+  options.isa = "avx1024";
+  EXPECT_THROW(HostAdamW{options}, Error);
+}
+
+}  // namespace
+}  // namespace layup

@@ -1,0 +1,64 @@
+// What every schedule shares: tracing's device track, and the choice of a schedule by mode name.
+#include "schedule/schedule.h"
+
+#include <sstream>
+
+#include "core/error.h"
+#include "trace/trace_recorder.h"
+
+namespace layup {
+
+void Schedule::set_trace(TraceRecorder* recorder) {
+  trace_ = recorder;
+  device_track_ = recorder != nullptr ? recorder->track("GPU") : 0;
+}
+
+const std::vector<std::string>& schedule_modes() {
+  static const std::vector<std::string> modes = {"gpu", "offload", "layup"};
+  return modes;
+}
+
+std::unique_ptr<Schedule> make_schedule(const std::string& mode,
+                                        std::unique_ptr<ModelBackend> backend,
+                                        std::unique_ptr<Device> device,
+                                        const ParameterLayout& layout, int cpu_workers) {
+  if (mode == "gpu") return make_gpu_schedule(std::move(backend), std::move(device), layout);
+  if (mode == "offload")
+    return make_offload_schedule(std::move(backend), std::move(device), layout);
+  if (mode == "layup")
+    return make_layup_schedule(std::move(backend), std::move(device), layout, cpu_workers);
+  fail("--mode ", mode, " is not a schedule; use gpu, offload or layup");
+}
+
+std::string describe_schedule(const std::string& mode, int cpu_workers, float clip_max_norm) {
+  if (mode == "gpu")
+    return "gpu: weights, gradients and AdamW state on the device; AdamW after backward";
+  if (mode == "offload")
+    return "offload: full backward on the device, gradients copied to the host, AdamW on the CPU "
+           "after backward (no overlap)";
+  LAYUP_CHECK(mode == "layup", "--mode ", mode, " is not a schedule; use gpu, offload or layup");
+  std::ostringstream text;
+  text << "layup with " << cpu_workers << " CPU worker" << (cpu_workers == 1 ? "" : "s")
+       << ": block gradients through two slots to the CPU, AdamW per block on the CPU; ";
+  if (clip_max_norm > 0.0f)
+    text << "clipping at " << clip_max_norm
+         << " is exact: the block updates run after backward, once the global norm is known "
+            "(--clip none overlaps them with backward)";
+  else
+    text << "no clipping, so each block's update overlaps the backward of the blocks below it";
+  return text.str();
+}
+
+const char* adamw_trace_name(SpanKind kind) {
+  switch (kind) {
+    case SpanKind::kEmbeddings:
+      return "adamw embeddings";
+    case SpanKind::kBlock:
+      return "adamw block";
+    case SpanKind::kFinalNorm:
+      return "adamw final_norm";
+  }
+  return "adamw";
+}
+
+}  // namespace layup
