@@ -71,7 +71,7 @@ class Carver {
 template <class T>
 class CudaBackend final : public ModelBackend {
  public:
-  CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len);
+  CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -117,6 +117,7 @@ class CudaBackend final : public ModelBackend {
   Gpt2Config config_;
   ParameterLayout layout_;
   int max_batch_, max_seq_len_;
+  int recompute_;  // see cuda_backend.h
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::CublasLt> blas_;
   // bf16 mode: cuDNN's fused attention when this build and machine have it (LAYUP_ATTENTION=layup
@@ -172,9 +173,15 @@ class CudaBackend final : public ModelBackend {
 };
 
 template <class T>
-CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len)
-    : config_(config), layout_(config), max_batch_(max_batch), max_seq_len_(max_seq_len) {
+CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute)
+    : config_(config),
+      layout_(config),
+      max_batch_(max_batch),
+      max_seq_len_(max_seq_len),
+      recompute_(recompute) {
   validate_config(config);
+  LAYUP_CHECK(recompute >= 0 && recompute <= kMaxRecompute, "--recompute takes 0, 1 or 2, not ",
+              recompute);
   LAYUP_CHECK(max_batch >= 1 && max_seq_len >= 1, "the CUDA backend needs a batch size and a ",
               "sequence length of at least 1 (got ", max_batch, " x ", max_seq_len, ")");
   LAYUP_CHECK(max_seq_len <= config.n_positions, "sequence length ", max_seq_len,
@@ -260,19 +267,34 @@ void CudaBackend<T>::carve(Carver& carver) {
   residual_.resize(L + 1);
   for (T*& residual : residual_) carver.take(residual, BT * C);
   blocks_.resize(L);
+  // Recomputed activations live in one buffer that every block's forward writes and its own
+  // backward rewrites just before reading (recompute_ >= 1: GELU's output; >= 2: both layer
+  // norms' outputs, which are never needed at the same time).
+  T *shared_gelu = nullptr, *shared_ln = nullptr;
+  if (recompute_ >= 1) carver.take(shared_gelu, BT * 4 * C);
+  if (recompute_ >= 2) carver.take(shared_ln, BT * C);
   for (BlockActivations& a : blocks_) {
-    carver.take(a.ln_1, BT * C);
+    if (recompute_ >= 2)
+      a.ln_1 = shared_ln;
+    else
+      carver.take(a.ln_1, BT * C);
     carver.take(a.ln_1_mean, BT);
     carver.take(a.ln_1_rstd, BT);
     carver.take(a.qkv, BT * 3 * C);
     carver.take(a.att_out, BT * C);
     carver.take(a.att_lse, BT * NH);
     carver.take(a.residual_mid, BT * C);
-    carver.take(a.ln_2, BT * C);
+    if (recompute_ >= 2)
+      a.ln_2 = shared_ln;
+    else
+      carver.take(a.ln_2, BT * C);
     carver.take(a.ln_2_mean, BT);
     carver.take(a.ln_2_rstd, BT);
     carver.take(a.fc, BT * 4 * C);
-    carver.take(a.fc_gelu, BT * 4 * C);
+    if (recompute_ >= 1)
+      a.fc_gelu = shared_gelu;
+    else
+      carver.take(a.fc_gelu, BT * 4 * C);
   }
   carver.take(ln_f_, BT * C);
   carver.take(ln_f_mean_, BT);
@@ -502,6 +524,10 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
   const BlockActivations& a = blocks_[layer];
 
   // MLP branch. d_residual_ holds dL/d(block output) = dL/d(MLP output).
+  // --recompute: GELU's output (and the layer norms' below) back into the shared buffers. The
+  // recomputed values are the forward's bit for bit where the forward used the same kernel (fp32);
+  // in bf16 the forward's GELU ran in the matmul epilogue, so they may differ by a rounding.
+  if (recompute_ >= 1) cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
   if (fuse_gelu_) {
     cuda::matmul_backward_through_gelu(*blas_, d_fc_, g + o.mlp_proj_weight, g + o.mlp_proj_bias,
                                        d_residual_, a.fc_gelu, a.fc, p + o.mlp_proj_weight, BT,
@@ -512,6 +538,10 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
                           cuda::InputGradient::kOverwrite, stream_);
     zero(d_fc_, static_cast<size_t>(BT) * 4 * C);
     cuda::gelu_backward(d_fc_, a.fc, d_fc_gelu_, BT * 4 * C, stream_);
+  }
+  if (recompute_ >= 2) {
+    cuda::layernorm_forward(a.ln_2, a.ln_2_mean, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight,
+                            p + o.ln_2_bias, BT, C, config_.layer_norm_epsilon, stream_);
   }
   cuda::matmul_backward(*blas_, d_ln_, g + o.mlp_fc_weight, g + o.mlp_fc_bias, d_fc_, a.ln_2,
                         p + o.mlp_fc_weight, BT, C, 4 * C, scratch_,
@@ -532,6 +562,10 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
     zero(d_qkv_, static_cast<size_t>(BT) * 3 * C);
     cuda::attention_backward(d_qkv_, d_att_out_, a.qkv, a.att_out, a.att_lse, B, T_, C, NH,
                              scratch_, stream_);
+  }
+  if (recompute_ >= 2) {
+    cuda::layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, residual_[layer], p + o.ln_1_weight,
+                            p + o.ln_1_bias, BT, C, config_.layer_norm_epsilon, stream_);
   }
   cuda::matmul_backward(*blas_, d_ln_, g + o.attn_qkv_weight, g + o.attn_qkv_bias, d_qkv_, a.ln_1,
                         p + o.attn_qkv_weight, BT, C, 3 * C, scratch_,
@@ -564,10 +598,11 @@ const char* compute_dtype_name(ComputeDtype dtype) {
 }
 
 std::unique_ptr<ModelBackend> make_cuda_backend(const Gpt2Config& config, int max_batch,
-                                                int max_seq_len, ComputeDtype dtype) {
+                                                int max_seq_len, ComputeDtype dtype,
+                                                int recompute) {
   if (dtype == ComputeDtype::kFloat32)
-    return std::make_unique<CudaBackend<float>>(config, max_batch, max_seq_len);
-  return std::make_unique<CudaBackend<__nv_bfloat16>>(config, max_batch, max_seq_len);
+    return std::make_unique<CudaBackend<float>>(config, max_batch, max_seq_len, recompute);
+  return std::make_unique<CudaBackend<__nv_bfloat16>>(config, max_batch, max_seq_len, recompute);
 }
 
 }  // namespace layup

@@ -215,6 +215,32 @@ TEST_P(CudaBackendTest, BackwardIsReproducibleAndAccumulates) {
   EXPECT_LE(relative_error(again->download(), doubled), 1e-6);
 }
 
+// --recompute 1 and 2 give the loss of recompute 0 exactly and its gradients: bit for bit in fp32
+// (the recomputed activations come from the same kernels as the forward's), within a rounding in
+// bf16 (there the forward's GELU ran in the matmul epilogue, the recomputation in the GELU op).
+TEST_P(CudaBackendTest, RecomputeKeepsLossAndGradients) {
+  const Batch batch = random_batch(3, 20, config.vocab_size, 8);
+  auto reference = device_gradients();
+  const float loss = gpu->forward(device_params(), batch.view());
+  run_backward(*gpu, device_params(), layout.pointers(reference->get()), config.n_layer);
+  const std::vector<float> expected = reference->download();
+  for (int level = 1; level <= kMaxRecompute; ++level) {
+    SCOPED_TRACE("recompute " + std::to_string(level));
+    auto backend = make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam(), level);
+    auto grads = device_gradients();
+    EXPECT_EQ(backend->forward(device_params(), batch.view()), loss);
+    run_backward(*backend, device_params(), layout.pointers(grads->get()), config.n_layer);
+    const std::vector<float> actual = grads->download();
+    if (GetParam() == ComputeDtype::kFloat32) {
+      EXPECT_EQ(std::memcmp(actual.data(), expected.data(), actual.size() * sizeof(float)), 0);
+    } else {
+      EXPECT_LE(relative_error(actual, expected), 1e-2);
+    }
+  }
+  EXPECT_THROW(make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam(), kMaxRecompute + 1),
+               Error);
+}
+
 // Each backward call writes only into the gradient memory it is handed: a block's gradient lands
 // in a separate slot laid out like one block span, whatever surrounds it. The slot sits 256 bytes
 // into its allocation, between sentinels, aligned as the block spans of the whole buffer are (so
@@ -337,6 +363,62 @@ TEST_P(CudaBackendTest, GpuScheduleTrainsLikeTheCpu) {
   // In bf16 the gradients differ by a few percent, so AdamW's normalized steps differ too; the
   // parameters still move by at most 5 lr per element from values of size ~0.1.
   if (!fp32) EXPECT_LE(worst, 5e-2);
+}
+
+// The three modes on the GPU: offload and layup (AdamW on the CPU, gradients through host memory)
+// against gpu mode (AdamW on the GPU), 5 steps from the same parameters and batches, with 2-way
+// accumulation, clipping that triggers, and without clipping (layup then updates during backward).
+// The gradients come from the same kernels in every mode; what differs is where AdamW and the
+// norm's sum run (GPU kernels vs the CPU's SIMD loops: other rounding), so the modes agree to
+// float rounding, not bitwise: 1e-5 relative in fp32, and in bf16 too (the master weights and
+// AdamW are fp32 in every mode; only the compute copy is bf16, made the same way in each).
+TEST_P(CudaBackendTest, ThreeModesAgree) {
+  OptimizerTensors initial{params, std::vector<float>(params.size(), 0.0f),
+                           std::vector<float>(params.size(), 0.0f)};
+  for (const float clip : {1.0f, 0.0f}) {
+    std::vector<std::vector<float>> losses;
+    std::vector<OptimizerTensors> states;
+    for (const std::string mode : {"gpu", "offload", "layup"}) {
+      std::unique_ptr<Schedule> schedule =
+          make_schedule(mode, make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam()),
+                        make_cuda_device(), layout, 2);
+      schedule->import_tensors(initial);
+      UpdateSettings settings;
+      settings.adamw.hyper.lr = 1e-3f;
+      settings.adamw.hyper.eps = 1e-6f;  // see GpuScheduleTrainsLikeTheCpu
+      settings.clip_max_norm = clip;
+      std::vector<float> mode_losses;
+      for (int step = 1; step <= 5; ++step) {
+        const Batch a = random_batch(kMaxBatch, kMaxSeqLen, config.vocab_size, 300 + step);
+        const Batch b = random_batch(2, 21, config.vocab_size, 400 + step);
+        const TokenBatch micro_batches[] = {a.view(), b.view()};
+        settings.adamw.t = step;
+        const StepStats stats = schedule->step(micro_batches, settings);
+        ASSERT_TRUE(stats.applied) << mode << " step " << step;
+        if (clip > 0.0f && step == 1) EXPECT_LT(stats.clip_factor, 1.0f) << "clipping must trigger";
+        mode_losses.push_back(stats.loss);
+      }
+      losses.push_back(mode_losses);
+      states.push_back(schedule->export_tensors());
+    }
+    for (size_t mode = 1; mode < states.size(); ++mode) {
+      const char* name = mode == 1 ? "offload" : "layup";
+      double worst_loss = 0.0, worst_param = 0.0;
+      for (size_t step = 0; step < losses[0].size(); ++step)
+        worst_loss = std::max(worst_loss,
+                              std::fabs(static_cast<double>(losses[mode][step]) - losses[0][step]) /
+                                  std::fabs(static_cast<double>(losses[0][step])));
+      for (const TensorSpec& tensor : layout.tensors())
+        worst_param = std::max(
+            worst_param, relative_error(slice(states[mode].params, tensor.offset, tensor.count),
+                                        slice(states[0].params, tensor.offset, tensor.count)));
+      std::printf("[ %s, clip %s ] %s vs gpu: losses within %.2e, parameters within %.2e\n",
+                  compute_dtype_name(GetParam()), clip > 0.0f ? "1.0" : "none", name, worst_loss,
+                  worst_param);
+      EXPECT_LE(worst_loss, 1e-5) << name;
+      EXPECT_LE(worst_param, 1e-5) << name;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaBackendTest,
