@@ -18,15 +18,17 @@ if [ "${1:-}" = "--sanitize" ]; then
 fi
 
 venv=${LAYUP_VENV:-$HOME/.cache/layup/venv}
-# The oracles, and the cuDNN frontend's headers (nvidia-cudnn-frontend; torch brings cuDNN itself),
-# which the CUDA build compiles against for its fused attention.
-oracles=(torch transformers tiktoken safetensors numpy pytest regex nvidia-cudnn-frontend)
-if ! "$venv/bin/python" -c "import torch, transformers, tiktoken, safetensors, numpy, pytest, regex
-import importlib.util; assert importlib.util.find_spec('cudnn')" 2>/dev/null; then
+oracles=(torch transformers tiktoken safetensors numpy pytest regex)
+if ! "$venv/bin/python" -c "import torch, transformers, tiktoken, safetensors, numpy, pytest, regex" 2>/dev/null; then
   echo "installing the Python oracles into $venv"
   python3 -m venv "$venv" || { apt-get install -y -qq python3-venv && python3 -m venv "$venv"; }
   "$venv/bin/pip" install -q --upgrade pip
   "$venv/bin/pip" install -q "${oracles[@]}"
+fi
+# The cuDNN frontend's headers, which the CUDA build compiles its fused attention against (torch
+# brings cuDNN itself). Only the headers are used, so not the package's Python dependencies.
+if ! "$venv/bin/python" -c "import importlib.util; assert importlib.util.find_spec('cudnn')" 2>/dev/null; then
+  "$venv/bin/pip" install -q --no-deps nvidia-cudnn-frontend
 fi
 CMAKE_ARGS="-DLAYUP_PYTHON=$venv/bin/python" ./scripts/setup.sh
 ctest --test-dir build --output-on-failure -j 2
