@@ -387,12 +387,15 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
 
   cuda::embedding_forward(residual_[0], tokens_, w.embeddings + e.wte, w.embeddings + e.wpe, B, T_,
                           C, stream_);
+  // Every layer norm after the first is fused with the residual add before it: block l's ln_2
+  // with its attention branch's add, block l+1's ln_1 (or ln_f) with block l's MLP branch's add.
+  cuda::layernorm_forward(blocks_[0].ln_1, blocks_[0].ln_1_mean, blocks_[0].ln_1_rstd, residual_[0],
+                          w.blocks[0] + o.ln_1_weight, w.blocks[0] + o.ln_1_bias, BT, C, eps,
+                          stream_);
   for (int l = 0; l < L; ++l) {
     const T* p = w.blocks[l];
     BlockActivations& a = blocks_[l];
     const T* x = residual_[l];
-    cuda::layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, x, p + o.ln_1_weight, p + o.ln_1_bias,
-                            BT, C, eps, stream_);
     cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
                          3 * C, stream_);
     if (use_cudnn_attention(T_)) {
@@ -403,10 +406,9 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
     }
     cuda::matmul_forward(*blas_, branch_out_, a.att_out, p + o.attn_proj_weight,
                          p + o.attn_proj_bias, BT, C, C, stream_);
-    cuda::residual_forward(a.residual_mid, x, branch_out_, BT * C, stream_);
-
-    cuda::layernorm_forward(a.ln_2, a.ln_2_mean, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight,
-                            p + o.ln_2_bias, BT, C, eps, stream_);
+    cuda::residual_layernorm_forward(a.residual_mid, a.ln_2, a.ln_2_mean, a.ln_2_rstd, x,
+                                     branch_out_, p + o.ln_2_weight, p + o.ln_2_bias, BT, C, eps,
+                                     stream_);
     if (fuse_gelu_) {
       cuda::matmul_gelu_forward(*blas_, a.fc_gelu, a.fc, a.ln_2, p + o.mlp_fc_weight,
                                 p + o.mlp_fc_bias, BT, C, 4 * C, stream_);
@@ -417,10 +419,18 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
     }
     cuda::matmul_forward(*blas_, branch_out_, a.fc_gelu, p + o.mlp_proj_weight, p + o.mlp_proj_bias,
                          BT, 4 * C, C, stream_);
-    cuda::residual_forward(residual_[l + 1], a.residual_mid, branch_out_, BT * C, stream_);
+    if (l + 1 < L) {
+      BlockActivations& next = blocks_[l + 1];
+      const T* next_p = w.blocks[l + 1];
+      cuda::residual_layernorm_forward(residual_[l + 1], next.ln_1, next.ln_1_mean, next.ln_1_rstd,
+                                       a.residual_mid, branch_out_, next_p + o.ln_1_weight,
+                                       next_p + o.ln_1_bias, BT, C, eps, stream_);
+    } else {
+      cuda::residual_layernorm_forward(residual_[L], ln_f_, ln_f_mean_, ln_f_rstd_, a.residual_mid,
+                                       branch_out_, w.final_norm + f.weight, w.final_norm + f.bias,
+                                       BT, C, eps, stream_);
+    }
   }
-  cuda::layernorm_forward(ln_f_, ln_f_mean_, ln_f_rstd_, residual_[L], w.final_norm + f.weight,
-                          w.final_norm + f.bias, BT, C, eps, stream_);
   cuda::matmul_forward(*blas_, logits_, ln_f_, w.embeddings + e.wte, static_cast<const T*>(nullptr),
                        BT, C, Vp, stream_);
   logits_valid_ = true;

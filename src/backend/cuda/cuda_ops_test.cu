@@ -316,6 +316,42 @@ INSTANTIATE_TEST_SUITE_P(Sizes, LayerNormOp,
                                            LayerNormCase{9, 24}, LayerNormCase{300, 768},
                                            LayerNormCase{64, 1600}));
 
+// The fused residual add + layer norm of the forward: the sum as residual_forward rounds it, and
+// the layer norm of that sum, against the CPU ops.
+template <class T>
+void check_residual_layernorm(const LayerNormCase& shape) {
+  const auto [N, C] = shape;
+  constexpr float kEps = 1e-5f;
+  Rng rng(N * 31 + C);
+  const std::vector<float> x = rounded<T>(random_vector(rng, N * C));
+  const std::vector<float> branch = rounded<T>(random_vector(rng, N * C));
+  const std::vector<float> w = rounded<T>(random_vector(rng, C));
+  const std::vector<float> b = rounded<T>(random_vector(rng, C));
+  std::vector<float> sum(N * C), out_expected(N * C), mean_expected(N), rstd_expected(N);
+  residual_forward(sum.data(), x.data(), branch.data(), N * C);
+  sum = rounded<T>(sum);
+  layernorm_forward(out_expected.data(), mean_expected.data(), rstd_expected.data(), sum.data(),
+                    w.data(), b.data(), N, C, kEps);
+
+  DeviceTensor<T> d_x(x), d_branch(branch), d_w(w), d_b(b), d_sum(N * C), out(N * C);
+  DeviceArray<float> mean(N), rstd(N);
+  d_sum.array.poison();
+  out.array.poison();
+  mean.poison();
+  rstd.poison();
+  cuda::residual_layernorm_forward(d_sum.get(), out.get(), mean.get(), rstd.get(), d_x.get(),
+                                   d_branch.get(), d_w.get(), d_b.get(), N, C, kEps, kStream);
+  LAYUP_EXPECT_RELATIVE(d_sum.floats(), sum, {}, tolerance<T>(), "fused residual sum");
+  LAYUP_EXPECT_RELATIVE(out.floats(), out_expected, {}, tolerance<T>(), "fused layernorm out");
+  LAYUP_EXPECT_RELATIVE(mean.download(), mean_expected, {}, tolerance<T>(), "fused layernorm mean");
+  LAYUP_EXPECT_RELATIVE(rstd.download(), rstd_expected, {}, tolerance<T>(), "fused layernorm rstd");
+}
+
+TEST_P(LayerNormOp, FusedWithResidualMatchesCpu) {
+  LAYUP_REQUIRE_GPU();
+  LAYUP_FOR_EACH_DTYPE(check_residual_layernorm, GetParam());
+}
+
 // ---- Matmul -----------------------------------------------------------------------------------
 
 struct MatmulCase {

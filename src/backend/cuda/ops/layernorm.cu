@@ -15,6 +15,7 @@
 
 #include "backend/cuda/ops/common.cuh"
 #include "backend/cuda/ops/layernorm.cuh"
+#include "backend/cuda/ops/residual.cuh"
 
 namespace layup::cuda {
 namespace {
@@ -87,6 +88,58 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int i = 0; i < K; ++i) xs[i] = (xs[i] - m) * s * ws[i] + bs[i];
     store_floats<K>(y + c, xs);
+  }
+  if (lane == 0) {
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+// residual_out = x + branch, then the packed layer norm of it. The sum is rounded to T before the
+// statistics, so the result is what the unfused pair computes; the row stays in L1 between the
+// passes (the second and third re-read residual_out, written by this warp).
+template <class T>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    residual_layernorm_forward_kernel(T* residual_out, T* out, float* mean, float* rstd,
+                                      const T* x_in, const T* branch, const T* weight,
+                                      const T* bias, int N, int C, float eps) {
+  constexpr int K = Pack<T>::kSize;
+  const int n = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const size_t row = static_cast<size_t>(n) * C;
+
+  float sum = 0.0f;
+  for (int c = lane * K; c < C; c += 32 * K) {
+    float xs[K], bs[K];
+    load_floats<K>(x_in + row + c, xs);
+    load_floats<K>(branch + row + c, bs);
+    Pack<T> rounded;
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      rounded.v[i] = from_float<T>(xs[i] + bs[i]);
+      sum += to_float(rounded.v[i]);
+    }
+    store_pack(residual_out + row + c, rounded);
+  }
+  const float m = warp_sum(sum) / C;
+  // Each lane re-reads only the packs it wrote itself, so no synchronization is needed.
+  float squares = 0.0f;
+  for (int c = lane * K; c < C; c += 32 * K) {
+    float xs[K];
+    load_floats<K>(residual_out + row + c, xs);
+#pragma unroll
+    for (int i = 0; i < K; ++i) squares += (xs[i] - m) * (xs[i] - m);
+  }
+  const float s = 1.0f / sqrtf(warp_sum(squares) / C + eps);
+  for (int c = lane * K; c < C; c += 32 * K) {
+    float xs[K], ws[K], bs[K];
+    load_floats<K>(residual_out + row + c, xs);
+    load_floats<K>(weight + c, ws);
+    load_floats<K>(bias + c, bs);
+#pragma unroll
+    for (int i = 0; i < K; ++i) xs[i] = (xs[i] - m) * s * ws[i] + bs[i];
+    store_floats<K>(out + row + c, xs);
   }
   if (lane == 0) {
     mean[n] = m;
@@ -209,6 +262,24 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
   LAYUP_CUDA_CHECK_LAUNCH();
 }
 
+template <class T>
+void residual_layernorm_forward(T* residual_out, T* out, float* mean, float* rstd, const T* x,
+                                const T* branch, const T* weight, const T* bias, int N, int C,
+                                float eps, cudaStream_t stream) {
+  const bool packed = C % Pack<T>::kSize == 0 && is_aligned16(residual_out) && is_aligned16(out) &&
+                      is_aligned16(x) && is_aligned16(branch) && is_aligned16(weight) &&
+                      is_aligned16(bias);
+  if (!packed) {
+    residual_forward(residual_out, x, branch, N * C, stream);
+    layernorm_forward(out, mean, rstd, residual_out, weight, bias, N, C, eps, stream);
+    return;
+  }
+  residual_layernorm_forward_kernel<<<ceil_div(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0,
+                                      stream>>>(residual_out, out, mean, rstd, x, branch, weight,
+                                                bias, N, C, eps);
+  LAYUP_CUDA_CHECK_LAUNCH();
+}
+
 size_t layernorm_backward_scratch_floats(int N, int C) {
   return column_reduce_scratch_floats(N, C, 2);
 }
@@ -238,6 +309,14 @@ template void layernorm_forward<float>(float*, float*, float*, const float*, con
 template void layernorm_forward<__nv_bfloat16>(__nv_bfloat16*, float*, float*, const __nv_bfloat16*,
                                                const __nv_bfloat16*, const __nv_bfloat16*, int, int,
                                                float, cudaStream_t);
+template void residual_layernorm_forward<float>(float*, float*, float*, float*, const float*,
+                                                const float*, const float*, const float*, int, int,
+                                                float, cudaStream_t);
+template void residual_layernorm_forward<__nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, float*,
+                                                        float*, const __nv_bfloat16*,
+                                                        const __nv_bfloat16*, const __nv_bfloat16*,
+                                                        const __nv_bfloat16*, int, int, float,
+                                                        cudaStream_t);
 template void layernorm_backward<float>(float*, float*, float*, const float*, const float*,
                                         const float*, const float*, const float*, int, int, float*,
                                         cudaStream_t);

@@ -15,6 +15,15 @@ template <class T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
                        const T* bias, int N, int C, float eps, cudaStream_t stream);
 
+// The residual add that precedes every layer norm of GPT-2's pre-LN blocks, fused with it:
+// residual_out = x + branch (rounded to T, as residual_forward stores it), then layernorm_forward
+// of residual_out. One pass over the rows instead of two; the same results as residual_forward
+// followed by layernorm_forward.
+template <class T>
+void residual_layernorm_forward(T* residual_out, T* out, float* mean, float* rstd, const T* x,
+                                const T* branch, const T* weight, const T* bias, int N, int C,
+                                float eps, cudaStream_t stream);
+
 // Floats of scratch layernorm_backward needs for N rows of width C.
 size_t layernorm_backward_scratch_floats(int N, int C);
 
