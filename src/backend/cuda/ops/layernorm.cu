@@ -50,26 +50,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-// The same, 16 bytes at a time, for widths that are a multiple of a pack (every GPT-2 width) on
-// 16-byte aligned rows.
+// The second and third passes of a packed row (one warp, K = one 16-byte pack per lane and step),
+// given the lane's part of the row's sum: variance around the mean, then the normalized,
+// scaled and shifted row. Each lane reads only packs it read (or wrote) in the first pass.
 template <class T>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    layernorm_forward_packed_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight,
-                                    const T* bias, int N, int C, float eps) {
+__device__ void layernorm_row_packed(T* y, float* mean, float* rstd, const T* x, const T* weight,
+                                     const T* bias, int n, int C, float eps, float lane_sum) {
   constexpr int K = Pack<T>::kSize;
-  const int n = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (n >= N) return;
-  const T* x = inp + static_cast<size_t>(n) * C;
-
-  float sum = 0.0f;
-  for (int c = lane * K; c < C; c += 32 * K) {
-    float xs[K];
-    load_floats<K>(x + c, xs);
-#pragma unroll
-    for (int i = 0; i < K; ++i) sum += xs[i];
-  }
-  const float m = warp_sum(sum) / C;
+  const float m = warp_sum(lane_sum) / C;
   float squares = 0.0f;
   for (int c = lane * K; c < C; c += 32 * K) {
     float xs[K];
@@ -78,8 +67,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int i = 0; i < K; ++i) squares += (xs[i] - m) * (xs[i] - m);
   }
   const float s = 1.0f / sqrtf(warp_sum(squares) / C + eps);
-
-  T* y = out + static_cast<size_t>(n) * C;
   for (int c = lane * K; c < C; c += 32 * K) {
     float xs[K], ws[K], bs[K];
     load_floats<K>(x + c, xs);
@@ -95,9 +82,30 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// The same as layernorm_forward_kernel, 16 bytes at a time, for widths that are a multiple of a
+// pack (every GPT-2 width) on 16-byte aligned rows.
+template <class T>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    layernorm_forward_packed_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                                    const T* bias, int N, int C, float eps) {
+  constexpr int K = Pack<T>::kSize;
+  const int n = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const size_t row = static_cast<size_t>(n) * C;
+  float sum = 0.0f;
+  for (int c = lane * K; c < C; c += 32 * K) {
+    float xs[K];
+    load_floats<K>(inp + row + c, xs);
+#pragma unroll
+    for (int i = 0; i < K; ++i) sum += xs[i];
+  }
+  layernorm_row_packed(out + row, mean, rstd, inp + row, weight, bias, n, C, eps, sum);
+}
+
 // residual_out = x + branch, then the packed layer norm of it. The sum is rounded to T before the
 // statistics, so the result is what the unfused pair computes; the row stays in L1 between the
-// passes (the second and third re-read residual_out, written by this warp).
+// passes.
 template <class T>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     residual_layernorm_forward_kernel(T* residual_out, T* out, float* mean, float* rstd,
@@ -108,7 +116,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int lane = threadIdx.x % 32;
   if (n >= N) return;
   const size_t row = static_cast<size_t>(n) * C;
-
   float sum = 0.0f;
   for (int c = lane * K; c < C; c += 32 * K) {
     float xs[K], bs[K];
@@ -122,29 +129,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
     store_pack(residual_out + row + c, rounded);
   }
-  const float m = warp_sum(sum) / C;
-  // Each lane re-reads only the packs it wrote itself, so no synchronization is needed.
-  float squares = 0.0f;
-  for (int c = lane * K; c < C; c += 32 * K) {
-    float xs[K];
-    load_floats<K>(residual_out + row + c, xs);
-#pragma unroll
-    for (int i = 0; i < K; ++i) squares += (xs[i] - m) * (xs[i] - m);
-  }
-  const float s = 1.0f / sqrtf(warp_sum(squares) / C + eps);
-  for (int c = lane * K; c < C; c += 32 * K) {
-    float xs[K], ws[K], bs[K];
-    load_floats<K>(residual_out + row + c, xs);
-    load_floats<K>(weight + c, ws);
-    load_floats<K>(bias + c, bs);
-#pragma unroll
-    for (int i = 0; i < K; ++i) xs[i] = (xs[i] - m) * s * ws[i] + bs[i];
-    store_floats<K>(out + row + c, xs);
-  }
-  if (lane == 0) {
-    mean[n] = m;
-    rstd[n] = s;
-  }
+  layernorm_row_packed(out + row, mean, rstd, residual_out + row, weight, bias, n, C, eps, sum);
 }
 
 template <class T>
