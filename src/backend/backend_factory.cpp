@@ -41,16 +41,26 @@ ComputeTarget resolve_compute_target(const ComputeTarget& requested) {
 }
 
 BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& config, int max_batch,
-                              int max_seq_len) {
+                              int max_seq_len, std::shared_ptr<MemoryAccountant> accountant) {
+  if (!accountant) accountant = std::make_shared<MemoryAccountant>();
 #ifdef LAYUP_HAVE_CUDA
   if (target.device == "cuda") {
     const ComputeDtype dtype =
         target.dtype == "bf16" ? ComputeDtype::kBFloat16 : ComputeDtype::kFloat32;
-    return {make_cuda_backend(config, max_batch, max_seq_len, dtype), make_cuda_device()};
+    std::unique_ptr<Device> device = make_cuda_device(accountant);
+    return {make_cuda_backend(config, max_batch, max_seq_len, dtype, target.recompute, accountant),
+            std::move(device), accountant};
   }
 #endif
   LAYUP_CHECK(target.device == "cpu", "no backend for --device ", target.device);
-  return {make_cpu_backend(config, max_batch, max_seq_len), make_cpu_device()};
+  LAYUP_CHECK(
+      target.recompute == 0, "--recompute ", target.recompute,
+      " is a CUDA backend option: the CPU backend keeps every activation (its memory is the "
+      "host's); drop --recompute or use --device cuda");
+  // The CPU backend's activations are std::vectors it does not record: the memory plan lists them
+  // as planned only.
+  return {make_cpu_backend(config, max_batch, max_seq_len), make_cpu_device(accountant),
+          accountant};
 }
 
 }  // namespace layup

@@ -6,12 +6,14 @@
 
 #include "backend/device.h"
 #include "backend/model_backend.h"
+#include "memory/memory_accountant.h"
 
 namespace layup {
 
 struct ComputeTarget {
   std::string device = "auto";  // auto | cpu | cuda
   std::string dtype = "auto";   // auto | fp32 | bf16
+  int recompute = 0;            // --recompute: 0, 1 or 2 (backend/cuda/cuda_backend.h); cuda only
 };
 
 // Resolves "auto": cuda with bf16 where this build has the CUDA backend and a GPU is usable,
@@ -22,10 +24,13 @@ ComputeTarget resolve_compute_target(const ComputeTarget& requested);
 struct BackendAndDevice {
   std::unique_ptr<ModelBackend> backend;
   std::unique_ptr<Device> device;
+  std::shared_ptr<MemoryAccountant> accountant;  // the ledger both record their memory into
 };
 
-// Builds the backend for a resolved target, sized for max_batch x max_seq_len.
+// Builds the backend for a resolved target, sized for max_batch x max_seq_len. Device and backend
+// record their allocations into `accountant` (null: a new one, returned in the result).
 BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& config, int max_batch,
-                              int max_seq_len);
+                              int max_seq_len,
+                              std::shared_ptr<MemoryAccountant> accountant = nullptr);
 
 }  // namespace layup

@@ -9,6 +9,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     device_ = other.device_;
     data_ = other.data_;
     count_ = other.count_;
+    record_ = std::move(other.record_);
     other.device_ = nullptr;
     other.data_ = nullptr;
     other.count_ = 0;
@@ -18,6 +19,14 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 
 DeviceBuffer::~DeviceBuffer() {
   if (device_ && data_) device_->release(data_);
+}
+
+Device::Device(std::shared_ptr<MemoryAccountant> accountant)
+    : accountant_(accountant ? std::move(accountant) : std::make_shared<MemoryAccountant>()) {}
+
+MemoryRecord Device::record(size_t count, TensorClass tensor_class) const {
+  return MemoryRecord(accountant_, MemorySide::kDevice, tensor_class, memory_kind(),
+                      count * sizeof(float));
 }
 
 }  // namespace layup

@@ -4,12 +4,18 @@
 // On the CPU backend "device memory" is host memory and the operations run on the host; on the
 // CUDA backend they are cudaMalloc'd buffers and kernels. Streams and events for the layer-wise
 // overlap join this interface with the offload and layup schedules.
+//
+// Every allocation names its tensor class and is recorded in the device's MemoryAccountant
+// (memory/memory_accountant.h) for as long as its buffer lives, as device-side memory of the
+// device's kind (host on the CPU backend, device on CUDA).
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <string>
 
+#include "memory/memory_accountant.h"
+#include "memory/tensor_class.h"
 #include "model/parameter_layout.h"
 #include "optim/adamw.h"
 
@@ -21,8 +27,9 @@ class Device;
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Device* device, float* data, size_t count)
-      : device_(device), data_(data), count_(count) {}
+  // `record` holds the buffer's bytes in the accountant until the buffer goes.
+  DeviceBuffer(Device* device, float* data, size_t count, MemoryRecord record)
+      : device_(device), data_(data), count_(count), record_(std::move(record)) {}
   DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -36,6 +43,7 @@ class DeviceBuffer {
   Device* device_ = nullptr;
   float* data_ = nullptr;
   size_t count_ = 0;
+  MemoryRecord record_;
 };
 
 class Device {
@@ -44,9 +52,15 @@ class Device {
 
   virtual std::string name() const = 0;
 
-  // A zeroed buffer of `count` floats in device memory.
-  virtual DeviceBuffer allocate(size_t count) = 0;
+  // A zeroed buffer of `count` floats in device memory, recorded in accountant() as
+  // `tensor_class` (device side, of memory_kind()) while it lives.
+  virtual DeviceBuffer allocate(size_t count, TensorClass tensor_class) = 0;
   virtual void release(float* data) = 0;
+
+  // The kind of memory allocate() hands out: host on the CPU backend, device on CUDA.
+  virtual MemoryKind memory_kind() const = 0;
+  // The ledger this device records into; a run shares it with its backend.
+  const std::shared_ptr<MemoryAccountant>& accountant() const { return accountant_; }
 
   virtual void copy_to_device(float* device_dst, const float* host_src, size_t count) = 0;
   virtual void copy_to_host(float* host_dst, const float* device_src, size_t count) = 0;
@@ -61,8 +75,18 @@ class Device {
   // AdamW on one span, weight decay per tensor as the layout says (see optim/adamw.h).
   virtual void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
                                  const float* grads, float* m, float* v, const AdamWStep& step) = 0;
+
+ protected:
+  // A null accountant gives the device a ledger of its own.
+  explicit Device(std::shared_ptr<MemoryAccountant> accountant);
+  // What allocate() hands its DeviceBuffer: `count` floats of `tensor_class` in the ledger.
+  MemoryRecord record(size_t count, TensorClass tensor_class) const;
+
+ private:
+  std::shared_ptr<MemoryAccountant> accountant_;
 };
 
-std::unique_ptr<Device> make_cpu_device();
+// The CPU backend's device; it records into `accountant` (null: a ledger of its own).
+std::unique_ptr<Device> make_cpu_device(std::shared_ptr<MemoryAccountant> accountant = nullptr);
 
 }  // namespace layup

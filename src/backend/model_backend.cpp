@@ -1,9 +1,18 @@
-// Checks shared by every backend.
+// Checks shared by every backend, and the default (wait-for-everything) hooked forward.
 #include "backend/model_backend.h"
 
 #include "core/error.h"
 
 namespace layup {
+
+float ModelBackend::forward(const ParameterPointers& params, const TokenBatch& batch,
+                            ForwardHooks& hooks) {
+  hooks.before_embeddings();
+  for (int layer = 0; layer < static_cast<int>(params.blocks.size()); ++layer)
+    hooks.before_block(layer);
+  hooks.before_head();
+  return forward(params, batch);
+}
 
 void check_token_batch(const char* backend_name, const Gpt2Config& config, int max_batch,
                        int max_seq_len, const ParameterPointers& params, const TokenBatch& batch) {

@@ -14,6 +14,11 @@
 // accumulation over micro-batches and the tied token embedding (which receives gradient from
 // the LM head first and from the input embedding last) need nothing special; a schedule zeroes
 // gradient memory when it starts a new accumulation.
+//
+// Forward hooks: a schedule whose weight updates may still be landing when the next forward
+// starts (`layup` with clipping updates blocks in forward order while the next forward runs)
+// passes ForwardHooks; the backend calls each hook right before it first reads that span's
+// weights, so the forward of block l waits only for block l's update.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +41,22 @@ struct TokenBatch {
 using ParameterPointers = SpanPointers<const float>;
 using GradientPointers = SpanPointers<float>;
 
+// What a forward calls, in this order and once each: before_embeddings() before its first read of
+// the embeddings span (wte, wpe: the token embedding, the first op), before_block(l) before its
+// first read of block l's span, for l = 0 .. L-1, and before_head() before its first read of the
+// final-norm span (the LM head reads wte too: it is covered by before_embeddings). A hook may
+// block (wait for an update) or throw (the forward then throws). When the backend's reads are
+// asynchronous (CUDA), "read" means "work that reads it is enqueued".
+class ForwardHooks {
+ public:
+  virtual void before_embeddings() {}
+  virtual void before_block(int /*layer*/) {}
+  virtual void before_head() {}
+
+ protected:
+  ~ForwardHooks() = default;
+};
+
 class ModelBackend {
  public:
   virtual ~ModelBackend() = default;
@@ -46,6 +67,12 @@ class ModelBackend {
   // positions (padded-vocabulary logits excluded); without, it returns NaN. B and T must not
   // exceed the sizes the backend was made for.
   virtual float forward(const ParameterPointers& params, const TokenBatch& batch) = 0;
+
+  // The same forward, calling `hooks` as ForwardHooks says. This default calls every hook first,
+  // then forward(params, batch): correct for any backend, but a schedule's updates then cannot
+  // overlap the forward; a backend overrides it to call each hook where it first reads the span.
+  virtual float forward(const ParameterPointers& params, const TokenBatch& batch,
+                        ForwardHooks& hooks);
 
   // Logits of the last forward: [B, T, padded_vocab] row-major, in host memory. Entries at and
   // beyond the real vocabulary are the padded logits and carry no meaning.

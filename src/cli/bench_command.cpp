@@ -64,8 +64,15 @@ void add_bench_command(CLI::App& app) {
                   "after backward, so clipping stays exact)")
       ->capture_default_str();
   cmd->add_option("--cpu-workers", o.cpu_workers,
-                  "layup mode: CPU threads that take the gradient slots and run AdamW (the other "
-                  "modes ignore it)")
+                  "offload and layup: pinned CPU AdamW workers (default: every core this process "
+                  "may use; gpu mode ignores it)")
+      ->capture_default_str();
+  cmd->add_option(
+         "--recompute", o.recompute,
+         "CUDA backend: recompute in the backward instead of keeping from the forward: 0 keep "
+         "every activation, 1 GELU outputs, 2 also the layer norm outputs (less "
+         "activation memory, a little more compute)")
+      ->check(CLI::Range(0, 2))
       ->capture_default_str();
   cmd->add_option("--clip", flags->clip, "Global gradient-norm clip threshold, or 'none'")
       ->capture_default_str();
@@ -74,6 +81,7 @@ void add_bench_command(CLI::App& app) {
                       std::to_string(kMaxTracedSteps) + " timed steps here");
   cmd->add_option("--json", flags->json_path, "Also write the result as one JSON object here");
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
+  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place);
 
   cmd->callback([flags]() {
     BenchmarkOptions options = flags->options;
@@ -85,7 +93,7 @@ void add_bench_command(CLI::App& app) {
     std::fprintf(stderr, "layup bench: %s, batch %dx%d, %d warm-up + %d timed steps, mode %s\n",
                  options.model_name.c_str(), options.batch, options.seq_len, options.warmup_steps,
                  options.steps, options.mode.c_str());
-    const BenchmarkResult result = run_benchmark(options);
+    const BenchmarkResult result = run_benchmark(options, stderr);
     std::printf("%s", format_benchmark_table(options, result).c_str());
     if (!flags->json_path.empty()) {
       const std::string text = benchmark_json(options, result, own_command_line()).dump(2) + "\n";

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
 
 namespace layup {
 
@@ -10,5 +12,11 @@ void add_sample_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_adamw_bench_command(CLI::App& app);
+void add_memory_command(CLI::App& app);
+
+// The memory flags `train`, `bench` and `memory` share: --memory-budget, --device-budget,
+// --host-budget and --place (memory/memory_plan.h).
+void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
+                      std::string& host_budget, std::vector<std::string>& place);
 
 }  // namespace layup

@@ -122,13 +122,21 @@ void add_train_command(CLI::App& app) {
                   "run may resume in another mode")
       ->capture_default_str();
   cmd->add_option("--cpu-workers", o.cpu_workers,
-                  "layup mode: CPU threads that take the gradient slots and run AdamW (the other "
-                  "modes ignore it)")
+                  "offload and layup: pinned CPU AdamW workers (default: every core this process "
+                  "may use; gpu mode ignores it)")
+      ->capture_default_str();
+  cmd->add_option(
+         "--recompute", o.recompute,
+         "CUDA backend: recompute in the backward instead of keeping from the forward: 0 keep "
+         "every activation, 1 GELU outputs, 2 also the layer norm outputs (less "
+         "activation memory, a little more compute)")
+      ->check(CLI::Range(0, 2))
       ->capture_default_str();
   cmd->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace of every step here (JSON; open in "
                   "ui.perfetto.dev): device work and each CPU worker on tracks of their own");
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
+  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place);
 
   cmd->callback([flags, cmd]() {
     TrainOptions options = flags->options;

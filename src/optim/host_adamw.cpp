@@ -73,18 +73,19 @@ std::string format_cores(const std::vector<int>& cores) {
 
 }  // namespace
 
+int allowed_core_count() {
+  int cores = static_cast<int>(allowed_cores().size());
+  if (cores == 0) cores = static_cast<int>(std::thread::hardware_concurrency());
+  return cores > 0 ? cores : 1;
+}
+
 HostAdamW::HostAdamW(const HostAdamWOptions& options)
     : isa_(options.isa.empty() ? adamw_isa_from_environment()
                                : parse_adamw_isa(options.isa, "the CPU AdamW ISA")),
       kernel_(adamw_kernel(isa_)) {
   LAYUP_CHECK(options.workers >= 0, "the CPU AdamW needs a positive number of workers, not ",
               options.workers);
-  int workers = options.workers;
-  if (workers == 0) {
-    workers = static_cast<int>(allowed_cores().size());
-    if (workers == 0) workers = static_cast<int>(std::thread::hardware_concurrency());
-    if (workers == 0) workers = 1;
-  }
+  const int workers = options.workers == 0 ? allowed_core_count() : options.workers;
   threads_.reserve(workers);
   for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { work(i); });
   pin_workers(options);
@@ -168,7 +169,7 @@ void HostAdamW::update_span(const ParameterLayout& layout, const Span& span, flo
   }
   with_decay_ = adamw_constants(step, true);
   without_decay_ = adamw_constants(step, false);
-  touch_ = nullptr;
+  task_ = nullptr;
   if (total > 0) run_job();
   count_update(total, std::chrono::duration<double>(Clock::now() - start).count());
 }
@@ -180,19 +181,25 @@ void HostAdamW::update(float* params, const float* grads, float* m, float* v, si
   tensors_.assign(1, {params, grads, m, v, count, decay});
   with_decay_ = adamw_constants(step, true);
   without_decay_ = adamw_constants(step, false);
-  touch_ = nullptr;
+  task_ = nullptr;
   if (count > 0) run_job();
   count_update(count, std::chrono::duration<double>(Clock::now() - start).count());
 }
 
 void HostAdamW::for_each_worker_share(size_t count,
                                       const std::function<void(size_t, size_t)>& task) {
+  run_on_workers([&](int worker, int workers) {
+    const ElementRange share = adamw_share(count, worker, workers);
+    if (share.end > share.begin) task(share.begin, share.end);
+  });
+}
+
+void HostAdamW::run_on_workers(const std::function<void(int, int)>& task) {
   std::lock_guard call(call_mutex_);
   tensors_.clear();
-  touch_ = &task;
-  touch_count_ = count;
+  task_ = &task;
   run_job();
-  touch_ = nullptr;
+  task_ = nullptr;
   std::exception_ptr error;
   {
     std::lock_guard lock(mutex_);
@@ -205,7 +212,7 @@ void HostAdamW::run_job() {
   remaining_.store(worker_count(), std::memory_order_relaxed);
   {
     // Under the mutex so that a worker between checking the generation and going to sleep
-    // cannot miss the new one. The release publishes the job (tensors_, constants, touch_).
+    // cannot miss the new one. The release publishes the job (tensors_, constants, task_).
     std::lock_guard lock(mutex_);
     generation_.fetch_add(1, std::memory_order_release);
   }
@@ -240,11 +247,9 @@ void HostAdamW::work(int index) {
 
 void HostAdamW::run_share(int index) {
   const int workers = worker_count();
-  if (touch_ != nullptr) {
-    const ElementRange share = adamw_share(touch_count_, index, workers);
-    if (share.end == share.begin) return;
+  if (task_ != nullptr) {
     try {
-      (*touch_)(share.begin, share.end);
+      (*task_)(index, workers);
     } catch (...) {
       std::lock_guard lock(mutex_);
       if (!first_error_) first_error_ = std::current_exception();

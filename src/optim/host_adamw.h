@@ -13,12 +13,14 @@
 // changes anything.
 //
 // Threading contract:
-//  - Any thread may call update, update_span, for_each_worker_share and the statistics, e.g. a
-//    worker of a schedule's CPU pool. Calls are serialized: a second caller waits until the first
-//    call returns (each call already uses every worker, so overlapping calls would gain nothing).
+//  - Any thread may call update, update_span, for_each_worker_share, run_on_workers and the
+//    statistics, e.g. a schedule's coordinating thread and its device thread. Calls are
+//    serialized: a second caller waits until the first call returns (each call already uses every
+//    worker, so overlapping calls would gain nothing).
 //  - A call returns when every worker has finished its share; the caller may then read and
 //    write the buffers (the hand-back is a release/acquire pair, no further fence needed).
-//  - Never call into the engine from inside a for_each_worker_share task (it would deadlock).
+//  - Never call into the engine from inside a for_each_worker_share or run_on_workers task (it
+//    would deadlock).
 //  - The caller sleeps while the workers run; the workers poll for up to 50 us after a call and
 //    then sleep on a condition variable, so an idle engine burns no CPU.
 //  - The workers take every core they are given: where another thread must keep a core (the
@@ -48,6 +50,10 @@
 #include "optim/adamw_simd.h"
 
 namespace layup {
+
+// How many cores this process may run on (sched_getaffinity; hardware_concurrency where the kernel
+// does not say; at least 1): the default worker count.
+int allowed_core_count();
 
 struct HostAdamWOptions {
   int workers = 0;         // 0: one per core this process may run on (sched_getaffinity)
@@ -79,6 +85,12 @@ class HostAdamW {
   // each page on the NUMA node of the worker that will update it. Not counted in the statistics.
   void for_each_worker_share(size_t count, const std::function<void(size_t, size_t)>& task);
 
+  // Runs task(worker, worker_count()) once on every worker (worker = 0 .. worker_count()-1), in
+  // parallel, and returns when all are done; rethrows the first exception a task threw. For other
+  // data-parallel work of the same threads that needs its own split (e.g. whole chunks of a sum
+  // of squares). Not counted in the statistics.
+  void run_on_workers(const std::function<void(int, int)>& task);
+
   int worker_count() const { return static_cast<int>(threads_.size()); }
   AdamWIsa isa() const { return isa_; }
   bool pinned() const { return pinned_; }  // every worker is pinned to its own core
@@ -107,7 +119,7 @@ class HostAdamW {
   };
 
   void pin_workers(const HostAdamWOptions& options);
-  // Publishes the job in tensors_ (or touch_) to the workers and waits until all are done.
+  // Publishes the job in tensors_ (or task_) to the workers and waits until all are done.
   void run_job();
   void work(int index);
   void run_share(int index);
@@ -119,11 +131,10 @@ class HostAdamW {
   std::string pin_status_;
 
   // The current job, written by the caller before it bumps generation_, read by the workers
-  // after they see the new generation.
+  // after they see the new generation: an update (tensors_), or a task (task_) run by each worker.
   std::vector<TensorJob> tensors_;
   AdamWConstants with_decay_{}, without_decay_{};
-  const std::function<void(size_t, size_t)>* touch_ = nullptr;
-  size_t touch_count_ = 0;
+  const std::function<void(int, int)>* task_ = nullptr;
 
   mutable std::mutex call_mutex_;  // serializes callers; also guards the statistics
   int64_t updates_ = 0;
@@ -138,7 +149,7 @@ class HostAdamW {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> remaining_{0};
   std::atomic<bool> stopping_{false};
-  std::exception_ptr first_error_;  // what a for_each_worker_share task threw; guarded by mutex_
+  std::exception_ptr first_error_;  // what a run_on_workers task threw; guarded by mutex_
 
   std::vector<std::thread> threads_;
 };

@@ -230,6 +230,30 @@ TEST(HostAdamW, WorkerSharesCoverEveryElementOnce) {
   expect_spans_match(engine, "after a throwing task");
 }
 
+TEST(HostAdamW, RunOnWorkersRunsTheTaskOncePerWorker) {
+  HostAdamWOptions options;
+  options.workers = 3;
+  HostAdamW engine(options);
+  std::vector<int> runs(3, 0);
+  std::vector<std::thread::id> threads(3);
+  engine.run_on_workers([&](int worker, int workers) {
+    EXPECT_EQ(workers, 3);
+    ++runs[worker];
+    threads[worker] = std::this_thread::get_id();
+  });
+  EXPECT_EQ(runs, (std::vector<int>{1, 1, 1}));
+  EXPECT_NE(threads[0], threads[1]);
+  EXPECT_NE(threads[1], threads[2]);
+  EXPECT_NE(threads[0], std::this_thread::get_id());
+  EXPECT_EQ(engine.updates(), 0);
+  EXPECT_THROW(engine.run_on_workers([](int worker, int) {
+    if (worker == 1) fail("worker 1 failed");
+  }),
+               Error);
+  expect_spans_match(engine, "after a failed run_on_workers");
+  EXPECT_GE(allowed_core_count(), 1);
+}
+
 TEST(HostAdamW, CallsFromSeveralThreadsAreSerialized) {
   HostAdamWOptions options;
   options.workers = 2;

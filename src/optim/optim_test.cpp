@@ -73,6 +73,28 @@ TEST(GradNorm, SumOfSquaresIsExactAndThreadCountIndependent) {
   EXPECT_NEAR(one, expected, 1e-9 * expected);
 }
 
+// The pieces a schedule's workers compute (whole chunks, in any split, on any thread) add up to
+// sum_of_squares bit for bit, and each piece is the chunk's plain sum in index order.
+TEST(GradNorm, ChunkSumsAddUpToTheSumOfSquaresForAnySplit) {
+  Rng rng(9);
+  for (size_t count : {size_t{1}, size_t{65536}, size_t{65537}, size_t{11} * 65536 + 123}) {
+    std::vector<float> x(count);
+    for (float& value : x) value = rng.normal();
+    const size_t chunks = sum_of_squares_chunks(count);
+    std::vector<double> plain(chunks, 0.0);
+    for (size_t i = 0; i < count; ++i)
+      plain[i / kSumOfSquaresChunk] += static_cast<double>(x[i]) * x[i];
+    for (size_t parts : {size_t{1}, size_t{2}, size_t{3}, size_t{7}}) {
+      std::vector<double> sums(chunks, -1.0);
+      for (size_t p = 0; p < parts; ++p)
+        chunk_sums_of_squares(x.data(), count, chunks * p / parts, chunks * (p + 1) / parts,
+                              sums.data());
+      EXPECT_EQ(sums, plain) << count << " in " << parts;
+      EXPECT_EQ(add_chunk_sums(sums.data(), chunks), sum_of_squares(x.data(), count)) << count;
+    }
+  }
+}
+
 TEST(GradNorm, ClipFactorFollowsTorch) {
   EXPECT_EQ(clip_factor(0.5, 1.0f), 1.0f);
   EXPECT_NEAR(clip_factor(4.0, 1.0f), 1.0 / (4.0 + 1e-6), 1e-7);

@@ -1,6 +1,7 @@
 // CpuUpdatePool: worker threads with one shared queue.
 #include "schedule/cpu_update_pool.h"
 
+#include <cstddef>
 #include <utility>
 
 #include "core/error.h"
@@ -39,6 +40,15 @@ void CpuUpdatePool::submit(std::function<void()> task) {
   task_ready_.notify_one();
 }
 
+void CpuUpdatePool::submit_urgent(std::function<void()> task) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(urgent_), std::move(task));
+    ++urgent_;
+  }
+  task_ready_.notify_one();
+}
+
 void CpuUpdatePool::wait_idle() {
   std::unique_lock lock(mutex_);
   idle_.wait(lock, [&] { return queue_.empty() && running_ == 0; });
@@ -56,6 +66,7 @@ void CpuUpdatePool::work(int worker_index) {
     if (queue_.empty()) return;  // stopping, nothing left
     std::function<void()> task = std::move(queue_.front());
     queue_.pop_front();
+    if (urgent_ > 0) --urgent_;
     ++running_;
     lock.unlock();
     std::exception_ptr error;

@@ -1,6 +1,12 @@
-// The CPU workers of the `layup` schedule: a fixed set of threads that run tasks (copy a gradient
-// slot out, accumulate it, run AdamW on one block, copy the new weights back) in the order they
-// were submitted, while the device thread goes on with the backward of the next block.
+// A fixed set of threads that run submitted tasks while the submitting thread goes on. The `layup`
+// schedule runs one such thread as its CPU coordinator: it takes each block's gradient slot (copy
+// out, accumulate, release) and each span's update in turn, and hands the data-parallel part of
+// each to the pinned HostAdamW workers, while the device thread goes on with the backward of the
+// next block.
+//
+// Order: tasks start in submission order, except that an urgent task starts before every
+// non-urgent task still waiting (urgent tasks keep their order among themselves): a slot the
+// device waits for is consumed before a block update that nobody waits for yet.
 //
 // A task can ask which worker runs it (current_worker), e.g. to put its trace span on that
 // worker's track.
@@ -32,6 +38,9 @@ class CpuUpdatePool {
   // Queues a task; a free worker takes it (tasks start in submission order).
   void submit(std::function<void()> task);
 
+  // Queues a task ahead of every non-urgent task that has not started, behind earlier urgent ones.
+  void submit_urgent(std::function<void()> task);
+
   // Waits until every submitted task has finished; rethrows the first exception a task threw
   // since the last wait.
   void wait_idle();
@@ -43,6 +52,7 @@ class CpuUpdatePool {
   std::condition_variable task_ready_;
   std::condition_variable idle_;
   std::deque<std::function<void()>> queue_;
+  size_t urgent_ = 0;  // the first urgent_ tasks of queue_ are the urgent ones
   int running_ = 0;
   bool stopping_ = false;
   std::exception_ptr first_error_;

@@ -27,10 +27,10 @@ class GpuSchedule final : public Schedule {
       : backend_(std::move(backend)),
         device_(std::move(device)),
         layout_(layout),
-        params_(device_->allocate(layout.total_count())),
-        grads_(device_->allocate(layout.total_count())),
-        adam_m_(device_->allocate(layout.total_count())),
-        adam_v_(device_->allocate(layout.total_count())) {}
+        params_(device_->allocate(layout.total_count(), TensorClass::kMasterWeights)),
+        grads_(device_->allocate(layout.total_count(), TensorClass::kWeightGrads)),
+        adam_m_(device_->allocate(layout.total_count(), TensorClass::kOptimizerMoments)),
+        adam_v_(device_->allocate(layout.total_count(), TensorClass::kOptimizerMoments)) {}
 
   std::string name() const override { return "gpu"; }
 
@@ -41,7 +41,8 @@ class GpuSchedule final : public Schedule {
     const GradientPointers grads = layout_.pointers(grads_.data());
     const bool accumulate = micro_batches.size() > 1;
     if (accumulate) {
-      if (accumulated_.count() == 0) accumulated_ = device_->allocate(grads_.count());
+      if (accumulated_.count() == 0)
+        accumulated_ = device_->allocate(grads_.count(), TensorClass::kWeightGrads);
       device_->fill_zero(accumulated_.data(), accumulated_.count());
     }
 

@@ -1,51 +1,71 @@
 // The `layup` mode (the paper's schedule): backward block by block into two gradient slots, each
-// slot handed to CPU workers as soon as its block is done, AdamW on the CPU per block.
+// slot handed to the CPU as soon as its block is done, AdamW on the CPU per block.
+//
+// Threads. The device thread issues all device work (forward, backward, slot handshakes). One
+// coordinator thread (a CpuUpdatePool of one) takes the CPU side's tasks in order, and runs the
+// data-parallel part of each (copying a slot out and accumulating it, sums of squares, AdamW,
+// copying new weights back) on the pinned HostAdamW workers, so every block's update uses all
+// --cpu-workers cores. Slot consumes are urgent: they start before any waiting update, because
+// the device may be waiting for that slot.
 //
 // One step, as in the paper's figure:
 //
-//   device thread                                  CPU workers (CpuUpdatePool)
-//   forward
+//   device thread                                  coordinator (+ HostAdamW workers)
+//   forward (block l waits for block l's update
+//            of the last step, if still landing)
 //   backward_head -> head gradients (stay whole)
 //   for l = L-1 .. 0:
 //     acquire slot l % 2 (waits for its release)
-//     zero it, backward_block(l) into it   ---->   copy the slot to the host, add it to block
-//                                                  l's fp32 gradient accumulator, release slot;
-//                                                  on the last micro-batch: the block's sum of
-//                                                  squares, and (no clipping) AdamW on block l,
+//     zero it, backward_block(l) into it   ---->   copy the slot out, add it to block l's fp32
+//                                                  gradient accumulator, release the slot; on
+//                                                  the last micro-batch: the block's sum of
+//                                                  squares, and (--clip none) AdamW on block l,
 //                                                  new weights copied to the device
 //   backward_embeddings; head gradients to the host
 //
 // Gradient clipping by global norm (DESIGN.md, design (a)): the host keeps the whole fp32
-// gradient, streamed out of the slots, so the norm is known at the end of backward. With a clip
-// threshold the CPU then updates every block (workers in parallel, submitted in forward order)
-// and the step waits for all updates before it returns: the update does not yet overlap the next
-// step's forward. With no clipping (clip_max_norm <= 0) each block is updated during backward,
-// overlapped with the backward of the blocks below it, as in the paper. Embeddings (tied wte:
-// LM head and token embedding) and the final norm are updated once, after backward_embeddings.
+// gradient, streamed out of the slots, so the global norm is known at the end of backward. With a
+// clip threshold, step() then submits every span's update in the order the next forward reads the
+// spans (embeddings, blocks 0 .. L-1, final norm) and returns: the updates run while the next
+// forward runs, and the forward waits, span by span, only for the update of the span it is about
+// to read (ForwardHooks, model_backend.h). With no clipping (clip_max_norm <= 0) each block is
+// updated during backward, overlapped with the backward of the blocks below it, as in the paper.
+// Embeddings (tied wte: LM head and token embedding) and the final norm are updated once, after
+// backward_embeddings, and may likewise still be landing when the step returns.
+//
+// Updates in flight after step() returns are tracked per span (CpuProgress): a forward (the next
+// step's, evaluate, forward_logits) waits for each span's update in its hook; export_tensors,
+// import_tensors, set_trace and the destructor wait for all. The next step needs no wait of its
+// own: it reads the host state only after its first forward, which has waited for every span, and
+// it overwrites the gradient accumulator of a span (first micro-batch: 0 + g) only after that.
 //
 // Every micro-batch's gradient is computed into zeroed memory and added to the host accumulator
 // with one float add per element, in micro-batch order, and the norm is the sum of per-span sums
 // of squares in layout order: exactly what `gpu` and `offload` compute, so all three modes agree
-// bitwise on the CPU backend.
+// bitwise on the CPU backend. Only the timing of the updates differs.
 //
-// The host state (master weights, accumulated gradient, moments) is HostOptimizerSchedule's.
-// Workers touch disjoint spans of it; the pool's mutex orders them with the main thread.
-//
-// Trace (set_trace): the device thread's "forward", "backward_head", "wait_slot l" (waiting for
-// a slot's release), "backward_block l", "backward_embeddings" and "consume head" on the track
-// "GPU"; each worker's "consume block l" (copy out, accumulate, release), "adamw block l",
-// "adamw embeddings" and "adamw final_norm" on its track "cpu worker i".
+// Trace (set_trace): the device thread's "forward" (inside it "forward embeddings", "forward
+// block l", "forward head", and "wait_update ..." where a forward waited for an update),
+// "backward_head", "wait_slot l" (waiting for a slot's release), "backward_block l",
+// "backward_embeddings" and "consume head" on the track "GPU"; the coordinator's "consume block
+// l" (copy out, accumulate, release), "adamw block l", "adamw embeddings" and "adamw final_norm"
+// (each run by all HostAdamW workers together) on the track "cpu workers".
 //
 // Non-finite values: a non-finite loss is known before the last backward, and then nothing is
-// updated, as in the other modes. Without clipping, a non-finite gradient is found only block by
-// block: a block whose gradient is not finite is not updated, but the other blocks were updated
-// during backward and stay updated (the step reports applied = false; `gpu` changes nothing).
+// updated, as in the other modes; with clipping, a non-finite gradient norm updates nothing
+// either. Without clipping, a non-finite gradient is found only block by block, after the blocks
+// above it were updated: a block whose own gradient is not finite is not updated, nor are the
+// embeddings and the final norm, but every block whose own gradient was finite was updated during
+// backward and stays updated (the step reports applied = false; `gpu` changes nothing). Undoing
+// them exactly would need a copy of every block's weights and moments (12 bytes per parameter of
+// host memory and traffic on every step) for a step the trainer does not survive anyway (it stops
+// at the first non-finite step, keeping the last checkpoint).
 #include <omp.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -65,7 +85,7 @@ namespace layup {
 namespace {
 
 // The thread that issues all device work of a step (forward, backward, slot handshakes), so the
-// CPU workers overlap with it even when "the device" is the host.
+// CPU side overlaps with it even when "the device" is the host.
 class DeviceThread {
  public:
   // The OpenMP thread count (--threads) is per thread in libgomp: a new std::thread starts with
@@ -126,34 +146,112 @@ class DeviceThread {
   std::thread thread_;  // last: starts after the members it uses exist
 };
 
+// What the coordinator has finished, for the threads that wait on it: the slot consumes of the
+// current step (the step needs every block's sum of squares for the norm) and, per span, the
+// updates handed to the coordinator and those that have landed in the device copy (a forward
+// waits for its span's, export for all). The counters only grow, so a step never resets state
+// that an update of the step before may still be about to report.
+//
+// Memory ordering: a task's writes (host state, the device copy) happen before it reports under
+// mutex_; a waiter returns only after reading the report under mutex_, so it then sees them.
+class CpuProgress {
+ public:
+  explicit CpuProgress(size_t spans) : updates_submitted_(spans, 0), updates_landed_(spans, 0) {}
+
+  void consume_submitted() {
+    std::lock_guard lock(mutex_);
+    ++consumes_submitted_;
+  }
+  void consume_done() {
+    {
+      std::lock_guard lock(mutex_);
+      ++consumes_done_;
+    }
+    changed_.notify_all();
+  }
+  void update_submitted(size_t span) {
+    std::lock_guard lock(mutex_);
+    ++updates_submitted_[span];
+  }
+  void update_landed(size_t span) {
+    {
+      std::lock_guard lock(mutex_);
+      ++updates_landed_[span];
+    }
+    changed_.notify_all();
+  }
+  // The first failure of a task; every wait from now on throws it.
+  void fail(const std::string& what) {
+    {
+      std::lock_guard lock(mutex_);
+      if (error_.empty()) error_ = what.empty() ? "unknown error" : what;
+    }
+    changed_.notify_all();
+  }
+
+  void wait_consumed() const {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return !error_.empty() || consumes_done_ == consumes_submitted_; });
+    throw_if_failed();
+  }
+  // Returns whether it had to wait.
+  bool wait_landed(size_t span) const {
+    std::unique_lock lock(mutex_);
+    const auto landed = [&] {
+      return !error_.empty() || updates_landed_[span] == updates_submitted_[span];
+    };
+    const bool waited = !landed();
+    changed_.wait(lock, landed);
+    throw_if_failed();
+    return waited;
+  }
+  void wait_all_landed() const {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return !error_.empty() || updates_landed_ == updates_submitted_; });
+    throw_if_failed();
+  }
+
+ private:
+  void throw_if_failed() const {
+    LAYUP_CHECK(error_.empty(), "a CPU update of the layup schedule failed: ", error_);
+  }
+
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  uint64_t consumes_submitted_ = 0, consumes_done_ = 0;
+  std::vector<uint64_t> updates_submitted_, updates_landed_;
+  std::string error_;
+};
+
+std::string what_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 class LayupSchedule final : public HostOptimizerSchedule {
  public:
   LayupSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
                 const ParameterLayout& layout, int cpu_workers)
-      : HostOptimizerSchedule(std::move(backend), std::move(device), layout),
-        embeddings_grad_(device_->allocate(layout.embeddings().count)),
-        final_norm_grad_(device_->allocate(layout.final_norm().count)),
+      : HostOptimizerSchedule(std::move(backend), std::move(device), layout, cpu_workers),
+        embeddings_grad_(device_->allocate(layout.embeddings().count, TensorClass::kWeightGrads)),
+        final_norm_grad_(device_->allocate(layout.final_norm().count, TensorClass::kWeightGrads)),
         slots_(*device_, layout.block().count),
-        head_staging_(std::max(layout.embeddings().count, layout.final_norm().count)),
         span_sum_sq_(layout.spans().size(), 0.0),
-        block_updated_(layout.config().n_layer, 0),
-        pool_(cpu_workers) {
-    for (std::vector<float>& staging : slot_staging_) staging.resize(layout.block().count);
-  }
+        block_update_submitted_(layout.config().n_layer, 0),
+        progress_(layout.spans().size()) {}
 
-  ~LayupSchedule() override {
-    try {
-      pool_.wait_idle();
-    } catch (...) {
-    }
-  }
+  ~LayupSchedule() override { wait_for_coordinator(); }
 
   void set_trace(TraceRecorder* recorder) override {
+    // Updates of the last step may still be running, and they read trace_.
+    wait_for_coordinator();
     Schedule::set_trace(recorder);
-    worker_tracks_.clear();
-    if (recorder == nullptr) return;
-    for (int worker = 0; worker < pool_.worker_count(); ++worker)
-      worker_tracks_.push_back(recorder->track("cpu worker " + std::to_string(worker)));
+    cpu_track_ = recorder != nullptr ? recorder->track("cpu workers") : 0;
   }
 
   std::string name() const override { return "layup"; }
@@ -162,9 +260,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
                  const UpdateSettings& settings) override {
     LAYUP_CHECK(!micro_batches.empty(), "a training step needs at least one micro-batch");
     LAYUP_CHECK(!broken_, "the layup schedule failed in an earlier step and cannot continue");
-    std::fill(host_grads_.begin(), host_grads_.end(), 0.0f);
+    // Neither is touched by an update that may still be in flight from the last step.
     std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
-    std::fill(block_updated_.begin(), block_updated_.end(), 0);
+    std::fill(block_update_submitted_.begin(), block_update_submitted_.end(), 0);
 
     const bool overlap = settings.clip_max_norm <= 0.0f;
     AdamWStep unclipped = settings.adamw;
@@ -172,20 +270,15 @@ class LayupSchedule final : public HostOptimizerSchedule {
     double loss_sum = 0.0;
     try {
       device_thread_.run([&] { device_step(micro_batches, overlap, unclipped, loss_sum); });
-      pool_.wait_idle();
+      progress_.wait_consumed();
     } catch (...) {
       broken_ = true;
-      try {
-        pool_.wait_idle();
-      } catch (...) {
-      }
+      wait_for_coordinator();
       throw;
     }
 
     StepStats stats;
     stats.loss = static_cast<float>(loss_sum / micro_batches.size());
-    span_sum_sq_.front() = sum_of_squares(span_grads(layout_.spans().front()), embeddings_count());
-    span_sum_sq_.back() = sum_of_squares(span_grads(layout_.spans().back()), final_norm_count());
     // Per-span sums added in layout order: the fixed order every mode uses.
     double sum_sq = 0.0;
     for (double span_sum : span_sum_sq_) sum_sq += span_sum;
@@ -194,42 +287,142 @@ class LayupSchedule final : public HostOptimizerSchedule {
 
     AdamWStep adamw = settings.adamw;
     adamw.grad_scale = stats.clip_factor = clip_factor(stats.grad_norm, settings.clip_max_norm);
-    // Blocks in forward order (when clipping; without, they were updated during backward), then
-    // the embeddings and the final norm, whose gradients were complete only at the end.
-    for (const Span& span : layout_.spans()) {
-      if (span.kind == SpanKind::kBlock && overlap) {
-        LAYUP_CHECK(block_updated_[span.layer], "block ", span.layer, " missed its update");
+    // In layout order, which is the order the next forward reads the spans: embeddings (its first
+    // op), blocks 0 .. L-1 (when clipping; without, they were submitted during backward), final
+    // norm. The step returns without waiting: the next forward waits span by span.
+    const std::vector<Span>& spans = layout_.spans();
+    for (size_t index = 0; index < spans.size(); ++index) {
+      if (spans[index].kind == SpanKind::kBlock && overlap) {
+        LAYUP_CHECK(block_update_submitted_[spans[index].layer], "block ", spans[index].layer,
+                    " missed its update");
         continue;
       }
-      pool_.submit([this, span, adamw] { update_span(span, adamw, worker_track()); });
+      submit_update(index, adamw);
     }
-    pool_.wait_idle();
     stats.applied = true;
     return stats;
   }
 
- private:
-  size_t embeddings_count() const { return layout_.embeddings().count; }
-  size_t final_norm_count() const { return layout_.final_norm().count; }
+ protected:
+  float forward_pass(const TokenBatch& batch) override {
+    LayupForwardHooks hooks(*this);
+    const float loss = backend_->forward(device_params(), batch, hooks);
+    hooks.finish();
+    return loss;
+  }
 
-  // The trace track of the pool worker calling this (0 when not tracing).
-  int worker_track() const {
-    const int worker = CpuUpdatePool::current_worker();
-    return worker >= 0 && worker < static_cast<int>(worker_tracks_.size()) ? worker_tracks_[worker]
-                                                                           : 0;
+  void finish_updates() const override { progress_.wait_all_landed(); }
+
+ private:
+  // The hooks of every forward: before a span's weights are read, wait until the span's update
+  // has landed in the device copy. With a trace, records each span's forward ("forward
+  // embeddings", "forward block l", "forward head", from the end of its wait to the next hook or
+  // the end of the forward) and every wait that was needed ("wait_update ...") on the device track.
+  class LayupForwardHooks final : public ForwardHooks {
+   public:
+    explicit LayupForwardHooks(const LayupSchedule& schedule)
+        : schedule_(schedule),
+          trace_(schedule.trace_ != nullptr && schedule.trace_->recording() ? schedule.trace_
+                                                                            : nullptr),
+          track_(schedule.device_track_) {}
+
+    void before_embeddings() override { enter(0, "embeddings", "embeddings", -1); }
+    void before_block(int layer) override { enter(1 + layer, "block", "block", layer); }
+    void before_head() override {
+      enter(schedule_.layout_.spans().size() - 1, "head", "final_norm", -1);
+    }
+    // Ends the last span's record; call when the forward has returned.
+    void finish() { close(); }
+
+   private:
+    // "<what> <part>", with " <layer>" for a block.
+    static std::string span_name(const char* what, const char* part, int layer) {
+      std::string name = what;
+      name += ' ';
+      name += part;
+      if (layer >= 0) {
+        name += ' ';
+        name += std::to_string(layer);
+      }
+      return name;
+    }
+
+    // What the forward reads next: span `span`, recorded as "forward <part>[ layer]"; a wait for
+    // its update as "wait_update <update>[ layer]".
+    void enter(size_t span, const char* part, const char* update, int layer) {
+      close();
+      const double wait_start_us = trace_ != nullptr ? trace_->now_us() : 0.0;
+      const bool waited = schedule_.progress_.wait_landed(span);
+      if (trace_ == nullptr) return;
+      open_part_ = part;
+      open_layer_ = layer;
+      open_start_us_ = trace_->now_us();
+      if (waited)
+        trace_->add_span(track_, span_name("wait_update", update, layer), wait_start_us,
+                         open_start_us_);
+    }
+    void close() {
+      if (trace_ == nullptr || open_part_ == nullptr) return;
+      trace_->add_span(track_, span_name("forward", open_part_, open_layer_), open_start_us_,
+                       trace_->now_us());
+      open_part_ = nullptr;
+    }
+
+    const LayupSchedule& schedule_;
+    TraceRecorder* const trace_;  // null: not recording
+    const int track_;
+    const char* open_part_ = nullptr;  // the span whose forward is running (null before the first)
+    int open_layer_ = -1;
+    double open_start_us_ = 0.0;
+  };
+
+  // Runs a coordinator task; a failure is kept in progress_, so that nobody waits forever for
+  // what the task would have reported, and rethrown to the pool.
+  template <class Task>
+  void run_task(Task&& task) {
+    try {
+      task();
+    } catch (...) {
+      progress_.fail(what_of(std::current_exception()));
+      throw;
+    }
+  }
+
+  // Waits until the coordinator is idle; a task's failure stays in progress_ (the next wait on
+  // it throws) and makes the schedule unusable.
+  void wait_for_coordinator() {
+    try {
+      coordinator_.wait_idle();
+    } catch (...) {
+      broken_ = true;
+    }
+  }
+
+  // Hands span `index`'s update to the coordinator; it counts as in flight until it has landed.
+  void submit_update(size_t index, const AdamWStep& adamw) {
+    progress_.update_submitted(index);
+    coordinator_.submit([this, index, adamw] {
+      run_task([&] {
+        // update_span's trace span ends before the landing is reported, so a forward that waited
+        // for it starts after it in the trace too.
+        update_span(layout_.spans()[index], adamw, cpu_track_);
+        progress_.update_landed(index);
+      });
+    });
   }
 
   // Runs on the device thread: forward and backward of every micro-batch, block gradients
-  // through the slots to the workers.
+  // through the slots to the coordinator.
   void device_step(std::span<const TokenBatch> micro_batches, bool overlap,
                    const AdamWStep& unclipped, double& loss_sum) {
     const ParameterPointers params = device_params();
     const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
     for (size_t k = 0; k < micro_batches.size(); ++k) {
+      const bool first = k == 0;
       const bool last = k + 1 == micro_batches.size();
       {
         TraceSpan traced(trace_, device_track_, "forward");
-        loss_sum += backend_->forward(params, micro_batches[k]);
+        loss_sum += forward_pass(micro_batches[k]);
       }
       // The mean loss is complete before the last backward: a non-finite one updates nothing.
       const bool update_blocks =
@@ -244,7 +437,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
       }
       for (int layer = layout_.config().n_layer - 1; layer >= 0; --layer) {
         const SlotLease lease = [&] {
-          // How long the device waited for a CPU worker to hand the slot back: the stall the
+          // How long the device waited for the coordinator to hand the slot back: the stall the
           // double buffer costs when the CPU side is slower than a block's backward.
           TraceSpan traced(trace_, device_track_, "wait_slot", layer);
           return slots_.acquire(layer);
@@ -254,65 +447,65 @@ class LayupSchedule final : public HostOptimizerSchedule {
           device_->fill_zero(lease.data, slots_.block_count());
           backend_->backward_block(layer, params, lease.data);
         }
-        pool_.submit([this, lease, last, update_blocks, unclipped] {
-          consume_block(lease, last, update_blocks, unclipped);
+        progress_.consume_submitted();
+        coordinator_.submit_urgent([this, lease, first, last, update_blocks, unclipped] {
+          run_task([&] {
+            consume_block(lease, first, last, update_blocks, unclipped);
+            progress_.consume_done();
+          });
         });
       }
       {
         TraceSpan traced(trace_, device_track_, "backward_embeddings");
         backend_->backward_embeddings(params, embeddings_grad_.data());
       }
+      // The head gradients' buffers are zeroed for the next micro-batch, so they are consumed
+      // here, before that (the HostAdamW workers do the work; calls are serialized with the
+      // coordinator's).
       TraceSpan traced(trace_, device_track_, "consume head");
-      add_to_host(embeddings_grad_, layout_.spans().front());
-      add_to_host(final_norm_grad_, layout_.spans().back());
+      span_sum_sq_.front() =
+          accumulate_gradient(embeddings_grad_.data(), layout_.spans().front(), first, last);
+      span_sum_sq_.back() =
+          accumulate_gradient(final_norm_grad_.data(), layout_.spans().back(), first, last);
     }
   }
 
-  // Device thread: one micro-batch's head gradient into the host accumulator.
-  void add_to_host(const DeviceBuffer& grad, const Span& span) {
-    device_->copy_to_host(head_staging_.data(), grad.data(), span.count);
-    float* accumulated = span_grads(span);
-    for (size_t i = 0; i < span.count; ++i) accumulated[i] += head_staging_[i];
-  }
-
-  // CPU worker: block lease.layer's micro-batch gradient, in a slot.
-  void consume_block(const SlotLease& lease, bool last, bool update, const AdamWStep& adamw) {
-    const Span& span = layout_.spans()[1 + lease.layer];
-    float* accumulated = span_grads(span);
+  // Coordinator: block lease.layer's micro-batch gradient, in a slot.
+  void consume_block(const SlotLease& lease, bool first, bool last, bool update,
+                     const AdamWStep& adamw) {
+    const size_t index = 1 + lease.layer;
+    double sum_sq = 0.0;
     {
-      TraceSpan traced(trace_, worker_track(), "consume block", lease.layer);
-      // The staging buffer belongs to the slot: it is free for the slot's next holder only
-      // after release, so the add comes before it. Release even when the copy throws, so the
-      // device thread is not left waiting.
+      TraceSpan traced(trace_, cpu_track_, "consume block", lease.layer);
+      // The slot is free for the device as soon as its contents are in the accumulator. Release
+      // even when the copy throws, so the device thread is not left waiting.
       struct Releaser {
         WeightGradSlots& slots;
         const SlotLease& lease;
         ~Releaser() { slots.release(lease); }
       } releaser{slots_, lease};
-      float* staging = slot_staging_[lease.slot].data();
-      device_->copy_to_host(staging, lease.data, span.count);
-      for (size_t i = 0; i < span.count; ++i) accumulated[i] += staging[i];
+      sum_sq = accumulate_gradient(lease.data, layout_.spans()[index], first, last);
     }
     if (!last) return;
-    const double sum_sq = sum_of_squares(accumulated, span.count);
-    span_sum_sq_[1 + lease.layer] = sum_sq;
+    span_sum_sq_[index] = sum_sq;
     if (update && std::isfinite(sum_sq)) {
-      update_span(span, adamw, worker_track());
-      block_updated_[lease.layer] = 1;
+      // Registered before this consume reports done, so the step sees it.
+      block_update_submitted_[lease.layer] = 1;
+      submit_update(index, adamw);
     }
   }
 
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
   WeightGradSlots slots_;                           // block gradients, two slots
-  std::vector<float> slot_staging_[WeightGradSlots::kSlotCount];  // one per slot, owned by the
-                                                                  // slot's current holder
-  std::vector<float> head_staging_;                               // device thread only
-  std::vector<double> span_sum_sq_;  // per span, written by the span's worker
-  std::vector<char> block_updated_;  // per block, written by the block's worker
-  std::vector<int> worker_tracks_;   // "cpu worker i" in trace_, by worker index
+  // Per span, the sum of squares of its gradient: blocks written by the coordinator, the head
+  // spans by the device thread; read by step() after wait_consumed.
+  std::vector<double> span_sum_sq_;
+  std::vector<char> block_update_submitted_;  // per block, this step; written by the coordinator
+  int cpu_track_ = 0;                         // "cpu workers" in trace_
   bool broken_ = false;
+  CpuProgress progress_;
   // Last: threads stop (joined in their destructors) before the state they use goes away.
-  CpuUpdatePool pool_;
+  CpuUpdatePool coordinator_{1};
   DeviceThread device_thread_;
 };
 

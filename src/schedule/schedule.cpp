@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "optim/host_adamw.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
@@ -24,7 +25,8 @@ std::unique_ptr<Schedule> make_schedule(const std::string& mode,
                                         const ParameterLayout& layout, int cpu_workers) {
   if (mode == "gpu") return make_gpu_schedule(std::move(backend), std::move(device), layout);
   if (mode == "offload")
-    return make_offload_schedule(std::move(backend), std::move(device), layout);
+    return make_offload_schedule_with_workers(std::move(backend), std::move(device), layout,
+                                              cpu_workers);
   if (mode == "layup")
     return make_layup_schedule(std::move(backend), std::move(device), layout, cpu_workers);
   fail("--mode ", mode, " is not a schedule; use gpu, offload or layup");
@@ -33,19 +35,26 @@ std::unique_ptr<Schedule> make_schedule(const std::string& mode,
 std::string describe_schedule(const std::string& mode, int cpu_workers, float clip_max_norm) {
   if (mode == "gpu")
     return "gpu: weights, gradients and AdamW state on the device; AdamW after backward";
-  if (mode == "offload")
-    return "offload: full backward on the device, gradients copied to the host, AdamW on the CPU "
-           "after backward (no overlap)";
-  LAYUP_CHECK(mode == "layup", "--mode ", mode, " is not a schedule; use gpu, offload or layup");
+  LAYUP_CHECK(mode == "offload" || mode == "layup", "--mode ", mode,
+              " is not a schedule; use gpu, offload or layup");
+  const int workers = cpu_workers > 0 ? cpu_workers : allowed_core_count();
   std::ostringstream text;
-  text << "layup with " << cpu_workers << " CPU worker" << (cpu_workers == 1 ? "" : "s")
-       << ": block gradients through two slots to the CPU, AdamW per block on the CPU; ";
+  text << mode << " with " << workers << " CPU worker" << (workers == 1 ? "" : "s") << ": ";
+  if (mode == "offload") {
+    text << "full backward on the device, gradients copied to the host, AdamW on the CPU after "
+            "backward (no overlap)";
+    return text.str();
+  }
+  text << "block gradients through two slots to the CPU, AdamW per block on the CPU; ";
   if (clip_max_norm > 0.0f)
     text << "clipping at " << clip_max_norm
-         << " is exact: the block updates run after backward, once the global norm is known "
-            "(--clip none overlaps them with backward)";
+         << " is exact: the global norm is known at the end of backward, then the block updates "
+            "run in forward order during the next forward, block l's forward waiting only for "
+            "block l's update (--clip none overlaps them with backward)";
   else
-    text << "no clipping, so each block's update overlaps the backward of the blocks below it";
+    text << "no clipping, so each block's update overlaps the backward of the blocks below it "
+            "(if a gradient turns out non-finite, the step is not applied, but the blocks whose "
+            "own gradient was finite were already updated)";
   return text.str();
 }
 

@@ -3,11 +3,17 @@
 //
 // Modes (shared/DESIGN.md): `gpu` keeps everything on the device and updates after backward;
 // `offload` and `layup` keep fp32 master weights, the accumulated gradient and the AdamW moments
-// on the host and run AdamW on the CPU. The three modes agree bitwise on the CPU backend.
+// on the host and run AdamW on the CPU, on pinned HostAdamW workers (optim/host_adamw.h) that
+// split every span's update between them. The three modes agree bitwise on the CPU backend.
+//
+// A step may return before all of its updates have landed (`layup` lets them overlap the next
+// forward); a schedule then makes whatever reads the parameters or the optimizer state (the next
+// step, evaluate, forward_logits, export_tensors, import_tensors) wait for what it needs.
 //
 // Tracing (trace/trace_recorder.h): with set_trace, a schedule records each step's work on the
 // track "GPU" (the thread that issues device work; on the CPU backend, the host thread that plays
-// the device) and its host-side work on the tracks "cpu worker i".
+// the device) and its host-side work on the track "cpu workers" (each span there is one job of
+// all the CPU workers together).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +35,9 @@ struct StepStats {
   float loss = 0.0f;         // mean over the micro-batches
   double grad_norm = 0.0;    // global L2 norm of the accumulated gradient, before clipping
   float clip_factor = 1.0f;  // what the gradient was multiplied by (1 = not clipped)
-  bool applied = false;      // false when the loss or the norm was not finite: nothing changed
+  // false when the loss or the norm was not finite: nothing changed (except in `layup` without
+  // clipping, where blocks with a finite gradient were already updated; see make_layup_schedule).
+  bool applied = false;
 };
 
 // What one update uses: the AdamW values at this step (lr from the schedule, t = update count)
@@ -51,7 +59,7 @@ class Schedule {
   virtual std::string name() const = 0;
 
   // One optimizer update from the gradient accumulated over all micro-batches (each weighted
-  // 1/N). When the loss or gradient norm is not finite, nothing is updated.
+  // 1/N). When the loss or gradient norm is not finite, nothing is updated (see StepStats).
   virtual StepStats step(std::span<const TokenBatch> micro_batches,
                          const UpdateSettings& settings) = 0;
 
@@ -65,9 +73,14 @@ class Schedule {
   virtual void import_tensors(const OptimizerTensors& tensors) = 0;
 
   // Records the spans of every later step into `recorder` (null: stop). Call between steps; the
-  // recorder must outlive the steps it records. A schedule with worker threads overrides it to
-  // make their tracks too.
+  // recorder must outlive the steps it records (a schedule whose updates run past the end of a
+  // step waits for them here). A schedule with worker threads overrides it to make their tracks.
   virtual void set_trace(TraceRecorder* recorder);
+
+  // One line on the CPU AdamW engine and the rate it reached so far (HostAdamW::report(), e.g.
+  // "CPU AdamW: 16 workers (pinned), AVX-512, 3.41 G params/s over 120 updates"); "" for a mode
+  // that runs AdamW on the device.
+  virtual std::string cpu_adamw_report() const { return ""; }
 
  protected:
   TraceRecorder* trace_ = nullptr;
@@ -77,15 +90,17 @@ class Schedule {
 // The modes `--mode` takes: gpu, offload, layup.
 const std::vector<std::string>& schedule_modes();
 
-// The schedule of a mode, by name; cpu_workers is used by `layup` only. Throws layup::Error for
-// an unknown mode, naming the ones there are.
+// The schedule of a mode, by name; cpu_workers (the CPU AdamW workers; 0: one per core this
+// process may use) is used by `offload` and `layup`. Throws layup::Error for an unknown mode,
+// naming the ones there are.
 std::unique_ptr<Schedule> make_schedule(const std::string& mode,
                                         std::unique_ptr<ModelBackend> backend,
                                         std::unique_ptr<Device> device,
                                         const ParameterLayout& layout, int cpu_workers);
 
-// One line for logs and reports: what the mode does, with this many CPU workers and this clip
-// threshold (<= 0: none); for `layup`, how clipping is honoured.
+// One line for logs and reports: what the mode does, with this many CPU workers (0: one per core)
+// and this clip threshold (<= 0: none); for `layup`, how clipping is honoured and what a
+// non-finite gradient does.
 std::string describe_schedule(const std::string& mode, int cpu_workers, float clip_max_norm);
 
 // The trace name of the AdamW update of one span kind: "adamw embeddings", "adamw block" (with the
@@ -101,20 +116,32 @@ std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backen
 // The `offload` mode (ZeRO-Offload style baseline): forward and full backward into a whole-model
 // gradient buffer on the device; the gradient is copied to the host span by span, the CPU clips
 // and runs AdamW on host fp32 master weights and moments, and the new weights are copied back.
-// Nothing overlaps.
+// Nothing overlaps. The CPU side runs on one worker per core this process may use, or with
+// make_offload_schedule_with_workers on cpu_workers of them (0: every core).
 std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> backend,
                                                 std::unique_ptr<Device> device,
                                                 const ParameterLayout& layout);
+std::unique_ptr<Schedule> make_offload_schedule_with_workers(std::unique_ptr<ModelBackend> backend,
+                                                             std::unique_ptr<Device> device,
+                                                             const ParameterLayout& layout,
+                                                             int cpu_workers);
 
 // The `layup` mode (the paper's schedule): the device thread runs backward block by block into two
-// gradient slots (WeightGradSlots); each finished slot goes to cpu_workers CPU threads that
-// stream it into the host's fp32 gradient and run AdamW on that block. Without clipping
-// (clip_max_norm <= 0) blocks are updated during backward, overlapped with it; with clipping the
-// global norm is known at the end of backward and the CPU then updates every block before the
-// step returns (exact, DESIGN.md design (a)). Embeddings and the final norm are updated after
-// backward_embeddings, once.
+// gradient slots (WeightGradSlots); each finished slot is streamed into the host's fp32 gradient
+// and that block is updated on the CPU, every pass split over cpu_workers pinned HostAdamW
+// workers (0: one per core this process may use). Without clipping (clip_max_norm <= 0) blocks
+// are updated during backward, overlapped with it. With clipping the update is exact (DESIGN.md
+// design (a)): the global norm is known at the end of backward, the step returns, and the blocks
+// are updated in forward order while the next forward runs; block l's forward waits only for
+// block l's update. Embeddings and the final norm are updated once, after backward_embeddings,
+// and the next forward waits for them too.
+//
+// A non-finite loss, or with clipping a non-finite norm, updates nothing. Without clipping a
+// non-finite gradient is found block by block, after the blocks above were updated: the step
+// reports applied = false, and the blocks whose own gradient was finite stay updated (the
+// others, the embeddings and the final norm are not); see layup_schedule.cpp.
 std::unique_ptr<Schedule> make_layup_schedule(std::unique_ptr<ModelBackend> backend,
                                               std::unique_ptr<Device> device,
-                                              const ParameterLayout& layout, int cpu_workers = 2);
+                                              const ParameterLayout& layout, int cpu_workers = 0);
 
 }  // namespace layup

@@ -6,7 +6,8 @@
 namespace layup {
 
 WeightGradSlots::WeightGradSlots(Device& device, size_t block_count) : block_count_(block_count) {
-  for (SlotState& slot : slots_) slot.buffer = device.allocate(block_count);
+  for (SlotState& slot : slots_)
+    slot.buffer = device.allocate(block_count, TensorClass::kWeightGrads);
 }
 
 SlotLease WeightGradSlots::acquire(int layer) {

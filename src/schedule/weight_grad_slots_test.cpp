@@ -9,7 +9,9 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -95,6 +97,31 @@ TEST(WeightGradSlots, StaleReleaseIsAnError) {
   EXPECT_EQ(next.slot, 1);
   EXPECT_EQ(next.generation, lease.generation + 1);
   slots.release(next);
+}
+
+TEST(CpuUpdatePool, UrgentTasksStartBeforeWaitingOnes) {
+  CpuUpdatePool pool(1);
+  std::mutex gate;
+  // The first task keeps the only worker busy until the rest is queued.
+  std::unique_lock hold(gate);
+  std::atomic<bool> first_started{false};
+  std::vector<std::string> order;  // written by the one worker only
+  pool.submit([&] {
+    first_started = true;
+    std::lock_guard wait(gate);
+    order.push_back("first");
+  });
+  while (!first_started) std::this_thread::yield();
+  pool.submit([&] { order.push_back("update 1"); });
+  pool.submit([&] { order.push_back("update 2"); });
+  pool.submit_urgent([&] { order.push_back("consume 1"); });
+  pool.submit([&] { order.push_back("update 3"); });
+  pool.submit_urgent([&] { order.push_back("consume 2"); });
+  hold.unlock();
+  pool.wait_idle();
+  const std::vector<std::string> expected = {"first",    "consume 1", "consume 2",
+                                             "update 1", "update 2",  "update 3"};
+  EXPECT_EQ(order, expected);
 }
 
 TEST(CpuUpdatePool, RethrowsATaskError) {

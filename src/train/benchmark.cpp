@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/token_dataset.h"
+#include "memory/memory_plan.h"
 #include "model/init.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule.h"
@@ -109,7 +110,7 @@ double bf16_peak_flops(const std::string& device_name) {
   return 0.0;
 }
 
-BenchmarkResult run_benchmark(const BenchmarkOptions& options) {
+BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   const Gpt2Config& config = options.model;
   validate_config(config);
   LAYUP_CHECK(options.batch > 0 && options.seq_len > 0, "--batch and --seq-len must be positive");
@@ -144,8 +145,32 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options) {
     result.memory_peak_bytes = std::max(result.memory_peak_bytes, now);
   };
 
+  // The memory plan, checked against the budgets before anything is allocated.
+  MemoryPlanRequest request;
+  request.config = config;
+  request.model_name = options.model_name;
+  request.batch = options.batch;
+  request.seq_len = options.seq_len;
+  request.grad_accum = options.grad_accum;
+  request.mode = options.mode;
+  request.device = target.device;
+  request.dtype = target.dtype;
+  request.recompute = options.recompute;
+  request.place = options.place;
+  request.cpu_workers = options.cpu_workers;
+  request.attributes = memory_attributes_of(target.device);
+  const MemoryPlan memory_plan = plan_memory(request);
+  const MemoryBudgets budgets =
+      parse_memory_budgets(options.memory_budget, options.device_budget, options.host_budget);
+  check_budget(memory_plan, budgets);
+  if (log) std::fprintf(log, "%s", format_memory_plan(memory_plan, budgets).c_str());
+  result.memory_plan = memory_plan_json(memory_plan);
+  result.memory_plan_bytes = memory_plan.total_bytes();
+
   const ParameterLayout layout(config);
-  BackendAndDevice compute = make_backend(target, config, options.batch, options.seq_len);
+  BackendAndDevice compute = make_backend({target.device, target.dtype, options.recompute}, config,
+                                          options.batch, options.seq_len);
+  const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
   std::unique_ptr<Schedule> schedule =
@@ -207,6 +232,10 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options) {
       result.step_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
   }
 
+  result.cpu_adamw = schedule->cpu_adamw_report();
+  result.memory_measured = nlohmann::json::parse(accountant->to_json_text());
+  result.memory_measured_peak_bytes = accountant->total().peak;
+  if (log) std::fprintf(log, "%s", format_memory_report(memory_plan, *accountant).c_str());
   if (trace) {
     result.traced_steps = std::min(options.steps, kMaxTracedSteps);
     trace->write(options.trace_path);
@@ -242,6 +271,7 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
                     std::to_string(options.model.n_head) + " heads, width " +
                     std::to_string(options.model.n_embd) + ")");
   row("mode", result.schedule);
+  if (options.recompute > 0) row("recompute", std::to_string(options.recompute));
   row("B x T x accumulation", std::to_string(options.batch) + " x " +
                                   std::to_string(options.seq_len) + " x " +
                                   std::to_string(options.grad_accum));
@@ -260,7 +290,12 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
   row("memory peak", format_bytes(result.memory_peak_bytes) +
                          " (before: " + format_bytes(result.memory_before_bytes) + "; " +
                          result.memory_source + ")");
+  row("memory plan", format_bytes(result.memory_plan_bytes) +
+                         " (device and host side; computed before allocating)");
+  row("memory accounted", format_bytes(result.memory_measured_peak_bytes) +
+                              " peak of what goes through the device and the backend");
   row("last loss", number("%.4f", result.last_loss));
+  if (!result.cpu_adamw.empty()) row("CPU AdamW", result.cpu_adamw + " (warm-up included)");
   if (result.traced_steps > 0)
     row("trace",
         options.trace_path + " (timed steps 1-" + std::to_string(result.traced_steps) + ")");
@@ -283,8 +318,11 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"steps", options.steps},
       {"seed", options.seed},
       {"mode", options.mode},
+      {"recompute", options.recompute},
       {"cpu_workers",
-       options.mode == "layup" ? nlohmann::json(options.cpu_workers) : nlohmann::json(nullptr)},
+       options.mode != "gpu" ? nlohmann::json(options.cpu_workers) : nlohmann::json(nullptr)},
+      {"cpu_adamw",
+       result.cpu_adamw.empty() ? nlohmann::json(nullptr) : nlohmann::json(result.cpu_adamw)},
       {"clip", options.clip > 0 ? nlohmann::json(options.clip) : nlohmann::json("none")},
       {"schedule", result.schedule},
       {"trace",
@@ -308,6 +346,7 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"memory_source", result.memory_source},
       {"memory_before_bytes", result.memory_before_bytes},
       {"memory_peak_bytes", result.memory_peak_bytes},
+      {"memory", {{"plan", result.memory_plan}, {"measured", result.memory_measured}}},
       {"last_loss", result.last_loss},
       {"machine",
        {{"hostname", hostname()},

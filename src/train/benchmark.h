@@ -4,18 +4,22 @@
 // The model is freshly initialized (model/init.h) and the tokens are uniform random ids from a
 // fixed seed, so a benchmark needs no data and measures only the engine. Each timed step is
 // wall-clock (steady_clock) around Schedule::step, which returns after the loss is read back
-// and so after the device has finished the step.
+// and so after the device has finished the step. (`layup` with clipping returns before its CPU
+// updates have landed; the next step's forward waits for them, so in the steady state each timed
+// step carries the tail of the one before.)
 //
 // With a trace path, the first kMaxTracedSteps timed steps (never the warm-up) are recorded into a
 // Chrome/Perfetto trace (trace/trace_recorder.h): enough to see the pattern, small enough to open.
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "model/gpt2_config.h"
+#include "optim/host_adamw.h"
 
 namespace layup {
 
@@ -31,9 +35,15 @@ struct BenchmarkOptions {
   std::string dtype = "auto";   // auto | fp32 | bf16
   uint64_t seed = 1337;
   std::string mode = "gpu";  // gpu | offload | layup
-  int cpu_workers = 2;       // layup: CPU threads that consume gradient slots and run AdamW
-  float clip = 1.0f;         // global-norm clip threshold; <= 0: none (layup then overlaps)
-  std::string trace_path;    // empty: no trace
+  // offload, layup: pinned CPU AdamW workers (default: every core this process may use)
+  int cpu_workers = allowed_core_count();
+  int recompute = 0;       // see TrainOptions::recompute
+  float clip = 1.0f;       // global-norm clip threshold; <= 0: none (layup then overlaps)
+  std::string trace_path;  // empty: no trace
+  // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
+  // plan before anything is allocated, and --place CLASS=KIND overrides.
+  std::string memory_budget, device_budget, host_budget;
+  std::vector<std::string> place;
 };
 
 // The timed steps a benchmark's trace records at most.
@@ -72,12 +82,20 @@ struct BenchmarkResult {
   long long memory_before_bytes = 0;
   long long memory_peak_bytes = 0;
   float last_loss = 0.0f;
-  std::string schedule;  // describe_schedule(): the mode and how it treats clipping
-  int traced_steps = 0;  // steps in the trace file (0: no trace)
+  std::string schedule;   // describe_schedule(): the mode and how it treats clipping
+  int traced_steps = 0;   // steps in the trace file (0: no trace)
+  std::string cpu_adamw;  // offload, layup: HostAdamW::report() over all steps; "" for gpu
+  // The memory plan (memory_plan_json) and what the accountant measured over the whole run
+  // (MemoryAccountant::to_json: current at the end and peak, by class and kind).
+  nlohmann::json memory_plan, memory_measured;
+  size_t memory_plan_bytes = 0;           // the plan's total, device and host side
+  size_t memory_measured_peak_bytes = 0;  // the accountant's peak (what goes through it)
 };
 
-// Builds the model, backend and schedule, runs the warm-up then the timed steps.
-BenchmarkResult run_benchmark(const BenchmarkOptions& options);
+// Builds the model, backend and schedule, runs the warm-up then the timed steps. Refuses, before
+// allocating, a run whose memory plan exceeds the budgets. With a log, prints the memory plan
+// there at the start and the measured memory report at the end.
+BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log = nullptr);
 
 // The result as a table for a terminal.
 std::string format_benchmark_table(const BenchmarkOptions& options, const BenchmarkResult& result);

@@ -46,7 +46,11 @@ TEST(BenchmarkModes, EveryModeRunsAndIsNamed) {
     EXPECT_EQ(json["mode"], mode);
     EXPECT_EQ(json["schedule"], result.schedule);
     EXPECT_TRUE(json["trace"].is_null());
-    EXPECT_EQ(json["cpu_workers"].is_null(), std::string(mode) != "layup");
+    // The CPU AdamW modes name their workers and report the engine's rate.
+    const bool on_cpu = std::string(mode) != "gpu";
+    EXPECT_EQ(json["cpu_workers"].is_null(), !on_cpu);
+    EXPECT_EQ(json["cpu_adamw"].is_null(), !on_cpu);
+    EXPECT_EQ(result.cpu_adamw.rfind("CPU AdamW: ", 0) == 0, on_cpu) << result.cpu_adamw;
   }
   EXPECT_THROW(run_benchmark(tiny_options("zero")), Error);
 }

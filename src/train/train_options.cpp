@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "core/error.h"
+#include "memory/memory_plan.h"
 #include "schedule/schedule.h"
 
 namespace layup {
@@ -42,6 +43,7 @@ void validate_train_options(const TrainOptions& o) {
   LAYUP_CHECK(std::find(modes.begin(), modes.end(), o.mode) != modes.end(), "--mode ", o.mode,
               " is not a schedule; use gpu, offload or layup");
   LAYUP_CHECK(o.cpu_workers >= 1, "--cpu-workers must be at least 1 (got ", o.cpu_workers, ")");
+  parse_memory_budgets(o.memory_budget, o.device_budget, o.host_budget);  // throws naming the flag
 }
 
 nlohmann::json run_identity(const TrainOptions& o) {

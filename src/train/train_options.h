@@ -4,8 +4,10 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "model/gpt2_config.h"
+#include "optim/host_adamw.h"
 
 namespace layup {
 
@@ -57,8 +59,14 @@ struct TrainOptions {
   // The schedule (schedule/schedule.h): gpu | offload | layup. Not part of the run's identity: a
   // checkpoint is the same in every mode, so a run may resume in another mode.
   std::string mode = "gpu";
-  int cpu_workers = 2;     // layup: CPU threads that consume gradient slots and run AdamW
+  // offload, layup: pinned CPU AdamW workers (default: every core this process may use)
+  int cpu_workers = allowed_core_count();
+  int recompute = 0;       // CUDA backend: 0 keep activations, 1 recompute GELU, 2 also layer norms
   std::string trace_path;  // a Chrome/Perfetto trace of every step goes here; empty = none
+  // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
+  // run's memory plan before anything is allocated, and --place CLASS=KIND overrides.
+  std::string memory_budget, device_budget, host_budget;
+  std::vector<std::string> place;
 };
 
 // Throws layup::Error for contradictory or out-of-range options, naming the flag.

@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "data/token_dataset.h"
 #include "io/checkpoint.h"
+#include "memory/memory_plan.h"
 #include "model/init.h"
 #include "optim/lr_schedule.h"
 #include "sample/generate.h"
@@ -60,6 +61,25 @@ class JsonLinesLog {
   std::ofstream out_;
 };
 
+// What the run will allocate, for the memory plan (memory/memory_plan.h); device and dtype
+// resolved.
+MemoryPlanRequest memory_plan_request(const TrainOptions& options) {
+  MemoryPlanRequest request;
+  request.config = options.model;
+  request.model_name = options.model_name;
+  request.batch = options.batch;
+  request.seq_len = options.seq_len;
+  request.grad_accum = options.grad_accum;
+  request.mode = options.mode;
+  request.device = options.device;
+  request.dtype = options.dtype;
+  request.recompute = options.recompute;
+  request.place = options.place;
+  request.cpu_workers = options.cpu_workers;
+  request.attributes = memory_attributes_of(options.device);
+  return request;
+}
+
 float mean_validation_loss(Schedule& schedule, const ValidationBatches& val) {
   double sum = 0.0;
   TokenBatchBuffer buffer;
@@ -98,6 +118,16 @@ TrainResult train(TrainOptions options) {
   if (options.out_dir.empty()) options.out_dir = timestamped_run_dir();
   if (!options.trace_path.empty()) check_trace_path(options.trace_path);
 
+  // The memory plan, checked against the budgets before anything is allocated or any data read:
+  // a run that cannot fit stops here, saying what would.
+  const ComputeTarget target = resolve_compute_target({options.device, options.dtype});
+  options.device = target.device;
+  options.dtype = target.dtype;
+  const MemoryBudgets budgets =
+      parse_memory_budgets(options.memory_budget, options.device_budget, options.host_budget);
+  const MemoryPlan memory_plan = plan_memory(memory_plan_request(options));
+  check_budget(memory_plan, budgets);
+
   const std::string tokenizer_dir = options.tokenizer_dir.empty()
                                         ? (fs::path(shipped_data_dir()) / "gpt2-tokenizer").string()
                                         : options.tokenizer_dir;
@@ -110,11 +140,10 @@ TrainResult train(TrainOptions options) {
   BatchSampler sampler(train_data, options.batch, options.seq_len, options.seed);
   const ValidationBatches val(val_data, options.batch, options.seq_len, options.eval_batches);
 
-  const ComputeTarget target = resolve_compute_target({options.device, options.dtype});
-  options.device = target.device;
-  options.dtype = target.dtype;
   const ParameterLayout layout(config);
-  BackendAndDevice compute = make_backend(target, config, options.batch, options.seq_len);
+  BackendAndDevice compute = make_backend({target.device, target.dtype, options.recompute}, config,
+                                          options.batch, options.seq_len);
+  const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
   std::unique_ptr<Schedule> schedule =
@@ -168,6 +197,7 @@ TrainResult train(TrainOptions options) {
                describe_schedule(options.mode, options.cpu_workers, options.clip).c_str(),
                options.out_dir.c_str());
   if (trace) std::fprintf(stderr, "  trace: %s (every step)\n", options.trace_path.c_str());
+  std::fprintf(stderr, "%s", format_memory_plan(memory_plan, budgets).c_str());
   if (!resumed_from.empty()) progress.message("resumed from " + resumed_from);
 
   TrainResult result;
@@ -226,7 +256,11 @@ TrainResult train(TrainOptions options) {
     if (!stats.applied) {
       progress.finish();
       fail("training diverged at step ", step + 1, ": the loss is ", stats.loss,
-           " and the gradient norm ", stats.grad_norm, "; the parameters were not updated",
+           " and the gradient norm ", stats.grad_norm,
+           options.mode == "layup" && options.clip <= 0.0f
+               ? "; blocks whose own gradient was finite were already updated in memory (layup "
+                 "with --clip none updates during backward), the rest were not"
+               : "; the parameters were not updated",
            result.last_checkpoint.empty()
                ? std::string(" and no checkpoint was written")
                : "; the last good checkpoint is " + result.last_checkpoint,
@@ -263,8 +297,18 @@ TrainResult train(TrainOptions options) {
     if ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) || last) save(done);
   }
   progress.finish();
+  if (const std::string cpu_adamw = schedule->cpu_adamw_report(); !cpu_adamw.empty())
+    std::fprintf(stderr, "  %s\n", cpu_adamw.c_str());
   result.steps_done = last_step;
   if (trace) trace->write(options.trace_path);
+  // Measured beside planned, and the process-wide reading as a cross-check of both.
+  const std::string process_memory =
+      on_cuda ? "GPU memory in use, all processes (cudaMemGetInfo): " +
+                    format_bytes(static_cast<size_t>(std::max(0LL, device_memory_used_bytes())))
+              : "process peak resident set (getrusage): " +
+                    format_bytes(static_cast<size_t>(process_peak_rss_bytes()));
+  std::fprintf(stderr, "%s  %s\n", format_memory_report(memory_plan, *accountant).c_str(),
+               process_memory.c_str());
 
   if (options.sample_tokens > 0 && last_step == options.steps) {
     Rng rng(options.seed + 1);

@@ -71,8 +71,8 @@ int grads(char** argv) {
   const ParameterLayout layout(config);
   BackendAndDevice compute = make_backend(oracle_target(), config, B, T);
   const size_t n = layout.total_count();
-  DeviceBuffer params_buffer = compute.device->allocate(n),
-               grad_buffer = compute.device->allocate(n);
+  DeviceBuffer params_buffer = compute.device->allocate(n, TensorClass::kWeights);
+  DeviceBuffer grad_buffer = compute.device->allocate(n, TensorClass::kWeightGrads);
   compute.device->copy_to_device(params_buffer.data(), model.params.data(), n);
   const ParameterPointers params = layout.pointers<const float>(params_buffer.data());
   const GradientPointers g = layout.pointers(grad_buffer.data());
@@ -147,7 +147,7 @@ int loss(char** argv) {
   const ParameterLayout layout(model.config);
   BackendAndDevice compute = make_backend(oracle_target(), model.config, B, T);
   const size_t n = layout.total_count();
-  DeviceBuffer params = compute.device->allocate(n);
+  DeviceBuffer params = compute.device->allocate(n, TensorClass::kWeights);
   compute.device->copy_to_device(params.data(), model.params.data(), n);
   const float value = compute.backend->forward(layout.pointers<const float>(params.data()),
                                                micro_batch(tokens, 0, B, T));

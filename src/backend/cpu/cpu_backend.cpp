@@ -9,6 +9,9 @@
 // A residual add passes its gradient to both summands unchanged, so the backward never copies
 // the residual stream's gradient: d_residual_ serves as the gradient of the block output and
 // of the branch output at once, and each layer norm's input gradient is accumulated into it.
+//
+// Forward hooks (model_backend.h) are called right before the ops that first read each span:
+// the embedding lookup, each block's ln_1, and ln_f.
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -40,6 +43,8 @@ const Gpt2Config& validated(const Gpt2Config& config) {
 void zero(std::vector<float>& buffer, size_t count) {
   std::fill_n(buffer.data(), count, 0.0f);
 }
+
+struct NoHooks final : ForwardHooks {};
 
 }  // namespace
 
@@ -99,6 +104,12 @@ void CpuBackend::check_batch(const ParameterPointers& params, const TokenBatch& 
 }
 
 float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& batch) {
+  NoHooks no_hooks;
+  return forward(params, batch, no_hooks);
+}
+
+float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& batch,
+                          ForwardHooks& hooks) {
   check_batch(params, batch);
   batch_ = batch.batch;
   seq_len_ = batch.seq_len;
@@ -111,10 +122,12 @@ float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& bat
   const FinalNormOffsets& f = layout_.final_norm();
 
   std::copy_n(batch.inputs, BT, inputs_.data());
+  hooks.before_embeddings();
   embedding_forward(residual_[0].data(), inputs_.data(), params.embeddings + e.wte,
                     params.embeddings + e.wpe, B, T, C);
 
   for (int l = 0; l < L; ++l) {
+    hooks.before_block(l);
     const float* p = params.blocks[l];
     BlockActivations& a = blocks_[l];
     const float* x = residual_[l].data();
@@ -137,6 +150,7 @@ float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& bat
     residual_forward(residual_[l + 1].data(), a.residual_mid.data(), branch_out_.data(), BT * C);
   }
 
+  hooks.before_head();
   layernorm_forward(ln_f_.data(), ln_f_mean_.data(), ln_f_rstd_.data(), residual_[L].data(),
                     params.final_norm + f.weight, params.final_norm + f.bias, BT, C, eps);
   matmul_forward(logits_.data(), ln_f_.data(), params.embeddings + e.wte, nullptr, BT, C, Vp);

@@ -22,6 +22,8 @@ class CpuBackend final : public ModelBackend {
 
   std::string name() const override { return "cpu"; }
   float forward(const ParameterPointers& params, const TokenBatch& batch) override;
+  float forward(const ParameterPointers& params, const TokenBatch& batch,
+                ForwardHooks& hooks) override;
   // Valid until the next forward (the backward leaves the logits intact).
   const float* logits() const override { return logits_.data(); }
   void backward_head(const ParameterPointers& params, float* final_norm_grad,

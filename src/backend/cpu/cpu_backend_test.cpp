@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -313,6 +314,46 @@ TEST_F(CpuBackendTest, BlockGradientsGoToTheGivenSlot) {
   }
   backend->backward_embeddings(param_pointers(), g.embeddings);
   EXPECT_TRUE(std::equal(head.begin(), head.begin() + layout.embeddings().count, whole.begin()));
+}
+
+// Hooks that, when called for a span, write that span's new weights into the parameters the
+// forward is reading: the forward then gives the new weights' loss and logits only if it reads
+// each span after its hook (and never before), which is what a schedule whose updates land during
+// the forward relies on. Also records the order of the calls.
+struct SwapInHooks final : ForwardHooks {
+  SwapInHooks(const ParameterLayout& layout, std::vector<float>& params,
+              const std::vector<float>& next)
+      : layout(layout), params(params), next(next) {}
+  void before_embeddings() override { swap_in(layout.spans().front(), "embeddings"); }
+  void before_block(int layer) override {
+    swap_in(layout.spans()[1 + layer], "block " + std::to_string(layer));
+  }
+  void before_head() override { swap_in(layout.spans().back(), "head"); }
+  void swap_in(const Span& span, const std::string& name) {
+    std::copy_n(next.begin() + span.offset, span.count, params.begin() + span.offset);
+    calls.push_back(name);
+  }
+  const ParameterLayout& layout;
+  std::vector<float>& params;
+  const std::vector<float>& next;
+  std::vector<std::string> calls;
+};
+
+TEST_F(CpuBackendTest, ForwardCallsEachHookRightBeforeItReadsTheSpan) {
+  const Batch batch = random_batch(2, 5, config.vocab_size, 21);
+  const std::vector<float> next = random_parameters(layout, 8);
+  std::vector<float> reading = params;
+  SwapInHooks hooks(layout, reading, next);
+  const float loss =
+      backend->forward(layout.pointers<const float>(reading.data()), batch.view(), hooks);
+  const size_t count = static_cast<size_t>(2 * 5) * config.padded_vocab_size;
+  const std::vector<float> logits(backend->logits(), backend->logits() + count);
+  EXPECT_EQ(hooks.calls, (std::vector<std::string>{"embeddings", "block 0", "block 1", "head"}));
+  EXPECT_EQ(reading, next);
+
+  EXPECT_EQ(backend->forward(layout.pointers<const float>(next.data()), batch.view()), loss);
+  EXPECT_EQ(std::vector<float>(backend->logits(), backend->logits() + count), logits);
+  EXPECT_NE(backend->forward(param_pointers(), batch.view()), loss) << "the swap must matter";
 }
 
 TEST_F(CpuBackendTest, RejectsBatchesThatDoNotFit) {

@@ -12,16 +12,20 @@ namespace {
 
 class CpuDevice final : public Device {
  public:
-  std::string name() const override { return "cpu"; }
+  explicit CpuDevice(std::shared_ptr<MemoryAccountant> accountant)
+      : Device(std::move(accountant)) {}
 
-  DeviceBuffer allocate(size_t count) override {
+  std::string name() const override { return "cpu"; }
+  MemoryKind memory_kind() const override { return MemoryKind::kHost; }
+
+  DeviceBuffer allocate(size_t count, TensorClass tensor_class) override {
     // 64-byte alignment: whole cache lines and aligned AVX-512 loads.
     float* data = static_cast<float*>(
         ::operator new[](count * sizeof(float), std::align_val_t(64), std::nothrow));
     LAYUP_CHECK(data != nullptr || count == 0, "out of host memory allocating ",
                 count * sizeof(float) / 1e9, " GB");
     std::memset(data, 0, count * sizeof(float));
-    return DeviceBuffer(this, data, count);
+    return DeviceBuffer(this, data, count, record(count, tensor_class));
   }
 
   void release(float* data) override { ::operator delete[](data, std::align_val_t(64)); }
@@ -50,8 +54,8 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_cpu_device() {
-  return std::make_unique<CpuDevice>();
+std::unique_ptr<Device> make_cpu_device(std::shared_ptr<MemoryAccountant> accountant) {
+  return std::make_unique<CpuDevice>(std::move(accountant));
 }
 
 }  // namespace layup

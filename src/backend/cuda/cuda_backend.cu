@@ -39,6 +39,8 @@
 #include "backend/cuda/ops/matmul.cuh"
 #include "backend/cuda/ops/residual.cuh"
 #include "core/error.h"
+#include "memory/backend_memory.h"
+#include "memory/memory_accountant.h"
 #include "model/parameter_layout.h"
 
 namespace layup {
@@ -71,7 +73,8 @@ class Carver {
 template <class T>
 class CudaBackend final : public ModelBackend {
  public:
-  CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute);
+  CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute,
+              std::shared_ptr<MemoryAccountant> accountant);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -80,6 +83,8 @@ class CudaBackend final : public ModelBackend {
     return std::string("cuda-") + (std::is_same_v<T, float> ? "fp32" : "bf16");
   }
   float forward(const ParameterPointers& params, const TokenBatch& batch) override;
+  float forward(const ParameterPointers& params, const TokenBatch& batch,
+                ForwardHooks& hooks) override;
   const float* logits() const override;
   void backward_head(const ParameterPointers& params, float* final_norm_grad,
                      float* embeddings_grad, float loss_scale) override;
@@ -107,7 +112,8 @@ class CudaBackend final : public ModelBackend {
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
   // The weights the kernels read: the fp32 spans themselves, or their bf16 compute copy.
   SpanPointers<const T> weights(const ParameterPointers& params) const;
-  void refresh_compute_weights(const ParameterPointers& params);
+  // bf16 mode: casts span `index` (layout order) of the fp32 weights into the compute copy.
+  void refresh_compute_span(size_t index, const ParameterPointers& params);
   // cuDNN attention where present, except for single-position sequences, which it rejects.
   bool use_cudnn_attention(int seq_len) const { return cudnn_attention_ && seq_len > 1; }
   void zero(T* buffer, size_t count) {
@@ -129,6 +135,10 @@ class CudaBackend final : public ModelBackend {
 
   void* arena_ = nullptr;
   size_t arena_bytes_ = 0;
+  // The ledger the arena, the pinned staging and the workspaces are recorded in (may be null),
+  // and their records, which give the bytes back when the backend goes.
+  std::shared_ptr<MemoryAccountant> accountant_;
+  std::vector<MemoryRecord> memory_records_;
 
   // The bf16 compute copy of the weights (bf16 mode only), spans at 256-byte aligned offsets.
   T* compute_weights_ = nullptr;
@@ -173,12 +183,14 @@ class CudaBackend final : public ModelBackend {
 };
 
 template <class T>
-CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute)
+CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute,
+                            std::shared_ptr<MemoryAccountant> accountant)
     : config_(config),
       layout_(config),
       max_batch_(max_batch),
       max_seq_len_(max_seq_len),
-      recompute_(recompute) {
+      recompute_(recompute),
+      accountant_(std::move(accountant)) {
   validate_config(config);
   LAYUP_CHECK(recompute >= 0 && recompute <= kMaxRecompute, "--recompute takes 0, 1 or 2, not ",
               recompute);
@@ -196,7 +208,7 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
               "dimension; use a smaller --batch");
   std::string why;
   LAYUP_CHECK(cuda_device_available(&why), "cannot use the CUDA backend: ", why);
-  blas_ = std::make_unique<cuda::CublasLt>();
+  blas_ = std::make_unique<cuda::CublasLt>(accountant_);
 
   const size_t BT = static_cast<size_t>(max_batch) * max_seq_len;
   const int C = config.n_embd;
@@ -231,6 +243,22 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
   }
   Carver place(static_cast<char*>(arena_));
   carve(place);
+  {
+    // The arena in the ledger by class: the total is the size carve() measured, the split the
+    // plan's (memory/backend_memory.h), so a plan that drifted from carve() shows up as a
+    // difference in the end-of-run report (and in cuda_memory_test).
+    const BackendBytes planned =
+        cuda_arena_bytes(config, max_batch, max_seq_len, !std::is_same_v<T, float>, recompute);
+    const size_t weights = std::min(planned.weights, arena_bytes_);
+    const size_t scratch = std::min(planned.scratch, arena_bytes_ - weights);
+    auto record = [&](TensorClass tensor_class, size_t bytes) {
+      memory_records_.emplace_back(accountant_, MemorySide::kDevice, tensor_class,
+                                   MemoryKind::kDevice, bytes);
+    };
+    record(TensorClass::kWeights, weights);
+    record(TensorClass::kScratch, scratch);
+    record(TensorClass::kActivations, arena_bytes_ - weights - scratch);
+  }
   if constexpr (!std::is_same_v<T, float>) {
     const char* choice = std::getenv("LAYUP_ATTENTION");
     const std::string attention = choice ? choice : "auto";
@@ -238,7 +266,7 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
                 "LAYUP_ATTENTION must be auto, cudnn or layup, not '", attention, "'");
     std::string why;
     if (attention != "layup" && cuda::CudnnAttention::available(&why)) {
-      cudnn_attention_ = std::make_unique<cuda::CudnnAttention>(stream_);
+      cudnn_attention_ = std::make_unique<cuda::CudnnAttention>(stream_, accountant_);
     } else {
       LAYUP_CHECK(attention != "cudnn",
                   "LAYUP_ATTENTION=cudnn but cuDNN attention is unavailable: ", why);
@@ -248,6 +276,9 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
   const size_t host_ints = 5 * BT + 1;
   LAYUP_CUDA_CHECK(cudaMallocHost(&host_ints_, host_ints * sizeof(int32_t)));
   LAYUP_CUDA_CHECK(cudaMallocHost(&host_losses_, BT * sizeof(float)));
+  memory_records_.emplace_back(accountant_, MemorySide::kHost, TensorClass::kScratch,
+                               MemoryKind::kPinnedMapped,
+                               host_ints * sizeof(int32_t) + BT * sizeof(float));
 }
 
 template <class T>
@@ -350,21 +381,31 @@ SpanPointers<const T> CudaBackend<T>::weights(const ParameterPointers& params) c
 }
 
 template <class T>
-void CudaBackend<T>::refresh_compute_weights(const ParameterPointers& params) {
+void CudaBackend<T>::refresh_compute_span(size_t index, const ParameterPointers& params) {
   if constexpr (!std::is_same_v<T, float>) {
-    const std::vector<Span>& spans = layout_.spans();
-    for (size_t i = 0; i < spans.size(); ++i) {
-      const float* master = spans[i].kind == SpanKind::kEmbeddings ? params.embeddings
-                            : spans[i].kind == SpanKind::kBlock    ? params.blocks[spans[i].layer]
-                                                                   : params.final_norm;
-      cuda::cast_to_bf16(compute_weights_ + compute_span_offsets_[i], master, spans[i].count,
-                         stream_);
-    }
+    const Span& span = layout_.spans()[index];
+    const float* master = span.kind == SpanKind::kEmbeddings ? params.embeddings
+                          : span.kind == SpanKind::kBlock    ? params.blocks[span.layer]
+                                                             : params.final_norm;
+    cuda::cast_to_bf16(compute_weights_ + compute_span_offsets_[index], master, span.count,
+                       stream_);
   }
 }
 
 template <class T>
 float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch& batch) {
+  struct NoHooks final : ForwardHooks {};
+  NoHooks no_hooks;
+  return forward(params, batch, no_hooks);
+}
+
+// Each hook runs right before the first kernel that reads its span's weights is enqueued (in
+// bf16, before that span's cast into the compute copy): embeddings first (the token embedding;
+// the tied LM head reads wte again at the end), block l before its first layer norm -- which, for
+// l > 0, is fused into the end of block l-1 -- and the final norm before ln_f.
+template <class T>
+float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch& batch,
+                              ForwardHooks& hooks) {
   check_batch(params, batch);
   batch_ = batch.batch;
   seq_len_ = batch.seq_len;
@@ -382,13 +423,19 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   std::copy_n(batch.inputs, BT, host_inputs);
   LAYUP_CUDA_CHECK(
       cudaMemcpyAsync(tokens_, host_inputs, BT * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  refresh_compute_weights(params);
   const SpanPointers<const T> w = weights(params);
+  // Span indices in layout order: embeddings, blocks 0..L-1, final norm.
+  const auto block_span = [](int layer) { return static_cast<size_t>(1 + layer); };
+  const size_t final_norm_span = static_cast<size_t>(1 + L);
 
+  hooks.before_embeddings();
+  refresh_compute_span(0, params);
   cuda::embedding_forward(residual_[0], tokens_, w.embeddings + e.wte, w.embeddings + e.wpe, B, T_,
                           C, stream_);
   // Every layer norm after the first is fused with the residual add before it: block l's ln_2
   // with its attention branch's add, block l+1's ln_1 (or ln_f) with block l's MLP branch's add.
+  hooks.before_block(0);
+  refresh_compute_span(block_span(0), params);
   cuda::layernorm_forward(blocks_[0].ln_1, blocks_[0].ln_1_mean, blocks_[0].ln_1_rstd, residual_[0],
                           w.blocks[0] + o.ln_1_weight, w.blocks[0] + o.ln_1_bias, BT, C, eps,
                           stream_);
@@ -420,12 +467,16 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
     cuda::matmul_forward(*blas_, branch_out_, a.fc_gelu, p + o.mlp_proj_weight, p + o.mlp_proj_bias,
                          BT, 4 * C, C, stream_);
     if (l + 1 < L) {
+      hooks.before_block(l + 1);
+      refresh_compute_span(block_span(l + 1), params);
       BlockActivations& next = blocks_[l + 1];
       const T* next_p = w.blocks[l + 1];
       cuda::residual_layernorm_forward(residual_[l + 1], next.ln_1, next.ln_1_mean, next.ln_1_rstd,
                                        a.residual_mid, branch_out_, next_p + o.ln_1_weight,
                                        next_p + o.ln_1_bias, BT, C, eps, stream_);
     } else {
+      hooks.before_head();
+      refresh_compute_span(final_norm_span, params);
       cuda::residual_layernorm_forward(residual_[L], ln_f_, ln_f_mean_, ln_f_rstd_, a.residual_mid,
                                        branch_out_, w.final_norm + f.weight, w.final_norm + f.bias,
                                        BT, C, eps, stream_);
@@ -608,11 +659,13 @@ const char* compute_dtype_name(ComputeDtype dtype) {
 }
 
 std::unique_ptr<ModelBackend> make_cuda_backend(const Gpt2Config& config, int max_batch,
-                                                int max_seq_len, ComputeDtype dtype,
-                                                int recompute) {
+                                                int max_seq_len, ComputeDtype dtype, int recompute,
+                                                std::shared_ptr<MemoryAccountant> accountant) {
   if (dtype == ComputeDtype::kFloat32)
-    return std::make_unique<CudaBackend<float>>(config, max_batch, max_seq_len, recompute);
-  return std::make_unique<CudaBackend<__nv_bfloat16>>(config, max_batch, max_seq_len, recompute);
+    return std::make_unique<CudaBackend<float>>(config, max_batch, max_seq_len, recompute,
+                                                std::move(accountant));
+  return std::make_unique<CudaBackend<__nv_bfloat16>>(config, max_batch, max_seq_len, recompute,
+                                                      std::move(accountant));
 }
 
 }  // namespace layup

@@ -25,6 +25,7 @@
 #include <memory>
 
 #include "backend/model_backend.h"
+#include "memory/memory_accountant.h"
 #include "model/gpt2_config.h"
 
 namespace layup {
@@ -38,14 +39,17 @@ const char* compute_dtype_name(ComputeDtype dtype);  // "fp32", "bf16"
 //   1  keep the MLP's pre-GELU activations only and recompute GELU's output in the backward
 //      (one [B*T, 4C] buffer serves all blocks instead of one per block);
 //   2  also recompute both layer norms' outputs from their inputs and saved statistics.
-// Level 1 saves (L-1) B T 4C activation elements, level 2 another 2 (L-1) B T C, for one
-// element-wise pass (and, at 2, two layer norms) per block in the backward.
+// Level 1 saves (L-1) B T 4C activation elements (one shared buffer instead of L), level 2
+// another (2L-1) B T C (one instead of 2L), for one element-wise pass (and, at 2, two layer
+// norms) per block in the backward.
 constexpr int kMaxRecompute = 2;
 
 // Throws layup::Error when there is no usable GPU, when the model's head dimension exceeds what
-// the attention kernels take (128), or when the activations do not fit in GPU memory.
-std::unique_ptr<ModelBackend> make_cuda_backend(const Gpt2Config& config, int max_batch,
-                                                int max_seq_len, ComputeDtype dtype,
-                                                int recompute = 0);
+// the attention kernels take (128), or when the activations do not fit in GPU memory. The
+// backend records its memory (the activation arena by class, the pinned staging, the cuBLASLt
+// and cuDNN workspaces) in `accountant` when one is given.
+std::unique_ptr<ModelBackend> make_cuda_backend(
+    const Gpt2Config& config, int max_batch, int max_seq_len, ComputeDtype dtype, int recompute = 0,
+    std::shared_ptr<MemoryAccountant> accountant = nullptr);
 
 }  // namespace layup

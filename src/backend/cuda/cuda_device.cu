@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/ops/common.cuh"
+#include "memory/backend_memory.h"
 
 namespace layup {
 namespace {
@@ -124,20 +125,27 @@ __global__ void add_kernel(float* dst, const float* src, size_t count) {
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice() {
+  explicit CudaDevice(std::shared_ptr<MemoryAccountant> accountant)
+      : Device(std::move(accountant)) {
     int device = 0;
     LAYUP_CUDA_CHECK(cudaGetDevice(&device));
     cudaDeviceProp properties{};
     LAYUP_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
     name_ = "cuda:" + std::to_string(device) + " (" + properties.name + ")";
+    static_assert(kSumBlocks * sizeof(double) == kCudaDeviceScratchBytes,
+                  "memory/backend_memory.h plans the partials' bytes");
     LAYUP_CUDA_CHECK(cudaMalloc(&partials_, kSumBlocks * sizeof(double)));
+    partials_record_ =
+        MemoryRecord(Device::accountant(), MemorySide::kDevice, TensorClass::kScratch,
+                     MemoryKind::kDevice, kSumBlocks * sizeof(double));
   }
   ~CudaDevice() override { cudaFree(partials_); }
 
   std::string name() const override { return name_; }
+  MemoryKind memory_kind() const override { return MemoryKind::kDevice; }
 
-  DeviceBuffer allocate(size_t count) override {
-    if (count == 0) return DeviceBuffer(this, nullptr, 0);
+  DeviceBuffer allocate(size_t count, TensorClass tensor_class) override {
+    if (count == 0) return DeviceBuffer(this, nullptr, 0, MemoryRecord());
     float* data = nullptr;
     const cudaError_t status = cudaMalloc(&data, count * sizeof(float));
     if (status != cudaSuccess) {
@@ -149,7 +157,7 @@ class CudaDevice final : public Device {
            "; try a smaller --batch or --seq-len");
     }
     LAYUP_CUDA_CHECK(cudaMemsetAsync(data, 0, count * sizeof(float), cudaStreamLegacy));
-    return DeviceBuffer(this, data, count);
+    return DeviceBuffer(this, data, count, record(count, tensor_class));
   }
 
   void release(float* data) override {
@@ -223,6 +231,7 @@ class CudaDevice final : public Device {
  private:
   std::string name_;
   double* partials_ = nullptr;  // [kSumBlocks]
+  MemoryRecord partials_record_;
 };
 
 }  // namespace
@@ -258,10 +267,10 @@ bool cuda_device_available(std::string* why) {
   return reason.empty();
 }
 
-std::unique_ptr<Device> make_cuda_device() {
+std::unique_ptr<Device> make_cuda_device(std::shared_ptr<MemoryAccountant> accountant) {
   std::string why;
   LAYUP_CHECK(cuda_device_available(&why), "cannot use the CUDA device: ", why);
-  return std::make_unique<CudaDevice>();
+  return std::make_unique<CudaDevice>(std::move(accountant));
 }
 
 }  // namespace layup

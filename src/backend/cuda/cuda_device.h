@@ -20,8 +20,8 @@ namespace layup {
 // (when not null) says what is missing, e.g. for a test's skip message.
 bool cuda_device_available(std::string* why);
 
-// Device 0 (or the one CUDA_VISIBLE_DEVICES leaves first). Throws layup::Error when there is
-// no usable GPU.
-std::unique_ptr<Device> make_cuda_device();
+// Device 0 (or the one CUDA_VISIBLE_DEVICES leaves first), recording its memory into
+// `accountant` (null: a ledger of its own). Throws layup::Error when there is no usable GPU.
+std::unique_ptr<Device> make_cuda_device(std::shared_ptr<MemoryAccountant> accountant = nullptr);
 
 }  // namespace layup

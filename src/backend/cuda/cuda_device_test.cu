@@ -26,7 +26,7 @@ TEST(CudaDevice, AllocatesZeroedMemoryCopiesAndZeroes) {
   std::unique_ptr<Device> device = make_cuda_device();
   EXPECT_NE(device->name().find("cuda"), std::string::npos);
   const size_t count = 1000003;
-  DeviceBuffer buffer = device->allocate(count);
+  DeviceBuffer buffer = device->allocate(count, TensorClass::kScratch);
   ASSERT_EQ(buffer.count(), count);
   std::vector<float> host(count, 1.0f);
   device->copy_to_host(host.data(), buffer.data(), count);
@@ -41,7 +41,7 @@ TEST(CudaDevice, AllocatesZeroedMemoryCopiesAndZeroes) {
   device->fill_zero(buffer.data() + 5, 10);
   device->copy_to_host(host.data(), buffer.data(), count);
   for (size_t i = 0; i < count; ++i) ASSERT_EQ(host[i], (i >= 5 && i < 15) ? 0.0f : values[i]) << i;
-  EXPECT_EQ(device->allocate(0).data(), nullptr);
+  EXPECT_EQ(device->allocate(0, TensorClass::kScratch).data(), nullptr);
 }
 
 TEST(CudaDevice, SumOfSquaresMatchesCpuAndIsReproducible) {
@@ -51,7 +51,7 @@ TEST(CudaDevice, SumOfSquaresMatchesCpuAndIsReproducible) {
     for (size_t offset : {size_t{0}, size_t{1}}) {
       Rng rng(count + offset);
       const std::vector<float> values = random_vector(rng, count, 0.01f);
-      DeviceBuffer buffer = device->allocate(count + offset);
+      DeviceBuffer buffer = device->allocate(count + offset, TensorClass::kScratch);
       device->copy_to_device(buffer.data() + offset, values.data(), count);
       const double gpu = device->sum_of_squares(buffer.data() + offset, count);
       const double cpu = sum_of_squares(values.data(), count);
@@ -79,8 +79,10 @@ TEST(CudaDevice, AdamWMatchesCpuOnEverySpan) {
   std::vector<float> params = random_vector(rng, n), grads = random_vector(rng, n, 0.1f);
   std::vector<float> m = random_vector(rng, n, 0.01f), v = random_vector(rng, n, 0.001f);
   for (float& value : v) value = value * value;  // second moments are not negative
-  DeviceBuffer d_params = device->allocate(n), d_grads = device->allocate(n);
-  DeviceBuffer d_m = device->allocate(n), d_v = device->allocate(n);
+  DeviceBuffer d_params = device->allocate(n, TensorClass::kMasterWeights);
+  DeviceBuffer d_grads = device->allocate(n, TensorClass::kWeightGrads);
+  DeviceBuffer d_m = device->allocate(n, TensorClass::kOptimizerMoments);
+  DeviceBuffer d_v = device->allocate(n, TensorClass::kOptimizerMoments);
   device->copy_to_device(d_params.data(), params.data(), n);
   device->copy_to_device(d_grads.data(), grads.data(), n);
   device->copy_to_device(d_m.data(), m.data(), n);

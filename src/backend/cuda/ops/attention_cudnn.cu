@@ -67,6 +67,8 @@ struct CudnnAttention::State {
   std::map<std::tuple<int, int, int, int, bool>, std::shared_ptr<fe::graph::Graph>> graphs;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  std::shared_ptr<MemoryAccountant> accountant;
+  MemoryRecord workspace_record;
 
   fe::graph::Graph& graph(int B, int T_, int C, int NH, bool backward) {
     auto key = std::make_tuple(B, T_, C, NH, backward);
@@ -136,10 +138,13 @@ struct CudnnAttention::State {
       // A graph may be built while the previous step's work still runs on the stream.
       LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream));
       LAYUP_CUDA_CHECK(cudaFree(workspace));
+      workspace_record.reset();
       workspace = nullptr;
       workspace_bytes = 0;
       LAYUP_CUDA_CHECK(cudaMalloc(&workspace, needed));
       workspace_bytes = needed;
+      workspace_record = MemoryRecord(accountant, MemorySide::kDevice, TensorClass::kScratch,
+                                      MemoryKind::kDevice, workspace_bytes);
     }
     graphs.emplace(key, graph);
     return *graph;
@@ -160,8 +165,10 @@ bool CudnnAttention::available(std::string* why) {
   return true;
 }
 
-CudnnAttention::CudnnAttention(cudaStream_t stream) : state_(std::make_unique<State>()) {
+CudnnAttention::CudnnAttention(cudaStream_t stream, std::shared_ptr<MemoryAccountant> accountant)
+    : state_(std::make_unique<State>()) {
   state_->stream = stream;
+  state_->accountant = std::move(accountant);
   check_cudnn_status(cudnnCreate(&state_->handle), "cudnnCreate");
   check_cudnn_status(cudnnSetStream(state_->handle, stream), "cudnnSetStream");
 }
@@ -213,7 +220,7 @@ bool CudnnAttention::available(std::string* why) {
   return false;
 }
 
-CudnnAttention::CudnnAttention(cudaStream_t) {
+CudnnAttention::CudnnAttention(cudaStream_t, std::shared_ptr<MemoryAccountant>) {
   fail("layup was built without cuDNN; rebuild with the cuDNN frontend headers to use it");
 }
 CudnnAttention::~CudnnAttention() = default;

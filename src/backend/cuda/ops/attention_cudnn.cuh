@@ -21,6 +21,8 @@
 #include <memory>
 #include <string>
 
+#include "memory/memory_accountant.h"
+
 namespace layup::cuda {
 
 class CudnnAttention {
@@ -28,7 +30,10 @@ class CudnnAttention {
   // Whether this build and this machine can run cuDNN attention; when not, *why says why.
   static bool available(std::string* why);
 
-  explicit CudnnAttention(cudaStream_t stream);
+  // The workspace is recorded in `accountant` (when given) as device-side scratch, at the size
+  // cuDNN asks for.
+  explicit CudnnAttention(cudaStream_t stream,
+                          std::shared_ptr<MemoryAccountant> accountant = nullptr);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;

@@ -23,12 +23,13 @@
 
 #include "backend/cuda/ops/common.cuh"
 #include "backend/cuda/ops/matmul.cuh"
+#include "memory/backend_memory.h"
 
 namespace layup::cuda {
 namespace {
 
-// cuBLAS's recommendation for Hopper.
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+// cuBLAS's recommendation for Hopper; the memory plan counts the same constant.
+constexpr size_t kWorkspaceBytes = kCublasLtWorkspaceBytes;
 
 // The largest power of two (at most 256) that divides the address.
 uint32_t alignment_bytes(const void* p) {
@@ -97,10 +98,12 @@ void accumulate_bias_gradient(float* dbias, const T* dout, int N, int OC, float*
 
 }  // namespace
 
-CublasLt::CublasLt() {
+CublasLt::CublasLt(std::shared_ptr<MemoryAccountant> accountant) {
   LAYUP_CUBLAS_CHECK(cublasLtCreate(&handle_));
   LAYUP_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   workspace_bytes_ = kWorkspaceBytes;
+  workspace_record_ = MemoryRecord(std::move(accountant), MemorySide::kDevice,
+                                   TensorClass::kScratch, MemoryKind::kDevice, kWorkspaceBytes);
 }
 
 CublasLt::~CublasLt() {

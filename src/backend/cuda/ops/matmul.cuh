@@ -14,13 +14,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
+
+#include "memory/memory_accountant.h"
 
 namespace layup::cuda {
 
-// A cuBLASLt handle, its workspace, and the algorithms its heuristic chose, by problem.
+// A cuBLASLt handle, its workspace, and the algorithms its heuristic chose, by problem. The
+// workspace is recorded in `accountant` (when given) as device-side scratch.
 class CublasLt {
  public:
-  CublasLt();
+  explicit CublasLt(std::shared_ptr<MemoryAccountant> accountant = nullptr);
   ~CublasLt();
   CublasLt(const CublasLt&) = delete;
   CublasLt& operator=(const CublasLt&) = delete;
@@ -55,6 +59,7 @@ class CublasLt {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  MemoryRecord workspace_record_;
   std::map<Key, cublasLtMatmulAlgo_t> algorithms_;
 };
 

@@ -1,0 +1,215 @@
+// `layup memory`: the memory plans of the three modes side by side, for a model, batch and
+// device, computed without allocating anything (memory/memory_plan.h); with --mode, that mode's
+// plan allocation by allocation; with budgets, whether each mode fits.
+#include <cstdio>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/backend_factory.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "memory/memory_plan.h"
+#include "model/parameter_layout.h"
+#include "optim/host_adamw.h"
+
+namespace layup {
+
+namespace {
+
+struct MemoryFlags {
+  std::string model = "gpt2";
+  int batch = 8;
+  int seq_len = 1024;
+  int grad_accum = 1;
+  std::string device = "auto";
+  std::string dtype = "auto";
+  std::string mode;  // empty: no detailed plan
+  int cpu_workers = allowed_core_count();
+  int recompute = 0;
+  std::vector<std::string> place;
+  std::string memory_budget, device_budget, host_budget;
+};
+
+// Resolves auto like `layup train` does; an explicit cuda without a usable GPU still plans, with
+// a discrete GPU's attributes (the plan says they were assumed).
+MemoryPlanRequest base_request(const MemoryFlags& flags) {
+  MemoryPlanRequest request;
+  request.config = named_config(flags.model);
+  request.model_name = flags.model;
+  request.batch = flags.batch;
+  request.seq_len = flags.seq_len;
+  request.grad_accum = flags.grad_accum;
+  std::string device = flags.device, dtype = flags.dtype;
+  if (device != "cuda") {
+    const ComputeTarget target = resolve_compute_target({device, dtype});
+    device = target.device;
+    dtype = target.dtype;
+  } else if (dtype == "auto") {
+    dtype = "bf16";
+  }
+  request.device = device;
+  request.dtype = dtype;
+  request.attributes = memory_attributes_of(device);
+  request.place = flags.place;
+  request.cpu_workers = flags.cpu_workers;
+  request.recompute = flags.recompute;
+  return request;
+}
+
+std::string row(const std::string& label, const std::vector<std::string>& columns) {
+  char text[64];
+  std::snprintf(text, sizeof text, "  %-24s", label.c_str());
+  std::string line = text;
+  for (const std::string& column : columns) {
+    std::snprintf(text, sizeof text, " %14s", column.c_str());
+    line += text;
+  }
+  return line + "\n";
+}
+
+std::string bytes_or_dash(size_t bytes) {
+  return bytes ? format_bytes(bytes) : std::string("-");
+}
+
+}  // namespace
+
+void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
+                      std::string& host_budget, std::vector<std::string>& place) {
+  command.add_option("--memory-budget", memory_budget,
+                     "Refuse, before allocating, a run whose memory plan needs more than this, "
+                     "device and host side together, as on a unified-memory board: 16G, 512M, "
+                     "1.5GiB (K, M, G, T: powers of 1024; KB, MB, GB, TB: of 1000)");
+  command.add_option("--device-budget", device_budget,
+                     "The same for the device side alone (what the device computes on)");
+  command.add_option("--host-budget", host_budget,
+                     "The same for the host side alone (the schedule's host-side state)");
+  command
+      .add_option("--place", place,
+                  "CLASS=KIND placement overrides, repeatable or comma-separated (classes: "
+                  "weights, master, grads, moments, activations, scratch; kinds: device, pinned, "
+                  "managed, pageable, host). Checked against the device and reported; the "
+                  "schedules do not apply a placement other than the default yet")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->delimiter(',');
+}
+
+void add_memory_command(CLI::App& app) {
+  auto flags = std::make_shared<MemoryFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "memory",
+      "Print the memory plans of the gpu, offload and layup modes side by side (by side, tensor "
+      "class and memory kind), computed without allocating anything; --mode adds that mode's "
+      "plan allocation by allocation, and budgets say which modes fit.");
+  cmd->add_option("--model", flags->model,
+                  "Named config: small, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
+      ->capture_default_str();
+  cmd->add_option("--batch", flags->batch, "Sequences per micro-batch (B)")->capture_default_str();
+  cmd->add_option("--seq-len", flags->seq_len, "Tokens per sequence (T)")->capture_default_str();
+  cmd->add_option("--grad-accum", flags->grad_accum,
+                  "Micro-batches per update (gpu mode then keeps a second whole-model gradient)")
+      ->capture_default_str();
+  cmd->add_option("--device", flags->device,
+                  "auto, cpu or cuda (cuda plans without a GPU too, with a discrete GPU's "
+                  "attributes)")
+      ->capture_default_str();
+  cmd->add_option("--dtype", flags->dtype, "auto, fp32 or bf16 (auto: bf16 on cuda, fp32 on cpu)")
+      ->capture_default_str();
+  cmd->add_option("--recompute", flags->recompute,
+                  "CUDA backend: 0, 1 (recompute GELU outputs) or 2 (also layer norm outputs)")
+      ->check(CLI::Range(0, 2))
+      ->capture_default_str();
+  cmd->add_option("--cpu-workers", flags->cpu_workers,
+                  "offload, layup: CPU AdamW workers (each has a gradient staging buffer)")
+      ->capture_default_str();
+  cmd->add_option("--mode", flags->mode,
+                  "Also print this mode's plan allocation by allocation: gpu, offload or layup");
+  add_memory_flags(*cmd, flags->memory_budget, flags->device_budget, flags->host_budget,
+                   flags->place);
+
+  cmd->callback([flags]() {
+    LAYUP_CHECK(flags->mode.empty() || flags->mode == "gpu" || flags->mode == "offload" ||
+                    flags->mode == "layup",
+                "--mode ", flags->mode, " is not a schedule; use gpu, offload or layup");
+    const MemoryPlanRequest base = base_request(*flags);
+    const MemoryBudgets budgets =
+        parse_memory_budgets(flags->memory_budget, flags->device_budget, flags->host_budget);
+    const std::vector<std::string> modes = {"gpu", "offload", "layup"};
+    std::vector<MemoryPlan> plans;
+    for (const std::string& mode : modes) {
+      MemoryPlanRequest request = base;
+      request.mode = mode;
+      // A --place is checked in the mode it is asked for; the side-by-side table does not depend
+      // on placement.
+      if (!flags->mode.empty() && mode != flags->mode) request.place.clear();
+      plans.push_back(plan_memory(request));
+    }
+    const Gpt2Config& config = base.config;
+    std::printf(
+        "layup memory: %s (%d layers, %d heads, width %d; %.1fM parameters), B=%d x T=%d%s, %s "
+        "on %s\n"
+        "computed from the code's allocations; nothing is allocated\n\n",
+        base.model_name.c_str(), config.n_layer, config.n_head, config.n_embd,
+        parameter_count(config) / 1e6, base.batch, base.seq_len,
+        base.grad_accum > 1 ? (" x" + std::to_string(base.grad_accum) + " accumulation").c_str()
+                            : "",
+        base.dtype.c_str(), base.device.c_str());
+
+    std::string table = row("", modes);
+    for (MemorySide side : kAllMemorySides) {
+      table += std::string("  ") + memory_side_name(side) + "\n";
+      for (TensorClass c : kAllTensorClasses) {
+        std::vector<std::string> columns;
+        size_t any = 0;
+        for (const MemoryPlan& plan : plans) {
+          columns.push_back(bytes_or_dash(plan.bytes(side, c)));
+          any += plan.bytes(side, c);
+        }
+        if (any) table += row(std::string("  ") + tensor_class_label(c), columns);
+      }
+      std::vector<std::string> totals;
+      for (const MemoryPlan& plan : plans) totals.push_back(bytes_or_dash(plan.bytes(side)));
+      table +=
+          row(std::string("  total ") + (side == MemorySide::kDevice ? "device" : "host"), totals);
+    }
+    std::vector<std::string> totals, verdicts;
+    for (const MemoryPlan& plan : plans) {
+      totals.push_back(format_bytes(plan.total_bytes()));
+      verdicts.push_back(fits(plan, budgets) ? "fits" : "REFUSED");
+    }
+    table += row("total", totals);
+    if (budgets.any()) table += row("within " + budgets.describe(), verdicts);
+    std::printf("%s\n", table.c_str());
+
+    const MemoryPlan& gpu = plans[0];
+    const MemoryPlan& layup = plans[2];
+    const ParameterLayout layout(config);
+    const size_t f = sizeof(float);
+    std::printf(
+        "weight gradients on the device side: gpu %s (the whole model%s), layup %s (two block "
+        "slots of %s, embeddings %s, final norm %s): %.1f%% less in layup\n",
+        format_bytes(gpu.bytes(MemorySide::kDevice, TensorClass::kWeightGrads)).c_str(),
+        base.grad_accum > 1 ? ", twice: gradient and accumulator" : "",
+        format_bytes(layup.bytes(MemorySide::kDevice, TensorClass::kWeightGrads)).c_str(),
+        format_bytes(layout.block().count * f).c_str(),
+        format_bytes(layout.embeddings().count * f).c_str(),
+        format_bytes(layout.final_norm().count * f).c_str(),
+        100.0 * weight_grad_device_reduction(gpu, layup));
+
+    std::set<std::string> seen;
+    std::string notes;
+    for (const MemoryPlan& plan : plans)
+      for (const std::string& note : plan.notes)
+        if (seen.insert(note).second) notes += "  note: " + note + "\n";
+    const MemoryPlan* chosen = &layup;
+    for (size_t i = 0; i < modes.size(); ++i)
+      if (modes[i] == flags->mode) chosen = &plans[i];
+    std::printf("placement (%s mode): %s\ndevice: %s\n%s", chosen->request.mode.c_str(),
+                chosen->placement.describe().c_str(), base.attributes.describe().c_str(),
+                notes.c_str());
+    if (!flags->mode.empty()) std::printf("\n%s", format_memory_plan(*chosen, budgets).c_str());
+  });
+}
+
+}  // namespace layup

@@ -1,0 +1,37 @@
+// What a device's memory system allows, as the placement plan needs it: whether the GPU shares
+// DRAM with the CPU (integrated), can touch pageable host memory, and whether the CPU may touch
+// managed memory while kernels run (shared/DESIGN.md, "What the memory kinds mean").
+#pragma once
+
+#include <string>
+
+namespace layup {
+
+struct DeviceMemoryAttributes {
+  std::string device = "cpu";  // cpu | cuda
+  std::string name = "cpu";    // the GPU's name on cuda
+  // False when the values were not read from a GPU (a build without CUDA, or no GPU here): then
+  // they are those of a discrete GPU over PCIe, as our H200 reports them.
+  bool queried = true;
+  bool integrated = false;                      // cudaDevAttrIntegrated
+  bool pageable_memory_access = false;          // cudaDevAttrPageableMemoryAccess
+  bool pageable_uses_host_page_tables = false;  // ...UsesHostPageTables
+  bool concurrent_managed_access = false;       // cudaDevAttrConcurrentManagedAccess
+  bool managed_memory = false;                  // cudaDevAttrManagedMemory
+  bool can_map_host_memory = false;             // cudaDevAttrCanMapHostMemory
+
+  // One line for reports: "cuda (NVIDIA H200): integrated 0, pageable access 0, ...".
+  std::string describe() const;
+};
+
+// The CPU backend: host memory only.
+DeviceMemoryAttributes cpu_memory_attributes();
+
+// CUDA device 0 (or the first one CUDA_VISIBLE_DEVICES leaves), read from the driver where this
+// build has CUDA and a GPU is usable; otherwise a discrete GPU's values, with queried = false.
+DeviceMemoryAttributes cuda_memory_attributes();
+
+// The attributes of a resolved --device (cpu or cuda).
+DeviceMemoryAttributes memory_attributes_of(const std::string& device);
+
+}  // namespace layup

@@ -1,0 +1,121 @@
+// The accounting allocator's ledger: every byte a run allocates through a Device or a backend is
+// recorded here by (side, tensor class, memory kind), with the current and the peak bytes of each
+// cell, of each class, of each side and of the whole run.
+//
+// Allocators record; they do not ask. Device::allocate (backend/device.h) and the CUDA backend's
+// arena, staging and workspaces hold a MemoryRecord for as long as the memory lives, and the
+// record gives its bytes back when it goes. Host-side state can be counted the same way through
+// AccountedHostBuffer. The plan (memory/memory_plan.h) says before a run what these cells will
+// hold; the ledger says what they held.
+//
+// Thread-safe: any thread may record and read.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "memory/tensor_class.h"
+
+namespace layup {
+
+// Bytes now and at most so far.
+struct MemoryUsage {
+  size_t current = 0;
+  size_t peak = 0;
+};
+
+class MemoryAccountant {
+ public:
+  void add(MemorySide side, TensorClass tensor_class, MemoryKind kind, size_t bytes);
+  // Throws nothing: it runs in destructors. Removing more than was added is a bug in the caller
+  // and clamps at zero.
+  void remove(MemorySide side, TensorClass tensor_class, MemoryKind kind, size_t bytes) noexcept;
+
+  MemoryUsage cell(MemorySide side, TensorClass tensor_class, MemoryKind kind) const;
+  // A class on one side, all kinds together (its peak is the peak of that sum).
+  MemoryUsage row(MemorySide side, TensorClass tensor_class) const;
+  MemoryUsage side_total(MemorySide side) const;
+  MemoryUsage total() const;
+
+  // A table: one row per class that held memory, by side; one column per kind in use, the
+  // current bytes, and the peak of the row; the totals of each side and of the run with their
+  // peaks.
+  std::string report() const;
+  // {"cells": [{side, class, kind, current_bytes, peak_bytes}...], "device_side": {current_bytes,
+  // peak_bytes}, "host_side": {...}, "total": {...}}; cells that never held memory are left out.
+  // As JSON text: this header is included by CUDA code that also includes the cuDNN frontend,
+  // which bundles its own, different nlohmann::json; keeping the library out of the header keeps
+  // the two apart.
+  std::string to_json_text() const;
+
+ private:
+  static void grow(MemoryUsage& usage, size_t bytes);
+
+  mutable std::mutex mutex_;
+  std::array<std::array<std::array<MemoryUsage, kMemoryKindCount>, kTensorClassCount>,
+             kMemorySideCount>
+      cells_{};
+  std::array<std::array<MemoryUsage, kTensorClassCount>, kMemorySideCount> rows_{};
+  std::array<MemoryUsage, kMemorySideCount> sides_{};
+  MemoryUsage total_{};
+};
+
+// Bytes held in an accountant while this object lives (moved, the bytes move with it).
+class MemoryRecord {
+ public:
+  MemoryRecord() = default;
+  MemoryRecord(std::shared_ptr<MemoryAccountant> accountant, MemorySide side,
+               TensorClass tensor_class, MemoryKind kind, size_t bytes);
+  MemoryRecord(MemoryRecord&& other) noexcept { *this = std::move(other); }
+  MemoryRecord& operator=(MemoryRecord&& other) noexcept;
+  MemoryRecord(const MemoryRecord&) = delete;
+  MemoryRecord& operator=(const MemoryRecord&) = delete;
+  ~MemoryRecord() { reset(); }
+
+  // Gives the bytes back now.
+  void reset() noexcept;
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::shared_ptr<MemoryAccountant> accountant_;
+  MemorySide side_ = MemorySide::kHost;
+  TensorClass class_ = TensorClass::kScratch;
+  MemoryKind kind_ = MemoryKind::kHost;
+  size_t bytes_ = 0;
+};
+
+// Zeroed, 64-byte aligned host floats (MemoryKind::kHost, host side) counted in an accountant:
+// for host-side state (master weights, moments, accumulators, staging) that a schedule keeps in
+// host memory, in place of a std::vector<float>.
+class AccountedHostBuffer {
+ public:
+  AccountedHostBuffer() = default;
+  AccountedHostBuffer(std::shared_ptr<MemoryAccountant> accountant, TensorClass tensor_class,
+                      size_t count);
+  AccountedHostBuffer(AccountedHostBuffer&& other) noexcept { *this = std::move(other); }
+  AccountedHostBuffer& operator=(AccountedHostBuffer&& other) noexcept;
+  AccountedHostBuffer(const AccountedHostBuffer&) = delete;
+  AccountedHostBuffer& operator=(const AccountedHostBuffer&) = delete;
+  ~AccountedHostBuffer() { free(); }
+
+  float* data() const { return data_; }
+  size_t size() const { return count_; }
+  float* begin() const { return data_; }
+  float* end() const { return data_ + count_; }
+  float& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  void free() noexcept;
+
+  float* data_ = nullptr;
+  size_t count_ = 0;
+  MemoryRecord record_;
+};
+
+// "2.88 GiB", "400.6 MiB", "8.0 KiB", "12 B": binary units, as --memory-budget reads them.
+std::string format_bytes(size_t bytes);
+
+}  // namespace layup

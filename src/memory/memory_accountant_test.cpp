@@ -1,0 +1,124 @@
+// The accountant: current and peak bytes per cell, class, side and run; records that give their
+// bytes back; the CPU device recording every buffer; thread safety; the report and JSON.
+#include "memory/memory_accountant.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "backend/device.h"
+
+namespace layup {
+namespace {
+
+TEST(MemoryAccountant, TracksCurrentAndPeakPerCellRowSideAndTotal) {
+  MemoryAccountant accountant;
+  accountant.add(MemorySide::kDevice, TensorClass::kWeightGrads, MemoryKind::kDevice, 100);
+  accountant.add(MemorySide::kDevice, TensorClass::kWeightGrads, MemoryKind::kPinnedMapped, 50);
+  accountant.add(MemorySide::kHost, TensorClass::kMasterWeights, MemoryKind::kHost, 400);
+  accountant.remove(MemorySide::kDevice, TensorClass::kWeightGrads, MemoryKind::kDevice, 100);
+  accountant.add(MemorySide::kDevice, TensorClass::kWeightGrads, MemoryKind::kDevice, 30);
+
+  const MemoryUsage cell =
+      accountant.cell(MemorySide::kDevice, TensorClass::kWeightGrads, MemoryKind::kDevice);
+  EXPECT_EQ(cell.current, 30u);
+  EXPECT_EQ(cell.peak, 100u);
+  const MemoryUsage row = accountant.row(MemorySide::kDevice, TensorClass::kWeightGrads);
+  EXPECT_EQ(row.current, 80u);
+  EXPECT_EQ(row.peak, 150u);
+  EXPECT_EQ(accountant.side_total(MemorySide::kDevice).peak, 150u);
+  EXPECT_EQ(accountant.side_total(MemorySide::kHost).current, 400u);
+  EXPECT_EQ(accountant.total().current, 480u);
+  EXPECT_EQ(accountant.total().peak, 550u);
+}
+
+TEST(MemoryAccountant, ReportAndJsonShowTheClassesAndKindsInUse) {
+  MemoryAccountant accountant;
+  accountant.add(MemorySide::kDevice, TensorClass::kActivations, MemoryKind::kDevice,
+                 size_t{3} << 30);
+  accountant.add(MemorySide::kHost, TensorClass::kOptimizerMoments, MemoryKind::kHost, 2048);
+  const std::string report = accountant.report();
+  EXPECT_NE(report.find("activations"), std::string::npos) << report;
+  EXPECT_NE(report.find("optimizer moments"), std::string::npos) << report;
+  EXPECT_NE(report.find("3.00 GiB"), std::string::npos) << report;
+  EXPECT_NE(report.find("2.0 KiB"), std::string::npos) << report;
+  EXPECT_EQ(report.find("managed"), std::string::npos) << "unused kinds get no column";
+
+  const nlohmann::json json = nlohmann::json::parse(accountant.to_json_text());
+  ASSERT_EQ(json["cells"].size(), 2u);
+  EXPECT_EQ(json["cells"][0]["class"], "activations");
+  EXPECT_EQ(json["cells"][0]["kind"], "device");
+  EXPECT_EQ(json["cells"][0]["side"], "device");
+  EXPECT_EQ(json["total"]["peak_bytes"], (size_t{3} << 30) + 2048);
+}
+
+TEST(MemoryAccountant, RecordsGiveTheirBytesBackWhenTheyGo) {
+  auto accountant = std::make_shared<MemoryAccountant>();
+  {
+    MemoryRecord record(accountant, MemorySide::kHost, TensorClass::kScratch,
+                        MemoryKind::kPinnedMapped, 64);
+    MemoryRecord moved = std::move(record);
+    EXPECT_EQ(accountant->total().current, 64u);
+  }
+  EXPECT_EQ(accountant->total().current, 0u);
+  EXPECT_EQ(accountant->total().peak, 64u);
+
+  {
+    AccountedHostBuffer buffer(accountant, TensorClass::kMasterWeights, 1000);
+    ASSERT_NE(buffer.data(), nullptr);
+    EXPECT_EQ(buffer.size(), 1000u);
+    for (float value : buffer) EXPECT_EQ(value, 0.0f);
+    EXPECT_EQ(accountant->row(MemorySide::kHost, TensorClass::kMasterWeights).current, 4000u);
+    AccountedHostBuffer other;
+    other = std::move(buffer);
+    EXPECT_EQ(accountant->row(MemorySide::kHost, TensorClass::kMasterWeights).current, 4000u);
+  }
+  EXPECT_EQ(accountant->row(MemorySide::kHost, TensorClass::kMasterWeights).current, 0u);
+}
+
+TEST(MemoryAccountant, TheCpuDeviceRecordsEveryBufferWhileItLives) {
+  auto accountant = std::make_shared<MemoryAccountant>();
+  std::unique_ptr<Device> device = make_cpu_device(accountant);
+  EXPECT_EQ(device->accountant(), accountant);
+  EXPECT_EQ(device->memory_kind(), MemoryKind::kHost);
+  {
+    DeviceBuffer grads = device->allocate(100, TensorClass::kWeightGrads);
+    DeviceBuffer moments = device->allocate(10, TensorClass::kOptimizerMoments);
+    EXPECT_EQ(
+        accountant->cell(MemorySide::kDevice, TensorClass::kWeightGrads, MemoryKind::kHost).current,
+        400u);
+    moments = device->allocate(20, TensorClass::kOptimizerMoments);  // the old buffer goes
+    EXPECT_EQ(accountant->row(MemorySide::kDevice, TensorClass::kOptimizerMoments).current, 80u);
+    EXPECT_EQ(accountant->row(MemorySide::kDevice, TensorClass::kOptimizerMoments).peak, 120u);
+  }
+  EXPECT_EQ(accountant->total().current, 0u);
+  // A device made without a ledger has one of its own.
+  EXPECT_NE(make_cpu_device()->accountant(), nullptr);
+}
+
+TEST(MemoryAccountant, ManyThreadsRecordingAgree) {
+  MemoryAccountant accountant;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 10000; ++i) {
+        accountant.add(MemorySide::kDevice, TensorClass::kScratch, MemoryKind::kDevice, 8);
+        accountant.remove(MemorySide::kDevice, TensorClass::kScratch, MemoryKind::kDevice, 8);
+      }
+    });
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(accountant.total().current, 0u);
+  EXPECT_GE(accountant.total().peak, 8u);
+  EXPECT_LE(accountant.total().peak, 32u);
+}
+
+TEST(MemoryAccountant, FormatsBytesInBinaryUnits) {
+  EXPECT_EQ(format_bytes(12), "12 B");
+  EXPECT_EQ(format_bytes(8192), "8.0 KiB");
+  EXPECT_EQ(format_bytes(size_t{3} << 29), "1.50 GiB");
+}
+
+}  // namespace
+}  // namespace layup

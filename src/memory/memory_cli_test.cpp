@@ -1,0 +1,97 @@
+// The memory plan through the `layup` program: a run over its budget is refused before anything
+// is allocated (quickly, with the message, leaving no run folder), and `layup memory` prints the
+// three modes side by side. Runs the binary named by LAYUP_LAYUP_BINARY (set by CMake for ctest).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace layup {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+  double seconds = 0.0;
+};
+
+Outcome run_layup(const std::string& arguments) {
+  const char* binary = std::getenv("LAYUP_LAYUP_BINARY");
+  Outcome outcome;
+  if (binary == nullptr) return outcome;
+  const fs::path log = fs::temp_directory_path() / ("layup_memory_cli_" + std::to_string(getpid()));
+  const std::string command =
+      std::string("'") + binary + "' " + arguments + " > '" + log.string() + "' 2>&1";
+  const auto start = std::chrono::steady_clock::now();
+  const int status = std::system(command.c_str());
+  outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  outcome.output = text.str();
+  fs::remove(log);
+  return outcome;
+}
+
+#define REQUIRE_BINARY()                            \
+  if (std::getenv("LAYUP_LAYUP_BINARY") == nullptr) \
+  GTEST_SKIP() << "LAYUP_LAYUP_BINARY is not set (ctest sets it to build/layup)"
+
+TEST(MemoryCli, TrainOverTheBudgetIsRefusedBeforeAllocating) {
+  REQUIRE_BINARY();
+  const fs::path out = fs::temp_directory_path() / ("layup_budget_run_" + std::to_string(getpid()));
+  fs::remove_all(out);
+  for (const char* mode_and_batch :
+       {"--mode gpu --batch 8 --seq-len 1024", "--mode offload --batch 1 --seq-len 128"}) {
+    SCOPED_TRACE(mode_and_batch);
+    // gpt2-large in fp32 would take well over 16 GiB and minutes to allocate and initialize: a
+    // quick exit means nothing was.
+    const Outcome outcome =
+        run_layup(std::string("train --device cpu --model gpt2-large --memory-budget 16G ") +
+                  mode_and_batch + " --out '" + out.string() + "'");
+    EXPECT_NE(outcome.exit_code, 0) << outcome.output;
+    EXPECT_NE(outcome.output.find("over --memory-budget 16.00 GiB"), std::string::npos)
+        << outcome.output;
+    EXPECT_NE(outcome.output.find("The largest class is"), std::string::npos) << outcome.output;
+    EXPECT_NE(outcome.output.find("Within the budget: "), std::string::npos) << outcome.output;
+    EXPECT_LT(outcome.seconds, 20.0);
+    EXPECT_FALSE(fs::exists(out)) << "a refused run leaves no run folder";
+  }
+}
+
+TEST(MemoryCli, MemoryCommandComparesTheModes) {
+  REQUIRE_BINARY();
+  const Outcome outcome =
+      run_layup("memory --device cpu --model gpt2-large --batch 8 --seq-len 1024");
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.output;
+  EXPECT_NE(outcome.output.find("86.4% less in layup"), std::string::npos) << outcome.output;
+  EXPECT_NE(outcome.output.find("nothing is allocated"), std::string::npos);
+  EXPECT_LT(outcome.seconds, 20.0);
+
+  const Outcome budget = run_layup(
+      "memory --device cpu --model gpt2-large --batch 1 --seq-len 128 --memory-budget 16G "
+      "--mode layup");
+  ASSERT_EQ(budget.exit_code, 0) << budget.output;
+  EXPECT_NE(budget.output.find("REFUSED"), std::string::npos) << budget.output;
+  EXPECT_NE(budget.output.find("memory plan for gpt2-large in layup mode"), std::string::npos)
+      << budget.output;
+
+  const Outcome bad_place =
+      run_layup("memory --device cpu --model small --seq-len 64 --place grads=device");
+  EXPECT_NE(bad_place.exit_code, 0);
+  EXPECT_NE(bad_place.output.find("the CPU backend has only host memory"), std::string::npos)
+      << bad_place.output;
+}
+
+}  // namespace
+}  // namespace layup

@@ -1,0 +1,593 @@
+// The memory plan: placement, the bytes of every buffer a run allocates, budgets and reports.
+// See memory_plan.h; the buffers listed here are those of schedule/*.cpp and of the backends
+// (memory/backend_memory.h), and must change with them (memory_plan_test.cpp compares the plan
+// with what the accountant measures).
+#include "memory/memory_plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+#include "core/error.h"
+#include "memory/backend_memory.h"
+#include "model/parameter_layout.h"
+#include "optim/grad_norm.h"
+#include "optim/host_adamw.h"
+
+namespace layup {
+
+namespace {
+
+const std::vector<std::string>& modes() {
+  static const std::vector<std::string> names = {"gpu", "offload", "layup"};
+  return names;
+}
+
+std::string side_word(MemorySide side) {
+  return side == MemorySide::kDevice ? "device" : "host";
+}
+
+// Why `kind` cannot hold the primary tensors of `tensor_class` in `mode` on this device; empty
+// when it can.
+std::string why_not(const std::string& mode, const DeviceMemoryAttributes& attributes,
+                    TensorClass tensor_class, MemoryKind kind) {
+  const std::string label = tensor_class_label(tensor_class);
+  if (attributes.device == "cpu") {
+    if (kind == MemoryKind::kHost) return "";
+    return "the CPU backend has only host memory; device, pinned, managed and pageable memory "
+           "need --device cuda";
+  }
+  const bool gpu_uses_it = primary_side(mode, tensor_class) == MemorySide::kDevice;
+  switch (kind) {
+    case MemoryKind::kDevice:
+      if (gpu_uses_it) return "";
+      return "in " + mode + " mode AdamW runs on the CPU, which reads and writes the " + label +
+             " and cannot touch device memory; use host or pinned";
+    case MemoryKind::kPinnedMapped:
+      if (attributes.can_map_host_memory) return "";
+      return "this GPU cannot map host memory (cudaDevAttrCanMapHostMemory = 0)";
+    case MemoryKind::kManaged:
+      if (!attributes.managed_memory)
+        return "this GPU has no managed memory (cudaDevAttrManagedMemory = 0)";
+      if (!attributes.concurrent_managed_access)
+        return "this GPU reports concurrent managed access = 0 (as a Jetson Orin does): the CPU "
+               "must not touch managed memory while any kernel runs, and the CPU's work overlaps "
+               "the GPU's; use device or pinned";
+      return "";
+    case MemoryKind::kPageable:
+      if (attributes.pageable_memory_access) return "";
+      return "this GPU cannot access pageable host memory (cudaDevAttrPageableMemoryAccess = 0; "
+             "Grace Hopper can, a discrete GPU over PCIe cannot); use pinned";
+    case MemoryKind::kHost:
+      if (!gpu_uses_it) return "";
+      return "the GPU computes on the " + label + " in " + mode +
+             " mode, and plain host memory is the CPU's alone; use device or pinned" +
+             (attributes.pageable_memory_access ? " or pageable" : "");
+  }
+  return "unknown memory kind";
+}
+
+// 1 - a / b as a fraction, 0 when b is 0.
+double saved_fraction(size_t a, size_t b) {
+  return b == 0 ? 0.0 : 1.0 - static_cast<double>(a) / static_cast<double>(b);
+}
+
+std::string describe_run(const MemoryPlanRequest& r) {
+  return r.model_name + " in " + r.mode + " mode at B=" + std::to_string(r.batch) +
+         ", T=" + std::to_string(r.seq_len) +
+         (r.grad_accum > 1 ? " x" + std::to_string(r.grad_accum) + " accumulation" : "") + " (" +
+         r.dtype + " on " + r.device + ")";
+}
+
+// The smallest change that fits, in `mode`: the mode as it is, a smaller batch, or batch 1 with
+// a shorter sequence. Empty when nothing fits. Sets *bytes to that plan's total.
+std::string fitting_change(const MemoryPlanRequest& base, const std::string& mode,
+                           const MemoryBudgets& budgets, size_t* bytes) {
+  MemoryPlanRequest request = base;
+  request.mode = mode;
+  // Placement does not change how many bytes a plan needs, and a --place valid in one mode may not
+  // be in another (the master weights change sides).
+  request.place.clear();
+  auto try_plan = [&](int batch, int seq_len) {
+    request.batch = batch;
+    request.seq_len = seq_len;
+    const MemoryPlan plan = plan_memory(request);
+    *bytes = plan.total_bytes();
+    return fits(plan, budgets);
+  };
+  const std::string mode_flag = mode == base.mode ? "" : "--mode " + mode;
+  auto with_mode = [&](const std::string& rest) {
+    return mode_flag.empty() ? rest : rest.empty() ? mode_flag : mode_flag + " " + rest;
+  };
+  if (mode != base.mode && try_plan(base.batch, base.seq_len)) return with_mode("");
+  for (int batch = base.batch - 1; batch >= 1; --batch)
+    if (try_plan(batch, base.seq_len)) return with_mode("--batch " + std::to_string(batch));
+  // Memory grows with T: the longest sequence that fits at batch 1, by bisection.
+  int lo = 0, hi = base.seq_len;  // fits(lo) or lo == 0; !fits(hi)
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (try_plan(1, mid) ? lo : hi) = mid;
+  }
+  if (lo == 0) return "";
+  try_plan(1, lo);
+  return with_mode("--batch 1 --seq-len " + std::to_string(lo));
+}
+
+std::string budget_line(const char* flag, size_t budget, size_t need) {
+  std::string line =
+      std::string(flag) + " " + format_bytes(budget) + ": needs " + format_bytes(need);
+  line += need <= budget ? ", fits (" + format_bytes(budget - need) + " to spare)"
+                         : ", OVER by " + format_bytes(need - budget);
+  return line;
+}
+
+}  // namespace
+
+std::string Placement::describe() const {
+  std::string text;
+  for (TensorClass c : kAllTensorClasses) {
+    if (!text.empty()) text += ", ";
+    text += std::string(tensor_class_name(c)) + "=" + memory_kind_name(kinds[index_of(c)]);
+    if (overridden[index_of(c)]) text += " (--place)";
+  }
+  return text;
+}
+
+MemorySide primary_side(const std::string& mode, TensorClass tensor_class) {
+  if (mode == "gpu") return MemorySide::kDevice;
+  return tensor_class == TensorClass::kMasterWeights ||
+                 tensor_class == TensorClass::kOptimizerMoments
+             ? MemorySide::kHost
+             : MemorySide::kDevice;
+}
+
+Placement default_placement(const std::string& mode, const DeviceMemoryAttributes& attributes) {
+  Placement placement;
+  for (TensorClass c : kAllTensorClasses) {
+    const bool on_device =
+        attributes.device == "cuda" && primary_side(mode, c) == MemorySide::kDevice;
+    placement.kinds[index_of(c)] = on_device ? MemoryKind::kDevice : MemoryKind::kHost;
+  }
+  return placement;
+}
+
+Placement resolve_placement(const std::string& mode, const DeviceMemoryAttributes& attributes,
+                            const std::vector<std::string>& place_flags) {
+  Placement placement = default_placement(mode, attributes);
+  for (const std::string& flag : place_flags) {
+    const size_t equals = flag.find('=');
+    LAYUP_CHECK(equals != std::string::npos && equals > 0 && equals + 1 < flag.size(),
+                "--place takes CLASS=KIND, e.g. --place grads=pinned (got '", flag, "')");
+    TensorClass tensor_class;
+    MemoryKind kind;
+    try {
+      tensor_class = parse_tensor_class(flag.substr(0, equals));
+      kind = parse_memory_kind(flag.substr(equals + 1));
+    } catch (const Error& error) {
+      fail("--place ", flag, ": ", error.what());
+    }
+    const std::string why = why_not(mode, attributes, tensor_class, kind);
+    LAYUP_CHECK(why.empty(), "--place ", flag, " is refused on ", attributes.device,
+                attributes.device == "cuda" ? " (" + attributes.name + ")" : "", ": ", why);
+    placement.kinds[index_of(tensor_class)] = kind;
+    placement.overridden[index_of(tensor_class)] = true;
+  }
+  return placement;
+}
+
+size_t MemoryPlan::bytes(MemorySide side) const {
+  size_t sum = 0;
+  for (const PlannedAllocation& a : allocations)
+    if (a.side == side) sum += a.bytes;
+  return sum;
+}
+
+size_t MemoryPlan::bytes(MemorySide side, TensorClass tensor_class) const {
+  size_t sum = 0;
+  for (const PlannedAllocation& a : allocations)
+    if (a.side == side && a.tensor_class == tensor_class) sum += a.bytes;
+  return sum;
+}
+
+size_t MemoryPlan::bytes(TensorClass tensor_class) const {
+  return bytes(MemorySide::kDevice, tensor_class) + bytes(MemorySide::kHost, tensor_class);
+}
+
+size_t MemoryPlan::total_bytes() const {
+  return bytes(MemorySide::kDevice) + bytes(MemorySide::kHost);
+}
+
+MemoryPlan plan_memory(const MemoryPlanRequest& r) {
+  validate_config(r.config);
+  LAYUP_CHECK(std::find(modes().begin(), modes().end(), r.mode) != modes().end(), "--mode ", r.mode,
+              " is not a schedule; use gpu, offload or layup");
+  LAYUP_CHECK(r.device == "cpu" || r.device == "cuda",
+              "a memory plan needs a resolved device, cpu ", "or cuda (got '", r.device, "')");
+  LAYUP_CHECK(r.dtype == "fp32" || (r.dtype == "bf16" && r.device == "cuda"), "a memory plan ",
+              "needs a resolved dtype: fp32, or bf16 on cuda (got '", r.dtype, "' on ", r.device,
+              ")");
+  LAYUP_CHECK(r.attributes.device == r.device, "the memory attributes are of '",
+              r.attributes.device, "', the plan is for '", r.device, "'");
+  LAYUP_CHECK(r.batch >= 1 && r.seq_len >= 1 && r.grad_accum >= 1, "--batch, --seq-len and ",
+              "--grad-accum must be at least 1 (got ", r.batch, ", ", r.seq_len, ", ", r.grad_accum,
+              ")");
+  LAYUP_CHECK(r.seq_len <= r.config.n_positions, "--seq-len ", r.seq_len,
+              " is above the model's context of ", r.config.n_positions, " positions");
+
+  MemoryPlan plan;
+  plan.request = r;
+  plan.placement = resolve_placement(r.mode, r.attributes, r.place);
+  const ParameterLayout layout(r.config);
+  const size_t f = sizeof(float);
+  const size_t all = layout.total_count() * f;
+  const size_t block = layout.block().count * f;
+  const size_t embeddings = layout.embeddings().count * f;
+  const size_t final_norm = layout.final_norm().count * f;
+  const bool cuda = r.device == "cuda";
+  // What the code allocates today: Device memory (cudaMalloc, or host memory on the CPU backend)
+  // on the device side, plain host memory (std::vector) on the host side.
+  const MemoryKind device_memory = cuda ? MemoryKind::kDevice : MemoryKind::kHost;
+
+  auto add = [&](MemorySide side, TensorClass c, size_t bytes, std::string what, bool accounted) {
+    const MemoryKind kind = side == MemorySide::kDevice ? device_memory : MemoryKind::kHost;
+    // The placement governs a class's primary tensors; a schedule's extra host copies of a
+    // device-side class (accumulator, staging) keep their kind.
+    const MemoryKind requested = primary_side(r.mode, c) == side ? plan.placement[c] : kind;
+    plan.allocations.push_back({side, c, kind, requested, bytes, std::move(what), accounted});
+  };
+  const MemorySide dev = MemorySide::kDevice, host = MemorySide::kHost;
+
+  // The schedule's buffers (schedule/*.cpp).
+  if (r.mode == "gpu") {
+    add(dev, TensorClass::kMasterWeights, all, "fp32 weights: read by forward, updated by AdamW",
+        true);
+    add(dev, TensorClass::kWeightGrads, all, "whole-model gradient", true);
+    if (r.grad_accum > 1)
+      add(dev, TensorClass::kWeightGrads, all,
+          "whole-model sum over micro-batches (allocated at the first step)", true);
+    add(dev, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", true);
+  } else {
+    add(dev, TensorClass::kWeights, all, "fp32 copy of the weights the device computes with", true);
+    if (r.mode == "offload") {
+      add(dev, TensorClass::kWeightGrads, all, "whole-model gradient of one micro-batch", true);
+    } else {
+      add(dev, TensorClass::kWeightGrads, 2 * block, "two block gradient slots (double buffer)",
+          true);
+      add(dev, TensorClass::kWeightGrads, embeddings,
+          "embeddings' gradient (complete only at the end of backward)", true);
+      add(dev, TensorClass::kWeightGrads, final_norm, "final norm's gradient", true);
+    }
+    add(host, TensorClass::kMasterWeights, all, "fp32 master weights", false);
+    add(host, TensorClass::kWeightGrads, all, "fp32 gradient accumulated over micro-batches",
+        false);
+    // HostOptimizerSchedule: each CPU AdamW worker copies gradients out of device memory through
+    // a staging buffer of its own, kStagingChunks (4) sum-of-squares chunks long, or the largest
+    // span where that is shorter.
+    const int workers = r.cpu_workers > 0 ? r.cpu_workers : allowed_core_count();
+    size_t largest_span = 0;
+    for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
+    const size_t staging = std::min(largest_span, 4 * kSumOfSquaresChunk) * f;
+    add(host, TensorClass::kWeightGrads, workers * staging,
+        "staging: " + std::to_string(workers) + " CPU AdamW worker" + (workers == 1 ? "" : "s") +
+            " x " + format_bytes(staging),
+        false);
+    add(host, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", false);
+  }
+
+  // The backend's buffers (memory/backend_memory.h).
+  if (cuda) {
+    const bool bf16 = r.dtype == "bf16";
+    const BackendBytes arena = cuda_arena_bytes(r.config, r.batch, r.seq_len, bf16, r.recompute);
+    if (bf16)
+      add(dev, TensorClass::kWeights, arena.weights,
+          "bf16 compute copy of the weights (in the activation arena)", true);
+    add(dev, TensorClass::kActivations, arena.activations,
+        "activations saved for the backward, token ids, logits (activation arena)", true);
+    add(dev, TensorClass::kScratch, arena.scratch,
+        "activation gradients and the ops' scratch (activation arena)", true);
+    add(dev, TensorClass::kScratch, kCublasLtWorkspaceBytes, "cuBLASLt workspace", true);
+    add(dev, TensorClass::kScratch, kCudaDeviceScratchBytes, "gradient-norm partial sums", true);
+    plan.allocations.push_back({host, TensorClass::kScratch, MemoryKind::kPinnedMapped,
+                                MemoryKind::kPinnedMapped,
+                                cuda_pinned_staging_bytes(r.batch, r.seq_len),
+                                "pinned staging of token ids, targets and losses", true});
+    if (bf16)
+      plan.notes.push_back(
+          "cuDNN's attention workspace is sized by cuDNN when the first step builds its graphs: "
+          "measured at run time, not planned");
+    plan.notes.push_back(
+        "not counted: the CUDA context and the cuBLASLt/cuDNN handles' own memory "
+        "(cudaMemGetInfo's reading includes them)");
+  } else {
+    const BackendBytes cpu = cpu_backend_memory(r.config, r.batch, r.seq_len);
+    add(dev, TensorClass::kActivations, cpu.activations,
+        "the CPU backend's activations for the backward (per block, with the B x heads x T x T "
+        "attention probabilities), token ids, logits",
+        false);
+    add(dev, TensorClass::kScratch, cpu.scratch,
+        "the CPU backend's activation gradients and a chunk of the logits' gradient", false);
+    plan.notes.push_back(
+        "the CPU backend's activation vectors are planned, not measured (it does not record "
+        "them in the accountant yet)");
+  }
+  if (r.mode != "gpu") {
+    plan.notes.push_back(
+        "offload and layup keep their host-side state (master weights, gradient accumulator, "
+        "staging, moments) in plain host memory (std::vector): planned, not measured");
+    if (!cuda || r.attributes.integrated)
+      plan.notes.push_back("in one shared memory (" +
+                           std::string(cuda ? "an integrated GPU" : "the CPU backend") +
+                           ") the device-side fp32 copy of the weights (" + format_bytes(all) +
+                           ") duplicates the master weights, and the host gradient accumulator (" +
+                           format_bytes(all) + ") is a second whole-model gradient");
+  }
+  for (TensorClass c : kAllTensorClasses) {
+    if (!plan.placement.overridden[index_of(c)]) continue;
+    for (const PlannedAllocation& a : plan.allocations) {
+      if (a.tensor_class != c || a.requested_kind == a.kind) continue;
+      plan.notes.push_back("--place " + std::string(tensor_class_name(c)) + "=" +
+                           memory_kind_name(a.requested_kind) +
+                           " is valid on this device but NOT yet applied: the schedules and "
+                           "backends still allocate the " +
+                           tensor_class_label(c) + " as " + memory_kind_name(a.kind) + " memory");
+      break;
+    }
+  }
+  plan.notes.push_back(
+      "not counted: transient host copies (initial parameters, checkpoint export), the data, "
+      "and per-call temporaries inside the ops");
+  return plan;
+}
+
+std::string MemoryBudgets::describe() const {
+  std::string text;
+  auto add = [&](const char* flag, const std::optional<size_t>& value) {
+    if (!value) return;
+    if (!text.empty()) text += ", ";
+    text += std::string(flag) + " " + format_bytes(*value);
+  };
+  add("--memory-budget", total);
+  add("--device-budget", device);
+  add("--host-budget", host);
+  return text.empty() ? "none" : text;
+}
+
+size_t parse_memory_size(const std::string& text, const std::string& flag) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  const double number = std::strtod(begin, &end);
+  std::string unit(end);
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  double scale = 0.0;
+  if (unit.empty() || unit == "B") scale = 1.0;
+  const char* prefixes = "KMGT";
+  for (int i = 0; i < 4; ++i) {
+    const std::string p(1, prefixes[i]);
+    if (unit == p || unit == p + "IB") scale = std::pow(1024.0, i + 1);
+    if (unit == p + "B") scale = std::pow(1000.0, i + 1);
+  }
+  const double bytes = number * scale;
+  LAYUP_CHECK(end != begin && scale > 0.0 && std::isfinite(bytes) && bytes >= 1.0 &&
+                  bytes < static_cast<double>(std::numeric_limits<size_t>::max()),
+              flag, " takes a positive size such as 16G, 512M or 1.5GiB (K, M, G, T: powers of ",
+              "1024; KB, MB, GB, TB: powers of 1000); got '", text, "'");
+  return static_cast<size_t>(bytes);
+}
+
+MemoryBudgets parse_memory_budgets(const std::string& memory_budget,
+                                   const std::string& device_budget,
+                                   const std::string& host_budget) {
+  MemoryBudgets budgets;
+  if (!memory_budget.empty()) budgets.total = parse_memory_size(memory_budget, "--memory-budget");
+  if (!device_budget.empty()) budgets.device = parse_memory_size(device_budget, "--device-budget");
+  if (!host_budget.empty()) budgets.host = parse_memory_size(host_budget, "--host-budget");
+  return budgets;
+}
+
+bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {
+  return (!budgets.total || plan.total_bytes() <= *budgets.total) &&
+         (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device) &&
+         (!budgets.host || plan.bytes(MemorySide::kHost) <= *budgets.host);
+}
+
+void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
+  struct Limit {
+    const char* flag;
+    std::optional<size_t> budget;
+    std::optional<MemorySide> side;  // none: both sides together
+  };
+  const Limit limits[] = {{"--memory-budget", budgets.total, std::nullopt},
+                          {"--device-budget", budgets.device, MemorySide::kDevice},
+                          {"--host-budget", budgets.host, MemorySide::kHost}};
+  for (const Limit& limit : limits) {
+    if (!limit.budget) continue;
+    const size_t need = limit.side ? plan.bytes(*limit.side) : plan.total_bytes();
+    if (need <= *limit.budget) continue;
+
+    TensorClass largest = TensorClass::kWeights;
+    size_t largest_bytes = 0;
+    for (TensorClass c : kAllTensorClasses) {
+      const size_t bytes = limit.side ? plan.bytes(*limit.side, c) : plan.bytes(c);
+      if (bytes > largest_bytes) {
+        largest = c;
+        largest_bytes = bytes;
+      }
+    }
+    std::string message = describe_run(plan.request) + " needs " + format_bytes(need);
+    if (limit.side)
+      message += " on the " + side_word(*limit.side) + " side";
+    else
+      message += " (device side " + format_bytes(plan.bytes(MemorySide::kDevice)) +
+                 " + host side " + format_bytes(plan.bytes(MemorySide::kHost)) + ")";
+    message += ", over " + std::string(limit.flag) + " " + format_bytes(*limit.budget) + " by " +
+               format_bytes(need - *limit.budget) + ". The largest class is " +
+               tensor_class_label(largest) + ": " + format_bytes(largest_bytes);
+    if (!limit.side)
+      message += " (device side " + format_bytes(plan.bytes(MemorySide::kDevice, largest)) +
+                 ", host side " + format_bytes(plan.bytes(MemorySide::kHost, largest)) + ")";
+    message += ".";
+
+    // What fits instead, each from a plan of its own: this mode with a smaller batch first.
+    std::vector<std::string> changes;
+    std::string floor;
+    std::vector<std::string> order = {plan.request.mode};
+    for (const std::string& mode : modes())
+      if (mode != plan.request.mode) order.push_back(mode);
+    for (const std::string& mode : order) {
+      size_t bytes = 0;
+      const std::string change = fitting_change(plan.request, mode, budgets, &bytes);
+      if (!change.empty()) {
+        changes.push_back(change + " (needs " + format_bytes(bytes) + ")");
+      } else {
+        MemoryPlanRequest smallest = plan.request;
+        smallest.mode = mode;
+        smallest.place.clear();
+        smallest.batch = smallest.seq_len = 1;
+        floor += std::string(floor.empty() ? "" : ", ") +
+                 format_bytes(plan_memory(smallest).total_bytes()) + " in " + mode + " mode";
+      }
+    }
+    if (!changes.empty()) {
+      message += " Within the budget: ";
+      for (size_t i = 0; i < changes.size(); ++i) message += (i ? "; or " : "") + changes[i];
+      message += ".";
+    }
+    if (!floor.empty())
+      message += " Even --batch 1 --seq-len 1 needs " + floor +
+                 " (the weights, gradients and AdamW state alone)" +
+                 (changes.empty() ? "; choose a smaller --model or a larger budget." : ".");
+    message += "\n" + format_memory_plan(plan, budgets);
+    fail(message);
+  }
+}
+
+std::string format_memory_plan(const MemoryPlan& plan, const MemoryBudgets& budgets) {
+  const MemoryPlanRequest& r = plan.request;
+  std::string text = "memory plan for " + describe_run(r) + ", computed before allocating:\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-6s  %-17s  %-8s  %10s  %-9s  %s\n", "side", "class", "kind",
+                "bytes", "source", "what");
+  text += line;
+  for (const PlannedAllocation& a : plan.allocations) {
+    std::string what = a.what;
+    if (a.requested_kind != a.kind)
+      what += std::string(" [--place asked ") + memory_kind_name(a.requested_kind) +
+              ": not applied yet]";
+    std::snprintf(line, sizeof line, "  %-6s  %-17s  %-8s  %10s  %-9s  %s\n",
+                  side_word(a.side).c_str(), tensor_class_label(a.tensor_class),
+                  memory_kind_name(a.kind), format_bytes(a.bytes).c_str(),
+                  a.accounted ? "accounted" : "plan only", what.c_str());
+    text += line;
+  }
+  text += "  total: device side " + format_bytes(plan.bytes(MemorySide::kDevice)) +
+          " + host side " + format_bytes(plan.bytes(MemorySide::kHost)) + " = " +
+          format_bytes(plan.total_bytes()) + "\n";
+  text += "  weight grads on the device side: " +
+          format_bytes(plan.bytes(MemorySide::kDevice, TensorClass::kWeightGrads)) + "\n";
+  if (budgets.total)
+    text +=
+        "  budget: " + budget_line("--memory-budget", *budgets.total, plan.total_bytes()) + "\n";
+  if (budgets.device)
+    text += "  budget: " +
+            budget_line("--device-budget", *budgets.device, plan.bytes(MemorySide::kDevice)) + "\n";
+  if (budgets.host)
+    text +=
+        "  budget: " + budget_line("--host-budget", *budgets.host, plan.bytes(MemorySide::kHost)) +
+        "\n";
+  text += "  placement: " + plan.placement.describe() + "\n";
+  text += "  device: " + r.attributes.describe() + "\n";
+  for (const std::string& note : plan.notes) text += "  note: " + note + "\n";
+  return text;
+}
+
+std::string format_memory_report(const MemoryPlan& plan, const MemoryAccountant& accountant) {
+  std::string text =
+      "memory at the end of the run, measured by the accountant (every allocation through the "
+      "device and the backend; current bytes by kind, and the peak):\n";
+  text += accountant.report();
+  char line[512];
+  size_t planned_only = 0;
+  for (const PlannedAllocation& a : plan.allocations) {
+    if (a.accounted) continue;
+    if (planned_only == 0) text += "planned only, NOT measured (nothing records these yet):\n";
+    planned_only += a.bytes;
+    std::snprintf(line, sizeof line, "  %-6s  %-17s  %-8s  %10s  %s\n", side_word(a.side).c_str(),
+                  tensor_class_label(a.tensor_class), memory_kind_name(a.kind),
+                  format_bytes(a.bytes).c_str(), a.what.c_str());
+    text += line;
+  }
+  const MemoryUsage measured = accountant.total();
+  text += "  measured peak " + format_bytes(measured.peak) + " + planned only " +
+          format_bytes(planned_only) + " = " + format_bytes(measured.peak + planned_only) +
+          " (the plan: " + format_bytes(plan.total_bytes()) + ")\n";
+
+  // Each accounted cell of the plan against the accountant's peak of that cell.
+  std::vector<std::string> differences;
+  for (MemorySide side : kAllMemorySides)
+    for (TensorClass c : kAllTensorClasses)
+      for (MemoryKind kind : kAllMemoryKinds) {
+        size_t planned = 0;
+        for (const PlannedAllocation& a : plan.allocations)
+          if (a.accounted && a.side == side && a.tensor_class == c && a.kind == kind)
+            planned += a.bytes;
+        const size_t peak = accountant.cell(side, c, kind).peak;
+        if (planned == peak) continue;
+        differences.push_back(side_word(side) + " side " + tensor_class_label(c) + " (" +
+                              memory_kind_name(kind) + "): plan " + format_bytes(planned) +
+                              ", measured peak " + format_bytes(peak));
+      }
+  if (differences.empty()) {
+    text += "  plan vs measured: every accounted cell matches the plan exactly\n";
+  } else {
+    text += "  plan vs measured, where they differ:\n";
+    for (const std::string& difference : differences) text += "    " + difference + "\n";
+  }
+  return text;
+}
+
+nlohmann::json memory_plan_json(const MemoryPlan& plan) {
+  const MemoryPlanRequest& r = plan.request;
+  nlohmann::json allocations = nlohmann::json::array();
+  for (const PlannedAllocation& a : plan.allocations)
+    allocations.push_back({{"side", side_word(a.side)},
+                           {"class", tensor_class_name(a.tensor_class)},
+                           {"kind", memory_kind_name(a.kind)},
+                           {"requested_kind", memory_kind_name(a.requested_kind)},
+                           {"bytes", a.bytes},
+                           {"accounted", a.accounted},
+                           {"what", a.what}});
+  nlohmann::json by_class = nlohmann::json::object();
+  for (TensorClass c : kAllTensorClasses)
+    by_class[tensor_class_name(c)] = {{"device_bytes", plan.bytes(MemorySide::kDevice, c)},
+                                      {"host_bytes", plan.bytes(MemorySide::kHost, c)}};
+  nlohmann::json placement = nlohmann::json::object();
+  for (TensorClass c : kAllTensorClasses)
+    placement[tensor_class_name(c)] = memory_kind_name(plan.placement[c]);
+  return {{"model", r.model_name},
+          {"mode", r.mode},
+          {"device", r.device},
+          {"dtype", r.dtype},
+          {"batch", r.batch},
+          {"seq_len", r.seq_len},
+          {"grad_accum", r.grad_accum},
+          {"recompute", r.recompute},
+          {"device_attributes", r.attributes.describe()},
+          {"placement", placement},
+          {"allocations", allocations},
+          {"by_class", by_class},
+          {"device_side_bytes", plan.bytes(MemorySide::kDevice)},
+          {"host_side_bytes", plan.bytes(MemorySide::kHost)},
+          {"total_bytes", plan.total_bytes()},
+          {"notes", plan.notes}};
+}
+
+double weight_grad_device_reduction(const MemoryPlan& gpu, const MemoryPlan& layup) {
+  return saved_fraction(layup.bytes(MemorySide::kDevice, TensorClass::kWeightGrads),
+                        gpu.bytes(MemorySide::kDevice, TensorClass::kWeightGrads));
+}
+
+}  // namespace layup

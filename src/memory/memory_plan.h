@@ -1,0 +1,136 @@
+// The memory plan of a run: every buffer the run will allocate, by side, tensor class and memory
+// kind, computed from the model, the batch, the mode, the backend and the placement BEFORE
+// anything is allocated, and checked against the budgets (--memory-budget, --device-budget,
+// --host-budget).
+//
+// The plan mirrors the code: the schedules' buffers (schedule/*.cpp), the backends' activations
+// and workspaces (memory/backend_memory.h). Buffers that go through a Device or a backend are
+// also measured at run time by the MemoryAccountant (`accounted`); the rest (the schedules'
+// host-side std::vector state, the CPU backend's activation vectors) are planned only, and every
+// report says which is which.
+//
+// Placement (--place CLASS=KIND) sets the memory kind of a class's primary tensors: in `gpu` mode
+// every class lives on the device side; in `offload` and `layup` the master weights and the AdamW
+// moments live on the host side, the rest on the device side. The host copies a schedule keeps
+// besides (gradient accumulator and staging) stay plain host memory. A kind the device cannot use
+// for that class is refused, saying why. Today the schedules allocate device-side buffers through
+// Device (cudaMalloc on CUDA, host memory on the CPU backend) and host-side state as plain host
+// memory: a placement other than that is validated and reported, NOT yet applied.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "memory/device_attributes.h"
+#include "memory/memory_accountant.h"
+#include "memory/tensor_class.h"
+#include "model/gpt2_config.h"
+
+namespace layup {
+
+// The memory kind of each class's primary tensors.
+struct Placement {
+  std::array<MemoryKind, kTensorClassCount> kinds{};
+  std::array<bool, kTensorClassCount> overridden{};  // set by --place
+
+  MemoryKind operator[](TensorClass tensor_class) const { return kinds[index_of(tensor_class)]; }
+  std::string describe() const;  // "weights=device, master=device, ..."
+};
+
+// The side a class's primary tensors live on in a mode (see the header comment).
+MemorySide primary_side(const std::string& mode, TensorClass tensor_class);
+
+// What the schedules allocate today: on cuda, device side = device, host side = host; on the CPU
+// backend everything is host memory.
+Placement default_placement(const std::string& mode, const DeviceMemoryAttributes& attributes);
+
+// The default placement with --place CLASS=KIND overrides applied in order. Throws layup::Error
+// for a malformed flag, or a kind the device cannot use for that class, saying why.
+Placement resolve_placement(const std::string& mode, const DeviceMemoryAttributes& attributes,
+                            const std::vector<std::string>& place_flags);
+
+struct MemoryPlanRequest {
+  Gpt2Config config;
+  std::string model_name = "custom";
+  int batch = 1;    // B
+  int seq_len = 1;  // T
+  int grad_accum = 1;
+  std::string mode = "gpu";        // gpu | offload | layup
+  std::string device = "cpu";      // resolved: cpu | cuda
+  std::string dtype = "fp32";      // resolved: fp32 | bf16
+  int recompute = 0;               // the CUDA backend's --recompute level
+  int cpu_workers = 1;             // offload, layup: HostAdamW workers (0: every allowed core)
+  std::vector<std::string> place;  // --place CLASS=KIND flags, in order
+  DeviceMemoryAttributes attributes = cpu_memory_attributes();
+};
+
+struct PlannedAllocation {
+  MemorySide side;
+  TensorClass tensor_class;
+  MemoryKind kind;            // the kind the code allocates
+  MemoryKind requested_kind;  // the placement's kind; differs from `kind` when not yet applied
+  size_t bytes;
+  std::string what;
+  bool accounted;  // goes through Device or a backend: the accountant measures it at run time
+};
+
+struct MemoryPlan {
+  MemoryPlanRequest request;
+  Placement placement;
+  std::vector<PlannedAllocation> allocations;
+  std::vector<std::string> notes;  // what is not applied, not counted, or measured only
+
+  size_t bytes(MemorySide side) const;
+  size_t bytes(MemorySide side, TensorClass tensor_class) const;
+  size_t bytes(TensorClass tensor_class) const;  // both sides
+  size_t total_bytes() const;
+};
+
+// Throws layup::Error for an unknown mode, device or dtype, or a bad --place.
+MemoryPlan plan_memory(const MemoryPlanRequest& request);
+
+// Budgets in bytes; unset means no limit. total counts device and host bytes together, as on a
+// unified-memory board (a Jetson Orin NX has 16 GB for everything).
+struct MemoryBudgets {
+  std::optional<size_t> total, device, host;
+  bool any() const { return total || device || host; }
+  std::string describe() const;  // "--memory-budget 16.00 GiB" ...
+};
+
+// A size as the budget flags take it: a number (fractions allowed) with an optional unit: K, M,
+// G, T (powers of 1024; KiB, MiB, GiB, TiB the same), KB, MB, GB, TB (powers of 1000), or B /
+// none for bytes: "16G", "512M", "1.5GiB", "16GB". Throws layup::Error naming the flag.
+size_t parse_memory_size(const std::string& text, const std::string& flag);
+
+// Parses the three flags' values; empty strings mean unset.
+MemoryBudgets parse_memory_budgets(const std::string& memory_budget,
+                                   const std::string& device_budget,
+                                   const std::string& host_budget);
+
+// Whether the plan is within every budget.
+bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets);
+
+// Throws layup::Error when the plan exceeds a budget: the message names the budget, the bytes the
+// plan needs, the largest class and its bytes, and what would fit instead (another mode, a
+// smaller --batch or --seq-len), each computed from its own plan; then the plan itself.
+void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets);
+
+// The start-of-run report: one line per allocation (side, class, kind, bytes, measured or planned
+// only, what it is), the totals, the budgets, the placement and the notes.
+std::string format_memory_plan(const MemoryPlan& plan, const MemoryBudgets& budgets = {});
+
+// The end-of-run report: what the accountant measured (current and peak by class and kind), the
+// planned-only allocations labelled as planned, and where plan and measurement differ.
+std::string format_memory_report(const MemoryPlan& plan, const MemoryAccountant& accountant);
+
+nlohmann::json memory_plan_json(const MemoryPlan& plan);
+
+// Device-side weight-gradient bytes of `layup` relative to `gpu` for the same request: the
+// fraction saved (0.864 = 86.4% less).
+double weight_grad_device_reduction(const MemoryPlan& gpu, const MemoryPlan& layup);
+
+}  // namespace layup

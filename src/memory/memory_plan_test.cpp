@@ -1,0 +1,351 @@
+// The memory plan against reality and against the numbers:
+//  - on the CPU backend, every cell the accountant measures after building each schedule and
+//    running a step equals the plan's (every mode, with and without accumulation);
+//  - gpt2-large at B=8, T=1024: `layup` keeps two blocks' weight gradients plus the embeddings'
+//    and the final norm's on the device, 86.4% less than `gpu` mode;
+//  - a 16 GiB budget (a unified-memory board, emulated on the CPU backend): what fits and what is
+//    refused, with the message;
+//  - placement checks, size parsing, and the CUDA arena arithmetic.
+#include "memory/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "memory/backend_memory.h"
+#include "model/init.h"
+#include "model/parameter_layout.h"
+#include "schedule/schedule.h"
+#include "train/benchmark.h"
+
+namespace layup {
+namespace {
+
+Gpt2Config tiny_config() {
+  Gpt2Config config;
+  config.n_layer = 3;
+  config.n_head = 2;
+  config.n_embd = 32;
+  config.n_positions = 16;
+  config.vocab_size = 61;
+  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
+  return config;
+}
+
+MemoryPlanRequest cpu_request(const Gpt2Config& config, const std::string& mode, int batch,
+                              int seq_len, int grad_accum = 1) {
+  MemoryPlanRequest request;
+  request.config = config;
+  request.model_name = "test";
+  request.mode = mode;
+  request.batch = batch;
+  request.seq_len = seq_len;
+  request.grad_accum = grad_accum;
+  return request;
+}
+
+std::string refusal(const MemoryPlan& plan, const MemoryBudgets& budgets) {
+  try {
+    check_budget(plan, budgets);
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
+  const Gpt2Config config = tiny_config();
+  const ParameterLayout layout(config);
+  constexpr int kBatch = 2, kSeqLen = 8;
+  for (const char* mode_name : {"gpu", "offload", "layup"}) {
+    const std::string mode = mode_name;
+    for (int grad_accum : {1, 2}) {
+      SCOPED_TRACE(mode + " x" + std::to_string(grad_accum));
+      const MemoryPlan plan = plan_memory(cpu_request(config, mode, kBatch, kSeqLen, grad_accum));
+      auto accountant = std::make_shared<MemoryAccountant>();
+      std::unique_ptr<Schedule> schedule =
+          make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen),
+                        make_cpu_device(accountant), layout, /*cpu_workers=*/1);
+      OptimizerTensors fresh;
+      fresh.params.resize(layout.total_count());
+      init_parameters(layout, fresh.params.data(), 7);
+      fresh.adam_m.assign(layout.total_count(), 0.0f);
+      fresh.adam_v.assign(layout.total_count(), 0.0f);
+      schedule->import_tensors(fresh);
+
+      // One step, so that what is allocated at the first step (gpu mode's accumulator) is too.
+      std::mt19937 rng(5);
+      std::vector<std::vector<int32_t>> tokens(grad_accum);
+      std::vector<TokenBatch> batches;
+      for (std::vector<int32_t>& t : tokens) {
+        t.resize(kBatch * kSeqLen);
+        for (int32_t& id : t) id = static_cast<int32_t>(rng() % config.vocab_size);
+        batches.push_back({t.data(), t.data(), kBatch, kSeqLen});
+      }
+      UpdateSettings settings;
+      settings.adamw.hyper = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+      settings.adamw.t = 1;
+      ASSERT_TRUE(schedule->step(batches, settings).applied);
+
+      for (MemorySide side : kAllMemorySides)
+        for (TensorClass c : kAllTensorClasses)
+          for (MemoryKind kind : kAllMemoryKinds) {
+            size_t planned = 0;
+            for (const PlannedAllocation& a : plan.allocations)
+              if (a.accounted && a.side == side && a.tensor_class == c && a.kind == kind)
+                planned += a.bytes;
+            const MemoryUsage measured = accountant->cell(side, c, kind);
+            EXPECT_EQ(measured.peak, planned)
+                << memory_side_name(side) << " " << tensor_class_label(c) << " "
+                << memory_kind_name(kind);
+            EXPECT_EQ(measured.current, planned);
+          }
+      const std::string report = format_memory_report(plan, *accountant);
+      EXPECT_NE(report.find("every accounted cell matches the plan exactly"), std::string::npos)
+          << report;
+      // What the accountant cannot see is labelled as planned.
+      EXPECT_NE(report.find("planned only, NOT measured"), std::string::npos) << report;
+    }
+  }
+}
+
+TEST(MemoryPlan, BenchReportsThePlanAndTheMeasuredPeaksAndRefusesOverBudget) {
+  BenchmarkOptions options;
+  options.model_name = "tiny";
+  options.model = tiny_config();
+  options.batch = 2;
+  options.seq_len = 8;
+  options.warmup_steps = 0;
+  options.steps = 1;
+  options.device = "cpu";
+  options.dtype = "fp32";
+  options.mode = "layup";
+  options.cpu_workers = 1;
+  const BenchmarkResult result = run_benchmark(options);
+  EXPECT_EQ(result.memory_plan["mode"], "layup");
+  size_t accounted = 0;
+  for (const nlohmann::json& allocation : result.memory_plan["allocations"])
+    if (allocation["accounted"]) accounted += allocation["bytes"].get<size_t>();
+  EXPECT_EQ(result.memory_measured["total"]["peak_bytes"].get<size_t>(), accounted);
+  EXPECT_EQ(result.memory_measured_peak_bytes, accounted);
+  const nlohmann::json json = benchmark_json(options, result, "layup bench");
+  EXPECT_EQ(json["memory"]["plan"]["total_bytes"], result.memory_plan_bytes);
+
+  options.memory_budget = "100K";
+  try {
+    run_benchmark(options);
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("over --memory-budget 100.0 KiB"), std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(MemoryPlan, Gpt2LargeLayupKeepsTwoBlocksOfWeightGradsOnTheDevice) {
+  const Gpt2Config config = named_config("gpt2-large");
+  // gpt2-large: C = 1280, 36 blocks of 12 C^2 + 13 C floats, embeddings (50304 + 1024) C, final
+  // norm 2 C.
+  const size_t block = 12 * 1280 * 1280 + 13 * 1280;  // 19,677,440
+  const size_t embeddings = (50304 + 1024) * 1280;    // 65,699,840
+  const size_t final_norm = 2 * 1280;
+  const size_t all = embeddings + 36 * block + final_norm;  // 774,090,240
+  ASSERT_EQ(all, ParameterLayout(config).total_count());
+
+  for (const char* device_name : {"cpu", "cuda"}) {
+    const std::string device = device_name;
+    SCOPED_TRACE(device);
+    MemoryPlanRequest request = cpu_request(config, "gpu", 8, 1024);
+    request.model_name = "gpt2-large";
+    if (device == "cuda") {
+      request.device = "cuda";
+      request.dtype = "bf16";
+      request.attributes = cuda_memory_attributes();
+    }
+    const MemoryPlan gpu = plan_memory(request);
+    request.mode = "layup";
+    const MemoryPlan layup = plan_memory(request);
+    EXPECT_EQ(gpu.bytes(MemorySide::kDevice, TensorClass::kWeightGrads), all * 4);
+    EXPECT_EQ(layup.bytes(MemorySide::kDevice, TensorClass::kWeightGrads),
+              (2 * block + embeddings + final_norm) * 4);
+    const double expected = 1.0 - static_cast<double>(2 * block + embeddings + final_norm) / all;
+    const double reduction = weight_grad_device_reduction(gpu, layup);
+    EXPECT_DOUBLE_EQ(reduction, expected);
+    EXPECT_NEAR(reduction, 0.8643, 0.0001);  // "about 86% less"
+    std::printf("gpt2-large B=8 T=1024 (%s): device weight grads gpu %s, layup %s: %.2f%% less\n",
+                device.c_str(),
+                format_bytes(gpu.bytes(MemorySide::kDevice, TensorClass::kWeightGrads)).c_str(),
+                format_bytes(layup.bytes(MemorySide::kDevice, TensorClass::kWeightGrads)).c_str(),
+                100.0 * reduction);
+  }
+}
+
+// A 16 GiB unified-memory board emulated on the CPU backend, where every byte of the run is host
+// memory: the budget counts the device side and the host side together.
+TEST(MemoryPlan, SixteenGigabyteBudgetOnTheCpuBackend) {
+  const Gpt2Config config = named_config("gpt2-large");
+  const MemoryBudgets budgets = parse_memory_budgets("16G", "", "");
+  ASSERT_EQ(*budgets.total, size_t{16} << 30);
+  auto plan = [&](const std::string& mode, int batch, int seq_len) {
+    MemoryPlanRequest request = cpu_request(config, mode, batch, seq_len);
+    request.model_name = "gpt2-large";
+    return plan_memory(request);
+  };
+
+  // layup at a batch that fits: B=1, T=128 (the CPU backend keeps every block's B x 20 x T x T
+  // attention probabilities, so the sequence must be short).
+  const MemoryPlan layup_fits = plan("layup", 1, 128);
+  EXPECT_TRUE(fits(layup_fits, budgets));
+  EXPECT_EQ(refusal(layup_fits, budgets), "");
+
+  // offload never fits: two whole-model gradients on the host side besides the device's.
+  const MemoryPlan offload = plan("offload", 1, 128);
+  const std::string offload_message = refusal(offload, budgets);
+  EXPECT_NE(offload_message.find("gpt2-large in offload mode at B=1, T=128"), std::string::npos)
+      << offload_message;
+  EXPECT_NE(offload_message.find("over --memory-budget 16.00 GiB"), std::string::npos);
+  EXPECT_NE(offload_message.find("The largest class is weight grads"), std::string::npos)
+      << offload_message;
+  EXPECT_NE(offload_message.find("--mode layup"), std::string::npos) << offload_message;
+
+  // gpu at the paper's batch is refused, naming its largest class (the activations).
+  const std::string gpu_message = refusal(plan("gpu", 8, 1024), budgets);
+  EXPECT_NE(gpu_message.find("over --memory-budget 16.00 GiB"), std::string::npos) << gpu_message;
+  EXPECT_NE(gpu_message.find("The largest class is activations"), std::string::npos) << gpu_message;
+  EXPECT_NE(gpu_message.find("--batch"), std::string::npos) << gpu_message;
+
+  // What the allocations are today: `gpu` mode needs LESS than `layup` at every batch on the CPU
+  // backend (layup adds a device-side fp32 copy of the weights beside the host master weights, and
+  // a host gradient accumulator), so the "layup trains where gpu is refused" does not hold
+  // yet. This pins that finding; it should flip when layup stops duplicating the weights and the
+  // gradient in one shared memory.
+  for (int seq_len : {1, 128, 1024}) {
+    const MemoryPlan gpu = plan("gpu", 1, seq_len);
+    const MemoryPlan layup = plan("layup", 1, seq_len);
+    EXPECT_LT(gpu.total_bytes(), layup.total_bytes()) << "T=" << seq_len;
+    std::printf(
+        "16 GiB budget, gpt2-large B=1 T=%d on the CPU backend: gpu %s%s, offload %s, "
+        "layup %s%s\n",
+        seq_len, format_bytes(gpu.total_bytes()).c_str(),
+        fits(gpu, budgets) ? " (fits)" : " (refused)",
+        format_bytes(plan("offload", 1, seq_len).total_bytes()).c_str(),
+        format_bytes(layup.total_bytes()).c_str(), fits(layup, budgets) ? " (fits)" : " (refused)");
+  }
+}
+
+TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
+  const Gpt2Config config = tiny_config();
+  MemoryPlanRequest request = cpu_request(config, "layup", 1, 8);
+  request.place = {"grads=device"};
+  try {
+    plan_memory(request);
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("the CPU backend has only host memory"),
+              std::string::npos)
+        << error.what();
+  }
+  request.place = {"grads=host"};
+  EXPECT_NO_THROW(plan_memory(request));
+  request.place = {"grads"};
+  EXPECT_THROW(plan_memory(request), Error);
+
+  // A discrete GPU (the attributes our H200 reports).
+  request.device = "cuda";
+  request.dtype = "bf16";
+  request.attributes = cuda_memory_attributes();
+  request.attributes.queried = false;
+  request.attributes.integrated = false;
+  request.attributes.pageable_memory_access = false;
+  request.attributes.concurrent_managed_access = true;
+  request.place = {};
+  const MemoryPlan defaults = plan_memory(request);
+  EXPECT_EQ(defaults.placement[TensorClass::kWeightGrads], MemoryKind::kDevice);
+  EXPECT_EQ(defaults.placement[TensorClass::kMasterWeights], MemoryKind::kHost);
+
+  request.place = {"grads=pinned", "moments=managed"};
+  const MemoryPlan placed = plan_memory(request);
+  EXPECT_EQ(placed.placement[TensorClass::kWeightGrads], MemoryKind::kPinnedMapped);
+  std::string notes;
+  for (const std::string& note : placed.notes) notes += note + "\n";
+  EXPECT_NE(notes.find("--place grads=pinned is valid on this device but NOT yet applied"),
+            std::string::npos)
+      << notes;
+  // The bytes do not depend on the placement.
+  EXPECT_EQ(placed.total_bytes(), defaults.total_bytes());
+
+  auto refused = [&](std::vector<std::string> place, const std::string& why) {
+    request.place = std::move(place);
+    try {
+      plan_memory(request);
+      ADD_FAILURE() << request.place[0] << " accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(why), std::string::npos) << error.what();
+    }
+  };
+  refused({"weights=pageable"}, "cannot access pageable host memory");
+  refused({"master=device"}, "AdamW runs on the CPU");
+  refused({"activations=host"}, "plain host memory is the CPU's alone");
+  // An integrated board without concurrent managed access (a Jetson Orin).
+  request.attributes.integrated = true;
+  request.attributes.concurrent_managed_access = false;
+  refused({"grads=managed"}, "concurrent managed access = 0");
+}
+
+TEST(MemoryPlan, ParsesSizes) {
+  EXPECT_EQ(parse_memory_size("16G", "--memory-budget"), size_t{16} << 30);
+  EXPECT_EQ(parse_memory_size("512M", "--memory-budget"), size_t{512} << 20);
+  EXPECT_EQ(parse_memory_size("1.5GiB", "--memory-budget"), size_t{3} << 29);
+  EXPECT_EQ(parse_memory_size("16GB", "--memory-budget"), size_t{16000000000});
+  EXPECT_EQ(parse_memory_size("4096", "--memory-budget"), 4096u);
+  EXPECT_EQ(parse_memory_size("2k", "--memory-budget"), 2048u);
+  for (const char* bad : {"", "G", "abc", "-1G", "16X", "0", "16 G"}) {
+    try {
+      parse_memory_size(bad, "--host-budget");
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("--host-budget takes a positive size"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+}
+
+TEST(MemoryPlan, DeviceAndHostBudgetsCountTheirSideOnly) {
+  const Gpt2Config config = tiny_config();
+  const MemoryPlan plan = plan_memory(cpu_request(config, "layup", 2, 8));
+  MemoryBudgets budgets;
+  budgets.device = plan.bytes(MemorySide::kDevice);
+  budgets.host = plan.bytes(MemorySide::kHost);
+  EXPECT_TRUE(fits(plan, budgets));
+  budgets.host = plan.bytes(MemorySide::kHost) - 1;
+  const std::string message = refusal(plan, budgets);
+  EXPECT_NE(message.find("on the host side, over --host-budget"), std::string::npos) << message;
+}
+
+TEST(MemoryPlan, CudaArenaArithmetic) {
+  const Gpt2Config config = named_config("gpt2");
+  const ParameterLayout layout(config);
+  const int B = 4, T = 64;
+  const size_t BT = B * T, C = config.n_embd, L = config.n_layer;
+  const BackendBytes fp32 = cuda_arena_bytes(config, B, T, false, 0);
+  const BackendBytes bf16 = cuda_arena_bytes(config, B, T, true, 0);
+  EXPECT_EQ(fp32.weights, 0u);
+  // The bf16 copy: two bytes a parameter, each span starting 256-byte aligned.
+  EXPECT_GE(bf16.weights, layout.total_count() * 2);
+  EXPECT_LT(bf16.weights, layout.total_count() * 2 + layout.spans().size() * 256);
+  // --recompute 1 keeps one shared GELU output instead of L; 2 also one shared layer-norm output
+  // instead of 2L (as carve() does; these sizes are multiples of 256 bytes, so no alignment
+  // blurs them).
+  const BackendBytes level1 = cuda_arena_bytes(config, B, T, true, 1);
+  const BackendBytes level2 = cuda_arena_bytes(config, B, T, true, 2);
+  EXPECT_EQ(bf16.activations - level1.activations, (L - 1) * BT * 4 * C * 2);
+  EXPECT_EQ(level1.activations - level2.activations, (2 * L - 1) * BT * C * 2);
+  EXPECT_EQ(bf16.scratch, level2.scratch);
+}
+
+}  // namespace
+}  // namespace layup
