@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/ops/common.cuh"
 #include "memory/backend_memory.h"
+#include "optim/adamw_simd.h"
 
 namespace layup {
 namespace {
@@ -69,26 +70,29 @@ struct AdamWTensors {
   float decay_factor[kMaxTensorsPerLaunch];  // 1 - lr wd, or 1 where the tensor does not decay
 };
 
-struct AdamWScalars {
-  float beta1, beta2, eps, step_size, inv_sqrt_bias_correction2, grad_scale;
-};
-
+// The CPU's AdamW element (optim/adamw_simd.cpp), operation for operation: each product, sum,
+// square root and division rounded once (the _rn intrinsics keep nvcc from fusing a product and
+// a sum into an FMA, which rounds once for both). With the same constants, from adamw_constants,
+// the GPU and the CPU update a parameter to the same bits, so the modes differ only where their
+// gradient norms do.
 __device__ inline void adamw_element(float& param, float grad, float& m, float& v,
-                                     float decay_factor, const AdamWScalars& s) {
-  const float g = grad * s.grad_scale;
-  const float m_i = s.beta1 * m + (1.0f - s.beta1) * g;
-  const float v_i = s.beta2 * v + (1.0f - s.beta2) * g * g;
+                                     float decay_factor, const AdamWConstants& c) {
+  const float g = __fmul_rn(grad, c.grad_scale);
+  const float m_i = __fadd_rn(__fmul_rn(c.beta1, m), __fmul_rn(c.one_minus_beta1, g));
+  const float v_i = __fadd_rn(__fmul_rn(c.beta2, v), __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
   m = m_i;
   v = v_i;
-  param =
-      param * decay_factor - s.step_size * m_i / (sqrtf(v_i) * s.inv_sqrt_bias_correction2 + s.eps);
+  const float denominator =
+      __fadd_rn(__fmul_rn(__fsqrt_rn(v_i), c.inv_sqrt_bias_correction2), c.eps);
+  param = __fsub_rn(__fmul_rn(param, decay_factor),
+                    __fdiv_rn(__fmul_rn(c.step_size, m_i), denominator));
 }
 
 // Memory-bound (28 bytes per parameter): where a tensor starts on a 16-byte boundary its body
 // moves as float4s, four parameters per load of each array; the rest goes one by one.
 __global__ void __launch_bounds__(kAdamThreads)
     adamw_kernel(float* params, const float* grads, float* m, float* v, AdamWTensors tensors,
-                 AdamWScalars s) {
+                 AdamWConstants s) {
   const int tensor = blockIdx.y;
   const size_t offset = tensors.offset[tensor], size = tensors.size[tensor];
   const float decay_factor = tensors.decay_factor[tensor];
@@ -197,17 +201,9 @@ class CudaDevice final : public Device {
 
   void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
                          const float* grads, float* m, float* v, const AdamWStep& step) override {
-    const AdamWHyper& h = step.hyper;
-    // Bias corrections in double, exactly as optim/adamw.cpp computes them.
-    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(h.beta1), step.t);
-    const double bias_correction2 = 1.0 - std::pow(static_cast<double>(h.beta2), step.t);
-    const AdamWScalars scalars{h.beta1,
-                               h.beta2,
-                               h.eps,
-                               static_cast<float>(h.lr / bias_correction1),
-                               static_cast<float>(1.0 / std::sqrt(bias_correction2)),
-                               step.grad_scale};
-    const float decay_factor = 1.0f - h.lr * h.weight_decay;
+    // The CPU's constants (optim/adamw_simd.h): the same values, so the same bits.
+    const AdamWConstants constants = adamw_constants(step, /*decay=*/true);
+    const float decay_factor = constants.decay_factor;
 
     const std::vector<TensorSpec> tensors = layout.tensors_in(span);
     for (size_t first = 0; first < tensors.size(); first += kMaxTensorsPerLaunch) {
@@ -223,7 +219,7 @@ class CudaDevice final : public Device {
       const dim3 grid(cuda::grid_for(std::min<size_t>(largest, size_t{1} << 22), kAdamThreads),
                       batch.count);
       adamw_kernel<<<grid, kAdamThreads, 0, cudaStreamLegacy>>>(params, grads, m, v, batch,
-                                                                scalars);
+                                                                constants);
       LAYUP_CUDA_CHECK_LAUNCH();
     }
   }
