@@ -23,6 +23,7 @@
 #include "optim/adamw.h"
 #include "optim/adamw_simd.h"
 #include "optim/host_adamw.h"
+#include "train/run_info.h"
 
 namespace layup {
 
@@ -122,32 +123,6 @@ nlohmann::json timing_json(const Timing& timing, size_t params) {
           {"best_params_per_s", params / timing.best_s},
           {"median_gb_per_s", params * kBytesPerParam / timing.median_s / 1e9},
           {"best_gb_per_s", params * kBytesPerParam / timing.best_s / 1e9}};
-}
-
-std::string own_command_line() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!text.empty() && text.back() == '\0') text.pop_back();
-  for (char& c : text)
-    if (c == '\0') c = ' ';
-  return text;
-}
-
-std::string cpu_model_name() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) != 0) continue;
-    const size_t start = line.find_first_not_of(" \t:", line.find(':'));
-    return start == std::string::npos ? "" : line.substr(start);
-  }
-  return "unknown";
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return text;
 }
 
 void run_adamw_bench(const AdamWBenchFlags& flags) {

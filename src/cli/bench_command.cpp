@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "train/benchmark.h"
+#include "train/run_info.h"
 #include "train/train_options.h"
 
 namespace layup {
@@ -23,16 +24,6 @@ struct BenchFlags {
   std::string json_path;
   int threads = 0;
 };
-
-// The process's own command line, as the kernel has it (arguments joined by spaces).
-std::string own_command_line() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!text.empty() && text.back() == '\0') text.pop_back();
-  for (char& c : text)
-    if (c == '\0') c = ' ';
-  return text;
-}
 
 }  // namespace
 

@@ -21,6 +21,7 @@
 #include "schedule/schedule.h"
 #include "trace/trace_recorder.h"
 #include "train/memory_usage.h"
+#include "train/run_info.h"
 
 #ifdef LAYUP_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -36,21 +37,6 @@ double median_of(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-std::string cpu_model_name() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) {
-        const size_t start = line.find_first_not_of(' ', colon + 1);
-        return start == std::string::npos ? "" : line.substr(start);
-      }
-    }
-  }
-  return "unknown";
-}
-
 std::string gpu_name() {
 #ifdef LAYUP_HAVE_CUDA
   int device = 0;
@@ -60,32 +46,6 @@ std::string gpu_name() {
     return properties.name;
 #endif
   return "unknown";
-}
-
-std::string hostname() {
-  char name[256] = {};
-  return gethostname(name, sizeof name - 1) == 0 ? name : "unknown";
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return text;
-}
-
-// The commit of the source tree this binary was built from, or "unknown".
-std::string git_commit() {
-  const std::string source_dir = std::string(LAYUP_DATA_DIR) + "/..";
-  const std::string command = "git -C '" + source_dir + "' rev-parse HEAD 2>/dev/null";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return "unknown";
-  char line[128] = {};
-  const bool got = std::fgets(line, sizeof line, pipe) != nullptr;
-  const int status = pclose(pipe);
-  std::string commit = got ? line : "";
-  while (!commit.empty() && (commit.back() == '\n' || commit.back() == '\r')) commit.pop_back();
-  return status == 0 && commit.size() == 40 ? commit : "unknown";
 }
 
 std::string format_bytes(long long bytes) {
