@@ -5,13 +5,10 @@
 
 namespace layup {
 
-float ModelBackend::forward(const ParameterPointers& params, const TokenBatch& batch,
-                            ForwardHooks& hooks) {
-  hooks.before_embeddings();
-  for (int layer = 0; layer < static_cast<int>(params.blocks.size()); ++layer)
-    hooks.before_block(layer);
-  hooks.before_head();
-  return forward(params, batch);
+float ModelBackend::forward(const ParameterPointers& params, const TokenBatch& batch) {
+  struct NoHooks final : ForwardHooks {};
+  NoHooks no_hooks;
+  return forward(params, batch, no_hooks);
 }
 
 void check_token_batch(const char* backend_name, const Gpt2Config& config, int max_batch,

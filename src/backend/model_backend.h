@@ -63,16 +63,15 @@ class ModelBackend {
 
   virtual std::string name() const = 0;
 
-  // Runs the forward pass. With targets it returns the mean cross-entropy over the B*T
+  // Runs the forward pass, calling `hooks` as ForwardHooks says (each right before the span's
+  // weights are first read). With targets it returns the mean cross-entropy over the B*T
   // positions (padded-vocabulary logits excluded); without, it returns NaN. B and T must not
   // exceed the sizes the backend was made for.
-  virtual float forward(const ParameterPointers& params, const TokenBatch& batch) = 0;
-
-  // The same forward, calling `hooks` as ForwardHooks says. This default calls every hook first,
-  // then forward(params, batch): correct for any backend, but a schedule's updates then cannot
-  // overlap the forward; a backend overrides it to call each hook where it first reads the span.
   virtual float forward(const ParameterPointers& params, const TokenBatch& batch,
-                        ForwardHooks& hooks);
+                        ForwardHooks& hooks) = 0;
+
+  // The same forward with hooks that do nothing.
+  float forward(const ParameterPointers& params, const TokenBatch& batch);
 
   // Logits of the last forward: [B, T, padded_vocab] row-major, in host memory. Entries at and
   // beyond the real vocabulary are the padded logits and carry no meaning.

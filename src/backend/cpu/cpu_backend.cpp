@@ -44,8 +44,6 @@ void zero(std::vector<float>& buffer, size_t count) {
   std::fill_n(buffer.data(), count, 0.0f);
 }
 
-struct NoHooks final : ForwardHooks {};
-
 }  // namespace
 
 CpuBackend::CpuBackend(const Gpt2Config& config, int max_batch, int max_seq_len)
@@ -101,11 +99,6 @@ CpuBackend::CpuBackend(const Gpt2Config& config, int max_batch, int max_seq_len)
 
 void CpuBackend::check_batch(const ParameterPointers& params, const TokenBatch& batch) const {
   check_token_batch("CPU", config_, max_batch_, max_seq_len_, params, batch);
-}
-
-float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& batch) {
-  NoHooks no_hooks;
-  return forward(params, batch, no_hooks);
 }
 
 float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& batch,

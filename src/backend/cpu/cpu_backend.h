@@ -21,7 +21,7 @@ class CpuBackend final : public ModelBackend {
   CpuBackend(const Gpt2Config& config, int max_batch, int max_seq_len);
 
   std::string name() const override { return "cpu"; }
-  float forward(const ParameterPointers& params, const TokenBatch& batch) override;
+  using ModelBackend::forward;  // the no-hooks form
   float forward(const ParameterPointers& params, const TokenBatch& batch,
                 ForwardHooks& hooks) override;
   // Valid until the next forward (the backward leaves the logits intact).

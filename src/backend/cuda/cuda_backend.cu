@@ -82,7 +82,7 @@ class CudaBackend final : public ModelBackend {
   std::string name() const override {
     return std::string("cuda-") + (std::is_same_v<T, float> ? "fp32" : "bf16");
   }
-  float forward(const ParameterPointers& params, const TokenBatch& batch) override;
+  using ModelBackend::forward;  // the no-hooks form
   float forward(const ParameterPointers& params, const TokenBatch& batch,
                 ForwardHooks& hooks) override;
   const float* logits() const override;
@@ -390,13 +390,6 @@ void CudaBackend<T>::refresh_compute_span(size_t index, const ParameterPointers&
     cuda::cast_to_bf16(compute_weights_ + compute_span_offsets_[index], master, span.count,
                        stream_);
   }
-}
-
-template <class T>
-float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch& batch) {
-  struct NoHooks final : ForwardHooks {};
-  NoHooks no_hooks;
-  return forward(params, batch, no_hooks);
 }
 
 // Each hook runs right before the first kernel that reads its span's weights is enqueued (in
