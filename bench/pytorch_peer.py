@@ -112,73 +112,63 @@ def git_commit():
         return "unknown"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="gpt2", choices=sorted(CONFIGS))
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--json", help="write the result as one JSON object here")
-    args = parser.parse_args()
+# AdamW as in nanoGPT and layup: weight decay on the 2-D (matmul and embedding) weights only.
+ADAMW_HYPERPARAMS = {"lr": 1e-4, "betas": (0.9, 0.95), "eps": 1e-8}
+WEIGHT_DECAY = 0.1
 
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    on_cuda = device == "cuda"
-    torch.manual_seed(args.seed)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
 
-    n_layer, n_head, n_embd = CONFIGS[args.model]
-    model = GPT2(n_layer, n_head, n_embd).to(device)
-    decay = [p for p in model.parameters() if p.dim() == 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=1e-4, betas=(0.9, 0.95), eps=1e-8, fused=on_cuda)
-    step_model = torch.compile(model) if args.compile else model
-    dtype = torch.bfloat16 if on_cuda else torch.float32
+def weight_decay_for(param):
+    return WEIGHT_DECAY if param.dim() == 2 else 0.0
 
-    generator = torch.Generator().manual_seed(args.seed)
-    shape = (args.batch, args.seq_len)
+
+def adamw_param_groups(params):
+    params = list(params)
+    decay = [p for p in params if weight_decay_for(p) > 0]
+    no_decay = [p for p in params if weight_decay_for(p) == 0]
+    return [{"params": decay, "weight_decay": WEIGHT_DECAY},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def synthetic_tokens(batch, seq_len, seed, device):
+    """Uniform inputs and targets from their own generator: every peer trains on the same data."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (batch, seq_len)
     inputs = torch.randint(0, VOCAB, shape, generator=generator).to(device)
     targets = torch.randint(0, VOCAB, shape, generator=generator).to(device)
+    return inputs, targets
 
+
+def time_steps(train_step, warmup, steps, on_cuda):
+    """Runs warmup + steps calls of train_step (which returns the loss as a float), each between
+    device synchronizations; returns the timed steps' milliseconds and the last loss."""
     def sync():
         if on_cuda:
             torch.cuda.synchronize()
 
-    def train_step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type=device, dtype=dtype, enabled=on_cuda):
-            loss = step_model(inputs, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        return loss.item()  # reads the loss back, as layup's step does
-
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
     step_ms, loss = [], float("nan")
-    for step in range(args.warmup + args.steps):
+    for step in range(warmup + steps):
         sync()
         start = time.perf_counter()
         loss = train_step()
         sync()
-        if step >= args.warmup:
+        if step >= warmup:
             step_ms.append((time.perf_counter() - start) * 1e3)
+    return step_ms, loss
 
-    engine = "pytorch-compile" if args.compile else "pytorch-eager"
+
+def make_result(engine, args, device, step_ms, loss):
+    """The JSON object of one run; args carries model, batch, seq_len, warmup, steps and seed."""
+    on_cuda = device == "cuda"
+    n_layer, n_head, n_embd = CONFIGS[args.model]
     tokens_per_step = args.batch * args.seq_len
     tokens_per_s = tokens_per_step * len(step_ms) / (sum(step_ms) / 1e3)
     fpt = flops_per_token(n_layer, n_embd, args.seq_len)
     device_name = torch.cuda.get_device_name() if on_cuda else cpu_model()
-    peak = H100_BF16_DENSE_FLOPS if on_cuda and ("H100" in device_name or "H200" in device_name) else 0.0
-    result = {
+    hopper = on_cuda and ("H100" in device_name or "H200" in device_name)
+    peak = H100_BF16_DENSE_FLOPS if hopper else 0.0
+    return {
         "engine": engine,
         "command_line": " ".join([sys.executable] + sys.argv),
         "model": args.model, "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
@@ -204,31 +194,81 @@ def main():
         "git_commit": git_commit(),
     }
 
+
+def report(result, json_path=None, extra_rows=()):
+    """Prints the result as a two-column table (extra_rows after the common ones) and writes
+    it to json_path if given."""
+    r = result
+    on_cuda = r["device"] == "cuda"
     gib = 1024.0**3
     rows = [
-        ("engine", f"{engine} (torch {torch.__version__})"),
-        ("config", f"{args.model} ({n_layer} layers, {n_head} heads, width {n_embd})"),
-        ("B x T", f"{args.batch} x {args.seq_len}"),
-        ("device / dtype", f"{device} ({device_name}) / {result['dtype']}"),
-        ("steps", f"{args.warmup} warm-up, {args.steps} timed"),
-        ("tokens/s", f"{tokens_per_s:.0f}"),
-        ("ms/step", f"median {result['median_ms']:.2f}, min {result['min_ms']:.2f}, "
-                    f"max {result['max_ms']:.2f}"),
-        ("FLOPs/token", f"{fpt:.4g} (6N + 12LTC, N = matmul weights)"),
-        ("achieved", f"{result['achieved_tflops']:.2f} TFLOP/s"),
-        ("MFU", f"{100 * result['mfu']:.1f}% of {peak / 1e12:.1f} TFLOP/s dense bf16" if peak
-         else "n/a (no known peak for this device)"),
-        ("memory peak", f"{result['memory_peak_bytes'] / gib:.2f} GiB allocated, "
-                        f"{result['memory_reserved_peak_bytes'] / gib:.2f} GiB reserved"
+        ("engine", f"{r['engine']} (torch {r['torch_version']})"),
+        ("config", f"{r['model']} ({r['n_layer']} layers, {r['n_head']} heads, "
+                   f"width {r['n_embd']})"),
+        ("B x T", f"{r['batch']} x {r['seq_len']}"),
+        ("device / dtype", f"{r['device']} ({r['device_name']}) / {r['dtype']}"),
+        ("steps", f"{r['warmup_steps']} warm-up, {r['steps']} timed"),
+        ("tokens/s", f"{r['tokens_per_s']:.0f}"),
+        ("ms/step", f"median {r['median_ms']:.2f}, min {r['min_ms']:.2f}, max {r['max_ms']:.2f}"),
+        ("FLOPs/token", f"{r['flops_per_token']:.4g} (6N + 12LTC, N = matmul weights)"),
+        ("achieved", f"{r['achieved_tflops']:.2f} TFLOP/s"),
+        ("MFU", f"{100 * r['mfu']:.1f}% of {r['peak_tflops']:.1f} TFLOP/s dense bf16" if r["mfu"]
+         is not None else "n/a (no known peak for this device)"),
+        ("memory peak", f"{r['memory_peak_bytes'] / gib:.2f} GiB allocated, "
+                        f"{r['memory_reserved_peak_bytes'] / gib:.2f} GiB reserved"
          if on_cuda else "n/a"),
-        ("last loss", f"{loss:.4f}"),
+        ("last loss", f"{r['last_loss']:.4f}"),
+        *extra_rows,
     ]
     for name, value in rows:
         print(f"  {name:<22} {value}")
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(result, f, indent=2)
-        print(f"  {'json':<22} {args.json}")
+        print(f"  {'json':<22} {json_path}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="gpt2", choices=sorted(CONFIGS))
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--json", help="write the result as one JSON object here")
+    args = parser.parse_args()
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    on_cuda = device == "cuda"
+    torch.manual_seed(args.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+    n_layer, n_head, n_embd = CONFIGS[args.model]
+    model = GPT2(n_layer, n_head, n_embd).to(device)
+    optimizer = torch.optim.AdamW(adamw_param_groups(model.parameters()), **ADAMW_HYPERPARAMS,
+                                  fused=on_cuda)
+    step_model = torch.compile(model) if args.compile else model
+    dtype = torch.bfloat16 if on_cuda else torch.float32
+    inputs, targets = synthetic_tokens(args.batch, args.seq_len, args.seed, device)
+
+    def train_step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=device, dtype=dtype, enabled=on_cuda):
+            loss = step_model(inputs, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss.item()  # reads the loss back, as layup's step does
+
+    step_ms, loss = time_steps(train_step, args.warmup, args.steps, on_cuda)
+    engine = "pytorch-compile" if args.compile else "pytorch-eager"
+    report(make_result(engine, args, device, step_ms, loss), args.json)
 
 
 if __name__ == "__main__":

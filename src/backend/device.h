@@ -2,15 +2,22 @@
 // operations of an optimizer step (gradient norm, AdamW), so one schedule serves every backend.
 //
 // On the CPU backend "device memory" is host memory and the operations run on the host; on the
-// CUDA backend they are cudaMalloc'd buffers and kernels. Streams and events for the layer-wise
-// overlap join this interface with the offload and layup schedules.
+// CUDA backend they are cudaMalloc'd buffers and kernels.
+//
+// Overlap. The host-side schedules (offload, layup) move gradients out and weights in while the
+// device keeps computing, through three calls: fence() marks a point in the device's work (after
+// a block's backward, say), copy_to_host_after() copies once that point has passed without waiting
+// for the work issued after it, and copy_to_device_async() starts a copy and reports when it has
+// landed. Host memory from allocate_host() is what the device copies fastest (pinned on CUDA).
 //
 // Every allocation names its tensor class and is recorded in the device's MemoryAccountant
-// (memory/memory_accountant.h) for as long as its buffer lives, as device-side memory of the
-// device's kind (host on the CPU backend, device on CUDA).
+// (memory/memory_accountant.h) for as long as its buffer lives: allocate() as device-side memory
+// of the device's kind (host on the CPU backend, device on CUDA), allocate_host() as host-side
+// memory of host_memory_kind().
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -23,13 +30,16 @@ namespace layup {
 
 class Device;
 
-// Floats in a device's memory, freed by that device when the buffer goes.
+// Floats a device allocated, in its own memory (allocate) or in host memory for copies
+// (allocate_host), freed by that device when the buffer goes.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  // `record` holds the buffer's bytes in the accountant until the buffer goes.
-  DeviceBuffer(Device* device, float* data, size_t count, MemoryRecord record)
-      : device_(device), data_(data), count_(count), record_(std::move(record)) {}
+  // `record` holds the buffer's bytes in the accountant until the buffer goes; `side` says which
+  // of the device's allocators it came from.
+  DeviceBuffer(Device* device, float* data, size_t count, MemoryRecord record,
+               MemorySide side = MemorySide::kDevice)
+      : device_(device), data_(data), count_(count), record_(std::move(record)), side_(side) {}
   DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -38,12 +48,21 @@ class DeviceBuffer {
 
   float* data() const { return data_; }
   size_t count() const { return count_; }
+  float* begin() const { return data_; }
+  float* end() const { return data_ + count_; }
 
  private:
   Device* device_ = nullptr;
   float* data_ = nullptr;
   size_t count_ = 0;
   MemoryRecord record_;
+  MemorySide side_ = MemorySide::kDevice;
+};
+
+// A point in a device's work (Device::fence): passed once all the work issued before it is done.
+class DeviceFence {
+ public:
+  virtual ~DeviceFence() = default;
 };
 
 class Device {
@@ -55,15 +74,40 @@ class Device {
   // A zeroed buffer of `count` floats in device memory, recorded in accountant() as
   // `tensor_class` (device side, of memory_kind()) while it lives.
   virtual DeviceBuffer allocate(size_t count, TensorClass tensor_class) = 0;
-  virtual void release(float* data) = 0;
+  // A zeroed buffer of `count` floats in host memory, for host-side state the device copies to
+  // and from (master weights, gradient accumulators, staging), recorded as `tensor_class` (host
+  // side, of host_memory_kind()). On CUDA it is pinned (page-locked and mapped), so copies to and
+  // from it are DMA transfers that run beside the compute.
+  virtual DeviceBuffer allocate_host(size_t count, TensorClass tensor_class) = 0;
+  // Frees what allocate (side kDevice) or allocate_host (kHost) returned; DeviceBuffer calls it.
+  virtual void release(float* data, MemorySide side) = 0;
 
   // The kind of memory allocate() hands out: host on the CPU backend, device on CUDA.
   virtual MemoryKind memory_kind() const = 0;
+  // The kind allocate_host() hands out: host on the CPU backend, pinned on CUDA.
+  virtual MemoryKind host_memory_kind() const = 0;
   // The ledger this device records into; a run shares it with its backend.
   const std::shared_ptr<MemoryAccountant>& accountant() const { return accountant_; }
 
+  // Copies ordered with all device work: they start after everything issued before them and
+  // return when done.
   virtual void copy_to_device(float* device_dst, const float* host_src, size_t count) = 0;
   virtual void copy_to_host(float* host_dst, const float* device_src, size_t count) = 0;
+
+  // A fence after all device work issued so far, by any thread. Cheap: one per block is fine.
+  virtual std::shared_ptr<const DeviceFence> fence() = 0;
+  // Copies device memory to host memory once `after` has passed, without waiting for device work
+  // issued after the fence (a block's gradient while the next block's backward runs), and
+  // returns when the copy has landed. Any thread may call it.
+  virtual void copy_to_host_after(const DeviceFence& after, float* host_dst,
+                                  const float* device_src, size_t count) = 0;
+  // Starts copying host memory to device memory and returns; `landed` runs once the copy is
+  // complete (on the CPU backend before this returns; on CUDA on CUDA's callback thread, so it
+  // must not call CUDA, throw, or block for long). The copy is NOT ordered with device work: the
+  // caller guarantees that no issued device work touches device_dst, and that nothing reads
+  // device_dst or writes host_src until `landed` has run.
+  virtual void copy_to_device_async(float* device_dst, const float* host_src, size_t count,
+                                    std::function<void()> landed) = 0;
   virtual void fill_zero(float* device_dst, size_t count) = 0;
   // device_dst[i] += device_src[i]: one float add per element, so the sum of micro-batch
   // gradients rounds the same on every device and in every mode.
@@ -81,6 +125,8 @@ class Device {
   explicit Device(std::shared_ptr<MemoryAccountant> accountant);
   // What allocate() hands its DeviceBuffer: `count` floats of `tensor_class` in the ledger.
   MemoryRecord record(size_t count, TensorClass tensor_class) const;
+  // The same for allocate_host().
+  MemoryRecord record_host(size_t count, TensorClass tensor_class) const;
 
  private:
   std::shared_ptr<MemoryAccountant> accountant_;

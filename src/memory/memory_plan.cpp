@@ -147,9 +147,12 @@ MemorySide primary_side(const std::string& mode, TensorClass tensor_class) {
 Placement default_placement(const std::string& mode, const DeviceMemoryAttributes& attributes) {
   Placement placement;
   for (TensorClass c : kAllTensorClasses) {
-    const bool on_device =
-        attributes.device == "cuda" && primary_side(mode, c) == MemorySide::kDevice;
-    placement.kinds[index_of(c)] = on_device ? MemoryKind::kDevice : MemoryKind::kHost;
+    const bool cuda = attributes.device == "cuda";
+    const bool on_device = cuda && primary_side(mode, c) == MemorySide::kDevice;
+    // Host-side master weights are copied to the device after every update: pinned on CUDA.
+    const bool pinned = cuda && !on_device && c == TensorClass::kMasterWeights;
+    placement.kinds[index_of(c)] =
+        on_device ? MemoryKind::kDevice : (pinned ? MemoryKind::kPinnedMapped : MemoryKind::kHost);
   }
   return placement;
 }
@@ -228,15 +231,21 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   const size_t final_norm = layout.final_norm().count * f;
   const bool cuda = r.device == "cuda";
   // What the code allocates today: Device memory (cudaMalloc, or host memory on the CPU backend)
-  // on the device side, plain host memory (std::vector) on the host side.
+  // on the device side; on the host side, what the device copies to and from in the device's host
+  // memory (Device::allocate_host: pinned on CUDA) and the rest in plain host memory.
   const MemoryKind device_memory = cuda ? MemoryKind::kDevice : MemoryKind::kHost;
+  const MemoryKind copied_host_memory = cuda ? MemoryKind::kPinnedMapped : MemoryKind::kHost;
 
-  auto add = [&](MemorySide side, TensorClass c, size_t bytes, std::string what, bool accounted) {
-    const MemoryKind kind = side == MemorySide::kDevice ? device_memory : MemoryKind::kHost;
+  auto add_kind = [&](MemorySide side, TensorClass c, MemoryKind kind, size_t bytes,
+                      std::string what, bool accounted) {
     // The placement governs a class's primary tensors; a schedule's extra host copies of a
     // device-side class (accumulator, staging) keep their kind.
     const MemoryKind requested = primary_side(r.mode, c) == side ? plan.placement[c] : kind;
     plan.allocations.push_back({side, c, kind, requested, bytes, std::move(what), accounted});
+  };
+  auto add = [&](MemorySide side, TensorClass c, size_t bytes, std::string what, bool accounted) {
+    add_kind(side, c, side == MemorySide::kDevice ? device_memory : MemoryKind::kHost, bytes,
+             std::move(what), accounted);
   };
   const MemorySide dev = MemorySide::kDevice, host = MemorySide::kHost;
 
@@ -260,21 +269,19 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
           "embeddings' gradient (complete only at the end of backward)", true);
       add(dev, TensorClass::kWeightGrads, final_norm, "final norm's gradient", true);
     }
-    add(host, TensorClass::kMasterWeights, all, "fp32 master weights", false);
-    add(host, TensorClass::kWeightGrads, all, "fp32 gradient accumulated over micro-batches",
-        false);
-    // HostOptimizerSchedule: each CPU AdamW worker copies gradients out of device memory through
-    // a staging buffer of its own, kStagingChunks (4) sum-of-squares chunks long, or the largest
-    // span where that is shorter.
-    const int workers = r.cpu_workers > 0 ? r.cpu_workers : allowed_core_count();
+    // HostOptimizerSchedule: what the device copies to and from comes from allocate_host.
+    add_kind(host, TensorClass::kMasterWeights, copied_host_memory, all, "fp32 master weights",
+             true);
+    add_kind(host, TensorClass::kWeightGrads, copied_host_memory, all,
+             "fp32 gradient accumulated over micro-batches", true);
+    // Later micro-batches' gradients land in a staging buffer of kStagingChunks (64)
+    // sum-of-squares chunks, or the largest span where that is shorter.
     size_t largest_span = 0;
     for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
-    const size_t staging = std::min(largest_span, 4 * kSumOfSquaresChunk) * f;
-    add(host, TensorClass::kWeightGrads, workers * staging,
-        "staging: " + std::to_string(workers) + " CPU AdamW worker" + (workers == 1 ? "" : "s") +
-            " x " + format_bytes(staging),
-        false);
-    add(host, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", false);
+    add_kind(host, TensorClass::kWeightGrads, copied_host_memory,
+             std::min(largest_span, 64 * kSumOfSquaresChunk) * f,
+             "staging of later micro-batches' gradients", true);
+    add(host, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", true);
   }
 
   // The backend's buffers (memory/backend_memory.h).
@@ -314,9 +321,6 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
         "them in the accountant yet)");
   }
   if (r.mode != "gpu") {
-    plan.notes.push_back(
-        "offload and layup keep their host-side state (master weights, gradient accumulator, "
-        "staging, moments) in plain host memory (std::vector): planned, not measured");
     if (!cuda || r.attributes.integrated)
       plan.notes.push_back("in one shared memory (" +
                            std::string(cuda ? "an integrated GPU" : "the CPU backend") +

@@ -5,17 +5,18 @@
 //
 // The plan mirrors the code: the schedules' buffers (schedule/*.cpp), the backends' activations
 // and workspaces (memory/backend_memory.h). Buffers that go through a Device or a backend are
-// also measured at run time by the MemoryAccountant (`accounted`); the rest (the schedules'
-// host-side std::vector state, the CPU backend's activation vectors) are planned only, and every
-// report says which is which.
+// also measured at run time by the MemoryAccountant (`accounted`), as is the schedules' host-side
+// state; the rest (the CPU backend's activation vectors) is planned only, and every report says
+// which is which.
 //
 // Placement (--place CLASS=KIND) sets the memory kind of a class's primary tensors: in `gpu` mode
 // every class lives on the device side; in `offload` and `layup` the master weights and the AdamW
 // moments live on the host side, the rest on the device side. The host copies a schedule keeps
-// besides (gradient accumulator and staging) stay plain host memory. A kind the device cannot use
-// for that class is refused, saying why. Today the schedules allocate device-side buffers through
-// Device (cudaMalloc on CUDA, host memory on the CPU backend) and host-side state as plain host
-// memory: a placement other than that is validated and reported, NOT yet applied.
+// besides (gradient accumulator and staging) keep the kind the device copies fastest (pinned on
+// CUDA). A kind the device cannot use for that class is refused, saying why. Today the schedules
+// allocate device-side buffers through Device (cudaMalloc on CUDA, host memory on the CPU
+// backend), and host-side state as pinned memory where the device copies it (on CUDA) or plain
+// host memory: a placement other than that is validated and reported, NOT yet applied.
 #pragma once
 
 #include <array>
@@ -44,8 +45,8 @@ struct Placement {
 // The side a class's primary tensors live on in a mode (see the header comment).
 MemorySide primary_side(const std::string& mode, TensorClass tensor_class);
 
-// What the schedules allocate today: on cuda, device side = device, host side = host; on the CPU
-// backend everything is host memory.
+// What the schedules allocate today: on cuda, device side = device, host side = host, except the
+// master weights (pinned); on the CPU backend everything is host memory.
 Placement default_placement(const std::string& mode, const DeviceMemoryAttributes& attributes);
 
 // The default placement with --place CLASS=KIND overrides applied in order. Throws layup::Error

@@ -264,7 +264,9 @@ TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
   request.place = {};
   const MemoryPlan defaults = plan_memory(request);
   EXPECT_EQ(defaults.placement[TensorClass::kWeightGrads], MemoryKind::kDevice);
-  EXPECT_EQ(defaults.placement[TensorClass::kMasterWeights], MemoryKind::kHost);
+  // Copied to the GPU after every update, so pinned; the moments only the CPU touches.
+  EXPECT_EQ(defaults.placement[TensorClass::kMasterWeights], MemoryKind::kPinnedMapped);
+  EXPECT_EQ(defaults.placement[TensorClass::kOptimizerMoments], MemoryKind::kHost);
 
   request.place = {"grads=pinned", "moments=managed"};
   const MemoryPlan placed = plan_memory(request);

@@ -11,10 +11,12 @@ namespace layup {
 
 namespace {
 
-// A worker copies a gradient out this many sum-of-squares chunks at a time (1 MiB): large enough
-// that a copy from a GPU is one efficient transfer, small enough that the staged piece is still
-// in the worker's cache when it is added and squared.
-constexpr size_t kStagingChunks = 4;
+// Sum-of-squares chunks a worker adds and squares at a time (1 MiB): small enough that the piece
+// is still in the worker's cache when it is squared.
+constexpr size_t kPassChunks = 4;
+// Sum-of-squares chunks the staging buffer holds (16 MiB): one transfer per piece of a later
+// micro-batch's gradient, long enough to run at the interconnect's full rate.
+constexpr size_t kStagingChunks = 64;
 
 }  // namespace
 
@@ -25,10 +27,10 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
       device_(std::move(device)),
       layout_(layout),
       params_(device_->allocate(layout.total_count(), TensorClass::kWeights)),
-      host_params_(layout.total_count(), 0.0f),
-      host_grads_(layout.total_count(), 0.0f),
-      host_m_(layout.total_count(), 0.0f),
-      host_v_(layout.total_count(), 0.0f) {
+      host_params_(device_->allocate_host(layout.total_count(), TensorClass::kMasterWeights)),
+      host_grads_(device_->allocate_host(layout.total_count(), TensorClass::kWeightGrads)),
+      host_m_(device_->accountant(), TensorClass::kOptimizerMoments, layout.total_count()),
+      host_v_(device_->accountant(), TensorClass::kOptimizerMoments, layout.total_count()) {
   LAYUP_CHECK(cpu_workers >= 0, "--cpu-workers must be at least 1 (got ", cpu_workers, ")");
   HostAdamWOptions options;
   options.workers = cpu_workers;
@@ -36,10 +38,13 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
 
   size_t largest_span = 0;
   for (const Span& span : layout_.spans()) largest_span = std::max(largest_span, span.count);
-  const size_t staging_count = std::min(largest_span, kStagingChunks * kSumOfSquaresChunk);
-  worker_staging_.resize(host_adamw_->worker_count());
-  host_adamw_->run_on_workers(
-      [&](int worker, int) { worker_staging_[worker].assign(staging_count, 0.0f); });
+  staging_ = device_->allocate_host(std::min(largest_span, kStagingChunks * kSumOfSquaresChunk),
+                                    TensorClass::kWeightGrads);
+}
+
+void HostOptimizerSchedule::set_trace(TraceRecorder* recorder) {
+  Schedule::set_trace(recorder);
+  to_device_track_ = recorder != nullptr ? recorder->track("to device") : 0;
 }
 
 float HostOptimizerSchedule::forward_pass(const TokenBatch& batch) {
@@ -57,7 +62,9 @@ const float* HostOptimizerSchedule::forward_logits(const TokenBatch& batch) {
 
 OptimizerTensors HostOptimizerSchedule::export_tensors() const {
   finish_updates();
-  return OptimizerTensors{host_params_, host_m_, host_v_};
+  return OptimizerTensors{{host_params_.begin(), host_params_.end()},
+                          {host_m_.begin(), host_m_.end()},
+                          {host_v_.begin(), host_v_.end()}};
 }
 
 void HostOptimizerSchedule::import_tensors(const OptimizerTensors& tensors) {
@@ -66,9 +73,9 @@ void HostOptimizerSchedule::import_tensors(const OptimizerTensors& tensors) {
       tensors.params.size() == n && tensors.adam_m.size() == n && tensors.adam_v.size() == n,
       "model state has ", tensors.params.size(), " parameters but the model needs ", n);
   finish_updates();
-  host_params_ = tensors.params;
-  host_m_ = tensors.adam_m;
-  host_v_ = tensors.adam_v;
+  std::copy(tensors.params.begin(), tensors.params.end(), host_params_.begin());
+  std::copy(tensors.adam_m.begin(), tensors.adam_m.end(), host_m_.begin());
+  std::copy(tensors.adam_v.begin(), tensors.adam_v.end(), host_v_.begin());
   device_->copy_to_device(params_.data(), host_params_.data(), n);
 }
 
@@ -77,45 +84,75 @@ std::string HostOptimizerSchedule::cpu_adamw_report() const {
   return host_adamw_->report();
 }
 
-double HostOptimizerSchedule::accumulate_gradient(const float* device_grad, const Span& span,
-                                                  bool first, bool last) {
+double HostOptimizerSchedule::accumulate_gradient(const DeviceFence& written,
+                                                  const float* device_grad, const Span& span,
+                                                  bool first, bool last,
+                                                  const std::function<void()>& copied) {
   const size_t count = span.count;
   const size_t chunks = sum_of_squares_chunks(count);
   std::vector<double> chunk_sums(last ? chunks : 0, 0.0);
   float* accumulated = span_grads(span);
-  host_adamw_->run_on_workers([&](int worker, int workers) {
-    // Whole chunks per worker, so that each chunk's sum is one worker's chain in index order.
-    const size_t first_chunk = chunks * worker / workers;
-    const size_t end_chunk = chunks * (worker + 1) / workers;
-    float* staging = worker_staging_[worker].data();
-    for (size_t c = first_chunk; c < end_chunk; c += kStagingChunks) {
-      const size_t piece_end_chunk = std::min(end_chunk, c + kStagingChunks);
-      const size_t begin = c * kSumOfSquaresChunk;
-      const size_t end = std::min(count, piece_end_chunk * kSumOfSquaresChunk);
-      device_->copy_to_host(staging, device_grad + begin, end - begin);
-      float* into = accumulated + begin;
-      // One float add per element in micro-batch order, as every mode accumulates. 0 + g, not g:
-      // exactly what adding into a zeroed accumulator gives (a -0 gradient becomes +0).
-      if (first) {
-        for (size_t i = 0; i < end - begin; ++i) into[i] = 0.0f + staging[i];
-      } else {
-        for (size_t i = 0; i < end - begin; ++i) into[i] += staging[i];
+  // Chunks [first_chunk, end_chunk) of the span over the workers, whole chunks each so that each
+  // chunk's sum is one worker's chain in index order: combine(begin, end) on a few chunks'
+  // elements, then (last) their sums of squares while they are in cache.
+  const auto element_pass = [&](size_t first_chunk, size_t end_chunk, const auto& combine) {
+    host_adamw_->run_on_workers([&](int worker, int workers) {
+      const size_t n = end_chunk - first_chunk;
+      const size_t my_end = first_chunk + n * (worker + 1) / workers;
+      for (size_t c = first_chunk + n * worker / workers; c < my_end; c += kPassChunks) {
+        const size_t c_end = std::min(my_end, c + kPassChunks);
+        combine(c * kSumOfSquaresChunk, std::min(count, c_end * kSumOfSquaresChunk));
+        if (last) chunk_sums_of_squares(accumulated, count, c, c_end, chunk_sums.data());
       }
-      if (last) chunk_sums_of_squares(accumulated, count, c, piece_end_chunk, chunk_sums.data());
+    });
+  };
+
+  if (first) {
+    device_->copy_to_host_after(written, accumulated, device_grad, count);
+    if (copied) copied();
+    // 0 + g in place: what adding into a zeroed accumulator gives (a -0 gradient becomes +0).
+    element_pass(0, chunks, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) accumulated[i] = 0.0f + accumulated[i];
+    });
+  } else {
+    std::lock_guard lock(accumulate_mutex_);
+    const size_t piece_chunks = std::max<size_t>(1, staging_.count() / kSumOfSquaresChunk);
+    for (size_t c = 0; c < chunks; c += piece_chunks) {
+      const size_t piece_begin = c * kSumOfSquaresChunk;
+      const size_t c_end = std::min(chunks, c + piece_chunks);
+      const size_t piece_end = std::min(count, c_end * kSumOfSquaresChunk);
+      const float* staged = staging_.data();
+      device_->copy_to_host_after(written, staging_.data(), device_grad + piece_begin,
+                                  piece_end - piece_begin);
+      // One float add per element in micro-batch order, as every mode accumulates.
+      element_pass(c, c_end, [&](size_t begin, size_t end) {
+        for (size_t i = begin; i < end; ++i) accumulated[i] += staged[i - piece_begin];
+      });
     }
-  });
+    if (copied) copied();
+  }
   return last ? add_chunk_sums(chunk_sums.data(), chunks) : 0.0;
 }
 
-void HostOptimizerSchedule::update_span(const Span& span, const AdamWStep& adamw, int trace_track) {
-  TraceSpan traced(trace_, trace_track, adamw_trace_name(span.kind), span.layer);
+void HostOptimizerSchedule::update_span(const Span& span, const AdamWStep& adamw, int trace_track,
+                                        std::function<void()> landed) {
   float* master = host_params_.data() + span.offset;
-  host_adamw_->update_span(layout_, span, master, span_grads(span), host_m_.data() + span.offset,
-                           host_v_.data() + span.offset, adamw);
-  float* device_copy = params_.data() + span.offset;
-  host_adamw_->for_each_worker_share(span.count, [&](size_t begin, size_t end) {
-    device_->copy_to_device(device_copy + begin, master + begin, end - begin);
-  });
+  {
+    TraceSpan traced(trace_, trace_track, adamw_trace_name(span.kind), span.layer);
+    host_adamw_->update_span(layout_, span, master, span_grads(span), host_m_.data() + span.offset,
+                             host_v_.data() + span.offset, adamw);
+  }
+  // The transfer is traced from its start to its landing on the "to device" track.
+  TraceRecorder* const trace = trace_ != nullptr && trace_->recording() ? trace_ : nullptr;
+  const double start_us = trace != nullptr ? trace->now_us() : 0.0;
+  device_->copy_to_device_async(params_.data() + span.offset, master, span.count,
+                                [trace, track = to_device_track_, start_us, kind = span.kind,
+                                 layer = span.layer, landed = std::move(landed)] {
+                                  if (trace != nullptr)
+                                    trace->add_span(track, weights_trace_name(kind, layer),
+                                                    start_us, trace->now_us());
+                                  landed();
+                                });
 }
 
 }  // namespace layup

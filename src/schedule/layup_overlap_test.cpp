@@ -323,9 +323,10 @@ TEST_F(LayupOverlap, TraceFileNamesTheTracks) {
   // Every track is named, whether or not its worker happened to get a task in this step.
   std::set<std::string> named;
   for (const auto& [tid, name] : track_names) named.insert(name);
-  EXPECT_EQ(named, (std::set<std::string>{"GPU", "cpu workers"}));
+  EXPECT_EQ(named, (std::set<std::string>{"GPU", "cpu workers", "to device"}));
   EXPECT_TRUE(span_tracks.count("GPU"));
   EXPECT_TRUE(span_tracks.count("cpu workers"));
+  EXPECT_TRUE(span_tracks.count("to device"));  // each span's new weights on their way
 }
 
 }  // namespace

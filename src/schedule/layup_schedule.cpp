@@ -16,11 +16,14 @@
 //   backward_head -> head gradients (stay whole)
 //   for l = L-1 .. 0:
 //     acquire slot l % 2 (waits for its release)
-//     zero it, backward_block(l) into it   ---->   copy the slot out, add it to block l's fp32
-//                                                  gradient accumulator, release the slot; on
-//                                                  the last micro-batch: the block's sum of
-//                                                  squares, and (--clip none) AdamW on block l,
-//                                                  new weights copied to the device
+//     zero it, backward_block(l) into it,
+//     fence                                ---->   once the fence has passed, copy the slot out
+//                                                  (one transfer), release the slot, add it to
+//                                                  block l's fp32 gradient accumulator; on the
+//                                                  last micro-batch: the block's sum of squares,
+//                                                  and (--clip none) AdamW on block l, its new
+//                                                  weights sent to the device (asynchronously:
+//                                                  the next update starts meanwhile)
 //   backward_embeddings; head gradients to the host
 //
 // Gradient clipping by global norm (DESIGN.md, design (a)): the host keeps the whole fp32
@@ -33,9 +36,16 @@
 // Embeddings (tied wte: LM head and token embedding) and the final norm are updated once, after
 // backward_embeddings, and may likewise still be landing when the step returns.
 //
-// Updates in flight after step() returns are tracked per span (CpuProgress): a forward (the next
-// step's, evaluate, forward_logits) waits for each span's update in its hook; export_tensors,
-// import_tensors, set_trace and the destructor wait for all. The next step needs no wait of its
+// Updates in flight after step() returns are tracked per span (CpuProgress): an update has
+// landed when its new weights are in the device copy. A forward (the next step's, evaluate,
+// forward_logits) waits for each span's update in its hook; export_tensors, import_tensors,
+// set_trace and the destructor wait for all.
+//
+// On CUDA (backend/device.h): the fence after a block's backward lets its slot be copied out while
+// the next block's backward runs; the copies go to pinned host memory, gradients out and weights
+// in on two copy streams of their own. A forward's wait is on the host: the device thread issues
+// block l's forward once block l's weights have landed, while the GPU still runs the work issued
+// before it. The next step needs no wait of its
 // own: it reads the host state only after its first forward, which has waited for every span, and
 // it overwrites the gradient accumulator of a span (first micro-batch: 0 + g) only after that.
 //
@@ -48,8 +58,9 @@
 // block l", "forward head", and "wait_update ..." where a forward waited for an update),
 // "backward_head", "wait_slot l" (waiting for a slot's release), "backward_block l",
 // "backward_embeddings" and "consume head" on the track "GPU"; the coordinator's "consume block
-// l" (copy out, accumulate, release), "adamw block l", "adamw embeddings" and "adamw final_norm"
-// (each run by all HostAdamW workers together) on the track "cpu workers".
+// l" (copy out, release, accumulate), "adamw block l", "adamw embeddings" and "adamw final_norm"
+// (each run by all HostAdamW workers together) on the track "cpu workers"; each span's new
+// weights in transfer ("weights block l", ...) on the track "to device".
 //
 // Non-finite values: a non-finite loss is known before the last backward, and then nothing is
 // updated, as in the other modes; with clipping, a non-finite gradient norm updates nothing
@@ -173,10 +184,24 @@ class CpuProgress {
     std::lock_guard lock(mutex_);
     ++updates_submitted_[span];
   }
+  // A transfer of new weights is about to start (its landing calls update_landed), or did not
+  // start after all (transfer_abandoned).
+  void transfer_starting() {
+    std::lock_guard lock(mutex_);
+    ++transfers_in_flight_;
+  }
+  void transfer_abandoned() {
+    {
+      std::lock_guard lock(mutex_);
+      --transfers_in_flight_;
+    }
+    changed_.notify_all();
+  }
   void update_landed(size_t span) {
     {
       std::lock_guard lock(mutex_);
       ++updates_landed_[span];
+      --transfers_in_flight_;
     }
     changed_.notify_all();
   }
@@ -210,6 +235,12 @@ class CpuProgress {
     changed_.wait(lock, [&] { return !error_.empty() || updates_landed_ == updates_submitted_; });
     throw_if_failed();
   }
+  // Until no transfer started is still in flight, failure or not: their completion handlers use
+  // this object and the schedule. Never throws.
+  void wait_transfers_landed() const noexcept {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return transfers_in_flight_ == 0; });
+  }
 
  private:
   void throw_if_failed() const {
@@ -220,6 +251,7 @@ class CpuProgress {
   mutable std::condition_variable changed_;
   uint64_t consumes_submitted_ = 0, consumes_done_ = 0;
   std::vector<uint64_t> updates_submitted_, updates_landed_;
+  int64_t transfers_in_flight_ = 0;
   std::string error_;
 };
 
@@ -250,7 +282,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
   void set_trace(TraceRecorder* recorder) override {
     // Updates of the last step may still be running, and they read trace_.
     wait_for_coordinator();
-    Schedule::set_trace(recorder);
+    HostOptimizerSchedule::set_trace(recorder);
     cpu_track_ = recorder != nullptr ? recorder->track("cpu workers") : 0;
   }
 
@@ -388,14 +420,15 @@ class LayupSchedule final : public HostOptimizerSchedule {
     }
   }
 
-  // Waits until the coordinator is idle; a task's failure stays in progress_ (the next wait on
-  // it throws) and makes the schedule unusable.
+  // Waits until the coordinator is idle and the transfers it started have landed; a task's
+  // failure stays in progress_ (the next wait on it throws) and makes the schedule unusable.
   void wait_for_coordinator() {
     try {
       coordinator_.wait_idle();
     } catch (...) {
       broken_ = true;
     }
+    progress_.wait_transfers_landed();
   }
 
   // Hands span `index`'s update to the coordinator; it counts as in flight until it has landed.
@@ -405,8 +438,14 @@ class LayupSchedule final : public HostOptimizerSchedule {
       run_task([&] {
         // update_span's trace span ends before the landing is reported, so a forward that waited
         // for it starts after it in the trace too.
-        update_span(layout_.spans()[index], adamw, cpu_track_);
-        progress_.update_landed(index);
+        progress_.transfer_starting();
+        try {
+          update_span(layout_.spans()[index], adamw, cpu_track_,
+                      [this, index] { progress_.update_landed(index); });
+        } catch (...) {
+          progress_.transfer_abandoned();
+          throw;
+        }
       });
     });
   }
@@ -447,10 +486,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
           device_->fill_zero(lease.data, slots_.block_count());
           backend_->backward_block(layer, params, lease.data);
         }
+        std::shared_ptr<const DeviceFence> written = device_->fence();
         progress_.consume_submitted();
-        coordinator_.submit_urgent([this, lease, first, last, update_blocks, unclipped] {
+        coordinator_.submit_urgent([this, lease, written, first, last, update_blocks, unclipped] {
           run_task([&] {
-            consume_block(lease, first, last, update_blocks, unclipped);
+            consume_block(lease, *written, first, last, update_blocks, unclipped);
             progress_.consume_done();
           });
         });
@@ -462,29 +502,38 @@ class LayupSchedule final : public HostOptimizerSchedule {
       // The head gradients' buffers are zeroed for the next micro-batch, so they are consumed
       // here, before that (the HostAdamW workers do the work; calls are serialized with the
       // coordinator's).
+      const std::shared_ptr<const DeviceFence> written = device_->fence();
       TraceSpan traced(trace_, device_track_, "consume head");
-      span_sum_sq_.front() =
-          accumulate_gradient(embeddings_grad_.data(), layout_.spans().front(), first, last);
-      span_sum_sq_.back() =
-          accumulate_gradient(final_norm_grad_.data(), layout_.spans().back(), first, last);
+      span_sum_sq_.front() = accumulate_gradient(*written, embeddings_grad_.data(),
+                                                 layout_.spans().front(), first, last);
+      span_sum_sq_.back() = accumulate_gradient(*written, final_norm_grad_.data(),
+                                                layout_.spans().back(), first, last);
     }
   }
 
-  // Coordinator: block lease.layer's micro-batch gradient, in a slot.
-  void consume_block(const SlotLease& lease, bool first, bool last, bool update,
-                     const AdamWStep& adamw) {
+  // Coordinator: block lease.layer's micro-batch gradient, in a slot, complete once `written`
+  // has passed.
+  void consume_block(const SlotLease& lease, const DeviceFence& written, bool first, bool last,
+                     bool update, const AdamWStep& adamw) {
     const size_t index = 1 + lease.layer;
     double sum_sq = 0.0;
     {
       TraceSpan traced(trace_, cpu_track_, "consume block", lease.layer);
-      // The slot is free for the device as soon as its contents are in the accumulator. Release
-      // even when the copy throws, so the device thread is not left waiting.
+      // The slot is free for the device as soon as its contents are out of device memory.
+      // Released once, and even when the copy throws, so the device thread is not left waiting.
       struct Releaser {
         WeightGradSlots& slots;
         const SlotLease& lease;
-        ~Releaser() { slots.release(lease); }
+        bool released = false;
+        void release() {
+          if (released) return;
+          released = true;
+          slots.release(lease);
+        }
+        ~Releaser() { release(); }
       } releaser{slots_, lease};
-      sum_sq = accumulate_gradient(lease.data, layout_.spans()[index], first, last);
+      sum_sq = accumulate_gradient(written, lease.data, layout_.spans()[index], first, last,
+                                   [&releaser] { releaser.release(); });
     }
     if (!last) return;
     span_sum_sq_[index] = sum_sq;

@@ -1,9 +1,11 @@
 // The `offload` mode (ZeRO-Offload style), a baseline: the device computes forward and the full
-// backward into a whole-model gradient buffer; the gradient is copied to the host span by span,
-// the CPU clips and runs AdamW on the host's fp32 master weights and moments, and the new
-// weights are copied back. Nothing overlaps. The host side runs on the HostAdamW workers
-// (HostOptimizerSchedule), called from the calling thread, and is traced on the track
-// "cpu workers".
+// backward into a whole-model gradient buffer; the gradient is copied to the host span by span
+// (one transfer per span into pinned memory on CUDA), the CPU clips and runs AdamW on the host's
+// fp32 master weights and moments, and the new weights are copied back, one transfer per span.
+// The phases do not overlap one another; within the update phase a span's weights travel while
+// the next span is updated, and the step returns when the last span's have landed. The host side
+// runs on the HostAdamW workers (HostOptimizerSchedule), called from the calling thread, and is
+// traced on the track "cpu workers".
 //
 // Accumulation over micro-batches happens on the host: each micro-batch's gradient is computed
 // into zeroed device memory, copied out and added to the host's fp32 accumulator, one float add
@@ -11,6 +13,7 @@
 // bitwise-identical results on the CPU backend.
 #include <algorithm>
 #include <cmath>
+#include <latch>
 #include <vector>
 
 #include "core/error.h"
@@ -32,7 +35,7 @@ class OffloadSchedule final : public HostOptimizerSchedule {
   std::string name() const override { return "offload"; }
 
   void set_trace(TraceRecorder* recorder) override {
-    Schedule::set_trace(recorder);
+    HostOptimizerSchedule::set_trace(recorder);
     host_track_ = recorder != nullptr ? recorder->track("cpu workers") : 0;
   }
 
@@ -66,10 +69,11 @@ class OffloadSchedule final : public HostOptimizerSchedule {
         backend_->backward_embeddings(params, grads.embeddings);
       }
       // Copy out and accumulate; after the last micro-batch, each span's sum of squares too.
+      const std::shared_ptr<const DeviceFence> backward_done = device_->fence();
       TraceSpan traced(trace_, host_track_, "consume gradients");
       for (size_t s = 0; s < spans.size(); ++s) {
-        span_sum_sq[s] = accumulate_gradient(grads_.data() + spans[s].offset, spans[s], k == 0,
-                                             k + 1 == micro_batches.size());
+        span_sum_sq[s] = accumulate_gradient(*backward_done, grads_.data() + spans[s].offset,
+                                             spans[s], k == 0, k + 1 == micro_batches.size());
       }
     }
 
@@ -83,7 +87,22 @@ class OffloadSchedule final : public HostOptimizerSchedule {
 
     AdamWStep adamw = settings.adamw;
     adamw.grad_scale = stats.clip_factor = clip_factor(stats.grad_norm, settings.clip_max_norm);
-    for (const Span& span : spans) update_span(span, adamw, host_track_);
+    // Every span's weights on the device before the step returns. `landed` outlives every copy
+    // that was started, even when a later span's update throws.
+    const auto span_count = static_cast<std::ptrdiff_t>(spans.size());
+    std::latch landed(span_count);
+    std::ptrdiff_t started = 0;
+    try {
+      for (const Span& span : spans) {
+        update_span(span, adamw, host_track_, [&landed] { landed.count_down(); });
+        ++started;
+      }
+    } catch (...) {
+      landed.count_down(span_count - started);
+      landed.wait();
+      throw;
+    }
+    landed.wait();
     stats.applied = true;
     return stats;
   }

@@ -70,4 +70,16 @@ const char* adamw_trace_name(SpanKind kind) {
   return "adamw";
 }
 
+std::string weights_trace_name(SpanKind kind, int layer) {
+  switch (kind) {
+    case SpanKind::kEmbeddings:
+      return "weights embeddings";
+    case SpanKind::kBlock:
+      return "weights block " + std::to_string(layer);
+    case SpanKind::kFinalNorm:
+      return "weights final_norm";
+  }
+  return "weights";
+}
+
 }  // namespace layup

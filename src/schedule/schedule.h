@@ -106,6 +106,9 @@ std::string describe_schedule(const std::string& mode, int cpu_workers, float cl
 // The trace name of the AdamW update of one span kind: "adamw embeddings", "adamw block" (with the
 // layer as the span's index), "adamw final_norm".
 const char* adamw_trace_name(SpanKind kind);
+// The trace name of a span's new weights on their way to the device: "weights embeddings",
+// "weights block 3", "weights final_norm".
+std::string weights_trace_name(SpanKind kind, int layer);
 
 // The `gpu` mode: parameters, full gradients and AdamW state in the backend's memory; forward,
 // full backward, clip, update.

@@ -20,8 +20,8 @@
 // acquire() locks it before returning, so the worker's reads happen-before the device's next
 // writes to that slot (no data race, no early overwrite). In the other direction the device's
 // writes reach the worker through the mutex of the queue that carries the lease (CpuUpdatePool).
-// On a GPU the device writes are asynchronous; there the lease must also carry an event the
-// worker waits on before copying (the Device interface has no events yet).
+// On a GPU the device writes are asynchronous: the device thread hands the worker a fence
+// (Device::fence) with the lease, and the worker copies the slot out once it has passed.
 #pragma once
 
 #include <array>

@@ -17,18 +17,19 @@ class CpuDevice final : public Device {
 
   std::string name() const override { return "cpu"; }
   MemoryKind memory_kind() const override { return MemoryKind::kHost; }
+  MemoryKind host_memory_kind() const override { return MemoryKind::kHost; }
 
   DeviceBuffer allocate(size_t count, TensorClass tensor_class) override {
-    // 64-byte alignment: whole cache lines and aligned AVX-512 loads.
-    float* data = static_cast<float*>(
-        ::operator new[](count * sizeof(float), std::align_val_t(64), std::nothrow));
-    LAYUP_CHECK(data != nullptr || count == 0, "out of host memory allocating ",
-                count * sizeof(float) / 1e9, " GB");
-    std::memset(data, 0, count * sizeof(float));
-    return DeviceBuffer(this, data, count, record(count, tensor_class));
+    return DeviceBuffer(this, zeroed_floats(count), count, record(count, tensor_class));
+  }
+  DeviceBuffer allocate_host(size_t count, TensorClass tensor_class) override {
+    return DeviceBuffer(this, zeroed_floats(count), count, record_host(count, tensor_class),
+                        MemorySide::kHost);
   }
 
-  void release(float* data) override { ::operator delete[](data, std::align_val_t(64)); }
+  void release(float* data, MemorySide) override {
+    ::operator delete[](data, std::align_val_t(64));
+  }
 
   void copy_to_device(float* dst, const float* src, size_t count) override {
     std::memcpy(dst, src, count * sizeof(float));
@@ -36,6 +37,17 @@ class CpuDevice final : public Device {
   void copy_to_host(float* dst, const float* src, size_t count) override {
     std::memcpy(dst, src, count * sizeof(float));
   }
+  // The backend's work is done when its calls return: every fence has passed.
+  std::shared_ptr<const DeviceFence> fence() override { return passed_; }
+  void copy_to_host_after(const DeviceFence&, float* dst, const float* src, size_t count) override {
+    std::memcpy(dst, src, count * sizeof(float));
+  }
+  void copy_to_device_async(float* dst, const float* src, size_t count,
+                            std::function<void()> landed) override {
+    std::memcpy(dst, src, count * sizeof(float));
+    landed();
+  }
+
   void fill_zero(float* dst, size_t count) override { std::memset(dst, 0, count * sizeof(float)); }
   void add(float* dst, const float* src, size_t count) override {
 #pragma omp parallel for simd schedule(static)
@@ -50,6 +62,19 @@ class CpuDevice final : public Device {
                          const float* grads, float* m, float* v, const AdamWStep& step) override {
     layup::adamw_update_span(layout, span, params, grads, m, v, step);
   }
+
+ private:
+  static float* zeroed_floats(size_t count) {
+    // 64-byte alignment: whole cache lines and aligned AVX-512 loads.
+    float* data = static_cast<float*>(
+        ::operator new[](count * sizeof(float), std::align_val_t(64), std::nothrow));
+    LAYUP_CHECK(data != nullptr || count == 0, "out of host memory allocating ",
+                count * sizeof(float) / 1e9, " GB");
+    std::memset(data, 0, count * sizeof(float));
+    return data;
+  }
+
+  const std::shared_ptr<const DeviceFence> passed_ = std::make_shared<DeviceFence>();
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -127,6 +128,47 @@ __global__ void add_kernel(float* dst, const float* src, size_t count) {
     dst[i] += src[i];
 }
 
+// A fence is an event recorded on the legacy default stream, which waits for all work issued
+// before it on the blocking streams (the backend's included).
+class CudaFence final : public DeviceFence {
+ public:
+  CudaFence() {
+    LAYUP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    LAYUP_CUDA_CHECK(cudaEventRecord(event_, cudaStreamLegacy));
+  }
+  ~CudaFence() override { cudaEventDestroy(event_); }
+  CudaFence(const CudaFence&) = delete;
+  CudaFence& operator=(const CudaFence&) = delete;
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Waits until everything issued on `stream` so far is done, sleeping rather than spinning: the
+// waiting thread shares the cores with the CPU AdamW workers.
+void wait_for_stream(cudaStream_t stream) {
+  cudaEvent_t done = nullptr;
+  LAYUP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming | cudaEventBlockingSync));
+  const cudaError_t recorded = cudaEventRecord(done, stream);
+  const cudaError_t synced = recorded == cudaSuccess ? cudaEventSynchronize(done) : recorded;
+  cudaEventDestroy(done);
+  LAYUP_CUDA_CHECK(synced);
+}
+
+// cudaLaunchHostFunc's callback: runs a copy's `landed` and frees it. It runs on CUDA's callback
+// thread, where nothing may throw.
+void CUDART_CB run_landed(void* data) {
+  std::unique_ptr<std::function<void()>> landed(static_cast<std::function<void()>*>(data));
+  try {
+    (*landed)();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "layup: a copy's completion handler failed: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "layup: a copy's completion handler failed\n");
+  }
+}
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(std::shared_ptr<MemoryAccountant> accountant)
@@ -142,11 +184,23 @@ class CudaDevice final : public Device {
     partials_record_ =
         MemoryRecord(Device::accountant(), MemorySide::kDevice, TensorClass::kScratch,
                      MemoryKind::kDevice, kSumBlocks * sizeof(double));
+    // Non-blocking: a copy on them waits for its fence only, not for all the compute issued since.
+    // One per direction, so that a gradient leaving is never queued behind weights arriving.
+    LAYUP_CUDA_CHECK(cudaStreamCreateWithFlags(&to_host_stream_, cudaStreamNonBlocking));
+    LAYUP_CUDA_CHECK(cudaStreamCreateWithFlags(&to_device_stream_, cudaStreamNonBlocking));
   }
-  ~CudaDevice() override { cudaFree(partials_); }
+  ~CudaDevice() override {
+    // Copies (and their completion handlers) still in flight finish first.
+    cudaStreamSynchronize(to_host_stream_);
+    cudaStreamSynchronize(to_device_stream_);
+    cudaStreamDestroy(to_host_stream_);
+    cudaStreamDestroy(to_device_stream_);
+    cudaFree(partials_);
+  }
 
   std::string name() const override { return name_; }
   MemoryKind memory_kind() const override { return MemoryKind::kDevice; }
+  MemoryKind host_memory_kind() const override { return MemoryKind::kPinnedMapped; }
 
   DeviceBuffer allocate(size_t count, TensorClass tensor_class) override {
     if (count == 0) return DeviceBuffer(this, nullptr, 0, MemoryRecord());
@@ -164,11 +218,28 @@ class CudaDevice final : public Device {
     return DeviceBuffer(this, data, count, record(count, tensor_class));
   }
 
-  void release(float* data) override {
+  DeviceBuffer allocate_host(size_t count, TensorClass tensor_class) override {
+    if (count == 0) return DeviceBuffer(this, nullptr, 0, MemoryRecord(), MemorySide::kHost);
+    float* data = nullptr;
+    // Mapped as well as pinned: with unified addressing the GPU may also read it in place.
+    const cudaError_t status =
+        cudaHostAlloc(&data, count * sizeof(float), cudaHostAllocPortable | cudaHostAllocMapped);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      fail("cannot pin ", count * sizeof(float) / 1e9, " GB of host memory for the ",
+           tensor_class_label(tensor_class), ": ", cudaGetErrorString(status),
+           "; the host may be short of memory (or of locked-memory allowance: ulimit -l)");
+    }
+    std::fill(data, data + count, 0.0f);
+    return DeviceBuffer(this, data, count, record_host(count, tensor_class), MemorySide::kHost);
+  }
+
+  void release(float* data, MemorySide side) override {
     // Called from DeviceBuffer's destructor, which cannot throw: report and go on.
-    const cudaError_t status = cudaFree(data);
+    const cudaError_t status = side == MemorySide::kHost ? cudaFreeHost(data) : cudaFree(data);
     if (status != cudaSuccess)
-      std::fprintf(stderr, "layup: cudaFree failed: %s\n", cudaGetErrorString(status));
+      std::fprintf(stderr, "layup: freeing %s memory failed: %s\n",
+                   side == MemorySide::kHost ? "pinned host" : "GPU", cudaGetErrorString(status));
   }
 
   void copy_to_device(float* dst, const float* src, size_t count) override {
@@ -177,6 +248,26 @@ class CudaDevice final : public Device {
   void copy_to_host(float* dst, const float* src, size_t count) override {
     LAYUP_CUDA_CHECK(cudaMemcpy(dst, src, count * sizeof(float), cudaMemcpyDeviceToHost));
   }
+  std::shared_ptr<const DeviceFence> fence() override { return std::make_shared<CudaFence>(); }
+
+  void copy_to_host_after(const DeviceFence& after, float* dst, const float* src,
+                          size_t count) override {
+    LAYUP_CUDA_CHECK(
+        cudaStreamWaitEvent(to_host_stream_, static_cast<const CudaFence&>(after).event(), 0));
+    LAYUP_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToHost, to_host_stream_));
+    wait_for_stream(to_host_stream_);
+  }
+
+  void copy_to_device_async(float* dst, const float* src, size_t count,
+                            std::function<void()> landed) override {
+    LAYUP_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyHostToDevice,
+                                     to_device_stream_));
+    auto handler = std::make_unique<std::function<void()>>(std::move(landed));
+    LAYUP_CUDA_CHECK(cudaLaunchHostFunc(to_device_stream_, run_landed, handler.get()));
+    handler.release();  // run_landed owns it now
+  }
+
   void fill_zero(float* dst, size_t count) override {
     LAYUP_CUDA_CHECK(cudaMemsetAsync(dst, 0, count * sizeof(float), cudaStreamLegacy));
   }
@@ -228,6 +319,7 @@ class CudaDevice final : public Device {
   std::string name_;
   double* partials_ = nullptr;  // [kSumBlocks]
   MemoryRecord partials_record_;
+  cudaStream_t to_host_stream_ = nullptr, to_device_stream_ = nullptr;
 };
 
 }  // namespace

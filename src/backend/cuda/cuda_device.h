@@ -6,7 +6,11 @@
 // Ordering: the device's work runs on CUDA's legacy default stream, and the CUDA backend's stream
 // is a blocking stream, which the legacy stream synchronizes with in both directions. So a schedule
 // may call the device and the backend in program order (zero the gradients, run backward, take the
-// norm, update) and each step sees the one before it, with no events to manage.
+// norm, update) and each step sees the one before it, with no events to manage. The overlapping
+// copies are the exception, by design: copy_to_host_after and copy_to_device_async run on two
+// non-blocking copy streams (one per direction), ordered by their fence (an event recorded on the
+// legacy stream) and nothing else. allocate_host hands out pinned, mapped host memory
+// (cudaHostAlloc), so those copies are asynchronous DMA transfers.
 #pragma once
 
 #include <memory>
