@@ -84,6 +84,11 @@ std::string HostOptimizerSchedule::cpu_adamw_report() const {
   return host_adamw_->report();
 }
 
+double HostOptimizerSchedule::cpu_adamw_rate() const {
+  finish_updates();
+  return host_adamw_->rate_params_per_s();
+}
+
 double HostOptimizerSchedule::accumulate_gradient(const DeviceFence& written,
                                                   const float* device_grad, const Span& span,
                                                   bool first, bool last,

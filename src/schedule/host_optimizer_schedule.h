@@ -40,6 +40,7 @@ class HostOptimizerSchedule : public Schedule {
   OptimizerTensors export_tensors() const override;
   void import_tensors(const OptimizerTensors& tensors) override;
   std::string cpu_adamw_report() const override;
+  double cpu_adamw_rate() const override;
   // Also names the track of the weight copies to the device ("to device").
   void set_trace(TraceRecorder* recorder) override;
 

@@ -160,7 +160,7 @@ void expect_complete_step(const std::map<std::string, NamedSpan>& spans) {
     const NamedSpan& adamw = span(spans, name_of("adamw block", l));
     EXPECT_EQ(backward.track, "GPU");
     EXPECT_EQ(span(spans, name_of("wait_slot", l)).track, "GPU");
-    EXPECT_TRUE(on_a_worker_track(consume)) << consume.track;
+    EXPECT_EQ(consume.track, "gradients to host");
     EXPECT_TRUE(on_a_worker_track(adamw)) << adamw.track;
     // A block's gradient is consumed after its backward, and updated after it is consumed.
     EXPECT_GE(consume.start_us, backward.end_us) << "block " << l;
@@ -235,12 +235,15 @@ TEST_F(LayupOverlap, WithClippingBlockUpdatesOverlapTheNextForward) {
     const NamedSpan& next_forward = nth(spans, "forward", 1);
     const auto expect_read_after_update = [&](const std::string& part, const std::string& update) {
       const NamedSpan& read = nth(spans, "forward " + part, 1);
-      const NamedSpan& landed = nth(spans, "adamw " + update, 0);
+      const NamedSpan& updated = nth(spans, "adamw " + update, 0);
+      const NamedSpan& landed = nth(spans, "weights " + update, 0);
       EXPECT_EQ(read.track, "GPU") << part;
-      EXPECT_TRUE(on_a_worker_track(landed)) << update << " on " << landed.track;
-      EXPECT_GE(landed.start_us, backward_done_us) << update << " ran before the norm was known";
+      EXPECT_TRUE(on_a_worker_track(updated)) << update << " on " << updated.track;
+      EXPECT_EQ(landed.track, "to device") << update;
+      EXPECT_GE(updated.start_us, backward_done_us) << update << " ran before the norm was known";
+      EXPECT_GE(landed.start_us, updated.end_us) << update << " sent before it was updated";
       EXPECT_GE(read.start_us, landed.end_us)
-          << "the next forward read " << part << " before its update had landed";
+          << "the next forward read " << part << " before its new weights had landed";
       EXPECT_GE(read.start_us, next_forward.start_us) << part;
       EXPECT_LE(read.end_us, next_forward.end_us) << part;
     };
@@ -323,7 +326,7 @@ TEST_F(LayupOverlap, TraceFileNamesTheTracks) {
   // Every track is named, whether or not its worker happened to get a task in this step.
   std::set<std::string> named;
   for (const auto& [tid, name] : track_names) named.insert(name);
-  EXPECT_EQ(named, (std::set<std::string>{"GPU", "cpu workers", "to device"}));
+  EXPECT_EQ(named, (std::set<std::string>{"GPU", "gradients to host", "cpu workers", "to device"}));
   EXPECT_TRUE(span_tracks.count("GPU"));
   EXPECT_TRUE(span_tracks.count("cpu workers"));
   EXPECT_TRUE(span_tracks.count("to device"));  // each span's new weights on their way

@@ -1,16 +1,18 @@
 // The `layup` mode (the paper's schedule): backward block by block into two gradient slots, each
 // slot handed to the CPU as soon as its block is done, AdamW on the CPU per block.
 //
-// Threads. The device thread issues all device work (forward, backward, slot handshakes). One
-// coordinator thread (a CpuUpdatePool of one) takes the CPU side's tasks in order, and runs the
-// data-parallel part of each (copying a slot out and accumulating it, sums of squares, AdamW,
-// copying new weights back) on the pinned HostAdamW workers, so every block's update uses all
-// --cpu-workers cores. Slot consumes are urgent: they start before any waiting update, because
-// the device may be waiting for that slot.
+// Threads. The device thread issues all device work (forward, backward, slot handshakes). Two CPU
+// threads (CpuUpdatePools of one) take the CPU side's tasks in order: the consumer takes each
+// gradient as the device finishes it (wait for its fence, copy it out, release the slot, add it to
+// the accumulator with its sum of squares), the coordinator each span's update (AdamW, new weights
+// sent back). Both run the data-parallel part of their tasks on the pinned HostAdamW workers, so
+// every pass uses all --cpu-workers cores (HostAdamW serializes the passes). Two threads, because a
+// consume spends most of its time waiting for the device to finish the block: meanwhile the
+// coordinator updates the blocks already consumed.
 //
 // One step, as in the paper's figure:
 //
-//   device thread                                  coordinator (+ HostAdamW workers)
+//   device thread                                  consumer, coordinator (+ HostAdamW workers)
 //   forward (block l waits for block l's update
 //            of the last step, if still landing)
 //   backward_head -> head gradients (stay whole)
@@ -24,7 +26,7 @@
 //                                                  and (--clip none) AdamW on block l, its new
 //                                                  weights sent to the device (asynchronously:
 //                                                  the next update starts meanwhile)
-//   backward_embeddings; head gradients to the host
+//   backward_embeddings, fence             ---->   head gradients to the host (the consumer)
 //
 // Gradient clipping by global norm (DESIGN.md, design (a)): the host keeps the whole fp32
 // gradient, streamed out of the slots, so the global norm is known at the end of backward. With a
@@ -56,11 +58,12 @@
 //
 // Trace (set_trace): the device thread's "forward" (inside it "forward embeddings", "forward
 // block l", "forward head", and "wait_update ..." where a forward waited for an update),
-// "backward_head", "wait_slot l" (waiting for a slot's release), "backward_block l",
-// "backward_embeddings" and "consume head" on the track "GPU"; the coordinator's "consume block
-// l" (copy out, release, accumulate), "adamw block l", "adamw embeddings" and "adamw final_norm"
-// (each run by all HostAdamW workers together) on the track "cpu workers"; each span's new
-// weights in transfer ("weights block l", ...) on the track "to device".
+// "backward_head", "wait_slot l" (waiting for a slot's release), "backward_block l" and
+// "backward_embeddings" on the track "GPU"; the consumer's "consume block l" and "consume head"
+// (wait for the fence, copy out, release, accumulate) on the track "gradients to host"; the
+// coordinator's "adamw block l", "adamw embeddings" and "adamw final_norm" (each run by all
+// HostAdamW workers together) on the track "cpu workers"; each span's new weights in transfer
+// ("weights block l", ...) on the track "to device".
 //
 // Non-finite values: a non-finite loss is known before the last backward, and then nothing is
 // updated, as in the other modes; with clipping, a non-finite gradient norm updates nothing
@@ -284,6 +287,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     wait_for_coordinator();
     HostOptimizerSchedule::set_trace(recorder);
     cpu_track_ = recorder != nullptr ? recorder->track("cpu workers") : 0;
+    consumer_track_ = recorder != nullptr ? recorder->track("gradients to host") : 0;
   }
 
   std::string name() const override { return "layup"; }
@@ -424,6 +428,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
   // failure stays in progress_ (the next wait on it throws) and makes the schedule unusable.
   void wait_for_coordinator() {
     try {
+      consumer_.wait_idle();  // first: a consume may submit an update
       coordinator_.wait_idle();
     } catch (...) {
       broken_ = true;
@@ -467,6 +472,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
       const bool update_blocks =
           overlap && last && std::isfinite(static_cast<float>(loss_sum / micro_batches.size()));
 
+      // The consumer must be done with the last micro-batch's head gradients before they are
+      // zeroed for this one.
+      if (!first) progress_.wait_consumed();
       device_->fill_zero(embeddings_grad_.data(), embeddings_grad_.count());
       device_->fill_zero(final_norm_grad_.data(), final_norm_grad_.count());
       {
@@ -488,7 +496,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
         }
         std::shared_ptr<const DeviceFence> written = device_->fence();
         progress_.consume_submitted();
-        coordinator_.submit_urgent([this, lease, written, first, last, update_blocks, unclipped] {
+        consumer_.submit([this, lease, written, first, last, update_blocks, unclipped] {
           run_task([&] {
             consume_block(lease, *written, first, last, update_blocks, unclipped);
             progress_.consume_done();
@@ -499,26 +507,29 @@ class LayupSchedule final : public HostOptimizerSchedule {
         TraceSpan traced(trace_, device_track_, "backward_embeddings");
         backend_->backward_embeddings(params, embeddings_grad_.data());
       }
-      // The head gradients' buffers are zeroed for the next micro-batch, so they are consumed
-      // here, before that (the HostAdamW workers do the work; calls are serialized with the
-      // coordinator's).
-      const std::shared_ptr<const DeviceFence> written = device_->fence();
-      TraceSpan traced(trace_, device_track_, "consume head");
-      span_sum_sq_.front() = accumulate_gradient(*written, embeddings_grad_.data(),
-                                                 layout_.spans().front(), first, last);
-      span_sum_sq_.back() = accumulate_gradient(*written, final_norm_grad_.data(),
-                                                layout_.spans().back(), first, last);
+      std::shared_ptr<const DeviceFence> written = device_->fence();
+      progress_.consume_submitted();
+      consumer_.submit([this, written, first, last] {
+        run_task([&] {
+          TraceSpan traced(trace_, consumer_track_, "consume head");
+          span_sum_sq_.front() = accumulate_gradient(*written, embeddings_grad_.data(),
+                                                     layout_.spans().front(), first, last);
+          span_sum_sq_.back() = accumulate_gradient(*written, final_norm_grad_.data(),
+                                                    layout_.spans().back(), first, last);
+          progress_.consume_done();
+        });
+      });
     }
   }
 
-  // Coordinator: block lease.layer's micro-batch gradient, in a slot, complete once `written`
+  // Consumer: block lease.layer's micro-batch gradient, in a slot, complete once `written`
   // has passed.
   void consume_block(const SlotLease& lease, const DeviceFence& written, bool first, bool last,
                      bool update, const AdamWStep& adamw) {
     const size_t index = 1 + lease.layer;
     double sum_sq = 0.0;
     {
-      TraceSpan traced(trace_, cpu_track_, "consume block", lease.layer);
+      TraceSpan traced(trace_, consumer_track_, "consume block", lease.layer);
       // The slot is free for the device as soon as its contents are out of device memory.
       // Released once, and even when the copy throws, so the device thread is not left waiting.
       struct Releaser {
@@ -546,15 +557,17 @@ class LayupSchedule final : public HostOptimizerSchedule {
 
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
   WeightGradSlots slots_;                           // block gradients, two slots
-  // Per span, the sum of squares of its gradient: blocks written by the coordinator, the head
-  // spans by the device thread; read by step() after wait_consumed.
+  // Per span, the sum of squares of its gradient: written by the consumer, read by step() after
+  // wait_consumed.
   std::vector<double> span_sum_sq_;
-  std::vector<char> block_update_submitted_;  // per block, this step; written by the coordinator
+  std::vector<char> block_update_submitted_;  // per block, this step; written by the consumer
   int cpu_track_ = 0;                         // "cpu workers" in trace_
+  int consumer_track_ = 0;                    // "gradients to host" in trace_
   bool broken_ = false;
   CpuProgress progress_;
   // Last: threads stop (joined in their destructors) before the state they use goes away.
   CpuUpdatePool coordinator_{1};
+  CpuUpdatePool consumer_{1};  // after the coordinator: it submits to it, so it stops first
   DeviceThread device_thread_;
 };
 

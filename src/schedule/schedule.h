@@ -81,6 +81,8 @@ class Schedule {
   // "CPU AdamW: 16 workers (pinned), AVX-512, 3.41 G params/s over 120 updates"); "" for a mode
   // that runs AdamW on the device.
   virtual std::string cpu_adamw_report() const { return ""; }
+  // offload, layup: the CPU AdamW rate so far in parameters/s (0 for gpu, or before any update).
+  virtual double cpu_adamw_rate() const { return 0.0; }
 
  protected:
   TraceRecorder* trace_ = nullptr;

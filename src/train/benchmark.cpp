@@ -10,6 +10,8 @@
 #include <ctime>
 #include <fstream>
 #include <memory>
+#include <span>
+#include <utility>
 
 #include "backend/backend_factory.h"
 #include "core/error.h"
@@ -46,6 +48,50 @@ std::string gpu_name() {
     return properties.name;
 #endif
   return "unknown";
+}
+
+// The device's forward and backward times of one step for the floor (benchmark.h): a fresh
+// backend with the whole gradient in its memory, kFloorPasses timed passes over the micro-batches
+// after one untimed, each part synchronized; the medians, in ms.
+std::pair<double, double> time_device_passes(const ComputeTarget& target,
+                                             const BenchmarkOptions& options,
+                                             const ParameterLayout& layout,
+                                             std::span<const TokenBatch> micro_batches) {
+  BackendAndDevice compute = make_backend(target, layout.config(), options.batch, options.seq_len);
+  ModelBackend& backend = *compute.backend;
+  Device& device = *compute.device;
+  std::vector<float> initial(layout.total_count());
+  init_parameters(layout, initial.data(), options.seed);
+  const DeviceBuffer params = device.allocate(layout.total_count(), TensorClass::kWeights);
+  device.copy_to_device(params.data(), initial.data(), initial.size());
+  const DeviceBuffer grads = device.allocate(layout.total_count(), TensorClass::kWeightGrads);
+  const ParameterPointers p = layout.pointers<const float>(params.data());
+  const GradientPointers g = layout.pointers(grads.data());
+  const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
+  using Clock = std::chrono::steady_clock;
+  const auto ms = [](Clock::duration d) {
+    return std::chrono::duration<double, std::milli>(d).count();
+  };
+  std::vector<double> forward_ms, backward_ms;
+  for (int pass = 0; pass <= kFloorPasses; ++pass) {
+    double forward = 0.0, backward = 0.0;
+    for (const TokenBatch& batch : micro_batches) {
+      const auto start = Clock::now();
+      backend.forward(p, batch);  // returns after reading the loss back
+      const auto forward_done = Clock::now();
+      backend.backward_head(p, g.final_norm, g.embeddings, loss_scale);
+      for (int layer = layout.config().n_layer - 1; layer >= 0; --layer)
+        backend.backward_block(layer, p, g.blocks[layer]);
+      backend.backward_embeddings(p, g.embeddings);
+      device.sum_of_squares(grads.data(), 1);  // ordered after all device work: waits for it
+      forward += ms(forward_done - start);
+      backward += ms(Clock::now() - forward_done);
+    }
+    if (pass == 0) continue;  // warm-up: workspaces, cuDNN graphs, caches
+    forward_ms.push_back(forward);
+    backward_ms.push_back(backward);
+  }
+  return {median_of(forward_ms), median_of(backward_ms)};
 }
 
 std::string format_bytes(long long bytes) {
@@ -193,12 +239,28 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   }
 
   result.cpu_adamw = schedule->cpu_adamw_report();
+  const double cpu_adamw_rate = schedule->cpu_adamw_rate();
   result.memory_measured = nlohmann::json::parse(accountant->to_json_text());
   result.memory_measured_peak_bytes = accountant->total().peak;
   if (log) std::fprintf(log, "%s", format_memory_report(memory_plan, *accountant).c_str());
   if (trace) {
     result.traced_steps = std::min(options.steps, kMaxTracedSteps);
     trace->write(options.trace_path);
+  }
+
+  if (cpu_adamw_rate > 0.0) {
+    schedule.reset();  // its device memory goes before the floor's backend takes its own
+    const auto [forward_ms, backward_ms] = time_device_passes(
+        {target.device, target.dtype, options.recompute}, options, layout, micro_batches);
+    const double blocks = static_cast<double>(layout.block().count) * config.n_layer;
+    const double head = static_cast<double>(layout.embeddings().count + layout.final_norm().count);
+    StepFloor& floor = result.floor;
+    floor.forward_ms = forward_ms;
+    floor.backward_ms = backward_ms;
+    floor.adamw_blocks_ms = blocks / cpu_adamw_rate * 1e3;
+    floor.adamw_head_ms = head / cpu_adamw_rate * 1e3;
+    floor.total_ms =
+        forward_ms + std::max(backward_ms, floor.adamw_blocks_ms) + floor.adamw_head_ms;
   }
 
   result.median_ms = median_of(result.step_ms);
@@ -256,6 +318,15 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
                               " peak of what goes through the device and the backend");
   row("last loss", number("%.4f", result.last_loss));
   if (!result.cpu_adamw.empty()) row("CPU AdamW", result.cpu_adamw + " (warm-up included)");
+  if (result.floor.total_ms > 0) {
+    const StepFloor& f = result.floor;
+    row("floor", number("%.2f ms", f.total_ms) + " = forward " + number("%.2f", f.forward_ms) +
+                     " + max(backward " + number("%.2f", f.backward_ms) +
+                     ", CPU AdamW of the blocks " + number("%.2f", f.adamw_blocks_ms) +
+                     ") + CPU AdamW of embeddings and final norm " +
+                     number("%.2f", f.adamw_head_ms) + "; median step " +
+                     number("%.2fx", result.median_ms / f.total_ms) + " the floor");
+  }
   if (result.traced_steps > 0)
     row("trace",
         options.trace_path + " (timed steps 1-" + std::to_string(result.traced_steps) + ")");
@@ -284,6 +355,15 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"cpu_adamw",
        result.cpu_adamw.empty() ? nlohmann::json(nullptr) : nlohmann::json(result.cpu_adamw)},
       {"clip", options.clip > 0 ? nlohmann::json(options.clip) : nlohmann::json("none")},
+      {"floor",
+       result.floor.total_ms > 0
+           ? nlohmann::json{{"forward_ms", result.floor.forward_ms},
+                            {"backward_ms", result.floor.backward_ms},
+                            {"adamw_blocks_ms", result.floor.adamw_blocks_ms},
+                            {"adamw_head_ms", result.floor.adamw_head_ms},
+                            {"total_ms", result.floor.total_ms},
+                            {"median_over_floor", result.median_ms / result.floor.total_ms}}
+           : nlohmann::json(nullptr)},
       {"schedule", result.schedule},
       {"trace",
        result.traced_steps > 0 ? nlohmann::json(options.trace_path) : nlohmann::json(nullptr)},

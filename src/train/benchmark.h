@@ -8,6 +8,14 @@
 // updates have landed; the next step's forward waits for them, so in the steady state each timed
 // step carries the tail of the one before.)
 //
+// The floor (offload and layup): what a step could take at best with the rates the run measured,
+// if the CPU's AdamW of the blocks hid entirely behind the device's backward and nothing else cost
+// time: device forward + max(device backward, CPU AdamW of all blocks) + CPU AdamW of the
+// embeddings and the final norm. The device times come from a plain forward and backward on a
+// fresh backend after the timed steps (median of kFloorPasses, each synchronized); the CPU AdamW
+// rate is the one the schedule's HostAdamW measured over the run. Where the CPU side cannot keep
+// up, the floor is the host's memory bandwidth, not the GPU.
+//
 // With a trace path, the first kMaxTracedSteps timed steps (never the warm-up) are recorded into a
 // Chrome/Perfetto trace (trace/trace_recorder.h): enough to see the pattern, small enough to open.
 #pragma once
@@ -48,6 +56,15 @@ struct BenchmarkOptions {
 
 // The timed steps a benchmark's trace records at most.
 constexpr int kMaxTracedSteps = 20;
+// Forward-and-backward passes the floor measurement times (the median counts).
+constexpr int kFloorPasses = 3;
+
+struct StepFloor {
+  double forward_ms = 0.0, backward_ms = 0.0;  // device, one micro-batch x grad_accum
+  double adamw_blocks_ms = 0.0;                // CPU AdamW of every block at the measured rate
+  double adamw_head_ms = 0.0;                  // ... of the embeddings and the final norm
+  double total_ms = 0.0;                       // 0: not measured (gpu mode)
+};
 
 // Training FLOPs per token, forward + backward, by the PaLM paper's count (Chowdhery et al. 2022,
 // appendix B), which llm.c also uses:
@@ -90,6 +107,7 @@ struct BenchmarkResult {
   nlohmann::json memory_plan, memory_measured;
   size_t memory_plan_bytes = 0;           // the plan's total, device and host side
   size_t memory_measured_peak_bytes = 0;  // the accountant's peak (what goes through it)
+  StepFloor floor;                        // offload, layup (see the header comment)
 };
 
 // Builds the model, backend and schedule, runs the warm-up then the timed steps. Refuses, before

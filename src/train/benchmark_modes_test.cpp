@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -51,6 +52,20 @@ TEST(BenchmarkModes, EveryModeRunsAndIsNamed) {
     EXPECT_EQ(json["cpu_workers"].is_null(), !on_cpu);
     EXPECT_EQ(json["cpu_adamw"].is_null(), !on_cpu);
     EXPECT_EQ(result.cpu_adamw.rfind("CPU AdamW: ", 0) == 0, on_cpu) << result.cpu_adamw;
+    // The floor is reported where a CPU AdamW runs, and adds up as the header says.
+    EXPECT_EQ(json["floor"].is_null(), !on_cpu);
+    if (!on_cpu) continue;
+    const StepFloor& floor = result.floor;
+    EXPECT_GT(floor.forward_ms, 0.0);
+    EXPECT_GT(floor.backward_ms, 0.0);
+    EXPECT_GT(floor.adamw_blocks_ms, 0.0);
+    EXPECT_GT(floor.adamw_head_ms, 0.0);
+    EXPECT_DOUBLE_EQ(floor.total_ms, floor.forward_ms +
+                                         std::max(floor.backward_ms, floor.adamw_blocks_ms) +
+                                         floor.adamw_head_ms);
+    EXPECT_DOUBLE_EQ(json["floor"]["median_over_floor"].get<double>(),
+                     result.median_ms / floor.total_ms);
+    EXPECT_NE(format_benchmark_table(options, result).find("floor"), std::string::npos);
   }
   EXPECT_THROW(run_benchmark(tiny_options("zero")), Error);
 }
