@@ -5,6 +5,12 @@
 #
 #   bench/run_h200.sh                          # gpt2:32 gpt2-medium:16 gpt2-large:8 gpt2-xl:4
 #   CONFIGS="gpt2:32 gpt2-medium:16" bench/run_h200.sh
+#   SUITE=modes bench/run_h200.sh              # the three modes and the CPU-AdamW peers
+#
+# SUITE=speed (the default) is the gpu-mode speed comparison above. SUITE=modes runs, per config,
+# `layup bench` in gpu, offload and layup mode (layup with clipping at 1.0 and with --clip none)
+# and bench/pytorch_offload_peer.py's three peers (gpu, conventional offload, layer-wise hooks),
+# and tabulates median ms/step, the floor layup bench prints, and the ratios.
 #
 # Environment: CONFIGS (model:batch ...), SEQ_LEN (1024), WARMUP (3), STEPS (10), BUDGET_S (540:
 # the whole script's wall-clock budget; every command runs under `timeout` with what is left, at
@@ -19,6 +25,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-$repo/build-h200}
 out=${OUT:-$build}
 configs=${CONFIGS:-"gpt2:32 gpt2-medium:16 gpt2-large:8 gpt2-xl:4"}
+suite=${SUITE:-speed}
 seq_len=${SEQ_LEN:-1024}
 warmup=${WARMUP:-3}
 steps=${STEPS:-10}
@@ -74,6 +81,20 @@ for config in $configs; do
   batch=${config##*:}
   common=(--model "$model" --batch "$batch" --seq-len "$seq_len" --warmup "$warmup"
           --steps "$steps")
+  if [ "$suite" = modes ]; then
+    for run in gpu offload layup layup-noclip; do
+      mode=${run%-noclip}
+      clip=()
+      [ "$run" = layup-noclip ] && clip=(--clip none)
+      run_timed "layup $run $model B=$batch" "$build/layup" bench "${common[@]}" --device cuda \
+        --dtype bf16 --mode "$mode" "${clip[@]}" --json "$runs/$model-layup-$run.json"
+    done
+    for peer in gpu offload layerwise; do
+      run_timed "pytorch $peer $model B=$batch" "$python" "$repo/bench/pytorch_offload_peer.py" \
+        "${common[@]}" --device cuda --mode "$peer" --json "$runs/$model-pytorch-$peer.json"
+    done
+    continue
+  fi
   run_timed "layup $model B=$batch" "$build/layup" bench "${common[@]}" --device cuda \
     --dtype bf16 --json "$runs/$model-layup.json"
   run_timed "pytorch eager $model B=$batch" "$python" "$repo/bench/pytorch_peer.py" \
@@ -82,16 +103,48 @@ for config in $configs; do
     "${common[@]}" --device cuda --compile --json "$runs/$model-compile.json"
 done
 
-"$python" - "$runs" "$out" "$configs" <<'PY'
+"$python" - "$runs" "$out" "$configs" "$suite" <<'PY'
 import glob, json, os, sys
 
-runs_dir, out_dir, configs = sys.argv[1], sys.argv[2], sys.argv[3].split()
+runs_dir, out_dir, configs, suite = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4]
 results = []
 for path in sorted(glob.glob(os.path.join(runs_dir, "*.json"))):
     with open(path) as f:
         results.append(json.load(f))
 with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(results, f, indent=2)
+
+if suite == "modes":
+    def run(model, name):
+        path = os.path.join(runs_dir, f"{model}-{name}.json")
+        return json.load(open(path)) if os.path.exists(path) else None
+    def ms(r):
+        return f"{r['median_ms']:.1f}" if r else "-"
+    lines = [
+        "| config | B | layup gpu | layup offload | layup layup (clip 1.0) | layup layup (no clip) "
+        "| floor | layup/floor | torch gpu | torch offload | torch layer-wise "
+        "| offload vs torch offload | layup (no clip) vs torch layer-wise |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for config in configs:
+        model, batch = config.split(":")
+        g, o, l, n = (run(model, f"layup-{x}") for x in ("gpu", "offload", "layup", "layup-noclip"))
+        tg, to, tl = (run(model, f"pytorch-{x}") for x in ("gpu", "offload", "layerwise"))
+        floor = (l or {}).get("floor") or {}
+        fl = f"{floor['total_ms']:.1f}" if floor else "-"
+        over = f"{l['median_ms'] / floor['total_ms']:.2f}" if floor else "-"
+        vs = lambda a, b: f"{b['median_ms'] / a['median_ms']:.2f}x" if a and b else "-"
+        lines.append(f"| {model} | {batch} | {ms(g)} | {ms(o)} | {ms(l)} | {ms(n)} | {fl} | {over} "
+                     f"| {ms(tg)} | {ms(to)} | {ms(tl)} | {vs(o, to)} | {vs(n, tl)} |")
+    commit = next((r["git_commit"] for r in results if "git_commit" in r), "unknown")
+    lines += ["", f"median ms/step at T={results[0]['seq_len'] if results else '?'}, commit {commit}; "
+              "floor = the layup (clip 1.0) run's: device forward + max(device backward, CPU AdamW of "
+              "the blocks) + CPU AdamW of embeddings and final norm; 'vs' = peer ms / layup ms."]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write(text)
+    print(text)
+    sys.exit(0)
 
 def find(model, engine):
     for r in results:
