@@ -96,6 +96,9 @@ class Device {
 
   // A fence after all device work issued so far, by any thread. Cheap: one per block is fine.
   virtual std::shared_ptr<const DeviceFence> fence() = 0;
+  // Returns once `fence` has passed (on the CPU backend at once: its work is done when its calls
+  // return).
+  virtual void wait_for(const DeviceFence& fence) = 0;
   // Copies device memory to host memory once `after` has passed, without waiting for device work
   // issued after the fence (a block's gradient while the next block's backward runs), and
   // returns when the copy has landed. Any thread may call it.

@@ -13,6 +13,7 @@
 #include "memory/memory_plan.h"
 #include "model/parameter_layout.h"
 #include "optim/host_adamw.h"
+#include "train/train_options.h"
 
 namespace layup {
 
@@ -28,6 +29,7 @@ struct MemoryFlags {
   std::string mode;  // empty: no detailed plan
   int cpu_workers = allowed_core_count();
   int recompute = 0;
+  std::string clip = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
   std::vector<std::string> place;
   std::string memory_budget, device_budget, host_budget;
 };
@@ -41,6 +43,7 @@ MemoryPlanRequest base_request(const MemoryFlags& flags) {
   request.batch = flags.batch;
   request.seq_len = flags.seq_len;
   request.grad_accum = flags.grad_accum;
+  request.clip = parse_clip_flag(flags.clip);
   std::string device = flags.device, dtype = flags.dtype;
   if (device != "cuda") {
     const ComputeTarget target = resolve_compute_target({device, dtype});
@@ -120,8 +123,11 @@ void add_memory_command(CLI::App& app) {
                   "CUDA backend: 0, 1 (recompute GELU outputs) or 2 (also layer norm outputs)")
       ->check(CLI::Range(0, 2))
       ->capture_default_str();
-  cmd->add_option("--cpu-workers", flags->cpu_workers,
-                  "offload, layup: CPU AdamW workers (each has a gradient staging buffer)")
+  cmd->add_option("--cpu-workers", flags->cpu_workers, "offload, layup: CPU AdamW workers")
+      ->capture_default_str();
+  cmd->add_option("--clip", flags->clip,
+                  "Global gradient-norm clip threshold, or 'none' (layup with none and one "
+                  "micro-batch keeps no whole-model gradient on the host)")
       ->capture_default_str();
   cmd->add_option("--mode", flags->mode,
                   "Also print this mode's plan allocation by allocation: gpu, offload or layup");

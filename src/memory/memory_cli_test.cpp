@@ -52,7 +52,8 @@ TEST(MemoryCli, TrainOverTheBudgetIsRefusedBeforeAllocating) {
   const fs::path out = fs::temp_directory_path() / ("layup_budget_run_" + std::to_string(getpid()));
   fs::remove_all(out);
   for (const char* mode_and_batch :
-       {"--mode gpu --batch 8 --seq-len 1024", "--mode offload --batch 1 --seq-len 128"}) {
+       {"--mode gpu --batch 8 --seq-len 1024", "--mode offload --batch 1 --seq-len 1024",
+        "--mode layup --batch 1 --seq-len 1024"}) {
     SCOPED_TRACE(mode_and_batch);
     // gpt2-large in fp32 would take well over 16 GiB and minutes to allocate and initialize: a
     // quick exit means nothing was.
@@ -78,11 +79,13 @@ TEST(MemoryCli, MemoryCommandComparesTheModes) {
   EXPECT_NE(outcome.output.find("nothing is allocated"), std::string::npos);
   EXPECT_LT(outcome.seconds, 20.0);
 
+  // The unified-memory board: at the full context only layup with --clip none fits 16 GiB.
   const Outcome budget = run_layup(
-      "memory --device cpu --model gpt2-large --batch 1 --seq-len 128 --memory-budget 16G "
-      "--mode layup");
+      "memory --device cpu --model gpt2-large --batch 1 --seq-len 1024 --memory-budget 16G "
+      "--mode layup --clip none");
   ASSERT_EQ(budget.exit_code, 0) << budget.output;
-  EXPECT_NE(budget.output.find("REFUSED"), std::string::npos) << budget.output;
+  EXPECT_NE(budget.output.find("REFUSED        REFUSED           fits"), std::string::npos)
+      << budget.output;
   EXPECT_NE(budget.output.find("memory plan for gpt2-large in layup mode"), std::string::npos)
       << budget.output;
 

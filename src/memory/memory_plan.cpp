@@ -249,6 +249,10 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   };
   const MemorySide dev = MemorySide::kDevice, host = MemorySide::kHost;
 
+  plan.weights_in_place = r.mode != "gpu" && (!cuda || plan.placement[TensorClass::kWeights] ==
+                                                           MemoryKind::kPinnedMapped);
+  plan.host_gradient = r.mode != "layup" || r.clip > 0.0f || r.grad_accum > 1;
+
   // The schedule's buffers (schedule/*.cpp).
   if (r.mode == "gpu") {
     add(dev, TensorClass::kMasterWeights, all, "fp32 weights: read by forward, updated by AdamW",
@@ -259,7 +263,9 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
           "whole-model sum over micro-batches (allocated at the first step)", true);
     add(dev, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", true);
   } else {
-    add(dev, TensorClass::kWeights, all, "fp32 copy of the weights the device computes with", true);
+    if (!plan.weights_in_place)
+      add(dev, TensorClass::kWeights, all, "fp32 copy of the weights the device computes with",
+          true);
     if (r.mode == "offload") {
       add(dev, TensorClass::kWeightGrads, all, "whole-model gradient of one micro-batch", true);
     } else {
@@ -270,17 +276,27 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
       add(dev, TensorClass::kWeightGrads, final_norm, "final norm's gradient", true);
     }
     // HostOptimizerSchedule: what the device copies to and from comes from allocate_host.
-    add_kind(host, TensorClass::kMasterWeights, copied_host_memory, all, "fp32 master weights",
+    add_kind(host, TensorClass::kMasterWeights, copied_host_memory, all,
+             plan.weights_in_place ? "fp32 master weights (the device computes with them in place)"
+                                   : "fp32 master weights",
              true);
-    add_kind(host, TensorClass::kWeightGrads, copied_host_memory, all,
-             "fp32 gradient accumulated over micro-batches", true);
-    // Later micro-batches' gradients land in a staging buffer of kStagingChunks (64)
-    // sum-of-squares chunks, or the largest span where that is shorter.
-    size_t largest_span = 0;
-    for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
-    add_kind(host, TensorClass::kWeightGrads, copied_host_memory,
-             std::min(largest_span, 64 * kSumOfSquaresChunk) * f,
-             "staging of later micro-batches' gradients", true);
+    if (plan.host_gradient) {
+      add_kind(host, TensorClass::kWeightGrads, copied_host_memory, all,
+               "fp32 gradient accumulated over micro-batches", true);
+      // Later micro-batches' gradients land in a staging buffer of kStagingChunks (64)
+      // sum-of-squares chunks, or the largest span where that is shorter.
+      size_t largest_span = 0;
+      for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
+      add_kind(host, TensorClass::kWeightGrads, copied_host_memory,
+               std::min(largest_span, 64 * kSumOfSquaresChunk) * f,
+               "staging of later micro-batches' gradients", true);
+    } else if (cuda) {
+      // Where the host cannot read device memory, each slot's gradient lands in a buffer of its
+      // own, and the head's in one more (the CPU backend reads them in place).
+      add_kind(host, TensorClass::kWeightGrads, copied_host_memory,
+               2 * block + embeddings + final_norm,
+               "landing buffers of the two gradient slots and of the head's gradients", true);
+    }
     add(host, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", true);
   }
 
@@ -288,9 +304,10 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   if (cuda) {
     const bool bf16 = r.dtype == "bf16";
     const BackendBytes arena = cuda_arena_bytes(r.config, r.batch, r.seq_len, bf16, r.recompute);
-    if (bf16)
-      add(dev, TensorClass::kWeights, arena.weights,
-          "bf16 compute copy of the weights (in the activation arena)", true);
+    if (bf16)  // derived from the fp32 weights wherever those are placed, so always on the device
+      plan.allocations.push_back(
+          {dev, TensorClass::kWeights, MemoryKind::kDevice, MemoryKind::kDevice, arena.weights,
+           "bf16 compute copy of the weights (in the activation arena)", true});
     add(dev, TensorClass::kActivations, arena.activations,
         "activations saved for the backward, token ids, logits (activation arena)", true);
     add(dev, TensorClass::kScratch, arena.scratch,
@@ -321,12 +338,18 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
         "them in the accountant yet)");
   }
   if (r.mode != "gpu") {
-    if (!cuda || r.attributes.integrated)
-      plan.notes.push_back("in one shared memory (" +
-                           std::string(cuda ? "an integrated GPU" : "the CPU backend") +
-                           ") the device-side fp32 copy of the weights (" + format_bytes(all) +
-                           ") duplicates the master weights, and the host gradient accumulator (" +
-                           format_bytes(all) + ") is a second whole-model gradient");
+    const std::string memory = cuda ? "an integrated GPU" : "the CPU backend";
+    if ((!cuda || r.attributes.integrated) && !plan.weights_in_place)
+      plan.notes.push_back("in one shared memory (" + memory + ") the device-side fp32 copy of " +
+                           "the weights (" + format_bytes(all) +
+                           ") duplicates the master weights; --place weights=pinned computes "
+                           "with the master weights in place");
+    if ((!cuda || r.attributes.integrated) && plan.host_gradient && r.mode == "layup")
+      plan.notes.push_back("in one shared memory (" + memory + ") the host gradient accumulator (" +
+                           format_bytes(all) +
+                           ") is a second whole-model gradient, kept for clipping by the global "
+                           "norm and for accumulation; layup with --clip none and one "
+                           "micro-batch updates each block from its slot and keeps none");
   }
   for (TensorClass c : kAllTensorClasses) {
     if (!plan.placement.overridden[index_of(c)]) continue;

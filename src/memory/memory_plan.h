@@ -60,6 +60,7 @@ struct MemoryPlanRequest {
   int batch = 1;    // B
   int seq_len = 1;  // T
   int grad_accum = 1;
+  float clip = 1.0f;               // global-norm clip threshold; <= 0: none
   std::string mode = "gpu";        // gpu | offload | layup
   std::string device = "cpu";      // resolved: cpu | cuda
   std::string dtype = "fp32";      // resolved: fp32 | bf16
@@ -82,6 +83,12 @@ struct PlannedAllocation {
 struct MemoryPlan {
   MemoryPlanRequest request;
   Placement placement;
+  // How offload and layup keep their host state (schedule/schedule.h, ScheduleOptions):
+  // weights_in_place when the weights are placed where the master weights live (always on the CPU
+  // backend, whose device memory is host memory; on CUDA with --place weights=pinned);
+  // host_gradient unless layup runs with --clip none and one micro-batch.
+  bool weights_in_place = false;
+  bool host_gradient = true;
   std::vector<PlannedAllocation> allocations;
   std::vector<std::string> notes;  // what is not applied, not counted, or measured only
 

@@ -69,7 +69,7 @@ TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
       auto accountant = std::make_shared<MemoryAccountant>();
       std::unique_ptr<Schedule> schedule =
           make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen),
-                        make_cpu_device(accountant), layout, /*cpu_workers=*/1);
+                        make_cpu_device(accountant), layout, schedule_options(plan, 1));
       OptimizerTensors fresh;
       fresh.params.resize(layout.total_count());
       init_parameters(layout, fresh.params.data(), 7);
@@ -184,55 +184,66 @@ TEST(MemoryPlan, Gpt2LargeLayupKeepsTwoBlocksOfWeightGradsOnTheDevice) {
 }
 
 // A 16 GiB unified-memory board emulated on the CPU backend, where every byte of the run is host
-// memory: the budget counts the device side and the host side together.
+// memory: the budget counts the device side and the host side together. In one memory, offload and
+// layup compute with the master weights in place; layup with --clip none and one micro-batch also
+// keeps no whole-model host gradient, so it needs a whole-model copy less than gpu mode (master
+// weights and two moments against weights, gradient and two moments) and two less than offload.
 TEST(MemoryPlan, SixteenGigabyteBudgetOnTheCpuBackend) {
   const Gpt2Config config = named_config("gpt2-large");
   const MemoryBudgets budgets = parse_memory_budgets("16G", "", "");
   ASSERT_EQ(*budgets.total, size_t{16} << 30);
-  auto plan = [&](const std::string& mode, int batch, int seq_len) {
+  auto plan = [&](const std::string& mode, int batch, int seq_len, float clip) {
     MemoryPlanRequest request = cpu_request(config, mode, batch, seq_len);
     request.model_name = "gpt2-large";
+    request.clip = clip;
     return plan_memory(request);
   };
 
-  // layup at a batch that fits: B=1, T=128 (the CPU backend keeps every block's B x 20 x T x T
-  // attention probabilities, so the sequence must be short).
-  const MemoryPlan layup_fits = plan("layup", 1, 128);
-  EXPECT_TRUE(fits(layup_fits, budgets));
-  EXPECT_EQ(refusal(layup_fits, budgets), "");
+  // At the full context (the CPU backend keeps every block's B x 20 x T x T attention
+  // probabilities, ~6 GiB at B=1, T=1024) layup fits, computing on the master weights in place and
+  // updating each block straight from its slot.
+  const MemoryPlan layup = plan("layup", 1, 1024, 0.0f);
+  EXPECT_TRUE(layup.weights_in_place);
+  EXPECT_FALSE(layup.host_gradient);
+  EXPECT_EQ(layup.bytes(MemorySide::kDevice, TensorClass::kWeights), 0u);
+  EXPECT_EQ(layup.bytes(MemorySide::kHost, TensorClass::kWeightGrads), 0u);
+  EXPECT_TRUE(fits(layup, budgets));
+  EXPECT_EQ(refusal(layup, budgets), "");
 
-  // offload never fits: two whole-model gradients on the host side besides the device's.
-  const MemoryPlan offload = plan("offload", 1, 128);
+  // gpu mode at the same batch is refused, naming its largest class (the activations).
+  const MemoryPlan gpu = plan("gpu", 1, 1024, 0.0f);
+  const std::string gpu_message = refusal(gpu, budgets);
+  EXPECT_NE(gpu_message.find("gpt2-large in gpu mode at B=1, T=1024"), std::string::npos)
+      << gpu_message;
+  EXPECT_NE(gpu_message.find("over --memory-budget 16.00 GiB"), std::string::npos) << gpu_message;
+  EXPECT_NE(gpu_message.find("--mode layup"), std::string::npos) << gpu_message;
+
+  // offload too: a whole gradient on the device side and another on the host side.
+  const MemoryPlan offload = plan("offload", 1, 1024, 0.0f);
   const std::string offload_message = refusal(offload, budgets);
-  EXPECT_NE(offload_message.find("gpt2-large in offload mode at B=1, T=128"), std::string::npos)
+  EXPECT_NE(offload_message.find("gpt2-large in offload mode at B=1, T=1024"), std::string::npos)
       << offload_message;
   EXPECT_NE(offload_message.find("over --memory-budget 16.00 GiB"), std::string::npos);
-  EXPECT_NE(offload_message.find("The largest class is weight grads"), std::string::npos)
-      << offload_message;
-  EXPECT_NE(offload_message.find("--mode layup"), std::string::npos) << offload_message;
 
-  // gpu at the paper's batch is refused, naming its largest class (the activations).
-  const std::string gpu_message = refusal(plan("gpu", 8, 1024), budgets);
-  EXPECT_NE(gpu_message.find("over --memory-budget 16.00 GiB"), std::string::npos) << gpu_message;
-  EXPECT_NE(gpu_message.find("The largest class is activations"), std::string::npos) << gpu_message;
-  EXPECT_NE(gpu_message.find("--batch"), std::string::npos) << gpu_message;
+  // layup with clipping keeps the whole gradient on the host (design (a)): refused here too.
+  const MemoryPlan clipped = plan("layup", 1, 1024, 1.0f);
+  EXPECT_TRUE(clipped.host_gradient);
+  EXPECT_FALSE(fits(clipped, budgets));
 
-  // What the allocations are today: `gpu` mode needs LESS than `layup` at every batch on the CPU
-  // backend (layup adds a device-side fp32 copy of the weights beside the host master weights, and
-  // a host gradient accumulator), so the "layup trains where gpu is refused" does not hold
-  // yet. This pins that finding; it should flip when layup stops duplicating the weights and the
-  // gradient in one shared memory.
+  // The saving is exact: gpu needs one whole-model fp32 copy more than layup, less the slots.
+  const ParameterLayout layout(config);
+  const size_t model = layout.total_count() * sizeof(float);
+  const size_t slots = 2 * layout.block().count * sizeof(float);
+  const size_t head = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
+  EXPECT_EQ(gpu.total_bytes() - layup.total_bytes(), model - slots - head);
   for (int seq_len : {1, 128, 1024}) {
-    const MemoryPlan gpu = plan("gpu", 1, seq_len);
-    const MemoryPlan layup = plan("layup", 1, seq_len);
-    EXPECT_LT(gpu.total_bytes(), layup.total_bytes()) << "T=" << seq_len;
     std::printf(
-        "16 GiB budget, gpt2-large B=1 T=%d on the CPU backend: gpu %s%s, offload %s, "
-        "layup %s%s\n",
-        seq_len, format_bytes(gpu.total_bytes()).c_str(),
-        fits(gpu, budgets) ? " (fits)" : " (refused)",
-        format_bytes(plan("offload", 1, seq_len).total_bytes()).c_str(),
-        format_bytes(layup.total_bytes()).c_str(), fits(layup, budgets) ? " (fits)" : " (refused)");
+        "16 GiB budget, gpt2-large B=1 T=%d on the CPU backend: gpu %s, offload %s, layup %s "
+        "(--clip none; %s with clipping)\n",
+        seq_len, format_bytes(plan("gpu", 1, seq_len, 0.0f).total_bytes()).c_str(),
+        format_bytes(plan("offload", 1, seq_len, 0.0f).total_bytes()).c_str(),
+        format_bytes(plan("layup", 1, seq_len, 0.0f).total_bytes()).c_str(),
+        format_bytes(plan("layup", 1, seq_len, 1.0f).total_bytes()).c_str());
   }
 }
 

@@ -22,24 +22,30 @@ constexpr size_t kStagingChunks = 64;
 
 HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backend,
                                              std::unique_ptr<Device> device,
-                                             const ParameterLayout& layout, int cpu_workers)
+                                             const ParameterLayout& layout,
+                                             const ScheduleOptions& options)
     : backend_(std::move(backend)),
       device_(std::move(device)),
       layout_(layout),
-      params_(device_->allocate(layout.total_count(), TensorClass::kWeights)),
+      weights_in_place_(options.weights_in_place),
+      host_gradient_(options.host_gradient),
       host_params_(device_->allocate_host(layout.total_count(), TensorClass::kMasterWeights)),
-      host_grads_(device_->allocate_host(layout.total_count(), TensorClass::kWeightGrads)),
       host_m_(device_->accountant(), TensorClass::kOptimizerMoments, layout.total_count()),
       host_v_(device_->accountant(), TensorClass::kOptimizerMoments, layout.total_count()) {
-  LAYUP_CHECK(cpu_workers >= 0, "--cpu-workers must be at least 1 (got ", cpu_workers, ")");
-  HostAdamWOptions options;
-  options.workers = cpu_workers;
-  host_adamw_ = std::make_unique<HostAdamW>(options);
+  LAYUP_CHECK(options.cpu_workers >= 0, "--cpu-workers must be at least 1 (got ",
+              options.cpu_workers, ")");
+  HostAdamWOptions adamw_options;
+  adamw_options.workers = options.cpu_workers;
+  host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
 
-  size_t largest_span = 0;
-  for (const Span& span : layout_.spans()) largest_span = std::max(largest_span, span.count);
-  staging_ = device_->allocate_host(std::min(largest_span, kStagingChunks * kSumOfSquaresChunk),
-                                    TensorClass::kWeightGrads);
+  if (!weights_in_place_) params_ = device_->allocate(layout.total_count(), TensorClass::kWeights);
+  if (host_gradient_) {
+    host_grads_ = device_->allocate_host(layout.total_count(), TensorClass::kWeightGrads);
+    size_t largest_span = 0;
+    for (const Span& span : layout_.spans()) largest_span = std::max(largest_span, span.count);
+    staging_ = device_->allocate_host(std::min(largest_span, kStagingChunks * kSumOfSquaresChunk),
+                                      TensorClass::kWeightGrads);
+  }
 }
 
 void HostOptimizerSchedule::set_trace(TraceRecorder* recorder) {
@@ -76,7 +82,7 @@ void HostOptimizerSchedule::import_tensors(const OptimizerTensors& tensors) {
   std::copy(tensors.params.begin(), tensors.params.end(), host_params_.begin());
   std::copy(tensors.adam_m.begin(), tensors.adam_m.end(), host_m_.begin());
   std::copy(tensors.adam_v.begin(), tensors.adam_v.end(), host_v_.begin());
-  device_->copy_to_device(params_.data(), host_params_.data(), n);
+  if (!weights_in_place_) device_->copy_to_device(params_.data(), host_params_.data(), n);
 }
 
 std::string HostOptimizerSchedule::cpu_adamw_report() const {
@@ -93,23 +99,15 @@ double HostOptimizerSchedule::accumulate_gradient(const DeviceFence& written,
                                                   const float* device_grad, const Span& span,
                                                   bool first, bool last,
                                                   const std::function<void()>& copied) {
+  LAYUP_CHECK(host_gradient_, "this schedule keeps no host gradient to accumulate into");
   const size_t count = span.count;
   const size_t chunks = sum_of_squares_chunks(count);
   std::vector<double> chunk_sums(last ? chunks : 0, 0.0);
   float* accumulated = span_grads(span);
-  // Chunks [first_chunk, end_chunk) of the span over the workers, whole chunks each so that each
-  // chunk's sum is one worker's chain in index order: combine(begin, end) on a few chunks'
-  // elements, then (last) their sums of squares while they are in cache.
-  const auto element_pass = [&](size_t first_chunk, size_t end_chunk, const auto& combine) {
-    host_adamw_->run_on_workers([&](int worker, int workers) {
-      const size_t n = end_chunk - first_chunk;
-      const size_t my_end = first_chunk + n * (worker + 1) / workers;
-      for (size_t c = first_chunk + n * worker / workers; c < my_end; c += kPassChunks) {
-        const size_t c_end = std::min(my_end, c + kPassChunks);
-        combine(c * kSumOfSquaresChunk, std::min(count, c_end * kSumOfSquaresChunk));
-        if (last) chunk_sums_of_squares(accumulated, count, c, c_end, chunk_sums.data());
-      }
-    });
+  const auto element_pass = [&](size_t first_chunk, size_t end_chunk,
+                                const std::function<void(size_t, size_t)>& combine) {
+    chunked_pass(accumulated, count, first_chunk, end_chunk, combine,
+                 last ? chunk_sums.data() : nullptr);
   };
 
   if (first) {
@@ -139,13 +137,41 @@ double HostOptimizerSchedule::accumulate_gradient(const DeviceFence& written,
   return last ? add_chunk_sums(chunk_sums.data(), chunks) : 0.0;
 }
 
-void HostOptimizerSchedule::update_span(const Span& span, const AdamWStep& adamw, int trace_track,
+void HostOptimizerSchedule::chunked_pass(const float* squared, size_t count, size_t first_chunk,
+                                         size_t end_chunk,
+                                         const std::function<void(size_t, size_t)>& combine,
+                                         double* chunk_sums) {
+  // Whole chunks per worker, so that each chunk's sum is one worker's chain in index order.
+  host_adamw_->run_on_workers([&](int worker, int workers) {
+    const size_t n = end_chunk - first_chunk;
+    const size_t my_end = first_chunk + n * (worker + 1) / workers;
+    for (size_t c = first_chunk + n * worker / workers; c < my_end; c += kPassChunks) {
+      const size_t c_end = std::min(my_end, c + kPassChunks);
+      if (combine) combine(c * kSumOfSquaresChunk, std::min(count, c_end * kSumOfSquaresChunk));
+      if (chunk_sums != nullptr) chunk_sums_of_squares(squared, count, c, c_end, chunk_sums);
+    }
+  });
+}
+
+double HostOptimizerSchedule::sum_of_squares_on_workers(const float* x, size_t count) {
+  const size_t chunks = sum_of_squares_chunks(count);
+  std::vector<double> chunk_sums(chunks, 0.0);
+  chunked_pass(x, count, 0, chunks, {}, chunk_sums.data());
+  return add_chunk_sums(chunk_sums.data(), chunks);
+}
+
+void HostOptimizerSchedule::update_span(const Span& span, const float* grads,
+                                        const AdamWStep& adamw, int trace_track,
                                         std::function<void()> landed) {
   float* master = host_params_.data() + span.offset;
   {
     TraceSpan traced(trace_, trace_track, adamw_trace_name(span.kind), span.layer);
-    host_adamw_->update_span(layout_, span, master, span_grads(span), host_m_.data() + span.offset,
+    host_adamw_->update_span(layout_, span, master, grads, host_m_.data() + span.offset,
                              host_v_.data() + span.offset, adamw);
+  }
+  if (weights_in_place_) {  // the device reads the master weights: nothing to send
+    landed();
+    return;
   }
   // The transfer is traced from its start to its landing on the "to device" track.
   TraceRecorder* const trace = trace_ != nullptr && trace_->recording() ? trace_ : nullptr;

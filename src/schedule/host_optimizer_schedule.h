@@ -8,6 +8,11 @@
 // device's allocate_host (pinned on CUDA), because the device copies into and out of them; the
 // moments only the CPU touches are plain host memory. All of it is recorded in the accountant.
 //
+// ScheduleOptions (schedule.h) trim this for a unified-memory device: with weights_in_place the
+// device computes with the master weights where they lie and there is no device copy (an update
+// lands when AdamW is done); without host_gradient (layup only) there is no accumulator and no
+// staging, and the derived schedule hands update_span the gradient where it lies.
+//
 // Copies: a span's gradient leaves device memory in one transfer straight into its accumulator
 // (the first micro-batch) or through the staging buffer (later ones), once the fence of the
 // backward that wrote it has passed; a span's new weights go back in one asynchronous transfer
@@ -48,9 +53,13 @@ class HostOptimizerSchedule : public Schedule {
   // cpu_workers: HostAdamW workers, one per core from the first allowed one (0: every core this
   // process may use).
   HostOptimizerSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
-                        const ParameterLayout& layout, int cpu_workers);
+                        const ParameterLayout& layout, const ScheduleOptions& options);
 
-  ParameterPointers device_params() const { return layout_.pointers<const float>(params_.data()); }
+  // The weights the device computes with: its own copy, or the master weights in place.
+  float* device_weights() const { return weights_in_place_ ? host_params_.data() : params_.data(); }
+  ParameterPointers device_params() const {
+    return layout_.pointers<const float>(device_weights());
+  }
   float* span_grads(const Span& span) { return host_grads_.data() + span.offset; }
 
   // A forward pass on the device copy. `layup` overrides it to wait, span by span, for updates
@@ -69,29 +78,42 @@ class HostOptimizerSchedule : public Schedule {
   // staging buffer and are added, one float add per element. last: also returns the sum of squares
   // of the accumulated span (else 0), grouped as sum_of_squares groups it. The element passes are
   // split over the HostAdamW workers in whole chunks of the sum of squares (optim/grad_norm.h).
-  // Any thread may call it; calls are serialized.
+  // Any thread may call it; calls are serialized. Needs host_gradient.
   double accumulate_gradient(const DeviceFence& written, const float* device_grad, const Span& span,
                              bool first, bool last, const std::function<void()>& copied = {});
 
-  // AdamW on one span of the master weights with its accumulated gradient, split over the
+  // Sum of squares of `count` host-readable floats, split over the HostAdamW workers and grouped
+  // as sum_of_squares groups it (optim/grad_norm.h).
+  double sum_of_squares_on_workers(const float* x, size_t count);
+
+  // AdamW on one span of the master weights with its gradient `grads` (host-readable, laid out
+  // like the span: the accumulator's span_grads, or the gradient where it lies), split over the
   // HostAdamW workers and traced as "adamw ..." on trace_track; then starts the transfer of the
   // span's new weights into the device copy and returns. `landed` runs when they are there (on
-  // whatever thread Device::copy_to_device_async says; it must not block or throw). Any thread may
-  // call it; the caller must not let anything read the span's device copy before `landed`.
-  void update_span(const Span& span, const AdamWStep& adamw, int trace_track,
+  // whatever thread Device::copy_to_device_async says; it must not block or throw), or at once
+  // with weights_in_place. Any thread may call it; the caller must not let anything read the
+  // span's device weights before `landed`.
+  void update_span(const Span& span, const float* grads, const AdamWStep& adamw, int trace_track,
                    std::function<void()> landed);
 
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
   const ParameterLayout layout_;
-  DeviceBuffer params_;  // the compute copy the device reads
-  // fp32 master weights and the accumulated gradient (allocate_host), and the AdamW moments, in
-  // layout order.
+  const bool weights_in_place_, host_gradient_;  // ScheduleOptions
+  DeviceBuffer params_;  // the compute copy the device reads (none with weights_in_place)
+  // fp32 master weights and the accumulated gradient (allocate_host; no gradient without
+  // host_gradient), and the AdamW moments, in layout order.
   DeviceBuffer host_params_, host_grads_;
   AccountedHostBuffer host_m_, host_v_;
   std::unique_ptr<HostAdamW> host_adamw_;
 
  private:
+  // Chunks [first_chunk, end_chunk) of a span of `count` floats over the workers, whole chunks
+  // each, a few at a time: combine(begin, end) on their elements, then (when chunk_sums is not
+  // null) their sums of squares of `squared` while they are in cache.
+  void chunked_pass(const float* squared, size_t count, size_t first_chunk, size_t end_chunk,
+                    const std::function<void(size_t, size_t)>& combine, double* chunk_sums);
+
   // Later micro-batches' gradients land here, a piece at a time (allocate_host). Used only inside
   // accumulate_gradient, whose calls are serialized by accumulate_mutex_.
   DeviceBuffer staging_;

@@ -56,7 +56,7 @@ class LayupOverlap : public ::testing::Test {
   LayupOverlap() : layout_(overlap_config()) {
     const Gpt2Config config = overlap_config();
     schedule_ = make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                                    layout_, kCpuWorkers);
+                                    layout_, {.cpu_workers = kCpuWorkers});
     fresh_.params.resize(layout_.total_count());
     init_parameters(layout_, fresh_.params.data(), 11);
     fresh_.adam_m.assign(layout_.total_count(), 0.0f);

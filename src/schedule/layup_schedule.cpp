@@ -77,6 +77,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
@@ -271,14 +272,22 @@ std::string what_of(const std::exception_ptr& error) {
 class LayupSchedule final : public HostOptimizerSchedule {
  public:
   LayupSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
-                const ParameterLayout& layout, int cpu_workers)
-      : HostOptimizerSchedule(std::move(backend), std::move(device), layout, cpu_workers),
+                const ParameterLayout& layout, const ScheduleOptions& options)
+      : HostOptimizerSchedule(std::move(backend), std::move(device), layout, options),
+        grads_in_place_(!host_gradient_ && device_->memory_kind() != MemoryKind::kDevice),
         embeddings_grad_(device_->allocate(layout.embeddings().count, TensorClass::kWeightGrads)),
         final_norm_grad_(device_->allocate(layout.final_norm().count, TensorClass::kWeightGrads)),
         slots_(*device_, layout.block().count),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_update_submitted_(layout.config().n_layer, 0),
-        progress_(layout.spans().size()) {}
+        progress_(layout.spans().size()) {
+    if (!host_gradient_ && !grads_in_place_) {
+      for (DeviceBuffer& landing : slot_landing_)
+        landing = device_->allocate_host(layout.block().count, TensorClass::kWeightGrads);
+      head_landing_ = device_->allocate_host(layout.embeddings().count + layout.final_norm().count,
+                                             TensorClass::kWeightGrads);
+    }
+  }
 
   ~LayupSchedule() override { wait_for_coordinator(); }
 
@@ -296,6 +305,12 @@ class LayupSchedule final : public HostOptimizerSchedule {
                  const UpdateSettings& settings) override {
     LAYUP_CHECK(!micro_batches.empty(), "a training step needs at least one micro-batch");
     LAYUP_CHECK(!broken_, "the layup schedule failed in an earlier step and cannot continue");
+    LAYUP_CHECK(host_gradient_ || (settings.clip_max_norm <= 0.0f && micro_batches.size() == 1),
+                "this layup schedule keeps no whole-model gradient on the host (planned for "
+                "--clip none and one micro-batch, as a unified-memory device wants), so it cannot "
+                "clip (asked: ",
+                settings.clip_max_norm, ") or accumulate (asked: ", micro_batches.size(),
+                " micro-batches); plan the run with clipping or --grad-accum to keep one");
     // Neither is touched by an update that may still be in flight from the last step.
     std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
     std::fill(block_update_submitted_.begin(), block_update_submitted_.end(), 0);
@@ -333,7 +348,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
                     " missed its update");
         continue;
       }
-      submit_update(index, adamw);
+      submit_update(index, gradient_of_span(index), adamw);
     }
     stats.applied = true;
     return stats;
@@ -436,23 +451,38 @@ class LayupSchedule final : public HostOptimizerSchedule {
     progress_.wait_transfers_landed();
   }
 
+  // Where the update of span `index` reads its gradient once the backward is done: the host
+  // accumulator, or (without host_gradient) a head span's gradient where it lies (blocks are
+  // updated by their consume, from their slot).
+  const float* gradient_of_span(size_t index) const {
+    const Span& span = layout_.spans()[index];
+    if (host_gradient_) return host_grads_.data() + span.offset;
+    LAYUP_CHECK(span.kind != SpanKind::kBlock,
+                "a block without a host gradient is updated from its slot");
+    const bool embeddings = span.kind == SpanKind::kEmbeddings;
+    if (grads_in_place_) return embeddings ? embeddings_grad_.data() : final_norm_grad_.data();
+    return head_landing_.data() + (embeddings ? 0 : layout_.embeddings().count);
+  }
+
   // Hands span `index`'s update to the coordinator; it counts as in flight until it has landed.
-  void submit_update(size_t index, const AdamWStep& adamw) {
+  void submit_update(size_t index, const float* grads, const AdamWStep& adamw) {
     progress_.update_submitted(index);
-    coordinator_.submit([this, index, adamw] {
-      run_task([&] {
-        // update_span's trace span ends before the landing is reported, so a forward that waited
-        // for it starts after it in the trace too.
-        progress_.transfer_starting();
-        try {
-          update_span(layout_.spans()[index], adamw, cpu_track_,
-                      [this, index] { progress_.update_landed(index); });
-        } catch (...) {
-          progress_.transfer_abandoned();
-          throw;
-        }
-      });
-    });
+    coordinator_.submit(
+        [this, index, grads, adamw] { run_task([&] { run_update(index, grads, adamw); }); });
+  }
+
+  // AdamW on span `index` from `grads` on the calling thread, its landing reported to progress_.
+  // update_span's trace span ends before the landing is reported, so a forward that waited for
+  // it starts after it in the trace too.
+  void run_update(size_t index, const float* grads, const AdamWStep& adamw) {
+    progress_.transfer_starting();
+    try {
+      update_span(layout_.spans()[index], grads, adamw, cpu_track_,
+                  [this, index] { progress_.update_landed(index); });
+    } catch (...) {
+      progress_.transfer_abandoned();
+      throw;
+    }
   }
 
   // Runs on the device thread: forward and backward of every micro-batch, block gradients
@@ -512,10 +542,14 @@ class LayupSchedule final : public HostOptimizerSchedule {
       consumer_.submit([this, written, first, last] {
         run_task([&] {
           TraceSpan traced(trace_, consumer_track_, "consume head");
-          span_sum_sq_.front() = accumulate_gradient(*written, embeddings_grad_.data(),
-                                                     layout_.spans().front(), first, last);
-          span_sum_sq_.back() = accumulate_gradient(*written, final_norm_grad_.data(),
-                                                    layout_.spans().back(), first, last);
+          if (host_gradient_) {
+            span_sum_sq_.front() = accumulate_gradient(*written, embeddings_grad_.data(),
+                                                       layout_.spans().front(), first, last);
+            span_sum_sq_.back() = accumulate_gradient(*written, final_norm_grad_.data(),
+                                                      layout_.spans().back(), first, last);
+          } else {
+            take_head_gradient(*written);
+          }
           progress_.consume_done();
         });
       });
@@ -524,25 +558,32 @@ class LayupSchedule final : public HostOptimizerSchedule {
 
   // Consumer: block lease.layer's micro-batch gradient, in a slot, complete once `written`
   // has passed.
+  // Hands a slot back to the device once, at release() or when it goes (even when a copy throws,
+  // so the device thread is not left waiting).
+  struct SlotReleaser {
+    WeightGradSlots& slots;
+    const SlotLease& lease;
+    bool released = false;
+    void release() {
+      if (released) return;
+      released = true;
+      slots.release(lease);
+    }
+    ~SlotReleaser() { release(); }
+  };
+
   void consume_block(const SlotLease& lease, const DeviceFence& written, bool first, bool last,
                      bool update, const AdamWStep& adamw) {
+    if (!host_gradient_) {
+      update_block_from_slot(lease, written, update, adamw);
+      return;
+    }
     const size_t index = 1 + lease.layer;
     double sum_sq = 0.0;
     {
       TraceSpan traced(trace_, consumer_track_, "consume block", lease.layer);
       // The slot is free for the device as soon as its contents are out of device memory.
-      // Released once, and even when the copy throws, so the device thread is not left waiting.
-      struct Releaser {
-        WeightGradSlots& slots;
-        const SlotLease& lease;
-        bool released = false;
-        void release() {
-          if (released) return;
-          released = true;
-          slots.release(lease);
-        }
-        ~Releaser() { release(); }
-      } releaser{slots_, lease};
+      SlotReleaser releaser{slots_, lease};
       sum_sq = accumulate_gradient(written, lease.data, layout_.spans()[index], first, last,
                                    [&releaser] { releaser.release(); });
     }
@@ -551,10 +592,61 @@ class LayupSchedule final : public HostOptimizerSchedule {
     if (update && std::isfinite(sum_sq)) {
       // Registered before this consume reports done, so the step sees it.
       block_update_submitted_[lease.layer] = 1;
-      submit_update(index, adamw);
+      submit_update(index, span_grads(layout_.spans()[index]), adamw);
     }
   }
 
+  // Consumer, without host_gradient (one micro-batch, no clipping): block lease.layer's gradient
+  // where it lies (in the slot, where the host can read it, else copied into the slot's landing
+  // buffer), its sum of squares, and its update right here: the gradient's memory is reused for
+  // block l-2 as soon as this returns, so the update cannot wait in the coordinator's queue. An
+  // in-place slot goes back to the device only after its AdamW.
+  void update_block_from_slot(const SlotLease& lease, const DeviceFence& written, bool update,
+                              const AdamWStep& adamw) {
+    const size_t index = 1 + lease.layer;
+    const Span& span = layout_.spans()[index];
+    SlotReleaser releaser{slots_, lease};
+    const float* grads = lease.data;
+    {
+      TraceSpan traced(trace_, consumer_track_, "consume block", lease.layer);
+      if (grads_in_place_) {
+        device_->wait_for(written);
+      } else {
+        float* landing = slot_landing_[lease.slot].data();
+        device_->copy_to_host_after(written, landing, lease.data, span.count);
+        releaser.release();
+        grads = landing;
+      }
+      span_sum_sq_[index] = sum_of_squares_on_workers(grads, span.count);
+    }
+    if (update && std::isfinite(span_sum_sq_[index])) {
+      block_update_submitted_[lease.layer] = 1;
+      progress_.update_submitted(index);
+      run_update(index, grads, adamw);
+    }
+  }
+
+  // Consumer, without host_gradient: the head spans' gradients where the updates will read them
+  // (gradient_of_span), and their sums of squares.
+  void take_head_gradient(const DeviceFence& written) {
+    if (grads_in_place_) {
+      device_->wait_for(written);
+    } else {
+      device_->copy_to_host_after(written, head_landing_.data(), embeddings_grad_.data(),
+                                  embeddings_grad_.count());
+      device_->copy_to_host_after(written, head_landing_.data() + embeddings_grad_.count(),
+                                  final_norm_grad_.data(), final_norm_grad_.count());
+    }
+    for (const size_t index : {size_t{0}, layout_.spans().size() - 1})
+      span_sum_sq_[index] =
+          sum_of_squares_on_workers(gradient_of_span(index), layout_.spans()[index].count);
+  }
+
+  // Without host_gradient, where the host reads the gradients: in place (the host can read the
+  // device's memory), or in pinned landing buffers (one per slot, one for both head spans).
+  const bool grads_in_place_;
+  std::array<DeviceBuffer, WeightGradSlots::kSlotCount> slot_landing_;
+  DeviceBuffer head_landing_;
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
   WeightGradSlots slots_;                           // block gradients, two slots
   // Per span, the sum of squares of its gradient: written by the consumer, read by step() after
@@ -575,9 +667,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
 
 std::unique_ptr<Schedule> make_layup_schedule(std::unique_ptr<ModelBackend> backend,
                                               std::unique_ptr<Device> device,
-                                              const ParameterLayout& layout, int cpu_workers) {
-  return std::make_unique<LayupSchedule>(std::move(backend), std::move(device), layout,
-                                         cpu_workers);
+                                              const ParameterLayout& layout,
+                                              const ScheduleOptions& options) {
+  return std::make_unique<LayupSchedule>(std::move(backend), std::move(device), layout, options);
 }
 
 }  // namespace layup

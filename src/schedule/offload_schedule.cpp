@@ -25,11 +25,18 @@ namespace layup {
 
 namespace {
 
+// Conventional offload always brings the whole gradient to the host.
+ScheduleOptions with_host_gradient(ScheduleOptions options) {
+  options.host_gradient = true;
+  return options;
+}
+
 class OffloadSchedule final : public HostOptimizerSchedule {
  public:
   OffloadSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
-                  const ParameterLayout& layout, int cpu_workers)
-      : HostOptimizerSchedule(std::move(backend), std::move(device), layout, cpu_workers),
+                  const ParameterLayout& layout, const ScheduleOptions& options)
+      : HostOptimizerSchedule(std::move(backend), std::move(device), layout,
+                              with_host_gradient(options)),
         grads_(device_->allocate(layout.total_count(), TensorClass::kWeightGrads)) {}
 
   std::string name() const override { return "offload"; }
@@ -94,7 +101,7 @@ class OffloadSchedule final : public HostOptimizerSchedule {
     std::ptrdiff_t started = 0;
     try {
       for (const Span& span : spans) {
-        update_span(span, adamw, host_track_, [&landed] { landed.count_down(); });
+        update_span(span, span_grads(span), adamw, host_track_, [&landed] { landed.count_down(); });
         ++started;
       }
     } catch (...) {
@@ -117,15 +124,14 @@ class OffloadSchedule final : public HostOptimizerSchedule {
 std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> backend,
                                                 std::unique_ptr<Device> device,
                                                 const ParameterLayout& layout) {
-  return make_offload_schedule_with_workers(std::move(backend), std::move(device), layout, 0);
+  return make_offload_schedule_with(std::move(backend), std::move(device), layout, {});
 }
 
-std::unique_ptr<Schedule> make_offload_schedule_with_workers(std::unique_ptr<ModelBackend> backend,
-                                                             std::unique_ptr<Device> device,
-                                                             const ParameterLayout& layout,
-                                                             int cpu_workers) {
-  return std::make_unique<OffloadSchedule>(std::move(backend), std::move(device), layout,
-                                           cpu_workers);
+std::unique_ptr<Schedule> make_offload_schedule_with(std::unique_ptr<ModelBackend> backend,
+                                                     std::unique_ptr<Device> device,
+                                                     const ParameterLayout& layout,
+                                                     const ScheduleOptions& options) {
+  return std::make_unique<OffloadSchedule>(std::move(backend), std::move(device), layout, options);
 }
 
 }  // namespace layup

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "memory/memory_plan.h"
 #include "optim/host_adamw.h"
 #include "trace/trace_recorder.h"
 
@@ -19,16 +20,24 @@ const std::vector<std::string>& schedule_modes() {
   return modes;
 }
 
+ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers) {
+  ScheduleOptions options;
+  options.cpu_workers = cpu_workers;
+  options.weights_in_place = plan.weights_in_place;
+  options.host_gradient = plan.host_gradient;
+  return options;
+}
+
 std::unique_ptr<Schedule> make_schedule(const std::string& mode,
                                         std::unique_ptr<ModelBackend> backend,
                                         std::unique_ptr<Device> device,
-                                        const ParameterLayout& layout, int cpu_workers) {
+                                        const ParameterLayout& layout,
+                                        const ScheduleOptions& options) {
   if (mode == "gpu") return make_gpu_schedule(std::move(backend), std::move(device), layout);
   if (mode == "offload")
-    return make_offload_schedule_with_workers(std::move(backend), std::move(device), layout,
-                                              cpu_workers);
+    return make_offload_schedule_with(std::move(backend), std::move(device), layout, options);
   if (mode == "layup")
-    return make_layup_schedule(std::move(backend), std::move(device), layout, cpu_workers);
+    return make_layup_schedule(std::move(backend), std::move(device), layout, options);
   fail("--mode ", mode, " is not a schedule; use gpu, offload or layup");
 }
 

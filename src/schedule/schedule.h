@@ -92,13 +92,34 @@ class Schedule {
 // The modes `--mode` takes: gpu, offload, layup.
 const std::vector<std::string>& schedule_modes();
 
-// The schedule of a mode, by name; cpu_workers (the CPU AdamW workers; 0: one per core this
-// process may use) is used by `offload` and `layup`. Throws layup::Error for an unknown mode,
-// naming the ones there are.
+// How `offload` and `layup` keep their host-side state; `gpu` ignores it. A run takes it from its
+// memory plan (schedule_options), which budgets exactly these buffers.
+struct ScheduleOptions {
+  int cpu_workers = 0;  // HostAdamW workers (0: one per core this process may use)
+  // The device computes with the host's fp32 master weights where they lie (memory it can read:
+  // the CPU backend's, or mapped pinned memory on CUDA) instead of a copy in its own memory, so
+  // an update needs no transfer back. What a unified-memory device wants.
+  bool weights_in_place = false;
+  // layup: keep a whole-model fp32 gradient on the host. Clipping by the global norm (design (a))
+  // and accumulating micro-batches need it; without it each block is updated straight from its
+  // gradient slot (read in place where the host can read the device's memory, else from a pinned
+  // landing buffer per slot), and a step with clipping or more than one micro-batch is refused.
+  // offload always keeps it.
+  bool host_gradient = true;
+};
+
+struct MemoryPlan;  // memory/memory_plan.h
+
+// What a run's memory plan says, with cpu_workers workers.
+ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers);
+
+// The schedule of a mode, by name; `options` is used by `offload` and `layup`. Throws
+// layup::Error for an unknown mode, naming the ones there are.
 std::unique_ptr<Schedule> make_schedule(const std::string& mode,
                                         std::unique_ptr<ModelBackend> backend,
                                         std::unique_ptr<Device> device,
-                                        const ParameterLayout& layout, int cpu_workers);
+                                        const ParameterLayout& layout,
+                                        const ScheduleOptions& options);
 
 // One line for logs and reports: what the mode does, with this many CPU workers (0: one per core)
 // and this clip threshold (<= 0: none); for `layup`, how clipping is honoured and what a
@@ -126,10 +147,10 @@ std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backen
 std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> backend,
                                                 std::unique_ptr<Device> device,
                                                 const ParameterLayout& layout);
-std::unique_ptr<Schedule> make_offload_schedule_with_workers(std::unique_ptr<ModelBackend> backend,
-                                                             std::unique_ptr<Device> device,
-                                                             const ParameterLayout& layout,
-                                                             int cpu_workers);
+std::unique_ptr<Schedule> make_offload_schedule_with(std::unique_ptr<ModelBackend> backend,
+                                                     std::unique_ptr<Device> device,
+                                                     const ParameterLayout& layout,
+                                                     const ScheduleOptions& options);
 
 // The `layup` mode (the paper's schedule): the device thread runs backward block by block into two
 // gradient slots (WeightGradSlots); each finished slot is streamed into the host's fp32 gradient
@@ -147,6 +168,7 @@ std::unique_ptr<Schedule> make_offload_schedule_with_workers(std::unique_ptr<Mod
 // others, the embeddings and the final norm are not); see layup_schedule.cpp.
 std::unique_ptr<Schedule> make_layup_schedule(std::unique_ptr<ModelBackend> backend,
                                               std::unique_ptr<Device> device,
-                                              const ParameterLayout& layout, int cpu_workers = 0);
+                                              const ParameterLayout& layout,
+                                              const ScheduleOptions& options = {});
 
 }  // namespace layup

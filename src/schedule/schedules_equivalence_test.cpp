@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "model/init.h"
 #include "schedule/schedule.h"
 
@@ -32,7 +33,7 @@ constexpr int kBatch = 2;
 constexpr int kSeqLen = 8;
 constexpr int kSteps = 10;
 
-struct Run {
+struct TrainingRun {
   std::vector<float> losses;
   std::vector<double> norms;
   std::vector<float> clip_factors;
@@ -43,7 +44,7 @@ using ScheduleFactory = std::function<std::unique_ptr<Schedule>(
     std::unique_ptr<ModelBackend>, std::unique_ptr<Device>, const ParameterLayout&)>;
 
 // clip: true alternates a threshold that always clips with one that never does.
-Run train(const ScheduleFactory& make, int micro_batches, bool clip) {
+TrainingRun train(const ScheduleFactory& make, int micro_batches, bool clip) {
   const Gpt2Config config = tiny_config();
   const ParameterLayout layout(config);
   std::unique_ptr<Schedule> schedule =
@@ -58,7 +59,7 @@ Run train(const ScheduleFactory& make, int micro_batches, bool clip) {
   std::mt19937 rng(2024);
   const size_t tokens = static_cast<size_t>(kBatch) * kSeqLen;
   std::vector<std::vector<int32_t>> inputs(micro_batches), targets(micro_batches);
-  Run run;
+  TrainingRun run;
   for (int step = 0; step < kSteps; ++step) {
     std::vector<TokenBatch> batches;
     for (int k = 0; k < micro_batches; ++k) {
@@ -89,7 +90,7 @@ bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-void expect_same(const Run& expected, const Run& actual, const std::string& mode) {
+void expect_same(const TrainingRun& expected, const TrainingRun& actual, const std::string& mode) {
   EXPECT_TRUE(bitwise_equal(expected.losses, actual.losses)) << mode << ": losses";
   EXPECT_TRUE(bitwise_equal(expected.norms, actual.norms)) << mode << ": gradient norms";
   EXPECT_TRUE(bitwise_equal(expected.clip_factors, actual.clip_factors)) << mode << ": clip";
@@ -99,9 +100,9 @@ void expect_same(const Run& expected, const Run& actual, const std::string& mode
 }
 
 void check_modes_agree(int micro_batches, bool clip) {
-  const Run gpu = train(make_gpu_schedule, micro_batches, clip);
-  const Run offload = train(make_offload_schedule, micro_batches, clip);
-  const Run layup = train(
+  const TrainingRun gpu = train(make_gpu_schedule, micro_batches, clip);
+  const TrainingRun offload = train(make_offload_schedule, micro_batches, clip);
+  const TrainingRun layup = train(
       [](std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
          const ParameterLayout& layout) {
         return make_layup_schedule(std::move(backend), std::move(device), layout);
@@ -124,6 +125,56 @@ TEST(SchedulesEquivalence, UnclippedWithTwoMicroBatches) {
 }
 TEST(SchedulesEquivalence, ClippedWithOneMicroBatch) {
   check_modes_agree(1, true);
+}
+
+// What a unified-memory device runs (ScheduleOptions): offload and layup computing with the
+// master weights in place, and layup with no whole-model host gradient, each block updated
+// straight from its slot. The same steps, bit for bit.
+ScheduleFactory with_options(const std::string& mode, const ScheduleOptions& options) {
+  return [mode, options](std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
+                         const ParameterLayout& layout) {
+    return make_schedule(mode, std::move(backend), std::move(device), layout, options);
+  };
+}
+
+TEST(SchedulesEquivalence, UnifiedMemoryLayoutsTrainTheSame) {
+  const ScheduleOptions in_place{.weights_in_place = true};
+  const ScheduleOptions slots_only{.weights_in_place = true, .host_gradient = false};
+  for (const bool clip : {false, true}) {
+    SCOPED_TRACE(clip ? "clipped" : "unclipped");
+    const TrainingRun gpu = train(make_gpu_schedule, 1, clip);
+    expect_same(gpu, train(with_options("offload", in_place), 1, clip), "offload, in place");
+    expect_same(gpu, train(with_options("layup", in_place), 1, clip), "layup, in place");
+  }
+  // Without a host gradient layup can neither clip nor accumulate; unclipped with one micro-batch
+  // it trains like the others, with the weights in place or copied.
+  const TrainingRun gpu = train(make_gpu_schedule, 1, false);
+  expect_same(gpu, train(with_options("layup", slots_only), 1, false), "layup, slots only");
+  expect_same(gpu, train(with_options("layup", {.host_gradient = false}), 1, false),
+              "layup, slots only, weights copied");
+}
+
+TEST(SchedulesEquivalence, LayupWithoutHostGradientRefusesToClipOrAccumulate) {
+  const Gpt2Config config = tiny_config();
+  const ParameterLayout layout(config);
+  std::unique_ptr<Schedule> schedule =
+      make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
+                          {.host_gradient = false});
+  std::vector<int32_t> tokens(kBatch * kSeqLen, 1);
+  const TokenBatch batch{tokens.data(), tokens.data(), kBatch, kSeqLen};
+  const TokenBatch two[] = {batch, batch};
+  UpdateSettings settings;
+  settings.adamw.t = 1;
+  settings.clip_max_norm = 1.0f;
+  try {
+    schedule->step(std::span(two, 1), settings);
+    FAIL() << "clipping was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("cannot clip"), std::string::npos) << error.what();
+  }
+  settings.clip_max_norm = 0.0f;
+  EXPECT_THROW(schedule->step(two, settings), Error);
+  EXPECT_TRUE(schedule->step(std::span(two, 1), settings).applied);
 }
 
 }  // namespace

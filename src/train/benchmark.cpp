@@ -158,6 +158,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   request.batch = options.batch;
   request.seq_len = options.seq_len;
   request.grad_accum = options.grad_accum;
+  request.clip = options.clip;
   request.mode = options.mode;
   request.device = target.device;
   request.dtype = target.dtype;
@@ -181,7 +182,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   std::unique_ptr<TraceRecorder> trace;
   std::unique_ptr<Schedule> schedule =
       make_schedule(options.mode, std::move(compute.backend), std::move(compute.device), layout,
-                    options.cpu_workers);
+                    schedule_options(memory_plan, options.cpu_workers));
   result.schedule = describe_schedule(options.mode, options.cpu_workers, options.clip);
   int steps_track = 0;
   if (!options.trace_path.empty()) {

@@ -70,6 +70,7 @@ MemoryPlanRequest memory_plan_request(const TrainOptions& options) {
   request.batch = options.batch;
   request.seq_len = options.seq_len;
   request.grad_accum = options.grad_accum;
+  request.clip = options.clip;
   request.mode = options.mode;
   request.device = options.device;
   request.dtype = options.dtype;
@@ -148,7 +149,7 @@ TrainResult train(TrainOptions options) {
   std::unique_ptr<TraceRecorder> trace;
   std::unique_ptr<Schedule> schedule =
       make_schedule(options.mode, std::move(compute.backend), std::move(compute.device), layout,
-                    options.cpu_workers);
+                    schedule_options(memory_plan, options.cpu_workers));
   int steps_track = 0;
   if (!options.trace_path.empty()) {
     trace = std::make_unique<TraceRecorder>();

@@ -101,8 +101,20 @@ struct Tolerances {
   double loss, logits, gradients;
 };
 
+// One mode's training run in CudaBackendTest::run_mode: its losses and its final state.
+struct ModeRun {
+  std::vector<float> losses;
+  OptimizerTensors state;
+};
+
 class CudaBackendTest : public ::testing::TestWithParam<ComputeDtype> {
  protected:
+  // One mode's 5 steps from the fixture's parameters.
+  ModeRun run_mode(const std::string& mode, const ScheduleOptions& options, float clip,
+                   bool two_micro_batches);
+  // `run` against gpu mode's: losses and every parameter tensor within the dtype's tolerance.
+  void expect_agrees(const ModeRun& run, const ModeRun& gpu, const std::string& name);
+
   void SetUp() override {
     LAYUP_REQUIRE_GPU();
     params = random_parameters(layout, 7);
@@ -374,53 +386,81 @@ TEST_P(CudaBackendTest, GpuScheduleTrainsLikeTheCpu) {
 // modes agreed to 4e-8 with clipping but only to 3.2e-3 with --clip none (2026-11-30, before
 // the GPU AdamW matched the CPU's rounding); the cause was not established -- cuDNN's attention
 // backward, whose dq sum order may vary run to run, is the first suspect.
+ModeRun CudaBackendTest::run_mode(const std::string& mode, const ScheduleOptions& options,
+                                  float clip, bool two_micro_batches) {
+  ModeRun run;
+  std::unique_ptr<Schedule> schedule =
+      make_schedule(mode, make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam()),
+                    make_cuda_device(), layout, options);
+  schedule->import_tensors(
+      {params, std::vector<float>(params.size(), 0.0f), std::vector<float>(params.size(), 0.0f)});
+  UpdateSettings settings;
+  settings.adamw.hyper.lr = 1e-3f;
+  settings.adamw.hyper.eps = 1e-6f;  // see GpuScheduleTrainsLikeTheCpu
+  settings.clip_max_norm = clip;
+  for (int step = 1; step <= 5; ++step) {
+    const Batch a = random_batch(kMaxBatch, kMaxSeqLen, config.vocab_size, 300 + step);
+    const Batch b = random_batch(2, 21, config.vocab_size, 400 + step);
+    const TokenBatch micro_batches[] = {a.view(), b.view()};
+    settings.adamw.t = step;
+    const StepStats stats =
+        schedule->step(std::span(micro_batches, two_micro_batches ? 2 : 1), settings);
+    EXPECT_TRUE(stats.applied) << mode << " step " << step;
+    if (clip > 0.0f && step == 1) EXPECT_LT(stats.clip_factor, 1.0f) << "clipping must trigger";
+    run.losses.push_back(stats.loss);
+  }
+  run.state = schedule->export_tensors();
+  return run;
+}
+
+void CudaBackendTest::expect_agrees(const ModeRun& run, const ModeRun& gpu,
+                                    const std::string& name) {
+  double worst_loss = 0.0, worst_param = 0.0;
+  for (size_t step = 0; step < gpu.losses.size(); ++step)
+    worst_loss =
+        std::max(worst_loss, std::fabs(static_cast<double>(run.losses[step]) - gpu.losses[step]) /
+                                 std::fabs(static_cast<double>(gpu.losses[step])));
+  for (const TensorSpec& tensor : layout.tensors())
+    worst_param =
+        std::max(worst_param, relative_error(slice(run.state.params, tensor.offset, tensor.count),
+                                             slice(gpu.state.params, tensor.offset, tensor.count)));
+  std::printf("[ %s ] %s vs gpu: losses within %.2e, parameters within %.2e\n",
+              compute_dtype_name(GetParam()), name.c_str(), worst_loss, worst_param);
+  const double tolerance = GetParam() == ComputeDtype::kFloat32 ? 1e-5 : 1e-2;
+  EXPECT_LE(worst_loss, tolerance) << name;
+  EXPECT_LE(worst_param, tolerance) << name;
+}
+
+// The three modes on the GPU: offload and layup (AdamW on the CPU, gradients through host memory)
+// against gpu mode (AdamW on the GPU), 5 steps from the same parameters and batches, with 2-way
+// accumulation, clipping that triggers, and without clipping (layup then updates during backward).
+// The gradients come from the same kernels in every mode and the GPU's AdamW computes the CPU's
+// operations (cuda_device.cu), so what differs is the order of the norm's sum (and with it the
+// clip factor's last bits): fp32 agrees to 1e-5. In bf16 the tolerance is 1e-2: on the H200 the
+// modes agreed to 4e-8 with clipping but only to 3.2e-3 with --clip none (2026-11-30, before
+// the GPU AdamW matched the CPU's rounding); the cause was not established -- cuDNN's attention
+// backward, whose dq sum order may vary run to run, is the first suspect.
 TEST_P(CudaBackendTest, ThreeModesAgree) {
-  OptimizerTensors initial{params, std::vector<float>(params.size(), 0.0f),
-                           std::vector<float>(params.size(), 0.0f)};
   for (const float clip : {1.0f, 0.0f}) {
-    std::vector<std::vector<float>> losses;
-    std::vector<OptimizerTensors> states;
-    for (const std::string mode : {"gpu", "offload", "layup"}) {
-      std::unique_ptr<Schedule> schedule =
-          make_schedule(mode, make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam()),
-                        make_cuda_device(), layout, 2);
-      schedule->import_tensors(initial);
-      UpdateSettings settings;
-      settings.adamw.hyper.lr = 1e-3f;
-      settings.adamw.hyper.eps = 1e-6f;  // see GpuScheduleTrainsLikeTheCpu
-      settings.clip_max_norm = clip;
-      std::vector<float> mode_losses;
-      for (int step = 1; step <= 5; ++step) {
-        const Batch a = random_batch(kMaxBatch, kMaxSeqLen, config.vocab_size, 300 + step);
-        const Batch b = random_batch(2, 21, config.vocab_size, 400 + step);
-        const TokenBatch micro_batches[] = {a.view(), b.view()};
-        settings.adamw.t = step;
-        const StepStats stats = schedule->step(micro_batches, settings);
-        ASSERT_TRUE(stats.applied) << mode << " step " << step;
-        if (clip > 0.0f && step == 1) EXPECT_LT(stats.clip_factor, 1.0f) << "clipping must trigger";
-        mode_losses.push_back(stats.loss);
-      }
-      losses.push_back(mode_losses);
-      states.push_back(schedule->export_tensors());
-    }
-    for (size_t mode = 1; mode < states.size(); ++mode) {
-      const char* name = mode == 1 ? "offload" : "layup";
-      double worst_loss = 0.0, worst_param = 0.0;
-      for (size_t step = 0; step < losses[0].size(); ++step)
-        worst_loss = std::max(worst_loss,
-                              std::fabs(static_cast<double>(losses[mode][step]) - losses[0][step]) /
-                                  std::fabs(static_cast<double>(losses[0][step])));
-      for (const TensorSpec& tensor : layout.tensors())
-        worst_param = std::max(
-            worst_param, relative_error(slice(states[mode].params, tensor.offset, tensor.count),
-                                        slice(states[0].params, tensor.offset, tensor.count)));
-      std::printf("[ %s, clip %s ] %s vs gpu: losses within %.2e, parameters within %.2e\n",
-                  compute_dtype_name(GetParam()), clip > 0.0f ? "1.0" : "none", name, worst_loss,
-                  worst_param);
-      const double tolerance = GetParam() == ComputeDtype::kFloat32 ? 1e-5 : 1e-2;
-      EXPECT_LE(worst_loss, tolerance) << name;
-      EXPECT_LE(worst_param, tolerance) << name;
-    }
+    const std::string clip_name = clip > 0.0f ? ", clip 1.0" : ", clip none";
+    const ScheduleOptions host{.cpu_workers = 2};
+    const ModeRun gpu_run = run_mode("gpu", host, clip, true);
+    expect_agrees(run_mode("offload", host, clip, true), gpu_run, "offload" + clip_name);
+    expect_agrees(run_mode("layup", host, clip, true), gpu_run, "layup" + clip_name);
+  }
+}
+
+// layup as a unified-memory device runs it (--clip none, one micro-batch): no host gradient,
+// each block updated from its slot's landing buffer; with and without the weights read in place
+// from mapped pinned host memory (zero-copy over the interconnect).
+TEST_P(CudaBackendTest, LayupWithoutHostGradientAgrees) {
+  const ModeRun gpu_run = run_mode("gpu", {}, 0.0f, false);
+  for (const bool in_place : {false, true}) {
+    const ScheduleOptions options{
+        .cpu_workers = 2, .weights_in_place = in_place, .host_gradient = false};
+    expect_agrees(
+        run_mode("layup", options, 0.0f, false), gpu_run,
+        in_place ? "layup, no host gradient, weights in place" : "layup, no host gradient");
   }
 }
 

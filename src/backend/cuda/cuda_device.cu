@@ -250,6 +250,10 @@ class CudaDevice final : public Device {
   }
   std::shared_ptr<const DeviceFence> fence() override { return std::make_shared<CudaFence>(); }
 
+  void wait_for(const DeviceFence& fence) override {
+    LAYUP_CUDA_CHECK(cudaEventSynchronize(static_cast<const CudaFence&>(fence).event()));
+  }
+
   void copy_to_host_after(const DeviceFence& after, float* dst, const float* src,
                           size_t count) override {
     LAYUP_CUDA_CHECK(

@@ -101,7 +101,7 @@ TEST(CudaMemory, ThePlanMatchesTheAccountantAfterAStep) {
     auto accountant = std::make_shared<MemoryAccountant>();
     std::unique_ptr<Schedule> schedule =
         make_schedule(mode, make_cuda_backend(config, B, T, ComputeDtype::kBFloat16, 0, accountant),
-                      make_cuda_device(accountant), layout, 1);
+                      make_cuda_device(accountant), layout, schedule_options(plan, 1));
     OptimizerTensors fresh;
     fresh.params.resize(layout.total_count());
     init_parameters(layout, fresh.params.data(), 7);
