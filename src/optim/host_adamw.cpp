@@ -156,7 +156,8 @@ void HostAdamW::pin_workers(const HostAdamWOptions& options) {
 }
 
 void HostAdamW::update_span(const ParameterLayout& layout, const Span& span, float* params,
-                            const float* grads, float* m, float* v, const AdamWStep& step) {
+                            const float* grads, float* m, float* v, const AdamWStep& step,
+                            const ShareHook& on_share) {
   std::lock_guard call(call_mutex_);
   const Clock::time_point start = Clock::now();
   tensors_.clear();
@@ -170,7 +171,9 @@ void HostAdamW::update_span(const ParameterLayout& layout, const Span& span, flo
   with_decay_ = adamw_constants(step, true);
   without_decay_ = adamw_constants(step, false);
   task_ = nullptr;
+  share_hook_ = on_share ? &on_share : nullptr;
   if (total > 0) run_job();
+  share_hook_ = nullptr;
   count_update(total, std::chrono::duration<double>(Clock::now() - start).count());
 }
 
@@ -256,6 +259,7 @@ void HostAdamW::run_share(int index) {
     }
     return;
   }
+  if (share_hook_ != nullptr) (*share_hook_)(index, true);
   for (const TensorJob& tensor : tensors_) {
     const ElementRange share = adamw_share(tensor.count, index, workers);
     if (share.end == share.begin) continue;
@@ -263,6 +267,7 @@ void HostAdamW::run_share(int index) {
             tensor.v + share.begin, share.end - share.begin,
             tensor.decay ? with_decay_ : without_decay_);
   }
+  if (share_hook_ != nullptr) (*share_hook_)(index, false);
 }
 
 void HostAdamW::count_update(size_t params, double seconds) {

@@ -71,10 +71,15 @@ class HostAdamW {
   HostAdamW(const HostAdamW&) = delete;
   HostAdamW& operator=(const HostAdamW&) = delete;
 
+  // Called by each worker at the start (started = true) and the end of its share of an update,
+  // on that worker's thread, e.g. to trace each worker's span. It must not throw or block.
+  using ShareHook = std::function<void(int worker, bool started)>;
+
   // AdamW on one span whose buffers start at the span's first element (as adamw_update_span);
-  // weight decay per tensor as the layout says.
+  // weight decay per tensor as the layout says. `on_share`, when set, sees each worker's share.
   void update_span(const ParameterLayout& layout, const Span& span, float* params,
-                   const float* grads, float* m, float* v, const AdamWStep& step);
+                   const float* grads, float* m, float* v, const AdamWStep& step,
+                   const ShareHook& on_share = {});
 
   // AdamW on `count` contiguous parameters (as adamw_update).
   void update(float* params, const float* grads, float* m, float* v, size_t count,
@@ -135,6 +140,7 @@ class HostAdamW {
   std::vector<TensorJob> tensors_;
   AdamWConstants with_decay_{}, without_decay_{};
   const std::function<void(int, int)>* task_ = nullptr;
+  const ShareHook* share_hook_ = nullptr;  // update_span's on_share, or null
 
   mutable std::mutex call_mutex_;  // serializes callers; also guards the statistics
   int64_t updates_ = 0;

@@ -99,6 +99,38 @@ TEST(HostAdamW, SpanUpdatesMatchAdamWUpdateSpanForAnyWorkerCount) {
   }
 }
 
+// The share hook sees every worker start and then end its share, on that worker's own thread,
+// and changes nothing in the update.
+TEST(HostAdamW, ShareHookSeesEachWorkerStartAndEnd) {
+  HostAdamWOptions options;
+  options.workers = 3;
+  HostAdamW engine(options);
+  const ParameterLayout layout = small_layout();
+  const Span& span = layout.spans()[1];
+  State got = random_state(layout.total_count(), 9), expected = got;
+  std::vector<int> starts(3, 0), ends(3, 0);
+  std::vector<std::thread::id> threads(3);
+  const HostAdamW::ShareHook hook = [&](int worker, bool started) {
+    if (started) {
+      EXPECT_EQ(ends[worker], 0) << "worker " << worker << " ended before it started";
+      ++starts[worker];
+      threads[worker] = std::this_thread::get_id();
+    } else {
+      ++ends[worker];
+      EXPECT_EQ(threads[worker], std::this_thread::get_id());
+    }
+  };
+  const size_t at = span.offset;
+  engine.update_span(layout, span, got.params.data() + at, got.grads.data() + at, got.m.data() + at,
+                     got.v.data() + at, step_number(0), hook);
+  adamw_update_span(layout, span, expected.params.data() + at, expected.grads.data() + at,
+                    expected.m.data() + at, expected.v.data() + at, step_number(0));
+  expect_same_bits(got, expected, "with a share hook");
+  EXPECT_EQ(starts, std::vector<int>(3, 1));
+  EXPECT_EQ(ends, std::vector<int>(3, 1));
+  for (const std::thread::id& thread : threads) EXPECT_NE(thread, std::this_thread::get_id());
+}
+
 TEST(HostAdamW, RawUpdatesMatchAdamWUpdateOnOddSizes) {
   HostAdamWOptions options;
   options.workers = 3;

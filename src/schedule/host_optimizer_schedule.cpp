@@ -51,6 +51,10 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
 void HostOptimizerSchedule::set_trace(TraceRecorder* recorder) {
   Schedule::set_trace(recorder);
   to_device_track_ = recorder != nullptr ? recorder->track("to device") : 0;
+  worker_tracks_.clear();
+  if (recorder != nullptr)
+    for (int worker = 0; worker < host_adamw_->worker_count(); ++worker)
+      worker_tracks_.push_back(recorder->track("cpu worker " + std::to_string(worker)));
 }
 
 float HostOptimizerSchedule::forward_pass(const TokenBatch& batch) {
@@ -164,17 +168,33 @@ void HostOptimizerSchedule::update_span(const Span& span, const float* grads,
                                         const AdamWStep& adamw, int trace_track,
                                         std::function<void()> landed) {
   float* master = host_params_.data() + span.offset;
+  TraceRecorder* const trace = trace_ != nullptr && trace_->recording() ? trace_ : nullptr;
   {
     TraceSpan traced(trace_, trace_track, adamw_trace_name(span.kind), span.layer);
+    // With a trace, each worker's share on its own track, under the same name.
+    std::vector<double> share_start_us(worker_tracks_.size(), 0.0);
+    std::string name = adamw_trace_name(span.kind);
+    if (span.kind == SpanKind::kBlock) name += " " + std::to_string(span.layer);
+    HostAdamW::ShareHook on_share;
+    if (trace != nullptr && !worker_tracks_.empty())
+      on_share = [&](int worker, bool started) {
+        if (started) {
+          share_start_us[worker] = trace->now_us();
+          return;
+        }
+        try {
+          trace->add_span(worker_tracks_[worker], name, share_start_us[worker], trace->now_us());
+        } catch (...) {  // a lost trace span is not worth failing the update for
+        }
+      };
     host_adamw_->update_span(layout_, span, master, grads, host_m_.data() + span.offset,
-                             host_v_.data() + span.offset, adamw);
+                             host_v_.data() + span.offset, adamw, on_share);
   }
   if (weights_in_place_) {  // the device reads the master weights: nothing to send
     landed();
     return;
   }
   // The transfer is traced from its start to its landing on the "to device" track.
-  TraceRecorder* const trace = trace_ != nullptr && trace_->recording() ? trace_ : nullptr;
   const double start_us = trace != nullptr ? trace->now_us() : 0.0;
   device_->copy_to_device_async(params_.data() + span.offset, master, span.count,
                                 [trace, track = to_device_track_, start_us, kind = span.kind,

@@ -46,7 +46,8 @@ class HostOptimizerSchedule : public Schedule {
   void import_tensors(const OptimizerTensors& tensors) override;
   std::string cpu_adamw_report() const override;
   double cpu_adamw_rate() const override;
-  // Also names the track of the weight copies to the device ("to device").
+  // Also names the track of the weight copies to the device ("to device") and one track per
+  // HostAdamW worker ("cpu worker 0", ...) with its share of every AdamW.
   void set_trace(TraceRecorder* recorder) override;
 
  protected:
@@ -118,7 +119,8 @@ class HostOptimizerSchedule : public Schedule {
   // accumulate_gradient, whose calls are serialized by accumulate_mutex_.
   DeviceBuffer staging_;
   std::mutex accumulate_mutex_;
-  int to_device_track_ = 0;  // "to device" in trace_
+  int to_device_track_ = 0;         // "to device" in trace_
+  std::vector<int> worker_tracks_;  // "cpu worker i" in trace_, per HostAdamW worker
 };
 
 }  // namespace layup
