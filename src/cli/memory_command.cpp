@@ -92,8 +92,10 @@ void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string
       .add_option("--place", place,
                   "CLASS=KIND placement overrides, repeatable or comma-separated (classes: "
                   "weights, master, grads, moments, activations, scratch; kinds: device, pinned, "
-                  "managed, pageable, host). Checked against the device and reported; the "
-                  "schedules do not apply a placement other than the default yet")
+                  "managed, pageable, host). Checked against the device and reported; applied to "
+                  "the weights in offload and layup (weights=pinned on CUDA: the GPU computes "
+                  "with the pinned master weights in place), reported as not applied for the "
+                  "rest")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->delimiter(',');
 }

@@ -16,7 +16,10 @@
 // CUDA). A kind the device cannot use for that class is refused, saying why. Today the schedules
 // allocate device-side buffers through Device (cudaMalloc on CUDA, host memory on the CPU
 // backend), and host-side state as pinned memory where the device copies it (on CUDA) or plain
-// host memory: a placement other than that is validated and reported, NOT yet applied.
+// host memory. The one placement applied beyond that: the weights of offload and layup placed
+// where the master weights live (weights=pinned on CUDA, always on the CPU backend) make the
+// device compute with the master weights in place (MemoryPlan::weights_in_place). Any other
+// placement is validated and reported, NOT yet applied.
 #pragma once
 
 #include <array>

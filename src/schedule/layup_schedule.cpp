@@ -38,6 +38,14 @@
 // Embeddings (tied wte: LM head and token embedding) and the final norm are updated once, after
 // backward_embeddings, and may likewise still be landing when the step returns.
 //
+// Without a host gradient (ScheduleOptions::host_gradient = false: --clip none and one micro-batch,
+// what a unified-memory device wants) there is no accumulator: the consumer takes block l's
+// gradient where it lies (in the slot where the host can read device memory, after the fence; else
+// copied into the slot's pinned landing buffer, releasing the slot at once), takes its sum of
+// squares and runs its AdamW itself, before the memory can be reused for block l-2; an in-place
+// slot goes back to the device only then. The head's gradients are read the same way by the
+// updates step() submits.
+//
 // Updates in flight after step() returns are tracked per span (CpuProgress): an update has
 // landed when its new weights are in the device copy. A forward (the next step's, evaluate,
 // forward_logits) waits for each span's update in its hook; export_tensors, import_tensors,

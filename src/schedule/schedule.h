@@ -162,6 +162,9 @@ std::unique_ptr<Schedule> make_offload_schedule_with(std::unique_ptr<ModelBacken
 // block l's update. Embeddings and the final norm are updated once, after backward_embeddings,
 // and the next forward waits for them too.
 //
+// ScheduleOptions: cpu_workers; weights_in_place; host_gradient = false drops the host gradient
+// (each block updated from its slot) and then refuses steps that clip or accumulate.
+//
 // A non-finite loss, or with clipping a non-finite norm, updates nothing. Without clipping a
 // non-finite gradient is found block by block, after the blocks above were updated: the step
 // reports applied = false, and the blocks whose own gradient was finite stay updated (the
