@@ -174,7 +174,11 @@ void HostOptimizerSchedule::update_span(const Span& span, const float* grads,
     // With a trace, each worker's share on its own track, under the same name.
     std::vector<double> share_start_us(worker_tracks_.size(), 0.0);
     std::string name = adamw_trace_name(span.kind);
-    if (span.kind == SpanKind::kBlock) name += " " + std::to_string(span.layer);
+    if (span.kind == SpanKind::kBlock) {
+      // Appended piece by piece: `" " + std::to_string(...)` trips GCC 12's -Wrestrict.
+      name += ' ';
+      name += std::to_string(span.layer);
+    }
     HostAdamW::ShareHook on_share;
     if (trace != nullptr && !worker_tracks_.empty())
       on_share = [&](int worker, bool started) {
