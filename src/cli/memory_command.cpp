@@ -56,7 +56,6 @@ MemoryPlanRequest base_request(const MemoryFlags& flags) {
   request.dtype = dtype;
   request.attributes = memory_attributes_of(device);
   request.place = flags.place;
-  request.cpu_workers = flags.cpu_workers;
   request.recompute = flags.recompute;
   return request;
 }

@@ -68,7 +68,6 @@ struct MemoryPlanRequest {
   std::string device = "cpu";      // resolved: cpu | cuda
   std::string dtype = "fp32";      // resolved: fp32 | bf16
   int recompute = 0;               // the CUDA backend's --recompute level
-  int cpu_workers = 1;             // offload, layup: HostAdamW workers (0: every allowed core)
   std::vector<std::string> place;  // --place CLASS=KIND flags, in order
   DeviceMemoryAttributes attributes = cpu_memory_attributes();
 };

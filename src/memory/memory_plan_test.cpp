@@ -17,7 +17,6 @@
 
 #include "core/error.h"
 #include "memory/backend_memory.h"
-#include "model/init.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule.h"
 #include "train/benchmark.h"
@@ -70,12 +69,7 @@ TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
       std::unique_ptr<Schedule> schedule =
           make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen),
                         make_cpu_device(accountant), layout, schedule_options(plan, 1));
-      OptimizerTensors fresh;
-      fresh.params.resize(layout.total_count());
-      init_parameters(layout, fresh.params.data(), 7);
-      fresh.adam_m.assign(layout.total_count(), 0.0f);
-      fresh.adam_v.assign(layout.total_count(), 0.0f);
-      schedule->import_tensors(fresh);
+      schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
 
       // One step, so that what is allocated at the first step (gpu mode's accumulator) is too.
       std::mt19937 rng(5);

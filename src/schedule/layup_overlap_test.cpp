@@ -28,7 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "model/init.h"
 #include "schedule/schedule.h"
 #include "trace/trace_recorder.h"
 
@@ -57,10 +56,7 @@ class LayupOverlap : public ::testing::Test {
     const Gpt2Config config = overlap_config();
     schedule_ = make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
                                     layout_, {.cpu_workers = kCpuWorkers});
-    fresh_.params.resize(layout_.total_count());
-    init_parameters(layout_, fresh_.params.data(), 11);
-    fresh_.adam_m.assign(layout_.total_count(), 0.0f);
-    fresh_.adam_v.assign(layout_.total_count(), 0.0f);
+    fresh_ = fresh_optimizer_tensors(layout_, 11);
     schedule_->import_tensors(fresh_);
 
     std::mt19937 rng(5);

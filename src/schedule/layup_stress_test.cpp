@@ -15,7 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include "model/init.h"
 #include "schedule/schedule.h"
 
 namespace layup {
@@ -147,12 +146,7 @@ struct Trained {
 // kSteps steps, clipping on every third (a threshold that always clips) when `clip` and never
 // otherwise; the same data for every schedule.
 Trained train(std::unique_ptr<Schedule> schedule, const ParameterLayout& layout, bool clip) {
-  OptimizerTensors fresh;
-  fresh.params.resize(layout.total_count());
-  init_parameters(layout, fresh.params.data(), 3);
-  fresh.adam_m.assign(layout.total_count(), 0.0f);
-  fresh.adam_v.assign(layout.total_count(), 0.0f);
-  schedule->import_tensors(fresh);
+  schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
   std::mt19937 rng(99);
   std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
   Trained trained;

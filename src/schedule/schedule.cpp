@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "memory/memory_plan.h"
+#include "model/init.h"
 #include "optim/host_adamw.h"
 #include "trace/trace_recorder.h"
 
@@ -18,6 +19,15 @@ void Schedule::set_trace(TraceRecorder* recorder) {
 const std::vector<std::string>& schedule_modes() {
   static const std::vector<std::string> modes = {"gpu", "offload", "layup"};
   return modes;
+}
+
+OptimizerTensors fresh_optimizer_tensors(const ParameterLayout& layout, uint64_t seed) {
+  OptimizerTensors fresh;
+  fresh.params.resize(layout.total_count());
+  init_parameters(layout, fresh.params.data(), seed);
+  fresh.adam_m.assign(layout.total_count(), 0.0f);
+  fresh.adam_v.assign(layout.total_count(), 0.0f);
+  return fresh;
 }
 
 ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers) {

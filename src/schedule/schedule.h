@@ -52,6 +52,9 @@ struct OptimizerTensors {
   std::vector<float> params, adam_m, adam_v;
 };
 
+// The state a run starts from: parameters initialized from `seed` (model/init.h), zero moments.
+OptimizerTensors fresh_optimizer_tensors(const ParameterLayout& layout, uint64_t seed);
+
 class Schedule {
  public:
   virtual ~Schedule() = default;

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/init.h"
 #include "schedule/schedule.h"
 
 namespace layup {
@@ -49,12 +48,7 @@ TrainingRun train(const ScheduleFactory& make, int micro_batches, bool clip) {
   const ParameterLayout layout(config);
   std::unique_ptr<Schedule> schedule =
       make(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
-  OptimizerTensors fresh;
-  fresh.params.resize(layout.total_count());
-  init_parameters(layout, fresh.params.data(), 7);
-  fresh.adam_m.assign(layout.total_count(), 0.0f);
-  fresh.adam_v.assign(layout.total_count(), 0.0f);
-  schedule->import_tensors(fresh);
+  schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
 
   std::mt19937 rng(2024);
   const size_t tokens = static_cast<size_t>(kBatch) * kSeqLen;

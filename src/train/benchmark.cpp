@@ -164,7 +164,6 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   request.dtype = target.dtype;
   request.recompute = options.recompute;
   request.place = options.place;
-  request.cpu_workers = options.cpu_workers;
   request.attributes = memory_attributes_of(target.device);
   const MemoryPlan memory_plan = plan_memory(request);
   const MemoryBudgets budgets =
@@ -194,13 +193,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     trace->set_metadata("model", options.model_name);
     trace->set_metadata("schedule", result.schedule);
   }
-  OptimizerTensors fresh;
-  fresh.params.resize(layout.total_count());
-  init_parameters(layout, fresh.params.data(), options.seed);
-  fresh.adam_m.assign(layout.total_count(), 0.0f);
-  fresh.adam_v.assign(layout.total_count(), 0.0f);
-  schedule->import_tensors(fresh);
-  fresh = {};
+  schedule->import_tensors(fresh_optimizer_tensors(layout, options.seed));
 
   // Uniform random token ids, the same for every step: the timing does not depend on the values.
   Rng rng(options.seed);

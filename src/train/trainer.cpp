@@ -15,7 +15,6 @@
 #include "data/token_dataset.h"
 #include "io/checkpoint.h"
 #include "memory/memory_plan.h"
-#include "model/init.h"
 #include "optim/lr_schedule.h"
 #include "sample/generate.h"
 #include "schedule/schedule.h"
@@ -76,7 +75,6 @@ MemoryPlanRequest memory_plan_request(const TrainOptions& options) {
   request.dtype = options.dtype;
   request.recompute = options.recompute;
   request.place = options.place;
-  request.cpu_workers = options.cpu_workers;
   request.attributes = memory_attributes_of(options.device);
   return request;
 }
@@ -171,12 +169,7 @@ TrainResult train(TrainOptions options) {
     tokens_seen = resumed.state.tokens_seen;
     sampler.set_state(resumed.state.data_rng_state);
   } else {
-    OptimizerTensors fresh;
-    fresh.params.resize(layout.total_count());
-    init_parameters(layout, fresh.params.data(), options.seed);
-    fresh.adam_m.assign(layout.total_count(), 0.0f);
-    fresh.adam_v.assign(layout.total_count(), 0.0f);
-    schedule->import_tensors(fresh);
+    schedule->import_tensors(fresh_optimizer_tensors(layout, options.seed));
   }
 
   const int last_step = options.until_step > 0 ? options.until_step : options.steps;

@@ -41,11 +41,11 @@ class CpuDevice final : public Device {
   std::shared_ptr<const DeviceFence> fence() override { return passed_; }
   void wait_for(const DeviceFence&) override {}
   void copy_to_host_after(const DeviceFence&, float* dst, const float* src, size_t count) override {
-    std::memcpy(dst, src, count * sizeof(float));
+    copy_to_host(dst, src, count);
   }
   void copy_to_device_async(float* dst, const float* src, size_t count,
                             std::function<void()> landed) override {
-    std::memcpy(dst, src, count * sizeof(float));
+    copy_to_device(dst, src, count);
     landed();
   }
 

@@ -13,7 +13,6 @@
 #include "backend/cuda/cuda_test_support.h"
 #include "memory/backend_memory.h"
 #include "memory/memory_plan.h"
-#include "model/init.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule.h"
 
@@ -94,7 +93,6 @@ TEST(CudaMemory, ThePlanMatchesTheAccountantAfterAStep) {
     request.seq_len = T;
     request.device = "cuda";
     request.dtype = "bf16";
-    request.cpu_workers = 1;
     request.attributes = cuda_memory_attributes();
     const MemoryPlan plan = plan_memory(request);
 
@@ -102,12 +100,7 @@ TEST(CudaMemory, ThePlanMatchesTheAccountantAfterAStep) {
     std::unique_ptr<Schedule> schedule =
         make_schedule(mode, make_cuda_backend(config, B, T, ComputeDtype::kBFloat16, 0, accountant),
                       make_cuda_device(accountant), layout, schedule_options(plan, 1));
-    OptimizerTensors fresh;
-    fresh.params.resize(layout.total_count());
-    init_parameters(layout, fresh.params.data(), 7);
-    fresh.adam_m.assign(layout.total_count(), 0.0f);
-    fresh.adam_v.assign(layout.total_count(), 0.0f);
-    schedule->import_tensors(fresh);
+    schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
     std::mt19937 rng(5);
     std::vector<int32_t> tokens(B * T);
     for (int32_t& id : tokens) id = static_cast<int32_t>(rng() % config.vocab_size);
