@@ -8,9 +8,15 @@
 #   SUITE=modes bench/run_h200.sh              # the three modes and the CPU-AdamW peers
 #
 # SUITE=speed (the default) is the gpu-mode speed comparison above. SUITE=modes runs, per config,
-# `layup bench` in gpu, offload and layup mode (layup with clipping at 1.0 and with --clip none)
+# `layup bench` in gpu, offload and layup mode (layup with clipping at 1.0, speculative and
+# deferred, and with --clip none)
 # and bench/pytorch_offload_peer.py's three peers (gpu, conventional offload, layer-wise hooks),
 # and tabulates median ms/step, the floor layup bench prints, and the ratios.
+#
+# SUITE=modes also takes MODE_RUNS (which of gpu offload layup layup-deferred layup-noclip
+# layup-holds to run; layup-holds clips at 1e9, which never triggers, so layup's speculation
+# always holds: what a step costs once training no longer clips) and PEERS (0: skip the PyTorch
+# peers).
 #
 # Environment: CONFIGS (model:batch ...), SEQ_LEN (1024), WARMUP (3), STEPS (10), BUDGET_S (540:
 # the whole script's wall-clock budget; every command runs under `timeout` with what is left, at
@@ -32,6 +38,8 @@ steps=${STEPS:-10}
 budget_s=${BUDGET_S:-540}
 command_limit_s=${COMMAND_LIMIT_S:-180}
 python=${PYTHON:-python3}
+mode_runs=${MODE_RUNS:-"gpu offload layup layup-deferred layup-noclip"}
+peers=${PEERS:-1}
 mkdir -p "$build" "$out"
 export PATH="/usr/local/cuda/bin:$PATH"
 runs=$(mktemp -d)  # one JSON per run, combined into results.json at the end
@@ -82,13 +90,16 @@ for config in $configs; do
   common=(--model "$model" --batch "$batch" --seq-len "$seq_len" --warmup "$warmup"
           --steps "$steps")
   if [ "$suite" = modes ]; then
-    for run in gpu offload layup layup-noclip; do
-      mode=${run%-noclip}
+    for run in $mode_runs; do
+      mode=${run%-*}
       clip=()
       [ "$run" = layup-noclip ] && clip=(--clip none)
+      [ "$run" = layup-deferred ] && clip=(--layup-clip deferred)
+      [ "$run" = layup-holds ] && clip=(--clip 1e9)
       run_timed "layup $run $model B=$batch" "$build/layup" bench "${common[@]}" --device cuda \
         --dtype bf16 --mode "$mode" "${clip[@]}" --json "$runs/$model-layup-$run.json"
     done
+    [ "$peers" = 1 ] || continue
     for peer in gpu offload layerwise; do
       run_timed "pytorch $peer $model B=$batch" "$python" "$repo/bench/pytorch_offload_peer.py" \
         "${common[@]}" --device cuda --mode "$peer" --json "$runs/$model-pytorch-$peer.json"
@@ -121,20 +132,25 @@ if suite == "modes":
     def ms(r):
         return f"{r['median_ms']:.1f}" if r else "-"
     lines = [
-        "| config | B | layup gpu | layup offload | layup layup (clip 1.0) | layup layup (no clip) "
+        "| config | B | layup gpu | layup offload | layup layup (clip 1.0, speculative) "
+        "| steps clipped | layup layup (clip 1.0, deferred) | layup layup (no clip) "
+        "| layup layup (clip never triggered) "
         "| floor | layup/floor | torch gpu | torch offload | torch layer-wise "
         "| offload vs torch offload | layup (no clip) vs torch layer-wise |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for config in configs:
         model, batch = config.split(":")
-        g, o, l, n = (run(model, f"layup-{x}") for x in ("gpu", "offload", "layup", "layup-noclip"))
+        g, o, l, d, n, h = (run(model, f"layup-{x}") for x in ("gpu", "offload", "layup",
+                            "layup-deferred", "layup-noclip", "layup-holds"))
+        clipped = f"{l['clipped_steps']}/{l['steps']}" if l and "clipped_steps" in l else "-"
         tg, to, tl = (run(model, f"pytorch-{x}") for x in ("gpu", "offload", "layerwise"))
         floor = (l or {}).get("floor") or {}
         fl = f"{floor['total_ms']:.1f}" if floor else "-"
         over = f"{l['median_ms'] / floor['total_ms']:.2f}" if floor else "-"
         vs = lambda a, b: f"{b['median_ms'] / a['median_ms']:.2f}x" if a and b else "-"
-        lines.append(f"| {model} | {batch} | {ms(g)} | {ms(o)} | {ms(l)} | {ms(n)} | {fl} | {over} "
+        lines.append(f"| {model} | {batch} | {ms(g)} | {ms(o)} | {ms(l)} | {clipped} | {ms(d)} "
+                     f"| {ms(n)} | {ms(h)} | {fl} | {over} "
                      f"| {ms(tg)} | {ms(to)} | {ms(tl)} | {vs(o, to)} | {vs(n, tl)} |")
     commit = next((r["git_commit"] for r in results if "git_commit" in r), "unknown")
     lines += ["", f"median ms/step at T={results[0]['seq_len'] if results else '?'}, commit {commit}; "

@@ -51,8 +51,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--mode", o.mode,
                   "Schedule: gpu (all on the device), offload (AdamW on the CPU after backward, "
                   "no overlap) or layup (per-block AdamW on the CPU, fed through two gradient "
-                  "slots; overlaps the backward with --clip none; with clipping the updates run "
-                  "after backward, so clipping stays exact)")
+                  "slots, each block's update overlapping the backward of the blocks below it; "
+                  "clipping stays exact, see --layup-clip)")
       ->capture_default_str();
   cmd->add_option("--cpu-workers", o.cpu_workers,
                   "offload and layup: pinned CPU AdamW workers (default: every core this process "
@@ -65,8 +65,7 @@ void add_bench_command(CLI::App& app) {
          "activation memory, a little more compute)")
       ->check(CLI::Range(0, 2))
       ->capture_default_str();
-  cmd->add_option("--clip", flags->clip, "Global gradient-norm clip threshold, or 'none'")
-      ->capture_default_str();
+  add_clip_flags(*cmd, flags->clip, o.layup_clip);
   cmd->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace (JSON; open in ui.perfetto.dev) of the first " +
                       std::to_string(kMaxTracedSteps) + " timed steps here");

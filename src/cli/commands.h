@@ -19,4 +19,8 @@ void add_memory_command(CLI::App& app);
 void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
                       std::string& host_budget, std::vector<std::string>& place);
 
+// The clipping flags `train`, `bench` and `memory` share: --clip (a threshold or none) and
+// --layup-clip (how layup keeps clipping exact: speculative or deferred).
+void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_clip);
+
 }  // namespace layup

@@ -30,6 +30,7 @@ struct MemoryFlags {
   int cpu_workers = allowed_core_count();
   int recompute = 0;
   std::string clip = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
+  std::string layup_clip = "speculative";
   std::vector<std::string> place;
   std::string memory_budget, device_budget, host_budget;
 };
@@ -44,6 +45,7 @@ MemoryPlanRequest base_request(const MemoryFlags& flags) {
   request.seq_len = flags.seq_len;
   request.grad_accum = flags.grad_accum;
   request.clip = parse_clip_flag(flags.clip);
+  request.layup_clip = flags.layup_clip;
   std::string device = flags.device, dtype = flags.dtype;
   if (device != "cuda") {
     const ComputeTarget target = resolve_compute_target({device, dtype});
@@ -99,6 +101,23 @@ void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string
       ->delimiter(',');
 }
 
+void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_clip) {
+  command
+      .add_option("--clip", clip,
+                  "Global gradient-norm clip threshold, or 'none' (layup with none and one "
+                  "micro-batch keeps no whole-model gradient on the host)")
+      ->capture_default_str();
+  command
+      .add_option("--layup-clip", layup_clip,
+                  "How layup keeps clipping exact: speculative (update each block during "
+                  "backward as if unclipped, into a second copy of the master weights and "
+                  "moments; redo the blocks from the first copy on a step that is clipped) or "
+                  "deferred (one copy; update the blocks after backward, during the next "
+                  "forward)")
+      ->check(CLI::IsMember({"speculative", "deferred"}))
+      ->capture_default_str();
+}
+
 void add_memory_command(CLI::App& app) {
   auto flags = std::make_shared<MemoryFlags>();
   CLI::App* cmd = app.add_subcommand(
@@ -126,10 +145,7 @@ void add_memory_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--cpu-workers", flags->cpu_workers, "offload, layup: CPU AdamW workers")
       ->capture_default_str();
-  cmd->add_option("--clip", flags->clip,
-                  "Global gradient-norm clip threshold, or 'none' (layup with none and one "
-                  "micro-batch keeps no whole-model gradient on the host)")
-      ->capture_default_str();
+  add_clip_flags(*cmd, flags->clip, flags->layup_clip);
   cmd->add_option("--mode", flags->mode,
                   "Also print this mode's plan allocation by allocation: gpu, offload or layup");
   add_memory_flags(*cmd, flags->memory_budget, flags->device_budget, flags->host_budget,

@@ -76,8 +76,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
   cmd->add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
   cmd->add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
-  cmd->add_option("--clip", flags->clip, "Global gradient-norm clip threshold, or 'none'")
-      ->capture_default_str();
+  add_clip_flags(*cmd, flags->clip, o.layup_clip);
   cmd->add_option("--eval-every", o.eval_every, "Validation every N updates (0: never)")
       ->capture_default_str();
   cmd->add_option("--eval-batches", o.eval_batches, "Validation batches per evaluation")
@@ -117,8 +116,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--mode", o.mode,
                   "Schedule: gpu (all on the device), offload (AdamW on the CPU after backward, "
                   "no overlap) or layup (per-block AdamW on the CPU, fed through two gradient "
-                  "slots; overlaps the backward with --clip none; with clipping the updates run "
-                  "after backward, so clipping stays exact). All three train identically, and a "
+                  "slots, each block's update overlapping the backward of the blocks below it; "
+                  "clipping stays exact, see --layup-clip). All three train identically, and a "
                   "run may resume in another mode")
       ->capture_default_str();
   cmd->add_option("--cpu-workers", o.cpu_workers,

@@ -252,6 +252,9 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   plan.weights_in_place = r.mode != "gpu" && (!cuda || plan.placement[TensorClass::kWeights] ==
                                                            MemoryKind::kPinnedMapped);
   plan.host_gradient = r.mode != "layup" || r.clip > 0.0f || r.grad_accum > 1;
+  LAYUP_CHECK(r.layup_clip == "speculative" || r.layup_clip == "deferred", "--layup-clip ",
+              r.layup_clip, " is not a way to clip; use speculative or deferred");
+  plan.speculative_clip = r.mode == "layup" && r.clip > 0.0f && r.layup_clip == "speculative";
 
   // The schedule's buffers (schedule/*.cpp).
   if (r.mode == "gpu") {
@@ -298,6 +301,12 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
                "landing buffers of the two gradient slots and of the head's gradients", true);
     }
     add(host, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", true);
+    if (plan.speculative_clip) {
+      add_kind(host, TensorClass::kMasterWeights, copied_host_memory, all,
+               "spare fp32 master weights (speculative clipping writes the new state here)", true);
+      add(host, TensorClass::kOptimizerMoments, 2 * all,
+          "spare AdamW m and v (speculative clipping)", true);
+    }
   }
 
   // The backend's buffers (memory/backend_memory.h).
@@ -350,6 +359,12 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
                            ") is a second whole-model gradient, kept for clipping by the global "
                            "norm and for accumulation; layup with --clip none and one "
                            "micro-batch updates each block from its slot and keeps none");
+    if (plan.speculative_clip)
+      plan.notes.push_back(
+          "clipping in layup is speculative: a second copy of the master weights and moments (" +
+          format_bytes(3 * all) +
+          ") lets blocks update during backward and be redone when the step is clipped; "
+          "--layup-clip deferred keeps one copy and updates the blocks after backward");
   }
   for (TensorClass c : kAllTensorClasses) {
     if (!plan.placement.overridden[index_of(c)]) continue;

@@ -15,7 +15,7 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
   // Below this size waking the thread team costs more than the loop itself (a bias or a gain).
   constexpr size_t kMinParallelCount = size_t{1} << 15;
   if (count < kMinParallelCount) {
-    kernel(params, grads, m, v, count, constants);
+    kernel(AdamWBuffers::in_place(params, grads, m, v), count, constants);
     return;
   }
   // One contiguous share per thread, cut at cache lines. The update is elementwise, so how the
@@ -23,8 +23,8 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
 #pragma omp parallel
   {
     const ElementRange share = adamw_share(count, omp_get_thread_num(), omp_get_num_threads());
-    kernel(params + share.begin, grads + share.begin, m + share.begin, v + share.begin,
-           share.end - share.begin, constants);
+    kernel(AdamWBuffers::in_place(params, grads, m, v).at(share.begin), share.end - share.begin,
+           constants);
   }
 }
 

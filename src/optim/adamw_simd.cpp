@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -25,23 +26,40 @@ namespace layup {
 
 namespace {
 
-// One element, in the operation order every level follows (see adamw_simd.h).
-inline void adamw_element(float& param, float grad, float& m, float& v, const AdamWConstants& c) {
-  const float g = grad * c.grad_scale;
-  const float m_i = c.beta1 * m + c.one_minus_beta1 * g;
-  const float v_i = c.beta2 * v + c.one_minus_beta2 * g * g;
-  m = m_i;
-  v = v_i;
-  param = param * c.decay_factor -
-          c.step_size * m_i / (std::sqrt(v_i) * c.inv_sqrt_bias_correction2 + c.eps);
+// One element, in the operation order every level follows (see adamw_simd.h). Every input is read
+// before an output is written, so it updates in place too.
+inline void adamw_element(const AdamWBuffers& b, size_t i, const AdamWConstants& c) {
+  const float g = b.grads[i] * c.grad_scale;
+  const float m_i = c.beta1 * b.m[i] + c.one_minus_beta1 * g;
+  const float v_i = c.beta2 * b.v[i] + c.one_minus_beta2 * g * g;
+  const float p_i = b.params[i] * c.decay_factor -
+                    c.step_size * m_i / (std::sqrt(v_i) * c.inv_sqrt_bias_correction2 + c.eps);
+  b.m_out[i] = m_i;
+  b.v_out[i] = v_i;
+  b.params_out[i] = p_i;
 }
 
-void adamw_scalar(float* params, const float* grads, float* m, float* v, size_t count,
-                  const AdamWConstants& c) {
-  for (size_t i = 0; i < count; ++i) adamw_element(params[i], grads[i], m[i], v[i], c);
+void adamw_scalar(const AdamWBuffers& b, size_t count, const AdamWConstants& c) {
+  for (size_t i = 0; i < count; ++i) adamw_element(b, i, c);
 }
 
 #if defined(__x86_64__)
+
+constexpr size_t kNoStreaming = ~size_t{0};
+
+// Out of place, how many elements to update one by one before all three outputs are aligned to
+// `alignment` bytes, as streaming stores need (at most `count`); kNoStreaming in place, or where
+// the outputs are not aligned alike.
+size_t streaming_peel(const AdamWBuffers& b, size_t count, uintptr_t alignment) {
+  if (b.params_out == b.params) return kNoStreaming;
+  const auto misalignment = [&](const float* p) {
+    return reinterpret_cast<uintptr_t>(p) % alignment;
+  };
+  const uintptr_t off = misalignment(b.params_out);
+  if (off % sizeof(float) != 0 || misalignment(b.m_out) != off || misalignment(b.v_out) != off)
+    return kNoStreaming;
+  return std::min<size_t>(count, off == 0 ? 0 : (alignment - off) / sizeof(float));
+}
 
 // Eight elements in the lanes of AVX registers. _mm256_sqrt_ps and _mm256_div_ps are correctly
 // rounded, as sqrtss and divss are; the approximations (_mm256_rsqrt_ps, _mm256_rcp_ps) would not
@@ -60,18 +78,30 @@ __attribute__((target("avx2"))) inline void adamw8(__m256& p, __m256 grad, __m25
                     _mm256_div_ps(_mm256_mul_ps(_mm256_set1_ps(c.step_size), m), denominator));
 }
 
-__attribute__((target("avx2"))) void adamw_avx2(float* params, const float* grads, float* m,
-                                                float* v, size_t count, const AdamWConstants& c) {
+__attribute__((target("avx2"))) void adamw_avx2(const AdamWBuffers& b, size_t count,
+                                                const AdamWConstants& c) {
+  const size_t peel = streaming_peel(b, count, 32);
+  const bool stream = peel != kNoStreaming;
   size_t i = 0;
+  if (stream)
+    for (; i < peel; ++i) adamw_element(b, i, c);
   for (; i + 8 <= count; i += 8) {
-    __m256 p_i = _mm256_loadu_ps(params + i), m_i = _mm256_loadu_ps(m + i);
-    __m256 v_i = _mm256_loadu_ps(v + i);
-    adamw8(p_i, _mm256_loadu_ps(grads + i), m_i, v_i, c);
-    _mm256_storeu_ps(params + i, p_i);
-    _mm256_storeu_ps(m + i, m_i);
-    _mm256_storeu_ps(v + i, v_i);
+    __m256 p_i = _mm256_loadu_ps(b.params + i), m_i = _mm256_loadu_ps(b.m + i);
+    __m256 v_i = _mm256_loadu_ps(b.v + i);
+    adamw8(p_i, _mm256_loadu_ps(b.grads + i), m_i, v_i, c);
+    if (stream) {
+      _mm256_stream_ps(b.params_out + i, p_i);
+      _mm256_stream_ps(b.m_out + i, m_i);
+      _mm256_stream_ps(b.v_out + i, v_i);
+    } else {
+      _mm256_storeu_ps(b.params_out + i, p_i);
+      _mm256_storeu_ps(b.m_out + i, m_i);
+      _mm256_storeu_ps(b.v_out + i, v_i);
+    }
   }
-  for (; i < count; ++i) adamw_element(params[i], grads[i], m[i], v[i], c);
+  for (; i < count; ++i) adamw_element(b, i, c);
+  // Streaming stores are weakly ordered: fence them before the caller hands the results on.
+  if (stream) _mm_sfence();
 }
 
 __attribute__((target("avx512f"))) inline void adamw16(__m512& p, __m512 grad, __m512& m, __m512& v,
@@ -90,29 +120,41 @@ __attribute__((target("avx512f"))) inline void adamw16(__m512& p, __m512 grad, _
                     _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(c.step_size), m), denominator));
 }
 
-__attribute__((target("avx512f"))) void adamw_avx512(float* params, const float* grads, float* m,
-                                                     float* v, size_t count,
+__attribute__((target("avx512f"))) void adamw_avx512(const AdamWBuffers& b, size_t count,
                                                      const AdamWConstants& c) {
+  const size_t peel = streaming_peel(b, count, 64);
+  const bool stream = peel != kNoStreaming;
   size_t i = 0;
+  if (stream)
+    for (; i < peel; ++i) adamw_element(b, i, c);
   for (; i + 16 <= count; i += 16) {
-    __m512 p_i = _mm512_loadu_ps(params + i), m_i = _mm512_loadu_ps(m + i);
-    __m512 v_i = _mm512_loadu_ps(v + i);
-    adamw16(p_i, _mm512_loadu_ps(grads + i), m_i, v_i, c);
-    _mm512_storeu_ps(params + i, p_i);
-    _mm512_storeu_ps(m + i, m_i);
-    _mm512_storeu_ps(v + i, v_i);
+    __m512 p_i = _mm512_loadu_ps(b.params + i), m_i = _mm512_loadu_ps(b.m + i);
+    __m512 v_i = _mm512_loadu_ps(b.v + i);
+    adamw16(p_i, _mm512_loadu_ps(b.grads + i), m_i, v_i, c);
+    if (stream) {
+      _mm512_stream_ps(b.params_out + i, p_i);
+      _mm512_stream_ps(b.m_out + i, m_i);
+      _mm512_stream_ps(b.v_out + i, v_i);
+    } else {
+      _mm512_storeu_ps(b.params_out + i, p_i);
+      _mm512_storeu_ps(b.m_out + i, m_i);
+      _mm512_storeu_ps(b.v_out + i, v_i);
+    }
   }
   if (i < count) {
     // The last 1-15 elements under a mask: masked-off lanes load zeros and are never stored, and
     // a masked load does not fault on the memory past the end.
     const __mmask16 mask = static_cast<__mmask16>((1u << (count - i)) - 1u);
-    __m512 p_i = _mm512_maskz_loadu_ps(mask, params + i), m_i = _mm512_maskz_loadu_ps(mask, m + i);
-    __m512 v_i = _mm512_maskz_loadu_ps(mask, v + i);
-    adamw16(p_i, _mm512_maskz_loadu_ps(mask, grads + i), m_i, v_i, c);
-    _mm512_mask_storeu_ps(params + i, mask, p_i);
-    _mm512_mask_storeu_ps(m + i, mask, m_i);
-    _mm512_mask_storeu_ps(v + i, mask, v_i);
+    __m512 p_i = _mm512_maskz_loadu_ps(mask, b.params + i);
+    __m512 m_i = _mm512_maskz_loadu_ps(mask, b.m + i);
+    __m512 v_i = _mm512_maskz_loadu_ps(mask, b.v + i);
+    adamw16(p_i, _mm512_maskz_loadu_ps(mask, b.grads + i), m_i, v_i, c);
+    _mm512_mask_storeu_ps(b.params_out + i, mask, p_i);
+    _mm512_mask_storeu_ps(b.m_out + i, mask, m_i);
+    _mm512_mask_storeu_ps(b.v_out + i, mask, v_i);
   }
+  // Streaming stores are weakly ordered: fence them before the caller hands the results on.
+  if (stream) _mm_sfence();
 }
 
 #endif  // __x86_64__
@@ -134,17 +176,16 @@ inline void adamw4(float32x4_t& p, float32x4_t grad, float32x4_t& m, float32x4_t
                 vdivq_f32(vmulq_f32(vdupq_n_f32(c.step_size), m), denominator));
 }
 
-void adamw_neon(float* params, const float* grads, float* m, float* v, size_t count,
-                const AdamWConstants& c) {
+void adamw_neon(const AdamWBuffers& b, size_t count, const AdamWConstants& c) {
   size_t i = 0;
   for (; i + 4 <= count; i += 4) {
-    float32x4_t p_i = vld1q_f32(params + i), m_i = vld1q_f32(m + i), v_i = vld1q_f32(v + i);
-    adamw4(p_i, vld1q_f32(grads + i), m_i, v_i, c);
-    vst1q_f32(params + i, p_i);
-    vst1q_f32(m + i, m_i);
-    vst1q_f32(v + i, v_i);
+    float32x4_t p_i = vld1q_f32(b.params + i), m_i = vld1q_f32(b.m + i), v_i = vld1q_f32(b.v + i);
+    adamw4(p_i, vld1q_f32(b.grads + i), m_i, v_i, c);
+    vst1q_f32(b.params_out + i, p_i);
+    vst1q_f32(b.m_out + i, m_i);
+    vst1q_f32(b.v_out + i, v_i);
   }
-  for (; i < count; ++i) adamw_element(params[i], grads[i], m[i], v[i], c);
+  for (; i < count; ++i) adamw_element(b, i, c);
 }
 
 #endif  // __aarch64__

@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -128,7 +130,36 @@ struct LevelUpdate {
   AdamWKernel kernel;
   void operator()(float* p, const float* g, float* m, float* v, size_t count, const AdamWStep& step,
                   bool decay) const {
-    kernel(p, g, m, v, count, adamw_constants(step, decay));
+    kernel(AdamWBuffers::in_place(p, g, m, v), count, adamw_constants(step, decay));
+  }
+};
+
+// Calls the loop of one level out of place: into separate outputs (each starting `shift` floats
+// past a 64-byte line, plus `m_skew` more for m, so that the outputs are aligned alike or not),
+// checks that the inputs were left alone, then copies the outputs back over them.
+struct OutOfPlaceLevelUpdate {
+  AdamWKernel kernel;
+  size_t m_skew = 0;
+  mutable size_t shift = 0;  // advances every call, so calls see every alignment
+  void operator()(float* p, const float* g, float* m, float* v, size_t count, const AdamWStep& step,
+                  bool decay) const {
+    constexpr size_t kLine = 16;  // floats per 64-byte line
+    shift = (shift + 5) % kLine;
+    std::vector<float> storage(3 * (count + 2 * kLine) + kLine);
+    float* base = storage.data();
+    base += (kLine - (reinterpret_cast<uintptr_t>(base) / sizeof(float)) % kLine) % kLine;
+    float* p_out = base + shift;
+    float* m_out = p_out + count + kLine + m_skew;
+    float* v_out = m_out + count + kLine - m_skew;
+    const std::vector<float> p_in(p, p + count), m_in(m, m + count), v_in(v, v + count);
+    kernel(AdamWBuffers{p, g, m, v, p_out, m_out, v_out}, count, adamw_constants(step, decay));
+    EXPECT_TRUE(count == 0 || (std::memcmp(p_in.data(), p, count * sizeof(float)) == 0 &&
+                               std::memcmp(m_in.data(), m, count * sizeof(float)) == 0 &&
+                               std::memcmp(v_in.data(), v, count * sizeof(float)) == 0))
+        << "an out-of-place update wrote to its inputs";
+    std::copy(p_out, p_out + count, p);
+    std::copy(m_out, m_out + count, m);
+    std::copy(v_out, v_out + count, v);
   }
 };
 
@@ -183,6 +214,22 @@ TEST_P(AdamWSimdLevel, MatchesTheScalarLevelBitForBit) {
   if (!adamw_isa_available(isa))
     GTEST_SKIP() << adamw_isa_name(isa) << " is not available on this CPU or in this build";
   expect_identical_updates(LevelUpdate{adamw_kernel(isa)},
+                           LevelUpdate{adamw_kernel(AdamWIsa::kScalar)});
+}
+
+// Out of place (streaming stores on x86 where the outputs are aligned alike, plain stores where
+// they are not), every level gives the bits of the scalar level in place.
+TEST_P(AdamWSimdLevel, OutOfPlaceMatchesInPlaceBitForBit) {
+  const AdamWIsa isa = GetParam();
+  if (!adamw_isa_available(isa))
+    GTEST_SKIP() << adamw_isa_name(isa) << " is not available on this CPU or in this build";
+  for (size_t m_skew : {0, 3})
+    expect_identical_updates(OutOfPlaceLevelUpdate{adamw_kernel(isa), m_skew},
+                             LevelUpdate{adamw_kernel(AdamWIsa::kScalar)});
+}
+
+TEST(AdamWSimd, ScalarOutOfPlaceMatchesInPlaceBitForBit) {
+  expect_identical_updates(OutOfPlaceLevelUpdate{adamw_kernel(AdamWIsa::kScalar)},
                            LevelUpdate{adamw_kernel(AdamWIsa::kScalar)});
 }
 

@@ -158,14 +158,18 @@ void HostAdamW::pin_workers(const HostAdamWOptions& options) {
 void HostAdamW::update_span(const ParameterLayout& layout, const Span& span, float* params,
                             const float* grads, float* m, float* v, const AdamWStep& step,
                             const ShareHook& on_share) {
+  update_span(layout, span, AdamWBuffers::in_place(params, grads, m, v), step, on_share);
+}
+
+void HostAdamW::update_span(const ParameterLayout& layout, const Span& span,
+                            const AdamWBuffers& buffers, const AdamWStep& step,
+                            const ShareHook& on_share) {
   std::lock_guard call(call_mutex_);
   const Clock::time_point start = Clock::now();
   tensors_.clear();
   size_t total = 0;
   for (const TensorSpec& tensor : layout.tensors_in(span)) {
-    const size_t at = tensor.offset_in_span;
-    tensors_.push_back(
-        {params + at, grads + at, m + at, v + at, tensor.count, tensor.weight_decay});
+    tensors_.push_back({buffers.at(tensor.offset_in_span), tensor.count, tensor.weight_decay});
     total += tensor.count;
   }
   with_decay_ = adamw_constants(step, true);
@@ -181,7 +185,7 @@ void HostAdamW::update(float* params, const float* grads, float* m, float* v, si
                        const AdamWStep& step, bool decay) {
   std::lock_guard call(call_mutex_);
   const Clock::time_point start = Clock::now();
-  tensors_.assign(1, {params, grads, m, v, count, decay});
+  tensors_.assign(1, {AdamWBuffers::in_place(params, grads, m, v), count, decay});
   with_decay_ = adamw_constants(step, true);
   without_decay_ = adamw_constants(step, false);
   task_ = nullptr;
@@ -263,8 +267,7 @@ void HostAdamW::run_share(int index) {
   for (const TensorJob& tensor : tensors_) {
     const ElementRange share = adamw_share(tensor.count, index, workers);
     if (share.end == share.begin) continue;
-    kernel_(tensor.params + share.begin, tensor.grads + share.begin, tensor.m + share.begin,
-            tensor.v + share.begin, share.end - share.begin,
+    kernel_(tensor.buffers.at(share.begin), share.end - share.begin,
             tensor.decay ? with_decay_ : without_decay_);
   }
   if (share_hook_ != nullptr) (*share_hook_)(index, false);

@@ -80,6 +80,10 @@ class HostAdamW {
   void update_span(const ParameterLayout& layout, const Span& span, float* params,
                    const float* grads, float* m, float* v, const AdamWStep& step,
                    const ShareHook& on_share = {});
+  // The same, reading and writing the state where `buffers` say (the span's first element each):
+  // in place, or out of place into outputs that overlap no input (AdamWBuffers).
+  void update_span(const ParameterLayout& layout, const Span& span, const AdamWBuffers& buffers,
+                   const AdamWStep& step, const ShareHook& on_share = {});
 
   // AdamW on `count` contiguous parameters (as adamw_update).
   void update(float* params, const float* grads, float* m, float* v, size_t count,
@@ -115,10 +119,7 @@ class HostAdamW {
  private:
   // One tensor of the current job.
   struct TensorJob {
-    float* params;
-    const float* grads;
-    float* m;
-    float* v;
+    AdamWBuffers buffers;
     size_t count;
     bool decay;
   };

@@ -29,6 +29,7 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
       layout_(layout),
       weights_in_place_(options.weights_in_place),
       host_gradient_(options.host_gradient),
+      speculative_clip_(options.speculative_clip),
       host_params_(device_->allocate_host(layout.total_count(), TensorClass::kMasterWeights)),
       host_m_(device_->accountant(), TensorClass::kOptimizerMoments, layout.total_count()),
       host_v_(device_->accountant(), TensorClass::kOptimizerMoments, layout.total_count()) {
@@ -39,6 +40,13 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
   host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
 
   if (!weights_in_place_) params_ = device_->allocate(layout.total_count(), TensorClass::kWeights);
+  if (speculative_clip_) {
+    spare_params_ = device_->allocate_host(layout.total_count(), TensorClass::kMasterWeights);
+    spare_m_ = AccountedHostBuffer(device_->accountant(), TensorClass::kOptimizerMoments,
+                                   layout.total_count());
+    spare_v_ = AccountedHostBuffer(device_->accountant(), TensorClass::kOptimizerMoments,
+                                   layout.total_count());
+  }
   if (host_gradient_) {
     host_grads_ = device_->allocate_host(layout.total_count(), TensorClass::kWeightGrads);
     size_t largest_span = 0;
@@ -164,10 +172,29 @@ double HostOptimizerSchedule::sum_of_squares_on_workers(const float* x, size_t c
   return add_chunk_sums(chunk_sums.data(), chunks);
 }
 
+HostOptimizerSchedule::OptimizerState HostOptimizerSchedule::spare_state() {
+  LAYUP_CHECK(speculative_clip_, "this schedule keeps no spare optimizer state");
+  return {spare_params_.data(), spare_m_.data(), spare_v_.data()};
+}
+
+void HostOptimizerSchedule::promote_spare_state() {
+  LAYUP_CHECK(speculative_clip_, "this schedule keeps no spare optimizer state");
+  std::swap(host_params_, spare_params_);
+  std::swap(host_m_, spare_m_);
+  std::swap(host_v_, spare_v_);
+}
+
+void HostOptimizerSchedule::refresh_device_weights(const Span& span) {
+  if (!weights_in_place_)
+    device_->copy_to_device(params_.data() + span.offset, host_params_.data() + span.offset,
+                            span.count);
+}
+
 void HostOptimizerSchedule::update_span(const Span& span, const float* grads,
+                                        const OptimizerState& from, const OptimizerState& to,
                                         const AdamWStep& adamw, int trace_track,
                                         std::function<void()> landed) {
-  float* master = host_params_.data() + span.offset;
+  float* master = to.params + span.offset;
   TraceRecorder* const trace = trace_ != nullptr && trace_->recording() ? trace_ : nullptr;
   {
     TraceSpan traced(trace_, trace_track, adamw_trace_name(span.kind), span.layer);
@@ -191,8 +218,10 @@ void HostOptimizerSchedule::update_span(const Span& span, const float* grads,
         } catch (...) {  // a lost trace span is not worth failing the update for
         }
       };
-    host_adamw_->update_span(layout_, span, master, grads, host_m_.data() + span.offset,
-                             host_v_.data() + span.offset, adamw, on_share);
+    const size_t at = span.offset;
+    const AdamWBuffers buffers{from.params + at, grads,     from.m + at, from.v + at,
+                               to.params + at,   to.m + at, to.v + at};
+    host_adamw_->update_span(layout_, span, buffers, adamw, on_share);
   }
   if (weights_in_place_) {  // the device reads the master weights: nothing to send
     landed();

@@ -87,25 +87,55 @@ class HostOptimizerSchedule : public Schedule {
   // as sum_of_squares groups it (optim/grad_norm.h).
   double sum_of_squares_on_workers(const float* x, size_t count);
 
-  // AdamW on one span of the master weights with its gradient `grads` (host-readable, laid out
-  // like the span: the accumulator's span_grads, or the gradient where it lies), split over the
+  // One copy of the optimizer state: master weights and AdamW moments, in layout order.
+  struct OptimizerState {
+    float* params;
+    float* m;
+    float* v;
+  };
+  // The state export_tensors returns and (with weights_in_place) the device computes with.
+  OptimizerState current_state() { return {host_params_.data(), host_m_.data(), host_v_.data()}; }
+  // The second copy ScheduleOptions::speculative_clip keeps: a speculative step writes its new
+  // state there, leaving the current one to redo the step from.
+  OptimizerState spare_state();
+  // The spare copy becomes the current state (and the current one the spare), for a step that
+  // wrote every span's new state into it. Updates already handed their OptimizerStates keep them.
+  void promote_spare_state();
+
+  // AdamW on one span with its gradient `grads` (host-readable, laid out like the span: the
+  // accumulator's span_grads, or the gradient where it lies), reading the state in `from` and
+  // writing the new state into `to` (the same state: in place; or the spare copy), split over the
   // HostAdamW workers and traced as "adamw ..." on trace_track; then starts the transfer of the
-  // span's new weights into the device copy and returns. `landed` runs when they are there (on
-  // whatever thread Device::copy_to_device_async says; it must not block or throw), or at once
-  // with weights_in_place. Any thread may call it; the caller must not let anything read the
-  // span's device weights before `landed`.
-  void update_span(const Span& span, const float* grads, const AdamWStep& adamw, int trace_track,
+  // span's new weights (from `to`) into the device copy and returns. `landed` runs when they are
+  // there (on whatever thread Device::copy_to_device_async says; it must not block or throw), or
+  // at once with weights_in_place. Any thread may call it; the caller must not let anything read
+  // the span's device weights before `landed`.
+  void update_span(const Span& span, const float* grads, const OptimizerState& from,
+                   const OptimizerState& to, const AdamWStep& adamw, int trace_track,
                    std::function<void()> landed);
+  // In place, on the current state.
+  void update_span(const Span& span, const float* grads, const AdamWStep& adamw, int trace_track,
+                   std::function<void()> landed) {
+    update_span(span, grads, current_state(), current_state(), adamw, trace_track,
+                std::move(landed));
+  }
+
+  // The span's weights in the device copy from the current master weights, in order with the
+  // device's work (nothing to do with weights_in_place).
+  void refresh_device_weights(const Span& span);
 
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
   const ParameterLayout layout_;
-  const bool weights_in_place_, host_gradient_;  // ScheduleOptions
+  const bool weights_in_place_, host_gradient_, speculative_clip_;  // ScheduleOptions
   DeviceBuffer params_;  // the compute copy the device reads (none with weights_in_place)
   // fp32 master weights and the accumulated gradient (allocate_host; no gradient without
   // host_gradient), and the AdamW moments, in layout order.
   DeviceBuffer host_params_, host_grads_;
   AccountedHostBuffer host_m_, host_v_;
+  // The spare copy of master weights (allocate_host) and moments, with speculative_clip only.
+  DeviceBuffer spare_params_;
+  AccountedHostBuffer spare_m_, spare_v_;
   std::unique_ptr<HostAdamW> host_adamw_;
 
  private:

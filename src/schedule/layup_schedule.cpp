@@ -28,15 +28,24 @@
 //                                                  the next update starts meanwhile)
 //   backward_embeddings, fence             ---->   head gradients to the host (the consumer)
 //
-// Gradient clipping by global norm (DESIGN.md, design (a)): the host keeps the whole fp32
-// gradient, streamed out of the slots, so the global norm is known at the end of backward. With a
-// clip threshold, step() then submits every span's update in the order the next forward reads the
-// spans (embeddings, blocks 0 .. L-1, final norm) and returns: the updates run while the next
-// forward runs, and the forward waits, span by span, only for the update of the span it is about
-// to read (ForwardHooks, model_backend.h). With no clipping (clip_max_norm <= 0) each block is
-// updated during backward, overlapped with the backward of the blocks below it, as in the paper.
-// Embeddings (tied wte: LM head and token embedding) and the final norm are updated once, after
-// backward_embeddings, and may likewise still be landing when the step returns.
+// Gradient clipping by global norm: the host keeps the whole fp32 gradient, streamed out of the
+// slots, so the global norm is known at the end of backward. Deferred (DESIGN.md, design (a)):
+// with a clip threshold, step() then submits every span's update in the order the next forward
+// reads the spans (embeddings, blocks 0 .. L-1, final norm) and returns: the updates run while
+// the next forward runs, and the forward waits, span by span, only for the update of the span it
+// is about to read (ForwardHooks, model_backend.h). Speculative (design (b), ScheduleOptions::
+// speculative_clip, the trainer's default): each block is updated during backward as if the step
+// were not clipped, reading the current state and writing the spare one; at the end of backward a
+// step that is not clipped keeps those updates, a clipped one submits the blocks' updates again,
+// from the current state into the spare one, with the clip factor (deferred, as above); either
+// way every span's new state is in the spare copy, which becomes the current one. A block
+// consumed once the blocks' running norm already exceeds the threshold is not speculated on, and
+// after a clipped step the next one is deferred outright (clipping comes in runs); a step whose
+// norm is not finite changes nothing (the device copy of the speculated blocks is restored). With
+// no clipping (clip_max_norm <= 0) each block is updated in place during backward, overlapped
+// with the backward of the blocks below it, as in the paper. Embeddings (tied wte: LM head and
+// token embedding) and the final norm are updated once, after backward_embeddings, and may
+// likewise still be landing when the step returns.
 //
 // Without a host gradient (ScheduleOptions::host_gradient = false: --clip none and one micro-batch,
 // what a unified-memory device wants) there is no accumulator: the consumer takes block l's
@@ -91,6 +100,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -289,6 +299,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
         span_sum_sq_(layout.spans().size(), 0.0),
         block_update_submitted_(layout.config().n_layer, 0),
         progress_(layout.spans().size()) {
+    LAYUP_CHECK(host_gradient_ || !speculative_clip_,
+                "speculative clipping needs the whole-model gradient on the host (it may redo "
+                "every block's update once the norm is known)");
     if (!host_gradient_ && !grads_in_place_) {
       for (DeviceBuffer& landing : slot_landing_)
         landing = device_->allocate_host(layout.block().count, TensorClass::kWeightGrads);
@@ -319,11 +332,28 @@ class LayupSchedule final : public HostOptimizerSchedule {
                 "clip (asked: ",
                 settings.clip_max_norm, ") or accumulate (asked: ", micro_batches.size(),
                 " micro-batches); plan the run with clipping or --grad-accum to keep one");
-    // Neither is touched by an update that may still be in flight from the last step.
+    // None is touched by an update that may still be in flight from the last step.
     std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
     std::fill(block_update_submitted_.begin(), block_update_submitted_.end(), 0);
+    speculated_sum_sq_ = 0.0;
 
-    const bool overlap = settings.clip_max_norm <= 0.0f;
+    // Blocks are updated during backward without clipping, or speculatively (as if the step were
+    // not clipped, into the spare state) with it, unless the last step was clipped: clipping
+    // comes in runs (the first steps of a run, loss spikes), and a speculation that fails costs
+    // host bandwidth the other updates need.
+    const bool speculative =
+        speculative_clip_ && settings.clip_max_norm > 0.0f && !last_step_clipped_;
+    const bool overlap = settings.clip_max_norm <= 0.0f || speculative;
+    // Where this step's updates read the state and write the new one; a speculative step promotes
+    // the spare state once every span's update is submitted.
+    step_from_ = current_state();
+    step_to_ = speculative ? spare_state() : step_from_;
+    // Past this sum of squares (of the blocks consumed so far) the step is clipped for certain,
+    // and further blocks are not updated speculatively. A margin keeps rounding away from that
+    // decision; it only saves work, the final check decides.
+    const double max_norm = settings.clip_max_norm;
+    speculation_limit_sq_ =
+        speculative ? 1.0001 * max_norm * max_norm : std::numeric_limits<double>::infinity();
     AdamWStep unclipped = settings.adamw;
     unclipped.grad_scale = 1.0f;
     double loss_sum = 0.0;
@@ -342,22 +372,36 @@ class LayupSchedule final : public HostOptimizerSchedule {
     double sum_sq = 0.0;
     for (double span_sum : span_sum_sq_) sum_sq += span_sum;
     stats.grad_norm = std::sqrt(sum_sq);
-    if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm)) return stats;
+    if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm)) {
+      if (speculative) undo_speculative_updates();
+      last_step_clipped_ = true;
+      return stats;
+    }
 
     AdamWStep adamw = settings.adamw;
     adamw.grad_scale = stats.clip_factor = clip_factor(stats.grad_norm, settings.clip_max_norm);
+    last_step_clipped_ = stats.clip_factor < 1.0f;
+    // A speculative update of a block used factor 1: exact when the step is not clipped; else
+    // the block is updated again, from the same state, with the factor.
+    const bool speculation_holds = adamw.grad_scale == 1.0f;
     // In layout order, which is the order the next forward reads the spans: embeddings (its first
-    // op), blocks 0 .. L-1 (when clipping; without, they were submitted during backward), final
-    // norm. The step returns without waiting: the next forward waits span by span.
+    // op), blocks 0 .. L-1 (those not updated during backward), final norm. The step returns
+    // without waiting: the next forward waits span by span. A block's update submitted again runs
+    // after its speculative one (the coordinator runs tasks in order), and a forward waits for
+    // both to land.
     const std::vector<Span>& spans = layout_.spans();
     for (size_t index = 0; index < spans.size(); ++index) {
-      if (spans[index].kind == SpanKind::kBlock && overlap) {
-        LAYUP_CHECK(block_update_submitted_[spans[index].layer], "block ", spans[index].layer,
-                    " missed its update");
-        continue;
+      if (spans[index].kind == SpanKind::kBlock && block_update_submitted_[spans[index].layer]) {
+        if (!speculative || speculation_holds) continue;
+        stats.blocks_redone += 1;
+      } else {
+        LAYUP_CHECK(spans[index].kind != SpanKind::kBlock || speculative || !overlap, "block ",
+                    spans[index].layer, " missed its update");
+        if (spans[index].kind == SpanKind::kBlock && speculative) stats.blocks_deferred += 1;
       }
       submit_update(index, gradient_of_span(index), adamw);
     }
+    if (speculative) promote_spare_state();
     stats.applied = true;
     return stats;
   }
@@ -472,20 +516,32 @@ class LayupSchedule final : public HostOptimizerSchedule {
     return head_landing_.data() + (embeddings ? 0 : layout_.embeddings().count);
   }
 
-  // Hands span `index`'s update to the coordinator; it counts as in flight until it has landed.
+  // A speculative step whose norm is not finite changes nothing: the current state was left
+  // alone, and the device copy of every block updated speculatively is refreshed from it once
+  // those updates have landed.
+  void undo_speculative_updates() {
+    progress_.wait_all_landed();
+    for (int layer = 0; layer < layout_.config().n_layer; ++layer)
+      if (block_update_submitted_[layer]) refresh_device_weights(layout_.spans()[1 + layer]);
+  }
+
+  // Hands span `index`'s update (from step_from_ into step_to_) to the coordinator; it counts as
+  // in flight until it has landed.
   void submit_update(size_t index, const float* grads, const AdamWStep& adamw) {
     progress_.update_submitted(index);
-    coordinator_.submit(
-        [this, index, grads, adamw] { run_task([&] { run_update(index, grads, adamw); }); });
+    coordinator_.submit([this, index, grads, adamw, from = step_from_, to = step_to_] {
+      run_task([&] { run_update(index, grads, from, to, adamw); });
+    });
   }
 
   // AdamW on span `index` from `grads` on the calling thread, its landing reported to progress_.
   // update_span's trace span ends before the landing is reported, so a forward that waited for
   // it starts after it in the trace too.
-  void run_update(size_t index, const float* grads, const AdamWStep& adamw) {
+  void run_update(size_t index, const float* grads, const OptimizerState& from,
+                  const OptimizerState& to, const AdamWStep& adamw) {
     progress_.transfer_starting();
     try {
-      update_span(layout_.spans()[index], grads, adamw, cpu_track_,
+      update_span(layout_.spans()[index], grads, from, to, adamw, cpu_track_,
                   [this, index] { progress_.update_landed(index); });
     } catch (...) {
       progress_.transfer_abandoned();
@@ -597,7 +653,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
     }
     if (!last) return;
     span_sum_sq_[index] = sum_sq;
-    if (update && std::isfinite(sum_sq)) {
+    speculated_sum_sq_ += sum_sq;
+    if (update && std::isfinite(sum_sq) && speculated_sum_sq_ <= speculation_limit_sq_) {
       // Registered before this consume reports done, so the step sees it.
       block_update_submitted_[lease.layer] = 1;
       submit_update(index, span_grads(layout_.spans()[index]), adamw);
@@ -630,7 +687,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     if (update && std::isfinite(span_sum_sq_[index])) {
       block_update_submitted_[lease.layer] = 1;
       progress_.update_submitted(index);
-      run_update(index, grads, adamw);
+      run_update(index, grads, step_from_, step_to_, adamw);
     }
   }
 
@@ -661,8 +718,15 @@ class LayupSchedule final : public HostOptimizerSchedule {
   // wait_consumed.
   std::vector<double> span_sum_sq_;
   std::vector<char> block_update_submitted_;  // per block, this step; written by the consumer
-  int cpu_track_ = 0;                         // "cpu workers" in trace_
-  int consumer_track_ = 0;                    // "gradients to host" in trace_
+  // This step's: where its updates read and write the state (set before the device starts), the
+  // sum of squares of the blocks consumed so far and the bound past which blocks are no longer
+  // updated speculatively (the consumer's).
+  OptimizerState step_from_{}, step_to_{};
+  double speculated_sum_sq_ = 0.0;
+  double speculation_limit_sq_ = 0.0;
+  bool last_step_clipped_ = false;  // speculation waits for a step that is not clipped
+  int cpu_track_ = 0;               // "cpu workers" in trace_
+  int consumer_track_ = 0;          // "gradients to host" in trace_
   bool broken_ = false;
   CpuProgress progress_;
   // Last: threads stop (joined in their destructors) before the state they use goes away.

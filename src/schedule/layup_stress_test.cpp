@@ -141,15 +141,25 @@ class DelayingDevice final : public Device {
 struct Trained {
   std::vector<float> losses;
   OptimizerTensors state;
+  int blocks_redone = 0;  // over all steps (speculative clipping)
 };
 
-// kSteps steps, clipping on every third (a threshold that always clips) when `clip` and never
-// otherwise; the same data for every schedule.
-Trained train(std::unique_ptr<Schedule> schedule, const ParameterLayout& layout, bool clip) {
+enum class Clipping {
+  kNone,
+  kEveryThird,  // a threshold that always clips on every third step, none on the others
+  // Every third step as above; on the others the last step's norm, which clips about every other
+  // time and often only once the head's gradient is in (speculative clipping then redoes).
+  kMixed,
+};
+
+// kSteps steps; the same data for every schedule.
+Trained train(std::unique_ptr<Schedule> schedule, const ParameterLayout& layout,
+              Clipping clipping) {
   schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
   std::mt19937 rng(99);
   std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
   Trained trained;
+  float last_norm = 1e6f;
   for (int step = 0; step < kSteps; ++step) {
     for (size_t i = 0; i < inputs.size(); ++i) {
       inputs[i] = static_cast<int32_t>(rng() % layout.config().vocab_size);
@@ -159,10 +169,14 @@ Trained train(std::unique_ptr<Schedule> schedule, const ParameterLayout& layout,
     UpdateSettings settings;
     settings.adamw.hyper.lr = 1e-3f;
     settings.adamw.t = step + 1;
-    settings.clip_max_norm = clip && step % 3 == 0 ? 1e-3f : 0.0f;
+    settings.clip_max_norm = 0.0f;
+    if (clipping != Clipping::kNone && step % 3 == 0) settings.clip_max_norm = 1e-3f;
+    if (clipping == Clipping::kMixed && step % 3 != 0) settings.clip_max_norm = last_norm;
     const StepStats stats = schedule->step(std::span(&batch, 1), settings);
     EXPECT_TRUE(stats.applied) << "step " << step;
     trained.losses.push_back(stats.loss);
+    last_norm = static_cast<float>(stats.grad_norm);
+    trained.blocks_redone += stats.blocks_redone;
   }
   trained.state = schedule->export_tensors();
   return trained;
@@ -194,12 +208,20 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
 
   // With the whole host gradient: clipping on some steps (updates overlap the next forward), the
   // others unclipped (updates overlap the backward).
-  expect_same(train(gpu(), layout, true), train(delayed_layup({.cpu_workers = 2}), layout, true),
+  expect_same(train(gpu(), layout, Clipping::kEveryThird),
+              train(delayed_layup({.cpu_workers = 2}), layout, Clipping::kEveryThird),
               "layup with a host gradient");
+  // Speculative clipping: blocks updated during backward into the spare state, some steps'
+  // updates redone, the spare state promoted while the updates of the head still run.
+  const Trained speculative =
+      train(delayed_layup({.cpu_workers = 2, .speculative_clip = true}), layout, Clipping::kMixed);
+  expect_same(train(gpu(), layout, Clipping::kMixed), speculative, "layup, speculative clipping");
+  EXPECT_GT(speculative.blocks_redone, 0) << "no step redid a speculative update";
   // Without one: each block updated straight from its slot, which goes back only after its AdamW.
-  expect_same(train(gpu(), layout, false),
-              train(delayed_layup({.cpu_workers = 2, .host_gradient = false}), layout, false),
-              "layup from the slots");
+  expect_same(
+      train(gpu(), layout, Clipping::kNone),
+      train(delayed_layup({.cpu_workers = 2, .host_gradient = false}), layout, Clipping::kNone),
+      "layup from the slots");
 }
 
 }  // namespace

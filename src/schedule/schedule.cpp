@@ -35,6 +35,7 @@ ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers) {
   options.cpu_workers = cpu_workers;
   options.weights_in_place = plan.weights_in_place;
   options.host_gradient = plan.host_gradient;
+  options.speculative_clip = plan.speculative_clip;
   return options;
 }
 
@@ -51,12 +52,13 @@ std::unique_ptr<Schedule> make_schedule(const std::string& mode,
   fail("--mode ", mode, " is not a schedule; use gpu, offload or layup");
 }
 
-std::string describe_schedule(const std::string& mode, int cpu_workers, float clip_max_norm) {
+std::string describe_schedule(const std::string& mode, const ScheduleOptions& options,
+                              float clip_max_norm) {
   if (mode == "gpu")
     return "gpu: weights, gradients and AdamW state on the device; AdamW after backward";
   LAYUP_CHECK(mode == "offload" || mode == "layup", "--mode ", mode,
               " is not a schedule; use gpu, offload or layup");
-  const int workers = cpu_workers > 0 ? cpu_workers : allowed_core_count();
+  const int workers = options.cpu_workers > 0 ? options.cpu_workers : allowed_core_count();
   std::ostringstream text;
   text << mode << " with " << workers << " CPU worker" << (workers == 1 ? "" : "s") << ": ";
   if (mode == "offload") {
@@ -65,11 +67,19 @@ std::string describe_schedule(const std::string& mode, int cpu_workers, float cl
     return text.str();
   }
   text << "block gradients through two slots to the CPU, AdamW per block on the CPU; ";
-  if (clip_max_norm > 0.0f)
+  if (clip_max_norm > 0.0f && options.speculative_clip)
     text << "clipping at " << clip_max_norm
-         << " is exact: the global norm is known at the end of backward, then the block updates "
-            "run in forward order during the next forward, block l's forward waiting only for "
-            "block l's update (--clip none overlaps them with backward)";
+         << " is exact by speculation: each block's update overlaps the backward of the blocks "
+            "below it as if the step were unclipped, into a second copy of the state; a step "
+            "whose global norm calls for clipping updates its blocks again from the first copy, "
+            "during the next forward, and the step after it does not speculate (a non-finite "
+            "step changes nothing)";
+  else if (clip_max_norm > 0.0f)
+    text << "clipping at " << clip_max_norm
+         << " is exact, deferred: the global norm is known at the end of backward, then the "
+            "block updates run in forward order during the next forward, block l's forward "
+            "waiting only for block l's update (--layup-clip speculative overlaps them with "
+            "backward)";
   else
     text << "no clipping, so each block's update overlaps the backward of the blocks below it "
             "(if a gradient turns out non-finite, the step is not applied, but the blocks whose "

@@ -38,6 +38,11 @@ struct StepStats {
   // false when the loss or the norm was not finite: nothing changed (except in `layup` without
   // clipping, where blocks with a finite gradient were already updated; see make_layup_schedule).
   bool applied = false;
+  // layup with speculative clipping: blocks updated during backward and updated again because
+  // the step was clipped, and blocks not updated during backward because the norm of the blocks
+  // before them already called for clipping (ScheduleOptions::speculative_clip).
+  int blocks_redone = 0;
+  int blocks_deferred = 0;
 };
 
 // What one update uses: the AdamW values at this step (lr from the schedule, t = update count)
@@ -109,6 +114,13 @@ struct ScheduleOptions {
   // landing buffer per slot), and a step with clipping or more than one micro-batch is refused.
   // offload always keeps it.
   bool host_gradient = true;
+  // layup with clipping (needs host_gradient): speculate and validate (DESIGN.md, design (b)).
+  // Each block is updated during backward as if the step were not clipped, into a second copy of
+  // the master weights and moments; when the global norm turns out to need clipping, the blocks
+  // are updated again from the first copy with the clip factor. Costs 12 bytes per parameter of
+  // host memory. Without it, clipping defers every block update until the norm is known
+  // (design (a)).
+  bool speculative_clip = false;
 };
 
 struct MemoryPlan;  // memory/memory_plan.h
@@ -124,10 +136,11 @@ std::unique_ptr<Schedule> make_schedule(const std::string& mode,
                                         const ParameterLayout& layout,
                                         const ScheduleOptions& options);
 
-// One line for logs and reports: what the mode does, with this many CPU workers (0: one per core)
-// and this clip threshold (<= 0: none); for `layup`, how clipping is honoured and what a
-// non-finite gradient does.
-std::string describe_schedule(const std::string& mode, int cpu_workers, float clip_max_norm);
+// One line for logs and reports: what the mode does, with these options (CPU workers, 0: one per
+// core; speculative clipping) and this clip threshold (<= 0: none); for `layup`, how clipping is
+// honoured and what a non-finite gradient does.
+std::string describe_schedule(const std::string& mode, const ScheduleOptions& options,
+                              float clip_max_norm);
 
 // The trace name of the AdamW update of one span kind: "adamw embeddings", "adamw block" (with the
 // layer as the span's index), "adamw final_norm".

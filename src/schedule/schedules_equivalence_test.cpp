@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,14 +37,29 @@ struct TrainingRun {
   std::vector<float> losses;
   std::vector<double> norms;
   std::vector<float> clip_factors;
+  std::vector<int> blocks_redone, blocks_deferred;  // per step (layup, speculative clipping)
   OptimizerTensors tensors;
 };
+
+// The clip threshold of each step (<= 0: none), given the step's micro-batches.
+using ClipPlan = std::function<float(int step, std::span<const TokenBatch> batches)>;
 
 using ScheduleFactory = std::function<std::unique_ptr<Schedule>(
     std::unique_ptr<ModelBackend>, std::unique_ptr<Device>, const ParameterLayout&)>;
 
 // clip: true alternates a threshold that always clips with one that never does.
+ClipPlan alternating_clip(bool clip) {
+  return [clip](int step, std::span<const TokenBatch>) {
+    return !clip ? 0.0f : (step % 2 == 0 ? 1e-3f : 1e6f);
+  };
+}
+
+TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan& clip_plan);
 TrainingRun train(const ScheduleFactory& make, int micro_batches, bool clip) {
+  return train(make, micro_batches, alternating_clip(clip));
+}
+
+TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan& clip_plan) {
   const Gpt2Config config = tiny_config();
   const ParameterLayout layout(config);
   std::unique_ptr<Schedule> schedule =
@@ -68,15 +84,25 @@ TrainingRun train(const ScheduleFactory& make, int micro_batches, bool clip) {
     UpdateSettings settings;
     settings.adamw.hyper.lr = 1e-2f;
     settings.adamw.t = step + 1;
-    settings.clip_max_norm = !clip ? 0.0f : (step % 2 == 0 ? 1e-3f : 1e6f);
+    settings.clip_max_norm = clip_plan(step, batches);
     const StepStats stats = schedule->step(batches, settings);
     EXPECT_TRUE(stats.applied);
     run.losses.push_back(stats.loss);
     run.norms.push_back(stats.grad_norm);
     run.clip_factors.push_back(stats.clip_factor);
+    run.blocks_redone.push_back(stats.blocks_redone);
+    run.blocks_deferred.push_back(stats.blocks_deferred);
   }
   run.tensors = schedule->export_tensors();
   return run;
+}
+
+// The schedule of `mode` with `options`.
+ScheduleFactory with_options(const std::string& mode, const ScheduleOptions& options) {
+  return [mode, options](std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
+                         const ParameterLayout& layout) {
+    return make_schedule(mode, std::move(backend), std::move(device), layout, options);
+  };
 }
 
 template <class T>
@@ -124,13 +150,6 @@ TEST(SchedulesEquivalence, ClippedWithOneMicroBatch) {
 // What a unified-memory device runs (ScheduleOptions): offload and layup computing with the
 // master weights in place, and layup with no whole-model host gradient, each block updated
 // straight from its slot. The same steps, bit for bit.
-ScheduleFactory with_options(const std::string& mode, const ScheduleOptions& options) {
-  return [mode, options](std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
-                         const ParameterLayout& layout) {
-    return make_schedule(mode, std::move(backend), std::move(device), layout, options);
-  };
-}
-
 TEST(SchedulesEquivalence, UnifiedMemoryLayoutsTrainTheSame) {
   const ScheduleOptions in_place{.weights_in_place = true};
   const ScheduleOptions slots_only{.weights_in_place = true, .host_gradient = false};
@@ -146,6 +165,70 @@ TEST(SchedulesEquivalence, UnifiedMemoryLayoutsTrainTheSame) {
   expect_same(gpu, train(with_options("layup", slots_only), 1, false), "layup, slots only");
   expect_same(gpu, train(with_options("layup", {.host_gradient = false}), 1, false),
               "layup, slots only, weights copied");
+}
+
+// Speculative clipping (ScheduleOptions::speculative_clip): layup updates every block during
+// backward as if unclipped, into a spare state, unless the last step was clipped. Steps not
+// clipped (speculating on the first, not after a clipped step) alternate with clipped ones that
+// speculate: clipped just barely (threshold 0.999 of the step's norm: the blocks' own norm stays
+// under it, so every block is updated during backward, then again with the clip factor) and
+// clipped hard (threshold 1e-3: the first block consumed, the last one, already exceeds it, so
+// no block is speculated on). Bitwise against the gpu mode, with one and two micro-batches, with
+// the weights copied or in place.
+TEST(SchedulesEquivalence, SpeculativeClippingTrainsLikeTheGpuMode) {
+  const Gpt2Config config = tiny_config();
+  const ParameterLayout layout(config);
+  for (const int micro_batches : {1, 2}) {
+    SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches");
+    // The gpu run picks each barely-clipping threshold from its step's norm, found by taking the
+    // step unclipped on a copy of the state (clipping a step does not change its own norm).
+    std::vector<float> thresholds;
+    Schedule* reference = nullptr;
+    std::unique_ptr<Schedule> probe =
+        make_gpu_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
+    const ScheduleFactory gpu_recording = [&](std::unique_ptr<ModelBackend> backend,
+                                              std::unique_ptr<Device> device,
+                                              const ParameterLayout& gpu_layout) {
+      std::unique_ptr<Schedule> schedule =
+          make_gpu_schedule(std::move(backend), std::move(device), gpu_layout);
+      reference = schedule.get();
+      return schedule;
+    };
+    const TrainingRun gpu =
+        train(gpu_recording, micro_batches, [&](int step, std::span<const TokenBatch> batches) {
+          float threshold = step % 4 == 3 ? 1e-3f : 1e6f;
+          if (step % 4 == 1) {
+            probe->import_tensors(reference->export_tensors());
+            UpdateSettings unclipped;
+            unclipped.adamw.t = 1;
+            unclipped.clip_max_norm = 0.0f;
+            threshold = static_cast<float>(0.999 * probe->step(batches, unclipped).grad_norm);
+          }
+          thresholds.push_back(threshold);
+          return threshold;
+        });
+    const ClipPlan same_thresholds = [&](int step, std::span<const TokenBatch>) {
+      return thresholds[step];
+    };
+    for (const bool in_place : {false, true}) {
+      SCOPED_TRACE(in_place ? "weights in place" : "weights copied");
+      const ScheduleOptions speculative{.weights_in_place = in_place, .speculative_clip = true};
+      const TrainingRun layup =
+          train(with_options("layup", speculative), micro_batches, same_thresholds);
+      expect_same(gpu, layup, "layup, speculative");
+      const int blocks = config.n_layer;
+      for (int step = 0; step < kSteps; ++step) {
+        SCOPED_TRACE("step " + std::to_string(step));
+        EXPECT_EQ(gpu.clip_factors[step] < 1.0f, step % 2 == 1) << "clipped as planned";
+        const bool speculating = step == 0 || gpu.clip_factors[step - 1] == 1.0f;
+        const bool barely = step % 4 == 1, hard = step % 4 == 3;
+        EXPECT_EQ(speculating, step == 0 || step % 2 == 1) << "speculates unless the last step "
+                                                              "was clipped";
+        EXPECT_EQ(layup.blocks_redone[step], speculating && barely ? blocks : 0);
+        EXPECT_EQ(layup.blocks_deferred[step], speculating && hard ? blocks : 0);
+      }
+    }
+  }
 }
 
 TEST(SchedulesEquivalence, LayupWithoutHostGradientRefusesToClipOrAccumulate) {

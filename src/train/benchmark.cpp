@@ -159,6 +159,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   request.seq_len = options.seq_len;
   request.grad_accum = options.grad_accum;
   request.clip = options.clip;
+  request.layup_clip = options.layup_clip;
   request.mode = options.mode;
   request.device = target.device;
   request.dtype = target.dtype;
@@ -182,7 +183,8 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   std::unique_ptr<Schedule> schedule =
       make_schedule(options.mode, std::move(compute.backend), std::move(compute.device), layout,
                     schedule_options(memory_plan, options.cpu_workers));
-  result.schedule = describe_schedule(options.mode, options.cpu_workers, options.clip);
+  result.schedule = describe_schedule(
+      options.mode, schedule_options(memory_plan, options.cpu_workers), options.clip);
   int steps_track = 0;
   if (!options.trace_path.empty()) {
     trace = std::make_unique<TraceRecorder>();
@@ -228,8 +230,12 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     const auto end = std::chrono::steady_clock::now();
     sample_memory();
     result.last_loss = stats.loss;
-    if (step >= options.warmup_steps)
+    if (step >= options.warmup_steps) {
       result.step_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+      result.clipped_steps += stats.clip_factor < 1.0f;
+      result.blocks_redone += stats.blocks_redone;
+      result.blocks_deferred += stats.blocks_deferred;
+    }
   }
 
   result.cpu_adamw = schedule->cpu_adamw_report();
@@ -311,6 +317,14 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
   row("memory accounted", format_bytes(result.memory_measured_peak_bytes) +
                               " peak of what goes through the device and the backend");
   row("last loss", number("%.4f", result.last_loss));
+  if (options.clip > 0.0f) {
+    std::string clipped = std::to_string(result.clipped_steps) + " of " +
+                          std::to_string(result.step_ms.size()) + " timed steps";
+    if (result.blocks_redone > 0 || result.blocks_deferred > 0)
+      clipped += " (speculation: " + std::to_string(result.blocks_redone) +
+                 " block updates redone, " + std::to_string(result.blocks_deferred) + " deferred)";
+    row("clipped", clipped);
+  }
   if (!result.cpu_adamw.empty()) row("CPU AdamW", result.cpu_adamw + " (warm-up included)");
   if (result.floor.total_ms > 0) {
     const StepFloor& f = result.floor;
@@ -349,6 +363,12 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"cpu_adamw",
        result.cpu_adamw.empty() ? nlohmann::json(nullptr) : nlohmann::json(result.cpu_adamw)},
       {"clip", options.clip > 0 ? nlohmann::json(options.clip) : nlohmann::json("none")},
+      {"layup_clip", options.mode == "layup" && options.clip > 0
+                         ? nlohmann::json(options.layup_clip)
+                         : nlohmann::json(nullptr)},
+      {"clipped_steps", result.clipped_steps},
+      {"blocks_redone", result.blocks_redone},
+      {"blocks_deferred", result.blocks_deferred},
       {"floor",
        result.floor.total_ms > 0
            ? nlohmann::json{{"forward_ms", result.floor.forward_ms},

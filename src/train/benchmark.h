@@ -45,9 +45,10 @@ struct BenchmarkOptions {
   std::string mode = "gpu";  // gpu | offload | layup
   // offload, layup: pinned CPU AdamW workers (default: every core this process may use)
   int cpu_workers = allowed_core_count();
-  int recompute = 0;       // see TrainOptions::recompute
-  float clip = 1.0f;       // global-norm clip threshold; <= 0: none (layup then overlaps)
-  std::string trace_path;  // empty: no trace
+  int recompute = 0;  // see TrainOptions::recompute
+  float clip = 1.0f;  // global-norm clip threshold; <= 0: none (layup then overlaps)
+  std::string layup_clip = "speculative";  // how layup clips: speculative | deferred
+  std::string trace_path;                  // empty: no trace
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
   // plan before anything is allocated, and --place CLASS=KIND overrides.
   std::string memory_budget, device_budget, host_budget;
@@ -99,6 +100,11 @@ struct BenchmarkResult {
   long long memory_before_bytes = 0;
   long long memory_peak_bytes = 0;
   float last_loss = 0.0f;
+  // Timed steps whose gradient was clipped, and what layup's speculative clipping did over the
+  // timed steps: block updates made during backward and redone with the clip factor, and blocks
+  // that waited for the factor (StepStats).
+  int clipped_steps = 0;
+  int blocks_redone = 0, blocks_deferred = 0;
   std::string schedule;   // describe_schedule(): the mode and how it treats clipping
   int traced_steps = 0;   // steps in the trace file (0: no trace)
   std::string cpu_adamw;  // offload, layup: HostAdamW::report() over all steps; "" for gpu

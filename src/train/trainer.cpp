@@ -70,6 +70,7 @@ MemoryPlanRequest memory_plan_request(const TrainOptions& options) {
   request.seq_len = options.seq_len;
   request.grad_accum = options.grad_accum;
   request.clip = options.clip;
+  request.layup_clip = options.layup_clip;
   request.mode = options.mode;
   request.device = options.device;
   request.dtype = options.dtype;
@@ -145,9 +146,10 @@ TrainResult train(TrainOptions options) {
   const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
+  const ScheduleOptions schedule_settings = schedule_options(memory_plan, options.cpu_workers);
   std::unique_ptr<Schedule> schedule =
       make_schedule(options.mode, std::move(compute.backend), std::move(compute.device), layout,
-                    schedule_options(memory_plan, options.cpu_workers));
+                    schedule_settings);
   int steps_track = 0;
   if (!options.trace_path.empty()) {
     trace = std::make_unique<TraceRecorder>();
@@ -157,7 +159,7 @@ TrainResult train(TrainOptions options) {
     trace->set_metadata("model", options.model_name);
     trace->set_metadata("device", options.device);
     trace->set_metadata("schedule",
-                        describe_schedule(options.mode, options.cpu_workers, options.clip));
+                        describe_schedule(options.mode, schedule_settings, options.clip));
   }
 
   int start_step = 0;
@@ -188,7 +190,7 @@ TrainResult train(TrainOptions options) {
                options.model_name.c_str(), config.n_layer, config.n_head, config.n_embd,
                parameter_count(config) / 1e6, options.batch, options.seq_len, options.grad_accum,
                options.steps, options.mode.c_str(), options.device.c_str(), options.dtype.c_str(),
-               describe_schedule(options.mode, options.cpu_workers, options.clip).c_str(),
+               describe_schedule(options.mode, schedule_settings, options.clip).c_str(),
                options.out_dir.c_str());
   if (trace) std::fprintf(stderr, "  trace: %s (every step)\n", options.trace_path.c_str());
   std::fprintf(stderr, "%s", format_memory_plan(memory_plan, budgets).c_str());
