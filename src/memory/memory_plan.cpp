@@ -473,8 +473,17 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
                  ", host side " + format_bytes(plan.bytes(MemorySide::kHost, largest)) + ")";
     message += ".";
 
-    // What fits instead, each from a plan of its own: this mode with a smaller batch first.
+    // What fits instead, each from a plan of its own: layup without the spare state of
+    // speculative clipping, then this mode with a smaller batch.
     std::vector<std::string> changes;
+    if (plan.speculative_clip) {
+      MemoryPlanRequest deferred = plan.request;
+      deferred.layup_clip = "deferred";
+      const MemoryPlan deferred_plan = plan_memory(deferred);
+      if (fits(deferred_plan, budgets))
+        changes.push_back("--layup-clip deferred (needs " +
+                          format_bytes(deferred_plan.total_bytes()) + ")");
+    }
     std::string floor;
     std::vector<std::string> order = {plan.request.mode};
     for (const std::string& mode : modes())

@@ -241,6 +241,37 @@ TEST(MemoryPlan, SixteenGigabyteBudgetOnTheCpuBackend) {
   }
 }
 
+// layup's speculative clipping keeps a spare copy of the master weights and moments: exactly
+// three whole-model fp32 copies more than deferred clipping, and a budget between the two is
+// refused with --layup-clip deferred as the first way to fit.
+TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
+  const Gpt2Config config = named_config("gpt2-large");
+  MemoryPlanRequest request = cpu_request(config, "layup", 1, 128);
+  request.model_name = "gpt2-large";
+  const MemoryPlan speculative = plan_memory(request);
+  request.layup_clip = "deferred";
+  const MemoryPlan deferred = plan_memory(request);
+  EXPECT_TRUE(speculative.speculative_clip);
+  EXPECT_FALSE(deferred.speculative_clip);
+  const size_t model = ParameterLayout(config).total_count() * sizeof(float);
+  EXPECT_EQ(speculative.total_bytes() - deferred.total_bytes(), 3 * model);
+  EXPECT_EQ(speculative.bytes(MemorySide::kHost, TensorClass::kMasterWeights), 2 * model);
+  EXPECT_EQ(speculative.bytes(MemorySide::kHost, TensorClass::kOptimizerMoments), 4 * model);
+
+  MemoryBudgets budgets;
+  budgets.total = deferred.total_bytes() + model;
+  const std::string message = refusal(speculative, budgets);
+  EXPECT_NE(message.find("Within the budget: --layup-clip deferred"), std::string::npos) << message;
+  EXPECT_EQ(refusal(deferred, budgets), "");
+
+  // Without clipping there is nothing to speculate on, and a bad --layup-clip is refused.
+  request.clip = 0.0f;
+  request.layup_clip = "speculative";
+  EXPECT_FALSE(plan_memory(request).speculative_clip);
+  request.layup_clip = "sometimes";
+  EXPECT_THROW(plan_memory(request), Error);
+}
+
 TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
   const Gpt2Config config = tiny_config();
   MemoryPlanRequest request = cpu_request(config, "layup", 1, 8);
