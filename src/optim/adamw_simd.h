@@ -69,7 +69,7 @@ struct AdamWBuffers {
 // Updates `count` elements; no alignment is required of the pointers. Out of place, the x86
 // levels write with streaming stores where the outputs allow (the new state is not read again
 // soon, and the stores then need not read the old lines first: 12 bytes per element less
-// traffic).
+// traffic); LAYUP_ADAMW_STREAM=0 in the environment turns them off (read once per process).
 using AdamWKernel = void (*)(const AdamWBuffers& buffers, size_t count, const AdamWConstants& c);
 
 // "scalar", "AVX2", "AVX-512" or "NEON".

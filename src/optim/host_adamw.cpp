@@ -183,9 +183,14 @@ void HostAdamW::update_span(const ParameterLayout& layout, const Span& span,
 
 void HostAdamW::update(float* params, const float* grads, float* m, float* v, size_t count,
                        const AdamWStep& step, bool decay) {
+  update(AdamWBuffers::in_place(params, grads, m, v), count, step, decay);
+}
+
+void HostAdamW::update(const AdamWBuffers& buffers, size_t count, const AdamWStep& step,
+                       bool decay) {
   std::lock_guard call(call_mutex_);
   const Clock::time_point start = Clock::now();
-  tensors_.assign(1, {AdamWBuffers::in_place(params, grads, m, v), count, decay});
+  tensors_.assign(1, {buffers, count, decay});
   with_decay_ = adamw_constants(step, true);
   without_decay_ = adamw_constants(step, false);
   task_ = nullptr;

@@ -88,6 +88,8 @@ class HostAdamW {
   // AdamW on `count` contiguous parameters (as adamw_update).
   void update(float* params, const float* grads, float* m, float* v, size_t count,
               const AdamWStep& step, bool decay);
+  // The same where `buffers` say: in place, or out of place (AdamWBuffers).
+  void update(const AdamWBuffers& buffers, size_t count, const AdamWStep& step, bool decay);
 
   // Runs task(begin, end) on every worker with the share of [0, count) that update() would give
   // it, in parallel, and returns when all are done. Touching a new buffer this way first puts

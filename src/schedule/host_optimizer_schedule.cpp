@@ -125,10 +125,17 @@ double HostOptimizerSchedule::accumulate_gradient(const DeviceFence& written,
   if (first) {
     device_->copy_to_host_after(written, accumulated, device_grad, count);
     if (copied) copied();
-    // 0 + g in place: what adding into a zeroed accumulator gives (a -0 gradient becomes +0).
-    element_pass(0, chunks, [&](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i) accumulated[i] = 0.0f + accumulated[i];
-    });
+    if (last) {
+      // One micro-batch: the gradient as the backward wrote it, as gpu mode uses it; the pass
+      // only takes its sum of squares (no write: host bandwidth is what the step is bound by).
+      element_pass(0, chunks, {});
+    } else {
+      // 0 + g in place: what adding into a zeroed accumulator gives (a -0 gradient becomes +0),
+      // as gpu mode's sum over micro-batches starts.
+      element_pass(0, chunks, [&](size_t begin, size_t end) {
+        for (size_t i = begin; i < end; ++i) accumulated[i] = 0.0f + accumulated[i];
+      });
+    }
   } else {
     std::lock_guard lock(accumulate_mutex_);
     const size_t piece_chunks = std::max<size_t>(1, staging_.count() / kSumOfSquaresChunk);

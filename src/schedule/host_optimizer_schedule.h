@@ -74,8 +74,9 @@ class HostOptimizerSchedule : public Schedule {
   // Adds one micro-batch's gradient of `span` (device memory laid out like the span, complete once
   // `written` has passed) into the span's host accumulator, and calls `copied` (when given) as soon
   // as the gradient is out of device memory, so the device may overwrite it. first: one transfer
-  // straight into the accumulator, which then becomes 0 + g element by element (bit for bit what
-  // zeroing and adding gives: a -0 gradient becomes +0); later micro-batches go through the
+  // straight into the accumulator, which then becomes 0 + g element by element when more
+  // micro-batches follow (bit for bit what zeroing and adding gives: a -0 gradient becomes +0;
+  // with one micro-batch it stays g, as in gpu mode); later micro-batches go through the
   // staging buffer and are added, one float add per element. last: also returns the sum of squares
   // of the accumulated span (else 0), grouped as sum_of_squares groups it. The element passes are
   // split over the HostAdamW workers in whole chunks of the sum of squares (optim/grad_norm.h).
