@@ -22,14 +22,7 @@ using test_files::TempDir;
 using test_files::write_text;
 
 Gpt2Config tiny_config() {
-  Gpt2Config config;
-  config.n_layer = 1;
-  config.n_head = 2;
-  config.n_embd = 8;
-  config.n_positions = 16;
-  config.vocab_size = 50;
-  config.padded_vocab_size = 128;
-  return config;
+  return gpt2_config(1, 2, 8, 16, 50);
 }
 
 bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {

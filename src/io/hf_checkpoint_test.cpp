@@ -23,14 +23,7 @@ using test_files::TempDir;
 using test_files::write_text;
 
 Gpt2Config tiny_config() {
-  Gpt2Config config;
-  config.n_layer = 2;
-  config.n_head = 2;
-  config.n_embd = 8;
-  config.n_positions = 16;
-  config.vocab_size = 50;
-  config.padded_vocab_size = pad_vocab_size(50);  // 128
-  return config;
+  return gpt2_config(2, 2, 8, 16, 50);
 }
 
 // Random parameters with the padded embedding rows zero, as a trained model has them.

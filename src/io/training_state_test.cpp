@@ -23,14 +23,7 @@ using test_files::TempDir;
 using test_files::write_text;
 
 Gpt2Config tiny_config(int n_layer = 1) {
-  Gpt2Config config;
-  config.n_layer = n_layer;
-  config.n_head = 2;
-  config.n_embd = 8;
-  config.n_positions = 16;
-  config.vocab_size = 50;
-  config.padded_vocab_size = 128;
-  return config;
+  return gpt2_config(n_layer, 2, 8, 16, 50);
 }
 
 TrainingState random_state(const ParameterLayout& layout, int64_t step) {

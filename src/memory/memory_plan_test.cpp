@@ -25,14 +25,7 @@ namespace layup {
 namespace {
 
 Gpt2Config tiny_config() {
-  Gpt2Config config;
-  config.n_layer = 3;
-  config.n_head = 2;
-  config.n_embd = 32;
-  config.n_positions = 16;
-  config.vocab_size = 61;
-  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
-  return config;
+  return gpt2_config(3, 2, 32, 16, 61);
 }
 
 MemoryPlanRequest cpu_request(const Gpt2Config& config, const std::string& mode, int batch,

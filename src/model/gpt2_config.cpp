@@ -9,17 +9,18 @@ int pad_vocab_size(int vocab_size) {
   return (vocab_size + 127) / 128 * 128;
 }
 
-namespace {
-
-Gpt2Config make_config(int n_layer, int n_head, int n_embd, int n_positions) {
+Gpt2Config gpt2_config(int n_layer, int n_head, int n_embd, int n_positions, int vocab_size) {
   Gpt2Config config;
   config.n_layer = n_layer;
   config.n_head = n_head;
   config.n_embd = n_embd;
   config.n_positions = n_positions;
-  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
+  config.vocab_size = vocab_size;
+  config.padded_vocab_size = pad_vocab_size(vocab_size);
   return config;
 }
+
+namespace {
 
 struct NamedConfig {
   const char* name;
@@ -40,7 +41,7 @@ constexpr NamedConfig kNamedConfigs[] = {
 Gpt2Config named_config(std::string_view name) {
   for (const NamedConfig& named : kNamedConfigs) {
     if (name == named.name)
-      return make_config(named.n_layer, named.n_head, named.n_embd, named.n_positions);
+      return gpt2_config(named.n_layer, named.n_head, named.n_embd, named.n_positions);
   }
   std::string known;
   for (const NamedConfig& named : kNamedConfigs)

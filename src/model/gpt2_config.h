@@ -24,6 +24,11 @@ struct Gpt2Config {
 // Rounds a vocabulary size up to the next multiple of 128.
 int pad_vocab_size(int vocab_size);
 
+// A GPT-2 of this shape, its vocabulary padded by pad_vocab_size: what the named configs are made
+// of, and the small models of the tests.
+Gpt2Config gpt2_config(int n_layer, int n_head, int n_embd, int n_positions,
+                       int vocab_size = 50257);
+
 // gpt2 (124M), gpt2-medium (350M), gpt2-large (774M), gpt2-xl (1.5B), and "small", the default
 // that shows learning within minutes on a 2-core CPU. Throws layup::Error for other names.
 Gpt2Config named_config(std::string_view name);

@@ -61,14 +61,7 @@ void expect_same_bits(const State& got, const State& expected, const std::string
 
 // A small model whose width (40) is not a multiple of 16, so tensors start off cache lines.
 ParameterLayout small_layout() {
-  Gpt2Config config;
-  config.n_layer = 2;
-  config.n_head = 2;
-  config.n_embd = 40;
-  config.n_positions = 8;
-  config.vocab_size = 61;
-  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
-  return ParameterLayout(config);
+  return ParameterLayout(gpt2_config(2, 2, 40, 8, 61));
 }
 
 // Three steps over every span with the engine and with adamw_update_span, compared after each.

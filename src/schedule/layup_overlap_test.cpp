@@ -40,14 +40,9 @@ constexpr int kSeqLen = 64;
 constexpr int kCpuWorkers = 2;
 
 Gpt2Config overlap_config() {
-  Gpt2Config config;
-  config.n_layer = kLayers;
-  config.n_head = 4;
-  config.n_embd = 128;  // a block: ~200k parameters, milliseconds of backward at 256 tokens
-  config.n_positions = kSeqLen;
-  config.vocab_size = 96;  // a small head, so the blocks dominate the step
-  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
-  return config;
+  // Width 128 (a block: ~200k parameters, milliseconds of backward at 256 tokens) and a small
+  // head (96 tokens), so that the blocks dominate the step.
+  return gpt2_config(kLayers, 4, 128, kSeqLen, 96);
 }
 
 class LayupOverlap : public ::testing::Test {

@@ -25,14 +25,7 @@ constexpr int kBatch = 2;
 constexpr int kSeqLen = 4;
 
 Gpt2Config tiny_config() {
-  Gpt2Config config;
-  config.n_layer = 4;
-  config.n_head = 2;
-  config.n_embd = 16;
-  config.n_positions = 8;
-  config.vocab_size = 37;
-  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
-  return config;
+  return gpt2_config(4, 2, 16, 8, 37);
 }
 
 // Sleeps for 0 to 50 microseconds, half the time not at all, from any thread.

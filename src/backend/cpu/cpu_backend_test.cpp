@@ -22,14 +22,7 @@ using op_test::expect_close;
 
 // Two layers, two heads, width 16, a 61-token vocabulary padded to 128.
 Gpt2Config tiny_config() {
-  Gpt2Config config;
-  config.n_layer = 2;
-  config.n_head = 2;
-  config.n_embd = 16;
-  config.n_positions = 8;
-  config.vocab_size = 61;
-  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
-  return config;
+  return gpt2_config(2, 2, 16, 8, 61);
 }
 
 constexpr int kMaxBatch = 3, kMaxSeqLen = 7;

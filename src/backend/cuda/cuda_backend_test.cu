@@ -38,14 +38,7 @@ constexpr int kMaxBatch = 4, kMaxSeqLen = 32;
 
 // Two layers of width 64 (two heads of 32) over GPT-2's full, padded vocabulary.
 Gpt2Config small_config() {
-  Gpt2Config config;
-  config.n_layer = 2;
-  config.n_head = 2;
-  config.n_embd = 64;
-  config.n_positions = 64;
-  config.vocab_size = 50257;
-  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
-  return config;
+  return gpt2_config(2, 2, 64, 64, 50257);
 }
 
 // Weights large enough that attention is far from uniform and every GELU is off its linear

@@ -65,14 +65,7 @@ TEST(CudaDevice, SumOfSquaresMatchesCpuAndIsReproducible) {
 TEST(CudaDevice, AdamWMatchesCpuOnEverySpan) {
   LAYUP_REQUIRE_GPU();
   std::unique_ptr<Device> device = make_cuda_device();
-  Gpt2Config config;
-  config.n_layer = 2;
-  config.n_head = 2;
-  config.n_embd = 16;
-  config.n_positions = 8;
-  config.vocab_size = 61;
-  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
-  const ParameterLayout layout(config);
+  const ParameterLayout layout(gpt2_config(2, 2, 16, 8, 61));
   const size_t n = layout.total_count();
 
   Rng rng(3);

@@ -20,14 +20,7 @@ namespace layup {
 namespace {
 
 Gpt2Config small_config() {
-  Gpt2Config config;
-  config.n_layer = 3;
-  config.n_head = 4;
-  config.n_embd = 64;
-  config.n_positions = 64;
-  config.vocab_size = 300;
-  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
-  return config;
+  return gpt2_config(3, 4, 64, 64, 300);
 }
 
 TEST(CudaMemory, TheDeviceRecordsItsBuffers) {
