@@ -12,7 +12,6 @@
 #include "core/error.h"
 #include "memory/memory_plan.h"
 #include "model/parameter_layout.h"
-#include "optim/host_adamw.h"
 #include "train/train_options.h"
 
 namespace layup {
@@ -27,7 +26,6 @@ struct MemoryFlags {
   std::string device = "auto";
   std::string dtype = "auto";
   std::string mode;  // empty: no detailed plan
-  int cpu_workers = allowed_core_count();
   int recompute = 0;
   std::string clip = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
   std::string layup_clip = "speculative";
@@ -142,8 +140,6 @@ void add_memory_command(CLI::App& app) {
   cmd->add_option("--recompute", flags->recompute,
                   "CUDA backend: 0, 1 (recompute GELU outputs) or 2 (also layer norm outputs)")
       ->check(CLI::Range(0, 2))
-      ->capture_default_str();
-  cmd->add_option("--cpu-workers", flags->cpu_workers, "offload, layup: CPU AdamW workers")
       ->capture_default_str();
   add_clip_flags(*cmd, flags->clip, flags->layup_clip);
   cmd->add_option("--mode", flags->mode,
