@@ -271,6 +271,8 @@ TrainResult train(TrainOptions options) {
                {"lr", settings.adamw.hyper.lr},
                {"grad_norm", stats.grad_norm},
                {"clip_factor", stats.clip_factor},
+               {"blocks_redone", stats.blocks_redone},
+               {"blocks_deferred", stats.blocks_deferred},
                {"step_ms", step_s * 1e3},
                {"tokens_per_s", tokens_per_s},
                {on_cuda ? "peak_device_bytes" : "peak_rss_bytes", peak_memory_bytes},
