@@ -4,11 +4,16 @@
 // consumer and the coordinator make), compared with gpu mode's 1000 undelayed steps. Bit-for-bit
 // equal losses, parameters and moments mean that no gradient slot was lost, read before its
 // backward was done, or overwritten before the CPU had read it, whatever the timing. Run it under
-// ThreadSanitizer too (LAYUP_SANITIZE=thread).
+// ThreadSanitizer too (LAYUP_SANITIZE=thread). The same delaying wrappers also poison a gradient
+// on its way to the host, to check that a speculative step with a non-finite norm is undone.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -107,12 +112,20 @@ class DelayingDevice final : public Device {
                           size_t count) override {
     delays_.maybe_sleep();
     inner_->copy_to_host_after(after, dst, src, count);
+    if (after_copy_to_host_) after_copy_to_host_(dst, count);
   }
   void copy_to_device_async(float* dst, const float* src, size_t count,
                             std::function<void()> landed) override {
     delays_.maybe_sleep();
+    ++transfers_to_device_;
     inner_->copy_to_device_async(dst, src, count, std::move(landed));
   }
+  // Called with what each copy out of device memory wrote, on the copying thread (a test may
+  // change it there). Set it only while no step runs.
+  void set_after_copy_to_host(std::function<void(float*, size_t)> hook) {
+    after_copy_to_host_ = std::move(hook);
+  }
+  int transfers_to_device() const { return transfers_to_device_; }
   void fill_zero(float* dst, size_t count) override {
     delays_.maybe_sleep();
     inner_->fill_zero(dst, count);
@@ -129,6 +142,8 @@ class DelayingDevice final : public Device {
  private:
   std::unique_ptr<Device> inner_;
   RandomDelays& delays_;
+  std::function<void(float*, size_t)> after_copy_to_host_;
+  std::atomic<int> transfers_to_device_{0};
 };
 
 struct Trained {
@@ -215,6 +230,65 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
       train(gpu(), layout, Clipping::kNone),
       train(delayed_layup({.cpu_workers = 2, .host_gradient = false}), layout, Clipping::kNone),
       "layup from the slots");
+}
+
+// A speculative step whose gradient norm turns out not finite while its loss is finite (block 0's
+// gradient, the last block consumed, is poisoned on its way to the host) changes nothing: blocks
+// L-1 .. 1 were updated speculatively into the spare state, and their weights sent to the
+// device; the current state is left as it was, and the device copy of those blocks is refreshed
+// from it, so the next forward computes what it computed before the step.
+TEST(LayupSpeculation, AStepWithANonFiniteNormChangesNothing) {
+  const Gpt2Config config = tiny_config();
+  const ParameterLayout layout(config);
+  RandomDelays delays(11);
+  std::mt19937 rng(5);
+  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i] = static_cast<int32_t>(rng() % config.vocab_size);
+    targets[i] = static_cast<int32_t>(rng() % config.vocab_size);
+  }
+  const TokenBatch batch{inputs.data(), targets.data(), kBatch, kSeqLen};
+  for (const bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "weights in place" : "weights copied");
+    auto device = std::make_unique<DelayingDevice>(make_cpu_device(), delays);
+    DelayingDevice& delaying = *device;
+    std::unique_ptr<Schedule> schedule = make_layup_schedule(
+        std::make_unique<DelayingBackend>(make_cpu_backend(config, kBatch, kSeqLen), delays),
+        std::move(device), layout,
+        {.cpu_workers = 2, .weights_in_place = in_place, .speculative_clip = true});
+    schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
+    UpdateSettings settings;
+    settings.adamw.hyper.lr = 1e-2f;
+    settings.adamw.t = 1;
+    settings.clip_max_norm = 1e6f;  // never clips: the next step speculates
+    ASSERT_TRUE(schedule->step(std::span(&batch, 1), settings).applied);
+
+    const OptimizerTensors before = schedule->export_tensors();
+    const float loss_before = schedule->evaluate(batch);
+    int copies = 0;  // on the consumer thread only
+    delaying.set_after_copy_to_host([&](float* dst, size_t) {
+      if (copies++ == config.n_layer - 1) dst[0] = std::numeric_limits<float>::quiet_NaN();
+    });
+    const int transfers_before = delaying.transfers_to_device();
+    settings.adamw.t = 2;
+    const StepStats stats = schedule->step(std::span(&batch, 1), settings);
+    delaying.set_after_copy_to_host({});
+    EXPECT_TRUE(std::isfinite(stats.loss));
+    EXPECT_FALSE(std::isfinite(stats.grad_norm));
+    EXPECT_FALSE(stats.applied);
+    if (!in_place) {  // the speculation did send weights, which the undo had to take back
+      EXPECT_GE(delaying.transfers_to_device() - transfers_before, config.n_layer - 1);
+    }
+
+    const OptimizerTensors after = schedule->export_tensors();
+    EXPECT_TRUE(same_bits(before.params, after.params));
+    EXPECT_TRUE(same_bits(before.adam_m, after.adam_m));
+    EXPECT_TRUE(same_bits(before.adam_v, after.adam_v));
+    const float loss_after = schedule->evaluate(batch);
+    EXPECT_EQ(std::memcmp(&loss_before, &loss_after, sizeof(float)), 0)
+        << "the device computes with other weights than before the step: " << loss_before
+        << " then " << loss_after;
+  }
 }
 
 }  // namespace
