@@ -180,11 +180,11 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
+  const ScheduleOptions schedule_settings = schedule_options(memory_plan, options.cpu_workers);
   std::unique_ptr<Schedule> schedule =
       make_schedule(options.mode, std::move(compute.backend), std::move(compute.device), layout,
-                    schedule_options(memory_plan, options.cpu_workers));
-  result.schedule = describe_schedule(
-      options.mode, schedule_options(memory_plan, options.cpu_workers), options.clip);
+                    schedule_settings);
+  result.schedule = describe_schedule(options.mode, schedule_settings, options.clip);
   int steps_track = 0;
   if (!options.trace_path.empty()) {
     trace = std::make_unique<TraceRecorder>();
