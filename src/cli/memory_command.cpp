@@ -28,7 +28,7 @@ struct MemoryFlags {
   std::string mode;  // empty: no detailed plan
   int recompute = 0;
   std::string clip = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
-  std::string layup_clip = "speculative";
+  std::string layup_clip = "auto";
   std::vector<std::string> place;
   std::string memory_budget, device_budget, host_budget;
 };
@@ -109,10 +109,11 @@ void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_cli
       .add_option("--layup-clip", layup_clip,
                   "How layup keeps clipping exact: speculative (update each block during "
                   "backward as if unclipped, into a second copy of the master weights and "
-                  "moments; redo the blocks from the first copy on a step that is clipped) or "
+                  "moments; redo the blocks from the first copy on a step that is clipped), "
                   "deferred (one copy; update the blocks after backward, during the next "
-                  "forward)")
-      ->check(CLI::IsMember({"speculative", "deferred"}))
+                  "forward), or auto: deferred on an integrated GPU, whose one memory holds "
+                  "everything, speculative elsewhere")
+      ->check(CLI::IsMember({"auto", "speculative", "deferred"}))
       ->capture_default_str();
 }
 

@@ -252,9 +252,14 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   plan.weights_in_place = r.mode != "gpu" && (!cuda || plan.placement[TensorClass::kWeights] ==
                                                            MemoryKind::kPinnedMapped);
   plan.host_gradient = r.mode != "layup" || r.clip > 0.0f || r.grad_accum > 1;
-  LAYUP_CHECK(r.layup_clip == "speculative" || r.layup_clip == "deferred", "--layup-clip ",
-              r.layup_clip, " is not a way to clip; use speculative or deferred");
-  plan.speculative_clip = r.mode == "layup" && r.clip > 0.0f && r.layup_clip == "speculative";
+  LAYUP_CHECK(r.layup_clip == "auto" || r.layup_clip == "speculative" || r.layup_clip == "deferred",
+              "--layup-clip ", r.layup_clip,
+              " is not a way to clip; use auto, speculative or deferred");
+  // auto: where host and device share one memory, the spare copy would come out of what the
+  // activations need.
+  const bool speculate = r.layup_clip == "speculative" ||
+                         (r.layup_clip == "auto" && !(cuda && r.attributes.integrated));
+  plan.speculative_clip = r.mode == "layup" && r.clip > 0.0f && speculate;
 
   // The schedule's buffers (schedule/*.cpp).
   if (r.mode == "gpu") {
@@ -365,6 +370,13 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
           format_bytes(3 * all) +
           ") lets blocks update during backward and be redone when the step is clipped; "
           "--layup-clip deferred keeps one copy and updates the blocks after backward");
+    else if (r.mode == "layup" && r.clip > 0.0f && r.layup_clip == "auto")
+      plan.notes.push_back(
+          "clipping in layup is deferred (--layup-clip auto on an integrated GPU: a speculative "
+          "second copy of the master weights and moments, " +
+          format_bytes(3 * all) +
+          ", would share the one memory with everything else): the blocks are updated after "
+          "backward; --layup-clip speculative overlaps them with it");
   }
   for (TensorClass c : kAllTensorClasses) {
     if (!plan.placement.overridden[index_of(c)]) continue;

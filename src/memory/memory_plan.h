@@ -64,8 +64,10 @@ struct MemoryPlanRequest {
   int seq_len = 1;  // T
   int grad_accum = 1;
   float clip = 1.0f;  // global-norm clip threshold; <= 0: none
-  // How layup clips: speculative (a spare copy of the master weights and moments) or deferred.
-  std::string layup_clip = "speculative";
+  // How layup clips: speculative (a spare copy of the master weights and moments), deferred, or
+  // auto (deferred on an integrated GPU, where host and device share one memory; else
+  // speculative).
+  std::string layup_clip = "auto";
   std::string mode = "gpu";        // gpu | offload | layup
   std::string device = "cpu";      // resolved: cpu | cuda
   std::string dtype = "fp32";      // resolved: fp32 | bf16
@@ -93,8 +95,8 @@ struct MemoryPlan {
   // host_gradient unless layup runs with --clip none and one micro-batch.
   bool weights_in_place = false;
   bool host_gradient = true;
-  // layup with clipping and --layup-clip speculative (the default): a spare copy of the master
-  // weights and moments (ScheduleOptions::speculative_clip).
+  // layup with clipping and --layup-clip speculative (or auto, off an integrated GPU): a spare
+  // copy of the master weights and moments (ScheduleOptions::speculative_clip).
   bool speculative_clip = false;
   std::vector<PlannedAllocation> allocations;
   std::vector<std::string> notes;  // what is not applied, not counted, or measured only

@@ -257,6 +257,24 @@ TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
   EXPECT_NE(message.find("Within the budget: --layup-clip deferred"), std::string::npos) << message;
   EXPECT_EQ(refusal(deferred, budgets), "");
 
+  // auto (the default) speculates except on an integrated GPU, whose one memory holds everything.
+  request.layup_clip = "auto";
+  EXPECT_TRUE(plan_memory(request).speculative_clip);
+  request.device = "cuda";
+  request.dtype = "bf16";
+  request.attributes = cuda_memory_attributes();
+  request.attributes.integrated = false;
+  EXPECT_TRUE(plan_memory(request).speculative_clip);
+  request.attributes.integrated = true;
+  const MemoryPlan on_a_board = plan_memory(request);
+  EXPECT_FALSE(on_a_board.speculative_clip);
+  bool said_so = false;
+  for (const std::string& note : on_a_board.notes)
+    said_so |= note.find("clipping in layup is deferred") != std::string::npos;
+  EXPECT_TRUE(said_so) << "the plan does not say that auto chose deferred clipping";
+  request.layup_clip = "speculative";
+  EXPECT_TRUE(plan_memory(request).speculative_clip);
+
   // Without clipping there is nothing to speculate on, and a bad --layup-clip is refused.
   request.clip = 0.0f;
   request.layup_clip = "speculative";

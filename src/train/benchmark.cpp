@@ -172,6 +172,8 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   check_budget(memory_plan, budgets);
   if (log) std::fprintf(log, "%s", format_memory_plan(memory_plan, budgets).c_str());
   result.memory_plan = memory_plan_json(memory_plan);
+  if (options.mode == "layup" && options.clip > 0.0f)
+    result.layup_clip = memory_plan.speculative_clip ? "speculative" : "deferred";
   result.memory_plan_bytes = memory_plan.total_bytes();
 
   const ParameterLayout layout(config);
@@ -363,9 +365,8 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"cpu_adamw",
        result.cpu_adamw.empty() ? nlohmann::json(nullptr) : nlohmann::json(result.cpu_adamw)},
       {"clip", options.clip > 0 ? nlohmann::json(options.clip) : nlohmann::json("none")},
-      {"layup_clip", options.mode == "layup" && options.clip > 0
-                         ? nlohmann::json(options.layup_clip)
-                         : nlohmann::json(nullptr)},
+      {"layup_clip",
+       result.layup_clip.empty() ? nlohmann::json(nullptr) : nlohmann::json(result.layup_clip)},
       {"clipped_steps", result.clipped_steps},
       {"blocks_redone", result.blocks_redone},
       {"blocks_deferred", result.blocks_deferred},

@@ -45,10 +45,10 @@ struct BenchmarkOptions {
   std::string mode = "gpu";  // gpu | offload | layup
   // offload, layup: pinned CPU AdamW workers (default: every core this process may use)
   int cpu_workers = allowed_core_count();
-  int recompute = 0;  // see TrainOptions::recompute
-  float clip = 1.0f;  // global-norm clip threshold; <= 0: none (layup then overlaps)
-  std::string layup_clip = "speculative";  // how layup clips: speculative | deferred
-  std::string trace_path;                  // empty: no trace
+  int recompute = 0;                // see TrainOptions::recompute
+  float clip = 1.0f;                // global-norm clip threshold; <= 0: none (layup then overlaps)
+  std::string layup_clip = "auto";  // how layup clips: auto | speculative | deferred
+  std::string trace_path;           // empty: no trace
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
   // plan before anything is allocated, and --place CLASS=KIND overrides.
   std::string memory_budget, device_budget, host_budget;
@@ -105,6 +105,9 @@ struct BenchmarkResult {
   // that waited for the factor (StepStats).
   int clipped_steps = 0;
   int blocks_redone = 0, blocks_deferred = 0;
+  // How layup clipped (--layup-clip resolved): "speculative" or "deferred"; "" in other modes or
+  // without clipping.
+  std::string layup_clip;
   std::string schedule;   // describe_schedule(): the mode and how it treats clipping
   int traced_steps = 0;   // steps in the trace file (0: no trace)
   std::string cpu_adamw;  // offload, layup: HostAdamW::report() over all steps; "" for gpu
