@@ -11,7 +11,10 @@
 // ScheduleOptions (schedule.h) trim this for a unified-memory device: with weights_in_place the
 // device computes with the master weights where they lie and there is no device copy (an update
 // lands when AdamW is done); without host_gradient (layup only) there is no accumulator and no
-// staging, and the derived schedule hands update_span the gradient where it lies.
+// staging, and the derived schedule hands update_span the gradient where it lies. With
+// speculative_clip (layup only) there is a spare copy of the master weights and moments: an
+// update may read one copy and write the other (update_span's `from` and `to`), and
+// promote_spare_state swaps their roles.
 //
 // Copies: a span's gradient leaves device memory in one transfer straight into its accumulator
 // (the first micro-batch) or through the staging buffer (later ones), once the fence of the
