@@ -36,7 +36,7 @@ struct TrainOptions {
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;
-  float clip = 1.0f;  // global-norm threshold; <= 0 means no clipping (--clip none)
+  float clip = 1.0f;                // global-norm threshold; <= 0 means no clipping (--clip none)
   std::string layup_clip = "auto";  // how layup clips: auto | speculative | deferred
 
   // Evaluation, logging, checkpoints.
