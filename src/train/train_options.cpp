@@ -64,7 +64,6 @@ nlohmann::json run_identity(const TrainOptions& o) {
           {"beta2", o.beta2},
           {"eps", o.eps},
           {"clip", o.clip},
-          {"layup_clip", o.layup_clip},
           {"seed", o.seed}};
 }
 
