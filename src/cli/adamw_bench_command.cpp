@@ -188,8 +188,7 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
                       true);
       },
       [] {});
-  const char* streaming = std::getenv("LAYUP_ADAMW_STREAM");
-  const bool streams = streaming == nullptr || std::string(streaming) != "0";
+  const bool streams = adamw_streaming_stores_allowed();
   // The OpenMP loop after, not interleaved: libgomp's threads spin after each region and would
   // steal the engine's cores. Same thread count, for a like-for-like ratio.
   const int saved_threads = omp_get_max_threads();

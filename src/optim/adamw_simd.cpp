@@ -47,20 +47,11 @@ void adamw_scalar(const AdamWBuffers& b, size_t count, const AdamWConstants& c) 
 
 constexpr size_t kNoStreaming = ~size_t{0};
 
-// LAYUP_ADAMW_STREAM=0 turns the streaming stores off (for benchmarks), read once.
-bool streaming_allowed() {
-  static const bool allowed = [] {
-    const char* value = std::getenv("LAYUP_ADAMW_STREAM");
-    return value == nullptr || std::string(value) != "0";
-  }();
-  return allowed;
-}
-
 // Out of place, how many elements to update one by one before all three outputs are aligned to
 // `alignment` bytes, as streaming stores need (at most `count`); kNoStreaming in place, or where
 // the outputs are not aligned alike.
 size_t streaming_peel(const AdamWBuffers& b, size_t count, uintptr_t alignment) {
-  if (b.params_out == b.params || !streaming_allowed()) return kNoStreaming;
+  if (b.params_out == b.params || !adamw_streaming_stores_allowed()) return kNoStreaming;
   const auto misalignment = [&](const float* p) {
     return reinterpret_cast<uintptr_t>(p) % alignment;
   };
@@ -238,6 +229,14 @@ std::string available_list() {
 }
 
 }  // namespace
+
+bool adamw_streaming_stores_allowed() {
+  static const bool allowed = [] {
+    const char* value = std::getenv("LAYUP_ADAMW_STREAM");
+    return value == nullptr || std::string(value) != "0";
+  }();
+  return allowed;
+}
 
 AdamWConstants adamw_constants(const AdamWStep& step, bool decay) {
   const AdamWHyper& h = step.hyper;

@@ -72,6 +72,10 @@ struct AdamWBuffers {
 // traffic); LAYUP_ADAMW_STREAM=0 in the environment turns them off (read once per process).
 using AdamWKernel = void (*)(const AdamWBuffers& buffers, size_t count, const AdamWConstants& c);
 
+// Whether the out-of-place loops may use streaming stores: not when LAYUP_ADAMW_STREAM=0 (read at
+// the first call, then fixed for the process).
+bool adamw_streaming_stores_allowed();
+
 // "scalar", "AVX2", "AVX-512" or "NEON".
 const char* adamw_isa_name(AdamWIsa isa);
 
