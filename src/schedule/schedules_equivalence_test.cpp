@@ -47,11 +47,6 @@ ClipPlan alternating_clip(bool clip) {
   };
 }
 
-TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan& clip_plan);
-TrainingRun train(const ScheduleFactory& make, int micro_batches, bool clip) {
-  return train(make, micro_batches, alternating_clip(clip));
-}
-
 TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan& clip_plan) {
   const Gpt2Config config = tiny_config();
   const ParameterLayout layout(config);
@@ -88,6 +83,10 @@ TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan
   }
   run.tensors = schedule->export_tensors();
   return run;
+}
+
+TrainingRun train(const ScheduleFactory& make, int micro_batches, bool clip) {
+  return train(make, micro_batches, alternating_clip(clip));
 }
 
 // The schedule of `mode` with `options`.
