@@ -54,7 +54,11 @@ class JsonLinesLog {
   explicit JsonLinesLog(const std::string& path) : out_(path, std::ios::app) {
     LAYUP_CHECK(out_, "cannot open the log file '", path, "' for appending");
   }
-  void write(const nlohmann::json& record) { out_ << record.dump() << std::endl; }
+  // Invalid UTF-8 (a sample cut between the bytes of one character: GPT-2's tokens are bytes) is
+  // written as U+FFFD instead of throwing at the end of the run.
+  void write(const nlohmann::json& record) {
+    out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  }
 
  private:
   std::ofstream out_;
