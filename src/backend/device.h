@@ -118,6 +118,11 @@ class Device {
 
   // Sum of squares of x, bitwise reproducible run to run (see optim/grad_norm.h).
   virtual double sum_of_squares(const float* x, size_t count) = 0;
+  // The same sum, started after all device work issued so far without waiting for it: *result
+  // (host memory from allocate_host) holds sum_of_squares' bits once a fence issued after this
+  // call has passed. A schedule takes a gradient's norm where the gradient lies, so the host does
+  // not read it a second time for that.
+  virtual void start_sum_of_squares(const float* x, size_t count, double* result) = 0;
 
   // AdamW on one span, weight decay per tensor as the layout says (see optim/adamw.h).
   virtual void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,

@@ -306,6 +306,9 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
                "landing buffers of the two gradient slots and of the head's gradients", true);
     }
     add(host, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", true);
+    add_kind(host, TensorClass::kScratch, copied_host_memory,
+             layout.spans().size() * sizeof(double),
+             "per-span gradient sums of squares the device writes", true);
     if (plan.speculative_clip) {
       add_kind(host, TensorClass::kMasterWeights, copied_host_memory, all,
                "spare fp32 master weights (speculative clipping writes the new state here)", true);

@@ -2,6 +2,8 @@
 #include "schedule/host_optimizer_schedule.h"
 
 #include <algorithm>
+#include <limits>
+#include <utility>
 
 #include "core/error.h"
 #include "optim/grad_norm.h"
@@ -40,6 +42,9 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
   host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
 
   if (!weights_in_place_) params_ = device_->allocate(layout.total_count(), TensorClass::kWeights);
+  device_sums_ = device_->allocate_host(2 * layout.spans().size(), TensorClass::kScratch);
+  std::fill_n(reinterpret_cast<double*>(device_sums_.data()), layout.spans().size(),
+              std::numeric_limits<double>::quiet_NaN());
   if (speculative_clip_) {
     spare_params_ = device_->allocate_host(layout.total_count(), TensorClass::kMasterWeights);
     spare_m_ = AccountedHostBuffer(device_->accountant(), TensorClass::kOptimizerMoments,
@@ -107,35 +112,45 @@ double HostOptimizerSchedule::cpu_adamw_rate() const {
   return host_adamw_->rate_params_per_s();
 }
 
+void HostOptimizerSchedule::start_device_sum_of_squares(size_t index, const float* device_grad) {
+  device_->start_sum_of_squares(device_grad, layout_.spans()[index].count,
+                                reinterpret_cast<double*>(device_sums_.data()) + index);
+}
+
+double HostOptimizerSchedule::device_sum_of_squares(size_t index) {
+  double& sum = reinterpret_cast<double*>(device_sums_.data())[index];
+  return std::exchange(sum, std::numeric_limits<double>::quiet_NaN());
+}
+
 double HostOptimizerSchedule::accumulate_gradient(const DeviceFence& written,
-                                                  const float* device_grad, const Span& span,
+                                                  const float* device_grad, size_t index,
                                                   bool first, bool last,
                                                   const std::function<void()>& copied) {
   LAYUP_CHECK(host_gradient_, "this schedule keeps no host gradient to accumulate into");
+  const Span& span = layout_.spans()[index];
   const size_t count = span.count;
   const size_t chunks = sum_of_squares_chunks(count);
-  std::vector<double> chunk_sums(last ? chunks : 0, 0.0);
+  const bool host_sums = last && !first;  // one micro-batch: the device took the sum
+  std::vector<double> chunk_sums(host_sums ? chunks : 0, 0.0);
   float* accumulated = span_grads(span);
   const auto element_pass = [&](size_t first_chunk, size_t end_chunk,
                                 const std::function<void(size_t, size_t)>& combine) {
     chunked_pass(accumulated, count, first_chunk, end_chunk, combine,
-                 last ? chunk_sums.data() : nullptr);
+                 host_sums ? chunk_sums.data() : nullptr);
   };
 
   if (first) {
     device_->copy_to_host_after(written, accumulated, device_grad, count);
     if (copied) copied();
-    if (last) {
-      // One micro-batch: the gradient as the backward wrote it, as gpu mode uses it; the pass
-      // only takes its sum of squares (no write: host bandwidth is what the step is bound by).
-      element_pass(0, chunks, {});
-    } else {
-      // 0 + g in place: what adding into a zeroed accumulator gives (a -0 gradient becomes +0),
-      // as gpu mode's sum over micro-batches starts.
-      element_pass(0, chunks, [&](size_t begin, size_t end) {
-        for (size_t i = begin; i < end; ++i) accumulated[i] = 0.0f + accumulated[i];
-      });
-    }
+    // One micro-batch: the gradient as the backward wrote it, as gpu mode uses it, and the sum
+    // of squares the device took: no host pass at all (host bandwidth is what the step is bound
+    // by).
+    if (last) return device_sum_of_squares(index);
+    // 0 + g in place: what adding into a zeroed accumulator gives (a -0 gradient becomes +0), as
+    // gpu mode's sum over micro-batches starts.
+    element_pass(0, chunks, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) accumulated[i] = 0.0f + accumulated[i];
+    });
   } else {
     std::lock_guard lock(accumulate_mutex_);
     const size_t piece_chunks = std::max<size_t>(1, staging_.count() / kSumOfSquaresChunk);
@@ -153,7 +168,7 @@ double HostOptimizerSchedule::accumulate_gradient(const DeviceFence& written,
     }
     if (copied) copied();
   }
-  return last ? add_chunk_sums(chunk_sums.data(), chunks) : 0.0;
+  return host_sums ? add_chunk_sums(chunk_sums.data(), chunks) : 0.0;
 }
 
 void HostOptimizerSchedule::chunked_pass(const float* squared, size_t count, size_t first_chunk,
@@ -170,13 +185,6 @@ void HostOptimizerSchedule::chunked_pass(const float* squared, size_t count, siz
       if (chunk_sums != nullptr) chunk_sums_of_squares(squared, count, c, c_end, chunk_sums);
     }
   });
-}
-
-double HostOptimizerSchedule::sum_of_squares_on_workers(const float* x, size_t count) {
-  const size_t chunks = sum_of_squares_chunks(count);
-  std::vector<double> chunk_sums(chunks, 0.0);
-  chunked_pass(x, count, 0, chunks, {}, chunk_sums.data());
-  return add_chunk_sums(chunk_sums.data(), chunks);
 }
 
 HostOptimizerSchedule::OptimizerState HostOptimizerSchedule::spare_state() {

@@ -74,22 +74,29 @@ class HostOptimizerSchedule : public Schedule {
   // updates run past the end of a step); export_tensors and import_tensors call it first.
   virtual void finish_updates() const {}
 
-  // Adds one micro-batch's gradient of `span` (device memory laid out like the span, complete once
-  // `written` has passed) into the span's host accumulator, and calls `copied` (when given) as soon
-  // as the gradient is out of device memory, so the device may overwrite it. first: one transfer
-  // straight into the accumulator, which then becomes 0 + g element by element when more
-  // micro-batches follow (bit for bit what zeroing and adding gives: a -0 gradient becomes +0;
-  // with one micro-batch it stays g, as in gpu mode); later micro-batches go through the
+  // Adds one micro-batch's gradient of span `index` (device memory laid out like the span,
+  // complete once `written` has passed) into the span's host accumulator, and calls `copied` (when
+  // given) as soon as the gradient is out of device memory, so the device may overwrite it. first:
+  // one transfer straight into the accumulator, which then becomes 0 + g element by element when
+  // more micro-batches follow (bit for bit what zeroing and adding gives: a -0 gradient becomes
+  // +0; with one micro-batch it stays g, as in gpu mode); later micro-batches go through the
   // staging buffer and are added, one float add per element. last: also returns the sum of squares
-  // of the accumulated span (else 0), grouped as sum_of_squares groups it. The element passes are
-  // split over the HostAdamW workers in whole chunks of the sum of squares (optim/grad_norm.h).
-  // Any thread may call it; calls are serialized. Needs host_gradient.
-  double accumulate_gradient(const DeviceFence& written, const float* device_grad, const Span& span,
+  // of the accumulated span (else 0), grouped as sum_of_squares groups it: with one micro-batch
+  // (first and last) the device's, which the caller started (start_device_sum_of_squares) before
+  // `written`, so the host never reads the gradient for it; after several, the host's, taken in
+  // the adding pass. The element passes are split over the HostAdamW workers in whole chunks of
+  // the sum of squares (optim/grad_norm.h). Any thread may call it; calls are serialized. Needs
+  // host_gradient.
+  double accumulate_gradient(const DeviceFence& written, const float* device_grad, size_t index,
                              bool first, bool last, const std::function<void()>& copied = {});
 
-  // Sum of squares of `count` host-readable floats, split over the HostAdamW workers and grouped
-  // as sum_of_squares groups it (optim/grad_norm.h).
-  double sum_of_squares_on_workers(const float* x, size_t count);
+  // Starts the sum of squares of span `index`'s gradient in device memory, in order with the
+  // device's work (Device::start_sum_of_squares); device_sum_of_squares reads it once a fence
+  // issued after this call has passed. Call from the thread that issues the device's work.
+  void start_device_sum_of_squares(size_t index, const float* device_grad);
+  // That sum; each read consumes it (a sum read twice, or never started for this step, reads NaN:
+  // a step that is not applied, which tests see, rather than an old step's norm).
+  double device_sum_of_squares(size_t index);
 
   // One copy of the optimizer state: master weights and AdamW moments, in layout order.
   struct OptimizerState {
@@ -149,6 +156,9 @@ class HostOptimizerSchedule : public Schedule {
   void chunked_pass(const float* squared, size_t count, size_t first_chunk, size_t end_chunk,
                     const std::function<void(size_t, size_t)>& combine, double* chunk_sums);
 
+  // Per span, the sum of squares the device took of its gradient (start_device_sum_of_squares):
+  // doubles in host memory the device writes (allocate_host, two floats each).
+  DeviceBuffer device_sums_;
   // Later micro-batches' gradients land here, a piece at a time (allocate_host). Used only inside
   // accumulate_gradient, whose calls are serialized by accumulate_mutex_.
   DeviceBuffer staging_;

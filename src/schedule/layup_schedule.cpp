@@ -4,11 +4,11 @@
 // Threads. The device thread issues all device work (forward, backward, slot handshakes). Two CPU
 // threads (CpuUpdatePools of one) take the CPU side's tasks in order: the consumer takes each
 // gradient as the device finishes it (wait for its fence, copy it out, release the slot, add it to
-// the accumulator with its sum of squares), the coordinator each span's update (AdamW, new weights
-// sent back). Both run the data-parallel part of their tasks on the pinned HostAdamW workers, so
-// every pass uses all --cpu-workers cores (HostAdamW serializes the passes). Two threads, because a
-// consume spends most of its time waiting for the device to finish the block: meanwhile the
-// coordinator updates the blocks already consumed.
+// the accumulator), the coordinator each span's update (AdamW, new weights sent back). Both run the
+// data-parallel part of their tasks on the pinned HostAdamW workers, so every pass uses all
+// --cpu-workers cores (HostAdamW serializes the passes). Two threads, because a consume spends most
+// of its time waiting for the device to finish the block: meanwhile the coordinator updates the
+// blocks already consumed.
 //
 // One step, as in the paper's figure:
 //
@@ -19,13 +19,16 @@
 //   for l = L-1 .. 0:
 //     acquire slot l % 2 (waits for its release)
 //     zero it, backward_block(l) into it,
+//     (one micro-batch) its sum of squares
 //     fence                                ---->   once the fence has passed, copy the slot out
 //                                                  (one transfer), release the slot, add it to
 //                                                  block l's fp32 gradient accumulator; on the
-//                                                  last micro-batch: the block's sum of squares,
-//                                                  and (--clip none) AdamW on block l, its new
-//                                                  weights sent to the device (asynchronously:
-//                                                  the next update starts meanwhile)
+//                                                  last micro-batch: the block's sum of squares
+//                                                  (the device's, or the host's of the sum of
+//                                                  several), and (--clip none) AdamW on block l,
+//                                                  its new weights sent to the device
+//                                                  (asynchronously: the next update starts
+//                                                  meanwhile)
 //   backward_embeddings, fence             ---->   head gradients to the host (the consumer)
 //
 // Gradient clipping by global norm: the host keeps the whole fp32 gradient, streamed out of the
@@ -587,6 +590,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
           TraceSpan traced(trace_, device_track_, "backward_block", layer);
           device_->fill_zero(lease.data, slots_.block_count());
           backend_->backward_block(layer, params, lease.data);
+          // One micro-batch: the norm's share is taken where the gradient lies.
+          if (first && last) start_device_sum_of_squares(1 + layer, lease.data);
         }
         std::shared_ptr<const DeviceFence> written = device_->fence();
         progress_.consume_submitted();
@@ -600,6 +605,10 @@ class LayupSchedule final : public HostOptimizerSchedule {
       {
         TraceSpan traced(trace_, device_track_, "backward_embeddings");
         backend_->backward_embeddings(params, embeddings_grad_.data());
+        if (first && last) {
+          start_device_sum_of_squares(0, embeddings_grad_.data());
+          start_device_sum_of_squares(layout_.spans().size() - 1, final_norm_grad_.data());
+        }
       }
       std::shared_ptr<const DeviceFence> written = device_->fence();
       progress_.consume_submitted();
@@ -607,10 +616,10 @@ class LayupSchedule final : public HostOptimizerSchedule {
         run_task([&] {
           TraceSpan traced(trace_, consumer_track_, "consume head");
           if (host_gradient_) {
-            span_sum_sq_.front() = accumulate_gradient(*written, embeddings_grad_.data(),
-                                                       layout_.spans().front(), first, last);
+            span_sum_sq_.front() =
+                accumulate_gradient(*written, embeddings_grad_.data(), 0, first, last);
             span_sum_sq_.back() = accumulate_gradient(*written, final_norm_grad_.data(),
-                                                      layout_.spans().back(), first, last);
+                                                      span_sum_sq_.size() - 1, first, last);
           } else {
             take_head_gradient(*written);
           }
@@ -648,7 +657,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
       TraceSpan traced(trace_, consumer_track_, "consume block", lease.layer);
       // The slot is free for the device as soon as its contents are out of device memory.
       SlotReleaser releaser{slots_, lease};
-      sum_sq = accumulate_gradient(written, lease.data, layout_.spans()[index], first, last,
+      sum_sq = accumulate_gradient(written, lease.data, index, first, last,
                                    [&releaser] { releaser.release(); });
     }
     if (!last) return;
@@ -663,9 +672,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
 
   // Consumer, without host_gradient (one micro-batch, no clipping): block lease.layer's gradient
   // where it lies (in the slot, where the host can read it, else copied into the slot's landing
-  // buffer), its sum of squares, and its update right here: the gradient's memory is reused for
-  // block l-2 as soon as this returns, so the update cannot wait in the coordinator's queue. An
-  // in-place slot goes back to the device only after its AdamW.
+  // buffer), its sum of squares (the device's), and its update right here: the gradient's memory is
+  // reused for block l-2 as soon as this returns, so the update cannot wait in the coordinator's
+  // queue. An in-place slot goes back to the device only after its AdamW.
   void update_block_from_slot(const SlotLease& lease, const DeviceFence& written, bool update,
                               const AdamWStep& adamw) {
     const size_t index = 1 + lease.layer;
@@ -682,7 +691,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
         releaser.release();
         grads = landing;
       }
-      span_sum_sq_[index] = sum_of_squares_on_workers(grads, span.count);
+      span_sum_sq_[index] = device_sum_of_squares(index);  // the fence has passed
     }
     if (update && std::isfinite(span_sum_sq_[index])) {
       block_update_submitted_[lease.layer] = 1;
@@ -692,7 +701,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
   }
 
   // Consumer, without host_gradient: the head spans' gradients where the updates will read them
-  // (gradient_of_span), and their sums of squares.
+  // (gradient_of_span), and their sums of squares (the device's).
   void take_head_gradient(const DeviceFence& written) {
     if (grads_in_place_) {
       device_->wait_for(written);
@@ -703,8 +712,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
                                   final_norm_grad_.data(), final_norm_grad_.count());
     }
     for (const size_t index : {size_t{0}, layout_.spans().size() - 1})
-      span_sum_sq_[index] =
-          sum_of_squares_on_workers(gradient_of_span(index), layout_.spans()[index].count);
+      span_sum_sq_[index] = device_sum_of_squares(index);
   }
 
   // Without host_gradient, where the host reads the gradients: in place (the host can read the

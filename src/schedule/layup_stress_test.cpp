@@ -71,7 +71,13 @@ class DelayingBackend final : public ModelBackend {
   void backward_block(int layer, const ParameterPointers& params, float* block_grad) override {
     delays_.maybe_sleep();
     inner_->backward_block(layer, params, block_grad);
+    if (after_backward_block_) after_backward_block_(layer, block_grad);
     delays_.maybe_sleep();  // between the writes and the fence the schedule takes next
+  }
+  // Called with each block's gradient as its backward wrote it (a test may change it there). Set
+  // it only while no step runs.
+  void set_after_backward_block(std::function<void(int, float*)> hook) {
+    after_backward_block_ = std::move(hook);
   }
   void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) override {
     delays_.maybe_sleep();
@@ -81,6 +87,7 @@ class DelayingBackend final : public ModelBackend {
  private:
   std::unique_ptr<ModelBackend> inner_;
   RandomDelays& delays_;
+  std::function<void(int, float*)> after_backward_block_;
 };
 
 // The CPU device with a delay before each operation the schedules' threads use to hand data over.
@@ -112,18 +119,12 @@ class DelayingDevice final : public Device {
                           size_t count) override {
     delays_.maybe_sleep();
     inner_->copy_to_host_after(after, dst, src, count);
-    if (after_copy_to_host_) after_copy_to_host_(dst, count);
   }
   void copy_to_device_async(float* dst, const float* src, size_t count,
                             std::function<void()> landed) override {
     delays_.maybe_sleep();
     ++transfers_to_device_;
     inner_->copy_to_device_async(dst, src, count, std::move(landed));
-  }
-  // Called with what each copy out of device memory wrote, on the copying thread (a test may
-  // change it there). Set it only while no step runs.
-  void set_after_copy_to_host(std::function<void(float*, size_t)> hook) {
-    after_copy_to_host_ = std::move(hook);
   }
   int transfers_to_device() const { return transfers_to_device_; }
   void fill_zero(float* dst, size_t count) override {
@@ -134,6 +135,9 @@ class DelayingDevice final : public Device {
   double sum_of_squares(const float* x, size_t count) override {
     return inner_->sum_of_squares(x, count);
   }
+  void start_sum_of_squares(const float* x, size_t count, double* result) override {
+    inner_->start_sum_of_squares(x, count, result);
+  }
   void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
                          const float* grads, float* m, float* v, const AdamWStep& step) override {
     inner_->adamw_update_span(layout, span, params, grads, m, v, step);
@@ -142,7 +146,6 @@ class DelayingDevice final : public Device {
  private:
   std::unique_ptr<Device> inner_;
   RandomDelays& delays_;
-  std::function<void(float*, size_t)> after_copy_to_host_;
   std::atomic<int> transfers_to_device_{0};
 };
 
@@ -233,7 +236,7 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
 }
 
 // A speculative step whose gradient norm turns out not finite while its loss is finite (block 0's
-// gradient, the last block consumed, is poisoned on its way to the host) changes nothing: blocks
+// gradient, the last block consumed, is poisoned as its backward writes it) changes nothing: blocks
 // L-1 .. 1 were updated speculatively into the spare state, and their weights sent to the
 // device; the current state is left as it was, and the device copy of those blocks is refreshed
 // from it, so the next forward computes what it computed before the step.
@@ -252,9 +255,11 @@ TEST(LayupSpeculation, AStepWithANonFiniteNormChangesNothing) {
     SCOPED_TRACE(in_place ? "weights in place" : "weights copied");
     auto device = std::make_unique<DelayingDevice>(make_cpu_device(), delays);
     DelayingDevice& delaying = *device;
+    auto backend =
+        std::make_unique<DelayingBackend>(make_cpu_backend(config, kBatch, kSeqLen), delays);
+    DelayingBackend& poisoning = *backend;
     std::unique_ptr<Schedule> schedule = make_layup_schedule(
-        std::make_unique<DelayingBackend>(make_cpu_backend(config, kBatch, kSeqLen), delays),
-        std::move(device), layout,
+        std::move(backend), std::move(device), layout,
         {.cpu_workers = 2, .weights_in_place = in_place, .speculative_clip = true});
     schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
     UpdateSettings settings;
@@ -265,14 +270,14 @@ TEST(LayupSpeculation, AStepWithANonFiniteNormChangesNothing) {
 
     const OptimizerTensors before = schedule->export_tensors();
     const float loss_before = schedule->evaluate(batch);
-    int copies = 0;  // on the consumer thread only
-    delaying.set_after_copy_to_host([&](float* dst, size_t) {
-      if (copies++ == config.n_layer - 1) dst[0] = std::numeric_limits<float>::quiet_NaN();
+    // Block 0, the last one backward reaches: the blocks above it are speculated on first.
+    poisoning.set_after_backward_block([](int layer, float* grad) {
+      if (layer == 0) grad[0] = std::numeric_limits<float>::quiet_NaN();
     });
     const int transfers_before = delaying.transfers_to_device();
     settings.adamw.t = 2;
     const StepStats stats = schedule->step(std::span(&batch, 1), settings);
-    delaying.set_after_copy_to_host({});
+    poisoning.set_after_backward_block({});
     EXPECT_TRUE(std::isfinite(stats.loss));
     EXPECT_FALSE(std::isfinite(stats.grad_norm));
     EXPECT_FALSE(stats.applied);

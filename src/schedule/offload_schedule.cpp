@@ -75,12 +75,16 @@ class OffloadSchedule final : public HostOptimizerSchedule {
         TraceSpan traced(trace_, device_track_, "backward_embeddings");
         backend_->backward_embeddings(params, grads.embeddings);
       }
-      // Copy out and accumulate; after the last micro-batch, each span's sum of squares too.
+      // Copy out and accumulate; after the last micro-batch, each span's sum of squares too (the
+      // device's, with one micro-batch, taken before the copies).
+      if (micro_batches.size() == 1)
+        for (size_t s = 0; s < spans.size(); ++s)
+          start_device_sum_of_squares(s, grads_.data() + spans[s].offset);
       const std::shared_ptr<const DeviceFence> backward_done = device_->fence();
       TraceSpan traced(trace_, host_track_, "consume gradients");
       for (size_t s = 0; s < spans.size(); ++s) {
-        span_sum_sq[s] = accumulate_gradient(*backward_done, grads_.data() + spans[s].offset,
-                                             spans[s], k == 0, k + 1 == micro_batches.size());
+        span_sum_sq[s] = accumulate_gradient(*backward_done, grads_.data() + spans[s].offset, s,
+                                             k == 0, k + 1 == micro_batches.size());
       }
     }
 

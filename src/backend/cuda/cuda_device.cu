@@ -23,8 +23,9 @@ __global__ void probe_kernel() {}
 // ---- Sum of squares ---------------------------------------------------------------------------
 //
 // A fixed grid (never sized from the GPU), each thread summing its grid-stride share in double in
-// index order, a fixed reduction tree inside each block, and the per-block partials summed on the
-// host in block order: the same input gives the same bits on every run and every GPU.
+// index order, a fixed reduction tree inside each block, and the per-block partials summed in
+// block order by one thread of a second kernel: the same input gives the same bits on every run
+// and every GPU, whether the result is read back at once or later through a fence.
 
 constexpr int kSumBlocks = 1024;
 constexpr int kSumThreads = 256;
@@ -53,6 +54,19 @@ __global__ void __launch_bounds__(kSumThreads)
     for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
     partials[blockIdx.x] = total;
   }
+}
+
+// partials[0 .. kSumBlocks) added in block order into *result, which may be partials[0] itself
+// (read before it is written) or host memory the GPU can write (pinned, unified addressing).
+__global__ void __launch_bounds__(kSumBlocks)
+    add_partials_kernel(double* result, const double* partials) {
+  __shared__ double loaded[kSumBlocks];
+  loaded[threadIdx.x] = partials[threadIdx.x];  // all loads in flight at once
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+  for (int b = 0; b < kSumBlocks; ++b) total += loaded[b];
+  *result = total;
 }
 
 // ---- AdamW ------------------------------------------------------------------------------------
@@ -284,14 +298,19 @@ class CudaDevice final : public Device {
   }
 
   double sum_of_squares(const float* x, size_t count) override {
+    start_sum_of_squares(x, count, partials_);
+    double total = 0.0;
+    LAYUP_CUDA_CHECK(cudaMemcpy(&total, partials_, sizeof(double), cudaMemcpyDeviceToHost));
+    return total;
+  }
+
+  void start_sum_of_squares(const float* x, size_t count, double* result) override {
+    // Both kernels on the legacy stream, in order with the work issued before and with the next
+    // call's kernels, which reuse the partials.
     sum_of_squares_kernel<<<kSumBlocks, kSumThreads, 0, cudaStreamLegacy>>>(partials_, x, count);
     LAYUP_CUDA_CHECK_LAUNCH();
-    std::vector<double> partials(kSumBlocks);
-    LAYUP_CUDA_CHECK(cudaMemcpy(partials.data(), partials_, kSumBlocks * sizeof(double),
-                                cudaMemcpyDeviceToHost));
-    double total = 0.0;
-    for (double partial : partials) total += partial;
-    return total;
+    add_partials_kernel<<<1, kSumBlocks, 0, cudaStreamLegacy>>>(result, partials_);
+    LAYUP_CUDA_CHECK_LAUNCH();
   }
 
   void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,

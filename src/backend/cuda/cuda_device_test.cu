@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "backend/cpu/ops/gradient_check.h"
@@ -58,6 +59,15 @@ TEST(CudaDevice, SumOfSquaresMatchesCpuAndIsReproducible) {
       EXPECT_NEAR(gpu, cpu, 1e-12 * cpu) << "count " << count << " offset " << offset;
       const double again = device->sum_of_squares(buffer.data() + offset, count);
       EXPECT_EQ(std::memcmp(&gpu, &again, sizeof(double)), 0) << "not bitwise reproducible";
+
+      // Started without waiting, into pinned host memory (poisoned first), read after a fence.
+      DeviceBuffer result = device->allocate_host(2, TensorClass::kScratch);
+      auto* started = reinterpret_cast<double*>(result.data());
+      *started = std::numeric_limits<double>::quiet_NaN();
+      device->start_sum_of_squares(buffer.data() + offset, count, started);
+      device->wait_for(*device->fence());
+      EXPECT_EQ(std::memcmp(&gpu, started, sizeof(double)), 0)
+          << "started: " << *started << ", at once: " << gpu;
     }
   }
 }
