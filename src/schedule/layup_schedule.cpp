@@ -53,10 +53,11 @@
 // Without a host gradient (ScheduleOptions::host_gradient = false: --clip none and one micro-batch,
 // what a unified-memory device wants) there is no accumulator: the consumer takes block l's
 // gradient where it lies (in the slot where the host can read device memory, after the fence; else
-// copied into the slot's pinned landing buffer, releasing the slot at once), takes its sum of
-// squares and runs its AdamW itself, before the memory can be reused for block l-2; an in-place
-// slot goes back to the device only then. The head's gradients are read the same way by the
-// updates step() submits.
+// copied into the slot's pinned landing buffer, releasing the slot at once) and hands its AdamW to
+// the coordinator, which gives the memory back once it has read it: an in-place slot to the
+// device (for block l-2's backward), a landing buffer to the consumer (for block l-2's copy), so
+// on a discrete GPU the copy of one block runs beside the AdamW of the one before. The head's
+// gradients are read the same way by the updates step() submits.
 //
 // Updates in flight after step() returns are tracked per span (CpuProgress): an update has
 // landed when its new weights are in the device copy. A forward (the next step's, evaluate,
@@ -104,9 +105,11 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -289,6 +292,22 @@ std::string what_of(const std::exception_ptr& error) {
     return "unknown error";
   }
 }
+
+// Runs an action once: when asked (now), else when the last copy goes, so that a task that
+// throws or is dropped still gives back what it held.
+class ReleaseOnce {
+ public:
+  explicit ReleaseOnce(std::function<void()> action) : action_(std::move(action)) {}
+  ReleaseOnce(const ReleaseOnce&) = delete;
+  ReleaseOnce& operator=(const ReleaseOnce&) = delete;
+  ~ReleaseOnce() { now(); }
+  void now() {
+    if (action_) std::exchange(action_, nullptr)();
+  }
+
+ private:
+  std::function<void()> action_;
+};
 
 class LayupSchedule final : public HostOptimizerSchedule {
  public:
@@ -529,11 +548,13 @@ class LayupSchedule final : public HostOptimizerSchedule {
   }
 
   // Hands span `index`'s update (from step_from_ into step_to_) to the coordinator; it counts as
-  // in flight until it has landed.
-  void submit_update(size_t index, const float* grads, const AdamWStep& adamw) {
+  // in flight until it has landed. `read_done` (when given) runs once its AdamW has read `grads`.
+  void submit_update(size_t index, const float* grads, const AdamWStep& adamw,
+                     std::shared_ptr<ReleaseOnce> read_done = nullptr) {
     progress_.update_submitted(index);
-    coordinator_.submit([this, index, grads, adamw, from = step_from_, to = step_to_] {
+    coordinator_.submit([this, index, grads, adamw, from = step_from_, to = step_to_, read_done] {
       run_task([&] { run_update(index, grads, from, to, adamw); });
+      if (read_done) read_done->now();
     });
   }
 
@@ -672,20 +693,26 @@ class LayupSchedule final : public HostOptimizerSchedule {
 
   // Consumer, without host_gradient (one micro-batch, no clipping): block lease.layer's gradient
   // where it lies (in the slot, where the host can read it, else copied into the slot's landing
-  // buffer), its sum of squares (the device's), and its update right here: the gradient's memory is
-  // reused for block l-2 as soon as this returns, so the update cannot wait in the coordinator's
-  // queue. An in-place slot goes back to the device only after its AdamW.
+  // buffer, which frees the slot), its sum of squares (the device's), and its update handed to
+  // the coordinator, so that the next block's copy runs while this block's AdamW does. The memory
+  // the AdamW reads goes back once it has been read: an in-place slot to the device, a landing
+  // buffer to this consumer, which copies block l-2's gradient into it.
   void update_block_from_slot(const SlotLease& lease, const DeviceFence& written, bool update,
                               const AdamWStep& adamw) {
     const size_t index = 1 + lease.layer;
     const Span& span = layout_.spans()[index];
-    SlotReleaser releaser{slots_, lease};
     const float* grads = lease.data;
+    std::shared_ptr<ReleaseOnce> read_done;
     {
       TraceSpan traced(trace_, consumer_track_, "consume block", lease.layer);
       if (grads_in_place_) {
+        read_done = std::make_shared<ReleaseOnce>([this, lease] { slots_.release(lease); });
         device_->wait_for(written);
       } else {
+        acquire_landing(lease.slot);  // block l+2's AdamW has read it
+        read_done =
+            std::make_shared<ReleaseOnce>([this, slot = lease.slot] { release_landing(slot); });
+        SlotReleaser releaser{slots_, lease};
         float* landing = slot_landing_[lease.slot].data();
         device_->copy_to_host_after(written, landing, lease.data, span.count);
         releaser.release();
@@ -695,9 +722,22 @@ class LayupSchedule final : public HostOptimizerSchedule {
     }
     if (update && std::isfinite(span_sum_sq_[index])) {
       block_update_submitted_[lease.layer] = 1;
-      progress_.update_submitted(index);
-      run_update(index, grads, step_from_, step_to_, adamw);
+      submit_update(index, grads, adamw, std::move(read_done));
     }
+  }
+
+  // The landing buffer of a slot, for the consumer's copy: waits until no update reads it.
+  void acquire_landing(int slot) {
+    std::unique_lock lock(landing_mutex_);
+    landing_freed_.wait(lock, [&] { return !landing_busy_[slot]; });
+    landing_busy_[slot] = true;
+  }
+  void release_landing(int slot) {
+    {
+      std::lock_guard lock(landing_mutex_);
+      landing_busy_[slot] = false;
+    }
+    landing_freed_.notify_all();
   }
 
   // Consumer, without host_gradient: the head spans' gradients where the updates will read them
@@ -719,6 +759,10 @@ class LayupSchedule final : public HostOptimizerSchedule {
   // device's memory), or in pinned landing buffers (one per slot, one for both head spans).
   const bool grads_in_place_;
   std::array<DeviceBuffer, WeightGradSlots::kSlotCount> slot_landing_;
+  // Whether an update still reads a slot's landing buffer (acquire_landing, release_landing).
+  std::mutex landing_mutex_;
+  std::condition_variable landing_freed_;
+  std::array<bool, WeightGradSlots::kSlotCount> landing_busy_{};
   DeviceBuffer head_landing_;
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
   WeightGradSlots slots_;                           // block gradients, two slots

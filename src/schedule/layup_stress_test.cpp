@@ -102,7 +102,12 @@ class DelayingDevice final : public Device {
     return inner_->allocate_host(count, c);
   }
   void release(float* data, MemorySide side) override { inner_->release(data, side); }
-  MemoryKind memory_kind() const override { return inner_->memory_kind(); }
+  // claim_device_memory: report device memory, which the host cannot read in place, so that a
+  // schedule copies gradients out as on a discrete GPU (the CPU device's copies are memcpys).
+  MemoryKind memory_kind() const override {
+    return claims_device_memory_ ? MemoryKind::kDevice : inner_->memory_kind();
+  }
+  void claim_device_memory() { claims_device_memory_ = true; }
   MemoryKind host_memory_kind() const override { return inner_->host_memory_kind(); }
   void copy_to_device(float* dst, const float* src, size_t count) override {
     inner_->copy_to_device(dst, src, count);
@@ -147,6 +152,7 @@ class DelayingDevice final : public Device {
   std::unique_ptr<Device> inner_;
   RandomDelays& delays_;
   std::atomic<int> transfers_to_device_{0};
+  bool claims_device_memory_ = false;
 };
 
 struct Trained {
@@ -208,10 +214,12 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
   const Gpt2Config config = tiny_config();
   const ParameterLayout layout(config);
   RandomDelays delays(2026);
-  const auto delayed_layup = [&](const ScheduleOptions& options) {
+  const auto delayed_layup = [&](const ScheduleOptions& options, bool discrete = false) {
+    auto device = std::make_unique<DelayingDevice>(make_cpu_device(), delays);
+    if (discrete) device->claim_device_memory();
     return make_layup_schedule(
         std::make_unique<DelayingBackend>(make_cpu_backend(config, kBatch, kSeqLen), delays),
-        std::make_unique<DelayingDevice>(make_cpu_device(), delays), layout, options);
+        std::move(device), layout, options);
   };
   const auto gpu = [&] {
     return make_gpu_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
@@ -228,11 +236,18 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
       train(delayed_layup({.cpu_workers = 2, .speculative_clip = true}), layout, Clipping::kMixed);
   expect_same(train(gpu(), layout, Clipping::kMixed), speculative, "layup, speculative clipping");
   EXPECT_GT(speculative.blocks_redone, 0) << "no step redid a speculative update";
-  // Without one: each block updated straight from its slot, which goes back only after its AdamW.
+  // Without one: each block updated straight from its slot, which goes back only after its AdamW;
+  // or, where the host cannot read device memory, from the slot's landing buffer, which the next
+  // copy into it waits for.
+  const Trained unclipped = train(gpu(), layout, Clipping::kNone);
   expect_same(
-      train(gpu(), layout, Clipping::kNone),
+      unclipped,
       train(delayed_layup({.cpu_workers = 2, .host_gradient = false}), layout, Clipping::kNone),
       "layup from the slots");
+  expect_same(unclipped,
+              train(delayed_layup({.cpu_workers = 2, .host_gradient = false}, /*discrete=*/true),
+                    layout, Clipping::kNone),
+              "layup from the landing buffers");
 }
 
 // A speculative step whose gradient norm turns out not finite while its loss is finite (block 0's
