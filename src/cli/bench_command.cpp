@@ -69,6 +69,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace (JSON; open in ui.perfetto.dev) of the first " +
                       std::to_string(kMaxTracedSteps) + " timed steps here");
+  cmd->add_flag("--energy", o.energy,
+                "Read energy over the timed steps: the GPU's (NVML) and the CPU packages' "
+                "(RAPL powercap); a source that cannot be read is reported with the reason");
   cmd->add_option("--json", flags->json_path, "Also write the result as one JSON object here");
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
   add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place);

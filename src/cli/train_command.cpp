@@ -134,6 +134,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace of every step here (JSON; open in "
                   "ui.perfetto.dev): device work and each CPU worker on tracks of their own");
+  cmd->add_flag("--energy", o.energy,
+                "Read energy over the steps: the GPU's (NVML) and the CPU packages' (RAPL "
+                "powercap), per step in log.jsonl and in total at the end; a source that cannot "
+                "be read is reported with the reason");
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
   add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place);
 
@@ -162,6 +166,11 @@ void add_train_command(CLI::App& app) {
     if (!result.last_checkpoint.empty())
       std::printf("checkpoint: %s\n", result.last_checkpoint.c_str());
     if (!options.trace_path.empty()) std::printf("trace: %s\n", options.trace_path.c_str());
+    const long long tokens_per_step =
+        static_cast<long long>(options.batch) * options.seq_len * options.grad_accum;
+    for (const EnergyReading& reading : result.energy)
+      std::printf("energy: %s\n",
+                  describe_energy(reading, result.energy_steps, tokens_per_step).c_str());
     if (!result.sample.empty()) std::printf("\nsample:\n%s\n", result.sample.c_str());
   });
 }

@@ -53,6 +53,11 @@ DeviceMemoryAttributes cuda_memory_attributes() {
   cudaDeviceProp properties{};
   if (cudaGetDeviceProperties(&properties, device) == cudaSuccess)
     attributes.name = properties.name;
+  char bus_id[32] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device) == cudaSuccess)
+    attributes.pci_bus_id = bus_id;
+  else
+    cudaGetLastError();
   attributes.queried = true;
   attributes.integrated = read(cudaDevAttrIntegrated);
   attributes.pageable_memory_access = read(cudaDevAttrPageableMemoryAccess);

@@ -10,6 +10,7 @@ namespace layup {
 struct DeviceMemoryAttributes {
   std::string device = "cpu";  // cpu | cuda
   std::string name = "cpu";    // the GPU's name on cuda
+  std::string pci_bus_id;      // the GPU's, as CUDA names it ("0000:19:00.0"; NVML finds it so)
   // False when the values were not read from a GPU (a build without CUDA, or no GPU here): then
   // they are those of a discrete GPU over PCIe, as our H200 reports them.
   bool queried = true;

@@ -217,6 +217,11 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   }
   result.tokens_per_step = static_cast<long long>(tokens) * options.grad_accum;
 
+  std::unique_ptr<EnergyMeter> energy;
+  if (options.energy && options.steps > 0)
+    energy = std::make_unique<EnergyMeter>(
+        energy_sources_for(target.device, request.attributes.pci_bus_id));
+
   UpdateSettings settings;
   settings.adamw.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
   settings.clip_max_norm = options.clip;
@@ -224,6 +229,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     settings.adamw.t = step + 1;
     const int timed_step = step - options.warmup_steps;  // negative during warm-up
     if (trace) trace->set_recording(timed_step >= 0 && timed_step < kMaxTracedSteps);
+    if (energy && timed_step == 0) energy->start();
     const auto start = std::chrono::steady_clock::now();
     const StepStats stats = [&] {
       TraceSpan traced(trace.get(), steps_track, "timed step", timed_step + 1);
@@ -240,6 +246,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     }
   }
 
+  if (energy) result.energy = energy->stop();
   result.cpu_adamw = schedule->cpu_adamw_report();
   const double cpu_adamw_rate = schedule->cpu_adamw_rate();
   result.memory_measured = nlohmann::json::parse(accountant->to_json_text());
@@ -337,6 +344,9 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
                      number("%.2f", f.adamw_head_ms) + "; median step " +
                      number("%.2fx", result.median_ms / f.total_ms) + " the floor");
   }
+  for (const EnergyReading& reading : result.energy)
+    row("energy",
+        describe_energy(reading, static_cast<int>(result.step_ms.size()), result.tokens_per_step));
   if (result.traced_steps > 0)
     row("trace",
         options.trace_path + " (timed steps 1-" + std::to_string(result.traced_steps) + ")");
@@ -380,6 +390,15 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
                             {"median_over_floor", result.median_ms / result.floor.total_ms}}
            : nlohmann::json(nullptr)},
       {"schedule", result.schedule},
+      {"energy",
+       [&] {
+         if (!options.energy) return nlohmann::json(nullptr);
+         nlohmann::json readings = nlohmann::json::array();
+         for (const EnergyReading& reading : result.energy)
+           readings.push_back(energy_json(reading, static_cast<int>(result.step_ms.size()),
+                                          result.tokens_per_step));
+         return readings;
+       }()},
       {"trace",
        result.traced_steps > 0 ? nlohmann::json(options.trace_path) : nlohmann::json(nullptr)},
       {"traced_steps", result.traced_steps},

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "energy/energy_meter.h"
 #include "model/gpt2_config.h"
 #include "optim/host_adamw.h"
 
@@ -49,6 +50,7 @@ struct BenchmarkOptions {
   float clip = 1.0f;                // global-norm clip threshold; <= 0: none (layup then overlaps)
   std::string layup_clip = "auto";  // how layup clips: auto | speculative | deferred
   std::string trace_path;           // empty: no trace
+  bool energy = false;              // read energy over the timed steps (energy/energy_meter.h)
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
   // plan before anything is allocated, and --place CLASS=KIND overrides.
   std::string memory_budget, device_budget, host_budget;
@@ -117,6 +119,9 @@ struct BenchmarkResult {
   size_t memory_plan_bytes = 0;           // the plan's total, device and host side
   size_t memory_measured_peak_bytes = 0;  // the accountant's peak (what goes through it)
   StepFloor floor;                        // offload, layup (see the header comment)
+  // With options.energy: one reading per source over the timed steps (from just before the first
+  // to just after the last), unavailable sources included with their reason.
+  std::vector<EnergyReading> energy;
 };
 
 // Builds the model, backend and schedule, runs the warm-up then the timed steps. Refuses, before

@@ -103,6 +103,38 @@ TEST(Benchmark, TimesStepsOnTheCpu) {
   EXPECT_TRUE(parsed["machine"].contains("cpu"));
 }
 
+// --energy: one reading per source the machine has, over the timed steps; each either counted
+// or unavailable with its reason (never an estimate). Without it, no reading at all.
+TEST(Benchmark, ReadsEnergyOverTheTimedStepsWhenAsked) {
+  BenchmarkOptions options = tiny_options();
+  EXPECT_TRUE(run_benchmark(options).energy.empty());
+  EXPECT_TRUE(benchmark_json(options, run_benchmark(options), "")["energy"].is_null());
+
+  options.energy = true;
+  const BenchmarkResult result = run_benchmark(options);
+  ASSERT_FALSE(result.energy.empty());
+  double timed_s = 0.0;
+  for (double ms : result.step_ms) timed_s += ms / 1e3;
+  const nlohmann::json json = benchmark_json(options, result, "");
+  ASSERT_EQ(json["energy"].size(), result.energy.size());
+  for (size_t i = 0; i < result.energy.size(); ++i) {
+    const EnergyReading& reading = result.energy[i];
+    SCOPED_TRACE(reading.source);
+    // The interval spans the timed steps, and little more.
+    EXPECT_GE(reading.seconds, timed_s);
+    EXPECT_LT(reading.seconds, timed_s + 1.0);
+    if (reading.available) {
+      EXPECT_GT(reading.joules, 0.0);
+      EXPECT_NEAR(json["energy"][i]["joules_per_step"].get<double>(), reading.joules / 4, 1e-9);
+    } else {
+      EXPECT_FALSE(reading.unavailable_reason.empty());
+      EXPECT_EQ(json["energy"][i]["unavailable_reason"], reading.unavailable_reason);
+      EXPECT_FALSE(json["energy"][i].contains("joules"));
+    }
+  }
+  EXPECT_NE(format_benchmark_table(options, result).find("energy"), std::string::npos);
+}
+
 TEST(Benchmark, RefusesASequenceLongerThanTheContext) {
   BenchmarkOptions options = tiny_options();
   options.seq_len = 64;

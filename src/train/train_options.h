@@ -64,6 +64,7 @@ struct TrainOptions {
   int cpu_workers = allowed_core_count();
   int recompute = 0;       // CUDA backend: 0 keep activations, 1 recompute GELU, 2 also layer norms
   std::string trace_path;  // a Chrome/Perfetto trace of every step goes here; empty = none
+  bool energy = false;     // read energy over the steps (energy/energy_meter.h)
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
   // run's memory plan before anything is allocated, and --place CLASS=KIND overrides.
   std::string memory_budget, device_budget, host_budget;

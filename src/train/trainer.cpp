@@ -234,6 +234,20 @@ TrainResult train(TrainOptions options) {
   // step) on cuda, the process's peak resident set on the cpu.
   const bool on_cuda = options.device == "cuda";
   long long peak_memory_bytes = 0;
+  // Energy: read after every step; log.jsonl gets each step's share (from the last reading).
+  std::unique_ptr<EnergyMeter> energy;
+  std::vector<EnergyReading> energy_before;
+  if (options.energy && start_step < last_step) {
+    energy = std::make_unique<EnergyMeter>(
+        energy_sources_for(options.device, memory_attributes_of(options.device).pci_bus_id));
+    energy->start();
+    for (const EnergyReading& reading : energy->snapshot()) {
+      if (!reading.available)
+        progress.message("energy: " + reading.source + " unavailable (" +
+                         reading.unavailable_reason + ")");
+      energy_before.push_back(reading);
+    }
+  }
   for (int step = start_step; step < last_step; ++step) {
     for (int i = 0; i < options.grad_accum; ++i) {
       sampler.next(buffers[i]);
@@ -270,6 +284,14 @@ TrainResult train(TrainOptions options) {
     const int done = step + 1;
     const double run_s = progress.elapsed_s() - start_s;
     const double tokens_per_s = tokens_per_step * (done - start_step) / run_s;
+    nlohmann::json step_energy = nullptr;
+    if (energy) {
+      step_energy = nlohmann::json::object();
+      std::vector<EnergyReading> now = energy->snapshot();
+      for (size_t i = 0; i < now.size(); ++i)
+        if (now[i].available) step_energy[now[i].source] = now[i].joules - energy_before[i].joules;
+      energy_before = std::move(now);
+    }
     log.write({{"step", done},
                {"loss", stats.loss},
                {"lr", settings.adamw.hyper.lr},
@@ -280,7 +302,8 @@ TrainResult train(TrainOptions options) {
                {"step_ms", step_s * 1e3},
                {"tokens_per_s", tokens_per_s},
                {on_cuda ? "peak_device_bytes" : "peak_rss_bytes", peak_memory_bytes},
-               {"elapsed_s", progress.elapsed_s()}});
+               {"elapsed_s", progress.elapsed_s()},
+               {"energy_j", step_energy}});
     char text[256];
     std::snprintf(
         text, sizeof text,
@@ -299,6 +322,10 @@ TrainResult train(TrainOptions options) {
     if ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) || last) save(done);
   }
   progress.finish();
+  if (energy) {
+    result.energy = energy->stop();
+    result.energy_steps = last_step - start_step;
+  }
   if (const std::string cpu_adamw = schedule->cpu_adamw_report(); !cpu_adamw.empty())
     std::fprintf(stderr, "  %s\n", cpu_adamw.c_str());
   result.steps_done = last_step;

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include "energy/energy_meter.h"
 #include "train/train_options.h"
 
 namespace layup {
@@ -14,6 +16,10 @@ struct TrainResult {
   std::string last_checkpoint;  // empty when none was written
   std::string sample;           // the generated text at the end, if any
   double wall_s = 0.0;
+  // With options.energy: per source, over the steps this run did (evaluations and checkpoints
+  // between them included), and how many steps that was.
+  std::vector<EnergyReading> energy;
+  int energy_steps = 0;
 };
 
 // Runs (or resumes) training as the options say. Throws layup::Error for bad input and when
