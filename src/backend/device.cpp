@@ -5,12 +5,12 @@ namespace layup {
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
-    if (device_ && data_) device_->release(data_, side_);
+    if (device_ && data_) device_->release(data_, kind_);
     device_ = other.device_;
     data_ = other.data_;
     count_ = other.count_;
     record_ = std::move(other.record_);
-    side_ = other.side_;
+    kind_ = other.kind_;
     other.device_ = nullptr;
     other.data_ = nullptr;
     other.count_ = 0;
@@ -19,20 +19,15 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (device_ && data_) device_->release(data_, side_);
+  if (device_ && data_) device_->release(data_, kind_);
 }
 
 Device::Device(std::shared_ptr<MemoryAccountant> accountant)
     : accountant_(accountant ? std::move(accountant) : std::make_shared<MemoryAccountant>()) {}
 
-MemoryRecord Device::record(size_t count, TensorClass tensor_class) const {
-  return MemoryRecord(accountant_, MemorySide::kDevice, tensor_class, memory_kind(),
-                      count * sizeof(float));
-}
-
-MemoryRecord Device::record_host(size_t count, TensorClass tensor_class) const {
-  return MemoryRecord(accountant_, MemorySide::kHost, tensor_class, host_memory_kind(),
-                      count * sizeof(float));
+MemoryRecord Device::record(size_t count, TensorClass tensor_class, MemorySide side,
+                            MemoryKind kind) const {
+  return MemoryRecord(accountant_, side, tensor_class, kind, count * sizeof(float));
 }
 
 }  // namespace layup

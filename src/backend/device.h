@@ -35,11 +35,10 @@ class Device;
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  // `record` holds the buffer's bytes in the accountant until the buffer goes; `side` says which
-  // of the device's allocators it came from.
-  DeviceBuffer(Device* device, float* data, size_t count, MemoryRecord record,
-               MemorySide side = MemorySide::kDevice)
-      : device_(device), data_(data), count_(count), record_(std::move(record)), side_(side) {}
+  // `record` holds the buffer's bytes in the accountant until the buffer goes; `kind` says how
+  // the device frees it.
+  DeviceBuffer(Device* device, float* data, size_t count, MemoryRecord record, MemoryKind kind)
+      : device_(device), data_(data), count_(count), record_(std::move(record)), kind_(kind) {}
   DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -56,7 +55,7 @@ class DeviceBuffer {
   float* data_ = nullptr;
   size_t count_ = 0;
   MemoryRecord record_;
-  MemorySide side_ = MemorySide::kDevice;
+  MemoryKind kind_ = MemoryKind::kDevice;
 };
 
 // A point in a device's work (Device::fence): passed once all the work issued before it is done.
@@ -71,16 +70,26 @@ class Device {
 
   virtual std::string name() const = 0;
 
-  // A zeroed buffer of `count` floats in device memory, recorded in accountant() as
-  // `tensor_class` (device side, of memory_kind()) while it lives.
-  virtual DeviceBuffer allocate(size_t count, TensorClass tensor_class) = 0;
-  // A zeroed buffer of `count` floats in host memory, for host-side state the device copies to
-  // and from (master weights, gradient accumulators, staging), recorded as `tensor_class` (host
-  // side, of host_memory_kind()). On CUDA it is pinned (page-locked and mapped), so copies to and
-  // from it are DMA transfers that run beside the compute.
-  virtual DeviceBuffer allocate_host(size_t count, TensorClass tensor_class) = 0;
-  // Frees what allocate (side kDevice) or allocate_host (kHost) returned; DeviceBuffer calls it.
-  virtual void release(float* data, MemorySide side) = 0;
+  // A zeroed buffer of `count` floats of memory `kind`, recorded in accountant() as `tensor_class`
+  // on `side` while it lives: what a placement (memory/memory_plan.h) asks for a class. On CUDA:
+  // device (cudaMalloc), pinned (cudaHostAlloc, mapped: the GPU reads and writes it in place
+  // over the interconnect), managed (cudaMallocManaged, refused beyond the GPU's free memory),
+  // pageable and host (plain host memory; pageable only where the GPU can reach it). The CPU
+  // backend has host memory only. Throws layup::Error for a kind the device cannot make.
+  virtual DeviceBuffer allocate_kind(size_t count, TensorClass tensor_class, MemorySide side,
+                                     MemoryKind kind) = 0;
+  // A buffer in device memory (memory_kind(), device side): what the device computes on.
+  DeviceBuffer allocate(size_t count, TensorClass tensor_class) {
+    return allocate_kind(count, tensor_class, MemorySide::kDevice, memory_kind());
+  }
+  // A buffer in host memory the device copies to and from fastest (host_memory_kind(), host
+  // side: master weights, gradient accumulators, staging). On CUDA it is pinned (page-locked and
+  // mapped), so copies to and from it are DMA transfers that run beside the compute.
+  DeviceBuffer allocate_host(size_t count, TensorClass tensor_class) {
+    return allocate_kind(count, tensor_class, MemorySide::kHost, host_memory_kind());
+  }
+  // Frees what allocate_kind returned as `kind`; DeviceBuffer calls it.
+  virtual void release(float* data, MemoryKind kind) = 0;
 
   // The kind of memory allocate() hands out: host on the CPU backend, device on CUDA.
   virtual MemoryKind memory_kind() const = 0;
@@ -131,10 +140,9 @@ class Device {
  protected:
   // A null accountant gives the device a ledger of its own.
   explicit Device(std::shared_ptr<MemoryAccountant> accountant);
-  // What allocate() hands its DeviceBuffer: `count` floats of `tensor_class` in the ledger.
-  MemoryRecord record(size_t count, TensorClass tensor_class) const;
-  // The same for allocate_host().
-  MemoryRecord record_host(size_t count, TensorClass tensor_class) const;
+  // What allocate_kind hands its DeviceBuffer: `count` floats of `tensor_class` in the ledger.
+  MemoryRecord record(size_t count, TensorClass tensor_class, MemorySide side,
+                      MemoryKind kind) const;
 
  private:
   std::shared_ptr<MemoryAccountant> accountant_;

@@ -239,8 +239,15 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   auto add_kind = [&](MemorySide side, TensorClass c, MemoryKind kind, size_t bytes,
                       std::string what, bool accounted) {
     // The placement governs a class's primary tensors; a schedule's extra host copies of a
-    // device-side class (accumulator, staging) keep their kind.
-    const MemoryKind requested = primary_side(r.mode, c) == side ? plan.placement[c] : kind;
+    // device-side class (accumulator, staging) keep their kind. The schedules allocate the
+    // weights, master weights, gradients and moments where the placement says (ScheduleOptions::
+    // placement); the backends' activations and scratch are not placed yet.
+    const bool primary = primary_side(r.mode, c) == side;
+    const MemoryKind requested = primary ? plan.placement[c] : kind;
+    const bool placed_by_schedule =
+        c == TensorClass::kWeights || c == TensorClass::kMasterWeights ||
+        c == TensorClass::kWeightGrads || c == TensorClass::kOptimizerMoments;
+    if (primary && placed_by_schedule) kind = requested;
     plan.allocations.push_back({side, c, kind, requested, bytes, std::move(what), accounted});
   };
   auto add = [&](MemorySide side, TensorClass c, size_t bytes, std::string what, bool accounted) {
@@ -251,6 +258,11 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
 
   plan.weights_in_place = r.mode != "gpu" && (!cuda || plan.placement[TensorClass::kWeights] ==
                                                            MemoryKind::kPinnedMapped);
+  LAYUP_CHECK(!(cuda && plan.weights_in_place &&
+                plan.placement[TensorClass::kMasterWeights] == MemoryKind::kHost),
+              "--place weights=pinned makes the GPU compute with the master weights where they "
+              "lie, and --place master=host puts them where the GPU cannot read; use "
+              "master=pinned (the default) or leave the weights on the device");
   plan.host_gradient = r.mode != "layup" || r.clip > 0.0f || r.grad_accum > 1;
   LAYUP_CHECK(r.layup_clip == "auto" || r.layup_clip == "speculative" || r.layup_clip == "deferred",
               "--layup-clip ", r.layup_clip,
@@ -298,9 +310,10 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
       add_kind(host, TensorClass::kWeightGrads, copied_host_memory,
                std::min(largest_span, 64 * kSumOfSquaresChunk) * f,
                "staging of later micro-batches' gradients", true);
-    } else if (cuda) {
-      // Where the host cannot read device memory, each slot's gradient lands in a buffer of its
-      // own, and the head's in one more (the CPU backend reads them in place).
+    } else if (cuda && plan.placement[TensorClass::kWeightGrads] == MemoryKind::kDevice) {
+      // Where the host cannot read the gradients' memory, each slot's gradient lands in a buffer
+      // of its own, and the head's in one more (the CPU backend, and gradients placed in pinned
+      // or managed memory, are read in place).
       add_kind(host, TensorClass::kWeightGrads, copied_host_memory,
                2 * block + embeddings + final_norm,
                "landing buffers of the two gradient slots and of the head's gradients", true);

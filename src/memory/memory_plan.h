@@ -13,13 +13,14 @@
 // every class lives on the device side; in `offload` and `layup` the master weights and the AdamW
 // moments live on the host side, the rest on the device side. The host copies a schedule keeps
 // besides (gradient accumulator and staging) keep the kind the device copies fastest (pinned on
-// CUDA). A kind the device cannot use for that class is refused, saying why. Today the schedules
-// allocate device-side buffers through Device (cudaMalloc on CUDA, host memory on the CPU
-// backend), and host-side state as pinned memory where the device copies it (on CUDA) or plain
-// host memory. The one placement applied beyond that: the weights of offload and layup placed
-// where the master weights live (weights=pinned on CUDA, always on the CPU backend) make the
-// device compute with the master weights in place (MemoryPlan::weights_in_place). Any other
-// placement is validated and reported, NOT yet applied.
+// CUDA). A kind the device cannot use for that class is refused, saying why. The schedules
+// allocate the weights, master weights, weight gradients and moments where the placement says
+// (ScheduleOptions::placement, Device::allocate_kind): gradients placed in pinned or managed
+// memory are written by the GPU over the interconnect and read by layup's CPU side in place. The
+// weights of offload and layup placed where the master weights live (weights=pinned on CUDA,
+// always on the CPU backend) make the device compute with the master weights in place
+// (MemoryPlan::weights_in_place). The backends' activations and scratch are validated and
+// reported, NOT yet placed.
 #pragma once
 
 #include <array>

@@ -317,16 +317,42 @@ TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
   EXPECT_EQ(defaults.placement[TensorClass::kMasterWeights], MemoryKind::kPinnedMapped);
   EXPECT_EQ(defaults.placement[TensorClass::kOptimizerMoments], MemoryKind::kHost);
 
-  request.place = {"grads=pinned", "moments=managed"};
+  // The schedules' classes are allocated where they are placed: the plan says so per buffer.
+  request.place = {"grads=pinned", "moments=managed", "activations=pinned"};
   const MemoryPlan placed = plan_memory(request);
   EXPECT_EQ(placed.placement[TensorClass::kWeightGrads], MemoryKind::kPinnedMapped);
+  for (const PlannedAllocation& a : placed.allocations) {
+    SCOPED_TRACE(a.what);
+    if (a.tensor_class == TensorClass::kWeightGrads) {
+      // Device side as placed; the host accumulator keeps the kind the device copies into
+      // fastest (pinned too, here).
+      EXPECT_EQ(a.kind, MemoryKind::kPinnedMapped);
+    } else if (a.tensor_class == TensorClass::kOptimizerMoments) {
+      EXPECT_EQ(a.kind, MemoryKind::kManaged);
+    }
+  }
+  // The backends' activations are not placed yet, and the plan says so.
   std::string notes;
   for (const std::string& note : placed.notes) notes += note + "\n";
-  EXPECT_NE(notes.find("--place grads=pinned is valid on this device but NOT yet applied"),
+  EXPECT_NE(notes.find("--place activations=pinned is valid on this device but NOT yet applied"),
             std::string::npos)
       << notes;
-  // The bytes do not depend on the placement.
+  EXPECT_EQ(notes.find("--place grads=pinned is valid on this device but NOT yet"),
+            std::string::npos)
+      << notes;
+  // With clipping (a host gradient) the bytes do not depend on the placement.
   EXPECT_EQ(placed.total_bytes(), defaults.total_bytes());
+  // Without it, gradients placed where the host reads them need no landing buffers.
+  request.clip = 0.0f;
+  request.place = {};
+  const size_t landing = plan_memory(request).bytes(MemorySide::kHost, TensorClass::kWeightGrads);
+  EXPECT_GT(landing, 0u);
+  request.place = {"grads=pinned"};
+  EXPECT_EQ(plan_memory(request).bytes(MemorySide::kHost, TensorClass::kWeightGrads), 0u);
+  request.clip = 1.0f;
+  // Computing with the master weights in place needs them where the GPU reads.
+  request.place = {"weights=pinned", "master=host"};
+  EXPECT_THROW(plan_memory(request), Error);
 
   auto refused = [&](std::vector<std::string> place, const std::string& why) {
     request.place = std::move(place);

@@ -23,14 +23,15 @@ namespace {
 class GpuSchedule final : public Schedule {
  public:
   GpuSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
-              const ParameterLayout& layout)
+              const ParameterLayout& layout, const ScheduleOptions& options)
       : backend_(std::move(backend)),
         device_(std::move(device)),
         layout_(layout),
-        params_(device_->allocate(layout.total_count(), TensorClass::kMasterWeights)),
-        grads_(device_->allocate(layout.total_count(), TensorClass::kWeightGrads)),
-        adam_m_(device_->allocate(layout.total_count(), TensorClass::kOptimizerMoments)),
-        adam_v_(device_->allocate(layout.total_count(), TensorClass::kOptimizerMoments)) {}
+        options_(options),
+        params_(allocate(TensorClass::kMasterWeights)),
+        grads_(allocate(TensorClass::kWeightGrads)),
+        adam_m_(allocate(TensorClass::kOptimizerMoments)),
+        adam_v_(allocate(TensorClass::kOptimizerMoments)) {}
 
   std::string name() const override { return "gpu"; }
 
@@ -41,8 +42,7 @@ class GpuSchedule final : public Schedule {
     const GradientPointers grads = layout_.pointers(grads_.data());
     const bool accumulate = micro_batches.size() > 1;
     if (accumulate) {
-      if (accumulated_.count() == 0)
-        accumulated_ = device_->allocate(grads_.count(), TensorClass::kWeightGrads);
+      if (accumulated_.count() == 0) accumulated_ = allocate(TensorClass::kWeightGrads);
       device_->fill_zero(accumulated_.data(), accumulated_.count());
     }
 
@@ -126,7 +126,14 @@ class GpuSchedule final : public Schedule {
  private:
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
+  // A whole-model buffer of `tensor_class` where the placement puts it (device memory by default).
+  DeviceBuffer allocate(TensorClass tensor_class) {
+    return device_->allocate_kind(layout_.total_count(), tensor_class, MemorySide::kDevice,
+                                  options_.kind_of(tensor_class, device_->memory_kind()));
+  }
+
   ParameterLayout layout_;
+  ScheduleOptions options_;
   DeviceBuffer params_, grads_, adam_m_, adam_v_;
   // The sum over micro-batches, allocated on the first step that accumulates.
   DeviceBuffer accumulated_;
@@ -137,7 +144,14 @@ class GpuSchedule final : public Schedule {
 std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,
                                             std::unique_ptr<Device> device,
                                             const ParameterLayout& layout) {
-  return std::make_unique<GpuSchedule>(std::move(backend), std::move(device), layout);
+  return make_gpu_schedule_with(std::move(backend), std::move(device), layout, {});
+}
+
+std::unique_ptr<Schedule> make_gpu_schedule_with(std::unique_ptr<ModelBackend> backend,
+                                                 std::unique_ptr<Device> device,
+                                                 const ParameterLayout& layout,
+                                                 const ScheduleOptions& options) {
+  return std::make_unique<GpuSchedule>(std::move(backend), std::move(device), layout, options);
 }
 
 }  // namespace layup

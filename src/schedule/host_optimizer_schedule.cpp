@@ -32,25 +32,26 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
       weights_in_place_(options.weights_in_place),
       host_gradient_(options.host_gradient),
       speculative_clip_(options.speculative_clip),
-      host_params_(device_->allocate_host(layout.total_count(), TensorClass::kMasterWeights)),
-      host_m_(device_->accountant(), TensorClass::kOptimizerMoments, layout.total_count()),
-      host_v_(device_->accountant(), TensorClass::kOptimizerMoments, layout.total_count()) {
+      host_params_(allocate_state(options, TensorClass::kMasterWeights)),
+      host_m_(allocate_state(options, TensorClass::kOptimizerMoments)),
+      host_v_(allocate_state(options, TensorClass::kOptimizerMoments)) {
   LAYUP_CHECK(options.cpu_workers >= 0, "--cpu-workers must be at least 1 (got ",
               options.cpu_workers, ")");
   HostAdamWOptions adamw_options;
   adamw_options.workers = options.cpu_workers;
   host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
 
-  if (!weights_in_place_) params_ = device_->allocate(layout.total_count(), TensorClass::kWeights);
+  if (!weights_in_place_)
+    params_ =
+        device_->allocate_kind(layout.total_count(), TensorClass::kWeights, MemorySide::kDevice,
+                               options.kind_of(TensorClass::kWeights, device_->memory_kind()));
   device_sums_ = device_->allocate_host(2 * layout.spans().size(), TensorClass::kScratch);
   std::fill_n(reinterpret_cast<double*>(device_sums_.data()), layout.spans().size(),
               std::numeric_limits<double>::quiet_NaN());
   if (speculative_clip_) {
-    spare_params_ = device_->allocate_host(layout.total_count(), TensorClass::kMasterWeights);
-    spare_m_ = AccountedHostBuffer(device_->accountant(), TensorClass::kOptimizerMoments,
-                                   layout.total_count());
-    spare_v_ = AccountedHostBuffer(device_->accountant(), TensorClass::kOptimizerMoments,
-                                   layout.total_count());
+    spare_params_ = allocate_state(options, TensorClass::kMasterWeights);
+    spare_m_ = allocate_state(options, TensorClass::kOptimizerMoments);
+    spare_v_ = allocate_state(options, TensorClass::kOptimizerMoments);
   }
   if (host_gradient_) {
     host_grads_ = device_->allocate_host(layout.total_count(), TensorClass::kWeightGrads);
@@ -59,6 +60,16 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
     staging_ = device_->allocate_host(std::min(largest_span, kStagingChunks * kSumOfSquaresChunk),
                                       TensorClass::kWeightGrads);
   }
+}
+
+DeviceBuffer HostOptimizerSchedule::allocate_state(const ScheduleOptions& options,
+                                                   TensorClass tensor_class) {
+  // The master weights go where the device copies from fastest (it reads them after every
+  // update); the moments, which only the CPU touches, in plain host memory.
+  const MemoryKind fallback =
+      tensor_class == TensorClass::kMasterWeights ? device_->host_memory_kind() : MemoryKind::kHost;
+  return device_->allocate_kind(layout_.total_count(), tensor_class, MemorySide::kHost,
+                                options.kind_of(tensor_class, fallback));
 }
 
 void HostOptimizerSchedule::set_trace(TraceRecorder* recorder) {

@@ -4,9 +4,12 @@
 // host side (export_tensors); the device copy is refreshed from it span by span after each
 // update (update_span) and whole on import.
 //
-// Host memory: the master weights, the gradient accumulator and a staging buffer come from the
-// device's allocate_host (pinned on CUDA), because the device copies into and out of them; the
-// moments only the CPU touches are plain host memory. All of it is recorded in the accountant.
+// Host memory: the gradient accumulator and a staging buffer come from the device's
+// allocate_host (pinned on CUDA), because the device copies into them; the master weights and
+// the moments (and the device copy of the weights) go where ScheduleOptions::placement says,
+// by default the master weights pinned (the device copies out of them after every update) and
+// the moments, which only the CPU touches, in plain host memory. All of it is recorded in the
+// accountant.
 //
 // ScheduleOptions (schedule.h) trim this for a unified-memory device: with weights_in_place the
 // device computes with the master weights where they lie and there is no device copy (an update
@@ -135,18 +138,21 @@ class HostOptimizerSchedule : public Schedule {
   // device's work (nothing to do with weights_in_place).
   void refresh_device_weights(const Span& span);
 
+  // A whole-model host-side buffer of master weights or moments, where the placement puts it.
+  DeviceBuffer allocate_state(const ScheduleOptions& options, TensorClass tensor_class);
+
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
   const ParameterLayout layout_;
   const bool weights_in_place_, host_gradient_, speculative_clip_;  // ScheduleOptions
   DeviceBuffer params_;  // the compute copy the device reads (none with weights_in_place)
-  // fp32 master weights and the accumulated gradient (allocate_host; no gradient without
-  // host_gradient), and the AdamW moments, in layout order.
+  // fp32 master weights (pinned on CUDA unless placed otherwise), the accumulated gradient
+  // (allocate_host; none without host_gradient), and the AdamW moments (plain host memory unless
+  // placed otherwise), in layout order.
   DeviceBuffer host_params_, host_grads_;
-  AccountedHostBuffer host_m_, host_v_;
-  // The spare copy of master weights (allocate_host) and moments, with speculative_clip only.
-  DeviceBuffer spare_params_;
-  AccountedHostBuffer spare_m_, spare_v_;
+  DeviceBuffer host_m_, host_v_;
+  // The spare copy of master weights and moments, with speculative_clip only.
+  DeviceBuffer spare_params_, spare_m_, spare_v_;
   std::unique_ptr<HostAdamW> host_adamw_;
 
  private:

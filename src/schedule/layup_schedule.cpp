@@ -314,10 +314,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
   LayupSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
                 const ParameterLayout& layout, const ScheduleOptions& options)
       : HostOptimizerSchedule(std::move(backend), std::move(device), layout, options),
-        grads_in_place_(!host_gradient_ && device_->memory_kind() != MemoryKind::kDevice),
-        embeddings_grad_(device_->allocate(layout.embeddings().count, TensorClass::kWeightGrads)),
-        final_norm_grad_(device_->allocate(layout.final_norm().count, TensorClass::kWeightGrads)),
-        slots_(*device_, layout.block().count),
+        grads_kind_(options.kind_of(TensorClass::kWeightGrads, device_->memory_kind())),
+        grads_in_place_(!host_gradient_ && grads_kind_ != MemoryKind::kDevice),
+        embeddings_grad_(allocate_grads(layout.embeddings().count)),
+        final_norm_grad_(allocate_grads(layout.final_norm().count)),
+        slots_(*device_, layout.block().count, grads_kind_),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_update_submitted_(layout.config().n_layer, 0),
         progress_(layout.spans().size()) {
@@ -755,8 +756,17 @@ class LayupSchedule final : public HostOptimizerSchedule {
       span_sum_sq_[index] = device_sum_of_squares(index);
   }
 
-  // Without host_gradient, where the host reads the gradients: in place (the host can read the
-  // device's memory), or in pinned landing buffers (one per slot, one for both head spans).
+  // Device-side weight gradients (slots, head) in memory of grads_kind_ (the placement's).
+  DeviceBuffer allocate_grads(size_t count) {
+    return device_->allocate_kind(count, TensorClass::kWeightGrads, MemorySide::kDevice,
+                                  grads_kind_);
+  }
+
+  const MemoryKind grads_kind_;
+  // Without host_gradient, where the host reads the gradients: in place (memory the host can
+  // read: the CPU backend's, or gradients placed in pinned or managed memory on CUDA, which the
+  // GPU then writes over the interconnect), or in pinned landing buffers (one per slot, one for
+  // both head spans).
   const bool grads_in_place_;
   std::array<DeviceBuffer, WeightGradSlots::kSlotCount> slot_landing_;
   // Whether an update still reads a slot's landing buffer (acquire_landing, release_landing).

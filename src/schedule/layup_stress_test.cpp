@@ -97,11 +97,13 @@ class DelayingDevice final : public Device {
       : Device(inner->accountant()), inner_(std::move(inner)), delays_(delays) {}
   std::string name() const override { return inner_->name(); }
   // Buffers come from the inner device, which also frees them.
-  DeviceBuffer allocate(size_t count, TensorClass c) override { return inner_->allocate(count, c); }
-  DeviceBuffer allocate_host(size_t count, TensorClass c) override {
-    return inner_->allocate_host(count, c);
+  DeviceBuffer allocate_kind(size_t count, TensorClass c, MemorySide side,
+                             MemoryKind kind) override {
+    // What it calls device memory is the inner device's host memory.
+    if (claims_device_memory_ && kind == MemoryKind::kDevice) kind = inner_->memory_kind();
+    return inner_->allocate_kind(count, c, side, kind);
   }
-  void release(float* data, MemorySide side) override { inner_->release(data, side); }
+  void release(float* data, MemoryKind kind) override { inner_->release(data, kind); }
   // claim_device_memory: report device memory, which the host cannot read in place, so that a
   // schedule copies gradients out as on a discrete GPU (the CPU device's copies are memcpys).
   MemoryKind memory_kind() const override {

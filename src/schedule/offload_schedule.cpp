@@ -37,7 +37,9 @@ class OffloadSchedule final : public HostOptimizerSchedule {
                   const ParameterLayout& layout, const ScheduleOptions& options)
       : HostOptimizerSchedule(std::move(backend), std::move(device), layout,
                               with_host_gradient(options)),
-        grads_(device_->allocate(layout.total_count(), TensorClass::kWeightGrads)) {}
+        grads_(device_->allocate_kind(
+            layout.total_count(), TensorClass::kWeightGrads, MemorySide::kDevice,
+            options.kind_of(TensorClass::kWeightGrads, device_->memory_kind()))) {}
 
   std::string name() const override { return "offload"; }
 

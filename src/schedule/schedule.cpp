@@ -36,6 +36,7 @@ ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers) {
   options.weights_in_place = plan.weights_in_place;
   options.host_gradient = plan.host_gradient;
   options.speculative_clip = plan.speculative_clip;
+  for (TensorClass c : kAllTensorClasses) options.placement[index_of(c)] = plan.placement[c];
   return options;
 }
 
@@ -44,7 +45,8 @@ std::unique_ptr<Schedule> make_schedule(const std::string& mode,
                                         std::unique_ptr<Device> device,
                                         const ParameterLayout& layout,
                                         const ScheduleOptions& options) {
-  if (mode == "gpu") return make_gpu_schedule(std::move(backend), std::move(device), layout);
+  if (mode == "gpu")
+    return make_gpu_schedule_with(std::move(backend), std::move(device), layout, options);
   if (mode == "offload")
     return make_offload_schedule_with(std::move(backend), std::move(device), layout, options);
   if (mode == "layup")

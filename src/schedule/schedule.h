@@ -16,8 +16,10 @@
 // all the CPU workers together).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -121,6 +123,17 @@ struct ScheduleOptions {
   // host memory. Without it, clipping defers every block update until the norm is known
   // (design (a)).
   bool speculative_clip = false;
+  // Where each class's primary tensors live (the run's placement, memory/memory_plan.h, which
+  // --place overrides): the master weights, moments and gradients of every mode, and the device
+  // copy of the weights in offload and layup. A class without a kind takes the device's default:
+  // its own memory on the device side, pinned master weights and plain host moments on the host
+  // side (the CPU backend: host memory throughout).
+  std::array<std::optional<MemoryKind>, kTensorClassCount> placement{};
+
+  // The kind placement gives `tensor_class`, else `fallback`.
+  MemoryKind kind_of(TensorClass tensor_class, MemoryKind fallback) const {
+    return placement[index_of(tensor_class)].value_or(fallback);
+  }
 };
 
 struct MemoryPlan;  // memory/memory_plan.h
@@ -154,6 +167,11 @@ std::string weights_trace_name(SpanKind kind, int layer);
 std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,
                                             std::unique_ptr<Device> device,
                                             const ParameterLayout& layout);
+// The same with ScheduleOptions (only its placement applies to this mode).
+std::unique_ptr<Schedule> make_gpu_schedule_with(std::unique_ptr<ModelBackend> backend,
+                                                 std::unique_ptr<Device> device,
+                                                 const ParameterLayout& layout,
+                                                 const ScheduleOptions& options);
 
 // The `offload` mode (ZeRO-Offload style baseline): forward and full backward into a whole-model
 // gradient buffer on the device; the gradient is copied to the host span by span, the CPU clips

@@ -5,9 +5,11 @@
 
 namespace layup {
 
-WeightGradSlots::WeightGradSlots(Device& device, size_t block_count) : block_count_(block_count) {
+WeightGradSlots::WeightGradSlots(Device& device, size_t block_count, MemoryKind kind)
+    : block_count_(block_count) {
   for (SlotState& slot : slots_)
-    slot.buffer = device.allocate(block_count, TensorClass::kWeightGrads);
+    slot.buffer =
+        device.allocate_kind(block_count, TensorClass::kWeightGrads, MemorySide::kDevice, kind);
 }
 
 SlotLease WeightGradSlots::acquire(int layer) {

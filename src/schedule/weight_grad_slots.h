@@ -46,8 +46,9 @@ class WeightGradSlots {
  public:
   static constexpr int kSlotCount = 2;
 
-  // Two slots of block_count floats each, in the device's memory.
-  WeightGradSlots(Device& device, size_t block_count);
+  // Two slots of block_count floats each, in memory of `kind` (the device's own, or where the
+  // placement of the weight gradients says: pinned memory the host reads in place, ...).
+  WeightGradSlots(Device& device, size_t block_count, MemoryKind kind);
 
   size_t block_count() const { return block_count_; }
 

@@ -32,7 +32,7 @@ TEST(WeightGradSlots, HandshakeSurvivesRandomDelays) {
   constexpr int kLayers = 6;
   constexpr size_t kBlockCount = 256;
   std::unique_ptr<Device> device = make_cpu_device();
-  WeightGradSlots slots(*device, kBlockCount);
+  WeightGradSlots slots(*device, kBlockCount, device->memory_kind());
   CpuUpdatePool pool(3);
 
   std::atomic<int> wrong_values{0}, wrong_generations{0}, overlapping_use{0};
@@ -88,7 +88,7 @@ TEST(WeightGradSlots, HandshakeSurvivesRandomDelays) {
 
 TEST(WeightGradSlots, StaleReleaseIsAnError) {
   std::unique_ptr<Device> device = make_cpu_device();
-  WeightGradSlots slots(*device, 8);
+  WeightGradSlots slots(*device, 8, device->memory_kind());
   const SlotLease lease = slots.acquire(3);
   EXPECT_EQ(lease.slot, 1);
   slots.release(lease);

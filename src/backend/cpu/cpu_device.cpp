@@ -19,15 +19,15 @@ class CpuDevice final : public Device {
   MemoryKind memory_kind() const override { return MemoryKind::kHost; }
   MemoryKind host_memory_kind() const override { return MemoryKind::kHost; }
 
-  DeviceBuffer allocate(size_t count, TensorClass tensor_class) override {
-    return DeviceBuffer(this, zeroed_floats(count), count, record(count, tensor_class));
-  }
-  DeviceBuffer allocate_host(size_t count, TensorClass tensor_class) override {
-    return DeviceBuffer(this, zeroed_floats(count), count, record_host(count, tensor_class),
-                        MemorySide::kHost);
+  DeviceBuffer allocate_kind(size_t count, TensorClass tensor_class, MemorySide side,
+                             MemoryKind kind) override {
+    LAYUP_CHECK(kind == MemoryKind::kHost, "the CPU backend has only host memory, not ",
+                memory_kind_name(kind), " memory for the ", tensor_class_label(tensor_class));
+    return DeviceBuffer(this, zeroed_floats(count), count, record(count, tensor_class, side, kind),
+                        kind);
   }
 
-  void release(float* data, MemorySide) override {
+  void release(float* data, MemoryKind) override {
     ::operator delete[](data, std::align_val_t(64));
   }
 

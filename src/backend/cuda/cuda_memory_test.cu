@@ -1,8 +1,10 @@
 // The CUDA device and backend record their memory in the accountant, and the memory plan matches
 // what they allocate: the activation arena against carve() at every dtype and --recompute level,
-// and every accounted cell of a schedule's plan after a training step.
+// and every accounted cell of a schedule's plan after training steps, at the default placement and
+// at --place overrides (which must train bit for bit the same).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -11,6 +13,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_test_support.h"
+#include "core/error.h"
 #include "memory/backend_memory.h"
 #include "memory/memory_plan.h"
 #include "model/parameter_layout.h"
@@ -71,53 +74,115 @@ TEST(CudaMemory, TheBackendsArenaIsWhatThePlanSays) {
   }
 }
 
-TEST(CudaMemory, ThePlanMatchesTheAccountantAfterAStep) {
-  LAYUP_REQUIRE_GPU();
+// Every accounted cell (side x class x kind) of the plan against the accountant's peak.
+void expect_plan_matches_accountant(const MemoryPlan& plan, const MemoryAccountant& accountant) {
+  for (MemorySide side : kAllMemorySides)
+    for (TensorClass c : kAllTensorClasses)
+      for (MemoryKind kind : kAllMemoryKinds) {
+        size_t planned = 0;
+        for (const PlannedAllocation& a : plan.allocations)
+          if (a.accounted && a.side == side && a.tensor_class == c && a.kind == kind)
+            planned += a.bytes;
+        const size_t measured = accountant.cell(side, c, kind).peak;
+        // cuDNN's workspace is device-side scratch the plan cannot know in advance.
+        if (side == MemorySide::kDevice && c == TensorClass::kScratch)
+          EXPECT_GE(measured, planned);
+        else
+          EXPECT_EQ(measured, planned) << memory_side_name(side) << " " << tensor_class_label(c)
+                                       << " " << memory_kind_name(kind);
+      }
+}
+
+struct PlacedRun {
+  MemoryPlan plan;
+  std::shared_ptr<MemoryAccountant> accountant;
+  OptimizerTensors state;
+  std::vector<float> losses;
+};
+
+// Three steps of `mode` on the GPU with the placement `place`, as the trainer builds them.
+PlacedRun train_placed(const std::string& mode, const std::vector<std::string>& place, float clip,
+                       ComputeDtype dtype) {
   const Gpt2Config config = small_config();
   const ParameterLayout layout(config);
   const int B = 2, T = 16;
-  for (const char* mode_name : {"gpu", "offload", "layup"}) {
-    const std::string mode = mode_name;
-    SCOPED_TRACE(mode);
-    MemoryPlanRequest request;
-    request.config = config;
-    request.mode = mode;
-    request.batch = B;
-    request.seq_len = T;
-    request.device = "cuda";
-    request.dtype = "bf16";
-    request.attributes = cuda_memory_attributes();
-    const MemoryPlan plan = plan_memory(request);
-
-    auto accountant = std::make_shared<MemoryAccountant>();
-    std::unique_ptr<Schedule> schedule =
-        make_schedule(mode, make_cuda_backend(config, B, T, ComputeDtype::kBFloat16, 0, accountant),
-                      make_cuda_device(accountant), layout, schedule_options(plan, 1));
-    schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
-    std::mt19937 rng(5);
-    std::vector<int32_t> tokens(B * T);
-    for (int32_t& id : tokens) id = static_cast<int32_t>(rng() % config.vocab_size);
-    const std::vector<TokenBatch> batches = {{tokens.data(), tokens.data(), B, T}};
+  MemoryPlanRequest request;
+  request.config = config;
+  request.mode = mode;
+  request.batch = B;
+  request.seq_len = T;
+  request.clip = clip;
+  request.device = "cuda";
+  request.dtype = dtype == ComputeDtype::kBFloat16 ? "bf16" : "fp32";
+  request.attributes = cuda_memory_attributes();
+  request.place = place;
+  PlacedRun run{plan_memory(request), std::make_shared<MemoryAccountant>(), {}, {}};
+  std::unique_ptr<Schedule> schedule =
+      make_schedule(mode, make_cuda_backend(config, B, T, dtype, 0, run.accountant),
+                    make_cuda_device(run.accountant), layout, schedule_options(run.plan, 1));
+  schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
+  std::mt19937 rng(5);
+  std::vector<int32_t> inputs(B * T), targets(B * T);
+  for (int step = 0; step < 3; ++step) {
+    for (int32_t& id : inputs) id = static_cast<int32_t>(rng() % config.vocab_size);
+    for (int32_t& id : targets) id = static_cast<int32_t>(rng() % config.vocab_size);
+    const std::vector<TokenBatch> batches = {{inputs.data(), targets.data(), B, T}};
     UpdateSettings settings;
     settings.adamw.hyper = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
-    settings.adamw.t = 1;
-    ASSERT_TRUE(schedule->step(batches, settings).applied);
+    settings.adamw.t = step + 1;
+    settings.clip_max_norm = clip;
+    const StepStats stats = schedule->step(batches, settings);
+    EXPECT_TRUE(stats.applied);
+    run.losses.push_back(stats.loss);
+  }
+  run.state = schedule->export_tensors();
+  return run;
+}
 
-    for (MemorySide side : kAllMemorySides)
-      for (TensorClass c : kAllTensorClasses)
-        for (MemoryKind kind : kAllMemoryKinds) {
-          size_t planned = 0;
-          for (const PlannedAllocation& a : plan.allocations)
-            if (a.accounted && a.side == side && a.tensor_class == c && a.kind == kind)
-              planned += a.bytes;
-          const size_t measured = accountant->cell(side, c, kind).peak;
-          // cuDNN's workspace is device-side scratch the plan cannot know in advance.
-          if (side == MemorySide::kDevice && c == TensorClass::kScratch)
-            EXPECT_GE(measured, planned);
-          else
-            EXPECT_EQ(measured, planned) << memory_side_name(side) << " " << tensor_class_label(c)
-                                         << " " << memory_kind_name(kind);
+TEST(CudaMemory, ThePlanMatchesTheAccountantAfterAStep) {
+  LAYUP_REQUIRE_GPU();
+  for (const char* mode : {"gpu", "offload", "layup"}) {
+    SCOPED_TRACE(mode);
+    const PlacedRun run = train_placed(mode, {}, 1.0f, ComputeDtype::kBFloat16);
+    expect_plan_matches_accountant(run.plan, *run.accountant);
+  }
+}
+
+// --place moves the schedules' classes between memory kinds: the accountant finds each buffer
+// where the plan put it, and the training is bit for bit what the default placement gives (the
+// arithmetic is the same wherever the bytes lie). Placements this GPU refuses are skipped.
+TEST(CudaMemory, PlacementsAreAppliedAndTrainTheSame) {
+  LAYUP_REQUIRE_GPU();
+  const std::vector<std::vector<std::string>> placements = {
+      {"grads=pinned"},   {"grads=managed"},
+      {"moments=pinned"}, {"moments=managed"},
+      {"master=managed"}, {"weights=managed"},
+      {"master=host"},    {"grads=pinned", "moments=pinned", "master=pinned"}};
+  for (const char* mode : {"gpu", "offload", "layup"}) {
+    for (const float clip : {1.0f, 0.0f}) {
+      const PlacedRun reference = train_placed(mode, {}, clip, ComputeDtype::kFloat32);
+      for (const std::vector<std::string>& place : placements) {
+        std::string name = std::string(mode) + (clip > 0 ? ", clip 1.0" : ", clip none");
+        for (const std::string& flag : place) name += " --place " + flag;
+        SCOPED_TRACE(name);
+        PlacedRun run;
+        try {
+          run = train_placed(mode, place, clip, ComputeDtype::kFloat32);
+        } catch (const Error& error) {
+          const std::string what = error.what();
+          // Only the plan's refusals are expected (a kind this GPU or mode cannot use).
+          EXPECT_NE(what.find("is refused on"), std::string::npos) << what;
+          continue;
         }
+        expect_plan_matches_accountant(run.plan, *run.accountant);
+        EXPECT_EQ(run.losses, reference.losses);
+        EXPECT_EQ(run.state.params, reference.state.params);
+        EXPECT_EQ(run.state.adam_m, reference.state.adam_m);
+        EXPECT_EQ(run.state.adam_v, reference.state.adam_v);
+        std::printf("[ placed ] %s: trains as the default placement, plan matches the accountant\n",
+                    name.c_str());
+      }
+    }
   }
 }
 
