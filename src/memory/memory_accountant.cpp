@@ -1,10 +1,9 @@
-// MemoryAccountant, MemoryRecord and AccountedHostBuffer; see memory_accountant.h.
+// MemoryAccountant and MemoryRecord; see memory_accountant.h.
 #include "memory/memory_accountant.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <new>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -174,39 +173,6 @@ void MemoryRecord::reset() noexcept {
   if (accountant_) accountant_->remove(side_, class_, kind_, bytes_);
   accountant_ = nullptr;
   bytes_ = 0;
-}
-
-AccountedHostBuffer::AccountedHostBuffer(std::shared_ptr<MemoryAccountant> accountant,
-                                         TensorClass tensor_class, size_t count) {
-  if (count == 0) return;
-  // 64-byte alignment: whole cache lines and aligned AVX-512 loads, as the CPU device's buffers.
-  data_ = static_cast<float*>(
-      ::operator new[](count * sizeof(float), std::align_val_t(64), std::nothrow));
-  LAYUP_CHECK(data_ != nullptr, "out of host memory allocating ",
-              format_bytes(count * sizeof(float)), " of ", tensor_class_label(tensor_class));
-  std::memset(data_, 0, count * sizeof(float));
-  count_ = count;
-  record_ = MemoryRecord(std::move(accountant), MemorySide::kHost, tensor_class, MemoryKind::kHost,
-                         count * sizeof(float));
-}
-
-AccountedHostBuffer& AccountedHostBuffer::operator=(AccountedHostBuffer&& other) noexcept {
-  if (this != &other) {
-    free();
-    data_ = other.data_;
-    count_ = other.count_;
-    record_ = std::move(other.record_);
-    other.data_ = nullptr;
-    other.count_ = 0;
-  }
-  return *this;
-}
-
-void AccountedHostBuffer::free() noexcept {
-  if (data_) ::operator delete[](data_, std::align_val_t(64));
-  data_ = nullptr;
-  count_ = 0;
-  record_.reset();
 }
 
 std::string format_bytes(size_t bytes) {

@@ -2,10 +2,10 @@
 // recorded here by (side, tensor class, memory kind), with the current and the peak bytes of each
 // cell, of each class, of each side and of the whole run.
 //
-// Allocators record; they do not ask. Device::allocate (backend/device.h) and the CUDA backend's
-// arena, staging and workspaces hold a MemoryRecord for as long as the memory lives, and the
-// record gives its bytes back when it goes. Host-side state can be counted the same way through
-// AccountedHostBuffer. The plan (memory/memory_plan.h) says before a run what these cells will
+// Allocators record; they do not ask. Device::allocate_kind (backend/device.h), which also serves
+// the schedules' host-side state, and the CUDA backend's arena, staging and workspaces hold a
+// MemoryRecord for as long as the memory lives, and the record gives its bytes back when it
+// goes. The plan (memory/memory_plan.h) says before a run what these cells will
 // hold; the ledger says what they held.
 //
 // Thread-safe: any thread may record and read.
@@ -85,34 +85,6 @@ class MemoryRecord {
   TensorClass class_ = TensorClass::kScratch;
   MemoryKind kind_ = MemoryKind::kHost;
   size_t bytes_ = 0;
-};
-
-// Zeroed, 64-byte aligned host floats (MemoryKind::kHost, host side) counted in an accountant:
-// for host-side state (master weights, moments, accumulators, staging) that a schedule keeps in
-// host memory, in place of a std::vector<float>.
-class AccountedHostBuffer {
- public:
-  AccountedHostBuffer() = default;
-  AccountedHostBuffer(std::shared_ptr<MemoryAccountant> accountant, TensorClass tensor_class,
-                      size_t count);
-  AccountedHostBuffer(AccountedHostBuffer&& other) noexcept { *this = std::move(other); }
-  AccountedHostBuffer& operator=(AccountedHostBuffer&& other) noexcept;
-  AccountedHostBuffer(const AccountedHostBuffer&) = delete;
-  AccountedHostBuffer& operator=(const AccountedHostBuffer&) = delete;
-  ~AccountedHostBuffer() { free(); }
-
-  float* data() const { return data_; }
-  size_t size() const { return count_; }
-  float* begin() const { return data_; }
-  float* end() const { return data_ + count_; }
-  float& operator[](size_t i) const { return data_[i]; }
-
- private:
-  void free() noexcept;
-
-  float* data_ = nullptr;
-  size_t count_ = 0;
-  MemoryRecord record_;
 };
 
 // "2.88 GiB", "400.6 MiB", "8.0 KiB", "12 B": binary units, as --memory-budget reads them.

@@ -64,18 +64,6 @@ TEST(MemoryAccountant, RecordsGiveTheirBytesBackWhenTheyGo) {
   }
   EXPECT_EQ(accountant->total().current, 0u);
   EXPECT_EQ(accountant->total().peak, 64u);
-
-  {
-    AccountedHostBuffer buffer(accountant, TensorClass::kMasterWeights, 1000);
-    ASSERT_NE(buffer.data(), nullptr);
-    EXPECT_EQ(buffer.size(), 1000u);
-    for (float value : buffer) EXPECT_EQ(value, 0.0f);
-    EXPECT_EQ(accountant->row(MemorySide::kHost, TensorClass::kMasterWeights).current, 4000u);
-    AccountedHostBuffer other;
-    other = std::move(buffer);
-    EXPECT_EQ(accountant->row(MemorySide::kHost, TensorClass::kMasterWeights).current, 4000u);
-  }
-  EXPECT_EQ(accountant->row(MemorySide::kHost, TensorClass::kMasterWeights).current, 0u);
 }
 
 TEST(MemoryAccountant, TheCpuDeviceRecordsEveryBufferWhileItLives) {
