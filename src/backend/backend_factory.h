@@ -14,6 +14,10 @@ struct ComputeTarget {
   std::string device = "auto";  // auto | cpu | cuda
   std::string dtype = "auto";   // auto | fp32 | bf16
   int recompute = 0;            // --recompute: 0, 1 or 2 (backend/cuda/cuda_backend.h); cuda only
+  // cuda only: where the backend's activations and the backward's scratch live (the placement's
+  // kinds; the CPU backend's memory is the host's).
+  MemoryKind activations_kind = MemoryKind::kDevice;
+  MemoryKind scratch_kind = MemoryKind::kDevice;
 };
 
 // Resolves "auto": cuda with bf16 where this build has the CUDA backend and a GPU is usable,

@@ -77,8 +77,9 @@ BackendBytes cuda_arena_bytes(const Gpt2Config& config, int max_batch, int max_s
       std::max({column_reduce_scratch_floats(BT, 4 * C, 1), column_reduce_scratch_floats(BT, C, 2),
                 static_cast<size_t>(max_batch) * max_seq_len * NH});
 
+  // One region per class, each its own allocation starting aligned (cuda_backend.cu's carve()).
   BackendBytes bytes;
-  ArenaCounter arena;
+  ArenaCounter weights_region, activations_region, scratch_region;
   if (bf16) {
     // The compute copy: every span at a 256-byte aligned offset inside it.
     const ParameterLayout layout(config);
@@ -87,8 +88,9 @@ BackendBytes cuda_arena_bytes(const Gpt2Config& config, int max_batch, int max_s
       last = offset;
       offset = align_up(offset + span.count, kArenaAlignBytes / t);
     }
-    arena.take(bytes.weights, last + layout.spans().back().count, t);
+    weights_region.take(bytes.weights, last + layout.spans().back().count, t);
   }
+  ArenaCounter& arena = activations_region;
   size_t& a = bytes.activations;
   for (size_t n : {BT, BT, BT, BT + 1, BT}) arena.take(a, n, i32);  // tokens .. segment_token
   for (size_t l = 0; l <= L; ++l) arena.take(a, BT * C, t);         // residual_
@@ -115,14 +117,15 @@ BackendBytes cuda_arena_bytes(const Gpt2Config& config, int max_batch, int max_s
   arena.take(a, BT, f);       // losses_
   arena.take(a, BT, f);       // logsumexp_
   size_t& s = bytes.scratch;
-  arena.take(s, BT * C, t);                      // branch_out_
-  arena.take(s, BT * C, t);                      // d_residual_
-  arena.take(s, BT * C, t);                      // d_ln_
-  arena.take(s, BT * C, t);                      // d_att_out_
-  arena.take(s, BT * 3 * C, t);                  // d_qkv_
-  if (!fuse_gelu) arena.take(s, BT * 4 * C, t);  // d_fc_gelu_
-  arena.take(s, BT * 4 * C, t);                  // d_fc_
-  arena.take(s, scratch_floats, f);              // scratch_
+  ArenaCounter& scratch = scratch_region;
+  scratch.take(s, BT * C, t);                      // branch_out_
+  scratch.take(s, BT * C, t);                      // d_residual_
+  scratch.take(s, BT * C, t);                      // d_ln_
+  scratch.take(s, BT * C, t);                      // d_att_out_
+  scratch.take(s, BT * 3 * C, t);                  // d_qkv_
+  if (!fuse_gelu) scratch.take(s, BT * 4 * C, t);  // d_fc_gelu_
+  scratch.take(s, BT * 4 * C, t);                  // d_fc_
+  scratch.take(s, scratch_floats, f);              // scratch_
   return bytes;
 }
 

@@ -4,10 +4,10 @@
 // These mirror the constructors they describe and must change with them:
 //  - cpu_backend_memory: the std::vectors of CpuBackend's constructor
 //  (backend/cpu/cpu_backend.cpp).
-//  - cuda_arena_bytes: CudaBackend<T>::carve (backend/cuda/cuda_backend.cu), the one cudaMalloc
-//    that holds the bf16 compute copy of the weights, every activation and the ops' scratch, cut
-//    into 256-byte aligned pieces; the CUDA backend records its measured arena size in the
-//    accountant, and a CUDA test compares it with this.
+//  - cuda_arena_bytes: CudaBackend<T>::carve (backend/cuda/cuda_backend.cu), the three
+//    allocations (one per class: the bf16 compute copy of the weights, the activations, the ops'
+//    scratch) cut into 256-byte aligned pieces; the CUDA backend records each region's measured
+//    size in the accountant, and a CUDA test compares them with this.
 //  - the constants below: the cuBLASLt workspace (ops/matmul.cu uses this constant), the CUDA
 //    device's sum-of-squares partials, the CUDA backend's pinned staging.
 #pragma once
@@ -31,7 +31,7 @@ struct BackendBytes {
 // The CPU backend's activation and scratch vectors (host memory).
 BackendBytes cpu_backend_memory(const Gpt2Config& config, int max_batch, int max_seq_len);
 
-// The CUDA backend's arena, split by class (alignment padding goes to the piece it precedes), for
+// The CUDA backend's regions by class (alignment padding goes to the piece it precedes), for
 // bf16 or fp32 compute at a --recompute level (0, 1 or 2; see backend/cuda/cuda_backend.h).
 BackendBytes cuda_arena_bytes(const Gpt2Config& config, int max_batch, int max_seq_len, bool bf16,
                               int recompute);

@@ -238,17 +238,13 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
 
   auto add_kind = [&](MemorySide side, TensorClass c, MemoryKind kind, size_t bytes,
                       std::string what, bool accounted) {
-    // The placement governs a class's primary tensors; a schedule's extra host copies of a
-    // device-side class (accumulator, staging) keep their kind. The schedules allocate the
-    // weights, master weights, gradients and moments where the placement says (ScheduleOptions::
-    // placement); the backends' activations and scratch are not placed yet.
-    const bool primary = primary_side(r.mode, c) == side;
-    const MemoryKind requested = primary ? plan.placement[c] : kind;
-    const bool placed_by_schedule =
-        c == TensorClass::kWeights || c == TensorClass::kMasterWeights ||
-        c == TensorClass::kWeightGrads || c == TensorClass::kOptimizerMoments;
-    if (primary && placed_by_schedule) kind = requested;
-    plan.allocations.push_back({side, c, kind, requested, bytes, std::move(what), accounted});
+    // The placement governs a class's primary tensors, and they are allocated where it says
+    // (the schedules' through ScheduleOptions::placement, the CUDA backend's activations and
+    // scratch through CudaArenaKinds); a schedule's extra host copies of a device-side class
+    // (accumulator, staging) keep their kind, and so do the buffers pushed below with a fixed
+    // kind (the bf16 compute copy, the libraries' workspaces).
+    if (primary_side(r.mode, c) == side) kind = plan.placement[c];
+    plan.allocations.push_back({side, c, kind, bytes, std::move(what), accounted});
   };
   auto add = [&](MemorySide side, TensorClass c, size_t bytes, std::string what, bool accounted) {
     add_kind(side, c, side == MemorySide::kDevice ? device_memory : MemoryKind::kHost, bytes,
@@ -335,17 +331,20 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
     const bool bf16 = r.dtype == "bf16";
     const BackendBytes arena = cuda_arena_bytes(r.config, r.batch, r.seq_len, bf16, r.recompute);
     if (bf16)  // derived from the fp32 weights wherever those are placed, so always on the device
-      plan.allocations.push_back(
-          {dev, TensorClass::kWeights, MemoryKind::kDevice, MemoryKind::kDevice, arena.weights,
-           "bf16 compute copy of the weights (in the activation arena)", true});
+      plan.allocations.push_back({dev, TensorClass::kWeights, MemoryKind::kDevice, arena.weights,
+                                  "bf16 compute copy of the weights (the backend's weights region)",
+                                  true});
     add(dev, TensorClass::kActivations, arena.activations,
-        "activations saved for the backward, token ids, logits (activation arena)", true);
+        "activations saved for the backward, token ids, logits (the backend's activations)", true);
     add(dev, TensorClass::kScratch, arena.scratch,
-        "activation gradients and the ops' scratch (activation arena)", true);
-    add(dev, TensorClass::kScratch, kCublasLtWorkspaceBytes, "cuBLASLt workspace", true);
-    add(dev, TensorClass::kScratch, kCudaDeviceScratchBytes, "gradient-norm partial sums", true);
+        "activation gradients and the ops' scratch (the backend's scratch)", true);
+    // The libraries' and the device's own workspaces stay in device memory whatever --place
+    // scratch says (it places the backward's activation gradients above).
+    plan.allocations.push_back({dev, TensorClass::kScratch, MemoryKind::kDevice,
+                                kCublasLtWorkspaceBytes, "cuBLASLt workspace", true});
+    plan.allocations.push_back({dev, TensorClass::kScratch, MemoryKind::kDevice,
+                                kCudaDeviceScratchBytes, "gradient-norm partial sums", true});
     plan.allocations.push_back({host, TensorClass::kScratch, MemoryKind::kPinnedMapped,
-                                MemoryKind::kPinnedMapped,
                                 cuda_pinned_staging_bytes(r.batch, r.seq_len),
                                 "pinned staging of token ids, targets and losses", true});
     if (bf16)
@@ -394,18 +393,10 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
           ", would share the one memory with everything else): the blocks are updated after "
           "backward; --layup-clip speculative overlaps them with it");
   }
-  for (TensorClass c : kAllTensorClasses) {
-    if (!plan.placement.overridden[index_of(c)]) continue;
-    for (const PlannedAllocation& a : plan.allocations) {
-      if (a.tensor_class != c || a.requested_kind == a.kind) continue;
-      plan.notes.push_back("--place " + std::string(tensor_class_name(c)) + "=" +
-                           memory_kind_name(a.requested_kind) +
-                           " is valid on this device but NOT yet applied: the schedules and "
-                           "backends still allocate the " +
-                           tensor_class_label(c) + " as " + memory_kind_name(a.kind) + " memory");
-      break;
-    }
-  }
+  if (cuda && plan.placement.overridden[index_of(TensorClass::kScratch)])
+    plan.notes.push_back(
+        "--place scratch places the backward's activation gradients; the cuBLASLt and cuDNN "
+        "workspaces and the norm's partial sums stay in device memory");
   plan.notes.push_back(
       "not counted: transient host copies (initial parameters, checkpoint export), the data, "
       "and per-call temporaries inside the ops");
@@ -552,10 +543,7 @@ std::string format_memory_plan(const MemoryPlan& plan, const MemoryBudgets& budg
                 "bytes", "source", "what");
   text += line;
   for (const PlannedAllocation& a : plan.allocations) {
-    std::string what = a.what;
-    if (a.requested_kind != a.kind)
-      what += std::string(" [--place asked ") + memory_kind_name(a.requested_kind) +
-              ": not applied yet]";
+    const std::string& what = a.what;
     std::snprintf(line, sizeof line, "  %-6s  %-17s  %-8s  %10s  %-9s  %s\n",
                   side_word(a.side).c_str(), tensor_class_label(a.tensor_class),
                   memory_kind_name(a.kind), format_bytes(a.bytes).c_str(),
@@ -635,7 +623,6 @@ nlohmann::json memory_plan_json(const MemoryPlan& plan) {
     allocations.push_back({{"side", side_word(a.side)},
                            {"class", tensor_class_name(a.tensor_class)},
                            {"kind", memory_kind_name(a.kind)},
-                           {"requested_kind", memory_kind_name(a.requested_kind)},
                            {"bytes", a.bytes},
                            {"accounted", a.accounted},
                            {"what", a.what}});

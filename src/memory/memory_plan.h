@@ -19,8 +19,8 @@
 // memory are written by the GPU over the interconnect and read by layup's CPU side in place. The
 // weights of offload and layup placed where the master weights live (weights=pinned on CUDA,
 // always on the CPU backend) make the device compute with the master weights in place
-// (MemoryPlan::weights_in_place). The backends' activations and scratch are validated and
-// reported, NOT yet placed.
+// (MemoryPlan::weights_in_place). The CUDA backend's activations and scratch go where the
+// placement says too (CudaArenaKinds); the libraries' workspaces stay in device memory.
 #pragma once
 
 #include <array>
@@ -80,8 +80,7 @@ struct MemoryPlanRequest {
 struct PlannedAllocation {
   MemorySide side;
   TensorClass tensor_class;
-  MemoryKind kind;            // the kind the code allocates
-  MemoryKind requested_kind;  // the placement's kind; differs from `kind` when not yet applied
+  MemoryKind kind;  // where the code allocates it (the placement's kind for primary tensors)
   size_t bytes;
   std::string what;
   bool accounted;  // goes through Device or a backend: the accountant measures it at run time

@@ -40,6 +40,14 @@ ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers) {
   return options;
 }
 
+ComputeTarget placed_target(const MemoryPlan& plan, ComputeTarget target) {
+  if (target.device == "cuda") {
+    target.activations_kind = plan.placement[TensorClass::kActivations];
+    target.scratch_kind = plan.placement[TensorClass::kScratch];
+  }
+  return target;
+}
+
 std::unique_ptr<Schedule> make_schedule(const std::string& mode,
                                         std::unique_ptr<ModelBackend> backend,
                                         std::unique_ptr<Device> device,

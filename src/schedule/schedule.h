@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend_factory.h"
 #include "backend/device.h"
 #include "backend/model_backend.h"
 #include "model/parameter_layout.h"
@@ -140,6 +141,8 @@ struct MemoryPlan;  // memory/memory_plan.h
 
 // What a run's memory plan says, with cpu_workers workers.
 ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers);
+// The backend's part of the plan's placement (activations, scratch) in a resolved target.
+ComputeTarget placed_target(const MemoryPlan& plan, ComputeTarget target);
 
 // The schedule of a mode, by name; `options` is used by `offload` and `layup`. Throws
 // layup::Error for an unknown mode, naming the ones there are.

@@ -177,8 +177,9 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   result.memory_plan_bytes = memory_plan.total_bytes();
 
   const ParameterLayout layout(config);
-  BackendAndDevice compute = make_backend({target.device, target.dtype, options.recompute}, config,
-                                          options.batch, options.seq_len);
+  BackendAndDevice compute =
+      make_backend(placed_target(memory_plan, {target.device, target.dtype, options.recompute}),
+                   config, options.batch, options.seq_len);
   const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;

@@ -145,8 +145,9 @@ TrainResult train(TrainOptions options) {
   const ValidationBatches val(val_data, options.batch, options.seq_len, options.eval_batches);
 
   const ParameterLayout layout(config);
-  BackendAndDevice compute = make_backend({target.device, target.dtype, options.recompute}, config,
-                                          options.batch, options.seq_len);
+  BackendAndDevice compute =
+      make_backend(placed_target(memory_plan, {target.device, target.dtype, options.recompute}),
+                   config, options.batch, options.seq_len);
   const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;

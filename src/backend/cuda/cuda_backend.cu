@@ -11,12 +11,16 @@
 // serves as the gradient of a block's output and of its branches' outputs at once, and each layer
 // norm's input gradient is accumulated into it.
 //
-// Everything runs on one blocking stream (see cuda_device.h for why blocking). Activation memory is
-// one allocation, cut into 256-byte aligned pieces (cuBLASLt's preferred alignment).
+// Everything runs on one blocking stream (see cuda_device.h for why blocking). The backend's memory
+// is three allocations, one per tensor class (the bf16 compute copy of the weights, always in
+// device memory; the activations; the scratch of the backward), each of the kind the placement
+// gives it (--place activations=..., scratch=...), each cut into 256-byte aligned pieces
+// (cuBLASLt's preferred alignment).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +32,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_memory.h"
 #include "backend/cuda/ops/attention.cuh"
 #include "backend/cuda/ops/attention_cudnn.cuh"
 #include "backend/cuda/ops/cast.cuh"
@@ -54,27 +59,39 @@ size_t align_up(size_t value, size_t alignment) {
 
 // Hands out aligned pieces of one buffer. Run once with a null base to measure, then again over
 // the real allocation: both passes hand out the same offsets.
+// The backend's memory regions, one per tensor class it holds.
+enum class ArenaRegion { kWeights, kActivations, kScratch };
+constexpr int kArenaRegions = 3;
+constexpr TensorClass kRegionClass[kArenaRegions] = {
+    TensorClass::kWeights, TensorClass::kActivations, TensorClass::kScratch};
+
+// Cuts buffers out of the regions in order, each 256-byte aligned within its region; with null
+// bases it only measures.
 class Carver {
  public:
-  explicit Carver(char* base) : base_(base) {}
+  explicit Carver(const std::array<char*, kArenaRegions>& bases) : bases_(bases) {}
+  // The region the next takes come from.
+  void region(ArenaRegion region) { region_ = static_cast<int>(region); }
   template <class U>
   void take(U*& pointer, size_t count) {
-    used_ = align_up(used_, kAlignBytes);
-    pointer = base_ ? reinterpret_cast<U*>(base_ + used_) : nullptr;
-    used_ += count * sizeof(U);
+    size_t& used = used_[region_];
+    used = align_up(used, kAlignBytes);
+    pointer = bases_[region_] ? reinterpret_cast<U*>(bases_[region_] + used) : nullptr;
+    used += count * sizeof(U);
   }
-  size_t used() const { return used_; }
+  size_t used(int region) const { return used_[region]; }
 
  private:
-  char* base_;
-  size_t used_ = 0;
+  std::array<char*, kArenaRegions> bases_;
+  std::array<size_t, kArenaRegions> used_{};
+  int region_ = 0;
 };
 
 template <class T>
 class CudaBackend final : public ModelBackend {
  public:
   CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute,
-              std::shared_ptr<MemoryAccountant> accountant);
+              std::shared_ptr<MemoryAccountant> accountant, const CudaArenaKinds& kinds);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -133,8 +150,10 @@ class CudaBackend final : public ModelBackend {
   // must match the CPU to 1e-5, keeps the separate GELU op, which computes exactly as the CPU's.
   bool fuse_gelu_ = false;
 
-  void* arena_ = nullptr;
-  size_t arena_bytes_ = 0;
+  // The regions (ArenaRegion order), their sizes and memory kinds.
+  std::array<void*, kArenaRegions> arena_{};
+  std::array<size_t, kArenaRegions> arena_bytes_{};
+  std::array<MemoryKind, kArenaRegions> arena_kinds_{};
   // The ledger the arena, the pinned staging and the workspaces are recorded in (may be null),
   // and their records, which give the bytes back when the backend goes.
   std::shared_ptr<MemoryAccountant> accountant_;
@@ -184,7 +203,8 @@ class CudaBackend final : public ModelBackend {
 
 template <class T>
 CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute,
-                            std::shared_ptr<MemoryAccountant> accountant)
+                            std::shared_ptr<MemoryAccountant> accountant,
+                            const CudaArenaKinds& kinds)
     : config_(config),
       layout_(config),
       max_batch_(max_batch),
@@ -226,39 +246,33 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
 
   // The carver aligns every buffer to 256 bytes, so only the width decides (matmul_gelu_fusable).
   fuse_gelu_ = !std::is_same_v<T, float> && (4 * C) % 8 == 0;
-  Carver measure(nullptr);
+  Carver measure({});
   carve(measure);
-  arena_bytes_ = measure.used();
+  arena_kinds_ = {MemoryKind::kDevice, kinds.activations, kinds.scratch};
   LAYUP_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: see cuda_device.h
-  if (cudaMalloc(&arena_, arena_bytes_) != cudaSuccess) {
-    cudaGetLastError();
-    size_t free_bytes = 0, total_bytes = 0;
-    cudaMemGetInfo(&free_bytes, &total_bytes);
+  try {
+    for (int r = 0; r < kArenaRegions; ++r) {
+      arena_bytes_[r] = measure.used(r);
+      arena_[r] = cuda_allocate(arena_bytes_[r], arena_kinds_[r],
+                                std::string(tensor_class_label(kRegionClass[r])) +
+                                    " at B=" + std::to_string(max_batch) +
+                                    ", T=" + std::to_string(max_seq_len) +
+                                    (std::is_same_v<T, float> ? " (fp32)" : " (bf16)"));
+    }
+  } catch (...) {
+    for (int r = 0; r < kArenaRegions; ++r) cuda_free(arena_[r], arena_kinds_[r]);
     cudaStreamDestroy(stream_);
-    fail("the CUDA backend needs ", arena_bytes_ / 1e9,
-         " GB of GPU memory for activations at B=", max_batch, ", T=", max_seq_len, " (",
-         std::is_same_v<T, float> ? "fp32" : "bf16", "); the GPU has ", free_bytes / 1e9,
-         " GB free of ", total_bytes / 1e9, "; try a smaller --batch or --seq-len",
-         std::is_same_v<T, float> ? ", or bf16" : "");
+    throw;
   }
-  Carver place(static_cast<char*>(arena_));
+  Carver place({static_cast<char*>(arena_[0]), static_cast<char*>(arena_[1]),
+                static_cast<char*>(arena_[2])});
   carve(place);
-  {
-    // The arena in the ledger by class: the total is the size carve() measured, the split the
-    // plan's (memory/backend_memory.h), so a plan that drifted from carve() shows up as a
-    // difference in the end-of-run report (and in cuda_memory_test).
-    const BackendBytes planned =
-        cuda_arena_bytes(config, max_batch, max_seq_len, !std::is_same_v<T, float>, recompute);
-    const size_t weights = std::min(planned.weights, arena_bytes_);
-    const size_t scratch = std::min(planned.scratch, arena_bytes_ - weights);
-    auto record = [&](TensorClass tensor_class, size_t bytes) {
-      memory_records_.emplace_back(accountant_, MemorySide::kDevice, tensor_class,
-                                   MemoryKind::kDevice, bytes);
-    };
-    record(TensorClass::kWeights, weights);
-    record(TensorClass::kScratch, scratch);
-    record(TensorClass::kActivations, arena_bytes_ - weights - scratch);
-  }
+  // Each region in the ledger under its class and kind; the plan computes the same sizes
+  // (memory/backend_memory.h), so a plan that drifted from carve() shows up as a difference in
+  // the end-of-run report (and in cuda_memory_test).
+  for (int r = 0; r < kArenaRegions; ++r)
+    memory_records_.emplace_back(accountant_, MemorySide::kDevice, kRegionClass[r], arena_kinds_[r],
+                                 arena_bytes_[r]);
   if constexpr (!std::is_same_v<T, float>) {
     const char* choice = std::getenv("LAYUP_ATTENTION");
     const std::string attention = choice ? choice : "auto";
@@ -287,8 +301,10 @@ void CudaBackend<T>::carve(Carver& carver) {
   const size_t C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
   const size_t Vp = config_.padded_vocab_size;
   if constexpr (!std::is_same_v<T, float>) {
+    carver.region(ArenaRegion::kWeights);
     carver.take(compute_weights_, compute_span_offsets_.back() + layout_.spans().back().count);
   }
+  carver.region(ArenaRegion::kActivations);
   carver.take(tokens_, BT);
   carver.take(targets_, BT);
   carver.take(positions_, BT);
@@ -333,6 +349,8 @@ void CudaBackend<T>::carve(Carver& carver) {
   carver.take(logits_, BT * Vp);
   carver.take(losses_, BT);
   carver.take(logsumexp_, BT);
+
+  carver.region(ArenaRegion::kScratch);
   carver.take(branch_out_, BT * C);
 
   carver.take(d_residual_, BT * C);
@@ -351,7 +369,7 @@ CudaBackend<T>::~CudaBackend() {
   cudnn_attention_.reset();  // it works on stream_, which goes below
   cudaFreeHost(host_losses_);
   cudaFreeHost(host_ints_);
-  cudaFree(arena_);
+  for (int r = 0; r < kArenaRegions; ++r) cuda_free(arena_[r], arena_kinds_[r]);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -653,12 +671,13 @@ const char* compute_dtype_name(ComputeDtype dtype) {
 
 std::unique_ptr<ModelBackend> make_cuda_backend(const Gpt2Config& config, int max_batch,
                                                 int max_seq_len, ComputeDtype dtype, int recompute,
-                                                std::shared_ptr<MemoryAccountant> accountant) {
+                                                std::shared_ptr<MemoryAccountant> accountant,
+                                                const CudaArenaKinds& kinds) {
   if (dtype == ComputeDtype::kFloat32)
     return std::make_unique<CudaBackend<float>>(config, max_batch, max_seq_len, recompute,
-                                                std::move(accountant));
+                                                std::move(accountant), kinds);
   return std::make_unique<CudaBackend<__nv_bfloat16>>(config, max_batch, max_seq_len, recompute,
-                                                      std::move(accountant));
+                                                      std::move(accountant), kinds);
 }
 
 }  // namespace layup

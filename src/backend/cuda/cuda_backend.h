@@ -46,10 +46,18 @@ constexpr int kMaxRecompute = 2;
 
 // Throws layup::Error when there is no usable GPU, when the model's head dimension exceeds what
 // the attention kernels take (128), or when the activations do not fit in GPU memory. The
-// backend records its memory (the activation arena by class, the pinned staging, the cuBLASLt
+// backend records its memory (its three regions by class and kind, the pinned staging, the cuBLASLt
 // and cuDNN workspaces) in `accountant` when one is given.
+// Where the backend's activations and the backward's scratch live (--place activations=...,
+// scratch=...; memory/memory_plan.h checks the kinds first). The bf16 compute copy of the weights
+// is always in device memory.
+struct CudaArenaKinds {
+  MemoryKind activations = MemoryKind::kDevice;
+  MemoryKind scratch = MemoryKind::kDevice;
+};
+
 std::unique_ptr<ModelBackend> make_cuda_backend(
     const Gpt2Config& config, int max_batch, int max_seq_len, ComputeDtype dtype, int recompute = 0,
-    std::shared_ptr<MemoryAccountant> accountant = nullptr);
+    std::shared_ptr<MemoryAccountant> accountant = nullptr, const CudaArenaKinds& kinds = {});
 
 }  // namespace layup

@@ -5,11 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <new>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_memory.h"
 #include "backend/cuda/ops/common.cuh"
 #include "memory/backend_memory.h"
 #include "optim/adamw_simd.h"
@@ -219,84 +219,12 @@ class CudaDevice final : public Device {
 
   DeviceBuffer allocate_kind(size_t count, TensorClass tensor_class, MemorySide side,
                              MemoryKind kind) override {
-    if (count == 0) return DeviceBuffer(this, nullptr, 0, MemoryRecord(), kind);
-    const size_t bytes = count * sizeof(float);
-    float* data = nullptr;
-    switch (kind) {
-      case MemoryKind::kDevice: {
-        const cudaError_t status = cudaMalloc(&data, bytes);
-        if (status != cudaSuccess) {
-          cudaGetLastError();  // an allocation failure is not sticky; clear it
-          size_t free_bytes = 0, total_bytes = 0;
-          cudaMemGetInfo(&free_bytes, &total_bytes);
-          fail("out of GPU memory allocating ", bytes / 1e9, " GB on ", name_, " (",
-               free_bytes / 1e9, " GB free of ", total_bytes / 1e9,
-               "): ", cudaGetErrorString(status), "; try a smaller --batch or --seq-len");
-        }
-        LAYUP_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, cudaStreamLegacy));
-        break;
-      }
-      case MemoryKind::kPinnedMapped: {
-        // Mapped as well as pinned: with unified addressing the GPU reads and writes it in place.
-        const cudaError_t status =
-            cudaHostAlloc(&data, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
-        if (status != cudaSuccess) {
-          cudaGetLastError();
-          fail("cannot pin ", bytes / 1e9, " GB of host memory for the ",
-               tensor_class_label(tensor_class), ": ", cudaGetErrorString(status),
-               "; the host may be short of memory (or of locked-memory allowance: ulimit -l)");
-        }
-        std::fill(data, data + count, 0.0f);
-        break;
-      }
-      case MemoryKind::kManaged: {
-        // Managed memory beyond what the GPU has free can hang a shared GPU: refused up front.
-        size_t free_bytes = 0, total_bytes = 0;
-        LAYUP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-        LAYUP_CHECK(bytes <= free_bytes, "managed memory for the ",
-                    tensor_class_label(tensor_class), " needs ", bytes / 1e9, " GB but ", name_,
-                    " has ", free_bytes / 1e9, " GB free; place it elsewhere (--place ",
-                    tensor_class_name(tensor_class), "=device or pinned) or shrink the run");
-        const cudaError_t status = cudaMallocManaged(&data, bytes, cudaMemAttachGlobal);
-        if (status != cudaSuccess) {
-          cudaGetLastError();
-          fail("cannot allocate ", bytes / 1e9, " GB of managed memory for the ",
-               tensor_class_label(tensor_class), ": ", cudaGetErrorString(status));
-        }
-        LAYUP_CUDA_CHECK(cudaMemset(data, 0, bytes));
-        break;
-      }
-      case MemoryKind::kPageable:
-      case MemoryKind::kHost:
-        // Plain host memory (64-byte aligned, as the CPU backend's): the GPU reaches pageable
-        // memory only where it reports pageable memory access, which the plan has checked.
-        data = static_cast<float*>(::operator new[](bytes, std::align_val_t(64)));
-        std::fill(data, data + count, 0.0f);
-        break;
-    }
+    auto* data = static_cast<float*>(
+        cuda_allocate(count * sizeof(float), kind, tensor_class_label(tensor_class)));
     return DeviceBuffer(this, data, count, record(count, tensor_class, side, kind), kind);
   }
 
-  void release(float* data, MemoryKind kind) override {
-    // Called from DeviceBuffer's destructor, which cannot throw: report and go on.
-    cudaError_t status = cudaSuccess;
-    switch (kind) {
-      case MemoryKind::kDevice:
-      case MemoryKind::kManaged:
-        status = cudaFree(data);
-        break;
-      case MemoryKind::kPinnedMapped:
-        status = cudaFreeHost(data);
-        break;
-      case MemoryKind::kPageable:
-      case MemoryKind::kHost:
-        ::operator delete[](data, std::align_val_t(64));
-        break;
-    }
-    if (status != cudaSuccess)
-      std::fprintf(stderr, "layup: freeing %s memory failed: %s\n", memory_kind_name(kind),
-                   cudaGetErrorString(status));
-  }
+  void release(float* data, MemoryKind kind) override { cuda_free(data, kind); }
 
   void copy_to_device(float* dst, const float* src, size_t count) override {
     LAYUP_CUDA_CHECK(cudaMemcpy(dst, src, count * sizeof(float), cudaMemcpyDefault));

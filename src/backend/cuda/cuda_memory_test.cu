@@ -1,5 +1,5 @@
 // The CUDA device and backend record their memory in the accountant, and the memory plan matches
-// what they allocate: the activation arena against carve() at every dtype and --recompute level,
+// what they allocate: the backend's regions against carve() at every dtype and --recompute level,
 // and every accounted cell of a schedule's plan after training steps, at the default placement and
 // at --place overrides (which must train bit for bit the same).
 #include <gtest/gtest.h>
@@ -56,7 +56,7 @@ TEST(CudaMemory, TheBackendsArenaIsWhatThePlanSays) {
           make_cuda_backend(config, B, T, dtype, recompute, accountant);
       const BackendBytes planned =
           cuda_arena_bytes(config, B, T, dtype == ComputeDtype::kBFloat16, recompute);
-      // The measured arena is the sum of the three rows; the split is the plan's.
+      // Each of the three regions as carve() measured it, and as the plan computes it.
       EXPECT_EQ(accountant->row(MemorySide::kDevice, TensorClass::kWeights).current,
                 planned.weights);
       EXPECT_EQ(accountant->row(MemorySide::kDevice, TensorClass::kActivations).current,
@@ -154,10 +154,17 @@ TEST(CudaMemory, ThePlanMatchesTheAccountantAfterAStep) {
 TEST(CudaMemory, PlacementsAreAppliedAndTrainTheSame) {
   LAYUP_REQUIRE_GPU();
   const std::vector<std::vector<std::string>> placements = {
-      {"grads=pinned"},   {"grads=managed"},
-      {"moments=pinned"}, {"moments=managed"},
-      {"master=managed"}, {"weights=managed"},
-      {"master=host"},    {"grads=pinned", "moments=pinned", "master=pinned"}};
+      {"grads=pinned"},
+      {"grads=managed"},
+      {"moments=pinned"},
+      {"moments=managed"},
+      {"master=managed"},
+      {"weights=managed"},
+      {"master=host"},
+      {"grads=pinned", "moments=pinned", "master=pinned"},
+      {"activations=pinned"},
+      {"scratch=managed"},
+      {"activations=managed", "scratch=pinned"}};
   for (const char* mode : {"gpu", "offload", "layup"}) {
     for (const float clip : {1.0f, 0.0f}) {
       const PlacedRun reference = train_placed(mode, {}, clip, ComputeDtype::kFloat32);
