@@ -199,6 +199,15 @@ size_t MemoryPlan::bytes(TensorClass tensor_class) const {
   return bytes(MemorySide::kDevice, tensor_class) + bytes(MemorySide::kHost, tensor_class);
 }
 
+size_t MemoryPlan::accounted_bytes(MemorySide side, TensorClass tensor_class,
+                                   MemoryKind kind) const {
+  size_t sum = 0;
+  for (const PlannedAllocation& a : allocations)
+    if (a.accounted && a.side == side && a.tensor_class == tensor_class && a.kind == kind)
+      sum += a.bytes;
+  return sum;
+}
+
 size_t MemoryPlan::total_bytes() const {
   return bytes(MemorySide::kDevice) + bytes(MemorySide::kHost);
 }
@@ -597,10 +606,7 @@ std::string format_memory_report(const MemoryPlan& plan, const MemoryAccountant&
   for (MemorySide side : kAllMemorySides)
     for (TensorClass c : kAllTensorClasses)
       for (MemoryKind kind : kAllMemoryKinds) {
-        size_t planned = 0;
-        for (const PlannedAllocation& a : plan.allocations)
-          if (a.accounted && a.side == side && a.tensor_class == c && a.kind == kind)
-            planned += a.bytes;
+        const size_t planned = plan.accounted_bytes(side, c, kind);
         const size_t peak = accountant.cell(side, c, kind).peak;
         if (planned == peak) continue;
         differences.push_back(side_word(side) + " side " + tensor_class_label(c) + " (" +

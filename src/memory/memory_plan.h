@@ -105,6 +105,8 @@ struct MemoryPlan {
   size_t bytes(MemorySide side, TensorClass tensor_class) const;
   size_t bytes(TensorClass tensor_class) const;  // both sides
   size_t total_bytes() const;
+  // What the accountant should find in one of its cells: the accounted allocations there.
+  size_t accounted_bytes(MemorySide side, TensorClass tensor_class, MemoryKind kind) const;
 };
 
 // Throws layup::Error for an unknown mode, device or dtype, or a bad --place.

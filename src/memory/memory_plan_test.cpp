@@ -81,10 +81,7 @@ TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
       for (MemorySide side : kAllMemorySides)
         for (TensorClass c : kAllTensorClasses)
           for (MemoryKind kind : kAllMemoryKinds) {
-            size_t planned = 0;
-            for (const PlannedAllocation& a : plan.allocations)
-              if (a.accounted && a.side == side && a.tensor_class == c && a.kind == kind)
-                planned += a.bytes;
+            const size_t planned = plan.accounted_bytes(side, c, kind);
             const MemoryUsage measured = accountant->cell(side, c, kind);
             EXPECT_EQ(measured.peak, planned)
                 << memory_side_name(side) << " " << tensor_class_label(c) << " "

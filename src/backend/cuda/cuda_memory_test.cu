@@ -79,10 +79,7 @@ void expect_plan_matches_accountant(const MemoryPlan& plan, const MemoryAccounta
   for (MemorySide side : kAllMemorySides)
     for (TensorClass c : kAllTensorClasses)
       for (MemoryKind kind : kAllMemoryKinds) {
-        size_t planned = 0;
-        for (const PlannedAllocation& a : plan.allocations)
-          if (a.accounted && a.side == side && a.tensor_class == c && a.kind == kind)
-            planned += a.bytes;
+        const size_t planned = plan.accounted_bytes(side, c, kind);
         const size_t measured = accountant.cell(side, c, kind).peak;
         // cuDNN's workspace is device-side scratch the plan cannot know in advance.
         if (side == MemorySide::kDevice && c == TensorClass::kScratch)
