@@ -188,7 +188,7 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
                       true);
       },
       [] {});
-  const bool streams = adamw_streaming_stores_allowed();
+  const bool streams = adamw_isa_streams(engine.isa());
   // The OpenMP loop after, not interleaved: libgomp's threads spin after each region and would
   // steal the engine's cores. Same thread count, for a like-for-like ratio.
   const int saved_threads = omp_get_max_threads();
@@ -224,8 +224,9 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
   std::printf("  pinning: %s\n", engine.pin_status().c_str());
   std::printf("  traffic: 28 bytes per parameter (reads p, g, m, v; writes p, m, v)\n");
   std::printf("  out of place: into a second copy of p, m, v, the copies swapping every update%s\n",
-              streams ? "; streaming stores on x86 (LAYUP_ADAMW_STREAM=0 turns them off)"
-                      : "; plain stores (LAYUP_ADAMW_STREAM=0)");
+              streams ? "; streaming stores (LAYUP_ADAMW_STREAM=0 turns them off)"
+              : adamw_streaming_stores_allowed() ? "; plain stores (this ISA does not stream)"
+                                                 : "; plain stores (LAYUP_ADAMW_STREAM=0)");
 
   if (!flags.json_path.empty()) {
     const nlohmann::json json = {

@@ -238,6 +238,10 @@ bool adamw_streaming_stores_allowed() {
   return allowed;
 }
 
+bool adamw_isa_streams(AdamWIsa isa) {
+  return (isa == AdamWIsa::kAvx2 || isa == AdamWIsa::kAvx512) && adamw_streaming_stores_allowed();
+}
+
 AdamWConstants adamw_constants(const AdamWStep& step, bool decay) {
   const AdamWHyper& h = step.hyper;
   // Bias corrections in double, as PyTorch computes them in Python floats.

@@ -75,6 +75,9 @@ using AdamWKernel = void (*)(const AdamWBuffers& buffers, size_t count, const Ad
 // Whether the out-of-place loops may use streaming stores: not when LAYUP_ADAMW_STREAM=0 (read at
 // the first call, then fixed for the process).
 bool adamw_streaming_stores_allowed();
+// Whether `isa`'s out-of-place loop writes with streaming stores: the x86 levels, when allowed
+// (scalar and NEON never stream).
+bool adamw_isa_streams(AdamWIsa isa);
 
 // "scalar", "AVX2", "AVX-512" or "NEON".
 const char* adamw_isa_name(AdamWIsa isa);

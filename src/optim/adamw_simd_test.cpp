@@ -239,6 +239,15 @@ INSTANTIATE_TEST_SUITE_P(EveryLevel, AdamWSimdLevel,
                            return env_name(info.param);
                          });
 
+// Streaming stores are an x86 matter: the scalar and NEON loops never stream, whatever the
+// environment allows, so bench-adamw does not label their rows as streaming.
+TEST(AdamWSimd, OnlyTheX86LevelsStream) {
+  EXPECT_FALSE(adamw_isa_streams(AdamWIsa::kScalar));
+  EXPECT_FALSE(adamw_isa_streams(AdamWIsa::kNeon));
+  EXPECT_EQ(adamw_isa_streams(AdamWIsa::kAvx2), adamw_streaming_stores_allowed());
+  EXPECT_EQ(adamw_isa_streams(AdamWIsa::kAvx512), adamw_streaming_stores_allowed());
+}
+
 TEST(AdamWSimd, LevelsAreListedLowestFirstAndTheBestIsAvailable) {
   const std::vector<AdamWIsa> levels = available_adamw_isas();
   ASSERT_FALSE(levels.empty());
