@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "core/error.h"
 #include "energy/nvml_energy.h"
 #include "energy/rapl_energy.h"
 
@@ -32,6 +33,7 @@ EnergyMeter::~EnergyMeter() {
 }
 
 void EnergyMeter::start() {
+  LAYUP_CHECK(!poller_.joinable(), "the energy meter is already running; stop() it first");
   {
     std::lock_guard lock(mutex_);
     started_ = Clock::now();
@@ -119,11 +121,13 @@ std::vector<EnergyReading> EnergyMeter::read_all() {
 }
 
 std::vector<EnergyReading> EnergyMeter::snapshot() {
+  LAYUP_CHECK(poller_.joinable(), "the energy meter is not running; start() it first");
   std::lock_guard lock(mutex_);
   return read_all();
 }
 
 std::vector<EnergyReading> EnergyMeter::stop() {
+  LAYUP_CHECK(poller_.joinable(), "the energy meter is not running; start() it first");
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;

@@ -61,7 +61,8 @@ struct EnergyPollPeriods {
   std::chrono::milliseconds counter = kCounterPollPeriod;
 };
 
-// Reads sources over one interval: start(), then stop() for one reading per source.
+// Reads sources over one interval: start(), then stop() for one reading per source (snapshot()
+// in between, as often as wanted). Calls out of that order throw layup::Error.
 class EnergyMeter {
  public:
   explicit EnergyMeter(std::vector<std::unique_ptr<EnergySource>> sources,

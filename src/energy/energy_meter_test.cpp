@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "core/error.h"
 #include "energy/nvml_energy.h"
 #include "energy/rapl_energy.h"
 
@@ -101,6 +102,20 @@ TEST(EnergyMeter, AFailedReadMakesTheReadingUnavailableNotSmaller) {
   EXPECT_NE(readings[0].unavailable_reason.find("failed"), std::string::npos);
   EXPECT_NE(describe_energy(readings[0]).find("unavailable"), std::string::npos);
   EXPECT_TRUE(readings[1].available);  // the other source is unaffected
+}
+
+TEST(EnergyMeter, RefusesCallsOutOfOrder) {
+  std::vector<std::unique_ptr<EnergySource>> sources;
+  sources.push_back(std::make_unique<ConstantPower>(1.0));
+  EnergyMeter meter(std::move(sources), kFast);
+  EXPECT_THROW(meter.stop(), Error);
+  EXPECT_THROW(meter.snapshot(), Error);
+  meter.start();
+  EXPECT_THROW(meter.start(), Error);
+  EXPECT_EQ(meter.snapshot().size(), 1u);
+  EXPECT_EQ(meter.stop().size(), 1u);
+  meter.start();  // a second interval after the first
+  EXPECT_TRUE(meter.stop()[0].available);
 }
 
 // A powercap tree as Linux lays it out: packages intel-rapl:N, their parts intel-rapl:N:M.
