@@ -22,14 +22,16 @@ EnergyMeter::EnergyMeter(std::vector<std::unique_ptr<EnergySource>> sources,
 }
 
 EnergyMeter::~EnergyMeter() {
-  if (poller_.joinable()) {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    poller_.join();
+  if (poller_.joinable()) halt_poller();
+}
+
+void EnergyMeter::halt_poller() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
   }
+  wake_.notify_all();
+  poller_.join();
 }
 
 void EnergyMeter::start() {
@@ -128,12 +130,7 @@ std::vector<EnergyReading> EnergyMeter::snapshot() {
 
 std::vector<EnergyReading> EnergyMeter::stop() {
   LAYUP_CHECK(poller_.joinable(), "the energy meter is not running; start() it first");
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  wake_.notify_all();
-  if (poller_.joinable()) poller_.join();
+  halt_poller();
   std::lock_guard lock(mutex_);
   return read_all();
 }

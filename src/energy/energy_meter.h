@@ -91,6 +91,7 @@ class EnergyMeter {
   void poll(Track& track, Clock::time_point now);
   std::vector<EnergyReading> read_all();  // with mutex_ held
   void poll_loop();
+  void halt_poller();  // stops the poller thread and joins it
 
   const EnergyPollPeriods periods_;
   std::vector<Track> tracks_;

@@ -240,7 +240,7 @@ TrainResult train(TrainOptions options) {
   std::vector<EnergyReading> energy_before;
   if (options.energy && start_step < last_step) {
     energy = std::make_unique<EnergyMeter>(
-        energy_sources_for(options.device, memory_attributes_of(options.device).pci_bus_id));
+        energy_sources_for(options.device, memory_plan.request.attributes.pci_bus_id));
     energy->start();
     for (const EnergyReading& reading : energy->snapshot()) {
       if (!reading.available)
