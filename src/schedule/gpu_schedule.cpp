@@ -128,8 +128,8 @@ class GpuSchedule final : public Schedule {
   std::unique_ptr<Device> device_;
   // A whole-model buffer of `tensor_class` where the placement puts it (device memory by default).
   DeviceBuffer allocate(TensorClass tensor_class) {
-    return device_->allocate_kind(layout_.total_count(), tensor_class, MemorySide::kDevice,
-                                  options_.kind_of(tensor_class, device_->memory_kind()));
+    return allocate_placed(*device_, options_, layout_.total_count(), tensor_class,
+                           MemorySide::kDevice);
   }
 
   ParameterLayout layout_;

@@ -42,9 +42,8 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
   host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
 
   if (!weights_in_place_)
-    params_ =
-        device_->allocate_kind(layout.total_count(), TensorClass::kWeights, MemorySide::kDevice,
-                               options.kind_of(TensorClass::kWeights, device_->memory_kind()));
+    params_ = allocate_placed(*device_, options, layout.total_count(), TensorClass::kWeights,
+                              MemorySide::kDevice);
   device_sums_ = device_->allocate_host(2 * layout.spans().size(), TensorClass::kScratch);
   std::fill_n(reinterpret_cast<double*>(device_sums_.data()), layout.spans().size(),
               std::numeric_limits<double>::quiet_NaN());
@@ -64,12 +63,7 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
 
 DeviceBuffer HostOptimizerSchedule::allocate_state(const ScheduleOptions& options,
                                                    TensorClass tensor_class) {
-  // The master weights go where the device copies from fastest (it reads them after every
-  // update); the moments, which only the CPU touches, in plain host memory.
-  const MemoryKind fallback =
-      tensor_class == TensorClass::kMasterWeights ? device_->host_memory_kind() : MemoryKind::kHost;
-  return device_->allocate_kind(layout_.total_count(), tensor_class, MemorySide::kHost,
-                                options.kind_of(tensor_class, fallback));
+  return allocate_placed(*device_, options, layout_.total_count(), tensor_class, MemorySide::kHost);
 }
 
 void HostOptimizerSchedule::set_trace(TraceRecorder* recorder) {

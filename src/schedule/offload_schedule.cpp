@@ -37,9 +37,8 @@ class OffloadSchedule final : public HostOptimizerSchedule {
                   const ParameterLayout& layout, const ScheduleOptions& options)
       : HostOptimizerSchedule(std::move(backend), std::move(device), layout,
                               with_host_gradient(options)),
-        grads_(device_->allocate_kind(
-            layout.total_count(), TensorClass::kWeightGrads, MemorySide::kDevice,
-            options.kind_of(TensorClass::kWeightGrads, device_->memory_kind()))) {}
+        grads_(allocate_placed(*device_, options, layout.total_count(), TensorClass::kWeightGrads,
+                               MemorySide::kDevice)) {}
 
   std::string name() const override { return "offload"; }
 

@@ -40,6 +40,18 @@ ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers) {
   return options;
 }
 
+DeviceBuffer allocate_placed(Device& device, const ScheduleOptions& options, size_t count,
+                             TensorClass tensor_class, MemorySide side) {
+  // Device side: the device's own memory. Host side: the master weights where the device copies
+  // from fastest (it reads them after every update), the moments, which only the CPU touches, in
+  // plain host memory.
+  const MemoryKind fallback = side == MemorySide::kDevice ? device.memory_kind()
+                              : tensor_class == TensorClass::kMasterWeights
+                                  ? device.host_memory_kind()
+                                  : MemoryKind::kHost;
+  return device.allocate_kind(count, tensor_class, side, options.kind_of(tensor_class, fallback));
+}
+
 ComputeTarget placed_target(const MemoryPlan& plan, ComputeTarget target) {
   if (target.device == "cuda") {
     target.activations_kind = plan.placement[TensorClass::kActivations];

@@ -137,6 +137,11 @@ struct ScheduleOptions {
   }
 };
 
+// A schedule's buffer of `count` floats of `tensor_class` on `side`, where options.placement puts
+// the class, else the device's default for it (see ScheduleOptions::placement).
+DeviceBuffer allocate_placed(Device& device, const ScheduleOptions& options, size_t count,
+                             TensorClass tensor_class, MemorySide side);
+
 struct MemoryPlan;  // memory/memory_plan.h
 
 // What a run's memory plan says, with cpu_workers workers.
