@@ -14,9 +14,11 @@
 # and tabulates median ms/step, the floor layup bench prints, and the ratios.
 #
 # SUITE=modes also takes MODE_RUNS (which of gpu offload layup layup-deferred layup-noclip
-# layup-holds to run; layup-holds clips at 1e9, which never triggers, so layup's speculation
-# always holds: what a step costs once training no longer clips) and PEERS (0: skip the PyTorch
-# peers).
+# layup-holds layup-zerocopy to run; layup-holds clips at 1e9, which never triggers, so layup's
+# speculation always holds: what a step costs once training no longer clips; layup-zerocopy is
+# --clip none with --place grads=pinned: the CPU reads each block's gradient in place in mapped
+# pinned memory, which the GPU's backward wrote over PCIe, instead of a copy into landing
+# buffers) and PEERS (0: skip the PyTorch peers).
 #
 # Environment: CONFIGS (model:batch ...), SEQ_LEN (1024), WARMUP (3), STEPS (10), BUDGET_S (540:
 # the whole script's wall-clock budget; every command runs under `timeout` with what is left, at
@@ -96,6 +98,7 @@ for config in $configs; do
       [ "$run" = layup-noclip ] && clip=(--clip none)
       [ "$run" = layup-deferred ] && clip=(--layup-clip deferred)
       [ "$run" = layup-holds ] && clip=(--clip 1e9)
+      [ "$run" = layup-zerocopy ] && clip=(--clip none --place grads=pinned)
       run_timed "layup $run $model B=$batch" "$build/layup" bench "${common[@]}" --device cuda \
         --dtype bf16 --mode "$mode" "${clip[@]}" --json "$runs/$model-layup-$run.json"
     done
@@ -139,20 +142,20 @@ if suite == "modes":
     lines = [
         "| config | B | layup gpu | layup offload | layup layup (clip 1.0, speculative) "
         "| steps clipped | layup layup (clip 1.0, deferred) | layup layup (no clip) "
-        "| layup layup (clip never triggered) "
+        "| layup layup (clip never triggered) | layup layup (no clip, grads pinned: zero-copy) "
         "| torch gpu | torch offload | torch layer-wise "
         "| offload vs torch offload | layup (no clip) vs torch layer-wise |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for config in configs:
         model, batch = config.split(":")
-        g, o, l, d, n, h = (run(model, f"layup-{x}") for x in ("gpu", "offload", "layup",
-                            "layup-deferred", "layup-noclip", "layup-holds"))
+        g, o, l, d, n, h, z = (run(model, f"layup-{x}") for x in ("gpu", "offload", "layup",
+                               "layup-deferred", "layup-noclip", "layup-holds", "layup-zerocopy"))
         clipped = f"{l['clipped_steps']}/{l['steps']}" if l and "clipped_steps" in l else "-"
         tg, to, tl = (run(model, f"pytorch-{x}") for x in ("gpu", "offload", "layerwise"))
         vs = lambda a, b: f"{b['median_ms'] / a['median_ms']:.2f}x" if a and b else "-"
         lines.append(f"| {model} | {batch} | {ms(g)} | {ms(o)} | {ms_floor(l)} | {clipped} "
-                     f"| {ms_floor(d)} | {ms_floor(n)} | {ms_floor(h)} "
+                     f"| {ms_floor(d)} | {ms_floor(n)} | {ms_floor(h)} | {ms_floor(z)} "
                      f"| {ms(tg)} | {ms(to)} | {ms(tl)} | {vs(o, to)} | {vs(n, tl)} |")
     commit = next((r["git_commit"] for r in results if "git_commit" in r), "unknown")
     lines += ["", f"median ms/step at T={results[0]['seq_len'] if results else '?'}, commit {commit}; "

@@ -2,6 +2,7 @@
 #include "energy/energy_meter.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <utility>
 
@@ -10,6 +11,13 @@
 #include "energy/rapl_energy.h"
 
 namespace layup {
+namespace {
+
+double unix_seconds_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 EnergyMeter::EnergyMeter(std::vector<std::unique_ptr<EnergySource>> sources,
                          EnergyPollPeriods periods)
@@ -39,6 +47,7 @@ void EnergyMeter::start() {
   {
     std::lock_guard lock(mutex_);
     started_ = Clock::now();
+    started_unix_seconds_ = unix_seconds_now();
     for (Track& track : tracks_) {
       track.failed = !track.source->unavailable_reason().empty();
       track.failure = track.source->unavailable_reason();
@@ -106,6 +115,7 @@ void EnergyMeter::poll_loop() {
 
 std::vector<EnergyReading> EnergyMeter::read_all() {
   const Clock::time_point now = Clock::now();
+  const double now_unix_seconds = unix_seconds_now();
   std::vector<EnergyReading> readings;
   for (Track& track : tracks_) {
     poll(track, now);  // the interval up to now
@@ -117,6 +127,8 @@ std::vector<EnergyReading> EnergyMeter::read_all() {
     reading.joules = track.failed ? 0.0 : track.joules;
     reading.seconds = std::chrono::duration<double>(now - started_).count();
     reading.power_limit_watts = track.source->power_limit_watts();
+    reading.started_unix_seconds = started_unix_seconds_;
+    reading.stopped_unix_seconds = now_unix_seconds;
     readings.push_back(std::move(reading));
   }
   return readings;
@@ -171,10 +183,12 @@ std::string describe_energy(const EnergyReading& reading, int steps, long long t
 }
 
 nlohmann::json energy_json(const EnergyReading& reading, int steps, long long tokens_per_step) {
-  nlohmann::json json = {{"source", reading.source},
-                         {"method", reading.method},
-                         {"available", reading.available},
-                         {"seconds", reading.seconds}};
+  nlohmann::json json = {
+      {"source", reading.source},
+      {"method", reading.method},
+      {"available", reading.available},
+      {"seconds", reading.seconds},
+      {"interval_unix_seconds", {reading.started_unix_seconds, reading.stopped_unix_seconds}}};
   if (!reading.available) {
     json["unavailable_reason"] = reading.unavailable_reason;
     return json;

@@ -34,6 +34,10 @@ struct EnergyReading {
   double joules = 0.0;
   double seconds = 0.0;            // the interval the source was read over
   double power_limit_watts = 0.0;  // the device's power limit where it reports one (else 0)
+  // The interval in wall-clock time (seconds since the Unix epoch), so that a reader outside the
+  // process can take the same counter over the same interval (bench/check_energy.py does).
+  double started_unix_seconds = 0.0;
+  double stopped_unix_seconds = 0.0;
   double mean_watts() const { return seconds > 0.0 ? joules / seconds : 0.0; }
 };
 
@@ -96,6 +100,7 @@ class EnergyMeter {
   const EnergyPollPeriods periods_;
   std::vector<Track> tracks_;
   Clock::time_point started_;
+  double started_unix_seconds_ = 0.0;
   std::mutex mutex_;  // guards tracks_ between the poller and start/stop, and stopping_
   std::condition_variable wake_;
   bool stopping_ = false;

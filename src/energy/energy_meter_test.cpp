@@ -72,6 +72,10 @@ TEST(EnergyMeter, IntegratesPowerOverTheInterval) {
   // first sample is taken a moment after the interval's start).
   EXPECT_NEAR(readings[0].joules, 250.0 * readings[0].seconds, 250.0 * 1e-3);
   EXPECT_NEAR(readings[0].mean_watts(), 250.0, 250.0 * 0.05);
+  // The wall-clock interval that an outside reader matches against spans the same time.
+  EXPECT_NEAR(readings[0].stopped_unix_seconds - readings[0].started_unix_seconds,
+              readings[0].seconds, 0.01);
+  EXPECT_GT(readings[0].started_unix_seconds, 1.7e9);  // a date after 2023, not 0
 }
 
 TEST(EnergyMeter, CountsEveryStepOfAWrappingCounter) {

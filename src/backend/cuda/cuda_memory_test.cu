@@ -115,7 +115,10 @@ PlacedRun train_placed(const std::string& mode, const std::vector<std::string>& 
   request.place = place;
   PlacedRun run{plan_memory(request), std::make_shared<MemoryAccountant>(), {}, {}};
   std::unique_ptr<Schedule> schedule =
-      make_schedule(mode, make_cuda_backend(config, B, T, dtype, 0, run.accountant),
+      make_schedule(mode,
+                    make_cuda_backend(config, B, T, dtype, 0, run.accountant,
+                                      {run.plan.placement[TensorClass::kActivations],
+                                       run.plan.placement[TensorClass::kScratch]}),
                     make_cuda_device(run.accountant), layout, schedule_options(run.plan, 1));
   schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
   std::mt19937 rng(5);
