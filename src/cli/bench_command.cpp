@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "memory/plan_file.h"
 #include "train/benchmark.h"
 #include "train/run_info.h"
 #include "train/train_options.h"
@@ -22,6 +23,7 @@ struct BenchFlags {
   BenchmarkOptions options;
   std::string clip = "1.0";
   std::string json_path;
+  std::string plan_path;
   int threads = 0;
 };
 
@@ -74,12 +76,14 @@ void add_bench_command(CLI::App& app) {
                 "(RAPL powercap); a source that cannot be read is reported with the reason");
   cmd->add_option("--json", flags->json_path, "Also write the result as one JSON object here");
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
-  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place);
+  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place,
+                   flags->plan_path);
 
   cmd->callback([flags]() {
     BenchmarkOptions options = flags->options;
     options.model = named_config(options.model_name);
     options.clip = parse_clip_flag(flags->clip);
+    options.place = place_flags_with_plan(flags->plan_path, options.place);
     LAYUP_CHECK(flags->threads >= 0, "--threads must not be negative");
     if (flags->threads > 0) omp_set_num_threads(flags->threads);
 

@@ -13,11 +13,14 @@ void add_tokenize_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_adamw_bench_command(CLI::App& app);
 void add_memory_command(CLI::App& app);
+void add_study_command(CLI::App& app);
 
 // The memory flags `train`, `bench` and `memory` share: --memory-budget, --device-budget,
-// --host-budget and --place (memory/memory_plan.h).
+// --host-budget, --place (memory/memory_plan.h) and --plan (a file `layup study` wrote,
+// memory/plan_file.h; merge it with place_flags_with_plan() once the flags are parsed).
 void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget, std::vector<std::string>& place);
+                      std::string& host_budget, std::vector<std::string>& place,
+                      std::string& plan_path);
 
 // The clipping flags `train`, `bench` and `memory` share: --clip (a threshold or none) and
 // --layup-clip (how layup keeps clipping exact: speculative or deferred).

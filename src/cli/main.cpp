@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   layup::add_bench_command(app);
   layup::add_adamw_bench_command(app);
   layup::add_memory_command(app);
+  layup::add_study_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "memory/memory_plan.h"
+#include "memory/plan_file.h"
 #include "model/parameter_layout.h"
 #include "train/train_options.h"
 
@@ -30,6 +31,7 @@ struct MemoryFlags {
   std::string clip = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
   std::string layup_clip = "auto";
   std::vector<std::string> place;
+  std::string plan_path;
   std::string memory_budget, device_budget, host_budget;
 };
 
@@ -55,7 +57,7 @@ MemoryPlanRequest base_request(const MemoryFlags& flags) {
   request.device = device;
   request.dtype = dtype;
   request.attributes = memory_attributes_of(device);
-  request.place = flags.place;
+  request.place = place_flags_with_plan(flags.plan_path, flags.place);
   request.recompute = flags.recompute;
   return request;
 }
@@ -78,7 +80,8 @@ std::string bytes_or_dash(size_t bytes) {
 }  // namespace
 
 void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget, std::vector<std::string>& place) {
+                      std::string& host_budget, std::vector<std::string>& place,
+                      std::string& plan_path) {
   command.add_option("--memory-budget", memory_budget,
                      "Refuse, before allocating, a run whose memory plan needs more than this, "
                      "device and host side together, as on a unified-memory board: 16G, 512M, "
@@ -91,12 +94,14 @@ void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string
       .add_option("--place", place,
                   "CLASS=KIND placement overrides, repeatable or comma-separated (classes: "
                   "weights, master, grads, moments, activations, scratch; kinds: device, pinned, "
-                  "managed, pageable, host). Checked against the device and reported; applied to "
-                  "the weights in offload and layup (weights=pinned on CUDA: the GPU computes "
-                  "with the pinned master weights in place), reported as not applied for the "
-                  "rest")
+                  "managed, pageable, host). Checked against the device (a kind it cannot use is "
+                  "refused, saying why) and applied: the schedules' buffers and the CUDA "
+                  "backend's activations and scratch go where it says")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->delimiter(',');
+  command.add_option("--plan", plan_path,
+                     "A placement plan file (`layup study` writes the one it recommends): its "
+                     "CLASS=KIND placements are applied first, then any --place");
 }
 
 void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_clip) {
@@ -146,7 +151,7 @@ void add_memory_command(CLI::App& app) {
   cmd->add_option("--mode", flags->mode,
                   "Also print this mode's plan allocation by allocation: gpu, offload or layup");
   add_memory_flags(*cmd, flags->memory_budget, flags->device_budget, flags->host_budget,
-                   flags->place);
+                   flags->place, flags->plan_path);
 
   cmd->callback([flags]() {
     LAYUP_CHECK(flags->mode.empty() || flags->mode == "gpu" || flags->mode == "offload" ||

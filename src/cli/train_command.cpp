@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "memory/plan_file.h"
 #include "train/progress_line.h"
 #include "train/trainer.h"
 
@@ -19,6 +20,7 @@ struct TrainFlags {
   std::string model = "small";
   int layers = 0, heads = 0, dim = 0, context = 0;
   std::string clip = "1.0";
+  std::string plan_path;
   int threads = 0;
 };
 
@@ -139,7 +141,8 @@ void add_train_command(CLI::App& app) {
                 "powercap), per step in log.jsonl and in total at the end; a source that cannot "
                 "be read is reported with the reason");
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
-  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place);
+  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place,
+                   flags->plan_path);
 
   cmd->callback([flags, cmd]() {
     TrainOptions options = flags->options;
@@ -152,6 +155,7 @@ void add_train_command(CLI::App& app) {
     options.model = resolve_model(*flags, model_given);
     options.model_name = (cmd->count("--layers") ? "custom" : flags->model);
     options.clip = parse_clip_flag(flags->clip);
+    options.place = place_flags_with_plan(flags->plan_path, options.place);
     LAYUP_CHECK(flags->threads >= 0, "--threads must not be negative");
     if (flags->threads > 0) omp_set_num_threads(flags->threads);
 

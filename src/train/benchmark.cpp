@@ -116,6 +116,25 @@ double bf16_peak_flops(const std::string& device_name) {
   return 0.0;
 }
 
+MemoryPlanRequest benchmark_memory_request(const BenchmarkOptions& options,
+                                           const std::string& device, const std::string& dtype) {
+  MemoryPlanRequest request;
+  request.config = options.model;
+  request.model_name = options.model_name;
+  request.batch = options.batch;
+  request.seq_len = options.seq_len;
+  request.grad_accum = options.grad_accum;
+  request.clip = options.clip;
+  request.layup_clip = options.layup_clip;
+  request.mode = options.mode;
+  request.device = device;
+  request.dtype = dtype;
+  request.recompute = options.recompute;
+  request.place = options.place;
+  request.attributes = memory_attributes_of(device);
+  return request;
+}
+
 BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   const Gpt2Config& config = options.model;
   validate_config(config);
@@ -152,20 +171,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   };
 
   // The memory plan, checked against the budgets before anything is allocated.
-  MemoryPlanRequest request;
-  request.config = config;
-  request.model_name = options.model_name;
-  request.batch = options.batch;
-  request.seq_len = options.seq_len;
-  request.grad_accum = options.grad_accum;
-  request.clip = options.clip;
-  request.layup_clip = options.layup_clip;
-  request.mode = options.mode;
-  request.device = target.device;
-  request.dtype = target.dtype;
-  request.recompute = options.recompute;
-  request.place = options.place;
-  request.attributes = memory_attributes_of(target.device);
+  const MemoryPlanRequest request = benchmark_memory_request(options, target.device, target.dtype);
   const MemoryPlan memory_plan = plan_memory(request);
   const MemoryBudgets budgets =
       parse_memory_budgets(options.memory_budget, options.device_budget, options.host_budget);
@@ -226,9 +232,16 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   UpdateSettings settings;
   settings.adamw.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
   settings.clip_max_norm = options.clip;
-  for (int step = 0; step < options.warmup_steps + options.steps; ++step) {
+  LAYUP_CHECK(options.time_limit_s >= 0.0, "the time limit must not be negative");
+  const auto run_started = std::chrono::steady_clock::now();
+  double timed_s = 0.0;
+  auto out_of_time = [&](double seconds) {
+    return options.time_limit_s > 0.0 && seconds >= options.time_limit_s;
+  };
+  int warmup_steps = options.warmup_steps;
+  for (int step = 0; step < warmup_steps + options.steps; ++step) {
     settings.adamw.t = step + 1;
-    const int timed_step = step - options.warmup_steps;  // negative during warm-up
+    const int timed_step = step - warmup_steps;  // negative during warm-up
     if (trace) trace->set_recording(timed_step >= 0 && timed_step < kMaxTracedSteps);
     if (energy && timed_step == 0) energy->start();
     const auto start = std::chrono::steady_clock::now();
@@ -239,13 +252,18 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     const auto end = std::chrono::steady_clock::now();
     sample_memory();
     result.last_loss = stats.loss;
-    if (step >= options.warmup_steps) {
+    if (step >= warmup_steps) {
       result.step_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
       result.clipped_steps += stats.clip_factor < 1.0f;
       result.blocks_redone += stats.blocks_redone;
       result.blocks_deferred += stats.blocks_deferred;
+      timed_s += result.step_ms.back() / 1e3;
+      if (out_of_time(timed_s)) break;
+    } else if (out_of_time(std::chrono::duration<double>(end - run_started).count())) {
+      warmup_steps = step + 1;  // the warm-up so far is all there is time for; time from here
     }
   }
+  result.warmup_steps_run = warmup_steps;
 
   if (energy) result.energy = energy->stop();
   result.cpu_adamw = schedule->cpu_adamw_report();
@@ -258,7 +276,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     trace->write(options.trace_path);
   }
 
-  if (cpu_adamw_rate > 0.0) {
+  if (cpu_adamw_rate > 0.0 && options.measure_floor) {
     schedule.reset();  // its device memory goes before the floor's backend takes its own
     const auto [forward_ms, backward_ms] = time_device_passes(
         {target.device, target.dtype, options.recompute}, options, layout, micro_batches);
@@ -308,8 +326,11 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
                                   std::to_string(options.seq_len) + " x " +
                                   std::to_string(options.grad_accum));
   row("device / dtype", result.device + " (" + result.device_name + ") / " + result.dtype);
-  row("steps", std::to_string(options.warmup_steps) + " warm-up, " +
-                   std::to_string(result.step_ms.size()) + " timed");
+  row("steps", std::to_string(result.warmup_steps_run) + " warm-up, " +
+                   std::to_string(result.step_ms.size()) + " timed" +
+                   (static_cast<int>(result.step_ms.size()) < options.steps
+                        ? " (of " + std::to_string(options.steps) + ": out of time)"
+                        : std::string()));
   row("tokens/s", number("%.0f", result.tokens_per_s));
   row("ms/step", number("median %.2f", result.median_ms) + number(", min %.2f", result.min_ms) +
                      number(", max %.2f", result.max_ms));
@@ -368,6 +389,10 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"grad_accum", options.grad_accum},
       {"warmup_steps", options.warmup_steps},
       {"steps", options.steps},
+      {"warmup_steps_run", result.warmup_steps_run},
+      {"timed_steps", result.step_ms.size()},
+      {"time_limit_s",
+       options.time_limit_s > 0 ? nlohmann::json(options.time_limit_s) : nlohmann::json(nullptr)},
       {"seed", options.seed},
       {"mode", options.mode},
       {"recompute", options.recompute},

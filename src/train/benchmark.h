@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "energy/energy_meter.h"
+#include "memory/memory_plan.h"
 #include "model/gpt2_config.h"
 #include "optim/host_adamw.h"
 
@@ -55,6 +56,11 @@ struct BenchmarkOptions {
   // plan before anything is allocated, and --place CLASS=KIND overrides.
   std::string memory_budget, device_budget, host_budget;
   std::vector<std::string> place;
+  // For short runs of many configurations (`layup study`): stop warming up and stop timing once
+  // the steps so far have taken this long (0: no limit; at least one step is always timed), so a
+  // placement that makes a step slow costs seconds, not minutes; and skip the floor's extra passes.
+  double time_limit_s = 0.0;
+  bool measure_floor = true;
 };
 
 // The timed steps a benchmark's trace records at most.
@@ -87,7 +93,8 @@ struct BenchmarkResult {
   std::string dtype;        // fp32 | bf16
   std::string device_name;  // the GPU's name, or the CPU model
   long long tokens_per_step = 0;
-  std::vector<double> step_ms;  // every timed step, in order
+  std::vector<double> step_ms;  // every timed step, in order (fewer than asked when time-limited)
+  int warmup_steps_run = 0;     // warm-up steps run (fewer than asked when time-limited)
   double median_ms = 0.0, min_ms = 0.0, max_ms = 0.0;
   double total_s = 0.0;       // sum of the timed steps
   double tokens_per_s = 0.0;  // timed tokens / total_s
@@ -123,6 +130,11 @@ struct BenchmarkResult {
   // to just after the last), unavailable sources included with their reason.
   std::vector<EnergyReading> energy;
 };
+
+// The memory plan request of a benchmark run on a resolved device and dtype (what run_benchmark
+// plans and checks before allocating; `layup study` checks its runs with it before running them).
+MemoryPlanRequest benchmark_memory_request(const BenchmarkOptions& options,
+                                           const std::string& device, const std::string& dtype);
 
 // Builds the model, backend and schedule, runs the warm-up then the timed steps. Refuses, before
 // allocating, a run whose memory plan exceeds the budgets. With a log, prints the memory plan

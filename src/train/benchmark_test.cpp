@@ -135,6 +135,25 @@ TEST(Benchmark, ReadsEnergyOverTheTimedStepsWhenAsked) {
   EXPECT_NE(format_benchmark_table(options, result).find("energy"), std::string::npos);
 }
 
+// A time limit shorter than one step: one warm-up step and one timed step, and the table says the
+// run was cut short. Without a limit every step runs.
+TEST(Benchmark, AStepLongerThanTheTimeLimitEndsTheRunAfterOneTimedStep) {
+  BenchmarkOptions options = tiny_options();
+  options.warmup_steps = 3;
+  options.time_limit_s = 1e-9;
+  const BenchmarkResult cut = run_benchmark(options);
+  EXPECT_EQ(cut.warmup_steps_run, 1);
+  EXPECT_EQ(cut.step_ms.size(), 1u);
+  EXPECT_NE(format_benchmark_table(options, cut).find("out of time"), std::string::npos);
+  EXPECT_EQ(benchmark_json(options, cut, "")["timed_steps"], 1);
+
+  options.time_limit_s = 0.0;
+  const BenchmarkResult whole = run_benchmark(options);
+  EXPECT_EQ(whole.warmup_steps_run, 3);
+  EXPECT_EQ(whole.step_ms.size(), 4u);
+  EXPECT_EQ(format_benchmark_table(options, whole).find("out of time"), std::string::npos);
+}
+
 TEST(Benchmark, RefusesASequenceLongerThanTheContext) {
   BenchmarkOptions options = tiny_options();
   options.seq_len = 64;

@@ -1,0 +1,182 @@
+// `layup study`: the placement study (study/placement_study.h) from flags to files: study.json,
+// study.md (the table it prints), the charts and the recommended plan (best_plan.json, which
+// `layup train --plan` reads).
+#include <omp.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+
+#include "backend/backend_factory.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "study/placement_study.h"
+#include "train/progress_line.h"
+#include "train/run_info.h"
+#include "train/train_options.h"
+
+namespace layup {
+
+namespace {
+
+struct StudyFlags {
+  StudyOptions options;
+  std::string clip = "1.0";
+  std::string out_dir = "study";
+  std::string plan_path;  // refused: the study chooses the placements
+  bool no_energy = false;
+  int threads = 0;
+};
+
+void write_text(const std::string& path, const std::string& text) {
+  write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
+// What the study could not run, grouped by the reason: "--place grads=host is refused on cuda
+// (NVIDIA H200): <why>" counts under <why>, whatever the flag.
+std::string summarize_skipped(const StudyResult& result) {
+  std::map<std::string, std::vector<std::string>> by_reason;
+  for (const StudyRun& run : result.runs) {
+    if (run.ran) continue;
+    std::string reason = run.skipped_reason;
+    const size_t refused = reason.find(" is refused on ");
+    if (refused != std::string::npos && reason.find(": ", refused) != std::string::npos)
+      reason = "refused: " + reason.substr(reason.find(": ", refused) + 2);
+    by_reason[reason].push_back(run.label);
+  }
+  std::string text;
+  for (const auto& [reason, labels] : by_reason) {
+    text += "  " + std::to_string(labels.size()) + ":";
+    for (const std::string& label : labels) text += " " + label;
+    text += "\n    " + reason + "\n";
+  }
+  return text;
+}
+
+}  // namespace
+
+void add_study_command(CLI::App& app) {
+  auto flags = std::make_shared<StudyFlags>();
+  BenchmarkOptions& o = flags->options.base;
+  o.mode = "layup";
+  o.warmup_steps = 2;
+  o.steps = 5;
+  o.energy = true;
+  CLI::App* cmd = app.add_subcommand(
+      "study",
+      "Measure how each memory kind affects training speed for each tensor class on this "
+      "device: short runs over the placement matrix, then the three modes at the best "
+      "placement; writes study.json, study.md, charts (SVG) and the recommended plan "
+      "(best_plan.json, for `layup train --plan`).");
+  cmd->add_option("--model", o.model_name,
+                  "Named config: small, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
+      ->capture_default_str();
+  cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
+  cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();
+  cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
+  cmd->add_option("--device", o.device, "auto, cpu or cuda")->capture_default_str();
+  cmd->add_option("--dtype", o.dtype, "auto, fp32 or bf16 (auto: bf16 on cuda, fp32 on cpu)")
+      ->capture_default_str();
+  cmd->add_option("--mode", o.mode, "The mode whose placements are studied: gpu, offload, layup")
+      ->capture_default_str();
+  cmd->add_option("--warmup", o.warmup_steps, "Untimed steps per run")->capture_default_str();
+  cmd->add_option("--steps", o.steps, "Timed steps per run")->capture_default_str();
+  cmd->add_option("--run-seconds", flags->options.run_time_limit_s,
+                  "A run stops warming up or timing once its steps have taken this long (at "
+                  "least one step is timed), so a slow placement costs seconds")
+      ->capture_default_str();
+  cmd->add_option("--noise", flags->options.noise_fraction,
+                  "A class's faster kind joins the combined plan only when it beats the default "
+                  "by more than this fraction")
+      ->capture_default_str();
+  cmd->add_option("--cpu-workers", o.cpu_workers,
+                  "offload and layup: pinned CPU AdamW workers (default: every core)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the initialization and the synthetic tokens")
+      ->capture_default_str();
+  add_clip_flags(*cmd, flags->clip, o.layup_clip);
+  cmd->add_flag("--no-energy", flags->no_energy,
+                "Do not read energy (by default each run reads the GPU's via NVML and the CPU "
+                "packages' via RAPL, where readable)");
+  cmd->add_option("--out", flags->out_dir, "Directory for the files (created)")
+      ->capture_default_str();
+  cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
+  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place,
+                   flags->plan_path);
+
+  cmd->callback([flags]() {
+    StudyOptions options = flags->options;
+    BenchmarkOptions& base = options.base;
+    LAYUP_CHECK(base.place.empty() && flags->plan_path.empty(),
+                "`layup study` chooses the placements itself; drop --place and --plan (give the "
+                "budgets to study what fits under them)");
+    base.model = named_config(base.model_name);
+    base.clip = parse_clip_flag(flags->clip);
+    base.energy = !flags->no_energy;
+    const ComputeTarget target = resolve_compute_target({base.device, base.dtype});
+    base.device = target.device;
+    base.dtype = target.dtype;
+    LAYUP_CHECK(flags->threads >= 0, "--threads must not be negative");
+    if (flags->threads > 0) omp_set_num_threads(flags->threads);
+    std::error_code error;
+    std::filesystem::create_directories(flags->out_dir, error);
+    LAYUP_CHECK(!error, "cannot create --out ", flags->out_dir, ": ", error.message());
+
+    std::fprintf(stderr,
+                 "layup study: %s, batch %dx%d on %s (%s), %s mode's placements, %d warm-up + %d "
+                 "timed steps per run (at most %.0f s each)\n",
+                 base.model_name.c_str(), base.batch, base.seq_len, base.device.c_str(),
+                 base.dtype.c_str(), base.mode.c_str(), base.warmup_steps, base.steps,
+                 options.run_time_limit_s);
+    ProgressLine line(stderr, 0, 1);
+    const StudyResult result =
+        run_study(options, {}, [&](int index, int planned, const StudyRun& run, double elapsed_s) {
+          // The time left assumes the runs still to come take as long as those so far did.
+          const double left_s = index > 0 ? elapsed_s / index * (planned - index) : -1.0;
+          char text[256];
+          const std::string what = run.group == StudyGroup::kMode
+                                       ? run.label + " at the recommended placement"
+                                       : run.mode + " mode, " + run.label;
+          std::snprintf(text, sizeof text, "run %d of about %d: %s; %s elapsed, %s left", index + 1,
+                        planned, what.c_str(), ProgressLine::format_duration(elapsed_s).c_str(),
+                        ProgressLine::format_duration(left_s).c_str());
+          line.message(text);
+        });
+    line.finish();
+
+    const std::string table = format_study_table(options, result);
+    std::printf("\n%s\n", table.c_str());
+    const std::string skipped = summarize_skipped(result);
+    if (!skipped.empty()) std::printf("what the study did not run:\n%s\n", skipped.c_str());
+    const std::string dir = flags->out_dir;
+    write_text(dir + "/study.json", study_json(options, result, own_command_line()).dump(2) + "\n");
+    write_text(
+        dir + "/study.md",
+        "# layup study: " + base.model_name + ", B=" + std::to_string(base.batch) +
+            ", T=" + std::to_string(base.seq_len) + ", " + result.device_name + "\n\n" + table +
+            (skipped.empty() ? "" : "\nWhat the study did not run:\n\n```\n" + skipped + "```\n"));
+    const std::vector<std::string> charts = write_study_charts(options, result, dir);
+    write_plan_file(dir + "/best_plan.json", result.recommended_plan(options));
+    const StudyRun& best = result.runs[result.recommended];
+    std::printf(
+        "recommended: %s, %.1f ms/step against %.1f for the default (mean of its two runs; "
+        "%.2fx)\n",
+        best.label.c_str(), best.median_ms, default_median_ms(result),
+        default_median_ms(result) / best.median_ms);
+    std::printf(
+        "noise: the two default runs were %.1f%% apart; the combined plan took classes "
+        "more than %.1f%% faster than the default\n",
+        100.0 * result.default_spread, 100.0 * result.noise_used);
+    std::printf(
+        "study took %s; wrote %s/study.json, %s/study.md, %s/best_plan.json (use: layup "
+        "train --plan %s/best_plan.json)\n",
+        ProgressLine::format_duration(result.wall_s).c_str(), dir.c_str(), dir.c_str(), dir.c_str(),
+        dir.c_str());
+    for (const std::string& chart : charts) std::printf("chart: %s\n", chart.c_str());
+  });
+}
+
+}  // namespace layup
