@@ -1,6 +1,7 @@
 // The memory plan through the `layup` program: a run over its budget is refused before anything
-// is allocated (quickly, with the message, leaving no run folder), and `layup memory` prints the
-// three modes side by side. Runs the binary named by LAYUP_LAYUP_BINARY (set by CMake for ctest).
+// is allocated (quickly, with the message, leaving no run folder), `layup memory` prints the
+// three modes side by side, and `layup study` writes a plan that --plan reads. Runs the binary
+// named by LAYUP_LAYUP_BINARY (set by CMake for ctest).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -94,6 +95,44 @@ TEST(MemoryCli, MemoryCommandComparesTheModes) {
   EXPECT_NE(bad_place.exit_code, 0);
   EXPECT_NE(bad_place.output.find("the CPU backend has only host memory"), std::string::npos)
       << bad_place.output;
+}
+
+// `layup study` on the CPU backend writes its files and says what it skipped; `memory` and
+// `train` read the plan it recommends (--plan), and a plan's placement is checked like --place.
+TEST(MemoryCli, StudyWritesAPlanThatTrainAndMemoryRead) {
+  REQUIRE_BINARY();
+  const fs::path out = fs::temp_directory_path() / ("layup_study_cli_" + std::to_string(getpid()));
+  fs::remove_all(out);
+  const Outcome study = run_layup(
+      "study --device cpu --model small --batch 2 --seq-len 32 --warmup 1 --steps 1 "
+      "--out '" +
+      out.string() + "'");
+  ASSERT_EQ(study.exit_code, 0) << study.output;
+  for (const char* file : {"study.json", "study.md", "best_plan.json", "placement_time.svg",
+                           "placement_memory.svg", "modes.svg"})
+    EXPECT_TRUE(fs::exists(out / file)) << file;
+  EXPECT_NE(study.output.find("run 1 of about"), std::string::npos) << study.output;
+  EXPECT_NE(study.output.find("refused: the CPU backend has only host memory"), std::string::npos)
+      << study.output;
+  EXPECT_NE(study.output.find("recommended: "), std::string::npos) << study.output;
+
+  const Outcome memory = run_layup(
+      "memory --device cpu --model small --seq-len 64 --mode layup "
+      "--plan '" +
+      (out / "best_plan.json").string() + "'");
+  EXPECT_EQ(memory.exit_code, 0) << memory.output;
+  EXPECT_NE(memory.output.find("placement (layup mode)"), std::string::npos) << memory.output;
+
+  // A plan made for a GPU: train applies it as it would --place, so the CPU backend refuses it.
+  const fs::path gpu_plan = out / "gpu_plan.json";
+  std::ofstream(gpu_plan) << R"({"format": "layup-placement-plan", "version": 1,
+                                 "place": ["grads=pinned"]})";
+  const Outcome train = run_layup("train --device cpu --model small --plan '" + gpu_plan.string() +
+                                  "' --out '" + (out / "run").string() + "'");
+  EXPECT_NE(train.exit_code, 0);
+  EXPECT_NE(train.output.find("--place grads=pinned is refused on cpu"), std::string::npos)
+      << train.output;
+  fs::remove_all(out);
 }
 
 }  // namespace
