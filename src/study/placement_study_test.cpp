@@ -12,23 +12,13 @@
 
 #include "core/error.h"
 #include "memory/memory_plan.h"
+#include "train/tiny_benchmark.h"
 
 namespace layup {
 namespace {
 
 BenchmarkOptions tiny_options(const std::string& device) {
-  BenchmarkOptions options;
-  options.model_name = "tiny";
-  options.model.n_layer = 2;
-  options.model.n_head = 2;
-  options.model.n_embd = 32;
-  options.model.n_positions = 32;
-  options.model.vocab_size = 300;
-  options.model.padded_vocab_size = pad_vocab_size(300);
-  options.batch = 2;
-  options.seq_len = 16;
-  options.warmup_steps = 1;
-  options.steps = 2;
+  BenchmarkOptions options = tiny_benchmark_options();
   options.device = device;
   options.dtype = device == "cuda" ? "bf16" : "fp32";
   options.mode = "layup";

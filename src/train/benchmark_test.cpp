@@ -8,25 +8,15 @@
 #include <filesystem>
 #include <fstream>
 
+#include "train/tiny_benchmark.h"
+
 namespace layup {
 namespace {
 
 BenchmarkOptions tiny_options() {
-  BenchmarkOptions options;
-  options.model_name = "tiny";
-  options.model.n_layer = 2;
-  options.model.n_head = 2;
-  options.model.n_embd = 32;
-  options.model.n_positions = 32;
-  options.model.vocab_size = 300;
-  options.model.padded_vocab_size = pad_vocab_size(300);
-  options.batch = 2;
-  options.seq_len = 16;
+  BenchmarkOptions options = tiny_benchmark_options();
   options.grad_accum = 2;
-  options.warmup_steps = 1;
   options.steps = 4;
-  options.device = "cpu";
-  options.dtype = "fp32";
   return options;
 }
 
