@@ -315,7 +315,9 @@ nlohmann::json study_json(const StudyOptions& options, const StudyResult& result
       json["host_peak_bytes"] = run.host_bytes();
       nlohmann::json energy = nlohmann::json::array();
       for (const EnergyReading& reading : run.energy)
-        energy.push_back(energy_json(reading, run.timed_steps, base.batch * base.seq_len));
+        energy.push_back(
+            energy_json(reading, run.timed_steps,
+                        static_cast<long long>(base.batch) * base.seq_len * base.grad_accum));
       json["energy"] = energy;
       json["joules_per_step"] =
           run.joules_per_step >= 0 ? nlohmann::json(run.joules_per_step) : nlohmann::json(nullptr);
@@ -479,10 +481,13 @@ std::vector<std::string> write_study_charts(const StudyOptions& options, const S
     }
     if (total > 0) memory.push_back(chart);
   }
-  written.push_back(directory + "/placement_memory.svg");
-  write_svg(written.back(),
-            render_svg_panels(memory, "Peak memory by placement, as the accountant measured it (" +
-                                          subject + ")"));
+  if (!memory.empty()) {  // else nothing was measured (a stand-in runner)
+    written.push_back(directory + "/placement_memory.svg");
+    write_svg(
+        written.back(),
+        render_svg_panels(
+            memory, "Peak memory by placement, as the accountant measured it (" + subject + ")"));
+  }
 
   // The three modes at the recommended placement.
   std::vector<const StudyRun*> modes;

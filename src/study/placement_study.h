@@ -107,8 +107,9 @@ nlohmann::json study_json(const StudyOptions& options, const StudyResult& result
 std::string format_study_table(const StudyOptions& options, const StudyResult& result);
 
 // Writes the charts into `directory`: placement_time.svg (median ms/step per placement run),
-// placement_memory.svg (peak GPU and host memory per placement run, by class) and modes.svg
-// (time, energy and GPU memory of the three modes). Returns the paths written.
+// placement_memory.svg (peak GPU, managed and host memory per placement run, by class) and
+// modes.svg (time, energy and GPU memory of the three modes; placement_memory.svg only when some
+// memory was measured). Returns the paths written.
 std::vector<std::string> write_study_charts(const StudyOptions& options, const StudyResult& result,
                                             const std::string& directory);
 

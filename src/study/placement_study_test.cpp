@@ -147,6 +147,32 @@ TEST(PlacementStudy, TheDefaultsSpreadWidensTheNoiseMargin) {
   EXPECT_EQ(result.runs[result.recommended].place, std::vector<std::string>{a});
 }
 
+// The time chart has a bar per placement run that ran, the recommended one highlighted and
+// labelled; with no memory measured there is no memory chart rather than an empty one.
+TEST(PlacementStudy, ChartsShowEveryRunThatRan) {
+  StudyOptions options;
+  options.base = tiny_options("cuda");
+  const auto [a, b] = two_runnable_flags(options);
+  const StudyResult result = run_study(options, fake_runner({{a, 10.0}}));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("layup_study_charts_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> charts = write_study_charts(options, result, dir.string());
+  ASSERT_EQ(charts.size(), 2u);  // time and modes: the stand-in measured no memory
+  std::ifstream in(charts[0]);
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  int ran = 0;
+  for (const StudyRun& run : result.runs) ran += run.ran && run.group != StudyGroup::kMode;
+  int bars = 0;
+  for (size_t at = svg.find("class=\"bar\""); at != std::string::npos;
+       at = svg.find("class=\"bar\"", at + 1))
+    ++bars;
+  EXPECT_EQ(bars, ran);
+  EXPECT_NE(svg.find("0.90x, recommended"), std::string::npos);  // 90 ms against the defaults 100
+  EXPECT_NE(svg.find("class=\"highlight\""), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(PlacementStudy, OneFasterClassIsRecommendedAloneAndNoiseIsNoFinding) {
   StudyOptions options;
   options.base = tiny_options("cuda");
