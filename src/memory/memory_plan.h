@@ -109,6 +109,29 @@ struct MemoryPlan {
   size_t accounted_bytes(MemorySide side, TensorClass tensor_class, MemoryKind kind) const;
 };
 
+// The request of a run whose options name the model, batch and schedule as TrainOptions and
+// BenchmarkOptions both do (model, model_name, batch, seq_len, grad_accum, clip, layup_clip, mode,
+// recompute, place), on a resolved device and dtype.
+template <class RunOptions>
+MemoryPlanRequest memory_plan_request_of(const RunOptions& options, const std::string& device,
+                                         const std::string& dtype) {
+  MemoryPlanRequest request;
+  request.config = options.model;
+  request.model_name = options.model_name;
+  request.batch = options.batch;
+  request.seq_len = options.seq_len;
+  request.grad_accum = options.grad_accum;
+  request.clip = options.clip;
+  request.layup_clip = options.layup_clip;
+  request.mode = options.mode;
+  request.device = device;
+  request.dtype = dtype;
+  request.recompute = options.recompute;
+  request.place = options.place;
+  request.attributes = memory_attributes_of(device);
+  return request;
+}
+
 // Throws layup::Error for an unknown mode, device or dtype, or a bad --place.
 MemoryPlan plan_memory(const MemoryPlanRequest& request);
 

@@ -25,7 +25,7 @@ std::string first_line(const std::string& text) {
 // or throws layup::Error (a refused kind, a plan over budget) before anything is allocated.
 std::string check_run(const BenchmarkOptions& options) {
   const MemoryPlan plan =
-      plan_memory(benchmark_memory_request(options, options.device, options.dtype));
+      plan_memory(memory_plan_request_of(options, options.device, options.dtype));
   check_budget(plan, parse_memory_budgets(options.memory_budget, options.device_budget,
                                           options.host_budget));
   return plan.placement.describe();

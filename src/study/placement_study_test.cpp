@@ -198,9 +198,9 @@ TEST(PlacementStudy, ThePlanFileReproducesTheRecommendedPlacement) {
   // What `--plan FILE` gives a run: the same placement as the recommended run, class by class.
   BenchmarkOptions run = options.base;
   run.place = place_flags_with_plan(path, {});
-  const MemoryPlan replayed = plan_memory(benchmark_memory_request(run, "cuda", "bf16"));
+  const MemoryPlan replayed = plan_memory(memory_plan_request_of(run, "cuda", "bf16"));
   run.place = result.runs[result.recommended].place;
-  const MemoryPlan measured = plan_memory(benchmark_memory_request(run, "cuda", "bf16"));
+  const MemoryPlan measured = plan_memory(memory_plan_request_of(run, "cuda", "bf16"));
   EXPECT_EQ(replayed.placement.kinds, measured.placement.kinds);
   EXPECT_EQ(replayed.placement.describe(), result.runs[result.recommended].placement);
   EXPECT_EQ(read_plan_file(path).median_ms, 83.0);

@@ -116,25 +116,6 @@ double bf16_peak_flops(const std::string& device_name) {
   return 0.0;
 }
 
-MemoryPlanRequest benchmark_memory_request(const BenchmarkOptions& options,
-                                           const std::string& device, const std::string& dtype) {
-  MemoryPlanRequest request;
-  request.config = options.model;
-  request.model_name = options.model_name;
-  request.batch = options.batch;
-  request.seq_len = options.seq_len;
-  request.grad_accum = options.grad_accum;
-  request.clip = options.clip;
-  request.layup_clip = options.layup_clip;
-  request.mode = options.mode;
-  request.device = device;
-  request.dtype = dtype;
-  request.recompute = options.recompute;
-  request.place = options.place;
-  request.attributes = memory_attributes_of(device);
-  return request;
-}
-
 BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   const Gpt2Config& config = options.model;
   validate_config(config);
@@ -171,7 +152,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   };
 
   // The memory plan, checked against the budgets before anything is allocated.
-  const MemoryPlanRequest request = benchmark_memory_request(options, target.device, target.dtype);
+  const MemoryPlanRequest request = memory_plan_request_of(options, target.device, target.dtype);
   const MemoryPlan memory_plan = plan_memory(request);
   const MemoryBudgets budgets =
       parse_memory_budgets(options.memory_budget, options.device_budget, options.host_budget);

@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "energy/energy_meter.h"
-#include "memory/memory_plan.h"
 #include "model/gpt2_config.h"
 #include "optim/host_adamw.h"
 
@@ -130,11 +129,6 @@ struct BenchmarkResult {
   // to just after the last), unavailable sources included with their reason.
   std::vector<EnergyReading> energy;
 };
-
-// The memory plan request of a benchmark run on a resolved device and dtype (what run_benchmark
-// plans and checks before allocating; `layup study` checks its runs with it before running them).
-MemoryPlanRequest benchmark_memory_request(const BenchmarkOptions& options,
-                                           const std::string& device, const std::string& dtype);
 
 // Builds the model, backend and schedule, runs the warm-up then the timed steps. Refuses, before
 // allocating, a run whose memory plan exceeds the budgets. With a log, prints the memory plan

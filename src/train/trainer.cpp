@@ -64,26 +64,6 @@ class JsonLinesLog {
   std::ofstream out_;
 };
 
-// What the run will allocate, for the memory plan (memory/memory_plan.h); device and dtype
-// resolved.
-MemoryPlanRequest memory_plan_request(const TrainOptions& options) {
-  MemoryPlanRequest request;
-  request.config = options.model;
-  request.model_name = options.model_name;
-  request.batch = options.batch;
-  request.seq_len = options.seq_len;
-  request.grad_accum = options.grad_accum;
-  request.clip = options.clip;
-  request.layup_clip = options.layup_clip;
-  request.mode = options.mode;
-  request.device = options.device;
-  request.dtype = options.dtype;
-  request.recompute = options.recompute;
-  request.place = options.place;
-  request.attributes = memory_attributes_of(options.device);
-  return request;
-}
-
 float mean_validation_loss(Schedule& schedule, const ValidationBatches& val) {
   double sum = 0.0;
   TokenBatchBuffer buffer;
@@ -129,7 +109,8 @@ TrainResult train(TrainOptions options) {
   options.dtype = target.dtype;
   const MemoryBudgets budgets =
       parse_memory_budgets(options.memory_budget, options.device_budget, options.host_budget);
-  const MemoryPlan memory_plan = plan_memory(memory_plan_request(options));
+  const MemoryPlan memory_plan =
+      plan_memory(memory_plan_request_of(options, options.device, options.dtype));
   check_budget(memory_plan, budgets);
 
   const std::string tokenizer_dir = options.tokenizer_dir.empty()
