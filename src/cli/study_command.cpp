@@ -26,7 +26,7 @@ struct StudyFlags {
   StudyOptions options;
   std::string clip = "1.0";
   std::string out_dir = "study";
-  std::string plan_path;  // refused: the study chooses the placements
+  std::string plan_path;  // bound by add_memory_flags, whose --plan the study then removes
   bool no_energy = false;
   int threads = 0;
 };
@@ -106,13 +106,13 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
   add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place,
                    flags->plan_path);
+  // The study chooses the placements itself: of the memory flags it takes the budgets only.
+  cmd->remove_option(cmd->get_option("--place"));
+  cmd->remove_option(cmd->get_option("--plan"));
 
   cmd->callback([flags]() {
     StudyOptions options = flags->options;
     BenchmarkOptions& base = options.base;
-    LAYUP_CHECK(base.place.empty() && flags->plan_path.empty(),
-                "`layup study` chooses the placements itself; drop --place and --plan (give the "
-                "budgets to study what fits under them)");
     base.model = named_config(base.model_name);
     base.clip = parse_clip_flag(flags->clip);
     base.energy = !flags->no_energy;
