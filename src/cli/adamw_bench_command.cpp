@@ -13,7 +13,6 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -255,7 +254,7 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
         {"date", utc_now()},
     };
     const std::string text = json.dump(2) + "\n";
-    write_file_atomically(flags.json_path, std::as_bytes(std::span(text.data(), text.size())));
+    write_text_atomically(flags.json_path, text);
     std::printf("  json: %s\n", flags.json_path.c_str());
   }
 }

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <span>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -94,7 +93,7 @@ void add_bench_command(CLI::App& app) {
     std::printf("%s", format_benchmark_table(options, result).c_str());
     if (!flags->json_path.empty()) {
       const std::string text = benchmark_json(options, result, own_command_line()).dump(2) + "\n";
-      write_file_atomically(flags->json_path, std::as_bytes(std::span(text.data(), text.size())));
+      write_text_atomically(flags->json_path, text);
       std::printf("  %-22s %s\n", "json", flags->json_path.c_str());
     }
   });

@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <span>
 
 #include "backend/backend_factory.h"
 #include "cli/commands.h"
@@ -30,10 +29,6 @@ struct StudyFlags {
   bool no_energy = false;
   int threads = 0;
 };
-
-void write_text(const std::string& path, const std::string& text) {
-  write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())));
-}
 
 // What the study could not run, grouped by the reason: "--place grads=host is refused on cuda
 // (NVIDIA H200): <why>" counts under <why>, whatever the flag.
@@ -152,8 +147,9 @@ void add_study_command(CLI::App& app) {
     const std::string skipped = summarize_skipped(result);
     if (!skipped.empty()) std::printf("what the study did not run:\n%s\n", skipped.c_str());
     const std::string dir = flags->out_dir;
-    write_text(dir + "/study.json", study_json(options, result, own_command_line()).dump(2) + "\n");
-    write_text(
+    write_text_atomically(dir + "/study.json",
+                          study_json(options, result, own_command_line()).dump(2) + "\n");
+    write_text_atomically(
         dir + "/study.md",
         "# layup study: " + base.model_name + ", B=" + std::to_string(base.batch) +
             ", T=" + std::to_string(base.seq_len) + ", " + result.device_name + "\n\n" + table +

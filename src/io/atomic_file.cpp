@@ -127,6 +127,10 @@ void fsync_directory(const std::string& dir) {
   }
 }
 
+void write_text_atomically(const std::string& path, std::string_view text) {
+  write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
 std::vector<std::byte> read_file_bytes(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("cannot open ", path, ": ", std::strerror(errno));

@@ -12,6 +12,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace layup {
@@ -22,6 +23,9 @@ using AppendBytes = std::function<void(std::span<const std::byte>)>;
 
 // Writes `contents` to `path` atomically.
 void write_file_atomically(const std::string& path, std::span<const std::byte> contents);
+
+// The same for text (JSON, SVG, markdown): its bytes as they are.
+void write_text_atomically(const std::string& path, std::string_view text);
 
 // Writes the concatenation of `pieces` to `path` atomically, without concatenating them in memory.
 void write_file_atomically(const std::string& path,

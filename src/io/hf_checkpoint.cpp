@@ -241,7 +241,7 @@ void save_hf_model(const std::string& dir, const Gpt2Config& config, const Param
   write_safetensors(join_path(dir, kHfWeightsFileName), tensors, {{"format", "pt"}});
 
   const std::string config_text = hf_config_json(config).dump(2) + "\n";
-  write_file_atomically(join_path(dir, kHfConfigFileName), std::as_bytes(std::span(config_text)));
+  write_text_atomically(join_path(dir, kHfConfigFileName), config_text);
 }
 
 LoadedModel load_hf_model(const std::string& dir) {

@@ -2,7 +2,6 @@
 #include "memory/plan_file.h"
 
 #include <nlohmann/json.hpp>
-#include <span>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -22,7 +21,7 @@ void write_plan_file(const std::string& path, const PlanFile& plan) {
                                  {"placement", plan.placement},
                                  {"median_ms", plan.median_ms}}}};
   const std::string text = json.dump(2) + "\n";
-  write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())));
+  write_text_atomically(path, text);
 }
 
 PlanFile read_plan_file(const std::string& path) {

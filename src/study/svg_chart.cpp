@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
-#include <span>
 #include <string_view>
 
 #include "core/error.h"
@@ -390,7 +389,7 @@ std::string render_svg_panels(const std::vector<BarChart>& panels, const std::st
 }
 
 void write_svg(const std::string& path, const std::string& svg) {
-  write_file_atomically(path, std::as_bytes(std::span(svg.data(), svg.size())));
+  write_text_atomically(path, svg);
 }
 
 }  // namespace layup

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <span>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -105,7 +104,7 @@ nlohmann::json TraceRecorder::to_json() const {
 
 void TraceRecorder::write(const std::string& path) const {
   const std::string text = to_json().dump() + "\n";
-  write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())));
+  write_text_atomically(path, text);
 }
 
 void check_trace_path(const std::string& path) {
