@@ -21,6 +21,9 @@ void add_study_command(CLI::App& app);
 void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
                       std::string& host_budget, std::vector<std::string>& place,
                       std::string& plan_path);
+// The budget flags alone (`study` chooses the placements itself).
+void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
+                      std::string& host_budget);
 
 // The clipping flags `train`, `bench` and `memory` share: --clip (a threshold or none) and
 // --layup-clip (how layup keeps clipping exact: speculative or deferred).

@@ -79,9 +79,8 @@ std::string bytes_or_dash(size_t bytes) {
 
 }  // namespace
 
-void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget, std::vector<std::string>& place,
-                      std::string& plan_path) {
+void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
+                      std::string& host_budget) {
   command.add_option("--memory-budget", memory_budget,
                      "Refuse, before allocating, a run whose memory plan needs more than this, "
                      "device and host side together, as on a unified-memory board: 16G, 512M, "
@@ -90,6 +89,12 @@ void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string
                      "The same for the device side alone (what the device computes on)");
   command.add_option("--host-budget", host_budget,
                      "The same for the host side alone (the schedule's host-side state)");
+}
+
+void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
+                      std::string& host_budget, std::vector<std::string>& place,
+                      std::string& plan_path) {
+  add_budget_flags(command, memory_budget, device_budget, host_budget);
   command
       .add_option("--place", place,
                   "CLASS=KIND placement overrides, repeatable or comma-separated (classes: "

@@ -25,7 +25,6 @@ struct StudyFlags {
   StudyOptions options;
   std::string clip = "1.0";
   std::string out_dir = "study";
-  std::string plan_path;  // bound by add_memory_flags, whose --plan the study then removes
   bool no_energy = false;
   int threads = 0;
 };
@@ -99,11 +98,7 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--out", flags->out_dir, "Directory for the files (created)")
       ->capture_default_str();
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
-  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place,
-                   flags->plan_path);
-  // The study chooses the placements itself: of the memory flags it takes the budgets only.
-  cmd->remove_option(cmd->get_option("--place"));
-  cmd->remove_option(cmd->get_option("--plan"));
+  add_budget_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget);
 
   cmd->callback([flags]() {
     StudyOptions options = flags->options;
