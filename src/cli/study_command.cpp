@@ -36,9 +36,9 @@ std::string summarize_skipped(const StudyResult& result) {
   for (const StudyRun& run : result.runs) {
     if (run.ran) continue;
     std::string reason = run.skipped_reason;
-    const size_t refused = reason.find(" is refused on ");
-    if (refused != std::string::npos && reason.find(": ", refused) != std::string::npos)
-      reason = "refused: " + reason.substr(reason.find(": ", refused) + 2);
+    const size_t why = reason.find(": ", reason.find(" is refused on "));
+    if (run.skip == StudySkip::kRefused && why != std::string::npos)
+      reason = "refused: " + reason.substr(why + 2);
     by_reason[reason].push_back(run.label);
   }
   std::string text;

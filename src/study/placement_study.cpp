@@ -21,17 +21,8 @@ std::string first_line(const std::string& text) {
   return text.substr(0, text.find('\n'));
 }
 
-// Plans a run as run_benchmark would and checks it against the budgets: the resolved placement,
-// or throws layup::Error (a refused kind, a plan over budget) before anything is allocated.
-std::string check_run(const BenchmarkOptions& options) {
-  const MemoryPlan plan =
-      plan_memory(memory_plan_request_of(options, options.device, options.dtype));
-  check_budget(plan, parse_memory_budgets(options.memory_budget, options.device_budget,
-                                          options.host_budget));
-  return plan.placement.describe();
-}
-
-// A run of `base` with `mode` and `place`, checked: skipped_reason says why it cannot run.
+// A run of `base` with `mode` and `place`, planned as run_benchmark would and checked against
+// the budgets before anything is allocated: `skip` and skipped_reason say why it cannot run.
 StudyRun planned_run(const StudyOptions& options, StudyGroup group, std::string label,
                      const std::string& mode, std::vector<std::string> place) {
   StudyRun run;
@@ -42,9 +33,20 @@ StudyRun planned_run(const StudyOptions& options, StudyGroup group, std::string 
   BenchmarkOptions checked = options.base;
   checked.mode = mode;
   checked.place = run.place;
+  MemoryPlan plan;
   try {
-    run.placement = check_run(checked);
+    plan = plan_memory(memory_plan_request_of(checked, checked.device, checked.dtype));
+    run.placement = plan.placement.describe();
   } catch (const Error& error) {
+    run.skip = StudySkip::kRefused;
+    run.skipped_reason = first_line(error.what());
+    return run;
+  }
+  try {
+    check_budget(plan, parse_memory_budgets(checked.memory_budget, checked.device_budget,
+                                            checked.host_budget));
+  } catch (const Error& error) {
+    run.skip = StudySkip::kOverBudget;
     run.skipped_reason = first_line(error.what());
   }
   return run;
@@ -92,7 +94,7 @@ class StudyRunner {
 
   // Runs `run` unless it was refused; a run that fails is kept as skipped, with the error.
   void execute(StudyRun& run, int planned) {
-    if (!run.skipped_reason.empty()) return;
+    if (run.skip != StudySkip::kNone) return;
     if (progress_) progress_(done_, planned, run, seconds());
     ++done_;
     BenchmarkOptions options = options_.base;
@@ -105,6 +107,7 @@ class StudyRunner {
       record(result, options.steps, run);
       device_name_ = result.device_name;
     } catch (const Error& error) {
+      run.skip = StudySkip::kFailed;
       run.skipped_reason = "failed: " + first_line(error.what());
     }
   }
@@ -129,11 +132,25 @@ std::string flag_of(TensorClass tensor_class, MemoryKind kind) {
 
 int count_runnable(const std::vector<StudyRun>& runs) {
   return static_cast<int>(std::count_if(runs.begin(), runs.end(), [](const StudyRun& run) {
-    return run.skipped_reason.empty() && !run.ran;
+    return run.skip == StudySkip::kNone && !run.ran;
   }));
 }
 
 }  // namespace
+
+const char* study_skip_name(StudySkip skip) {
+  switch (skip) {
+    case StudySkip::kNone:
+      return "ran";
+    case StudySkip::kRefused:
+      return "refused";
+    case StudySkip::kOverBudget:
+      return "over budget";
+    case StudySkip::kFailed:
+      return "failed";
+  }
+  return "?";
+}
 
 const char* study_group_name(StudyGroup group) {
   switch (group) {
@@ -217,8 +234,7 @@ StudyResult run_study(const StudyOptions& options, const BenchmarkRunner& runner
               "), so there is nothing to compare with; check `layup bench` with the same flags");
 
   // 2. Each class at its fastest kind, where that is faster than the default beyond the noise.
-  //    The default's time is the mean of its two runs.
-  const double default_ms = 0.5 * (first_default.median_ms + last_default.median_ms);
+  const double default_ms = default_median_ms(result);
   result.default_spread = std::abs(first_default.median_ms - last_default.median_ms) /
                           std::min(first_default.median_ms, last_default.median_ms);
   result.noise_used = std::max(options.noise_fraction, result.default_spread);
@@ -259,7 +275,7 @@ StudyResult run_study(const StudyOptions& options, const BenchmarkRunner& runner
     std::string dropped;
     for (const std::string& flag : recommended.place) {
       const StudyRun alone = planned_run(options, StudyGroup::kMode, "", mode, {flag});
-      if (alone.skipped_reason.empty())
+      if (alone.skip == StudySkip::kNone)
         accepted.push_back(flag);
       else
         dropped += (dropped.empty() ? "" : ", ") + flag;
@@ -293,7 +309,10 @@ nlohmann::json study_json(const StudyOptions& options, const StudyResult& result
                            {"place", run.place},
                            {"placement", run.placement},
                            {"ran", run.ran}};
-    if (!run.skipped_reason.empty()) json["skipped_reason"] = run.skipped_reason;
+    if (run.skip != StudySkip::kNone) {
+      json["skipped"] = study_skip_name(run.skip);
+      json["skipped_reason"] = run.skipped_reason;
+    }
     if (!run.note.empty()) json["note"] = run.note;
     if (run.ran) {
       json["median_ms"] = run.median_ms;
@@ -392,9 +411,9 @@ std::string format_study_table(const StudyOptions& options, const StudyResult& r
     std::string notes = run.note;
     if (!run.ran) {
       // The reasons are long; the list under the table groups them.
-      const bool refused = run.skipped_reason.find(" is refused on ") != std::string::npos;
       table += "| " + label + " | " + run.mode + " | - | - | - | - | - | - | - | - | skipped (" +
-               (refused ? "refused" : run.skipped_reason) + ") |\n";
+               (run.skip == StudySkip::kFailed ? run.skipped_reason : study_skip_name(run.skip)) +
+               ") |\n";
       continue;
     }
     if (run.cut_short)
@@ -439,7 +458,7 @@ std::vector<std::string> write_study_charts(const StudyOptions& options, const S
     time.categories.push_back(run.label);
     ms.values.push_back(run.ran ? run.median_ms : nan);
     if (!run.ran)
-      time.notes.push_back(run.skipped_reason.rfind("failed", 0) == 0 ? "failed" : "refused");
+      time.notes.push_back(study_skip_name(run.skip));
     else
       time.notes.push_back(printf_string("%.2fx", run.median_ms / default_ms) +
                            (run.cut_short ? ", time limit" : "") +

@@ -45,6 +45,11 @@ struct StudyOptions {
 enum class StudyGroup { kPlacement, kCombined, kMode };
 const char* study_group_name(StudyGroup group);  // placement, combined, mode
 
+// Why a run did not run: the plan refused a kind, the plan is over a budget (both decided before
+// anything is allocated), or the run failed.
+enum class StudySkip { kNone, kRefused, kOverBudget, kFailed };
+const char* study_skip_name(StudySkip skip);  // ran, refused, over budget, failed
+
 struct StudyRun {
   StudyGroup group = StudyGroup::kPlacement;
   std::string label;               // "default", "grads=pinned", "gpu mode", ...
@@ -52,7 +57,8 @@ struct StudyRun {
   std::vector<std::string> place;  // the --place flags of the run
   std::string placement;           // the resolved placement in full (Placement::describe())
   bool ran = false;
-  std::string skipped_reason;  // why it did not run (refused, over budget, failed)
+  StudySkip skip = StudySkip::kNone;
+  std::string skipped_reason;  // the message, when skipped
   std::string note;            // e.g. the recommended placements a mode does not accept
   // Measured (when ran):
   double median_ms = 0.0, tokens_per_s = 0.0;

@@ -184,6 +184,29 @@ TEST(PlacementStudy, OneFasterClassIsRecommendedAloneAndNoiseIsNoFinding) {
   EXPECT_EQ(result.runs[result.recommended].place, std::vector<std::string>{a});
 }
 
+// A budget the studied mode fits and the others do not: those are skipped as over budget, before
+// anything is allocated, with the budget's message.
+TEST(PlacementStudy, ARunOverTheBudgetIsSkippedAsSuch) {
+  StudyOptions options;
+  options.base = tiny_options("cpu");
+  options.base.mode = "gpu";        // all state on the device side: no host-side bytes
+  options.base.host_budget = "1K";  // offload and layup keep their AdamW state on the host
+  const StudyResult result = run_study(options, fake_runner({}));
+  int over_budget = 0;
+  for (const StudyRun& run : result.runs) {
+    if (run.group != StudyGroup::kMode) continue;
+    if (run.mode == "gpu") {
+      EXPECT_TRUE(run.ran);
+    } else {
+      EXPECT_EQ(run.skip, StudySkip::kOverBudget) << run.label << ": " << run.skipped_reason;
+      EXPECT_NE(run.skipped_reason.find("--host-budget"), std::string::npos) << run.skipped_reason;
+      ++over_budget;
+    }
+  }
+  EXPECT_EQ(over_budget, 2);
+  EXPECT_NE(format_study_table(options, result).find("skipped (over budget)"), std::string::npos);
+}
+
 TEST(PlacementStudy, ThePlanFileReproducesTheRecommendedPlacement) {
   StudyOptions options;
   options.base = tiny_options("cuda");
@@ -254,6 +277,11 @@ TEST(PlacementStudy, RunsOnTheCpuBackendAndSaysWhatItSkipped) {
     }
   }
   EXPECT_GE(skipped, 6 * 3);  // device, pinned and managed memory for every class at least
+  for (const StudyRun& run : result.runs) {
+    if (!run.ran) {
+      EXPECT_EQ(run.skip, StudySkip::kRefused) << run.label;
+    }
+  }
 
   const std::string table = format_study_table(options, result);
   EXPECT_NE(table.find("skipped (refused)"), std::string::npos);
