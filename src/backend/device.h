@@ -134,8 +134,13 @@ class Device {
   virtual void start_sum_of_squares(const float* x, size_t count, double* result) = 0;
 
   // AdamW on one span, weight decay per tensor as the layout says (see optim/adamw.h).
+  // bf16_weights, when not null, is device memory laid out like the span in bfloat16 (16 bits
+  // each): the same pass also writes the new weights there, rounded to nearest even. That is the
+  // compute copy a bf16 forward reads (ModelBackend::compute_copy), which then needs no cast pass
+  // of its own. A device without bf16 compute refuses it.
   virtual void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
-                                 const float* grads, float* m, float* v, const AdamWStep& step) = 0;
+                                 const float* grads, float* m, float* v, const AdamWStep& step,
+                                 void* bf16_weights) = 0;
 
  protected:
   // A null accountant gives the device a ledger of its own.

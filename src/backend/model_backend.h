@@ -10,10 +10,13 @@
 //   backward_block(L-1 ... 0, params, slot)    each transformer block
 //   backward_embeddings(params, grads)         token and position embeddings
 //
-// Every backward call ACCUMULATES (+=) into the gradient memory it is given, so gradient
-// accumulation over micro-batches and the tied token embedding (which receives gradient from
-// the LM head first and from the input embedding last) need nothing special; a schedule zeroes
-// gradient memory when it starts a new accumulation.
+// Gradient memory: backward_head OVERWRITES the final norm's gradient and the whole embeddings
+// span's (wte with the LM head's part, wpe with zeros); backward_block OVERWRITES its block's;
+// backward_embeddings ADDS the input embedding's part to the span the head wrote (the tied token
+// embedding receives gradient from the head first and from the input embedding last). So one
+// backward pass leaves one micro-batch's complete gradient in the memory it was given, which
+// nobody has to zero first; summing micro-batches is the schedule's (each adds them in a fixed
+// order of its own, see gpu_schedule.cpp).
 //
 // Forward hooks: a schedule whose weight updates may still be landing when the next forward
 // starts (`layup` with clipping updates blocks in forward order while the next forward runs)
@@ -70,6 +73,16 @@ class ModelBackend {
   virtual float forward(const ParameterPointers& params, const TokenBatch& batch,
                         ForwardHooks& hooks) = 0;
 
+  // The backend's bf16 compute copy of span `index`'s weights (device memory laid out like the
+  // span) where it keeps one (the CUDA backend in bf16), else null. A schedule that updates the
+  // master weights on the device can write the copy in the same pass (Device::adamw_update_span)
+  // and then call set_compute_copies_current(true): forwards read the copies as they are instead
+  // of casting the master weights again, until set_compute_copies_current(false), which a
+  // schedule must call before it changes the master weights in any other way. By default (false)
+  // every forward casts.
+  virtual void* compute_copy(size_t /*span_index*/) { return nullptr; }
+  virtual void set_compute_copies_current(bool /*current*/) {}
+
   // The same forward with hooks that do nothing.
   float forward(const ParameterPointers& params, const TokenBatch& batch);
 
@@ -79,16 +92,17 @@ class ModelBackend {
 
   // Backward of the loss through the classifier (tied LM head) and the final layer norm.
   // loss_scale multiplies d(loss): 1 for one batch, 1/N when accumulating N micro-batches.
-  // Accumulates into final_norm_grad (the final-norm span) and into the wte part of
-  // embeddings_grad (the embeddings span).
+  // Overwrites final_norm_grad (the final-norm span) and embeddings_grad (the embeddings span:
+  // the head's part of wte, zeros for wpe).
   virtual void backward_head(const ParameterPointers& params, float* final_norm_grad,
                              float* embeddings_grad, float loss_scale) = 0;
 
-  // Backward of one transformer block; accumulates into block_grad, which is laid out like one
+  // Backward of one transformer block; overwrites block_grad, which is laid out like one
   // block span (BlockOffsets). Blocks must be called from the last to the first.
   virtual void backward_block(int layer, const ParameterPointers& params, float* block_grad) = 0;
 
-  // Backward of the token and position embeddings; accumulates into embeddings_grad.
+  // Backward of the token and position embeddings; adds into embeddings_grad, which
+  // backward_head wrote.
   virtual void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) = 0;
 };
 

@@ -287,6 +287,9 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
       add(dev, TensorClass::kWeightGrads, all,
           "whole-model sum over micro-batches (allocated at the first step)", true);
     add(dev, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", true);
+    add_kind(host, TensorClass::kScratch, copied_host_memory,
+             layout.spans().size() * sizeof(double),
+             "per-span gradient sums of squares the device writes", true);
   } else {
     if (!plan.weights_in_place)
       add(dev, TensorClass::kWeights, all, "fp32 copy of the weights the device computes with",

@@ -4,9 +4,8 @@
 // The three modes must give bitwise-identical results on the CPU backend, so this mode uses the
 // same float arithmetic as `offload` and `layup`: the global norm is the sum of per-span sums of
 // squares added in layout order, and with several micro-batches each micro-batch's gradient is
-// computed into zeroed memory and then added to the accumulator with one float add per element,
-// in micro-batch order (Device::add, on the device). Letting the backend accumulate into the same
-// buffer would round differently: its kernels add inside their sums, e.g. GEMM with beta = 1.
+// computed on its own (the backward overwrites the memory it is given) and then added to the
+// accumulator with one float add per element, in micro-batch order (Device::add, on the device).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -31,7 +30,9 @@ class GpuSchedule final : public Schedule {
         params_(allocate(TensorClass::kMasterWeights)),
         grads_(allocate(TensorClass::kWeightGrads)),
         adam_m_(allocate(TensorClass::kOptimizerMoments)),
-        adam_v_(allocate(TensorClass::kOptimizerMoments)) {}
+        adam_v_(allocate(TensorClass::kOptimizerMoments)),
+        // Doubles, two floats each, in host memory the device writes (memory_plan.cpp plans it).
+        span_sums_(device_->allocate_host(2 * layout.spans().size(), TensorClass::kScratch)) {}
 
   std::string name() const override { return "gpu"; }
 
@@ -49,7 +50,7 @@ class GpuSchedule final : public Schedule {
     const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
     double loss_sum = 0.0;
     for (const TokenBatch& batch : micro_batches) {
-      device_->fill_zero(grads_.data(), grads_.count());
+      // The backward overwrites grads_ (ModelBackend): no zeroing.
       {
         TraceSpan traced(trace_, device_track_, "forward");
         loss_sum += backend_->forward(params, batch);
@@ -73,24 +74,38 @@ class GpuSchedule final : public Schedule {
 
     StepStats stats;
     stats.loss = static_cast<float>(loss_sum / micro_batches.size());
-    // Per-span sums added in layout order: the fixed order every mode uses.
+    // Per-span sums added in layout order: the fixed order every mode uses. All spans' sums are
+    // started, then read after one wait: reading each at once would leave the GPU idle while the
+    // host reads it and launches the next (50 times a step at gpt2-xl).
     double sum_sq = 0.0;
     {
       TraceSpan traced(trace_, device_track_, "grad_norm");
-      for (const Span& span : layout_.spans())
-        sum_sq += device_->sum_of_squares(grads_.data() + span.offset, span.count);
+      double* span_sums = reinterpret_cast<double*>(span_sums_.data());
+      for (size_t i = 0; i < layout_.spans().size(); ++i) {
+        const Span& span = layout_.spans()[i];
+        device_->start_sum_of_squares(grads_.data() + span.offset, span.count, span_sums + i);
+      }
+      device_->wait_for(*device_->fence());
+      for (size_t i = 0; i < layout_.spans().size(); ++i) sum_sq += span_sums[i];
     }
     stats.grad_norm = std::sqrt(sum_sq);
     if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm)) return stats;
 
     AdamWStep adamw = settings.adamw;
     adamw.grad_scale = stats.clip_factor = clip_factor(stats.grad_norm, settings.clip_max_norm);
-    for (const Span& span : layout_.spans()) {
+    // Where the backend computes with a bf16 copy of the weights, the update writes it too, and
+    // the next forward skips its cast pass (6 bytes a parameter less to move each step).
+    bool copies_written = true;
+    for (size_t i = 0; i < layout_.spans().size(); ++i) {
+      const Span& span = layout_.spans()[i];
       TraceSpan traced(trace_, device_track_, adamw_trace_name(span.kind), span.layer);
+      void* compute_copy = backend_->compute_copy(i);
+      copies_written = copies_written && compute_copy != nullptr;
       device_->adamw_update_span(layout_, span, params_.data() + span.offset,
                                  grads_.data() + span.offset, adam_m_.data() + span.offset,
-                                 adam_v_.data() + span.offset, adamw);
+                                 adam_v_.data() + span.offset, adamw, compute_copy);
     }
+    if (copies_written) backend_->set_compute_copies_current(true);
     stats.applied = true;
     return stats;
   }
@@ -118,6 +133,7 @@ class GpuSchedule final : public Schedule {
     LAYUP_CHECK(
         tensors.params.size() == n && tensors.adam_m.size() == n && tensors.adam_v.size() == n,
         "model state has ", tensors.params.size(), " parameters but the model needs ", n);
+    backend_->set_compute_copies_current(false);  // the forward casts the new weights
     device_->copy_to_device(params_.data(), tensors.params.data(), n);
     device_->copy_to_device(adam_m_.data(), tensors.adam_m.data(), n);
     device_->copy_to_device(adam_v_.data(), tensors.adam_v.data(), n);
@@ -135,6 +151,7 @@ class GpuSchedule final : public Schedule {
   ParameterLayout layout_;
   ScheduleOptions options_;
   DeviceBuffer params_, grads_, adam_m_, adam_v_;
+  DeviceBuffer span_sums_;  // each span's gradient sum of squares, as doubles
   // The sum over micro-batches, allocated on the first step that accumulates.
   DeviceBuffer accumulated_;
 };

@@ -591,11 +591,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
       const bool update_blocks =
           overlap && last && std::isfinite(static_cast<float>(loss_sum / micro_batches.size()));
 
-      // The consumer must be done with the last micro-batch's head gradients before they are
-      // zeroed for this one.
+      // The consumer must be done with the last micro-batch's head gradients before the head
+      // overwrites them with this one's (the backward overwrites: ModelBackend).
       if (!first) progress_.wait_consumed();
-      device_->fill_zero(embeddings_grad_.data(), embeddings_grad_.count());
-      device_->fill_zero(final_norm_grad_.data(), final_norm_grad_.count());
       {
         TraceSpan traced(trace_, device_track_, "backward_head");
         backend_->backward_head(params, final_norm_grad_.data(), embeddings_grad_.data(),
@@ -610,8 +608,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
         }();
         {
           TraceSpan traced(trace_, device_track_, "backward_block", layer);
-          device_->fill_zero(lease.data, slots_.block_count());
-          backend_->backward_block(layer, params, lease.data);
+          backend_->backward_block(layer, params, lease.data);  // overwrites the slot
           // One micro-batch: the norm's share is taken where the gradient lies.
           if (first && last) start_device_sum_of_squares(1 + layer, lease.data);
         }

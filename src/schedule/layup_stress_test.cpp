@@ -146,8 +146,9 @@ class DelayingDevice final : public Device {
     inner_->start_sum_of_squares(x, count, result);
   }
   void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
-                         const float* grads, float* m, float* v, const AdamWStep& step) override {
-    inner_->adamw_update_span(layout, span, params, grads, m, v, step);
+                         const float* grads, float* m, float* v, const AdamWStep& step,
+                         void* bf16_weights) override {
+    inner_->adamw_update_span(layout, span, params, grads, m, v, step, bf16_weights);
   }
 
  private:

@@ -173,6 +173,11 @@ void CpuBackend::backward_head(const ParameterPointers& params, float* final_nor
   const FinalNormOffsets& f = layout_.final_norm();
   const float dloss = loss_scale / BT;  // d(mean loss) / d(loss of one position), scaled
 
+  // The CPU ops add into their weight gradients; the head's and the blocks' gradients are
+  // overwritten (ModelBackend), so they start from zero here.
+  std::fill_n(final_norm_grad, layout_.final_norm().count, 0.0f);
+  std::fill_n(embeddings_grad, e.count, 0.0f);
+
   // logits = ln_f wte^T, in chunks of positions so that dlogits never exists whole.
   zero(d_ln_, static_cast<size_t>(BT) * C);
   const int chunks = (BT + logits_chunk_rows_ - 1) / logits_chunk_rows_;
@@ -206,6 +211,8 @@ void CpuBackend::backward_block(int layer, const ParameterPointers& params, floa
   const float* p = params.blocks[layer];
   float* g = block_grad;
   const BlockActivations& a = blocks_[layer];
+
+  std::fill_n(g, o.count, 0.0f);  // overwritten (ModelBackend); the ops below add into it
 
   // MLP branch. d_residual_ holds dL/d(block output) = dL/d(MLP output).
   zero(d_fc_gelu_, static_cast<size_t>(BT) * 4 * C);

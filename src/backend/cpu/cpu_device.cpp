@@ -64,7 +64,10 @@ class CpuDevice final : public Device {
   }
 
   void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
-                         const float* grads, float* m, float* v, const AdamWStep& step) override {
+                         const float* grads, float* m, float* v, const AdamWStep& step,
+                         void* bf16_weights) override {
+    LAYUP_CHECK(bf16_weights == nullptr,
+                "the CPU device computes in fp32 and keeps no bf16 copy of the weights");
     layup::adamw_update_span(layout, span, params, grads, m, v, step);
   }
 

@@ -107,6 +107,13 @@ class CudaBackend final : public ModelBackend {
                      float* embeddings_grad, float loss_scale) override;
   void backward_block(int layer, const ParameterPointers& params, float* block_grad) override;
   void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) override;
+  void* compute_copy(size_t span_index) override {
+    if constexpr (std::is_same_v<T, float>)
+      return nullptr;
+    else
+      return compute_weights_ + compute_span_offsets_.at(span_index);
+  }
+  void set_compute_copies_current(bool current) override { compute_copies_current_ = current; }
 
  private:
   // What one transformer block saves in its forward for its backward. Rows are the B*T positions.
@@ -129,7 +136,8 @@ class CudaBackend final : public ModelBackend {
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
   // The weights the kernels read: the fp32 spans themselves, or their bf16 compute copy.
   SpanPointers<const T> weights(const ParameterPointers& params) const;
-  // bf16 mode: casts span `index` (layout order) of the fp32 weights into the compute copy.
+  // bf16 mode: casts span `index` (layout order) of the fp32 weights into the compute copy,
+  // unless the schedule wrote the copies with the update (compute_copies_current_).
   void refresh_compute_span(size_t index, const ParameterPointers& params);
   // cuDNN attention where present, except for single-position sequences, which it rejects.
   bool use_cudnn_attention(int seq_len) const { return cudnn_attention_ && seq_len > 1; }
@@ -162,6 +170,9 @@ class CudaBackend final : public ModelBackend {
   // The bf16 compute copy of the weights (bf16 mode only), spans at 256-byte aligned offsets.
   T* compute_weights_ = nullptr;
   std::vector<size_t> compute_span_offsets_;  // in layout().spans() order
+  // The schedule wrote the copy from the current master weights (ModelBackend::compute_copy):
+  // forwards read it without casting.
+  bool compute_copies_current_ = false;
 
   // The last forward's batch: token ids, targets, and the embedding backward's grouping.
   int batch_ = 0, seq_len_ = 0;
@@ -401,6 +412,7 @@ SpanPointers<const T> CudaBackend<T>::weights(const ParameterPointers& params) c
 template <class T>
 void CudaBackend<T>::refresh_compute_span(size_t index, const ParameterPointers& params) {
   if constexpr (!std::is_same_v<T, float>) {
+    if (compute_copies_current_) return;
     const Span& span = layout_.spans()[index];
     const float* master = span.kind == SpanKind::kEmbeddings ? params.embeddings
                           : span.kind == SpanKind::kBlock    ? params.blocks[span.layer]
@@ -570,13 +582,18 @@ void CudaBackend<T>::backward_head(const ParameterPointers& params, float* final
   // the logits once the loss is known.
   cuda::classifier_backward(logits_, logits_, logsumexp_, targets_, BT, V, Vp, dloss, stream_);
   logits_valid_ = false;
+  // The head writes the whole embeddings span's gradient (ModelBackend): wte's part here, wpe's
+  // zeros below; backward_embeddings adds the input embedding's part to both.
   cuda::matmul_backward(*blas_, d_ln_, embeddings_grad + e.wte, nullptr, logits_, ln_f_,
                         w.embeddings + e.wte, BT, C, Vp, scratch_, cuda::InputGradient::kOverwrite,
-                        stream_);
+                        cuda::WeightGradient::kOverwrite, stream_);
+  LAYUP_CUDA_CHECK(cudaMemsetAsync(embeddings_grad + e.wpe, 0,
+                                   static_cast<size_t>(config_.n_positions) * C * sizeof(float),
+                                   stream_));
   zero(d_residual_, static_cast<size_t>(BT) * C);
   cuda::layernorm_backward(d_residual_, final_norm_grad + f.weight, final_norm_grad + f.bias, d_ln_,
                            residual_[config_.n_layer], w.final_norm + f.weight, ln_f_mean_,
-                           ln_f_rstd_, BT, C, scratch_, stream_);
+                           ln_f_rstd_, BT, C, cuda::WeightGradient::kOverwrite, scratch_, stream_);
   next_step_ = BackwardStep::kBlock;
   next_layer_ = config_.n_layer - 1;
 }
@@ -601,13 +618,14 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
   // in bf16 the forward's GELU ran in the matmul epilogue, so they may differ by a rounding.
   if (recompute_ >= 1) cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
   if (fuse_gelu_) {
-    cuda::matmul_backward_through_gelu(*blas_, d_fc_, g + o.mlp_proj_weight, g + o.mlp_proj_bias,
-                                       d_residual_, a.fc_gelu, a.fc, p + o.mlp_proj_weight, BT,
-                                       4 * C, C, scratch_, stream_);
+    cuda::matmul_backward_through_gelu(
+        *blas_, d_fc_, g + o.mlp_proj_weight, g + o.mlp_proj_bias, d_residual_, a.fc_gelu, a.fc,
+        p + o.mlp_proj_weight, BT, 4 * C, C, scratch_, cuda::WeightGradient::kOverwrite, stream_);
   } else {
     cuda::matmul_backward(*blas_, d_fc_gelu_, g + o.mlp_proj_weight, g + o.mlp_proj_bias,
                           d_residual_, a.fc_gelu, p + o.mlp_proj_weight, BT, 4 * C, C, scratch_,
-                          cuda::InputGradient::kOverwrite, stream_);
+                          cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite,
+                          stream_);
     zero(d_fc_, static_cast<size_t>(BT) * 4 * C);
     cuda::gelu_backward(d_fc_, a.fc, d_fc_gelu_, BT * 4 * C, stream_);
   }
@@ -617,15 +635,16 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
   }
   cuda::matmul_backward(*blas_, d_ln_, g + o.mlp_fc_weight, g + o.mlp_fc_bias, d_fc_, a.ln_2,
                         p + o.mlp_fc_weight, BT, C, 4 * C, scratch_,
-                        cuda::InputGradient::kOverwrite, stream_);
+                        cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite, stream_);
   // Adding ln_2's input gradient turns d_residual_ into dL/d(residual_mid).
   cuda::layernorm_backward(d_residual_, g + o.ln_2_weight, g + o.ln_2_bias, d_ln_, a.residual_mid,
-                           p + o.ln_2_weight, a.ln_2_mean, a.ln_2_rstd, BT, C, scratch_, stream_);
+                           p + o.ln_2_weight, a.ln_2_mean, a.ln_2_rstd, BT, C,
+                           cuda::WeightGradient::kOverwrite, scratch_, stream_);
 
   // Attention branch. d_residual_ holds dL/d(residual_mid) = dL/d(attention branch output).
   cuda::matmul_backward(*blas_, d_att_out_, g + o.attn_proj_weight, g + o.attn_proj_bias,
                         d_residual_, a.att_out, p + o.attn_proj_weight, BT, C, C, scratch_,
-                        cuda::InputGradient::kOverwrite, stream_);
+                        cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite, stream_);
   if (use_cudnn_attention(T_)) {
     // cuDNN overwrites all of d_qkv_ (dq, dk and dv), so it needs no zeroing.
     if constexpr (!std::is_same_v<T, float>)
@@ -641,10 +660,11 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
   }
   cuda::matmul_backward(*blas_, d_ln_, g + o.attn_qkv_weight, g + o.attn_qkv_bias, d_qkv_, a.ln_1,
                         p + o.attn_qkv_weight, BT, C, 3 * C, scratch_,
-                        cuda::InputGradient::kOverwrite, stream_);
+                        cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite, stream_);
   // Adding ln_1's input gradient turns d_residual_ into dL/d(block input).
   cuda::layernorm_backward(d_residual_, g + o.ln_1_weight, g + o.ln_1_bias, d_ln_, residual_[layer],
-                           p + o.ln_1_weight, a.ln_1_mean, a.ln_1_rstd, BT, C, scratch_, stream_);
+                           p + o.ln_1_weight, a.ln_1_mean, a.ln_1_rstd, BT, C,
+                           cuda::WeightGradient::kOverwrite, scratch_, stream_);
 
   next_layer_ = layer - 1;
   if (layer == 0) next_step_ = BackwardStep::kEmbeddings;

@@ -1,5 +1,7 @@
 // The CUDA device against the CPU device: memory and copies, the sum of squares (close to the
 // CPU's, and bitwise reproducible), and AdamW span by span (the same formula as optim/adamw.cpp).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -91,6 +93,11 @@ TEST(CudaDevice, AdamWMatchesCpuOnEverySpan) {
   device->copy_to_device(d_m.data(), m.data(), n);
   device->copy_to_device(d_v.data(), v.data(), n);
 
+  // The bf16 copy the update writes beside the fp32 weights, poisoned so a missed element shows.
+  __nv_bfloat16* d_bf16 = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_bf16, n * sizeof(__nv_bfloat16)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d_bf16, 0xff, n * sizeof(__nv_bfloat16)), cudaSuccess);  // NaNs
+
   AdamWStep step;
   step.hyper.lr = 3e-3f;
   step.hyper.weight_decay = 0.1f;
@@ -99,13 +106,32 @@ TEST(CudaDevice, AdamWMatchesCpuOnEverySpan) {
   for (const Span& span : layout.spans()) {
     adamw_update_span(layout, span, params.data() + span.offset, grads.data() + span.offset,
                       m.data() + span.offset, v.data() + span.offset, step);
+    // Odd spans without the copy: both forms are the same update.
+    const bool with_copy = span.layer % 2 == 0;
     device->adamw_update_span(layout, span, d_params.data() + span.offset,
                               d_grads.data() + span.offset, d_m.data() + span.offset,
-                              d_v.data() + span.offset, step);
+                              d_v.data() + span.offset, step,
+                              with_copy ? d_bf16 + span.offset : nullptr);
   }
   std::vector<float> result(n);
   device->copy_to_host(result.data(), d_params.data(), n);
   EXPECT_LE(relative_error(result, params), 1e-6) << "params";
+  // Where it was asked for, the copy is the new weights rounded to bf16, bit for bit.
+  std::vector<__nv_bfloat16> copy(n);
+  ASSERT_EQ(cudaMemcpy(copy.data(), d_bf16, n * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  cudaFree(d_bf16);
+  size_t checked = 0;
+  for (const Span& span : layout.spans()) {
+    if (span.layer % 2 != 0) continue;
+    for (size_t i = span.offset; i < span.offset + span.count; ++i, ++checked) {
+      const __nv_bfloat16 expected = __float2bfloat16(result[i]);
+      ASSERT_EQ(std::memcmp(&copy[i], &expected, sizeof(expected)), 0)
+          << "bf16 copy of parameter " << i << ": " << __bfloat162float(copy[i]) << " for "
+          << result[i];
+    }
+  }
+  EXPECT_GT(checked, n / 4);
   device->copy_to_host(result.data(), d_m.data(), n);
   EXPECT_LE(relative_error(result, m), 1e-6) << "m";
   device->copy_to_host(result.data(), d_v.data(), n);

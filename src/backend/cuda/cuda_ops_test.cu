@@ -291,7 +291,8 @@ void check_layernorm(const LayerNormCase& shape) {
     DeviceTensor<T> dx(dx_initial);
     DeviceArray<float> dw(dw_initial), db(db_initial);
     cuda::layernorm_backward(dx.get(), dw.get(), db.get(), d_dout.get(), d_x2.get(), d_w.get(),
-                             d_mean2.get(), d_rstd2.get(), N, C, scratch.get(), kStream);
+                             d_mean2.get(), d_rstd2.get(), N, C, cuda::WeightGradient::kAccumulate,
+                             scratch.get(), kStream);
     LAYUP_EXPECT_RELATIVE(dx.floats(), dx_expected, accumulator_baseline<T>(dx_initial),
                           tolerance<T>(), "layernorm dinp");
     const std::vector<float> dw_result = dw.download();
@@ -303,6 +304,20 @@ void check_layernorm(const LayerNormCase& shape) {
     else
       EXPECT_TRUE(bitwise_equal(first_dw, dw_result)) << "dweight is not reproducible";
   }
+
+  // Overwriting the weight gradients (what the model's backward asks): they start poisoned.
+  std::vector<float> dx_unused(N * C, 0.0f), dw_alone(C, 0.0f), db_alone(C, 0.0f);
+  layernorm_backward(dx_unused.data(), dw_alone.data(), db_alone.data(), dout.data(), x2.data(),
+                     w.data(), mean2.data(), rstd2.data(), N, C);
+  DeviceTensor<T> dx(dx_initial);
+  DeviceArray<float> dw(C), db(C);
+  dw.poison();
+  db.poison();
+  cuda::layernorm_backward(dx.get(), dw.get(), db.get(), d_dout.get(), d_x2.get(), d_w.get(),
+                           d_mean2.get(), d_rstd2.get(), N, C, cuda::WeightGradient::kOverwrite,
+                           scratch.get(), kStream);
+  LAYUP_EXPECT_RELATIVE(dw.download(), dw_alone, {}, tolerance<T>(), "layernorm dweight overwrite");
+  LAYUP_EXPECT_RELATIVE(db.download(), db_alone, {}, tolerance<T>(), "layernorm dbias overwrite");
 }
 
 TEST_P(LayerNormOp, MatchesCpu) {
@@ -398,21 +413,29 @@ void check_matmul(const MatmulCase& shape) {
   DeviceArray<float> scratch(cuda::matmul_backward_scratch_floats(N, OC));
   cuda::matmul_backward(blas, dx.get(), dw.get(), has_bias ? db.get() : nullptr, d_dout.get(),
                         d_x.get(), d_w.get(), N, IC, OC, scratch.get(),
-                        cuda::InputGradient::kAccumulate, kStream);
+                        cuda::InputGradient::kAccumulate, cuda::WeightGradient::kAccumulate,
+                        kStream);
   LAYUP_EXPECT_RELATIVE(dx.floats(), dx_expected, accumulator_baseline<T>(dx_initial),
                         tolerance<T>(), "matmul dinp");
 
-  // Overwriting: dinp starts poisoned and must come out as the product alone.
-  std::vector<float> dx_alone(N * IC, 0.0f), dw_scratch(OC * IC, 0.0f);
-  matmul_backward(dx_alone.data(), dw_scratch.data(), nullptr, dout.data(), x.data(), w.data(), N,
-                  IC, OC);
+  // Overwriting: dinp, dweight and dbias start poisoned and must come out as the products alone.
+  std::vector<float> dx_alone(N * IC, 0.0f), dw_alone(OC * IC, 0.0f), db_alone(OC, 0.0f);
+  matmul_backward(dx_alone.data(), dw_alone.data(), has_bias ? db_alone.data() : nullptr,
+                  dout.data(), x.data(), w.data(), N, IC, OC);
   DeviceTensor<T> dx_fresh(N * IC, offset);
-  DeviceArray<float> dw_fresh(std::vector<float>(OC * IC, 0.0f), offset);
+  DeviceArray<float> dw_fresh(OC * IC, offset), db_fresh(OC, offset);
   dx_fresh.array.poison();
-  cuda::matmul_backward(blas, dx_fresh.get(), dw_fresh.get(), nullptr, d_dout.get(), d_x.get(),
-                        d_w.get(), N, IC, OC, scratch.get(), cuda::InputGradient::kOverwrite,
-                        kStream);
+  dw_fresh.poison();
+  db_fresh.poison();
+  cuda::matmul_backward(blas, dx_fresh.get(), dw_fresh.get(), has_bias ? db_fresh.get() : nullptr,
+                        d_dout.get(), d_x.get(), d_w.get(), N, IC, OC, scratch.get(),
+                        cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite, kStream);
   LAYUP_EXPECT_RELATIVE(dx_fresh.floats(), dx_alone, {}, tolerance<T>(), "matmul dinp overwrite");
+  LAYUP_EXPECT_RELATIVE(dw_fresh.download(), dw_alone, {}, tolerance<T>(),
+                        "matmul dweight overwrite");
+  if (has_bias)
+    LAYUP_EXPECT_RELATIVE(db_fresh.download(), db_alone, {}, tolerance<T>(),
+                          "matmul dbias overwrite");
   LAYUP_EXPECT_RELATIVE(dw.download(), dw_expected, dw_initial, tolerance<T>(), "matmul dweight");
   if (has_bias)
     LAYUP_EXPECT_RELATIVE(db.download(), db_expected, db_initial, tolerance<T>(), "matmul dbias");
@@ -484,15 +507,28 @@ void check_gelu_matmul(const GeluMatmulCase& shape) {
   gelu_backward(d_pre_expected.data(), pre_used.data(), d_act.data(), N * OC);
 
   DeviceTensor<T> d_pre_used(pre_used), d_act_in(act), d_w2(w2), d_dy(dy), d_pre(N * OC);
-  DeviceArray<float> dw2(std::vector<float>(IC2 * OC, 0.0f)), db2(std::vector<float>(IC2, 0.0f));
+  // Overwriting (what the model's backward asks): every output starts poisoned. Then once more,
+  // accumulating onto that result: twice the gradient.
+  DeviceArray<float> dw2(IC2 * OC), db2(IC2);
   DeviceArray<float> scratch(cuda::matmul_backward_scratch_floats(N, IC2));
   d_pre.array.poison();
+  dw2.poison();
+  db2.poison();
   cuda::matmul_backward_through_gelu(blas, d_pre.get(), dw2.get(), db2.get(), d_dy.get(),
                                      d_act_in.get(), d_pre_used.get(), d_w2.get(), N, OC, IC2,
-                                     scratch.get(), kStream);
+                                     scratch.get(), cuda::WeightGradient::kOverwrite, kStream);
   LAYUP_EXPECT_RELATIVE(d_pre.floats(), d_pre_expected, {}, tolerance<T>(), "fused dGELU input");
   LAYUP_EXPECT_RELATIVE(dw2.download(), dw2_expected, {}, tolerance<T>(), "fused dGELU dweight");
   LAYUP_EXPECT_RELATIVE(db2.download(), db2_expected, {}, tolerance<T>(), "fused dGELU dbias");
+  cuda::matmul_backward_through_gelu(blas, d_pre.get(), dw2.get(), db2.get(), d_dy.get(),
+                                     d_act_in.get(), d_pre_used.get(), d_w2.get(), N, OC, IC2,
+                                     scratch.get(), cuda::WeightGradient::kAccumulate, kStream);
+  for (float& value : dw2_expected) value *= 2.0f;
+  for (float& value : db2_expected) value *= 2.0f;
+  LAYUP_EXPECT_RELATIVE(dw2.download(), dw2_expected, {}, tolerance<T>(),
+                        "fused dGELU dweight, accumulated");
+  LAYUP_EXPECT_RELATIVE(db2.download(), db2_expected, {}, tolerance<T>(),
+                        "fused dGELU dbias, accumulated");
 }
 
 TEST_P(GeluMatmulOp, MatchesCpu) {

@@ -272,7 +272,7 @@ size_t layernorm_backward_scratch_floats(int N, int C) {
 template <class T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                         const T* weight, const float* mean, const float* rstd, int N, int C,
-                        float* scratch, cudaStream_t stream) {
+                        WeightGradient dweight_mode, float* scratch, cudaStream_t stream) {
   const bool packed = C % Pack<T>::kSize == 0 && is_aligned16(dinp) && is_aligned16(dout) &&
                       is_aligned16(inp) && is_aligned16(weight);
   if (packed) {
@@ -283,10 +283,10 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, co
                                       stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   }
   LAYUP_CUDA_CHECK_LAUNCH();
-  column_sums_accumulate<2, Pack<T>::kSize>(ColumnOutputs<2>{{dweight, dbias}}, N, C,
-                                            LayerNormParameterTerms<T>{dout, inp, mean, rstd, C},
-                                            is_aligned16(dout) && is_aligned16(inp), scratch,
-                                            stream);
+  column_sums<2, Pack<T>::kSize>(ColumnOutputs<2>{{dweight, dbias}}, N, C,
+                                 LayerNormParameterTerms<T>{dout, inp, mean, rstd, C},
+                                 is_aligned16(dout) && is_aligned16(inp), dweight_mode, scratch,
+                                 stream);
 }
 
 template void layernorm_forward<float>(float*, float*, float*, const float*, const float*,
@@ -303,11 +303,11 @@ template void residual_layernorm_forward<__nv_bfloat16>(__nv_bfloat16*, __nv_bfl
                                                         const __nv_bfloat16*, int, int, float,
                                                         cudaStream_t);
 template void layernorm_backward<float>(float*, float*, float*, const float*, const float*,
-                                        const float*, const float*, const float*, int, int, float*,
-                                        cudaStream_t);
+                                        const float*, const float*, const float*, int, int,
+                                        WeightGradient, float*, cudaStream_t);
 template void layernorm_backward<__nv_bfloat16>(__nv_bfloat16*, float*, float*,
                                                 const __nv_bfloat16*, const __nv_bfloat16*,
                                                 const __nv_bfloat16*, const float*, const float*,
-                                                int, int, float*, cudaStream_t);
+                                                int, int, WeightGradient, float*, cudaStream_t);
 
 }  // namespace layup::cuda

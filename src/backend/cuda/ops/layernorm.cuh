@@ -7,6 +7,8 @@
 
 #include <cstddef>
 
+#include "backend/cuda/ops/weight_gradient.cuh"
+
 namespace layup::cuda {
 
 // out[n,:] = (inp[n,:] - mean[n]) * rstd[n] * weight + bias, rstd = 1 / sqrt(var + eps).
@@ -27,11 +29,12 @@ void residual_layernorm_forward(T* residual_out, T* out, float* mean, float* rst
 // Floats of scratch layernorm_backward needs for N rows of width C.
 size_t layernorm_backward_scratch_floats(int N, int C);
 
-// Accumulates dinp [N,C], dweight [C], dbias [C] from dout [N,C], using the saved mean and rstd.
-// dweight and dbias are sums over rows, computed deterministically (no atomics).
+// Accumulates dinp [N,C] from dout [N,C], using the saved mean and rstd, and adds to or
+// overwrites dweight [C] and dbias [C] as dweight_mode says: sums over rows, computed
+// deterministically (no atomics).
 template <class T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                         const T* weight, const float* mean, const float* rstd, int N, int C,
-                        float* scratch, cudaStream_t stream);
+                        WeightGradient dweight_mode, float* scratch, cudaStream_t stream);
 
 }  // namespace layup::cuda

@@ -87,13 +87,12 @@ struct BiasGradientTerm {
   }
 };
 
-// dbias += column sums of dout [N,OC], K = one pack of columns per thread where aligned.
+// dbias (+)= column sums of dout [N,OC], K = one pack of columns per thread where aligned.
 template <class T>
-void accumulate_bias_gradient(float* dbias, const T* dout, int N, int OC, float* scratch,
-                              cudaStream_t stream) {
-  column_sums_accumulate<1, Pack<T>::kSize>(ColumnOutputs<1>{{dbias}}, N, OC,
-                                            BiasGradientTerm<T>{dout, OC}, is_aligned16(dout),
-                                            scratch, stream);
+void bias_gradient(float* dbias, const T* dout, int N, int OC, WeightGradient mode, float* scratch,
+                   cudaStream_t stream) {
+  column_sums<1, Pack<T>::kSize>(ColumnOutputs<1>{{dbias}}, N, OC, BiasGradientTerm<T>{dout, OC},
+                                 is_aligned16(dout), mode, scratch, stream);
 }
 
 }  // namespace
@@ -240,6 +239,11 @@ void matmul_gelu_forward(CublasLt& blas, T* out, T* pre_gelu, const T* inp, cons
               {CublasLt::EpilogueKind::kGeluAuxBias, bias, pre_gelu, OC}, stream);
 }
 
+// The weight-gradient GEMM's beta: 1 adds the product to dweight, 0 stores it without reading.
+float dweight_beta(WeightGradient mode) {
+  return mode == WeightGradient::kAccumulate ? 1.0f : 0.0f;
+}
+
 size_t matmul_backward_scratch_floats(int N, int OC) {
   return column_reduce_scratch_floats(N, OC, 1);
 }
@@ -247,22 +251,21 @@ size_t matmul_backward_scratch_floats(int N, int OC) {
 template <class T>
 void matmul_backward(CublasLt& blas, T* dinp, float* dweight, float* dbias, const T* dout,
                      const T* inp, const T* weight, int N, int IC, int OC, float* scratch,
-                     InputGradient dinp_mode, cudaStream_t stream) {
+                     InputGradient dinp_mode, WeightGradient dweight_mode, cudaStream_t stream) {
   constexpr cudaDataType_t type = data_type<T>();
   const float dinp_beta = dinp_mode == InputGradient::kAccumulate ? 1.0f : 0.0f;
   blas.matmul(IC, N, OC, {weight, type, false, IC}, {dout, type, false, OC}, dinp, type, IC,
               dinp_beta, {}, stream);
   blas.matmul(IC, OC, N, {inp, type, false, IC}, {dout, type, true, OC}, dweight, CUDA_R_32F, IC,
-              1.0f, {}, stream);
-  if (dbias) {
-    accumulate_bias_gradient(dbias, dout, N, OC, scratch, stream);
-  }
+              dweight_beta(dweight_mode), {}, stream);
+  if (dbias) bias_gradient(dbias, dout, N, OC, dweight_mode, scratch, stream);
 }
 
 template <class T>
 void matmul_backward_through_gelu(CublasLt& blas, T* d_pre_gelu, float* dweight, float* dbias,
                                   const T* dout, const T* inp, const T* pre_gelu, const T* weight,
-                                  int N, int IC, int OC, float* scratch, cudaStream_t stream) {
+                                  int N, int IC, int OC, float* scratch,
+                                  WeightGradient dweight_mode, cudaStream_t stream) {
   LAYUP_CHECK(matmul_gelu_fusable(pre_gelu, d_pre_gelu, nullptr, IC),
               "matmul_backward_through_gelu needs 16-byte aligned buffers and a width that is a "
               "multiple of 8 (got ",
@@ -272,10 +275,8 @@ void matmul_backward_through_gelu(CublasLt& blas, T* d_pre_gelu, float* dweight,
               0.0f, {CublasLt::EpilogueKind::kDGelu, nullptr, const_cast<T*>(pre_gelu), IC},
               stream);
   blas.matmul(IC, OC, N, {inp, type, false, IC}, {dout, type, true, OC}, dweight, CUDA_R_32F, IC,
-              1.0f, {}, stream);
-  if (dbias) {
-    accumulate_bias_gradient(dbias, dout, N, OC, scratch, stream);
-  }
+              dweight_beta(dweight_mode), {}, stream);
+  if (dbias) bias_gradient(dbias, dout, N, OC, dweight_mode, scratch, stream);
 }
 
 #define LAYUP_INSTANTIATE_GELU_MATMULS(T)                                                          \
@@ -283,7 +284,7 @@ void matmul_backward_through_gelu(CublasLt& blas, T* d_pre_gelu, float* dweight,
                                        int, cudaStream_t);                                         \
   template void matmul_backward_through_gelu<T>(CublasLt&, T*, float*, float*, const T*, const T*, \
                                                 const T*, const T*, int, int, int, float*,         \
-                                                cudaStream_t);
+                                                WeightGradient, cudaStream_t);
 LAYUP_INSTANTIATE_GELU_MATMULS(float)
 LAYUP_INSTANTIATE_GELU_MATMULS(__nv_bfloat16)
 #undef LAYUP_INSTANTIATE_GELU_MATMULS
@@ -295,10 +296,10 @@ template void matmul_forward<__nv_bfloat16>(CublasLt&, __nv_bfloat16*, const __n
                                             int, cudaStream_t);
 template void matmul_backward<float>(CublasLt&, float*, float*, float*, const float*, const float*,
                                      const float*, int, int, int, float*, InputGradient,
-                                     cudaStream_t);
+                                     WeightGradient, cudaStream_t);
 template void matmul_backward<__nv_bfloat16>(CublasLt&, __nv_bfloat16*, float*, float*,
                                              const __nv_bfloat16*, const __nv_bfloat16*,
                                              const __nv_bfloat16*, int, int, int, float*,
-                                             InputGradient, cudaStream_t);
+                                             InputGradient, WeightGradient, cudaStream_t);
 
 }  // namespace layup::cuda

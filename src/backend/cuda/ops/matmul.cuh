@@ -1,7 +1,7 @@
 // Fully connected layer on the GPU through cuBLASLt: out = inp W^T + bias, with W stored
 // [out_features, in_features] row-major as in the parameter layout. Same math as the CPU op
 // (backend/cpu/ops/matmul.h). Activations and weights are T (float or __nv_bfloat16); the weight
-// and bias gradients are fp32 and accumulate (+=) whatever T is.
+// and bias gradients are fp32 whatever T is, added to or stored as WeightGradient says.
 //
 // fp32 runs as true fp32 (CUBLAS_COMPUTE_32F, no TF32): it is the mode that must match the CPU
 // to 1e-5. bf16 runs on the tensor cores with fp32 accumulation.
@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 
+#include "backend/cuda/ops/weight_gradient.cuh"
 #include "memory/memory_accountant.h"
 
 namespace layup::cuda {
@@ -87,20 +88,22 @@ size_t matmul_backward_scratch_floats(int N, int OC);
 // gradients go into a fresh buffer.
 enum class InputGradient { kAccumulate, kOverwrite };
 
-// dinp [N,IC] (+)= dout weight, as dinp_mode says; accumulates dweight [OC,IC] += dout^T inp and
-// dbias [OC] += sum_n dout. dbias may be null. dbias is summed deterministically (no atomics).
+// dinp [N,IC] (+)= dout weight, as dinp_mode says; dweight [OC,IC] (+)= dout^T inp and dbias [OC]
+// (+)= sum_n dout, as dweight_mode says. dbias may be null. dbias is summed deterministically (no
+// atomics).
 template <class T>
 void matmul_backward(CublasLt& blas, T* dinp, float* dweight, float* dbias, const T* dout,
                      const T* inp, const T* weight, int N, int IC, int OC, float* scratch,
-                     InputGradient dinp_mode, cudaStream_t stream);
+                     InputGradient dinp_mode, WeightGradient dweight_mode, cudaStream_t stream);
 
 // matmul_backward of a layer whose input was gelu(pre_gelu): the input gradient goes through the
 // GELU in the same matmul, d_pre_gelu [N,IC] = (dout weight) * gelu'(pre_gelu) (overwritten);
-// dweight and dbias accumulate as in matmul_backward. Needs matmul_gelu_fusable(pre_gelu,
-// d_pre_gelu, nullptr, IC).
+// dweight and dbias as in matmul_backward. Needs matmul_gelu_fusable(pre_gelu, d_pre_gelu,
+// nullptr, IC).
 template <class T>
 void matmul_backward_through_gelu(CublasLt& blas, T* d_pre_gelu, float* dweight, float* dbias,
                                   const T* dout, const T* inp, const T* pre_gelu, const T* weight,
-                                  int N, int IC, int OC, float* scratch, cudaStream_t stream);
+                                  int N, int IC, int OC, float* scratch,
+                                  WeightGradient dweight_mode, cudaStream_t stream);
 
 }  // namespace layup::cuda
