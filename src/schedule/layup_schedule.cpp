@@ -72,10 +72,11 @@
 // own: it reads the host state only after its first forward, which has waited for every span, and
 // it overwrites the gradient accumulator of a span (first micro-batch: 0 + g) only after that.
 //
-// Every micro-batch's gradient is computed into zeroed memory and added to the host accumulator
-// with one float add per element, in micro-batch order, and the norm is the sum of per-span sums
-// of squares in layout order: exactly what `gpu` and `offload` compute, so all three modes agree
-// bitwise on the CPU backend. Only the timing of the updates differs.
+// Every micro-batch's gradient is computed on its own (the backward overwrites the memory it is
+// given, so slots need no zeroing) and added to the host accumulator with one float add per
+// element, in micro-batch order, and the norm is the sum of per-span sums of squares in layout
+// order: exactly what `gpu` and `offload` compute, so all three modes agree bitwise on the CPU
+// backend. Only the timing of the updates differs.
 //
 // Trace (set_trace): the device thread's "forward" (inside it "forward embeddings", "forward
 // block l", "forward head", and "wait_update ..." where a forward waited for an update),

@@ -8,9 +8,9 @@
 // traced on the track "cpu workers".
 //
 // Accumulation over micro-batches happens on the host: each micro-batch's gradient is computed
-// into zeroed device memory, copied out and added to the host's fp32 accumulator, one float add
-// per element in micro-batch order. That is the order every mode uses, so the three modes give
-// bitwise-identical results on the CPU backend.
+// into device memory (the backward overwrites it), copied out and added to the host's fp32
+// accumulator, one float add per element in micro-batch order. That is the order every mode
+// uses, so the three modes give bitwise-identical results on the CPU backend.
 #include <algorithm>
 #include <cmath>
 #include <latch>

@@ -53,7 +53,7 @@ class WeightGradSlots {
   size_t block_count() const { return block_count_; }
 
   // Device thread: waits until slot layer % 2 has been released by its last holder, then grants
-  // it. The slot's contents are whatever the last holder left: zero it before accumulating.
+  // it. The slot's contents are whatever the last holder left (the backward overwrites them).
   SlotLease acquire(int layer);
 
   // CPU worker: the slot's contents are no longer needed; the device may overwrite it. Throws

@@ -3,7 +3,8 @@
 // It is the reference every other backend is compared with, and the "device" the schedules drive
 // in CI. It owns every activation the backward needs, sized once for max_batch x max_seq_len, and
 // the gradient of the residual stream between backward calls. Weights and weight gradients are
-// never owned here: each call is handed the spans it reads and the memory it accumulates into.
+// never owned here: each call is handed the spans it reads and the memory it writes the gradient
+// into (ModelBackend says which calls overwrite and which add).
 #pragma once
 
 #include <cstdint>
