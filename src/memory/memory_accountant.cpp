@@ -121,27 +121,34 @@ std::string MemoryAccountant::report() const {
   return text;
 }
 
-std::string MemoryAccountant::to_json_text() const {
+std::vector<MemoryCell> MemoryAccountant::cells() const {
   std::lock_guard lock(mutex_);
-  auto usage_json = [](const MemoryUsage& usage) {
-    return nlohmann::json{{"current_bytes", usage.current}, {"peak_bytes", usage.peak}};
-  };
-  nlohmann::json cells = nlohmann::json::array();
+  std::vector<MemoryCell> held;
   for (MemorySide side : kAllMemorySides)
     for (TensorClass c : kAllTensorClasses)
       for (MemoryKind kind : kAllMemoryKinds) {
         const MemoryUsage& usage = cells_[index_of(side)][index_of(c)][index_of(kind)];
-        if (usage.peak == 0) continue;
-        nlohmann::json cell = usage_json(usage);
-        cell["side"] = side == MemorySide::kDevice ? "device" : "host";
-        cell["class"] = tensor_class_name(c);
-        cell["kind"] = memory_kind_name(kind);
-        cells.push_back(std::move(cell));
+        if (usage.peak > 0) held.push_back({side, c, kind, usage});
       }
+  return held;
+}
+
+std::string MemoryAccountant::to_json_text() const {
+  auto usage_json = [](const MemoryUsage& usage) {
+    return nlohmann::json{{"current_bytes", usage.current}, {"peak_bytes", usage.peak}};
+  };
+  nlohmann::json cells = nlohmann::json::array();
+  for (const MemoryCell& held : this->cells()) {
+    nlohmann::json cell = usage_json(held.usage);
+    cell["side"] = held.side == MemorySide::kDevice ? "device" : "host";
+    cell["class"] = tensor_class_name(held.tensor_class);
+    cell["kind"] = memory_kind_name(held.kind);
+    cells.push_back(std::move(cell));
+  }
   return nlohmann::json({{"cells", std::move(cells)},
-                         {"device_side", usage_json(sides_[index_of(MemorySide::kDevice)])},
-                         {"host_side", usage_json(sides_[index_of(MemorySide::kHost)])},
-                         {"total", usage_json(total_)}})
+                         {"device_side", usage_json(side_total(MemorySide::kDevice))},
+                         {"host_side", usage_json(side_total(MemorySide::kHost))},
+                         {"total", usage_json(total())}})
       .dump();
 }
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "memory/tensor_class.h"
 
@@ -25,6 +26,14 @@ namespace layup {
 struct MemoryUsage {
   size_t current = 0;
   size_t peak = 0;
+};
+
+// One cell of the ledger: what one tensor class held in one memory kind on one side.
+struct MemoryCell {
+  MemorySide side;
+  TensorClass tensor_class;
+  MemoryKind kind;
+  MemoryUsage usage;
 };
 
 class MemoryAccountant {
@@ -39,6 +48,8 @@ class MemoryAccountant {
   MemoryUsage row(MemorySide side, TensorClass tensor_class) const;
   MemoryUsage side_total(MemorySide side) const;
   MemoryUsage total() const;
+  // The cells that ever held memory, by side, class and kind in that order.
+  std::vector<MemoryCell> cells() const;
 
   // A table: one row per class that held memory, by side; one column per kind in use, the
   // current bytes, and the peak of the row; the totals of each side and of the run with their

@@ -54,6 +54,29 @@ TEST(MemoryAccountant, ReportAndJsonShowTheClassesAndKindsInUse) {
   EXPECT_EQ(json["total"]["peak_bytes"], (size_t{3} << 30) + 2048);
 }
 
+// cells() lists every cell that ever held memory (a freed one keeps its peak), device side
+// first, in class and kind order: what a caller reads instead of parsing the JSON.
+TEST(MemoryAccountant, CellsListWhatEachClassAndKindHeld) {
+  MemoryAccountant accountant;
+  EXPECT_TRUE(accountant.cells().empty());
+  accountant.add(MemorySide::kHost, TensorClass::kOptimizerMoments, MemoryKind::kPinnedMapped, 96);
+  accountant.add(MemorySide::kDevice, TensorClass::kWeightGrads, MemoryKind::kManaged, 40);
+  accountant.add(MemorySide::kDevice, TensorClass::kWeightGrads, MemoryKind::kDevice, 8);
+  accountant.remove(MemorySide::kDevice, TensorClass::kWeightGrads, MemoryKind::kManaged, 40);
+  const std::vector<MemoryCell> cells = accountant.cells();
+  ASSERT_EQ(cells.size(), 3u);
+  EXPECT_EQ(cells[0].side, MemorySide::kDevice);
+  EXPECT_EQ(cells[0].tensor_class, TensorClass::kWeightGrads);
+  EXPECT_EQ(cells[0].kind, MemoryKind::kDevice);
+  EXPECT_EQ(cells[0].usage.peak, 8u);
+  EXPECT_EQ(cells[1].kind, MemoryKind::kManaged);
+  EXPECT_EQ(cells[1].usage.current, 0u);
+  EXPECT_EQ(cells[1].usage.peak, 40u);
+  EXPECT_EQ(cells[2].side, MemorySide::kHost);
+  EXPECT_EQ(cells[2].tensor_class, TensorClass::kOptimizerMoments);
+  EXPECT_EQ(cells[2].usage.peak, 96u);
+}
+
 TEST(MemoryAccountant, RecordsGiveTheirBytesBackWhenTheyGo) {
   auto accountant = std::make_shared<MemoryAccountant>();
   {

@@ -59,18 +59,14 @@ void record(const BenchmarkResult& result, int steps_asked, StudyRun& run) {
   run.timed_steps = static_cast<int>(result.step_ms.size());
   run.cut_short = run.timed_steps < steps_asked;
   run.clipped_steps = result.clipped_steps;
-  if (result.memory_measured.contains("cells")) {
-    for (const nlohmann::json& cell : result.memory_measured["cells"]) {
-      const int c = index_of(parse_tensor_class(cell["class"].get<std::string>()));
-      const size_t peak = cell["peak_bytes"].get<size_t>();
-      const MemoryKind kind = parse_memory_kind(cell["kind"].get<std::string>());
-      if (kind == MemoryKind::kDevice)
-        run.gpu_peak_bytes[c] += peak;
-      else if (kind == MemoryKind::kManaged)
-        run.managed_peak_bytes[c] += peak;
-      else
-        run.host_peak_bytes[c] += peak;
-    }
+  for (const MemoryCell& cell : result.memory_cells) {
+    const int c = index_of(cell.tensor_class);
+    if (cell.kind == MemoryKind::kDevice)
+      run.gpu_peak_bytes[c] += cell.usage.peak;
+    else if (cell.kind == MemoryKind::kManaged)
+      run.managed_peak_bytes[c] += cell.usage.peak;
+    else
+      run.host_peak_bytes[c] += cell.usage.peak;
   }
   run.energy = result.energy;
   double joules = 0.0;

@@ -250,6 +250,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   result.cpu_adamw = schedule->cpu_adamw_report();
   const double cpu_adamw_rate = schedule->cpu_adamw_rate();
   result.memory_measured = nlohmann::json::parse(accountant->to_json_text());
+  result.memory_cells = accountant->cells();
   result.memory_measured_peak_bytes = accountant->total().peak;
   if (log) std::fprintf(log, "%s", format_memory_report(memory_plan, *accountant).c_str());
   if (trace) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "energy/energy_meter.h"
+#include "memory/memory_accountant.h"
 #include "model/gpt2_config.h"
 #include "optim/host_adamw.h"
 
@@ -122,6 +123,7 @@ struct BenchmarkResult {
   // The memory plan (memory_plan_json) and what the accountant measured over the whole run
   // (MemoryAccountant::to_json: current at the end and peak, by class and kind).
   nlohmann::json memory_plan, memory_measured;
+  std::vector<MemoryCell> memory_cells;   // the same measurement, as the accountant's cells
   size_t memory_plan_bytes = 0;           // the plan's total, device and host side
   size_t memory_measured_peak_bytes = 0;  // the accountant's peak (what goes through it)
   StepFloor floor;                        // offload, layup (see the header comment)
