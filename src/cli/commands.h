@@ -29,4 +29,7 @@ void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string
 // --layup-clip (how layup keeps clipping exact: speculative or deferred).
 void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_clip);
 
+// The schedule flags `train` and `bench` share: --mode, --cpu-workers and --recompute.
+void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers, int& recompute);
+
 }  // namespace layup

@@ -79,54 +79,6 @@ std::string bytes_or_dash(size_t bytes) {
 
 }  // namespace
 
-void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget) {
-  command.add_option("--memory-budget", memory_budget,
-                     "Refuse, before allocating, a run whose memory plan needs more than this, "
-                     "device and host side together, as on a unified-memory board: 16G, 512M, "
-                     "1.5GiB (K, M, G, T: powers of 1024; KB, MB, GB, TB: of 1000)");
-  command.add_option("--device-budget", device_budget,
-                     "The same for the device side alone (what the device computes on)");
-  command.add_option("--host-budget", host_budget,
-                     "The same for the host side alone (the schedule's host-side state)");
-}
-
-void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget, std::vector<std::string>& place,
-                      std::string& plan_path) {
-  add_budget_flags(command, memory_budget, device_budget, host_budget);
-  command
-      .add_option("--place", place,
-                  "CLASS=KIND placement overrides, repeatable or comma-separated (classes: "
-                  "weights, master, grads, moments, activations, scratch; kinds: device, pinned, "
-                  "managed, pageable, host). Checked against the device (a kind it cannot use is "
-                  "refused, saying why) and applied: the schedules' buffers and the CUDA "
-                  "backend's activations and scratch go where it says")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->delimiter(',');
-  command.add_option("--plan", plan_path,
-                     "A placement plan file (`layup study` writes the one it recommends): its "
-                     "CLASS=KIND placements are applied first, then any --place");
-}
-
-void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_clip) {
-  command
-      .add_option("--clip", clip,
-                  "Global gradient-norm clip threshold, or 'none' (layup with none and one "
-                  "micro-batch keeps no whole-model gradient on the host)")
-      ->capture_default_str();
-  command
-      .add_option("--layup-clip", layup_clip,
-                  "How layup keeps clipping exact: speculative (update each block during "
-                  "backward as if unclipped, into a second copy of the master weights and "
-                  "moments; redo the blocks from the first copy on a step that is clipped), "
-                  "deferred (one copy; update the blocks after backward, during the next "
-                  "forward), or auto: deferred on an integrated GPU, whose one memory holds "
-                  "everything, speculative elsewhere")
-      ->check(CLI::IsMember({"auto", "speculative", "deferred"}))
-      ->capture_default_str();
-}
-
 void add_memory_command(CLI::App& app) {
   auto flags = std::make_shared<MemoryFlags>();
   CLI::App* cmd = app.add_subcommand(

@@ -115,24 +115,7 @@ void add_train_command(CLI::App& app) {
                   "auto, fp32 or bf16; bf16 computes in bf16 with fp32 master weights and AdamW "
                   "state (auto: bf16 on cuda, fp32 on cpu)")
       ->capture_default_str();
-  cmd->add_option("--mode", o.mode,
-                  "Schedule: gpu (all on the device), offload (AdamW on the CPU after backward, "
-                  "no overlap) or layup (per-block AdamW on the CPU, fed through two gradient "
-                  "slots, each block's update overlapping the backward of the blocks below it; "
-                  "clipping stays exact, see --layup-clip). All three train identically, and a "
-                  "run may resume in another mode")
-      ->capture_default_str();
-  cmd->add_option("--cpu-workers", o.cpu_workers,
-                  "offload and layup: pinned CPU AdamW workers (default: every core this process "
-                  "may use; gpu mode ignores it)")
-      ->capture_default_str();
-  cmd->add_option(
-         "--recompute", o.recompute,
-         "CUDA backend: recompute in the backward instead of keeping from the forward: 0 keep "
-         "every activation, 1 GELU outputs, 2 also the layer norm outputs (less "
-         "activation memory, a little more compute)")
-      ->check(CLI::Range(0, 2))
-      ->capture_default_str();
+  add_schedule_flags(*cmd, o.mode, o.cpu_workers, o.recompute);
   cmd->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace of every step here (JSON; open in "
                   "ui.perfetto.dev): device work and each CPU worker on tracks of their own");
