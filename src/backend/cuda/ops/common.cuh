@@ -210,8 +210,9 @@ __global__ void column_finish_kernel(ColumnOutputs<kOutputs> outputs, const floa
 #pragma unroll
   for (int k = 0; k < kOutputs; ++k) {
     float total = 0.0f;
-    // Unrolled so that many loads are in flight while the adds stay in chunk order: one load
-    // at a time, this kernel was latency-bound (6-7 us a launch, 2 ms a step at gpt2-xl).
+    // Unrolled so that several loads are in flight while the adds stay in chunk order. Measured
+    // on the H200 it gained little (289 launches, 1.93 -> 1.75 ms a step at gpt2-xl): what is
+    // left is the cost of a launch per column sum, not its loads.
 #pragma unroll 16
     for (int chunk = 0; chunk < chunks; ++chunk)
       total += partials[(static_cast<size_t>(k) * chunks + chunk) * C + c];
