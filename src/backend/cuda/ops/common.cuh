@@ -138,8 +138,8 @@ void launch_elementwise(size_t count, bool aligned, const Op& op, cudaStream_t s
 // Weight gradients of biases and layer norms are sums over the N rows of an [N, C] matrix. Atomic
 // float adds would make them depend on timing; instead the rows are cut into a fixed number of
 // chunks (a function of N alone, never of the GPU), each (chunk, 32 columns) block sums its rows
-// in a fixed order into a partial, and a second kernel adds the partials of each column in chunk
-// order and adds the total to the output or stores it (WeightGradient). The result is bitwise
+// in a fixed order into a partial, and a second kernel adds the partials of each column in a fixed
+// grouping and adds the total to the output or stores it (WeightGradient). The result is bitwise
 // reproducible.
 //
 // Where the row width is a multiple of a 16-byte pack and the inputs are aligned (every GPT-2
@@ -202,20 +202,39 @@ struct ColumnOutputs {
   float* out[kOutputs];
 };
 
+// The finishing pass: each block owns kColumnTile columns, and its kFinishGroups rows of threads
+// each add a fixed run of chunks in chunk order; the first row then adds the runs' sums in run
+// order. One thread adding all (up to kMaxRowChunks) chunks of a column in a row made every launch
+// a chain of dependent loads (9.4 us each at gpt2-medium, 145 launches a step); split in runs, a
+// thread's loads are few and all in flight. The grouping depends on the chunk count alone, so the
+// result is still the same bits on every GPU and every run.
+constexpr int kFinishGroups = 8;
+
 template <int kOutputs>
-__global__ void column_finish_kernel(ColumnOutputs<kOutputs> outputs, const float* partials,
-                                     int chunks, int C, bool accumulate) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+__global__ void __launch_bounds__(kColumnTile* kFinishGroups)
+    column_finish_kernel(ColumnOutputs<kOutputs> outputs, const float* partials, int chunks,
+                         int run_length, int C, bool accumulate) {
+  __shared__ float run_sums[kOutputs][kFinishGroups][kColumnTile];
+  const int c = blockIdx.x * kColumnTile + threadIdx.x;
+  const int first = threadIdx.y * run_length;
+  const int last = min(chunks, first + run_length);
+#pragma unroll
+  for (int k = 0; k < kOutputs; ++k) {
+    float sum = 0.0f;
+    if (c < C) {
+#pragma unroll 16
+      for (int chunk = first; chunk < last; ++chunk)
+        sum += partials[(static_cast<size_t>(k) * chunks + chunk) * C + c];
+    }
+    run_sums[k][threadIdx.y][threadIdx.x] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
 #pragma unroll
   for (int k = 0; k < kOutputs; ++k) {
     float total = 0.0f;
-    // Unrolled so that several loads are in flight while the adds stay in chunk order. Measured
-    // on the H200 it gained little (289 launches, 1.93 -> 1.75 ms a step at gpt2-xl): what is
-    // left is the cost of a launch per column sum, not its loads.
-#pragma unroll 16
-    for (int chunk = 0; chunk < chunks; ++chunk)
-      total += partials[(static_cast<size_t>(k) * chunks + chunk) * C + c];
+#pragma unroll
+    for (int run = 0; run < kFinishGroups; ++run) total += run_sums[k][run][threadIdx.x];
     outputs.out[k][c] = accumulate ? outputs.out[k][c] + total : total;
   }
 }
@@ -238,8 +257,10 @@ void column_sums(ColumnOutputs<kOutputs> outputs, int N, int C, Term term, bool 
         <<<grid, dim3(kColumnTile, kColumnLanes), 0, stream>>>(scratch, N, C, rows_per_chunk, term);
   }
   LAYUP_CUDA_CHECK_LAUNCH();
-  column_finish_kernel<kOutputs><<<ceil_div(C, 256), 256, 0, stream>>>(
-      outputs, scratch, chunks, C, mode == WeightGradient::kAccumulate);
+  column_finish_kernel<kOutputs>
+      <<<ceil_div(C, kColumnTile), dim3(kColumnTile, kFinishGroups), 0, stream>>>(
+          outputs, scratch, chunks, ceil_div(chunks, kFinishGroups), C,
+          mode == WeightGradient::kAccumulate);
   LAYUP_CUDA_CHECK_LAUNCH();
 }
 
