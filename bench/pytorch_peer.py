@@ -138,9 +138,24 @@ def synthetic_tokens(batch, seq_len, seed, device):
     return inputs, targets
 
 
+def device_used_bytes():
+    """The whole GPU's memory in use (cudaMemGetInfo total - free: every process, the CUDA
+    context, the caching allocator's reserve), the reading layup's bench takes after each step."""
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+# The largest device_used_bytes() seen after a step by time_steps (0 off CUDA).
+device_used_peak_bytes = 0
+
+
 def time_steps(train_step, warmup, steps, on_cuda):
     """Runs warmup + steps calls of train_step (which returns the loss as a float), each between
-    device synchronizations; returns the timed steps' milliseconds and the last loss."""
+    device synchronizations; returns the timed steps' milliseconds and the last loss. Samples the
+    whole GPU's memory in use after every step, as layup's bench does, into
+    device_used_peak_bytes."""
+    global device_used_peak_bytes
+
     def sync():
         if on_cuda:
             torch.cuda.synchronize()
@@ -155,6 +170,8 @@ def time_steps(train_step, warmup, steps, on_cuda):
         sync()
         if step >= warmup:
             step_ms.append((time.perf_counter() - start) * 1e3)
+        if on_cuda:
+            device_used_peak_bytes = max(device_used_peak_bytes, device_used_bytes())
     return step_ms, loss
 
 
@@ -186,6 +203,7 @@ def make_result(engine, args, device, step_ms, loss):
         else "none",
         "memory_peak_bytes": torch.cuda.max_memory_allocated() if on_cuda else 0,
         "memory_reserved_peak_bytes": torch.cuda.max_memory_reserved() if on_cuda else 0,
+        "memory_device_used_peak_bytes": device_used_peak_bytes,
         "last_loss": loss,
         "torch_version": torch.__version__,
         "machine": {"hostname": socket.gethostname(), "cpu": cpu_model(),
@@ -215,7 +233,8 @@ def report(result, json_path=None, extra_rows=()):
         ("MFU", f"{100 * r['mfu']:.1f}% of {r['peak_tflops']:.1f} TFLOP/s dense bf16" if r["mfu"]
          is not None else "n/a (no known peak for this device)"),
         ("memory peak", f"{r['memory_peak_bytes'] / gib:.2f} GiB allocated, "
-                        f"{r['memory_reserved_peak_bytes'] / gib:.2f} GiB reserved"
+                        f"{r['memory_reserved_peak_bytes'] / gib:.2f} GiB reserved, "
+                        f"{r['memory_device_used_peak_bytes'] / gib:.2f} GiB whole GPU"
          if on_cuda else "n/a"),
         ("last loss", f"{r['last_loss']:.4f}"),
         *extra_rows,

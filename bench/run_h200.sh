@@ -24,7 +24,9 @@
 # the whole script's wall-clock budget; every command runs under `timeout` with what is left, at
 # most COMMAND_LIMIT_S (180) each),
 # PYTHON (python3, the one with PyTorch), BUILD (build-h200 in the repository), OUT (where the
-# results go; else the build folder). Dependencies come from .carry/ as in
+# results go; else the build folder), LAYUP_BIN (a layup binary built already, e.g. on another
+# machine with the same CUDA: no build here), LAYUP_ARGS (more `layup bench` flags for every layup
+# run, e.g. "--algorithms timed"). Dependencies come from .carry/ as in
 # src/backend/cuda/run_gpu_tests.sh. Writes four files: build.log, bench.log (every command's
 # output), results.json (a list of every run's JSON object) and summary.md (the table).
 set -uo pipefail
@@ -42,6 +44,8 @@ command_limit_s=${COMMAND_LIMIT_S:-180}
 python=${PYTHON:-python3}
 mode_runs=${MODE_RUNS:-"gpu offload layup layup-deferred layup-noclip"}
 peers=${PEERS:-1}
+layup_bin=${LAYUP_BIN:-$build/layup}
+read -r -a layup_args <<< "${LAYUP_ARGS:-}"
 mkdir -p "$build" "$out"
 export PATH="/usr/local/cuda/bin:$PATH"
 runs=$(mktemp -d)  # one JSON per run, combined into results.json at the end
@@ -74,17 +78,21 @@ source "$repo/scripts/gpu_cmake_args.sh"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 |
   tee -a "$log"
-echo "=== build (log: $out/build.log)"
-{
-  timeout "$(left)" cmake -S "$repo" -B "$build" "${cmake_args[@]}" &&
-    timeout "$(left)" cmake --build "$build" -j"$(nproc)" --target layup
-} > "$out/build.log" 2>&1
-if [ $? -ne 0 ]; then
-  tail -n 40 "$out/build.log"
-  echo "build failed after $SECONDS s"
-  exit 1
+if [ -n "${LAYUP_BIN:-}" ]; then
+  echo "=== no build: LAYUP_BIN=$layup_bin"
+else
+  echo "=== build (log: $out/build.log)"
+  {
+    timeout "$(left)" cmake -S "$repo" -B "$build" "${cmake_args[@]}" &&
+      timeout "$(left)" cmake --build "$build" -j"$(nproc)" --target layup
+  } > "$out/build.log" 2>&1
+  if [ $? -ne 0 ]; then
+    tail -n 40 "$out/build.log"
+    echo "build failed after $SECONDS s"
+    exit 1
+  fi
+  echo "=== build: done after $SECONDS s"
 fi
-echo "=== build: done after $SECONDS s"
 
 for config in $configs; do
   model=${config%%:*}
@@ -99,8 +107,9 @@ for config in $configs; do
       [ "$run" = layup-deferred ] && clip=(--layup-clip deferred)
       [ "$run" = layup-holds ] && clip=(--clip 1e9)
       [ "$run" = layup-zerocopy ] && clip=(--clip none --place grads=pinned)
-      run_timed "layup $run $model B=$batch" "$build/layup" bench "${common[@]}" --device cuda \
-        --dtype bf16 --mode "$mode" "${clip[@]}" --json "$runs/$model-layup-$run.json"
+      run_timed "layup $run $model B=$batch" "$layup_bin" bench "${common[@]}" --device cuda \
+        --dtype bf16 --mode "$mode" "${clip[@]}" "${layup_args[@]}" \
+        --json "$runs/$model-layup-$run.json"
     done
     [ "$peers" = 1 ] || continue
     for peer in gpu offload layerwise; do
@@ -109,8 +118,8 @@ for config in $configs; do
     done
     continue
   fi
-  run_timed "layup $model B=$batch" "$build/layup" bench "${common[@]}" --device cuda \
-    --dtype bf16 --json "$runs/$model-layup.json"
+  run_timed "layup $model B=$batch" "$layup_bin" bench "${common[@]}" --device cuda \
+    --dtype bf16 "${layup_args[@]}" --json "$runs/$model-layup.json"
   run_timed "pytorch eager $model B=$batch" "$python" "$repo/bench/pytorch_peer.py" \
     "${common[@]}" --device cuda --json "$runs/$model-eager.json"
   run_timed "pytorch compile $model B=$batch" "$python" "$repo/bench/pytorch_peer.py" \
@@ -180,15 +189,32 @@ def tps(r):
 def ratio(a, b):
     return f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}" if a and b else "-"
 
-def gib(r):
-    return f"{r['memory_peak_bytes'] / 2**30:.1f}" if r else "-"
+def whole_gpu_bytes(r):
+    """Whole-GPU memory in use after a step, max: both engines read cudaMemGetInfo the same way."""
+    key = "memory_peak_bytes" if r["engine"] == "layup" else "memory_device_used_peak_bytes"
+    return r.get(key)
+
+def allocator_bytes(r):
+    """The peak of what the engine's own allocator held on the device: layup's accountant,
+    PyTorch's caching allocator (torch.cuda.max_memory_allocated)."""
+    if r["engine"] == "layup":
+        return r["memory"]["measured"]["device_side"]["peak_bytes"]
+    return r["memory_peak_bytes"]
+
+def gib_pair(a, b, measure):
+    """'a / b = ratio' in GiB for one measure, '-' where a run or its reading is missing."""
+    x, y = (measure(r) if r else None for r in (a, b))
+    if not x or not y:
+        return "-"
+    return f"{x / 2**30:.1f} / {y / 2**30:.1f} = {x / y:.2f}"
 
 def mfu(r):
     return f"{100 * r['mfu']:.1f}%" if r and r.get("mfu") is not None else "-"
 
 lines = [
     "| config | B x T | layup tok/s | eager tok/s | compile tok/s | layup/eager | layup/compile "
-    "| layup ms/step | layup MFU | compile MFU | layup GiB* | compile GiB** |",
+    "| layup ms/step | layup MFU | compile MFU | GiB layup / compile, whole GPU* "
+    "| GiB layup / compile, allocators** |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 for config in configs:
@@ -199,15 +225,17 @@ for config in configs:
     lay_ms = f"{lay['median_ms']:.1f}" if lay else "-"
     lines.append(
         f"| {model} | {bt} | {tps(lay)} | {tps(eager)} | {tps(comp)} | {ratio(lay, eager)} "
-        f"| {ratio(lay, comp)} | {lay_ms} | {mfu(lay)} | {mfu(comp)} | {gib(lay)} | {gib(comp)} |")
+        f"| {ratio(lay, comp)} | {lay_ms} | {mfu(lay)} | {mfu(comp)} "
+        f"| {gib_pair(lay, comp, whole_gpu_bytes)} | {gib_pair(lay, comp, allocator_bytes)} |")
 gpu = next((r["device_name"] for r in results if r.get("device") == "cuda"), "unknown GPU")
 commit = next((r["git_commit"] for r in results), "unknown")
 lines += [
     "",
     f"{gpu}, commit {commit}; tokens/s over the timed steps, median ms/step; MFU against "
     "989.4 TFLOP/s dense bf16 with 6N + 12LTC FLOPs per token (N = 12LC^2 + VC).",
-    "* layup: GPU memory in use (cudaMemGetInfo total - free), max after each step. "
-    "** PyTorch: torch.cuda.max_memory_allocated.",
+    "* both: GPU memory in use (cudaMemGetInfo total - free: CUDA context, library workspaces, "
+    "allocator reserve, any other process), max after each step. ** layup: its memory "
+    "accountant's device-side peak; PyTorch: torch.cuda.max_memory_allocated.",
 ]
 text = "\n".join(lines) + "\n"
 with open(os.path.join(out_dir, "summary.md"), "w") as f:
