@@ -24,6 +24,16 @@ bool cuda_usable(std::string* why) {
 
 }  // namespace
 
+const char* algorithm_choice_name(AlgorithmChoice algorithms) {
+  return algorithms == AlgorithmChoice::kTimed ? "timed" : "heuristic";
+}
+
+AlgorithmChoice parse_algorithm_choice(const std::string& name) {
+  if (name == "heuristic") return AlgorithmChoice::kHeuristic;
+  LAYUP_CHECK(name == "timed", "--algorithms takes heuristic or timed (got '", name, "')");
+  return AlgorithmChoice::kTimed;
+}
+
 ComputeTarget resolve_compute_target(const ComputeTarget& requested) {
   ComputeTarget target = requested;
   LAYUP_CHECK(target.device == "auto" || target.device == "cpu" || target.device == "cuda",
@@ -49,7 +59,7 @@ BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& con
         target.dtype == "bf16" ? ComputeDtype::kBFloat16 : ComputeDtype::kFloat32;
     std::unique_ptr<Device> device = make_cuda_device(accountant);
     return {make_cuda_backend(config, max_batch, max_seq_len, dtype, target.recompute, accountant,
-                              {target.activations_kind, target.scratch_kind}),
+                              {target.activations_kind, target.scratch_kind}, target.algorithms),
             std::move(device), accountant};
   }
 #endif
@@ -58,6 +68,9 @@ BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& con
       target.recompute == 0, "--recompute ", target.recompute,
       " is a CUDA backend option: the CPU backend keeps every activation (its memory is the "
       "host's); drop --recompute or use --device cuda");
+  LAYUP_CHECK(target.algorithms == AlgorithmChoice::kHeuristic,
+              "--algorithms timed is a CUDA backend option (it times cuBLASLt's and cuDNN's "
+              "algorithms); drop it or use --device cuda");
   // The CPU backend's activations are std::vectors it does not record: the memory plan lists them
   // as planned only.
   return {make_cpu_backend(config, max_batch, max_seq_len), make_cpu_device(accountant),

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/algorithm_choice.h"
 #include "backend/device.h"
 #include "backend/model_backend.h"
 #include "memory/memory_accountant.h"
@@ -14,6 +15,7 @@ struct ComputeTarget {
   std::string device = "auto";  // auto | cpu | cuda
   std::string dtype = "auto";   // auto | fp32 | bf16
   int recompute = 0;            // --recompute: 0, 1 or 2 (backend/cuda/cuda_backend.h); cuda only
+  AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic;  // cuda only
   // cuda only: where the backend's activations and the backward's scratch live (the placement's
   // kinds; the CPU backend's memory is the host's).
   MemoryKind activations_kind = MemoryKind::kDevice;

@@ -49,7 +49,8 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the initialization and the synthetic tokens")
       ->capture_default_str();
-  add_schedule_flags(*cmd, o.mode, o.cpu_workers, o.recompute);
+  add_schedule_flags(*cmd, o.mode, o.cpu_workers);
+  add_cuda_backend_flags(*cmd, o.recompute, o.algorithms);
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
   cmd->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace (JSON; open in ui.perfetto.dev) of the first " +

@@ -29,7 +29,10 @@ void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string
 // --layup-clip (how layup keeps clipping exact: speculative or deferred).
 void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_clip);
 
-// The schedule flags `train` and `bench` share: --mode, --cpu-workers and --recompute.
-void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers, int& recompute);
+// The schedule flags `train` and `bench` share: --mode and --cpu-workers.
+void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers);
+
+// The CUDA backend's flags `train` and `bench` share: --recompute and --algorithms.
+void add_cuda_backend_flags(CLI::App& command, int& recompute, std::string& algorithms);
 
 }  // namespace layup

@@ -55,7 +55,7 @@ void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_cli
       ->capture_default_str();
 }
 
-void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers, int& recompute) {
+void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers) {
   command
       .add_option("--mode", mode,
                   "Schedule: gpu (all on the device), offload (AdamW on the CPU after backward, "
@@ -69,12 +69,23 @@ void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers, 
                   "offload and layup: pinned CPU AdamW workers (default: every core this process "
                   "may use; gpu mode ignores it)")
       ->capture_default_str();
+}
+
+void add_cuda_backend_flags(CLI::App& command, int& recompute, std::string& algorithms) {
   command
       .add_option("--recompute", recompute,
                   "CUDA backend: recompute in the backward instead of keeping from the forward: 0 "
                   "keep every activation, 1 GELU outputs, 2 also the layer norm outputs (less "
                   "activation memory, a little more compute)")
       ->check(CLI::Range(0, 2))
+      ->capture_default_str();
+  command
+      .add_option("--algorithms", algorithms,
+                  "CUDA backend: how the algorithm of each cuBLASLt matmul and cuDNN attention "
+                  "is picked: heuristic (the library's first answer: the same bits in every run) "
+                  "or timed (the candidates timed on the first step, the fastest kept: a faster "
+                  "step, but the choice, and so the rounding, can differ between runs)")
+      ->check(CLI::IsMember({"heuristic", "timed"}))
       ->capture_default_str();
 }
 

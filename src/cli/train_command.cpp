@@ -115,7 +115,8 @@ void add_train_command(CLI::App& app) {
                   "auto, fp32 or bf16; bf16 computes in bf16 with fp32 master weights and AdamW "
                   "state (auto: bf16 on cuda, fp32 on cpu)")
       ->capture_default_str();
-  add_schedule_flags(*cmd, o.mode, o.cpu_workers, o.recompute);
+  add_schedule_flags(*cmd, o.mode, o.cpu_workers);
+  add_cuda_backend_flags(*cmd, o.recompute, o.algorithms);
   cmd->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace of every step here (JSON; open in "
                   "ui.perfetto.dev): device work and each CPU worker on tracks of their own");

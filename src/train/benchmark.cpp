@@ -165,7 +165,8 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
 
   const ParameterLayout layout(config);
   BackendAndDevice compute =
-      make_backend(placed_target(memory_plan, {target.device, target.dtype, options.recompute}),
+      make_backend(placed_target(memory_plan, {target.device, target.dtype, options.recompute,
+                                               parse_algorithm_choice(options.algorithms)}),
                    config, options.batch, options.seq_len);
   const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.
@@ -260,8 +261,10 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
 
   if (cpu_adamw_rate > 0.0 && options.measure_floor) {
     schedule.reset();  // its device memory goes before the floor's backend takes its own
-    const auto [forward_ms, backward_ms] = time_device_passes(
-        {target.device, target.dtype, options.recompute}, options, layout, micro_batches);
+    const auto [forward_ms, backward_ms] =
+        time_device_passes({target.device, target.dtype, options.recompute,
+                            parse_algorithm_choice(options.algorithms)},
+                           options, layout, micro_batches);
     const double blocks = static_cast<double>(layout.block().count) * config.n_layer;
     const double head = static_cast<double>(layout.embeddings().count + layout.final_norm().count);
     StepFloor& floor = result.floor;
@@ -304,6 +307,7 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
                     std::to_string(options.model.n_embd) + ")");
   row("mode", result.schedule);
   if (options.recompute > 0) row("recompute", std::to_string(options.recompute));
+  if (options.algorithms != "heuristic") row("matmul algorithms", options.algorithms);
   row("B x T x accumulation", std::to_string(options.batch) + " x " +
                                   std::to_string(options.seq_len) + " x " +
                                   std::to_string(options.grad_accum));
@@ -378,6 +382,7 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"seed", options.seed},
       {"mode", options.mode},
       {"recompute", options.recompute},
+      {"algorithms", options.algorithms},
       {"cpu_workers",
        options.mode != "gpu" ? nlohmann::json(options.cpu_workers) : nlohmann::json(nullptr)},
       {"cpu_adamw",

@@ -47,7 +47,8 @@ struct BenchmarkOptions {
   std::string mode = "gpu";  // gpu | offload | layup
   // offload, layup: pinned CPU AdamW workers (default: every core this process may use)
   int cpu_workers = allowed_core_count();
-  int recompute = 0;                // see TrainOptions::recompute
+  int recompute = 0;                     // see TrainOptions::recompute
+  std::string algorithms = "heuristic";  // see TrainOptions::algorithms
   float clip = 1.0f;                // global-norm clip threshold; <= 0: none (layup then overlaps)
   std::string layup_clip = "auto";  // how layup clips: auto | speculative | deferred
   std::string trace_path;           // empty: no trace

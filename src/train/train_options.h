@@ -62,7 +62,9 @@ struct TrainOptions {
   std::string mode = "gpu";
   // offload, layup: pinned CPU AdamW workers (default: every core this process may use)
   int cpu_workers = allowed_core_count();
-  int recompute = 0;       // CUDA backend: 0 keep activations, 1 recompute GELU, 2 also layer norms
+  int recompute = 0;  // CUDA backend: 0 keep activations, 1 recompute GELU, 2 also layer norms
+  // CUDA backend: heuristic | timed (backend/algorithm_choice.h)
+  std::string algorithms = "heuristic";
   std::string trace_path;  // a Chrome/Perfetto trace of every step goes here; empty = none
   bool energy = false;     // read energy over the steps (energy/energy_meter.h)
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the

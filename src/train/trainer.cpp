@@ -127,7 +127,8 @@ TrainResult train(TrainOptions options) {
 
   const ParameterLayout layout(config);
   BackendAndDevice compute =
-      make_backend(placed_target(memory_plan, {target.device, target.dtype, options.recompute}),
+      make_backend(placed_target(memory_plan, {target.device, target.dtype, options.recompute,
+                                               parse_algorithm_choice(options.algorithms)}),
                    config, options.batch, options.seq_len);
   const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.

@@ -91,7 +91,8 @@ template <class T>
 class CudaBackend final : public ModelBackend {
  public:
   CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute,
-              std::shared_ptr<MemoryAccountant> accountant, const CudaArenaKinds& kinds);
+              std::shared_ptr<MemoryAccountant> accountant, const CudaArenaKinds& kinds,
+              AlgorithmChoice algorithms);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -215,7 +216,7 @@ class CudaBackend final : public ModelBackend {
 template <class T>
 CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute,
                             std::shared_ptr<MemoryAccountant> accountant,
-                            const CudaArenaKinds& kinds)
+                            const CudaArenaKinds& kinds, AlgorithmChoice algorithms)
     : config_(config),
       layout_(config),
       max_batch_(max_batch),
@@ -239,7 +240,7 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
               "dimension; use a smaller --batch");
   std::string why;
   LAYUP_CHECK(cuda_device_available(&why), "cannot use the CUDA backend: ", why);
-  blas_ = std::make_unique<cuda::CublasLt>(accountant_);
+  blas_ = std::make_unique<cuda::CublasLt>(accountant_, algorithms);
 
   const size_t BT = static_cast<size_t>(max_batch) * max_seq_len;
   const int C = config.n_embd;
@@ -291,7 +292,7 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
                 "LAYUP_ATTENTION must be auto, cudnn or layup, not '", attention, "'");
     std::string why;
     if (attention != "layup" && cuda::CudnnAttention::available(&why)) {
-      cudnn_attention_ = std::make_unique<cuda::CudnnAttention>(stream_, accountant_);
+      cudnn_attention_ = std::make_unique<cuda::CudnnAttention>(stream_, accountant_, algorithms);
     } else {
       LAYUP_CHECK(attention != "cudnn",
                   "LAYUP_ATTENTION=cudnn but cuDNN attention is unavailable: ", why);
@@ -692,12 +693,13 @@ const char* compute_dtype_name(ComputeDtype dtype) {
 std::unique_ptr<ModelBackend> make_cuda_backend(const Gpt2Config& config, int max_batch,
                                                 int max_seq_len, ComputeDtype dtype, int recompute,
                                                 std::shared_ptr<MemoryAccountant> accountant,
-                                                const CudaArenaKinds& kinds) {
+                                                const CudaArenaKinds& kinds,
+                                                AlgorithmChoice algorithms) {
   if (dtype == ComputeDtype::kFloat32)
     return std::make_unique<CudaBackend<float>>(config, max_batch, max_seq_len, recompute,
-                                                std::move(accountant), kinds);
+                                                std::move(accountant), kinds, algorithms);
   return std::make_unique<CudaBackend<__nv_bfloat16>>(config, max_batch, max_seq_len, recompute,
-                                                      std::move(accountant), kinds);
+                                                      std::move(accountant), kinds, algorithms);
 }
 
 }  // namespace layup

@@ -24,6 +24,7 @@
 
 #include <memory>
 
+#include "backend/algorithm_choice.h"
 #include "backend/model_backend.h"
 #include "memory/memory_accountant.h"
 #include "model/gpt2_config.h"
@@ -58,6 +59,7 @@ struct CudaArenaKinds {
 
 std::unique_ptr<ModelBackend> make_cuda_backend(
     const Gpt2Config& config, int max_batch, int max_seq_len, ComputeDtype dtype, int recompute = 0,
-    std::shared_ptr<MemoryAccountant> accountant = nullptr, const CudaArenaKinds& kinds = {});
+    std::shared_ptr<MemoryAccountant> accountant = nullptr, const CudaArenaKinds& kinds = {},
+    AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic);
 
 }  // namespace layup

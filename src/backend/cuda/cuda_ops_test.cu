@@ -384,7 +384,7 @@ void PrintTo(const MatmulCase& c, std::ostream* os) {
 class MatmulOp : public ::testing::TestWithParam<MatmulCase> {};
 
 template <class T>
-void check_matmul(const MatmulCase& shape) {
+void check_matmul(const MatmulCase& shape, AlgorithmChoice algorithms) {
   const auto [N, IC, OC, has_bias, offset] = shape;
   Rng rng(N * 10000 + IC * 100 + OC);
   const std::vector<float> x = rounded<T>(random_vector(rng, N * IC));
@@ -393,7 +393,7 @@ void check_matmul(const MatmulCase& shape) {
   std::vector<float> expected(N * OC);
   matmul_forward(expected.data(), x.data(), w.data(), has_bias ? b.data() : nullptr, N, IC, OC);
 
-  cuda::CublasLt blas;
+  cuda::CublasLt blas(nullptr, algorithms);
   DeviceTensor<T> d_x(x, offset), d_w(w, offset), d_b(b, offset), out(N * OC, offset);
   out.array.poison();
   cuda::matmul_forward(blas, out.get(), d_x.get(), d_w.get(), has_bias ? d_b.get() : nullptr, N, IC,
@@ -445,7 +445,14 @@ void check_matmul(const MatmulCase& shape) {
 
 TEST_P(MatmulOp, MatchesCpu) {
   LAYUP_REQUIRE_GPU();
-  LAYUP_FOR_EACH_DTYPE(check_matmul, GetParam());
+  LAYUP_FOR_EACH_DTYPE(check_matmul, GetParam(), AlgorithmChoice::kHeuristic);
+}
+
+// --algorithms timed: the trials overwrite the output before the product that counts, and
+// a product that adds into its output (beta 1) is never tried twice.
+TEST_P(MatmulOp, TimedAlgorithmsMatchCpu) {
+  LAYUP_REQUIRE_GPU();
+  LAYUP_FOR_EACH_DTYPE(check_matmul, GetParam(), AlgorithmChoice::kTimed);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -472,7 +479,7 @@ class GeluMatmulOp : public ::testing::TestWithParam<GeluMatmulCase> {};
 // matmul_gelu_forward against the CPU's matmul then GELU; matmul_backward_through_gelu (the next
 // layer's backward, [N,OC] -> [N,IC2]) against the CPU's matmul backward then GELU backward.
 template <class T>
-void check_gelu_matmul(const GeluMatmulCase& shape) {
+void check_gelu_matmul(const GeluMatmulCase& shape, AlgorithmChoice algorithms) {
   const auto [N, IC, OC] = shape;
   const int IC2 = 5;  // the next layer's output width (any)
   Rng rng(N * 7 + IC * 3 + OC);
@@ -483,7 +490,7 @@ void check_gelu_matmul(const GeluMatmulCase& shape) {
   matmul_forward(pre_expected.data(), x.data(), w.data(), b.data(), N, IC, OC);
   gelu_forward(out_expected.data(), pre_expected.data(), N * OC);
 
-  cuda::CublasLt blas;
+  cuda::CublasLt blas(nullptr, algorithms);
   DeviceTensor<T> d_x(x), d_w(w), d_b(b), pre(N * OC), out(N * OC);
   pre.array.poison();
   out.array.poison();
@@ -534,7 +541,12 @@ void check_gelu_matmul(const GeluMatmulCase& shape) {
 TEST_P(GeluMatmulOp, MatchesCpu) {
   LAYUP_REQUIRE_GPU();
   // bf16 only: the fp32 mode keeps the separate GELU op (cuda_backend.cu says why).
-  check_gelu_matmul<__nv_bfloat16>(GetParam());
+  check_gelu_matmul<__nv_bfloat16>(GetParam(), AlgorithmChoice::kHeuristic);
+}
+
+TEST_P(GeluMatmulOp, TimedAlgorithmsMatchCpu) {
+  LAYUP_REQUIRE_GPU();
+  check_gelu_matmul<__nv_bfloat16>(GetParam(), AlgorithmChoice::kTimed);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, GeluMatmulOp,
@@ -642,19 +654,18 @@ INSTANTIATE_TEST_SUITE_P(
 // sum dq in a different order run to run, so reproducibility is not asserted here.
 class CudnnAttentionOp : public ::testing::TestWithParam<AttentionCase> {};
 
-TEST_P(CudnnAttentionOp, MatchesCpu) {
-  LAYUP_REQUIRE_GPU();
+void check_cudnn_attention(const AttentionCase& shape, AlgorithmChoice choice) {
   std::string why;
   if (!cuda::CudnnAttention::available(&why)) GTEST_SKIP() << why;
   using T = __nv_bfloat16;
-  const auto [B, T_, C, NH] = GetParam();
+  const auto [B, T_, C, NH] = shape;
   Rng rng(B * 1000 + T_ * 10 + C + 7);
   const size_t BT = static_cast<size_t>(B) * T_;
   const std::vector<float> qkv = rounded<T>(random_vector(rng, BT * 3 * C));
   std::vector<float> out_expected(BT * C), att(static_cast<size_t>(B) * NH * T_ * T_);
   attention_forward(out_expected.data(), att.data(), qkv.data(), B, T_, C, NH);
 
-  cuda::CudnnAttention attention(kStream);
+  cuda::CudnnAttention attention(kStream, nullptr, choice);
   DeviceTensor<T> d_qkv(qkv), out(BT * C);
   DeviceArray<float> lse(static_cast<size_t>(B) * NH * T_);
   out.array.poison();
@@ -671,6 +682,17 @@ TEST_P(CudnnAttentionOp, MatchesCpu) {
   dqkv.array.poison();
   attention.backward(dqkv.get(), d_dout.get(), d_qkv.get(), out.get(), lse.get(), B, T_, C, NH);
   LAYUP_EXPECT_RELATIVE(dqkv.floats(), dqkv_expected, {}, tolerance<T>(), "cuDNN attention dqkv");
+}
+
+TEST_P(CudnnAttentionOp, MatchesCpu) {
+  LAYUP_REQUIRE_GPU();
+  check_cudnn_attention(GetParam(), AlgorithmChoice::kHeuristic);
+}
+
+// --algorithms timed: every plan runs on the operands first; the outputs are still the winner's.
+TEST_P(CudnnAttentionOp, TimedPlansMatchCpu) {
+  LAYUP_REQUIRE_GPU();
+  check_cudnn_attention(GetParam(), AlgorithmChoice::kTimed);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, CudnnAttentionOp,

@@ -1,4 +1,5 @@
 // CudnnAttention: the SDPA forward and backward graphs of the cuDNN frontend, cached by shape.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <tuple>
@@ -61,19 +62,24 @@ std::vector<int64_t> lse_stride(int T_, int NH) {
 }  // namespace
 
 struct CudnnAttention::State {
+  struct Built {
+    std::shared_ptr<fe::graph::Graph> graph;
+    bool tuned = false;  // AlgorithmChoice::kTimed: its plans were timed on a first execution
+  };
   cudaStream_t stream = nullptr;
   cudnnHandle_t handle = nullptr;
+  AlgorithmChoice choice = AlgorithmChoice::kHeuristic;
   // key: (B, T, C, NH, backward?)
-  std::map<std::tuple<int, int, int, int, bool>, std::shared_ptr<fe::graph::Graph>> graphs;
+  std::map<std::tuple<int, int, int, int, bool>, Built> graphs;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   std::shared_ptr<MemoryAccountant> accountant;
   MemoryRecord workspace_record;
 
-  fe::graph::Graph& graph(int B, int T_, int C, int NH, bool backward) {
+  Built& graph(int B, int T_, int C, int NH, bool backward) {
     auto key = std::make_tuple(B, T_, C, NH, backward);
     auto found = graphs.find(key);
-    if (found != graphs.end()) return *found->second;
+    if (found != graphs.end()) return found->second;
 
     auto graph = std::make_shared<fe::graph::Graph>();
     graph->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -130,10 +136,21 @@ struct CudnnAttention::State {
     check_frontend(graph->create_execution_plans({fe::HeurMode_t::A}), "finding execution plans", B,
                    T_, C, NH);
     check_frontend(graph->check_support(handle), "checking support", B, T_, C, NH);
-    check_frontend(graph->build_plans(handle), "building the plan", B, T_, C, NH);
+    const bool timed = choice == AlgorithmChoice::kTimed;
+    check_frontend(graph->build_plans(handle, timed ? fe::BuildPlanPolicy_t::ALL
+                                                    : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
+                   "building the plan", B, T_, C, NH);
 
     int64_t needed = 0;
     check_frontend(graph->get_workspace_size(needed), "sizing the workspace", B, T_, C, NH);
+    if (timed) {
+      // Room for every plan the timing may try (a plan cuDNN could not build has no size).
+      for (int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
+        int64_t plan_bytes = 0;
+        if (graph->get_workspace_size_plan_at_index(i, plan_bytes).is_good())
+          needed = std::max(needed, plan_bytes);
+      }
+    }
     if (static_cast<size_t>(needed) > workspace_bytes) {
       // A graph may be built while the previous step's work still runs on the stream.
       LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -146,13 +163,19 @@ struct CudnnAttention::State {
       workspace_record = MemoryRecord(accountant, MemorySide::kDevice, TensorClass::kScratch,
                                       MemoryKind::kDevice, workspace_bytes);
     }
-    graphs.emplace(key, graph);
-    return *graph;
+    return graphs.emplace(key, Built{graph}).first->second;
   }
 
-  void execute(fe::graph::Graph& graph, std::unordered_map<int64_t, void*>& pointers, int B, int T_,
-               int C, int NH) {
-    check_frontend(graph.execute(handle, pointers, workspace), "executing", B, T_, C, NH);
+  void execute(Built& built, std::unordered_map<int64_t, void*>& pointers, int B, int T_, int C,
+               int NH) {
+    if (choice == AlgorithmChoice::kTimed && !built.tuned) {
+      // Runs every plan on these operands (the outputs are written, never read) and makes the
+      // fastest the one execute runs.
+      check_frontend(built.graph->autotune(handle, pointers, workspace), "timing the plans", B, T_,
+                     C, NH);
+      built.tuned = true;
+    }
+    check_frontend(built.graph->execute(handle, pointers, workspace), "executing", B, T_, C, NH);
   }
 };
 
@@ -165,9 +188,11 @@ bool CudnnAttention::available(std::string* why) {
   return true;
 }
 
-CudnnAttention::CudnnAttention(cudaStream_t stream, std::shared_ptr<MemoryAccountant> accountant)
+CudnnAttention::CudnnAttention(cudaStream_t stream, std::shared_ptr<MemoryAccountant> accountant,
+                               AlgorithmChoice choice)
     : state_(std::make_unique<State>()) {
   state_->stream = stream;
+  state_->choice = choice;
   state_->accountant = std::move(accountant);
   check_cudnn_status(cudnnCreate(&state_->handle), "cudnnCreate");
   check_cudnn_status(cudnnSetStream(state_->handle, stream), "cudnnSetStream");
@@ -183,7 +208,7 @@ CudnnAttention::~CudnnAttention() {
 
 void CudnnAttention::forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B,
                              int T_, int C, int NH) {
-  fe::graph::Graph& graph = state_->graph(B, T_, C, NH, false);
+  State::Built& graph = state_->graph(B, T_, C, NH, false);
   auto* base = const_cast<__nv_bfloat16*>(qkv);  // cuDNN's variant pack takes void*
   std::unordered_map<int64_t, void*> pointers = {
       {kQ, base}, {kK, base + C}, {kV, base + 2 * C}, {kO, out}, {kStats, lse}};
@@ -193,7 +218,7 @@ void CudnnAttention::forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16
 void CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                               const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
                               int B, int T_, int C, int NH) {
-  fe::graph::Graph& graph = state_->graph(B, T_, C, NH, true);
+  State::Built& graph = state_->graph(B, T_, C, NH, true);
   auto* base = const_cast<__nv_bfloat16*>(qkv);
   std::unordered_map<int64_t, void*> pointers = {{kQ, base},
                                                  {kK, base + C},
@@ -220,7 +245,7 @@ bool CudnnAttention::available(std::string* why) {
   return false;
 }
 
-CudnnAttention::CudnnAttention(cudaStream_t, std::shared_ptr<MemoryAccountant>) {
+CudnnAttention::CudnnAttention(cudaStream_t, std::shared_ptr<MemoryAccountant>, AlgorithmChoice) {
   fail("layup was built without cuDNN; rebuild with the cuDNN frontend headers to use it");
 }
 CudnnAttention::~CudnnAttention() = default;

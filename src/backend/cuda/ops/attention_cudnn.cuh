@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/algorithm_choice.h"
 #include "memory/memory_accountant.h"
 
 namespace layup::cuda {
@@ -31,9 +32,10 @@ class CudnnAttention {
   static bool available(std::string* why);
 
   // The workspace is recorded in `accountant` (when given) as device-side scratch, at the size
-  // cuDNN asks for.
+  // cuDNN asks for (with `choice` kTimed: the largest any of the plans it times asks for).
   explicit CudnnAttention(cudaStream_t stream,
-                          std::shared_ptr<MemoryAccountant> accountant = nullptr);
+                          std::shared_ptr<MemoryAccountant> accountant = nullptr,
+                          AlgorithmChoice choice = AlgorithmChoice::kHeuristic);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;

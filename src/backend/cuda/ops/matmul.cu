@@ -19,6 +19,7 @@
 // the [N, 4C] activations per block and the buffer between them.
 #include <cuda_bf16.h>
 
+#include <limits>
 #include <memory>
 
 #include "backend/cuda/ops/common.cuh"
@@ -30,6 +31,10 @@ namespace {
 
 // cuBLAS's recommendation for Hopper; the memory plan counts the same constant.
 constexpr size_t kWorkspaceBytes = kCublasLtWorkspaceBytes;
+// AlgorithmChoice::kTimed: how many of the heuristic's answers are timed, and how many runs
+// each (after one to warm up).
+constexpr int kTimedCandidates = 8;
+constexpr int kTimedRepeats = 3;
 
 // The largest power of two (at most 256) that divides the address.
 uint32_t alignment_bytes(const void* p) {
@@ -97,7 +102,8 @@ void bias_gradient(float* dbias, const T* dout, int N, int OC, WeightGradient mo
 
 }  // namespace
 
-CublasLt::CublasLt(std::shared_ptr<MemoryAccountant> accountant) {
+CublasLt::CublasLt(std::shared_ptr<MemoryAccountant> accountant, AlgorithmChoice algorithms)
+    : choice_(algorithms) {
   LAYUP_CUBLAS_CHECK(cublasLtCreate(&handle_));
   LAYUP_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   workspace_bytes_ = kWorkspaceBytes;
@@ -183,23 +189,67 @@ void CublasLt::matmul(int64_t m, int64_t n, int64_t k, const Operand& a, const O
       LAYUP_CUBLAS_CHECK(
           cublasLtMatmulPreferenceSetAttribute(preference.get(), attribute, &bytes, sizeof(bytes)));
     }
-    cublasLtMatmulHeuristicResult_t result = {};
+    // Trials of a product with beta != 0 would add into D again: those keep the heuristic's pick.
+    const bool timed = choice_ == AlgorithmChoice::kTimed && beta == 0.0f;
+    std::array<cublasLtMatmulHeuristicResult_t, kTimedCandidates> results = {};
     int returned = 0;
     LAYUP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
         handle_, desc.get(), a_layout.get(), b_layout.get(), d_layout.get(), d_layout.get(),
-        preference.get(), 1, &result, &returned));
-    LAYUP_CHECK(returned > 0 && result.state == CUBLAS_STATUS_SUCCESS,
+        preference.get(), timed ? kTimedCandidates : 1, results.data(), &returned));
+    LAYUP_CHECK(returned > 0 && results[0].state == CUBLAS_STATUS_SUCCESS,
                 "cuBLASLt has no algorithm for the matmul m=", m, " n=", n, " k=", k, " (A type ",
                 a.type, ", ld ", a.ld, ", aligned ", align_a, "; B type ", b.type, ", ld ", b.ld,
                 ", aligned ", align_b, "; D type ", d_type, ", ld ", ldd, ", aligned ", align_d,
                 ")");
-    found = algorithms_.emplace(key, result.algo).first;
+    const cublasLtMatmulAlgo_t algorithm =
+        returned > 1 ? fastest_algorithm(results.data(), returned, desc.get(), a_layout.get(),
+                                         a.data, b_layout.get(), b.data, d_layout.get(), d, stream)
+                     : results[0].algo;
+    found = algorithms_.emplace(key, algorithm).first;
   }
 
   const float alpha = 1.0f;
   LAYUP_CUBLAS_CHECK(cublasLtMatmul(handle_, desc.get(), &alpha, a.data, a_layout.get(), b.data,
                                     b_layout.get(), &beta, d, d_layout.get(), d, d_layout.get(),
                                     &found->second, workspace_, workspace_bytes_, stream));
+}
+
+cublasLtMatmulAlgo_t CublasLt::fastest_algorithm(const cublasLtMatmulHeuristicResult_t* candidates,
+                                                 int count, cublasLtMatmulDesc_t desc,
+                                                 cublasLtMatrixLayout_t a_layout, const void* a,
+                                                 cublasLtMatrixLayout_t b_layout, const void* b,
+                                                 cublasLtMatrixLayout_t d_layout, void* d,
+                                                 cudaStream_t stream) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LAYUP_CUDA_CHECK(cudaEventCreate(&start));
+  LAYUP_CUDA_CHECK(cudaEventCreate(&stop));
+  const float alpha = 1.0f, beta = 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algorithm) {
+    return cublasLtMatmul(handle_, desc, &alpha, a, a_layout, b, b_layout, &beta, d, d_layout, d,
+                          d_layout, &algorithm, workspace_, workspace_bytes_, stream);
+  };
+  int best = 0;
+  float best_ms = std::numeric_limits<float>::infinity();
+  for (int i = 0; i < count; ++i) {
+    if (candidates[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    // The first run warms the kernel up (and finds out whether it runs here at all).
+    if (run(candidates[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+    LAYUP_CUDA_CHECK(cudaEventRecord(start, stream));
+    bool ran = true;
+    for (int repeat = 0; repeat < kTimedRepeats && ran; ++repeat)
+      ran = run(candidates[i].algo) == CUBLAS_STATUS_SUCCESS;
+    LAYUP_CUDA_CHECK(cudaEventRecord(stop, stream));
+    LAYUP_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    LAYUP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (ran && ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return candidates[best].algo;
 }
 
 template <class T>

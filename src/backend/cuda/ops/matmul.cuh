@@ -16,16 +16,19 @@
 #include <map>
 #include <memory>
 
+#include "backend/algorithm_choice.h"
 #include "backend/cuda/ops/weight_gradient.cuh"
 #include "memory/memory_accountant.h"
 
 namespace layup::cuda {
 
-// A cuBLASLt handle, its workspace, and the algorithms its heuristic chose, by problem. The
-// workspace is recorded in `accountant` (when given) as device-side scratch.
+// A cuBLASLt handle, its workspace, and the algorithm chosen for each problem (as `algorithms`
+// says, backend/algorithm_choice.h). The workspace is recorded in `accountant` (when given) as
+// device-side scratch.
 class CublasLt {
  public:
-  explicit CublasLt(std::shared_ptr<MemoryAccountant> accountant = nullptr);
+  explicit CublasLt(std::shared_ptr<MemoryAccountant> accountant = nullptr,
+                    AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic);
   ~CublasLt();
   CublasLt(const CublasLt&) = delete;
   CublasLt& operator=(const CublasLt&) = delete;
@@ -57,6 +60,15 @@ class CublasLt {
 
  private:
   using Key = std::array<int64_t, 18>;
+  // The fastest of the heuristic's candidates on this problem, timed in place on `stream` (D is
+  // overwritten by each trial; the caller runs the real product after).
+  cublasLtMatmulAlgo_t fastest_algorithm(const cublasLtMatmulHeuristicResult_t* candidates,
+                                         int count, cublasLtMatmulDesc_t desc,
+                                         cublasLtMatrixLayout_t a_layout, const void* a,
+                                         cublasLtMatrixLayout_t b_layout, const void* b,
+                                         cublasLtMatrixLayout_t d_layout, void* d,
+                                         cudaStream_t stream);
+  AlgorithmChoice choice_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

@@ -1,0 +1,25 @@
+// How the CUDA backend picks the algorithm of each cuBLASLt matmul and each cuDNN attention graph
+// (--algorithms). A plain header: the CLI, the backend factory and the CUDA ops share it.
+#pragma once
+
+#include <string>
+
+namespace layup {
+
+enum class AlgorithmChoice {
+  // The libraries' first heuristic answer: the same algorithm, so the same bits, in every run.
+  kHeuristic,
+  // Time the candidates on a problem's first call and keep the fastest (as cuDNN's benchmark mode
+  // and PyTorch's TunableOp do): cuBLASLt's first 8 heuristic answers, every plan cuDNN builds
+  // for the attention graph. The first step runs each product a few more times and waits for
+  // them; on a busy GPU the choice can differ between runs, and two algorithms may round
+  // differently, so two runs give the same bits only where they chose alike. Matmuls that add
+  // into their output (beta != 0) keep the heuristic's answer: a trial would add again.
+  kTimed,
+};
+
+// "heuristic" | "timed"; parse throws layup::Error for another name, listing these.
+const char* algorithm_choice_name(AlgorithmChoice choice);
+AlgorithmChoice parse_algorithm_choice(const std::string& name);
+
+}  // namespace layup
