@@ -18,7 +18,8 @@
 # speculation always holds: what a step costs once training no longer clips; layup-zerocopy is
 # --clip none with --place grads=pinned: the CPU reads each block's gradient in place in mapped
 # pinned memory, which the GPU's backward wrote over PCIe, instead of a copy into landing
-# buffers) and PEERS (0: skip the PyTorch peers).
+# buffers), PEERS (0: skip the PyTorch peers) and PEER_RUNS (which of the peers gpu offload
+# layerwise to run; default all three).
 #
 # Environment: CONFIGS (model:batch ...), SEQ_LEN (1024), WARMUP (3), STEPS (10), BUDGET_S (540:
 # the whole script's wall-clock budget; every command runs under `timeout` with what is left, at
@@ -44,6 +45,7 @@ command_limit_s=${COMMAND_LIMIT_S:-180}
 python=${PYTHON:-python3}
 mode_runs=${MODE_RUNS:-"gpu offload layup layup-deferred layup-noclip"}
 peers=${PEERS:-1}
+peer_runs=${PEER_RUNS:-"gpu offload layerwise"}
 layup_bin=${LAYUP_BIN:-$build/layup}
 read -r -a layup_args <<< "${LAYUP_ARGS:-}"
 mkdir -p "$build" "$out"
@@ -112,7 +114,7 @@ for config in $configs; do
         --json "$runs/$model-layup-$run.json"
     done
     [ "$peers" = 1 ] || continue
-    for peer in gpu offload layerwise; do
+    for peer in $peer_runs; do
       run_timed "pytorch $peer $model B=$batch" "$python" "$repo/bench/pytorch_offload_peer.py" \
         "${common[@]}" --device cuda --mode "$peer" --json "$runs/$model-pytorch-$peer.json"
     done
