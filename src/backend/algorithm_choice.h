@@ -18,8 +18,7 @@ enum class AlgorithmChoice {
   kTimed,
 };
 
-// "heuristic" | "timed"; parse throws layup::Error for another name, listing these.
-const char* algorithm_choice_name(AlgorithmChoice choice);
+// "heuristic" | "timed" (--algorithms); throws layup::Error for another name, listing these.
 AlgorithmChoice parse_algorithm_choice(const std::string& name);
 
 }  // namespace layup

@@ -24,10 +24,6 @@ bool cuda_usable(std::string* why) {
 
 }  // namespace
 
-const char* algorithm_choice_name(AlgorithmChoice algorithms) {
-  return algorithms == AlgorithmChoice::kTimed ? "timed" : "heuristic";
-}
-
 AlgorithmChoice parse_algorithm_choice(const std::string& name) {
   if (name == "heuristic") return AlgorithmChoice::kHeuristic;
   LAYUP_CHECK(name == "timed", "--algorithms takes heuristic or timed (got '", name, "')");

@@ -133,7 +133,9 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   if (!options.trace_path.empty()) check_trace_path(options.trace_path);
 
   BenchmarkResult result;
-  const ComputeTarget target = resolve_compute_target({options.device, options.dtype});
+  const ComputeTarget target =
+      resolve_compute_target({options.device, options.dtype, options.recompute,
+                              parse_algorithm_choice(options.algorithms)});
   result.device = target.device;
   result.dtype = target.dtype;
   const bool on_cuda = target.device == "cuda";
@@ -165,9 +167,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
 
   const ParameterLayout layout(config);
   BackendAndDevice compute =
-      make_backend(placed_target(memory_plan, {target.device, target.dtype, options.recompute,
-                                               parse_algorithm_choice(options.algorithms)}),
-                   config, options.batch, options.seq_len);
+      make_backend(placed_target(memory_plan, target), config, options.batch, options.seq_len);
   const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
@@ -262,9 +262,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   if (cpu_adamw_rate > 0.0 && options.measure_floor) {
     schedule.reset();  // its device memory goes before the floor's backend takes its own
     const auto [forward_ms, backward_ms] =
-        time_device_passes({target.device, target.dtype, options.recompute,
-                            parse_algorithm_choice(options.algorithms)},
-                           options, layout, micro_batches);
+        time_device_passes(target, options, layout, micro_batches);
     const double blocks = static_cast<double>(layout.block().count) * config.n_layer;
     const double head = static_cast<double>(layout.embeddings().count + layout.final_norm().count);
     StepFloor& floor = result.floor;

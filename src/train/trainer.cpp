@@ -104,7 +104,9 @@ TrainResult train(TrainOptions options) {
 
   // The memory plan, checked against the budgets before anything is allocated or any data read:
   // a run that cannot fit stops here, saying what would.
-  const ComputeTarget target = resolve_compute_target({options.device, options.dtype});
+  const ComputeTarget target =
+      resolve_compute_target({options.device, options.dtype, options.recompute,
+                              parse_algorithm_choice(options.algorithms)});
   options.device = target.device;
   options.dtype = target.dtype;
   const MemoryBudgets budgets =
@@ -127,9 +129,7 @@ TrainResult train(TrainOptions options) {
 
   const ParameterLayout layout(config);
   BackendAndDevice compute =
-      make_backend(placed_target(memory_plan, {target.device, target.dtype, options.recompute,
-                                               parse_algorithm_choice(options.algorithms)}),
-                   config, options.batch, options.seq_len);
+      make_backend(placed_target(memory_plan, target), config, options.batch, options.seq_len);
   const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
