@@ -368,10 +368,12 @@ def main():
     inputs, targets = pytorch_peer.synthetic_tokens(args.batch, args.seq_len, args.seed, device)
     train_step = make_train_step(model, engine, inputs, targets, device,
                                  torch.bfloat16 if on_cuda else None)
-    step_ms, loss = pytorch_peer.time_steps(train_step, args.warmup, args.steps, on_cuda)
+    step_ms, loss, device_used_peak = pytorch_peer.time_steps(train_step, args.warmup, args.steps,
+                                                              on_cuda)
     engine.close()
 
-    result = pytorch_peer.make_result(engine.engine, args, device, step_ms, loss)
+    result = pytorch_peer.make_result(engine.engine, args, device, step_ms, loss,
+                                      device_used_peak)
     result.update({"mode": args.mode, "clip": args.clip, "cpu_threads": args.cpu_threads,
                    "host_pinned_bytes": engine.host_pinned_bytes})
     pytorch_peer.report(result, args.json, extra_rows=[

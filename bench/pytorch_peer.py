@@ -145,24 +145,17 @@ def device_used_bytes():
     return total - free
 
 
-# The largest device_used_bytes() seen after a step by time_steps (0 off CUDA).
-device_used_peak_bytes = 0
-
-
 def time_steps(train_step, warmup, steps, on_cuda):
     """Runs warmup + steps calls of train_step (which returns the loss as a float), each between
-    device synchronizations; returns the timed steps' milliseconds and the last loss. Samples the
-    whole GPU's memory in use after every step, as layup's bench does, into
-    device_used_peak_bytes."""
-    global device_used_peak_bytes
-
+    device synchronizations; returns the timed steps' milliseconds, the last loss, and the largest
+    whole-GPU memory in use read after a step, as layup's bench reads it (0 off CUDA)."""
     def sync():
         if on_cuda:
             torch.cuda.synchronize()
 
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
-    step_ms, loss = [], float("nan")
+    step_ms, loss, device_used_peak = [], float("nan"), 0
     for step in range(warmup + steps):
         sync()
         start = time.perf_counter()
@@ -171,12 +164,13 @@ def time_steps(train_step, warmup, steps, on_cuda):
         if step >= warmup:
             step_ms.append((time.perf_counter() - start) * 1e3)
         if on_cuda:
-            device_used_peak_bytes = max(device_used_peak_bytes, device_used_bytes())
-    return step_ms, loss
+            device_used_peak = max(device_used_peak, device_used_bytes())
+    return step_ms, loss, device_used_peak
 
 
-def make_result(engine, args, device, step_ms, loss):
-    """The JSON object of one run; args carries model, batch, seq_len, warmup, steps and seed."""
+def make_result(engine, args, device, step_ms, loss, device_used_peak):
+    """The JSON object of one run; args carries model, batch, seq_len, warmup, steps and seed;
+    the rest is what time_steps returned."""
     on_cuda = device == "cuda"
     n_layer, n_head, n_embd = CONFIGS[args.model]
     tokens_per_step = args.batch * args.seq_len
@@ -203,7 +197,7 @@ def make_result(engine, args, device, step_ms, loss):
         else "none",
         "memory_peak_bytes": torch.cuda.max_memory_allocated() if on_cuda else 0,
         "memory_reserved_peak_bytes": torch.cuda.max_memory_reserved() if on_cuda else 0,
-        "memory_device_used_peak_bytes": device_used_peak_bytes,
+        "memory_device_used_peak_bytes": device_used_peak,
         "last_loss": loss,
         "torch_version": torch.__version__,
         "machine": {"hostname": socket.gethostname(), "cpu": cpu_model(),
@@ -285,9 +279,9 @@ def main():
         optimizer.step()
         return loss.item()  # reads the loss back, as layup's step does
 
-    step_ms, loss = time_steps(train_step, args.warmup, args.steps, on_cuda)
+    step_ms, loss, device_used_peak = time_steps(train_step, args.warmup, args.steps, on_cuda)
     engine = "pytorch-compile" if args.compile else "pytorch-eager"
-    report(make_result(engine, args, device, step_ms, loss), args.json)
+    report(make_result(engine, args, device, step_ms, loss, device_used_peak), args.json)
 
 
 if __name__ == "__main__":
