@@ -145,7 +145,7 @@ double HostOptimizerSchedule::accumulate_gradient(const DeviceFence& written,
   };
 
   if (first) {
-    device_->copy_to_host_after(written, accumulated, device_grad, count);
+    land_gradient(written, device_grad, index);
     if (copied) copied();
     // One micro-batch: the gradient as the backward wrote it, as gpu mode uses it, and the sum
     // of squares the device took: no host pass at all (host bandwidth is what the step is bound
@@ -174,6 +174,13 @@ double HostOptimizerSchedule::accumulate_gradient(const DeviceFence& written,
     if (copied) copied();
   }
   return host_sums ? add_chunk_sums(chunk_sums.data(), chunks) : 0.0;
+}
+
+void HostOptimizerSchedule::land_gradient(const DeviceFence& written, const float* device_grad,
+                                          size_t index) {
+  LAYUP_CHECK(host_gradient_, "this schedule keeps no host gradient to land into");
+  const Span& span = layout_.spans()[index];
+  device_->copy_to_host_after(written, span_grads(span), device_grad, span.count);
 }
 
 void HostOptimizerSchedule::chunked_pass(const float* squared, size_t count, size_t first_chunk,

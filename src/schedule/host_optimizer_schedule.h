@@ -93,6 +93,11 @@ class HostOptimizerSchedule : public Schedule {
   double accumulate_gradient(const DeviceFence& written, const float* device_grad, size_t index,
                              bool first, bool last, const std::function<void()>& copied = {});
 
+  // One micro-batch's gradient of span `index` straight into its accumulator in one transfer
+  // (accumulate_gradient's first and last), for a caller that has read the span's sum of squares
+  // from the device already. Any thread may call it. Needs host_gradient.
+  void land_gradient(const DeviceFence& written, const float* device_grad, size_t index);
+
   // Starts the sum of squares of span `index`'s gradient in device memory, in order with the
   // device's work (Device::start_sum_of_squares); device_sum_of_squares reads it once a fence
   // issued after this call has passed. Call from the thread that issues the device's work.

@@ -29,23 +29,30 @@
 //                                                  its new weights sent to the device
 //                                                  (asynchronously: the next update starts
 //                                                  meanwhile)
-//   backward_embeddings, fence             ---->   head gradients to the host (the consumer)
+//   backward_embeddings, fence             ---->   head gradients to the host (the consumer);
+//                                                  with one micro-batch the head's sums of
+//                                                  squares (the device's) are reported first,
+//                                                  so the norm is known before the embeddings'
+//                                                  gradient (the largest span) has landed
 //
 // Gradient clipping by global norm: the host keeps the whole fp32 gradient, streamed out of the
 // slots, so the global norm is known at the end of backward. Deferred (DESIGN.md, design (a)):
 // with a clip threshold, step() then submits every span's update in the order the next forward
 // reads the spans (embeddings, blocks 0 .. L-1, final norm) and returns: the updates run while
 // the next forward runs, and the forward waits, span by span, only for the update of the span it
-// is about to read (ForwardHooks, model_backend.h). Speculative (design (b), ScheduleOptions::
-// speculative_clip, the trainer's default): each block is updated during backward as if the step
-// were not clipped, reading the current state and writing the spare one; at the end of backward a
-// step that is not clipped keeps those updates, a clipped one submits the blocks' updates again,
-// from the current state into the spare one, with the clip factor (deferred, as above); either
-// way every span's new state is in the spare copy, which becomes the current one. A block
-// consumed once the blocks' running norm already exceeds the threshold is not speculated on, and
-// after a clipped step the next one is deferred outright (clipping comes in runs); a step whose
-// norm is not finite changes nothing (the device copy of the speculated blocks is restored). With
-// no clipping (clip_max_norm <= 0) each block is updated in place during backward, overlapped
+// is about to read (ForwardHooks, model_backend.h). With one micro-batch the norm is known
+// before the head's gradient has landed: step() submits the blocks' updates at once, and the
+// head's (embeddings, final norm) go ahead of the blocks still queued as soon as their gradient
+// is on the host (HeadUpdate), so the workers never wait for that landing. Speculative (design
+// (b), ScheduleOptions::speculative_clip, the trainer's default): each block is updated during
+// backward as if the step were not clipped, reading the current state and writing the spare one; at
+// the end of backward a step that is not clipped keeps those updates, a clipped one submits the
+// blocks' updates again, from the current state into the spare one, with the clip factor (deferred,
+// as above); either way every span's new state is in the spare copy, which becomes the current one.
+// A block consumed once the blocks' running norm already exceeds the threshold is not speculated
+// on, and after a clipped step the next one is deferred outright (clipping comes in runs); a step
+// whose norm is not finite changes nothing (the device copy of the speculated blocks is restored).
+// With no clipping (clip_max_norm <= 0) each block is updated in place during backward, overlapped
 // with the backward of the blocks below it, as in the paper. Embeddings (tied wte: LM head and
 // token embedding) and the final norm are updated once, after backward_embeddings, and may
 // likewise still be landing when the step returns.
@@ -213,6 +220,19 @@ class CpuProgress {
     std::lock_guard lock(mutex_);
     ++updates_submitted_[span];
   }
+  // The head's gradient of a step, copied to the host after its consume reported done (one
+  // micro-batch: the norm needs only the device's sums of squares).
+  void head_landing_submitted() {
+    std::lock_guard lock(mutex_);
+    ++head_landings_submitted_;
+  }
+  void head_landed() {
+    {
+      std::lock_guard lock(mutex_);
+      ++head_landings_done_;
+    }
+    changed_.notify_all();
+  }
   // A transfer of new weights is about to start (its landing calls update_landed), or did not
   // start after all (transfer_abandoned).
   void transfer_starting() {
@@ -248,6 +268,13 @@ class CpuProgress {
     changed_.wait(lock, [&] { return !error_.empty() || consumes_done_ == consumes_submitted_; });
     throw_if_failed();
   }
+  // Until the head's gradient of the last step is on the host: the backward overwrites it.
+  void wait_head_landed() const {
+    std::unique_lock lock(mutex_);
+    changed_.wait(
+        lock, [&] { return !error_.empty() || head_landings_done_ == head_landings_submitted_; });
+    throw_if_failed();
+  }
   // Returns whether it had to wait.
   bool wait_landed(size_t span) const {
     std::unique_lock lock(mutex_);
@@ -279,6 +306,7 @@ class CpuProgress {
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;
   uint64_t consumes_submitted_ = 0, consumes_done_ = 0;
+  uint64_t head_landings_submitted_ = 0, head_landings_done_ = 0;
   std::vector<uint64_t> updates_submitted_, updates_landed_;
   int64_t transfers_in_flight_ = 0;
   std::string error_;
@@ -380,9 +408,14 @@ class LayupSchedule final : public HostOptimizerSchedule {
         speculative ? 1.0001 * max_norm * max_norm : std::numeric_limits<double>::infinity();
     AdamWStep unclipped = settings.adamw;
     unclipped.grad_scale = 1.0f;
+    // One micro-batch with a host gradient: the norm is known once the device has taken the
+    // head's sums of squares, before its gradient (the embeddings': the largest span) has landed,
+    // so the block updates start meanwhile and the head's follow its landing.
+    const std::shared_ptr<HeadUpdate> head =
+        host_gradient_ && micro_batches.size() == 1 ? std::make_shared<HeadUpdate>() : nullptr;
     double loss_sum = 0.0;
     try {
-      device_thread_.run([&] { device_step(micro_batches, overlap, unclipped, loss_sum); });
+      device_thread_.run([&] { device_step(micro_batches, overlap, unclipped, head, loss_sum); });
       progress_.wait_consumed();
     } catch (...) {
       broken_ = true;
@@ -397,6 +430,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     for (double span_sum : span_sum_sq_) sum_sq += span_sum;
     stats.grad_norm = std::sqrt(sum_sq);
     if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm)) {
+      if (head != nullptr) decide_head_update(*head, nullptr);
       if (speculative) undo_speculative_updates();
       last_step_clipped_ = true;
       return stats;
@@ -415,6 +449,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     // both to land.
     const std::vector<Span>& spans = layout_.spans();
     for (size_t index = 0; index < spans.size(); ++index) {
+      if (head != nullptr && spans[index].kind != SpanKind::kBlock) continue;  // decided below
       if (spans[index].kind == SpanKind::kBlock && block_update_submitted_[spans[index].layer]) {
         if (!speculative || speculation_holds) continue;
         stats.blocks_redone += 1;
@@ -425,6 +460,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
       }
       submit_update(index, gradient_of_span(index), adamw);
     }
+    if (head != nullptr) decide_head_update(*head, &adamw);
     if (speculative) promote_spare_state();
     stats.applied = true;
     return stats;
@@ -503,6 +539,62 @@ class LayupSchedule final : public HostOptimizerSchedule {
     double open_start_us_ = 0.0;
   };
 
+  // The head spans' updates of a step whose norm is known before the head's gradient has landed on
+  // the host (one micro-batch with a host gradient: the device took the head's sums of squares).
+  // step() decides (the AdamW step, or no update), the consume that lands the gradient reports the
+  // landing; whichever comes second submits the updates. Guarded by `mutex`.
+  struct HeadUpdate {
+    std::mutex mutex;
+    bool decided = false, landed = false;
+    bool update = false;  // decided: whether the head spans are updated
+    AdamWStep adamw{};
+    // The states the step's updates read and write (step() may have moved on to the next step's
+    // by the time the gradient lands).
+    OptimizerState from{}, to{};
+  };
+
+  // step(): the head spans are updated with `adamw` (null: not updated). Counted as submitted
+  // before step() returns, so that the next forward waits for them.
+  void decide_head_update(HeadUpdate& head, const AdamWStep* adamw) {
+    const size_t last = layout_.spans().size() - 1;
+    if (adamw != nullptr)
+      for (const size_t index : {size_t{0}, last}) progress_.update_submitted(index);
+    bool submit = false;
+    {
+      std::lock_guard lock(head.mutex);
+      head.decided = true;
+      head.update = adamw != nullptr;
+      if (adamw != nullptr) {
+        head.adamw = *adamw;
+        head.from = step_from_;
+        head.to = step_to_;
+      }
+      submit = head.update && head.landed;
+    }
+    if (submit) submit_head_updates(head);
+  }
+
+  // Consumer: the head's gradient is on the host.
+  void head_gradient_landed(HeadUpdate& head) {
+    bool submit = false;
+    {
+      std::lock_guard lock(head.mutex);
+      head.landed = true;
+      submit = head.decided && head.update;
+    }
+    if (submit) submit_head_updates(head);
+  }
+
+  // The head spans' updates (counted by decide_head_update), ahead of the block updates still
+  // queued: the next forward reads the embeddings first, and block updates queued behind them
+  // kept the workers busy while the head's gradient was landing.
+  void submit_head_updates(const HeadUpdate& head) {
+    for (const size_t index : {size_t{0}, layout_.spans().size() - 1})
+      coordinator_.submit_urgent(
+          [this, index, grads = gradient_of_span(index), adamw = head.adamw, from = head.from,
+           to = head.to] { run_task([&] { run_update(index, grads, from, to, adamw); }); });
+  }
+
   // Runs a coordinator task; a failure is kept in progress_, so that nobody waits forever for
   // what the task would have reported, and rethrown to the pool.
   template <class Task>
@@ -577,8 +669,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
 
   // Runs on the device thread: forward and backward of every micro-batch, block gradients
   // through the slots to the coordinator.
+  // `head` (one micro-batch with a host gradient, else null): the head's sums of squares are
+  // reported as soon as the device has taken them, and its gradient lands after, into `head`.
   void device_step(std::span<const TokenBatch> micro_batches, bool overlap,
-                   const AdamWStep& unclipped, double& loss_sum) {
+                   const AdamWStep& unclipped, const std::shared_ptr<HeadUpdate>& head,
+                   double& loss_sum) {
     const ParameterPointers params = device_params();
     const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
     for (size_t k = 0; k < micro_batches.size(); ++k) {
@@ -592,9 +687,10 @@ class LayupSchedule final : public HostOptimizerSchedule {
       const bool update_blocks =
           overlap && last && std::isfinite(static_cast<float>(loss_sum / micro_batches.size()));
 
-      // The consumer must be done with the last micro-batch's head gradients before the head
-      // overwrites them with this one's (the backward overwrites: ModelBackend).
+      // The consumer must be done with the last micro-batch's (or step's) head gradients before
+      // the head overwrites them with this one's (the backward overwrites: ModelBackend).
       if (!first) progress_.wait_consumed();
+      progress_.wait_head_landed();
       {
         TraceSpan traced(trace_, device_track_, "backward_head");
         backend_->backward_head(params, final_norm_grad_.data(), embeddings_grad_.data(),
@@ -632,20 +728,30 @@ class LayupSchedule final : public HostOptimizerSchedule {
       }
       std::shared_ptr<const DeviceFence> written = device_->fence();
       progress_.consume_submitted();
-      consumer_.submit([this, written, first, last] {
-        run_task([&] {
-          TraceSpan traced(trace_, consumer_track_, "consume head");
-          if (host_gradient_) {
-            span_sum_sq_.front() =
-                accumulate_gradient(*written, embeddings_grad_.data(), 0, first, last);
-            span_sum_sq_.back() = accumulate_gradient(*written, final_norm_grad_.data(),
-                                                      span_sum_sq_.size() - 1, first, last);
-          } else {
-            take_head_gradient(*written);
-          }
-          progress_.consume_done();
+      if (head != nullptr) {
+        progress_.head_landing_submitted();
+        consumer_.submit([this, written, head] {
+          run_task([&] {
+            TraceSpan traced(trace_, consumer_track_, "consume head");
+            land_head_gradient(*written, *head);
+          });
         });
-      });
+      } else {
+        consumer_.submit([this, written, first, last] {
+          run_task([&] {
+            TraceSpan traced(trace_, consumer_track_, "consume head");
+            if (host_gradient_) {
+              span_sum_sq_.front() =
+                  accumulate_gradient(*written, embeddings_grad_.data(), 0, first, last);
+              span_sum_sq_.back() = accumulate_gradient(*written, final_norm_grad_.data(),
+                                                        span_sum_sq_.size() - 1, first, last);
+            } else {
+              take_head_gradient(*written);
+            }
+            progress_.consume_done();
+          });
+        });
+      }
     }
   }
 
@@ -737,6 +843,20 @@ class LayupSchedule final : public HostOptimizerSchedule {
       landing_busy_[slot] = false;
     }
     landing_freed_.notify_all();
+  }
+
+  // Consumer, one micro-batch with host_gradient: the head's sums of squares (the device's) once
+  // the fence has passed, reported at once (the step's norm needs nothing more), then its
+  // gradient copied into the accumulator, where `head`'s updates read it.
+  void land_head_gradient(const DeviceFence& written, HeadUpdate& head) {
+    const size_t last = layout_.spans().size() - 1;
+    device_->wait_for(written);
+    for (const size_t index : {size_t{0}, last}) span_sum_sq_[index] = device_sum_of_squares(index);
+    progress_.consume_done();
+    land_gradient(written, embeddings_grad_.data(), 0);
+    land_gradient(written, final_norm_grad_.data(), last);
+    progress_.head_landed();
+    head_gradient_landed(head);
   }
 
   // Consumer, without host_gradient: the head spans' gradients where the updates will read them

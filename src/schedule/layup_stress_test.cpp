@@ -125,7 +125,14 @@ class DelayingDevice final : public Device {
   void copy_to_host_after(const DeviceFence& after, float* dst, const float* src,
                           size_t count) override {
     delays_.maybe_sleep();
+    if (count == slow_copy_count_ && before_slow_copy_) before_slow_copy_();
     inner_->copy_to_host_after(after, dst, src, count);
+  }
+  // Runs `hook` on the copying thread before every copy out of device memory of `count` floats
+  // (a test may hold such a copy back there). Set it only while no step runs.
+  void set_before_copy_to_host(size_t count, std::function<void()> hook) {
+    slow_copy_count_ = count;
+    before_slow_copy_ = std::move(hook);
   }
   void copy_to_device_async(float* dst, const float* src, size_t count,
                             std::function<void()> landed) override {
@@ -156,6 +163,8 @@ class DelayingDevice final : public Device {
   RandomDelays& delays_;
   std::atomic<int> transfers_to_device_{0};
   bool claims_device_memory_ = false;
+  size_t slow_copy_count_ = 0;
+  std::function<void()> before_slow_copy_;
 };
 
 struct Trained {
@@ -312,6 +321,59 @@ TEST(LayupSpeculation, AStepWithANonFiniteNormChangesNothing) {
         << "the device computes with other weights than before the step: " << loss_before
         << " then " << loss_after;
   }
+}
+
+// A step clipped on every step (deferred clipping, one micro-batch) knows its norm once the device
+// has taken the head's sums of squares, before the head's gradient (the embeddings', the largest
+// span at GPT-2 sizes) has landed on the host: the blocks' updates start while it lands, and the
+// head's follow it. Shown by holding the embeddings' gradient copy back until a block's new
+// weights have started for the device (bounded: a schedule that waits for the landing first
+// would otherwise never get there). The stress test above checks the values of such steps.
+TEST(LayupHeadLanding, BlockUpdatesOfAClippedStepStartWhileTheHeadGradientLands) {
+  const Gpt2Config config = tiny_config();
+  const ParameterLayout layout(config);
+  ASSERT_NE(layout.embeddings().count, layout.block().count);
+  ASSERT_NE(layout.embeddings().count, layout.final_norm().count);
+  RandomDelays delays(23);
+  auto device = std::make_unique<DelayingDevice>(make_cpu_device(), delays);
+  DelayingDevice& delaying = *device;
+  std::unique_ptr<Schedule> schedule = make_layup_schedule(
+      make_cpu_backend(config, kBatch, kSeqLen), std::move(device), layout, {.cpu_workers = 2});
+  schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
+
+  std::atomic<int> landings = 0, landings_after_a_block_update = 0;
+  delaying.set_before_copy_to_host(layout.embeddings().count, [&] {
+    const int transfers = delaying.transfers_to_device();
+    ++landings;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (delaying.transfers_to_device() == transfers &&
+           std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (delaying.transfers_to_device() > transfers) ++landings_after_a_block_update;
+  });
+
+  std::mt19937 rng(17);
+  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  constexpr int kClippedSteps = 3;
+  for (int step = 0; step < kClippedSteps; ++step) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      inputs[i] = static_cast<int32_t>(rng() % config.vocab_size);
+      targets[i] = static_cast<int32_t>(rng() % config.vocab_size);
+    }
+    const TokenBatch batch{inputs.data(), targets.data(), kBatch, kSeqLen};
+    UpdateSettings settings;
+    settings.adamw.hyper.lr = 1e-3f;
+    settings.adamw.t = step + 1;
+    settings.clip_max_norm = 1e-3f;  // always clips
+    const StepStats stats = schedule->step(std::span(&batch, 1), settings);
+    EXPECT_TRUE(stats.applied) << "step " << step;
+    EXPECT_LT(stats.clip_factor, 1.0f) << "step " << step;
+  }
+  schedule->export_tensors();  // every update has landed
+  delaying.set_before_copy_to_host(0, {});
+  EXPECT_EQ(landings, kClippedSteps);
+  EXPECT_EQ(landings_after_a_block_update, kClippedSteps)
+      << "the block updates of a clipped step waited for the head's gradient to land";
 }
 
 }  // namespace
