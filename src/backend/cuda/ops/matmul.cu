@@ -56,9 +56,20 @@ struct PreferenceDeleter {
     cublasLtMatmulPreferenceDestroy(preference);
   }
 };
+struct EventDeleter {
+  void operator()(CUevent_st* event) const { cudaEventDestroy(event); }
+};
 using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
 using MatrixLayout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
 using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter>;
+// A timing event, destroyed however the timing ends (a failed check throws).
+using Event = std::unique_ptr<CUevent_st, EventDeleter>;
+
+Event make_timing_event() {
+  cudaEvent_t event = nullptr;
+  LAYUP_CUDA_CHECK(cudaEventCreate(&event));
+  return Event(event);
+}
 
 MatrixLayout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t layout = nullptr;
@@ -220,9 +231,7 @@ cublasLtMatmulAlgo_t CublasLt::fastest_algorithm(const cublasLtMatmulHeuristicRe
                                                  cublasLtMatrixLayout_t b_layout, const void* b,
                                                  cublasLtMatrixLayout_t d_layout, void* d,
                                                  cudaStream_t stream) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  LAYUP_CUDA_CHECK(cudaEventCreate(&start));
-  LAYUP_CUDA_CHECK(cudaEventCreate(&stop));
+  const Event start = make_timing_event(), stop = make_timing_event();
   const float alpha = 1.0f, beta = 0.0f;
   auto run = [&](const cublasLtMatmulAlgo_t& algorithm) {
     return cublasLtMatmul(handle_, desc, &alpha, a, a_layout, b, b_layout, &beta, d, d_layout, d,
@@ -234,21 +243,19 @@ cublasLtMatmulAlgo_t CublasLt::fastest_algorithm(const cublasLtMatmulHeuristicRe
     if (candidates[i].state != CUBLAS_STATUS_SUCCESS) continue;
     // The first run warms the kernel up (and finds out whether it runs here at all).
     if (run(candidates[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
-    LAYUP_CUDA_CHECK(cudaEventRecord(start, stream));
+    LAYUP_CUDA_CHECK(cudaEventRecord(start.get(), stream));
     bool ran = true;
     for (int repeat = 0; repeat < kTimedRepeats && ran; ++repeat)
       ran = run(candidates[i].algo) == CUBLAS_STATUS_SUCCESS;
-    LAYUP_CUDA_CHECK(cudaEventRecord(stop, stream));
-    LAYUP_CUDA_CHECK(cudaEventSynchronize(stop));
+    LAYUP_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
+    LAYUP_CUDA_CHECK(cudaEventSynchronize(stop.get()));
     float ms = 0.0f;
-    LAYUP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    LAYUP_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
     if (ran && ms < best_ms) {
       best_ms = ms;
       best = i;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   return candidates[best].algo;
 }
 
