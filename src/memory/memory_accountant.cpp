@@ -123,6 +123,10 @@ std::string MemoryAccountant::report() const {
 
 std::vector<MemoryCell> MemoryAccountant::cells() const {
   std::lock_guard lock(mutex_);
+  return cells_locked();
+}
+
+std::vector<MemoryCell> MemoryAccountant::cells_locked() const {
   std::vector<MemoryCell> held;
   for (MemorySide side : kAllMemorySides)
     for (TensorClass c : kAllTensorClasses)
@@ -137,8 +141,10 @@ std::string MemoryAccountant::to_json_text() const {
   auto usage_json = [](const MemoryUsage& usage) {
     return nlohmann::json{{"current_bytes", usage.current}, {"peak_bytes", usage.peak}};
   };
+  // One snapshot under one lock, so that the totals are the sums of the cells beside them.
+  std::lock_guard lock(mutex_);
   nlohmann::json cells = nlohmann::json::array();
-  for (const MemoryCell& held : this->cells()) {
+  for (const MemoryCell& held : cells_locked()) {
     nlohmann::json cell = usage_json(held.usage);
     cell["side"] = held.side == MemorySide::kDevice ? "device" : "host";
     cell["class"] = tensor_class_name(held.tensor_class);
@@ -146,9 +152,9 @@ std::string MemoryAccountant::to_json_text() const {
     cells.push_back(std::move(cell));
   }
   return nlohmann::json({{"cells", std::move(cells)},
-                         {"device_side", usage_json(side_total(MemorySide::kDevice))},
-                         {"host_side", usage_json(side_total(MemorySide::kHost))},
-                         {"total", usage_json(total())}})
+                         {"device_side", usage_json(sides_[index_of(MemorySide::kDevice)])},
+                         {"host_side", usage_json(sides_[index_of(MemorySide::kHost)])},
+                         {"total", usage_json(total_)}})
       .dump();
 }
 

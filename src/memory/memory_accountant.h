@@ -64,6 +64,8 @@ class MemoryAccountant {
 
  private:
   static void grow(MemoryUsage& usage, size_t bytes);
+  // cells(), for a caller that holds mutex_.
+  std::vector<MemoryCell> cells_locked() const;
 
   mutable std::mutex mutex_;
   std::array<std::array<std::array<MemoryUsage, kMemoryKindCount>, kTensorClassCount>,

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
@@ -123,6 +125,32 @@ TEST(MemoryAccountant, ManyThreadsRecordingAgree) {
   EXPECT_EQ(accountant.total().current, 0u);
   EXPECT_GE(accountant.total().peak, 8u);
   EXPECT_LE(accountant.total().peak, 32u);
+}
+
+// The JSON is one snapshot: its totals are the sums of its cells even while other threads
+// record (a bench reads it while the layup schedule's threads may still be allocating).
+TEST(MemoryAccountant, JsonIsOneSnapshotWhileThreadsRecord) {
+  MemoryAccountant accountant;
+  std::atomic<bool> done = false;
+  std::vector<std::thread> threads;
+  for (const MemorySide side : {MemorySide::kDevice, MemorySide::kHost})
+    threads.emplace_back([&, side] {
+      while (!done) {
+        accountant.add(side, TensorClass::kScratch, MemoryKind::kPinnedMapped, 8);
+        accountant.remove(side, TensorClass::kScratch, MemoryKind::kPinnedMapped, 8);
+      }
+    });
+  for (int read = 0; read < 500; ++read) {
+    const nlohmann::json json = nlohmann::json::parse(accountant.to_json_text());
+    uint64_t device = 0, host = 0;
+    for (const nlohmann::json& cell : json["cells"])
+      (cell["side"] == "device" ? device : host) += cell["current_bytes"].get<uint64_t>();
+    ASSERT_EQ(json["device_side"]["current_bytes"].get<uint64_t>(), device) << "read " << read;
+    ASSERT_EQ(json["host_side"]["current_bytes"].get<uint64_t>(), host) << "read " << read;
+    ASSERT_EQ(json["total"]["current_bytes"].get<uint64_t>(), device + host) << "read " << read;
+  }
+  done = true;
+  for (std::thread& thread : threads) thread.join();
 }
 
 TEST(MemoryAccountant, FormatsBytesInBinaryUnits) {
