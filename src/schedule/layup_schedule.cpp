@@ -205,34 +205,13 @@ class CpuProgress {
  public:
   explicit CpuProgress(size_t spans) : updates_submitted_(spans, 0), updates_landed_(spans, 0) {}
 
-  void consume_submitted() {
-    std::lock_guard lock(mutex_);
-    ++consumes_submitted_;
-  }
-  void consume_done() {
-    {
-      std::lock_guard lock(mutex_);
-      ++consumes_done_;
-    }
-    changed_.notify_all();
-  }
-  void update_submitted(size_t span) {
-    std::lock_guard lock(mutex_);
-    ++updates_submitted_[span];
-  }
+  void consume_submitted() { count(consumes_submitted_); }
+  void consume_done() { count_and_notify(consumes_done_); }
+  void update_submitted(size_t span) { count(updates_submitted_[span]); }
   // The head's gradient of a step, copied to the host after its consume reported done (one
   // micro-batch: the norm needs only the device's sums of squares).
-  void head_landing_submitted() {
-    std::lock_guard lock(mutex_);
-    ++head_landings_submitted_;
-  }
-  void head_landed() {
-    {
-      std::lock_guard lock(mutex_);
-      ++head_landings_done_;
-    }
-    changed_.notify_all();
-  }
+  void head_landing_submitted() { count(head_landings_submitted_); }
+  void head_landed() { count_and_notify(head_landings_done_); }
   // A transfer of new weights is about to start (its landing calls update_landed), or did not
   // start after all (transfer_abandoned).
   void transfer_starting() {
@@ -263,18 +242,9 @@ class CpuProgress {
     changed_.notify_all();
   }
 
-  void wait_consumed() const {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !error_.empty() || consumes_done_ == consumes_submitted_; });
-    throw_if_failed();
-  }
+  void wait_consumed() const { wait_until_equal(consumes_done_, consumes_submitted_); }
   // Until the head's gradient of the last step is on the host: the backward overwrites it.
-  void wait_head_landed() const {
-    std::unique_lock lock(mutex_);
-    changed_.wait(
-        lock, [&] { return !error_.empty() || head_landings_done_ == head_landings_submitted_; });
-    throw_if_failed();
-  }
+  void wait_head_landed() const { wait_until_equal(head_landings_done_, head_landings_submitted_); }
   // Returns whether it had to wait.
   bool wait_landed(size_t span) const {
     std::unique_lock lock(mutex_);
@@ -299,6 +269,20 @@ class CpuProgress {
   }
 
  private:
+  void count(uint64_t& counter) {
+    std::lock_guard lock(mutex_);
+    ++counter;
+  }
+  void count_and_notify(uint64_t& counter) {
+    count(counter);
+    changed_.notify_all();
+  }
+  // Until a pair of counters agree, or a task failed (then throws).
+  void wait_until_equal(const uint64_t& done, const uint64_t& submitted) const {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return !error_.empty() || done == submitted; });
+    throw_if_failed();
+  }
   void throw_if_failed() const {
     LAYUP_CHECK(error_.empty(), "a CPU update of the layup schedule failed: ", error_);
   }
