@@ -570,8 +570,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
   }
 
   // The head spans' updates (counted by decide_head_update), ahead of the block updates still
-  // queued: the next forward reads the embeddings first, and block updates queued behind them
-  // kept the workers busy while the head's gradient was landing.
+  // queued: the next forward reads the embeddings first, and the block updates submitted before
+  // them kept the workers busy while the head's gradient was landing.
   void submit_head_updates(const HeadUpdate& head) {
     for (const size_t index : {size_t{0}, layout_.spans().size() - 1})
       coordinator_.submit_urgent(
