@@ -537,12 +537,19 @@ class LayupSchedule final : public HostOptimizerSchedule {
     OptimizerState from{}, to{};
   };
 
+  // The head's spans: the embeddings (the first in layout order) and the final norm (the last).
+  std::array<size_t, 2> head_spans() const { return {0, layout_.spans().size() - 1}; }
+
+  // Consumer: the head spans' sums of squares, the device's (the fence after them has passed).
+  void take_head_sums() {
+    for (const size_t index : head_spans()) span_sum_sq_[index] = device_sum_of_squares(index);
+  }
+
   // step(): the head spans are updated with `adamw` (null: not updated). Counted as submitted
   // before step() returns, so that the next forward waits for them.
   void decide_head_update(HeadUpdate& head, const AdamWStep* adamw) {
-    const size_t last = layout_.spans().size() - 1;
     if (adamw != nullptr)
-      for (const size_t index : {size_t{0}, last}) progress_.update_submitted(index);
+      for (const size_t index : head_spans()) progress_.update_submitted(index);
     bool submit = false;
     {
       std::lock_guard lock(head.mutex);
@@ -573,7 +580,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
   // queued: the next forward reads the embeddings first, and the block updates submitted before
   // them kept the workers busy while the head's gradient was landing.
   void submit_head_updates(const HeadUpdate& head) {
-    for (const size_t index : {size_t{0}, layout_.spans().size() - 1})
+    for (const size_t index : head_spans())
       coordinator_.submit_urgent(
           [this, index, grads = gradient_of_span(index), adamw = head.adamw, from = head.from,
            to = head.to] { run_task([&] { run_update(index, grads, from, to, adamw); }); });
@@ -833,12 +840,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
   // the fence has passed, reported at once (the step's norm needs nothing more), then its
   // gradient copied into the accumulator, where `head`'s updates read it.
   void land_head_gradient(const DeviceFence& written, HeadUpdate& head) {
-    const size_t last = layout_.spans().size() - 1;
     device_->wait_for(written);
-    for (const size_t index : {size_t{0}, last}) span_sum_sq_[index] = device_sum_of_squares(index);
+    take_head_sums();
     progress_.consume_done();
-    land_gradient(written, embeddings_grad_.data(), 0);
-    land_gradient(written, final_norm_grad_.data(), last);
+    land_gradient(written, embeddings_grad_.data(), head_spans()[0]);
+    land_gradient(written, final_norm_grad_.data(), head_spans()[1]);
     progress_.head_landed();
     head_gradient_landed(head);
   }
@@ -854,8 +860,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
       device_->copy_to_host_after(written, head_landing_.data() + embeddings_grad_.count(),
                                   final_norm_grad_.data(), final_norm_grad_.count());
     }
-    for (const size_t index : {size_t{0}, layout_.spans().size() - 1})
-      span_sum_sq_[index] = device_sum_of_squares(index);
+    take_head_sums();
   }
 
   // Device-side weight gradients (slots, head) in memory of grads_kind_ (the placement's).
