@@ -133,6 +133,15 @@ TEST(MemoryAccountant, JsonIsOneSnapshotWhileThreadsRecord) {
   MemoryAccountant accountant;
   std::atomic<bool> done = false;
   std::vector<std::thread> threads;
+  // Stops and joins the recorders however the test leaves (a failed ASSERT returns early).
+  struct Joiner {
+    std::atomic<bool>& done;
+    std::vector<std::thread>& threads;
+    ~Joiner() {
+      done = true;
+      for (std::thread& thread : threads) thread.join();
+    }
+  } joiner{done, threads};
   for (const MemorySide side : {MemorySide::kDevice, MemorySide::kHost})
     threads.emplace_back([&, side] {
       while (!done) {
@@ -149,8 +158,6 @@ TEST(MemoryAccountant, JsonIsOneSnapshotWhileThreadsRecord) {
     ASSERT_EQ(json["host_side"]["current_bytes"].get<uint64_t>(), host) << "read " << read;
     ASSERT_EQ(json["total"]["current_bytes"].get<uint64_t>(), device + host) << "read " << read;
   }
-  done = true;
-  for (std::thread& thread : threads) thread.join();
 }
 
 TEST(MemoryAccountant, FormatsBytesInBinaryUnits) {
