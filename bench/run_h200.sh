@@ -14,7 +14,10 @@
 # and tabulates median ms/step, the floor layup bench prints, and the ratios.
 #
 # SUITE=modes also takes MODE_RUNS (which of gpu offload layup layup-deferred layup-noclip
-# layup-holds layup-zerocopy to run; layup-holds clips at 1e9, which never triggers, so layup's
+# layup-holds layup-zerocopy layup-cpuhead layup-noclip-cpuhead to run; the -cpuhead runs pass
+# --layup-head host: the embeddings and the final norm updated on the CPU, as the paper does,
+# where the other layup runs update them on the GPU (--layup-head auto on a discrete GPU);
+# layup-holds clips at 1e9, which never triggers, so layup's
 # speculation always holds: what a step costs once training no longer clips; layup-zerocopy is
 # --clip none with --place grads=pinned: the CPU reads each block's gradient in place in mapped
 # pinned memory, which the GPU's backward wrote over PCIe, instead of a copy into landing
@@ -103,9 +106,11 @@ for config in $configs; do
           --steps "$steps")
   if [ "$suite" = modes ]; then
     for run in $mode_runs; do
-      mode=${run%-*}
+      mode=${run%%-*}
       clip=()
       [ "$run" = layup-noclip ] && clip=(--clip none)
+      [ "$run" = layup-cpuhead ] && clip=(--layup-head host)
+      [ "$run" = layup-noclip-cpuhead ] && clip=(--clip none --layup-head host)
       [ "$run" = layup-deferred ] && clip=(--layup-clip deferred)
       [ "$run" = layup-holds ] && clip=(--clip 1e9)
       [ "$run" = layup-zerocopy ] && clip=(--clip none --place grads=pinned)
@@ -154,25 +159,31 @@ if suite == "modes":
         "| config | B | layup gpu | layup offload | layup layup (clip 1.0, speculative) "
         "| steps clipped | layup layup (clip 1.0, deferred) | layup layup (no clip) "
         "| layup layup (clip never triggered) | layup layup (no clip, grads pinned: zero-copy) "
+        "| layup layup (clip 1.0, head on CPU) | layup layup (no clip, head on CPU) "
         "| torch gpu | torch offload | torch layer-wise "
         "| offload vs torch offload | layup (no clip) vs torch layer-wise |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for config in configs:
         model, batch = config.split(":")
-        g, o, l, d, n, h, z = (run(model, f"layup-{x}") for x in ("gpu", "offload", "layup",
-                               "layup-deferred", "layup-noclip", "layup-holds", "layup-zerocopy"))
+        g, o, l, d, n, h, z, lc, nc = (run(model, f"layup-{x}") for x in (
+            "gpu", "offload", "layup", "layup-deferred", "layup-noclip", "layup-holds",
+            "layup-zerocopy", "layup-cpuhead", "layup-noclip-cpuhead"))
         clipped = f"{l['clipped_steps']}/{l['steps']}" if l and "clipped_steps" in l else "-"
         tg, to, tl = (run(model, f"pytorch-{x}") for x in ("gpu", "offload", "layerwise"))
         vs = lambda a, b: f"{b['median_ms'] / a['median_ms']:.2f}x" if a and b else "-"
         lines.append(f"| {model} | {batch} | {ms(g)} | {ms(o)} | {ms_floor(l)} | {clipped} "
                      f"| {ms_floor(d)} | {ms_floor(n)} | {ms_floor(h)} | {ms_floor(z)} "
+                     f"| {ms_floor(lc)} | {ms_floor(nc)} "
                      f"| {ms(tg)} | {ms(to)} | {ms(tl)} | {vs(o, to)} | {vs(n, tl)} |")
     commit = next((r["git_commit"] for r in results if "git_commit" in r), "unknown")
     lines += ["", f"median ms/step at T={results[0]['seq_len'] if results else '?'}, commit {commit}; "
               "each layup run's (Nx of F) = its median over the floor it measured itself: device "
               "forward + max(device backward, CPU AdamW of the blocks) + CPU AdamW of embeddings and "
-              "final norm, from that run's rates; 'vs' = peer ms / layup ms."]
+              "final norm, from that run's rates (the same floor where a run updates the head on "
+              "the GPU); 'vs' = peer ms / layup ms. The layup runs update the embeddings and the final "
+              "norm where --layup-head auto puts them (the GPU, on a discrete one) except in the "
+              "'head on CPU' columns (--layup-head host); each run's layup_head is in results.json."]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(text)

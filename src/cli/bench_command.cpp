@@ -52,6 +52,7 @@ void add_bench_command(CLI::App& app) {
   add_schedule_flags(*cmd, o.mode, o.cpu_workers);
   add_cuda_backend_flags(*cmd, o.recompute, o.algorithms);
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
+  add_layup_head_flag(*cmd, o.layup_head);
   cmd->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace (JSON; open in ui.perfetto.dev) of the first " +
                       std::to_string(kMaxTracedSteps) + " timed steps here");

@@ -29,6 +29,10 @@ void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string
 // --layup-clip (how layup keeps clipping exact: speculative or deferred).
 void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_clip);
 
+// --layup-head (where layup updates the embeddings and the final norm), for `train`, `bench`,
+// `memory` and `study`.
+void add_layup_head_flag(CLI::App& command, std::string& layup_head);
+
 // The schedule flags `train` and `bench` share: --mode and --cpu-workers.
 void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers);
 

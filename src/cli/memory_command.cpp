@@ -30,6 +30,7 @@ struct MemoryFlags {
   int recompute = 0;
   std::string clip = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
   std::string layup_clip = "auto";
+  std::string layup_head = "auto";
   std::vector<std::string> place;
   std::string plan_path;
   std::string memory_budget, device_budget, host_budget;
@@ -46,6 +47,7 @@ MemoryPlanRequest base_request(const MemoryFlags& flags) {
   request.grad_accum = flags.grad_accum;
   request.clip = parse_clip_flag(flags.clip);
   request.layup_clip = flags.layup_clip;
+  request.layup_head = flags.layup_head;
   std::string device = flags.device, dtype = flags.dtype;
   if (device != "cuda") {
     const ComputeTarget target = resolve_compute_target({device, dtype});
@@ -105,6 +107,7 @@ void add_memory_command(CLI::App& app) {
       ->check(CLI::Range(0, 2))
       ->capture_default_str();
   add_clip_flags(*cmd, flags->clip, flags->layup_clip);
+  add_layup_head_flag(*cmd, flags->layup_head);
   cmd->add_option("--mode", flags->mode,
                   "Also print this mode's plan allocation by allocation: gpu, offload or layup");
   add_memory_flags(*cmd, flags->memory_budget, flags->device_budget, flags->host_budget,

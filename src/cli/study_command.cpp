@@ -92,6 +92,7 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--seed", o.seed, "Seed of the initialization and the synthetic tokens")
       ->capture_default_str();
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
+  add_layup_head_flag(*cmd, o.layup_head);
   cmd->add_flag("--no-energy", flags->no_energy,
                 "Do not read energy (by default each run reads the GPU's via NVML and the CPU "
                 "packages' via RAPL, where readable)");

@@ -277,6 +277,27 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   const bool speculate = r.layup_clip == "speculative" ||
                          (r.layup_clip == "auto" && !(cuda && r.attributes.integrated));
   plan.speculative_clip = r.mode == "layup" && r.clip > 0.0f && speculate;
+  LAYUP_CHECK(r.layup_head == "auto" || r.layup_head == "device" || r.layup_head == "host",
+              "--layup-head ", r.layup_head,
+              " is not where the head can be updated; use auto, device or host");
+  if (r.mode == "layup" && r.layup_head == "device") {
+    LAYUP_CHECK(!plan.weights_in_place,
+                "--layup-head device updates the head in the device's copy of the weights, and "
+                "this run has none: the device computes with the master weights in place (",
+                cuda ? "--place weights=pinned" : "always on the CPU backend",
+                "); use --layup-head host");
+    LAYUP_CHECK(r.grad_accum == 1,
+                "--layup-head device updates the head from its gradient of one micro-batch, "
+                "where the backward leaves it; with --grad-accum ",
+                r.grad_accum, " the host sums the head's gradient: use --layup-head host");
+  }
+  // auto: where the device has memory of its own, the head's gradient is already there, and its
+  // update on the host would cost a transfer each way and the CPU's time at the end of the step
+  // (nothing is left to overlap it with); where host and device share one memory, the paper's
+  // split keeps every update on the CPU.
+  plan.head_on_device =
+      r.mode == "layup" && !plan.weights_in_place && r.grad_accum == 1 &&
+      (r.layup_head == "device" || (r.layup_head == "auto" && cuda && !r.attributes.integrated));
 
   // The schedule's buffers (schedule/*.cpp).
   if (r.mode == "gpu") {
@@ -302,6 +323,9 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
       add(dev, TensorClass::kWeightGrads, embeddings,
           "embeddings' gradient (complete only at the end of backward)", true);
       add(dev, TensorClass::kWeightGrads, final_norm, "final norm's gradient", true);
+      if (plan.head_on_device)
+        add(dev, TensorClass::kOptimizerMoments, 2 * (embeddings + final_norm),
+            "AdamW m and v of the embeddings and the final norm (updated on the device)", true);
     }
     // HostOptimizerSchedule: what the device copies to and from comes from allocate_host.
     add_kind(host, TensorClass::kMasterWeights, copied_host_memory, all,
@@ -323,8 +347,11 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
       // of its own, and the head's in one more (the CPU backend, and gradients placed in pinned
       // or managed memory, are read in place).
       add_kind(host, TensorClass::kWeightGrads, copied_host_memory,
-               2 * block + embeddings + final_norm,
-               "landing buffers of the two gradient slots and of the head's gradients", true);
+               2 * block + (plan.head_on_device ? 0 : embeddings + final_norm),
+               plan.head_on_device ? "landing buffers of the two gradient slots"
+                                   : "landing buffers of the two gradient slots and of the head's "
+                                     "gradients",
+               true);
     }
     add(host, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", true);
     add_kind(host, TensorClass::kScratch, copied_host_memory,
@@ -391,6 +418,15 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
                            ") is a second whole-model gradient, kept for clipping by the global "
                            "norm and for accumulation; layup with --clip none and one "
                            "micro-batch updates each block from its slot and keeps none");
+    if (plan.head_on_device)
+      plan.notes.push_back(
+          "layup updates the embeddings and the final norm on the device, where their gradient "
+          "is (" +
+          std::string(r.layup_head == "auto" ? "--layup-head auto on a discrete GPU"
+                                             : "--layup-head device") +
+          "): their AdamW moments take " + format_bytes(2 * (embeddings + final_norm)) +
+          " of device memory, and their spans of the host's master weights and moments go "
+          "unused; --layup-head host updates them on the CPU with the blocks");
     if (plan.speculative_clip)
       plan.notes.push_back(
           "clipping in layup is speculative: a second copy of the master weights and moments (" +
@@ -514,6 +550,14 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
       if (fits(deferred_plan, budgets))
         changes.push_back("--layup-clip deferred (needs " +
                           format_bytes(deferred_plan.total_bytes()) + ")");
+    }
+    if (plan.head_on_device) {
+      MemoryPlanRequest head_on_host = plan.request;
+      head_on_host.layup_head = "host";
+      const MemoryPlan head_on_host_plan = plan_memory(head_on_host);
+      if (fits(head_on_host_plan, budgets))
+        changes.push_back("--layup-head host (needs " +
+                          format_bytes(head_on_host_plan.total_bytes()) + ")");
     }
     std::string floor;
     std::vector<std::string> order = {plan.request.mode};
@@ -650,6 +694,7 @@ nlohmann::json memory_plan_json(const MemoryPlan& plan) {
           {"seq_len", r.seq_len},
           {"grad_accum", r.grad_accum},
           {"recompute", r.recompute},
+          {"head_on_device", plan.head_on_device},
           {"device_attributes", r.attributes.describe()},
           {"placement", placement},
           {"allocations", allocations},

@@ -69,6 +69,11 @@ struct MemoryPlanRequest {
   // auto (deferred on an integrated GPU, where host and device share one memory; else
   // speculative).
   std::string layup_clip = "auto";
+  // Where layup updates the embeddings and the final norm: on the device (their gradient is
+  // already there; their AdamW moments then live in device memory too), on the host with the
+  // blocks, or auto (the device on a discrete GPU with a device copy of the weights and one
+  // micro-batch per step, else the host).
+  std::string layup_head = "auto";
   std::string mode = "gpu";        // gpu | offload | layup
   std::string device = "cpu";      // resolved: cpu | cuda
   std::string dtype = "fp32";      // resolved: fp32 | bf16
@@ -98,6 +103,10 @@ struct MemoryPlan {
   // layup with clipping and --layup-clip speculative (or auto, off an integrated GPU): a spare
   // copy of the master weights and moments (ScheduleOptions::speculative_clip).
   bool speculative_clip = false;
+  // layup, --layup-head device (or auto on a discrete GPU): the embeddings and the final norm are
+  // updated by the device's AdamW on the device copy of their weights, with moments in device
+  // memory (ScheduleOptions::head_on_device).
+  bool head_on_device = false;
   std::vector<PlannedAllocation> allocations;
   std::vector<std::string> notes;  // what is not applied, not counted, or measured only
 
@@ -110,8 +119,8 @@ struct MemoryPlan {
 };
 
 // The request of a run whose options name the model, batch and schedule as TrainOptions and
-// BenchmarkOptions both do (model, model_name, batch, seq_len, grad_accum, clip, layup_clip, mode,
-// recompute, place), on a resolved device and dtype.
+// BenchmarkOptions both do (model, model_name, batch, seq_len, grad_accum, clip, layup_clip,
+// layup_head, mode, recompute, place), on a resolved device and dtype.
 template <class RunOptions>
 MemoryPlanRequest memory_plan_request_of(const RunOptions& options, const std::string& device,
                                          const std::string& dtype) {
@@ -123,6 +132,7 @@ MemoryPlanRequest memory_plan_request_of(const RunOptions& options, const std::s
   request.grad_accum = options.grad_accum;
   request.clip = options.clip;
   request.layup_clip = options.layup_clip;
+  request.layup_head = options.layup_head;
   request.mode = options.mode;
   request.device = device;
   request.dtype = dtype;

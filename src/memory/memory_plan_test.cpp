@@ -280,6 +280,84 @@ TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
   EXPECT_THROW(plan_memory(request), Error);
 }
 
+// --layup-head: auto updates the embeddings and the final norm on a discrete GPU (their moments in
+// device memory; the weight gradients on the device are the same), and on the host where the
+// device computes with the master weights in place, on an integrated GPU, or with accumulation.
+// device is refused where it cannot work, saying what to use; a device budget that the head's
+// moments break offers --layup-head host.
+TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
+  const Gpt2Config config = named_config("gpt2");
+  const ParameterLayout layout(config);
+  const size_t head = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
+  MemoryPlanRequest request = cpu_request(config, "layup", 32, 1024);
+  request.model_name = "gpt2";
+  EXPECT_FALSE(plan_memory(request).head_on_device) << "the CPU backend computes in place";
+  request.device = "cuda";
+  request.dtype = "bf16";
+  request.attributes = cuda_memory_attributes();
+  request.attributes.integrated = false;
+  const MemoryPlan on_device = plan_memory(request);
+  EXPECT_TRUE(on_device.head_on_device);
+  EXPECT_TRUE(schedule_options(on_device, 1).head_on_device);
+  request.layup_head = "host";
+  const MemoryPlan on_host = plan_memory(request);
+  EXPECT_FALSE(on_host.head_on_device);
+  EXPECT_FALSE(schedule_options(on_host, 1).head_on_device);
+  EXPECT_EQ(on_device.bytes(MemorySide::kDevice, TensorClass::kOptimizerMoments), 2 * head);
+  EXPECT_EQ(on_host.bytes(MemorySide::kDevice, TensorClass::kOptimizerMoments), 0u);
+  EXPECT_EQ(on_device.bytes(MemorySide::kDevice, TensorClass::kWeightGrads),
+            on_host.bytes(MemorySide::kDevice, TensorClass::kWeightGrads));
+  EXPECT_EQ(on_device.bytes(MemorySide::kHost), on_host.bytes(MemorySide::kHost));
+  bool said_so = false;
+  for (const std::string& note : on_device.notes)
+    said_so |=
+        note.find("updates the embeddings and the final norm on the device") != std::string::npos;
+  EXPECT_TRUE(said_so) << "the plan does not say where the head is updated";
+
+  // A device budget the head's moments break: --layup-head host fits.
+  MemoryBudgets budgets;
+  budgets.device = on_host.bytes(MemorySide::kDevice) + head;
+  EXPECT_NE(refusal(on_device, budgets).find("Within the budget: --layup-head host"),
+            std::string::npos)
+      << refusal(on_device, budgets);
+  EXPECT_EQ(refusal(on_host, budgets), "");
+
+  // auto keeps the head on the host where the device cannot or should not update it.
+  request.layup_head = "auto";
+  request.grad_accum = 2;
+  EXPECT_FALSE(plan_memory(request).head_on_device) << "accumulating micro-batches";
+  request.grad_accum = 1;
+  request.place = {"weights=pinned"};
+  EXPECT_FALSE(plan_memory(request).head_on_device) << "the weights computed in place";
+  request.place.clear();
+  request.attributes.integrated = true;
+  EXPECT_FALSE(plan_memory(request).head_on_device) << "an integrated GPU";
+  request.attributes.integrated = false;
+  request.mode = "offload";
+  EXPECT_FALSE(plan_memory(request).head_on_device) << "offload mode";
+  request.mode = "layup";
+
+  // device where it cannot work: refused, saying what to use.
+  request.layup_head = "device";
+  request.grad_accum = 2;
+  try {
+    plan_memory(request);
+    FAIL() << "--layup-head device with --grad-accum 2 was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("use --layup-head host"), std::string::npos)
+        << error.what();
+  }
+  request.grad_accum = 1;
+  EXPECT_TRUE(plan_memory(request).head_on_device);
+  request.place = {"weights=pinned"};
+  EXPECT_THROW(plan_memory(request), Error);
+  request = cpu_request(config, "layup", 1, 64);
+  request.layup_head = "device";
+  EXPECT_THROW(plan_memory(request), Error);
+  request.layup_head = "gpu";
+  EXPECT_THROW(plan_memory(request), Error);
+}
+
 TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
   const Gpt2Config config = tiny_config();
   MemoryPlanRequest request = cpu_request(config, "layup", 1, 8);
@@ -323,7 +401,8 @@ TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
       // fastest (pinned too, here).
       EXPECT_EQ(a.kind, MemoryKind::kPinnedMapped);
     } else if (a.tensor_class == TensorClass::kOptimizerMoments) {
-      EXPECT_EQ(a.kind, MemoryKind::kManaged);
+      // The host's, as placed; the head's, updated on the device, in device memory.
+      EXPECT_EQ(a.kind, a.side == MemorySide::kHost ? MemoryKind::kManaged : MemoryKind::kDevice);
     }
   }
   // The backend's activations too; its library workspaces stay in device memory.

@@ -57,6 +57,15 @@
 // token embedding) and the final norm are updated once, after backward_embeddings, and may
 // likewise still be landing when the step returns.
 //
+// The head on the device (ScheduleOptions::head_on_device, a discrete GPU's default): the
+// embeddings' and the final norm's gradient never leaves device memory. Their sums of squares are
+// the device's, as with one micro-batch above, and once step() knows the clip factor the device
+// thread issues their AdamW (Device::adamw_update_span) on the device copy of their weights, with
+// moments of their own in device memory, in the device's order after the backward and before the
+// next forward: no transfer either way, no CPU time at the end of the step, and the next forward
+// waits for nothing at the embeddings. On the CPU backend the same update runs on the device
+// thread, bitwise what the CPU workers compute (HostAdamW matches adamw_update_span).
+//
 // Without a host gradient (ScheduleOptions::host_gradient = false: --clip none and one micro-batch,
 // what a unified-memory device wants) there is no accumulator: the consumer takes block l's
 // gradient where it lies (in the slot where the host can read device memory, after the fence; else
@@ -329,6 +338,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
       : HostOptimizerSchedule(std::move(backend), std::move(device), layout, options),
         grads_kind_(options.kind_of(TensorClass::kWeightGrads, device_->memory_kind())),
         grads_in_place_(!host_gradient_ && grads_kind_ != MemoryKind::kDevice),
+        head_on_device_(options.head_on_device),
         embeddings_grad_(allocate_grads(layout.embeddings().count)),
         final_norm_grad_(allocate_grads(layout.final_norm().count)),
         slots_(*device_, layout.block().count, grads_kind_),
@@ -338,11 +348,19 @@ class LayupSchedule final : public HostOptimizerSchedule {
     LAYUP_CHECK(host_gradient_ || !speculative_clip_,
                 "speculative clipping needs the whole-model gradient on the host (it may redo "
                 "every block's update once the norm is known)");
+    LAYUP_CHECK(!head_on_device_ || !weights_in_place_,
+                "updating the head on the device needs the device's own copy of the weights (the "
+                "device computes with the master weights in place here)");
+    const size_t head_count = layout.embeddings().count + layout.final_norm().count;
     if (!host_gradient_ && !grads_in_place_) {
       for (DeviceBuffer& landing : slot_landing_)
         landing = device_->allocate_host(layout.block().count, TensorClass::kWeightGrads);
-      head_landing_ = device_->allocate_host(layout.embeddings().count + layout.final_norm().count,
-                                             TensorClass::kWeightGrads);
+      if (!head_on_device_)
+        head_landing_ = device_->allocate_host(head_count, TensorClass::kWeightGrads);
+    }
+    if (head_on_device_) {
+      head_m_ = device_->allocate(head_count, TensorClass::kOptimizerMoments);
+      head_v_ = device_->allocate(head_count, TensorClass::kOptimizerMoments);
     }
   }
 
@@ -358,6 +376,33 @@ class LayupSchedule final : public HostOptimizerSchedule {
 
   std::string name() const override { return "layup"; }
 
+  // With head_on_device the head's weights and moments are the device's; the host's spans of
+  // them are unused.
+  OptimizerTensors export_tensors() const override {
+    OptimizerTensors tensors = HostOptimizerSchedule::export_tensors();
+    if (!head_on_device_) return tensors;
+    for (const size_t index : head_spans()) {
+      const Span& span = layout_.spans()[index];
+      const size_t at = head_state_offset(index);
+      device_->copy_to_host(tensors.params.data() + span.offset, params_.data() + span.offset,
+                            span.count);
+      device_->copy_to_host(tensors.adam_m.data() + span.offset, head_m_.data() + at, span.count);
+      device_->copy_to_host(tensors.adam_v.data() + span.offset, head_v_.data() + at, span.count);
+    }
+    return tensors;
+  }
+
+  void import_tensors(const OptimizerTensors& tensors) override {
+    HostOptimizerSchedule::import_tensors(tensors);  // the weights: the device copy, whole
+    if (!head_on_device_) return;
+    for (const size_t index : head_spans()) {
+      const Span& span = layout_.spans()[index];
+      const size_t at = head_state_offset(index);
+      device_->copy_to_device(head_m_.data() + at, tensors.adam_m.data() + span.offset, span.count);
+      device_->copy_to_device(head_v_.data() + at, tensors.adam_v.data() + span.offset, span.count);
+    }
+  }
+
   StepStats step(std::span<const TokenBatch> micro_batches,
                  const UpdateSettings& settings) override {
     LAYUP_CHECK(!micro_batches.empty(), "a training step needs at least one micro-batch");
@@ -368,6 +413,12 @@ class LayupSchedule final : public HostOptimizerSchedule {
                 "clip (asked: ",
                 settings.clip_max_norm, ") or accumulate (asked: ", micro_batches.size(),
                 " micro-batches); plan the run with clipping or --grad-accum to keep one");
+    LAYUP_CHECK(!head_on_device_ || micro_batches.size() == 1,
+                "this layup schedule updates the head on the device from one micro-batch's "
+                "gradient, so it cannot accumulate ",
+                micro_batches.size(),
+                " micro-batches; plan the run with --grad-accum (or "
+                "--layup-head host) to update the head on the host");
     // None is touched by an update that may still be in flight from the last step.
     std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
     std::fill(block_update_submitted_.begin(), block_update_submitted_.end(), 0);
@@ -396,7 +447,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
     // head's sums of squares, before its gradient (the embeddings': the largest span) has landed,
     // so the block updates start meanwhile and the head's follow its landing.
     const std::shared_ptr<HeadUpdate> head =
-        host_gradient_ && micro_batches.size() == 1 ? std::make_shared<HeadUpdate>() : nullptr;
+        host_gradient_ && micro_batches.size() == 1 && !head_on_device_
+            ? std::make_shared<HeadUpdate>()
+            : nullptr;
     double loss_sum = 0.0;
     try {
       device_thread_.run([&] { device_step(micro_batches, overlap, unclipped, head, loss_sum); });
@@ -433,7 +486,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
     // both to land.
     const std::vector<Span>& spans = layout_.spans();
     for (size_t index = 0; index < spans.size(); ++index) {
-      if (head != nullptr && spans[index].kind != SpanKind::kBlock) continue;  // decided below
+      // The head's update is decided below (HeadUpdate), or runs on the device.
+      if ((head != nullptr || head_on_device_) && spans[index].kind != SpanKind::kBlock) continue;
       if (spans[index].kind == SpanKind::kBlock && block_update_submitted_[spans[index].layer]) {
         if (!speculative || speculation_holds) continue;
         stats.blocks_redone += 1;
@@ -445,6 +499,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
       submit_update(index, gradient_of_span(index), adamw);
     }
     if (head != nullptr) decide_head_update(*head, &adamw);
+    // Issued after the blocks' updates are queued: on CUDA it returns at once and runs before the
+    // next forward in the device's order; on the CPU backend it runs here.
+    if (head_on_device_) device_thread_.run([&] { update_head_on_device(adamw); });
     if (speculative) promote_spare_state();
     stats.applied = true;
     return stats;
@@ -719,7 +776,17 @@ class LayupSchedule final : public HostOptimizerSchedule {
       }
       std::shared_ptr<const DeviceFence> written = device_->fence();
       progress_.consume_submitted();
-      if (head != nullptr) {
+      if (head_on_device_) {
+        // The gradient stays where it is; the step's norm needs only the device's sums.
+        consumer_.submit([this, written] {
+          run_task([&] {
+            TraceSpan traced(trace_, consumer_track_, "consume head");
+            device_->wait_for(*written);
+            take_head_sums();
+            progress_.consume_done();
+          });
+        });
+      } else if (head != nullptr) {
         progress_.head_landing_submitted();
         consumer_.submit([this, written, head] {
           run_task([&] {
@@ -863,6 +930,25 @@ class LayupSchedule final : public HostOptimizerSchedule {
     take_head_sums();
   }
 
+  // Device thread, head_on_device: AdamW on the head spans in the device copy of their weights,
+  // from their gradient where the backward left it, after all the work issued so far (the step's
+  // backward) and before the next forward; the forward casts them into its compute copy as usual.
+  void update_head_on_device(const AdamWStep& adamw) {
+    for (const size_t index : head_spans()) {
+      const Span& span = layout_.spans()[index];
+      TraceSpan traced(trace_, device_track_, adamw_trace_name(span.kind), span.layer);
+      const float* grads = index == 0 ? embeddings_grad_.data() : final_norm_grad_.data();
+      const size_t at = head_state_offset(index);
+      device_->adamw_update_span(layout_, span, params_.data() + span.offset, grads,
+                                 head_m_.data() + at, head_v_.data() + at, adamw, nullptr);
+    }
+  }
+
+  // Where head span `index` starts in head_m_ and head_v_: the embeddings, then the final norm.
+  size_t head_state_offset(size_t index) const {
+    return index == 0 ? 0 : layout_.embeddings().count;
+  }
+
   // Device-side weight gradients (slots, head) in memory of grads_kind_ (the placement's).
   DeviceBuffer allocate_grads(size_t count) {
     return device_->allocate_kind(count, TensorClass::kWeightGrads, MemorySide::kDevice,
@@ -880,6 +966,10 @@ class LayupSchedule final : public HostOptimizerSchedule {
   std::mutex landing_mutex_;
   std::condition_variable landing_freed_;
   std::array<bool, WeightGradSlots::kSlotCount> landing_busy_{};
+  // ScheduleOptions::head_on_device: the head spans' AdamW moments, in device memory
+  // (head_state_offset), their weights the device copy's.
+  const bool head_on_device_;
+  DeviceBuffer head_m_, head_v_;
   DeviceBuffer head_landing_;
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
   WeightGradSlots slots_;                           // block gradients, two slots

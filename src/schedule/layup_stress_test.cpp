@@ -155,6 +155,7 @@ class DelayingDevice final : public Device {
   void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
                          const float* grads, float* m, float* v, const AdamWStep& step,
                          void* bf16_weights) override {
+    delays_.maybe_sleep();  // the head's update on the device thread (head_on_device)
     inner_->adamw_update_span(layout, span, params, grads, m, v, step, bf16_weights);
   }
 
@@ -260,6 +261,24 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
               train(delayed_layup({.cpu_workers = 2, .host_gradient = false}, /*discrete=*/true),
                     layout, Clipping::kNone),
               "layup from the landing buffers");
+  // The head updated on the device (a discrete GPU's default), while the blocks' updates of the
+  // same step run on the CPU: deferred and speculative clipping, and from the slots.
+  expect_same(train(gpu(), layout, Clipping::kEveryThird),
+              train(delayed_layup({.cpu_workers = 2, .head_on_device = true}, /*discrete=*/true),
+                    layout, Clipping::kEveryThird),
+              "layup, head on the device");
+  expect_same(
+      train(gpu(), layout, Clipping::kMixed),
+      train(delayed_layup({.cpu_workers = 2, .speculative_clip = true, .head_on_device = true},
+                          /*discrete=*/true),
+            layout, Clipping::kMixed),
+      "layup, speculative clipping, head on the device");
+  expect_same(
+      unclipped,
+      train(delayed_layup({.cpu_workers = 2, .host_gradient = false, .head_on_device = true},
+                          /*discrete=*/true),
+            layout, Clipping::kNone),
+      "layup from the landing buffers, head on the device");
 }
 
 // A speculative step whose gradient norm turns out not finite while its loss is finite (block 0's
@@ -374,6 +393,54 @@ TEST(LayupHeadLanding, BlockUpdatesOfAClippedStepStartWhileTheHeadGradientLands)
   EXPECT_EQ(landings, kClippedSteps);
   EXPECT_EQ(landings_after_a_block_update, kClippedSteps)
       << "the block updates of a clipped step waited for the head's gradient to land";
+}
+
+// With the head updated on the device (ScheduleOptions::head_on_device) its gradient never goes to
+// the host: no copy of the embeddings' gradient over steps that clip and steps that do not, and
+// its AdamW moments are device memory in the accountant, while the host still keeps its blocks'
+// state. The stress test above checks the values.
+TEST(LayupHeadOnDevice, TheHeadsGradientStaysOnTheDevice) {
+  const Gpt2Config config = tiny_config();
+  const ParameterLayout layout(config);
+  ASSERT_NE(layout.embeddings().count, layout.block().count);
+  RandomDelays delays(31);
+  auto accountant = std::make_shared<MemoryAccountant>();
+  auto device = std::make_unique<DelayingDevice>(make_cpu_device(accountant), delays);
+  device->claim_device_memory();
+  DelayingDevice& delaying = *device;
+  std::unique_ptr<Schedule> schedule =
+      make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), std::move(device), layout,
+                          {.cpu_workers = 2, .head_on_device = true});
+  schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
+  const size_t head_bytes = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
+  EXPECT_EQ(accountant->cell(MemorySide::kDevice, TensorClass::kOptimizerMoments, MemoryKind::kHost)
+                .current,
+            2 * head_bytes);
+
+  std::atomic<int> head_copies = 0;
+  delaying.set_before_copy_to_host(layout.embeddings().count, [&] { ++head_copies; });
+  std::mt19937 rng(41);
+  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  const OptimizerTensors before = schedule->export_tensors();
+  for (int step = 0; step < 4; ++step) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      inputs[i] = static_cast<int32_t>(rng() % config.vocab_size);
+      targets[i] = static_cast<int32_t>(rng() % config.vocab_size);
+    }
+    const TokenBatch batch{inputs.data(), targets.data(), kBatch, kSeqLen};
+    UpdateSettings settings;
+    settings.adamw.hyper.lr = 1e-3f;
+    settings.adamw.t = step + 1;
+    settings.clip_max_norm = step % 2 == 0 ? 1e-3f : 0.0f;  // clipped, then not
+    EXPECT_TRUE(schedule->step(std::span(&batch, 1), settings).applied) << "step " << step;
+  }
+  const OptimizerTensors after = schedule->export_tensors();
+  delaying.set_before_copy_to_host(0, {});
+  EXPECT_EQ(head_copies, 0) << "the embeddings' gradient was copied to the host";
+  // The head was updated all the same (its exported state comes from the device).
+  const size_t wte = layout.spans().front().offset;  // the embeddings span: wte first
+  EXPECT_NE(before.params[wte], after.params[wte]);
+  EXPECT_NE(before.adam_v[wte], after.adam_v[wte]);
 }
 
 }  // namespace

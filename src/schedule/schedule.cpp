@@ -36,6 +36,7 @@ ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers) {
   options.weights_in_place = plan.weights_in_place;
   options.host_gradient = plan.host_gradient;
   options.speculative_clip = plan.speculative_clip;
+  options.head_on_device = plan.head_on_device;
   for (TensorClass c : kAllTensorClasses) options.placement[index_of(c)] = plan.placement[c];
   return options;
 }
@@ -106,6 +107,11 @@ std::string describe_schedule(const std::string& mode, const ScheduleOptions& op
     text << "no clipping, so each block's update overlaps the backward of the blocks below it "
             "(if a gradient turns out non-finite, the step is not applied, but the blocks whose "
             "own gradient was finite were already updated)";
+  text << (options.head_on_device
+               ? "; the embeddings and the final norm are updated on the device, where their "
+                 "gradient is (--layup-head host: on the CPU)"
+               : "; the embeddings and the final norm are updated on the CPU once their gradient "
+                 "is complete");
   return text.str();
 }
 

@@ -14,7 +14,8 @@
 // embeddings and the final norm. The device times come from a plain forward and backward on a
 // fresh backend after the timed steps (median of kFloorPasses, each synchronized); the CPU AdamW
 // rate is the one the schedule's HostAdamW measured over the run. Where the CPU side cannot keep
-// up, the floor is the host's memory bandwidth, not the GPU.
+// up, the floor is the host's memory bandwidth, not the GPU. It is the same floor whether or not
+// layup updates the head on the device (--layup-head), so a run that does may come in under it.
 //
 // With a trace path, the first kMaxTracedSteps timed steps (never the warm-up) are recorded into a
 // Chrome/Perfetto trace (trace/trace_recorder.h): enough to see the pattern, small enough to open.
@@ -51,6 +52,7 @@ struct BenchmarkOptions {
   std::string algorithms = "heuristic";  // see TrainOptions::algorithms
   float clip = 1.0f;                // global-norm clip threshold; <= 0: none (layup then overlaps)
   std::string layup_clip = "auto";  // how layup clips: auto | speculative | deferred
+  std::string layup_head = "auto";  // where layup updates the head: auto | device | host
   std::string trace_path;           // empty: no trace
   bool energy = false;              // read energy over the timed steps (energy/energy_meter.h)
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
@@ -118,6 +120,9 @@ struct BenchmarkResult {
   // How layup clipped (--layup-clip resolved): "speculative" or "deferred"; "" in other modes or
   // without clipping.
   std::string layup_clip;
+  // Where layup updated the embeddings and the final norm (--layup-head resolved): "device" or
+  // "host"; "" in other modes.
+  std::string layup_head;
   std::string schedule;   // describe_schedule(): the mode and how it treats clipping
   int traced_steps = 0;   // steps in the trace file (0: no trace)
   std::string cpu_adamw;  // offload, layup: HostAdamW::report() over all steps; "" for gpu

@@ -38,6 +38,7 @@ struct TrainOptions {
   float eps = 1e-8f;
   float clip = 1.0f;                // global-norm threshold; <= 0 means no clipping (--clip none)
   std::string layup_clip = "auto";  // how layup clips: auto | speculative | deferred
+  std::string layup_head = "auto";  // where layup updates the head: auto | device | host
 
   // Evaluation, logging, checkpoints.
   int eval_every = 50;

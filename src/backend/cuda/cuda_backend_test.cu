@@ -516,6 +516,30 @@ TEST_P(CudaBackendTest, LayupSpeculativeClippingAgrees) {
   }
 }
 
+// layup with the head (embeddings, final norm) updated by the GPU's AdamW in the device copy of
+// its weights (ScheduleOptions::head_on_device, the default on a discrete GPU), one micro-batch:
+// deferred and speculative clipping (1.0 triggers, 1e3 does not), no clipping, and no clipping
+// without a host gradient.
+TEST_P(CudaBackendTest, LayupHeadOnDeviceAgrees) {
+  for (const float clip : {1.0f, 1e3f, 0.0f}) {
+    const std::string clip_name = clip == 0.0f ? "none" : clip > 1.0f ? "1e3" : "1.0";
+    const ModeRun gpu_run = run_mode("gpu", {}, clip, false);
+    const ScheduleOptions deferred{.cpu_workers = 2, .head_on_device = true};
+    expect_agrees(run_mode("layup", deferred, clip, false), gpu_run,
+                  "layup, head on device, clip " + clip_name);
+    if (clip > 0.0f) {
+      const ScheduleOptions speculative{
+          .cpu_workers = 2, .speculative_clip = true, .head_on_device = true};
+      expect_agrees(run_mode("layup", speculative, clip, false), gpu_run,
+                    "layup, head on device, speculative, clip " + clip_name);
+    } else {
+      const ScheduleOptions slots{.cpu_workers = 2, .host_gradient = false, .head_on_device = true};
+      expect_agrees(run_mode("layup", slots, clip, false), gpu_run,
+                    "layup, head on device, no host gradient");
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaBackendTest,
                          ::testing::Values(ComputeDtype::kFloat32, ComputeDtype::kBFloat16),
                          [](const ::testing::TestParamInfo<ComputeDtype>& info) {
