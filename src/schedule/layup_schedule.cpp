@@ -417,8 +417,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
                 "this layup schedule updates the head on the device from one micro-batch's "
                 "gradient, so it cannot accumulate ",
                 micro_batches.size(),
-                " micro-batches; plan the run with --grad-accum (or "
-                "--layup-head host) to update the head on the host");
+                " micro-batches; a run planned with --grad-accum N (or --layup-head host) "
+                "updates the head on the host");
     // None is touched by an update that may still be in flight from the last step.
     std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
     std::fill(block_update_submitted_.begin(), block_update_submitted_.end(), 0);
