@@ -541,24 +541,20 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
     message += ".";
 
     // What fits instead, each from a plan of its own: layup without the spare state of
-    // speculative clipping, then this mode with a smaller batch.
+    // speculative clipping, layup with the head's update on the host, then this mode with a
+    // smaller batch.
     std::vector<std::string> changes;
-    if (plan.speculative_clip) {
-      MemoryPlanRequest deferred = plan.request;
-      deferred.layup_clip = "deferred";
-      const MemoryPlan deferred_plan = plan_memory(deferred);
-      if (fits(deferred_plan, budgets))
-        changes.push_back("--layup-clip deferred (needs " +
-                          format_bytes(deferred_plan.total_bytes()) + ")");
-    }
-    if (plan.head_on_device) {
-      MemoryPlanRequest head_on_host = plan.request;
-      head_on_host.layup_head = "host";
-      const MemoryPlan head_on_host_plan = plan_memory(head_on_host);
-      if (fits(head_on_host_plan, budgets))
-        changes.push_back("--layup-head host (needs " +
-                          format_bytes(head_on_host_plan.total_bytes()) + ")");
-    }
+    const auto offer = [&](std::string MemoryPlanRequest::*option, const std::string& flag,
+                           const char* value) {
+      MemoryPlanRequest changed = plan.request;
+      changed.*option = value;
+      const MemoryPlan changed_plan = plan_memory(changed);
+      if (fits(changed_plan, budgets))
+        changes.push_back(flag + " " + value + " (needs " +
+                          format_bytes(changed_plan.total_bytes()) + ")");
+    };
+    if (plan.speculative_clip) offer(&MemoryPlanRequest::layup_clip, "--layup-clip", "deferred");
+    if (plan.head_on_device) offer(&MemoryPlanRequest::layup_head, "--layup-head", "host");
     std::string floor;
     std::vector<std::string> order = {plan.request.mode};
     for (const std::string& mode : modes())

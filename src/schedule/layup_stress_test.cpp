@@ -33,6 +33,18 @@ Gpt2Config tiny_config() {
   return gpt2_config(4, 2, 16, 8, 37);
 }
 
+// A kBatch x kSeqLen batch of random token ids from `rng`, held in `inputs` and `targets`.
+TokenBatch random_batch(std::mt19937& rng, int vocab_size, std::vector<int32_t>& inputs,
+                        std::vector<int32_t>& targets) {
+  inputs.resize(kBatch * kSeqLen);
+  targets.resize(kBatch * kSeqLen);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i] = static_cast<int32_t>(rng() % vocab_size);
+    targets[i] = static_cast<int32_t>(rng() % vocab_size);
+  }
+  return {inputs.data(), targets.data(), kBatch, kSeqLen};
+}
+
 // Sleeps for 0 to 50 microseconds, half the time not at all, from any thread.
 class RandomDelays {
  public:
@@ -187,15 +199,11 @@ Trained train(std::unique_ptr<Schedule> schedule, const ParameterLayout& layout,
               Clipping clipping) {
   schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
   std::mt19937 rng(99);
-  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  std::vector<int32_t> inputs, targets;
   Trained trained;
   float last_norm = 1e6f;
   for (int step = 0; step < kSteps; ++step) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      inputs[i] = static_cast<int32_t>(rng() % layout.config().vocab_size);
-      targets[i] = static_cast<int32_t>(rng() % layout.config().vocab_size);
-    }
-    const TokenBatch batch{inputs.data(), targets.data(), kBatch, kSeqLen};
+    const TokenBatch batch = random_batch(rng, layout.config().vocab_size, inputs, targets);
     UpdateSettings settings;
     settings.adamw.hyper.lr = 1e-3f;
     settings.adamw.t = step + 1;
@@ -291,12 +299,8 @@ TEST(LayupSpeculation, AStepWithANonFiniteNormChangesNothing) {
   const ParameterLayout layout(config);
   RandomDelays delays(11);
   std::mt19937 rng(5);
-  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    inputs[i] = static_cast<int32_t>(rng() % config.vocab_size);
-    targets[i] = static_cast<int32_t>(rng() % config.vocab_size);
-  }
-  const TokenBatch batch{inputs.data(), targets.data(), kBatch, kSeqLen};
+  std::vector<int32_t> inputs, targets;
+  const TokenBatch batch = random_batch(rng, config.vocab_size, inputs, targets);
   for (const bool in_place : {false, true}) {
     SCOPED_TRACE(in_place ? "weights in place" : "weights copied");
     auto device = std::make_unique<DelayingDevice>(make_cpu_device(), delays);
@@ -372,14 +376,10 @@ TEST(LayupHeadLanding, BlockUpdatesOfAClippedStepStartWhileTheHeadGradientLands)
   });
 
   std::mt19937 rng(17);
-  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  std::vector<int32_t> inputs, targets;
   constexpr int kClippedSteps = 3;
   for (int step = 0; step < kClippedSteps; ++step) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      inputs[i] = static_cast<int32_t>(rng() % config.vocab_size);
-      targets[i] = static_cast<int32_t>(rng() % config.vocab_size);
-    }
-    const TokenBatch batch{inputs.data(), targets.data(), kBatch, kSeqLen};
+    const TokenBatch batch = random_batch(rng, config.vocab_size, inputs, targets);
     UpdateSettings settings;
     settings.adamw.hyper.lr = 1e-3f;
     settings.adamw.t = step + 1;
@@ -420,14 +420,10 @@ TEST(LayupHeadOnDevice, TheHeadsGradientStaysOnTheDevice) {
   std::atomic<int> head_copies = 0;
   delaying.set_before_copy_to_host(layout.embeddings().count, [&] { ++head_copies; });
   std::mt19937 rng(41);
-  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  std::vector<int32_t> inputs, targets;
   const OptimizerTensors before = schedule->export_tensors();
   for (int step = 0; step < 4; ++step) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      inputs[i] = static_cast<int32_t>(rng() % config.vocab_size);
-      targets[i] = static_cast<int32_t>(rng() % config.vocab_size);
-    }
-    const TokenBatch batch{inputs.data(), targets.data(), kBatch, kSeqLen};
+    const TokenBatch batch = random_batch(rng, config.vocab_size, inputs, targets);
     UpdateSettings settings;
     settings.adamw.hyper.lr = 1e-3f;
     settings.adamw.t = step + 1;
