@@ -11,7 +11,9 @@
 //
 // Placement (--place CLASS=KIND) sets the memory kind of a class's primary tensors: in `gpu` mode
 // every class lives on the device side; in `offload` and `layup` the master weights and the AdamW
-// moments live on the host side, the rest on the device side. The host copies a schedule keeps
+// moments live on the host side, the rest on the device side (layup with the head updated on the
+// device, MemoryPlan::head_on_device, also keeps the head's moments in device memory, whatever
+// --place moments says). The host copies a schedule keeps
 // besides (gradient accumulator and staging) keep the kind the device copies fastest (pinned on
 // CUDA). A kind the device cannot use for that class is refused, saying why. The schedules
 // allocate the weights, master weights, weight gradients and moments where the placement says
