@@ -34,6 +34,9 @@
 //                                                  squares (the device's) are reported first,
 //                                                  so the norm is known before the embeddings'
 //                                                  gradient (the largest span) has landed
+//                                                  (head_on_device: only the sums; the head
+//                                                  stays on the device and step() has the
+//                                                  device update it, see below)
 //
 // Gradient clipping by global norm: the host keeps the whole fp32 gradient, streamed out of the
 // slots, so the global norm is known at the end of backward. Deferred (DESIGN.md, design (a)):

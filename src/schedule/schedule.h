@@ -209,10 +209,11 @@ std::unique_ptr<Schedule> make_offload_schedule_with(std::unique_ptr<ModelBacken
 // design (a)): the global norm is known at the end of backward, the step returns, and the blocks
 // are updated in forward order while the next forward runs; block l's forward waits only for
 // block l's update. Embeddings and the final norm are updated once, after backward_embeddings,
-// and the next forward waits for them too.
+// and the next forward waits for them too; with head_on_device by the device's AdamW, in its
+// order before the next forward.
 //
-// ScheduleOptions: cpu_workers; weights_in_place; host_gradient = false drops the host gradient
-// (each block updated from its slot) and then refuses steps that clip or accumulate.
+// ScheduleOptions: cpu_workers; weights_in_place; head_on_device; host_gradient = false drops the
+// host gradient (each block updated from its slot) and then refuses steps that clip or accumulate.
 //
 // A non-finite loss, or with clipping a non-finite norm, updates nothing. Without clipping a
 // non-finite gradient is found block by block, after the blocks above were updated: the step
