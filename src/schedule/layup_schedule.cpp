@@ -678,9 +678,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
     if (host_gradient_) return host_grads_.data() + span.offset;
     LAYUP_CHECK(span.kind != SpanKind::kBlock,
                 "a block without a host gradient is updated from its slot");
-    const bool embeddings = span.kind == SpanKind::kEmbeddings;
-    if (grads_in_place_) return embeddings ? embeddings_grad_.data() : final_norm_grad_.data();
-    return head_landing_.data() + (embeddings ? 0 : layout_.embeddings().count);
+    if (grads_in_place_) return device_head_gradient(index);
+    return head_landing_.data() +
+           (span.kind == SpanKind::kEmbeddings ? 0 : layout_.embeddings().count);
   }
 
   // A speculative step whose norm is not finite changes nothing: the current state was left
@@ -779,17 +779,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
       }
       std::shared_ptr<const DeviceFence> written = device_->fence();
       progress_.consume_submitted();
-      if (head_on_device_) {
-        // The gradient stays where it is; the step's norm needs only the device's sums.
-        consumer_.submit([this, written] {
-          run_task([&] {
-            TraceSpan traced(trace_, consumer_track_, "consume head");
-            device_->wait_for(*written);
-            take_head_sums();
-            progress_.consume_done();
-          });
-        });
-      } else if (head != nullptr) {
+      if (head != nullptr) {
         progress_.head_landing_submitted();
         consumer_.submit([this, written, head] {
           run_task([&] {
@@ -801,11 +791,10 @@ class LayupSchedule final : public HostOptimizerSchedule {
         consumer_.submit([this, written, first, last] {
           run_task([&] {
             TraceSpan traced(trace_, consumer_track_, "consume head");
-            if (host_gradient_) {
-              span_sum_sq_.front() =
-                  accumulate_gradient(*written, embeddings_grad_.data(), 0, first, last);
-              span_sum_sq_.back() = accumulate_gradient(*written, final_norm_grad_.data(),
-                                                        span_sum_sq_.size() - 1, first, last);
+            if (host_gradient_ && !head_on_device_) {
+              for (const size_t index : head_spans())
+                span_sum_sq_[index] =
+                    accumulate_gradient(*written, device_head_gradient(index), index, first, last);
             } else {
               take_head_gradient(*written);
             }
@@ -913,16 +902,17 @@ class LayupSchedule final : public HostOptimizerSchedule {
     device_->wait_for(written);
     take_head_sums();
     progress_.consume_done();
-    land_gradient(written, embeddings_grad_.data(), head_spans()[0]);
-    land_gradient(written, final_norm_grad_.data(), head_spans()[1]);
+    for (const size_t index : head_spans())
+      land_gradient(written, device_head_gradient(index), index);
     progress_.head_landed();
     head_gradient_landed(head);
   }
 
-  // Consumer, without host_gradient: the head spans' gradients where the updates will read them
-  // (gradient_of_span), and their sums of squares (the device's).
+  // Consumer, without host_gradient or with head_on_device: the head spans' gradients where the
+  // updates will read them (gradient_of_span; head_on_device: where the backward left them), and
+  // their sums of squares (the device's).
   void take_head_gradient(const DeviceFence& written) {
-    if (grads_in_place_) {
+    if (grads_in_place_ || head_on_device_) {
       device_->wait_for(written);
     } else {
       device_->copy_to_host_after(written, head_landing_.data(), embeddings_grad_.data(),
@@ -940,11 +930,17 @@ class LayupSchedule final : public HostOptimizerSchedule {
     for (const size_t index : head_spans()) {
       const Span& span = layout_.spans()[index];
       TraceSpan traced(trace_, device_track_, adamw_trace_name(span.kind), span.layer);
-      const float* grads = index == 0 ? embeddings_grad_.data() : final_norm_grad_.data();
       const size_t at = head_state_offset(index);
-      device_->adamw_update_span(layout_, span, params_.data() + span.offset, grads,
-                                 head_m_.data() + at, head_v_.data() + at, adamw, nullptr);
+      device_->adamw_update_span(layout_, span, params_.data() + span.offset,
+                                 device_head_gradient(index), head_m_.data() + at,
+                                 head_v_.data() + at, adamw, nullptr);
     }
+  }
+
+  // The device-side gradient of head span `index`, as backward_head and backward_embeddings
+  // leave it: the embeddings' or the final norm's.
+  float* device_head_gradient(size_t index) const {
+    return index == 0 ? embeddings_grad_.data() : final_norm_grad_.data();
   }
 
   // Where head span `index` starts in head_m_ and head_v_: the embeddings, then the final norm.
