@@ -212,6 +212,10 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     energy = std::make_unique<EnergyMeter>(
         energy_sources_for(target.device, request.attributes.pci_bus_id));
 
+  std::unique_ptr<GpuClockSampler> clocks;
+  if (on_cuda && options.steps > 0)
+    clocks = std::make_unique<GpuClockSampler>(request.attributes.pci_bus_id);
+
   UpdateSettings settings;
   settings.adamw.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
   settings.clip_max_norm = options.clip;
@@ -227,6 +231,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     const int timed_step = step - warmup_steps;  // negative during warm-up
     if (trace) trace->set_recording(timed_step >= 0 && timed_step < kMaxTracedSteps);
     if (energy && timed_step == 0) energy->start();
+    if (clocks && timed_step == 0) clocks->start();
     const auto start = std::chrono::steady_clock::now();
     const StepStats stats = [&] {
       TraceSpan traced(trace.get(), steps_track, "timed step", timed_step + 1);
@@ -249,6 +254,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   result.warmup_steps_run = warmup_steps;
 
   if (energy) result.energy = energy->stop();
+  if (clocks) result.clocks = clocks->stop();
   result.cpu_adamw = schedule->cpu_adamw_report();
   const double cpu_adamw_rate = schedule->cpu_adamw_rate();
   result.memory_measured = nlohmann::json::parse(accountant->to_json_text());
@@ -325,6 +331,9 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
                  ? number("%.1f%%", 100.0 * result.mfu) +
                        number(" of %.1f TFLOP/s dense bf16", result.peak_flops / 1e12)
                  : std::string("n/a (no known peak for this device)"));
+  // Only CUDA runs sample the clocks; the others' report is empty.
+  if (result.clocks.available || !result.clocks.unavailable_reason.empty())
+    row("GPU clock", describe_clocks(result.clocks) + " (over the timed steps)");
   row("memory peak", format_bytes(result.memory_peak_bytes) +
                          " (before: " + format_bytes(result.memory_before_bytes) + "; " +
                          result.memory_source + ")");
@@ -408,6 +417,9 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
                             {"median_over_floor", result.median_ms / result.floor.total_ms}}
            : nlohmann::json(nullptr)},
       {"schedule", result.schedule},
+      {"gpu_clocks", result.clocks.available || !result.clocks.unavailable_reason.empty()
+                         ? clocks_json(result.clocks)
+                         : nlohmann::json(nullptr)},
       {"energy",
        [&] {
          if (!options.energy) return nlohmann::json(nullptr);

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "energy/energy_meter.h"
+#include "energy/gpu_clocks.h"
 #include "memory/memory_accountant.h"
 #include "model/gpt2_config.h"
 #include "optim/host_adamw.h"
@@ -136,6 +137,9 @@ struct BenchmarkResult {
   // With options.energy: one reading per source over the timed steps (from just before the first
   // to just after the last), unavailable sources included with their reason.
   std::vector<EnergyReading> energy;
+  // On CUDA: the GPU's SM clock and what held it down, sampled over the timed steps (a step at
+  // the power limit runs at a lower clock: its time follows its energy).
+  GpuClockReport clocks;
 };
 
 // Builds the model, backend and schedule, runs the warm-up then the timed steps. Refuses, before
