@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "optim/grad_norm.h"
 #include "schedule/schedule.h"
+#include "schedule/span_square_sums.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
@@ -31,8 +32,7 @@ class GpuSchedule final : public Schedule {
         grads_(allocate(TensorClass::kWeightGrads)),
         adam_m_(allocate(TensorClass::kOptimizerMoments)),
         adam_v_(allocate(TensorClass::kOptimizerMoments)),
-        // Doubles, two floats each, in host memory the device writes (memory_plan.cpp plans it).
-        span_sums_(device_->allocate_host(2 * layout.spans().size(), TensorClass::kScratch)) {}
+        span_sums_(*device_, layout.spans().size()) {}
 
   std::string name() const override { return "gpu"; }
 
@@ -80,13 +80,12 @@ class GpuSchedule final : public Schedule {
     double sum_sq = 0.0;
     {
       TraceSpan traced(trace_, device_track_, "grad_norm");
-      double* span_sums = reinterpret_cast<double*>(span_sums_.data());
       for (size_t i = 0; i < layout_.spans().size(); ++i) {
         const Span& span = layout_.spans()[i];
-        device_->start_sum_of_squares(grads_.data() + span.offset, span.count, span_sums + i);
+        span_sums_.start(i, grads_.data() + span.offset, span.count);
       }
       device_->wait_for(*device_->fence());
-      for (size_t i = 0; i < layout_.spans().size(); ++i) sum_sq += span_sums[i];
+      for (size_t i = 0; i < layout_.spans().size(); ++i) sum_sq += span_sums_.take(i);
     }
     stats.grad_norm = std::sqrt(sum_sq);
     if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm)) return stats;
@@ -151,7 +150,7 @@ class GpuSchedule final : public Schedule {
   ParameterLayout layout_;
   ScheduleOptions options_;
   DeviceBuffer params_, grads_, adam_m_, adam_v_;
-  DeviceBuffer span_sums_;  // each span's gradient sum of squares, as doubles
+  SpanSquareSums span_sums_;  // each span's gradient sum of squares
   // The sum over micro-batches, allocated on the first step that accumulates.
   DeviceBuffer accumulated_;
 };

@@ -2,7 +2,6 @@
 #include "schedule/host_optimizer_schedule.h"
 
 #include <algorithm>
-#include <limits>
 #include <utility>
 
 #include "core/error.h"
@@ -34,7 +33,8 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
       speculative_clip_(options.speculative_clip),
       host_params_(allocate_state(options, TensorClass::kMasterWeights)),
       host_m_(allocate_state(options, TensorClass::kOptimizerMoments)),
-      host_v_(allocate_state(options, TensorClass::kOptimizerMoments)) {
+      host_v_(allocate_state(options, TensorClass::kOptimizerMoments)),
+      device_sums_(*device_, layout.spans().size()) {
   LAYUP_CHECK(options.cpu_workers >= 0, "--cpu-workers must be at least 1 (got ",
               options.cpu_workers, ")");
   HostAdamWOptions adamw_options;
@@ -44,9 +44,6 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
   if (!weights_in_place_)
     params_ = allocate_placed(*device_, options, layout.total_count(), TensorClass::kWeights,
                               MemorySide::kDevice);
-  device_sums_ = device_->allocate_host(2 * layout.spans().size(), TensorClass::kScratch);
-  std::fill_n(reinterpret_cast<double*>(device_sums_.data()), layout.spans().size(),
-              std::numeric_limits<double>::quiet_NaN());
   if (speculative_clip_) {
     spare_params_ = allocate_state(options, TensorClass::kMasterWeights);
     spare_m_ = allocate_state(options, TensorClass::kOptimizerMoments);
@@ -118,13 +115,11 @@ double HostOptimizerSchedule::cpu_adamw_rate() const {
 }
 
 void HostOptimizerSchedule::start_device_sum_of_squares(size_t index, const float* device_grad) {
-  device_->start_sum_of_squares(device_grad, layout_.spans()[index].count,
-                                reinterpret_cast<double*>(device_sums_.data()) + index);
+  device_sums_.start(index, device_grad, layout_.spans()[index].count);
 }
 
 double HostOptimizerSchedule::device_sum_of_squares(size_t index) {
-  double& sum = reinterpret_cast<double*>(device_sums_.data())[index];
-  return std::exchange(sum, std::numeric_limits<double>::quiet_NaN());
+  return device_sums_.take(index);
 }
 
 double HostOptimizerSchedule::accumulate_gradient(const DeviceFence& written,

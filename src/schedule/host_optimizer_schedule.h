@@ -41,6 +41,7 @@
 
 #include "optim/host_adamw.h"
 #include "schedule/schedule.h"
+#include "schedule/span_square_sums.h"
 
 namespace layup {
 
@@ -167,9 +168,8 @@ class HostOptimizerSchedule : public Schedule {
   void chunked_pass(const float* squared, size_t count, size_t first_chunk, size_t end_chunk,
                     const std::function<void(size_t, size_t)>& combine, double* chunk_sums);
 
-  // Per span, the sum of squares the device took of its gradient (start_device_sum_of_squares):
-  // doubles in host memory the device writes (allocate_host, two floats each).
-  DeviceBuffer device_sums_;
+  // Per span, the sum of squares the device took of its gradient (start_device_sum_of_squares).
+  SpanSquareSums device_sums_;
   // Later micro-batches' gradients land here, a piece at a time (allocate_host). Used only inside
   // accumulate_gradient, whose calls are serialized by accumulate_mutex_.
   DeviceBuffer staging_;
