@@ -111,6 +111,22 @@ void bias_gradient(float* dbias, const T* dout, int N, int OC, WeightGradient mo
                                  is_aligned16(dout), mode, scratch, stream);
 }
 
+// dweight [OC,IC] (+)= dout^T inp and dbias [OC] (+)= sum_n dout (dbias may be null), as `mode`
+// says. cuBLASLt's BGRADB epilogue would also give the bias gradient, but it runs as a kernel of
+// its own after the GEMM (globalKernelBgradAB_v2), slower than these column sums on the H200
+// (2.96 ms a step at gpt2-medium against ~2.0).
+template <class T>
+void weight_and_bias_gradients(CublasLt& blas, float* dweight, float* dbias, const T* dout,
+                               const T* inp, int N, int IC, int OC, float* scratch,
+                               WeightGradient mode, cudaStream_t stream) {
+  constexpr cudaDataType_t type = data_type<T>();
+  // beta 1 adds the product to dweight, 0 stores it without reading.
+  const float beta = mode == WeightGradient::kAccumulate ? 1.0f : 0.0f;
+  blas.matmul(IC, OC, N, {inp, type, false, IC}, {dout, type, true, OC}, dweight, CUDA_R_32F, IC,
+              beta, {}, stream);
+  if (dbias) bias_gradient(dbias, dout, N, OC, mode, scratch, stream);
+}
+
 }  // namespace
 
 CublasLt::CublasLt(std::shared_ptr<MemoryAccountant> accountant, AlgorithmChoice algorithms)
@@ -299,26 +315,6 @@ void matmul_gelu_forward(CublasLt& blas, T* out, T* pre_gelu, const T* inp, cons
 size_t matmul_backward_scratch_floats(int N, int OC) {
   return column_reduce_scratch_floats(N, OC, 1);
 }
-
-namespace {
-
-// dweight [OC,IC] (+)= dout^T inp and dbias [OC] (+)= sum_n dout (dbias may be null), as `mode`
-// says. cuBLASLt's BGRADB epilogue would also give the bias gradient, but it runs as a kernel of
-// its own after the GEMM (globalKernelBgradAB_v2), slower than these column sums on the H200
-// (2.96 ms a step at gpt2-medium against ~2.0).
-template <class T>
-void weight_and_bias_gradients(CublasLt& blas, float* dweight, float* dbias, const T* dout,
-                               const T* inp, int N, int IC, int OC, float* scratch,
-                               WeightGradient mode, cudaStream_t stream) {
-  constexpr cudaDataType_t type = data_type<T>();
-  // beta 1 adds the product to dweight, 0 stores it without reading.
-  const float beta = mode == WeightGradient::kAccumulate ? 1.0f : 0.0f;
-  blas.matmul(IC, OC, N, {inp, type, false, IC}, {dout, type, true, OC}, dweight, CUDA_R_32F, IC,
-              beta, {}, stream);
-  if (dbias) bias_gradient(dbias, dout, N, OC, mode, scratch, stream);
-}
-
-}  // namespace
 
 template <class T>
 void matmul_backward(CublasLt& blas, T* dinp, float* dweight, float* dbias, const T* dout,
