@@ -60,8 +60,8 @@ void add_layup_head_flag(CLI::App& command, std::string& layup_head) {
       .add_option("--layup-head", layup_head,
                   "Where layup updates the embeddings and the final norm: device (where their "
                   "gradient already is; their AdamW moments take device memory), host (on the "
-                  "CPU with the blocks), or auto: device on a discrete GPU with one micro-batch "
-                  "per step and the weights in its own memory, host elsewhere")
+                  "CPU with the blocks), or auto: device on a discrete GPU with the weights in its "
+                  "own memory, host elsewhere")
       ->check(CLI::IsMember({"auto", "device", "host"}))
       ->capture_default_str();
 }

@@ -286,17 +286,13 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
                 "this run has none: the device computes with the master weights in place (",
                 cuda ? "--place weights=pinned" : "always on the CPU backend",
                 "); use --layup-head host");
-    LAYUP_CHECK(r.grad_accum == 1,
-                "--layup-head device updates the head from its gradient of one micro-batch, "
-                "where the backward leaves it; with --grad-accum ",
-                r.grad_accum, " the host sums the head's gradient: use --layup-head host");
   }
   // auto: where the device has memory of its own, the head's gradient is already there, and its
   // update on the host would cost a transfer each way and the CPU's time at the end of the step
   // (nothing is left to overlap it with); where host and device share one memory, the paper's
   // split keeps every update on the CPU.
   plan.head_on_device =
-      r.mode == "layup" && !plan.weights_in_place && r.grad_accum == 1 &&
+      r.mode == "layup" && !plan.weights_in_place &&
       (r.layup_head == "device" || (r.layup_head == "auto" && cuda && !r.attributes.integrated));
 
   // The schedule's buffers (schedule/*.cpp).
@@ -323,9 +319,13 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
       add(dev, TensorClass::kWeightGrads, embeddings,
           "embeddings' gradient (complete only at the end of backward)", true);
       add(dev, TensorClass::kWeightGrads, final_norm, "final norm's gradient", true);
-      if (plan.head_on_device)
+      if (plan.head_on_device) {
         add(dev, TensorClass::kOptimizerMoments, 2 * (embeddings + final_norm),
             "AdamW m and v of the embeddings and the final norm (updated on the device)", true);
+        if (r.grad_accum > 1)
+          add(dev, TensorClass::kWeightGrads, embeddings + final_norm,
+              "the head's gradient summed over micro-batches (allocated at the first step)", true);
+      }
     }
     // HostOptimizerSchedule: what the device copies to and from comes from allocate_host.
     add_kind(host, TensorClass::kMasterWeights, copied_host_memory, all,

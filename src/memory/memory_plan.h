@@ -107,7 +107,8 @@ struct MemoryPlan {
   bool speculative_clip = false;
   // layup, --layup-head device (or auto on a discrete GPU): the embeddings and the final norm are
   // updated by the device's AdamW on the device copy of their weights, with moments in device
-  // memory (ScheduleOptions::head_on_device).
+  // memory and, with --grad-accum > 1, their gradient summed there (ScheduleOptions::
+  // head_on_device).
   bool head_on_device = false;
   std::vector<PlannedAllocation> allocations;
   std::vector<std::string> notes;  // what is not applied, not counted, or measured only

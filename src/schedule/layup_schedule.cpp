@@ -34,9 +34,10 @@
 //                                                  squares (the device's) are reported first,
 //                                                  so the norm is known before the embeddings'
 //                                                  gradient (the largest span) has landed
-//                                                  (head_on_device: only the sums; the head
-//                                                  stays on the device and step() has the
-//                                                  device update it, see below)
+//                                                  (head_on_device: only the sums, of the
+//                                                  device's sum over micro-batches where there
+//                                                  are several; the head stays on the device
+//                                                  and step() has the device update it, below)
 //
 // Gradient clipping by global norm: the host keeps the whole fp32 gradient, streamed out of the
 // slots, so the global norm is known at the end of backward. Deferred (DESIGN.md, design (a)):
@@ -66,8 +67,11 @@
 // thread issues their AdamW (Device::adamw_update_span) on the device copy of their weights, with
 // moments of their own in device memory, in the device's order after the backward and before the
 // next forward: no transfer either way, no CPU time at the end of the step, and the next forward
-// waits for nothing at the embeddings. On the CPU backend the same update runs on the device
-// thread, bitwise what the CPU workers compute (HostAdamW matches adamw_update_span).
+// waits for nothing at the embeddings. With several micro-batches the device sums their head
+// gradients in a buffer of its own (zeroed, then each added in micro-batch order, as the gpu
+// schedule sums its gradient), and the sums of squares and the update read that sum. On the CPU
+// backend the same update runs on the device thread, bitwise what the CPU workers compute
+// (HostAdamW matches adamw_update_span).
 //
 // Without a host gradient (ScheduleOptions::host_gradient = false: --clip none and one micro-batch,
 // what a unified-memory device wants) there is no accumulator: the consumer takes block l's
@@ -416,12 +420,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
                 "clip (asked: ",
                 settings.clip_max_norm, ") or accumulate (asked: ", micro_batches.size(),
                 " micro-batches); plan the run with clipping or --grad-accum to keep one");
-    LAYUP_CHECK(!head_on_device_ || micro_batches.size() == 1,
-                "this layup schedule updates the head on the device from one micro-batch's "
-                "gradient, so it cannot accumulate ",
-                micro_batches.size(),
-                " micro-batches; a run planned with --grad-accum N (or --layup-head host) "
-                "updates the head on the host");
+    // The device sums the head's gradient over micro-batches in head_sum_ (allocated at the
+    // first step that needs it; the memory plan counts it for --grad-accum > 1).
+    head_summed_ = head_on_device_ && micro_batches.size() > 1;
+    if (head_summed_ && head_sum_.count() == 0)
+      head_sum_ = allocate_grads(layout_.embeddings().count + layout_.final_norm().count);
     // None is touched by an update that may still be in flight from the last step.
     std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
     std::fill(block_update_submitted_.begin(), block_update_submitted_.end(), 0);
@@ -772,10 +775,17 @@ class LayupSchedule final : public HostOptimizerSchedule {
       {
         TraceSpan traced(trace_, device_track_, "backward_embeddings");
         backend_->backward_embeddings(params, embeddings_grad_.data());
-        if (first && last) {
-          start_device_sum_of_squares(0, embeddings_grad_.data());
-          start_device_sum_of_squares(layout_.spans().size() - 1, final_norm_grad_.data());
+        if (head_summed_) {
+          if (first) device_->fill_zero(head_sum_.data(), head_sum_.count());
+          for (const size_t index : head_spans())
+            device_->add(device_head_gradient(index), micro_batch_head_gradient(index),
+                         layout_.spans()[index].count);
         }
+        // One micro-batch, or the device's sum of them: the head's sums of squares are the
+        // device's.
+        if (last && (first || head_summed_))
+          for (const size_t index : head_spans())
+            start_device_sum_of_squares(index, device_head_gradient(index));
       }
       std::shared_ptr<const DeviceFence> written = device_->fence();
       progress_.consume_submitted();
@@ -795,7 +805,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
               for (const size_t index : head_spans())
                 span_sum_sq_[index] =
                     accumulate_gradient(*written, device_head_gradient(index), index, first, last);
-            } else {
+            } else if (last) {
+              // (head_summed_: before the last micro-batch the device's sum is not complete, and
+              // nothing on the host reads it.)
               take_head_gradient(*written);
             }
             progress_.consume_done();
@@ -937,9 +949,15 @@ class LayupSchedule final : public HostOptimizerSchedule {
     }
   }
 
-  // The device-side gradient of head span `index`, as backward_head and backward_embeddings
-  // leave it: the embeddings' or the final norm's.
+  // The device-side gradient of head span `index` this step: one micro-batch's, as backward_head
+  // and backward_embeddings leave it, or with head_summed_ the device's sum over micro-batches.
   float* device_head_gradient(size_t index) const {
+    return head_summed_ ? head_sum_.data() + head_state_offset(index)
+                        : micro_batch_head_gradient(index);
+  }
+  // Where the backward leaves one micro-batch's gradient of head span `index`: the embeddings' or
+  // the final norm's.
+  float* micro_batch_head_gradient(size_t index) const {
     return index == 0 ? embeddings_grad_.data() : final_norm_grad_.data();
   }
 
@@ -971,7 +989,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
   DeviceBuffer head_m_, head_v_;
   DeviceBuffer head_landing_;
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
-  WeightGradSlots slots_;                           // block gradients, two slots
+  // head_on_device with several micro-batches (head_summed_, set by step() before the device
+  // starts): the head's gradient summed over them, laid out as head_m_ (head_state_offset).
+  bool head_summed_ = false;
+  DeviceBuffer head_sum_;
+  WeightGradSlots slots_;  // block gradients, two slots
   // Per span, the sum of squares of its gradient: written by the consumer, read by step() after
   // wait_consumed.
   std::vector<double> span_sum_sq_;

@@ -194,23 +194,25 @@ enum class Clipping {
   kMixed,
 };
 
-// kSteps steps; the same data for every schedule.
-Trained train(std::unique_ptr<Schedule> schedule, const ParameterLayout& layout,
-              Clipping clipping) {
+// kSteps steps of `micro_batches` micro-batches each; the same data for every schedule.
+Trained train(std::unique_ptr<Schedule> schedule, const ParameterLayout& layout, Clipping clipping,
+              int micro_batches = 1) {
   schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
   std::mt19937 rng(99);
-  std::vector<int32_t> inputs, targets;
+  std::vector<std::vector<int32_t>> inputs(micro_batches), targets(micro_batches);
+  std::vector<TokenBatch> batches(micro_batches);
   Trained trained;
   float last_norm = 1e6f;
   for (int step = 0; step < kSteps; ++step) {
-    const TokenBatch batch = random_batch(rng, layout.config().vocab_size, inputs, targets);
+    for (int k = 0; k < micro_batches; ++k)
+      batches[k] = random_batch(rng, layout.config().vocab_size, inputs[k], targets[k]);
     UpdateSettings settings;
     settings.adamw.hyper.lr = 1e-3f;
     settings.adamw.t = step + 1;
     settings.clip_max_norm = 0.0f;
     if (clipping != Clipping::kNone && step % 3 == 0) settings.clip_max_norm = 1e-3f;
     if (clipping == Clipping::kMixed && step % 3 != 0) settings.clip_max_norm = last_norm;
-    const StepStats stats = schedule->step(std::span(&batch, 1), settings);
+    const StepStats stats = schedule->step(batches, settings);
     EXPECT_TRUE(stats.applied) << "step " << step;
     trained.losses.push_back(stats.loss);
     last_norm = static_cast<float>(stats.grad_norm);
@@ -287,6 +289,11 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
                           /*discrete=*/true),
             layout, Clipping::kNone),
       "layup from the landing buffers, head on the device");
+  // Two micro-batches: the device sums the head's gradient while the host sums the blocks'.
+  expect_same(train(gpu(), layout, Clipping::kEveryThird, 2),
+              train(delayed_layup({.cpu_workers = 2, .head_on_device = true}, /*discrete=*/true),
+                    layout, Clipping::kEveryThird, 2),
+              "layup, head on the device, two micro-batches");
 }
 
 // A speculative step whose gradient norm turns out not finite while its loss is finite (block 0's

@@ -127,9 +127,11 @@ struct ScheduleOptions {
   // layup: the embeddings and the final norm are updated by the device (Device::adamw_update_span)
   // in the device copy of their weights, from their gradient where the backward left it, with
   // their AdamW moments in device memory; the host's master weights and moments keep those spans
-  // unused (a checkpoint reads the device's). Needs a device copy (not weights_in_place) and one
-  // micro-batch per step. What a discrete GPU wants: the head's update then costs no transfer and
-  // no CPU time at the end of the step. Without it they are updated on the CPU with the blocks.
+  // unused (a checkpoint reads the device's). Needs a device copy (not weights_in_place); with
+  // several micro-batches the device sums the head's gradient in a buffer of its own (allocated
+  // at the first such step). What a discrete GPU wants: the head's update then costs no transfer
+  // and no CPU time at the end of the step. Without it they are updated on the CPU with the
+  // blocks.
   bool head_on_device = false;
   // Where each class's primary tensors live (the run's placement, memory/memory_plan.h, which
   // --place overrides): the master weights, moments and gradients of every mode, and the device

@@ -538,6 +538,13 @@ TEST_P(CudaBackendTest, LayupHeadOnDeviceAgrees) {
                     "layup, head on device, no host gradient");
     }
   }
+  // Two micro-batches: the device sums the head's gradient (the gpu mode sums every gradient).
+  for (const float clip : {1.0f, 1e3f}) {
+    const std::string clip_name = clip > 1.0f ? "1e3" : "1.0";
+    const ScheduleOptions deferred{.cpu_workers = 2, .head_on_device = true};
+    expect_agrees(run_mode("layup", deferred, clip, true), run_mode("gpu", {}, clip, true),
+                  "layup, head on device, two micro-batches, clip " + clip_name);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaBackendTest,
