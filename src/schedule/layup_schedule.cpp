@@ -422,7 +422,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
                 " micro-batches); plan the run with clipping or --grad-accum to keep one");
     // The device sums the head's gradient over micro-batches in head_sum_ (allocated at the
     // first step that needs it; the memory plan counts it for --grad-accum > 1).
-    head_summed_ = head_on_device_ && micro_batches.size() > 1;
+    // Written only where the head is on the device: the other paths never read it, and their
+    // consumer may still be landing the last step's head gradient (land_head_gradient).
+    if (head_on_device_) head_summed_ = micro_batches.size() > 1;
     if (head_summed_ && head_sum_.count() == 0)
       head_sum_ = allocate_grads(layout_.embeddings().count + layout_.final_norm().count);
     // None is touched by an update that may still be in flight from the last step.
@@ -681,7 +683,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     if (host_gradient_) return host_grads_.data() + span.offset;
     LAYUP_CHECK(span.kind != SpanKind::kBlock,
                 "a block without a host gradient is updated from its slot");
-    if (grads_in_place_) return device_head_gradient(index);
+    if (grads_in_place_) return micro_batch_head_gradient(index);  // one micro-batch
     return head_landing_.data() +
            (span.kind == SpanKind::kEmbeddings ? 0 : layout_.embeddings().count);
   }
@@ -803,8 +805,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
             TraceSpan traced(trace_, consumer_track_, "consume head");
             if (host_gradient_ && !head_on_device_) {
               for (const size_t index : head_spans())
-                span_sum_sq_[index] =
-                    accumulate_gradient(*written, device_head_gradient(index), index, first, last);
+                span_sum_sq_[index] = accumulate_gradient(
+                    *written, micro_batch_head_gradient(index), index, first, last);
             } else if (last) {
               // (head_summed_: before the last micro-batch the device's sum is not complete, and
               // nothing on the host reads it.)
@@ -915,7 +917,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     take_head_sums();
     progress_.consume_done();
     for (const size_t index : head_spans())
-      land_gradient(written, device_head_gradient(index), index);
+      land_gradient(written, micro_batch_head_gradient(index), index);
     progress_.head_landed();
     head_gradient_landed(head);
   }
@@ -949,8 +951,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
     }
   }
 
-  // The device-side gradient of head span `index` this step: one micro-batch's, as backward_head
-  // and backward_embeddings leave it, or with head_summed_ the device's sum over micro-batches.
+  // head_on_device: the device-side gradient of head span `index` this step: one micro-batch's, as
+  // backward_head and backward_embeddings leave it, or with head_summed_ the device's sum over
+  // micro-batches. Read on the device thread and by the consumer of this step only.
   float* device_head_gradient(size_t index) const {
     return head_summed_ ? head_sum_.data() + head_state_offset(index)
                         : micro_batch_head_gradient(index);
