@@ -420,10 +420,10 @@ class LayupSchedule final : public HostOptimizerSchedule {
                 "clip (asked: ",
                 settings.clip_max_norm, ") or accumulate (asked: ", micro_batches.size(),
                 " micro-batches); plan the run with clipping or --grad-accum to keep one");
-    // The device sums the head's gradient over micro-batches in head_sum_ (allocated at the
-    // first step that needs it; the memory plan counts it for --grad-accum > 1).
-    // Written only where the head is on the device: the other paths never read it, and their
-    // consumer may still be landing the last step's head gradient (land_head_gradient).
+    // With the head on the device and several micro-batches the device sums the head's gradient
+    // in head_sum_ (allocated at the first step that needs it; the memory plan counts it for
+    // --grad-accum > 1). head_summed_ changes only where the head is on the device: the consumer
+    // of the other paths may still be landing the last step's head gradient here.
     if (head_on_device_) head_summed_ = micro_batches.size() > 1;
     if (head_summed_ && head_sum_.count() == 0)
       head_sum_ = allocate_grads(layout_.embeddings().count + layout_.final_norm().count);
@@ -953,7 +953,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
 
   // head_on_device: the device-side gradient of head span `index` this step: one micro-batch's, as
   // backward_head and backward_embeddings leave it, or with head_summed_ the device's sum over
-  // micro-batches. Read on the device thread and by the consumer of this step only.
+  // micro-batches. Read on the device thread, which step() starts after setting head_summed_.
   float* device_head_gradient(size_t index) const {
     return head_summed_ ? head_sum_.data() + head_state_offset(index)
                         : micro_batch_head_gradient(index);
