@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "train/tiny_benchmark.h"
 
@@ -91,6 +92,10 @@ TEST(Benchmark, TimesStepsOnTheCpu) {
   EXPECT_DOUBLE_EQ(parsed["tokens_per_s"].get<double>(), result.tokens_per_s);
   EXPECT_TRUE(parsed["machine"].contains("hostname"));
   EXPECT_TRUE(parsed["machine"].contains("cpu"));
+  // The commit the build recorded: a full hash, "-dirty" when the tree differed from it, or
+  // "unknown" outside a git checkout.
+  const std::string commit = parsed["git_commit"];
+  EXPECT_TRUE(std::regex_match(commit, std::regex("[0-9a-f]{40}(-dirty)?|unknown"))) << commit;
 }
 
 // --energy: one reading per source the machine has, over the timed steps; each either counted

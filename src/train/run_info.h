@@ -17,7 +17,8 @@ std::string hostname();
 // Now, in UTC, as 2026-11-30T08:00:00Z.
 std::string utc_now();
 
-// The commit of the source tree this binary was built from, or "unknown".
+// The commit of the source tree this binary was built from, as the build recorded it: the hash,
+// with "-dirty" when tracked files differed from it, or "unknown" outside a git checkout.
 std::string git_commit();
 
 }  // namespace layup
