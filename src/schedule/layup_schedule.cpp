@@ -358,7 +358,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     LAYUP_CHECK(!head_on_device_ || !weights_in_place_,
                 "updating the head on the device needs the device's own copy of the weights (the "
                 "device computes with the master weights in place here)");
-    const size_t head_count = layout.embeddings().count + layout.final_norm().count;
+    const size_t head_count = head_floats();
     if (!host_gradient_ && !grads_in_place_) {
       for (DeviceBuffer& landing : slot_landing_)
         landing = device_->allocate_host(layout.block().count, TensorClass::kWeightGrads);
@@ -390,7 +390,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     if (!head_on_device_) return tensors;
     for (const size_t index : head_spans()) {
       const Span& span = layout_.spans()[index];
-      const size_t at = head_state_offset(index);
+      const size_t at = head_offset(index);
       device_->copy_to_host(tensors.params.data() + span.offset, params_.data() + span.offset,
                             span.count);
       device_->copy_to_host(tensors.adam_m.data() + span.offset, head_m_.data() + at, span.count);
@@ -404,7 +404,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     if (!head_on_device_) return;
     for (const size_t index : head_spans()) {
       const Span& span = layout_.spans()[index];
-      const size_t at = head_state_offset(index);
+      const size_t at = head_offset(index);
       device_->copy_to_device(head_m_.data() + at, tensors.adam_m.data() + span.offset, span.count);
       device_->copy_to_device(head_v_.data() + at, tensors.adam_v.data() + span.offset, span.count);
     }
@@ -425,8 +425,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     // --grad-accum > 1). head_summed_ changes only where the head is on the device: the consumer
     // of the other paths may still be landing the last step's head gradient here.
     if (head_on_device_) head_summed_ = micro_batches.size() > 1;
-    if (head_summed_ && head_sum_.count() == 0)
-      head_sum_ = allocate_grads(layout_.embeddings().count + layout_.final_norm().count);
+    if (head_summed_ && head_sum_.count() == 0) head_sum_ = allocate_grads(head_floats());
     // None is touched by an update that may still be in flight from the last step.
     std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
     std::fill(block_update_submitted_.begin(), block_update_submitted_.end(), 0);
@@ -684,8 +683,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     LAYUP_CHECK(span.kind != SpanKind::kBlock,
                 "a block without a host gradient is updated from its slot");
     if (grads_in_place_) return micro_batch_head_gradient(index);  // one micro-batch
-    return head_landing_.data() +
-           (span.kind == SpanKind::kEmbeddings ? 0 : layout_.embeddings().count);
+    return head_landing_.data() + head_offset(index);
   }
 
   // A speculative step whose norm is not finite changes nothing: the current state was left
@@ -929,10 +927,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
     if (grads_in_place_ || head_on_device_) {
       device_->wait_for(written);
     } else {
-      device_->copy_to_host_after(written, head_landing_.data(), embeddings_grad_.data(),
-                                  embeddings_grad_.count());
-      device_->copy_to_host_after(written, head_landing_.data() + embeddings_grad_.count(),
-                                  final_norm_grad_.data(), final_norm_grad_.count());
+      for (const size_t index : head_spans())
+        device_->copy_to_host_after(written, head_landing_.data() + head_offset(index),
+                                    micro_batch_head_gradient(index), layout_.spans()[index].count);
     }
     take_head_sums();
   }
@@ -944,7 +941,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     for (const size_t index : head_spans()) {
       const Span& span = layout_.spans()[index];
       TraceSpan traced(trace_, device_track_, adamw_trace_name(span.kind), span.layer);
-      const size_t at = head_state_offset(index);
+      const size_t at = head_offset(index);
       device_->adamw_update_span(layout_, span, params_.data() + span.offset,
                                  device_head_gradient(index), head_m_.data() + at,
                                  head_v_.data() + at, adamw, nullptr);
@@ -955,8 +952,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
   // backward_head and backward_embeddings leave it, or with head_summed_ the device's sum over
   // micro-batches. Read on the device thread, which step() starts after setting head_summed_.
   float* device_head_gradient(size_t index) const {
-    return head_summed_ ? head_sum_.data() + head_state_offset(index)
-                        : micro_batch_head_gradient(index);
+    return head_summed_ ? head_sum_.data() + head_offset(index) : micro_batch_head_gradient(index);
   }
   // Where the backward leaves one micro-batch's gradient of head span `index`: the embeddings' or
   // the final norm's.
@@ -964,10 +960,10 @@ class LayupSchedule final : public HostOptimizerSchedule {
     return index == 0 ? embeddings_grad_.data() : final_norm_grad_.data();
   }
 
-  // Where head span `index` starts in head_m_ and head_v_: the embeddings, then the final norm.
-  size_t head_state_offset(size_t index) const {
-    return index == 0 ? 0 : layout_.embeddings().count;
-  }
+  // The head's buffers (head_m_, head_v_, head_sum_, head_landing_) hold both head spans, the
+  // embeddings then the final norm: head_floats() floats, span `index` from head_offset(index).
+  size_t head_floats() const { return layout_.embeddings().count + layout_.final_norm().count; }
+  size_t head_offset(size_t index) const { return index == 0 ? 0 : layout_.embeddings().count; }
 
   // Device-side weight gradients (slots, head) in memory of grads_kind_ (the placement's).
   DeviceBuffer allocate_grads(size_t count) {
@@ -987,13 +983,13 @@ class LayupSchedule final : public HostOptimizerSchedule {
   std::condition_variable landing_freed_;
   std::array<bool, WeightGradSlots::kSlotCount> landing_busy_{};
   // ScheduleOptions::head_on_device: the head spans' AdamW moments, in device memory
-  // (head_state_offset), their weights the device copy's.
+  // (head_offset), their weights the device copy's.
   const bool head_on_device_;
   DeviceBuffer head_m_, head_v_;
   DeviceBuffer head_landing_;
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
   // head_on_device with several micro-batches (head_summed_, set by step() before the device
-  // starts): the head's gradient summed over them, laid out as head_m_ (head_state_offset).
+  // starts): the head's gradient summed over them, laid out as head_m_ (head_offset).
   bool head_summed_ = false;
   DeviceBuffer head_sum_;
   WeightGradSlots slots_;  // block gradients, two slots
