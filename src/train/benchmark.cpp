@@ -331,9 +331,7 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
                  ? number("%.1f%%", 100.0 * result.mfu) +
                        number(" of %.1f TFLOP/s dense bf16", result.peak_flops / 1e12)
                  : std::string("n/a (no known peak for this device)"));
-  // Only CUDA runs sample the clocks; the others' report is empty.
-  if (result.clocks.available || !result.clocks.unavailable_reason.empty())
-    row("GPU clock", describe_clocks(result.clocks) + " (over the timed steps)");
+  if (result.clocks) row("GPU clock", describe_clocks(*result.clocks) + " (over the timed steps)");
   row("memory peak", format_bytes(result.memory_peak_bytes) +
                          " (before: " + format_bytes(result.memory_before_bytes) + "; " +
                          result.memory_source + ")");
@@ -417,9 +415,7 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
                             {"median_over_floor", result.median_ms / result.floor.total_ms}}
            : nlohmann::json(nullptr)},
       {"schedule", result.schedule},
-      {"gpu_clocks", result.clocks.available || !result.clocks.unavailable_reason.empty()
-                         ? clocks_json(result.clocks)
-                         : nlohmann::json(nullptr)},
+      {"gpu_clocks", result.clocks ? clocks_json(*result.clocks) : nlohmann::json(nullptr)},
       {"energy",
        [&] {
          if (!options.energy) return nlohmann::json(nullptr);

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -137,9 +138,9 @@ struct BenchmarkResult {
   // With options.energy: one reading per source over the timed steps (from just before the first
   // to just after the last), unavailable sources included with their reason.
   std::vector<EnergyReading> energy;
-  // On CUDA: the GPU's SM clock and what held it down, sampled over the timed steps (a step at
-  // the power limit runs at a lower clock: its time follows its energy).
-  GpuClockReport clocks;
+  // On CUDA (else empty): the GPU's SM clock and what held it down, sampled over the timed steps
+  // (a step at the power limit runs at a lower clock: its time follows its energy).
+  std::optional<GpuClockReport> clocks;
 };
 
 // Builds the model, backend and schedule, runs the warm-up then the timed steps. Refuses, before
