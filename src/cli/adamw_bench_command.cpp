@@ -127,7 +127,7 @@ nlohmann::json timing_json(const Timing& timing, size_t params) {
 void run_adamw_bench(const AdamWBenchFlags& flags) {
   LAYUP_CHECK(flags.params > 0, "--params must be positive");
   LAYUP_CHECK(flags.repeats > 0, "--repeats must be positive, not ", flags.repeats);
-  LAYUP_CHECK(flags.workers >= 0, "--workers must not be negative, not ", flags.workers);
+  if (flags.workers != 0) check_thread_count("--workers", flags.workers);
   HostAdamWOptions options;
   options.workers = flags.workers;
   options.pin = !flags.no_pin;

@@ -61,16 +61,18 @@ void add_bench_command(CLI::App& app) {
                 "(RAPL powercap); a source that cannot be read is reported with the reason");
   cmd->add_option("--json", flags->json_path, "Also write the result as one JSON object here");
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
-  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place,
-                   flags->plan_path);
+  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.allow_overcommit,
+                   o.place, flags->plan_path);
 
   cmd->callback([flags]() {
     BenchmarkOptions options = flags->options;
     options.model = named_config(options.model_name);
     options.clip = parse_clip_flag(flags->clip);
     options.place = place_flags_with_plan(flags->plan_path, options.place);
-    LAYUP_CHECK(flags->threads >= 0, "--threads must not be negative");
-    if (flags->threads > 0) omp_set_num_threads(flags->threads);
+    if (flags->threads != 0) {
+      check_thread_count("--threads", flags->threads);
+      omp_set_num_threads(flags->threads);
+    }
 
     std::fprintf(stderr, "layup bench: %s, batch %dx%d, %d warm-up + %d timed steps, mode %s\n",
                  options.model_name.c_str(), options.batch, options.seq_len, options.warmup_steps,

@@ -19,11 +19,11 @@ void add_study_command(CLI::App& app);
 // --host-budget, --place (memory/memory_plan.h) and --plan (a file `layup study` wrote,
 // memory/plan_file.h; merge it with place_flags_with_plan() once the flags are parsed).
 void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget, std::vector<std::string>& place,
-                      std::string& plan_path);
+                      std::string& host_budget, bool& allow_overcommit,
+                      std::vector<std::string>& place, std::string& plan_path);
 // The budget flags alone (`study` chooses the placements itself).
 void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget);
+                      std::string& host_budget, bool& allow_overcommit);
 
 // The clipping flags `train`, `bench` and `memory` share: --clip (a threshold or none) and
 // --layup-clip (how layup keeps clipping exact: speculative or deferred).

@@ -34,6 +34,7 @@ struct MemoryFlags {
   std::vector<std::string> place;
   std::string plan_path;
   std::string memory_budget, device_budget, host_budget;
+  bool allow_overcommit = false;
 };
 
 // Resolves auto like `layup train` does; an explicit cuda without a usable GPU still plans, with
@@ -111,7 +112,7 @@ void add_memory_command(CLI::App& app) {
   cmd->add_option("--mode", flags->mode,
                   "Also print this mode's plan allocation by allocation: gpu, offload or layup");
   add_memory_flags(*cmd, flags->memory_budget, flags->device_budget, flags->host_budget,
-                   flags->place, flags->plan_path);
+                   flags->allow_overcommit, flags->place, flags->plan_path);
 
   cmd->callback([flags]() {
     LAYUP_CHECK(flags->mode.empty() || flags->mode == "gpu" || flags->mode == "offload" ||
@@ -153,6 +154,12 @@ void add_memory_command(CLI::App& app) {
         }
         if (any) table += row(std::string("  ") + tensor_class_label(c), columns);
       }
+      if (side == MemorySide::kHost) {
+        std::vector<std::string> columns;
+        for (const MemoryPlan& plan : plans)
+          columns.push_back(bytes_or_dash(plan.transient_bytes()));
+        table += row("  transient copies", columns);
+      }
       std::vector<std::string> totals;
       for (const MemoryPlan& plan : plans) totals.push_back(bytes_or_dash(plan.bytes(side)));
       table +=
@@ -165,7 +172,18 @@ void add_memory_command(CLI::App& app) {
     }
     table += row("total", totals);
     if (budgets.any()) table += row("within " + budgets.describe(), verdicts);
+    // The host's physical memory: what this machine must have for each mode, whatever the budgets.
+    const HostMemoryLimit machine = read_host_memory_limit();
+    const MemoryBudgets machine_limit = with_machine_limit({}, machine, false);
+    std::vector<std::string> host_memory, machine_verdicts;
+    for (const MemoryPlan& plan : plans) {
+      host_memory.push_back(format_bytes(plan.host_memory_bytes()));
+      machine_verdicts.push_back(fits(plan, machine_limit) ? "fits" : "TOO LARGE");
+    }
+    table += row("host memory at the peak", host_memory);
+    table += row("on this machine's host", machine_verdicts);
     std::printf("%s\n", table.c_str());
+    std::printf("this machine's host memory for a run: %s\n", machine.describe().c_str());
 
     const MemoryPlan& gpu = plans[0];
     const MemoryPlan& layup = plans[2];

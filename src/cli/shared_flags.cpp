@@ -8,7 +8,7 @@
 namespace layup {
 
 void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget) {
+                      std::string& host_budget, bool& allow_overcommit) {
   command.add_option("--memory-budget", memory_budget,
                      "Refuse, before allocating, a run whose memory plan needs more than this, "
                      "device and host side together, as on a unified-memory board: 16G, 512M, "
@@ -16,13 +16,20 @@ void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string
   command.add_option("--device-budget", device_budget,
                      "The same for the device side alone (what the device computes on)");
   command.add_option("--host-budget", host_budget,
-                     "The same for the host side alone (the schedule's host-side state)");
+                     "The same for the host side alone (the schedule's host-side state). Every "
+                     "plan is also checked against what this machine's host memory can give "
+                     "(MemAvailable and the cgroup's limit, less a reserve): a budget can lower "
+                     "that limit, not raise it");
+  command.add_flag("--allow-overcommit", allow_overcommit,
+                   "Skip the check against this machine's host memory (and let --host-budget "
+                   "exceed it), e.g. where swap will take the rest: the kernel may then end the "
+                   "run");
 }
 
 void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget, std::vector<std::string>& place,
-                      std::string& plan_path) {
-  add_budget_flags(command, memory_budget, device_budget, host_budget);
+                      std::string& host_budget, bool& allow_overcommit,
+                      std::vector<std::string>& place, std::string& plan_path) {
+  add_budget_flags(command, memory_budget, device_budget, host_budget, allow_overcommit);
   command
       .add_option("--place", place,
                   "CLASS=KIND placement overrides, repeatable or comma-separated (classes: "

@@ -99,7 +99,7 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--out", flags->out_dir, "Directory for the files (created)")
       ->capture_default_str();
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
-  add_budget_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget);
+  add_budget_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.allow_overcommit);
 
   cmd->callback([flags]() {
     StudyOptions options = flags->options;

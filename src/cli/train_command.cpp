@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "cli/commands.h"
@@ -25,20 +26,27 @@ struct TrainFlags {
 };
 
 // Resolves --model / --layers --heads --dim / --context into a config, refusing mixtures.
-Gpt2Config resolve_model(const TrainFlags& flags, bool model_given) {
-  const bool sizes_given = flags.layers || flags.heads || flags.dim;
+Gpt2Config resolve_model(const TrainFlags& flags, const CLI::App& cmd) {
+  const bool model_given = cmd.count("--model") > 0;
+  const bool sizes_given = cmd.count("--layers") || cmd.count("--heads") || cmd.count("--dim");
   LAYUP_CHECK(!(model_given && sizes_given),
               "give either --model or --layers/--heads/--dim, not both: --model ", flags.model,
               " already fixes the sizes");
   Gpt2Config config = named_config(flags.model);
   if (sizes_given) {
-    LAYUP_CHECK(flags.layers && flags.heads && flags.dim,
+    LAYUP_CHECK(cmd.count("--layers") && cmd.count("--heads") && cmd.count("--dim"),
                 "an explicit model needs all of --layers, --heads and --dim");
+    for (const auto& [flag, value] :
+         {std::pair{"--layers", flags.layers}, {"--heads", flags.heads}, {"--dim", flags.dim}})
+      LAYUP_CHECK(value >= 1, flag, " must be at least 1 (got ", value, ")");
     config.n_layer = flags.layers;
     config.n_head = flags.heads;
     config.n_embd = flags.dim;
   }
-  if (flags.context) config.n_positions = flags.context;
+  if (cmd.count("--context")) {
+    LAYUP_CHECK(flags.context >= 1, "--context must be at least 1 (got ", flags.context, ")");
+    config.n_positions = flags.context;
+  }
   return config;
 }
 
@@ -100,14 +108,22 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--out", o.out_dir,
                   "Run folder for checkpoints and log.jsonl (default: "
                   "runs/train-DATE-TIME, or the resumed run's folder)");
-  cmd->add_option("--resume", o.resume, "Continue from a checkpoint or a run folder's latest");
+  cmd->add_option("--resume", o.resume,
+                  "Continue from a checkpoint or a run folder's latest, with the run's own "
+                  "settings; a flag given too is applied if it leaves the trajectory alone "
+                  "(--eval-every, --threads, --mode...), refused if it would change it, except "
+                  "--steps, which extends (or shortens) the learning-rate schedule");
+  cmd->add_flag("--overwrite", o.overwrite,
+                "Let a new run replace the checkpoints and log.jsonl of another run in its --out "
+                "folder (without it such a folder is refused)");
   cmd->add_option("--sample-tokens", o.sample_tokens, "Tokens sampled at the end (0: none)")
       ->capture_default_str();
   cmd->add_option("--prompt", o.sample_prompt, "Prompt of the final sample");
   cmd->add_option("--temperature", o.temperature, "Sampling temperature")->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Sample among the k likeliest tokens (0: all)")
       ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed of initialization and batch order")
+  cmd->add_option("--seed", o.seed, "Seed of initialization and batch order (0 to 2^64-1)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--device", o.device,
                   "auto, cpu or cuda; auto picks cuda where this build has it and a GPU is usable")
@@ -126,25 +142,31 @@ void add_train_command(CLI::App& app) {
                 "powercap), per step in log.jsonl and in total at the end; a source that cannot "
                 "be read is reported with the reason");
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
-  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.place,
-                   flags->plan_path);
+  add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.allow_overcommit,
+                   o.place, flags->plan_path);
 
   cmd->callback([flags, cmd]() {
     TrainOptions options = flags->options;
-    const bool model_given = cmd->count("--model") > 0;
-    const bool any_model_flag = model_given || cmd->count("--layers") || cmd->count("--heads") ||
-                                cmd->count("--dim") || cmd->count("--context");
+    const bool any_model_flag = cmd->count("--model") || cmd->count("--layers") ||
+                                cmd->count("--heads") || cmd->count("--dim") ||
+                                cmd->count("--context");
     LAYUP_CHECK(options.resume.empty() || !any_model_flag,
                 "--resume takes the model from the checkpoint; drop --model, --layers, --heads, "
                 "--dim and --context");
-    options.model = resolve_model(*flags, model_given);
+    options.model = resolve_model(*flags, *cmd);
     options.model_name = (cmd->count("--layers") ? "custom" : flags->model);
     options.clip = parse_clip_flag(flags->clip);
     options.place = place_flags_with_plan(flags->plan_path, options.place);
-    LAYUP_CHECK(flags->threads >= 0, "--threads must not be negative");
-    if (flags->threads > 0) omp_set_num_threads(flags->threads);
+    if (!flags->plan_path.empty()) options.given_flags.push_back("--place");
+    for (const CLI::Option* option : cmd->get_options())
+      if (option->count() > 0) options.given_flags.push_back(option->get_name());
+    if (flags->threads != 0) {
+      check_thread_count("--threads", flags->threads);
+      omp_set_num_threads(flags->threads);
+    }
 
     const TrainResult result = train(options);
+    if (!result.stopped_by.empty()) std::printf("stopped by %s: ", result.stopped_by.c_str());
     std::printf("trained to step %d in %s", result.steps_done,
                 ProgressLine::format_duration(result.wall_s).c_str());
     if (std::isfinite(result.initial_val_loss))
@@ -154,6 +176,9 @@ void add_train_command(CLI::App& app) {
     std::printf("\n");
     if (!result.last_checkpoint.empty())
       std::printf("checkpoint: %s\n", result.last_checkpoint.c_str());
+    if (!result.stopped_by.empty())
+      std::printf("continue with: layup train --resume %s\n",
+                  std::filesystem::path(result.last_checkpoint).parent_path().c_str());
     if (!options.trace_path.empty()) std::printf("trace: %s\n", options.trace_path.c_str());
     const long long tokens_per_step =
         static_cast<long long>(options.batch) * options.seq_len * options.grad_accum;

@@ -21,6 +21,12 @@ namespace layup {
 
 namespace {
 
+// What the process itself holds on the host, whatever the model: its code and libraries, the
+// tokenizer, the threads' stacks. Allowances, from the peak resident set of small runs (the
+// layup binary training a 2-layer model: CPU backend, and CUDA with cuBLASLt and cuDNN loaded).
+constexpr size_t kCpuRuntimeBytes = size_t{160} << 20;
+constexpr size_t kCudaRuntimeBytes = size_t{2} << 30;
+
 const std::vector<std::string>& modes() {
   static const std::vector<std::string> names = {"gpu", "offload", "layup"};
   return names;
@@ -191,7 +197,7 @@ size_t MemoryPlan::bytes(MemorySide side) const {
 size_t MemoryPlan::bytes(MemorySide side, TensorClass tensor_class) const {
   size_t sum = 0;
   for (const PlannedAllocation& a : allocations)
-    if (a.side == side && a.tensor_class == tensor_class) sum += a.bytes;
+    if (a.side == side && a.tensor_class == tensor_class && !a.transient) sum += a.bytes;
   return sum;
 }
 
@@ -210,6 +216,25 @@ size_t MemoryPlan::accounted_bytes(MemorySide side, TensorClass tensor_class,
 
 size_t MemoryPlan::total_bytes() const {
   return bytes(MemorySide::kDevice) + bytes(MemorySide::kHost);
+}
+
+size_t MemoryPlan::transient_bytes() const {
+  size_t sum = 0;
+  for (const PlannedAllocation& a : allocations)
+    if (a.transient) sum += a.bytes;
+  return sum;
+}
+
+size_t MemoryPlan::host_memory_bytes() const {
+  // Device memory is the host's DRAM on the CPU backend and on an integrated GPU; managed memory
+  // on a discrete GPU lives in the GPU's memory while kernels use it.
+  const bool one_memory = request.device == "cpu" || request.attributes.integrated;
+  size_t sum = 0;
+  for (const PlannedAllocation& a : allocations)
+    if (one_memory || a.kind == MemoryKind::kHost || a.kind == MemoryKind::kPinnedMapped ||
+        a.kind == MemoryKind::kPageable)
+      sum += a.bytes;
+  return sum;
 }
 
 MemoryPlan plan_memory(const MemoryPlanRequest& r) {
@@ -445,9 +470,29 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
     plan.notes.push_back(
         "--place scratch places the backward's activation gradients; the cuBLASLt and cuDNN "
         "workspaces and the norm's partial sums stay in device memory");
-  plan.notes.push_back(
-      "not counted: transient host copies (initial parameters, checkpoint export), the data, "
-      "and per-call temporaries inside the ops");
+  // What the process holds on the host besides the schedule's and the backend's buffers.
+  size_t largest_tensor = 0;
+  for (const TensorSpec& tensor : layout.tensors())
+    largest_tensor = std::max(largest_tensor, tensor.count);
+  plan.allocations.push_back(
+      {host, TensorClass::kMasterWeights, MemoryKind::kHost, all + largest_tensor * f,
+       "parameters in layout order on their way into the schedule (initialised or loaded) or out "
+       "of it (a checkpoint), and one tensor of the checkpoint writer's or reader's scratch",
+       false, true});
+  plan.allocations.push_back({host, TensorClass::kOptimizerMoments, MemoryKind::kHost, 2 * all,
+                              "AdamW m and v on their way into or out of the schedule (the "
+                              "start, a checkpoint)",
+                              false, true});
+  if (r.data_bytes > 0)
+    plan.allocations.push_back({host, TensorClass::kScratch, MemoryKind::kHost, r.data_bytes,
+                                "the training and validation tokens, read into memory", false});
+  plan.allocations.push_back(
+      {host, TensorClass::kScratch, MemoryKind::kHost, cuda ? kCudaRuntimeBytes : kCpuRuntimeBytes,
+       cuda ? "the process itself: code, the CUDA runtime and cuBLASLt/cuDNN libraries, the "
+              "tokenizer (an allowance)"
+            : "the process itself: code, the tokenizer, the threads' stacks (an allowance)",
+       false});
+  plan.notes.push_back("not counted: per-call temporaries inside the ops");
   return plan;
 }
 
@@ -497,24 +542,48 @@ MemoryBudgets parse_memory_budgets(const std::string& memory_budget,
   return budgets;
 }
 
+MemoryBudgets with_machine_limit(MemoryBudgets budgets, const HostMemoryLimit& machine,
+                                 bool allow_overcommit) {
+  if (allow_overcommit) return budgets;
+  const size_t usable = machine.usable_bytes();
+  LAYUP_CHECK(!budgets.host || *budgets.host <= usable, "--host-budget ",
+              format_bytes(*budgets.host),
+              " is more than this machine's host memory can give the "
+              "run: ",
+              machine.describe(),
+              ". A budget can only lower that limit; add "
+              "--allow-overcommit to plan past it (with swap, say), at the risk of the kernel "
+              "ending the run");
+  budgets.machine_host = usable;
+  budgets.machine_host_source = machine.describe();
+  return budgets;
+}
+
 bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {
   return (!budgets.total || plan.total_bytes() <= *budgets.total) &&
          (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device) &&
-         (!budgets.host || plan.bytes(MemorySide::kHost) <= *budgets.host);
+         (!budgets.host || plan.bytes(MemorySide::kHost) <= *budgets.host) &&
+         (!budgets.machine_host || plan.host_memory_bytes() <= *budgets.machine_host);
 }
 
 void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
   struct Limit {
-    const char* flag;
+    std::string name;
     std::optional<size_t> budget;
     std::optional<MemorySide> side;  // none: both sides together
+    bool host_memory = false;        // the plan's bytes in host memory (the machine's limit)
   };
-  const Limit limits[] = {{"--memory-budget", budgets.total, std::nullopt},
-                          {"--device-budget", budgets.device, MemorySide::kDevice},
-                          {"--host-budget", budgets.host, MemorySide::kHost}};
+  const Limit limits[] = {
+      {"--memory-budget", budgets.total, std::nullopt},
+      {"--device-budget", budgets.device, MemorySide::kDevice},
+      {"--host-budget", budgets.host, MemorySide::kHost},
+      {"what this machine's host memory can give it, " + budgets.machine_host_source,
+       budgets.machine_host, std::nullopt, true}};
   for (const Limit& limit : limits) {
     if (!limit.budget) continue;
-    const size_t need = limit.side ? plan.bytes(*limit.side) : plan.total_bytes();
+    const size_t need = limit.host_memory ? plan.host_memory_bytes()
+                        : limit.side      ? plan.bytes(*limit.side)
+                                          : plan.total_bytes();
     if (need <= *limit.budget) continue;
 
     TensorClass largest = TensorClass::kWeights;
@@ -527,12 +596,17 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
       }
     }
     std::string message = describe_run(plan.request) + " needs " + format_bytes(need);
-    if (limit.side)
+    if (limit.host_memory)
+      message += " of host memory at its peak (" + format_bytes(plan.transient_bytes()) +
+                 " of it transient: the state on its way into the schedule or out to a "
+                 "checkpoint)";
+    else if (limit.side)
       message += " on the " + side_word(*limit.side) + " side";
     else
       message += " (device side " + format_bytes(plan.bytes(MemorySide::kDevice)) +
                  " + host side " + format_bytes(plan.bytes(MemorySide::kHost)) + ")";
-    message += ", over " + std::string(limit.flag) + " " + format_bytes(*limit.budget) + " by " +
+    message += ", over " + limit.name + (limit.host_memory ? "," : "") + " " +
+               (limit.host_memory ? "" : format_bytes(*limit.budget) + " ") + "by " +
                format_bytes(need - *limit.budget) + ". The largest class is " +
                tensor_class_label(largest) + ": " + format_bytes(largest_bytes);
     if (!limit.side)
@@ -599,12 +673,17 @@ std::string format_memory_plan(const MemoryPlan& plan, const MemoryBudgets& budg
     std::snprintf(line, sizeof line, "  %-6s  %-17s  %-8s  %10s  %-9s  %s\n",
                   side_word(a.side).c_str(), tensor_class_label(a.tensor_class),
                   memory_kind_name(a.kind), format_bytes(a.bytes).c_str(),
-                  a.accounted ? "accounted" : "plan only", what.c_str());
+                  a.transient   ? "transient"
+                  : a.accounted ? "accounted"
+                                : "plan only",
+                  what.c_str());
     text += line;
   }
   text += "  total: device side " + format_bytes(plan.bytes(MemorySide::kDevice)) +
           " + host side " + format_bytes(plan.bytes(MemorySide::kHost)) + " = " +
-          format_bytes(plan.total_bytes()) + "\n";
+          format_bytes(plan.total_bytes()) + " at the peak (" +
+          format_bytes(plan.transient_bytes()) + " of it transient)\n";
+  text += "  host memory at the peak: " + format_bytes(plan.host_memory_bytes()) + "\n";
   text += "  weight grads on the device side: " +
           format_bytes(plan.bytes(MemorySide::kDevice, TensorClass::kWeightGrads)) + "\n";
   if (budgets.total)
@@ -617,6 +696,10 @@ std::string format_memory_plan(const MemoryPlan& plan, const MemoryBudgets& budg
     text +=
         "  budget: " + budget_line("--host-budget", *budgets.host, plan.bytes(MemorySide::kHost)) +
         "\n";
+  if (budgets.machine_host)
+    text += "  this machine's host memory: " +
+            budget_line("usable", *budgets.machine_host, plan.host_memory_bytes()) + " (" +
+            budgets.machine_host_source + ")\n";
   text += "  placement: " + plan.placement.describe() + "\n";
   text += "  device: " + r.attributes.describe() + "\n";
   for (const std::string& note : plan.notes) text += "  note: " + note + "\n";

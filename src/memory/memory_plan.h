@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "memory/device_attributes.h"
+#include "memory/host_memory.h"
 #include "memory/memory_accountant.h"
 #include "memory/tensor_class.h"
 #include "model/gpt2_config.h"
@@ -82,6 +83,7 @@ struct MemoryPlanRequest {
   int recompute = 0;               // the CUDA backend's --recompute level
   std::vector<std::string> place;  // --place CLASS=KIND flags, in order
   DeviceMemoryAttributes attributes = cpu_memory_attributes();
+  size_t data_bytes = 0;  // the token shards the run reads into memory (0: none or unknown)
 };
 
 struct PlannedAllocation {
@@ -91,6 +93,10 @@ struct PlannedAllocation {
   size_t bytes;
   std::string what;
   bool accounted;  // goes through Device or a backend: the accountant measures it at run time
+  // Held only for a moment beside everything else (the initial or loaded state on its way into
+  // the schedule, the state copied out for a checkpoint): counted in the side's and the host
+  // memory's peak, not in its class.
+  bool transient = false;
 };
 
 struct MemoryPlan {
@@ -113,10 +119,16 @@ struct MemoryPlan {
   std::vector<PlannedAllocation> allocations;
   std::vector<std::string> notes;  // what is not applied, not counted, or measured only
 
+  // A side's and the whole plan's bytes at the peak (transients included); a class's bytes (its
+  // steady buffers: transients are not a class's).
   size_t bytes(MemorySide side) const;
   size_t bytes(MemorySide side, TensorClass tensor_class) const;
   size_t bytes(TensorClass tensor_class) const;  // both sides
   size_t total_bytes() const;
+  size_t transient_bytes() const;
+  // The plan's bytes in the host's physical memory at the peak: host, pinned and pageable memory
+  // on either side (on the CPU backend and an integrated GPU, everything), transients included.
+  size_t host_memory_bytes() const;
   // What the accountant should find in one of its cells: the accounted allocations there.
   size_t accounted_bytes(MemorySide side, TensorClass tensor_class, MemoryKind kind) const;
 };
@@ -149,12 +161,22 @@ MemoryPlanRequest memory_plan_request_of(const RunOptions& options, const std::s
 MemoryPlan plan_memory(const MemoryPlanRequest& request);
 
 // Budgets in bytes; unset means no limit. total counts device and host bytes together, as on a
-// unified-memory board (a Jetson Orin NX has 16 GB for everything).
+// unified-memory board (a Jetson Orin NX has 16 GB for everything). machine_host is what this
+// machine's host memory can give the run (memory/host_memory.h), checked against the plan's
+// host_memory_bytes(); with_machine_limit sets it.
 struct MemoryBudgets {
   std::optional<size_t> total, device, host;
+  std::optional<size_t> machine_host;
+  std::string machine_host_source;  // where machine_host comes from, for messages
   bool any() const { return total || device || host; }
   std::string describe() const;  // "--memory-budget 16.00 GiB" ...
 };
+
+// `budgets` with this machine's host memory as one more limit. A --host-budget above what the
+// machine has is refused (it can only lower the limit) unless allow_overcommit, which also drops
+// the machine's limit: the kernel may then end the run.
+MemoryBudgets with_machine_limit(MemoryBudgets budgets, const HostMemoryLimit& machine,
+                                 bool allow_overcommit);
 
 // A size as the budget flags take it: a number (fractions allowed) with an optional unit: K, M,
 // G, T (powers of 1024; KiB, MiB, GiB, TiB the same), KB, MB, GB, TB (powers of 1000), or B /
@@ -165,6 +187,15 @@ size_t parse_memory_size(const std::string& text, const std::string& flag);
 MemoryBudgets parse_memory_budgets(const std::string& memory_budget,
                                    const std::string& device_budget,
                                    const std::string& host_budget);
+
+// The budgets a run's options give (memory_budget, device_budget, host_budget, allow_overcommit:
+// TrainOptions and BenchmarkOptions both have them), with this machine's host memory as a limit.
+template <class RunOptions>
+MemoryBudgets run_budgets(const RunOptions& options) {
+  return with_machine_limit(
+      parse_memory_budgets(options.memory_budget, options.device_budget, options.host_budget),
+      read_host_memory_limit(), options.allow_overcommit);
+}
 
 // Whether the plan is within every budget.
 bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets);

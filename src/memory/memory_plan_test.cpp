@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -173,10 +174,13 @@ TEST(MemoryPlan, Gpt2LargeLayupKeepsTwoBlocksOfWeightGradsOnTheDevice) {
 // layup compute with the master weights in place; layup with --clip none and one micro-batch also
 // keeps no whole-model host gradient, so it needs a whole-model copy less than gpu mode (master
 // weights and two moments against weights, gradient and two moments) and two less than offload.
-TEST(MemoryPlan, SixteenGigabyteBudgetOnTheCpuBackend) {
+// A unified-memory board (a Jetson AGX Orin has 32 GB for everything), emulated with
+// --memory-budget: at gpt2-large, B=2, T=1024 only layup fits. Every mode also holds the state on
+// its way into the schedule or out to a checkpoint (12 bytes per parameter, transient).
+TEST(MemoryPlan, UnifiedMemoryBoardBudgetOnTheCpuBackend) {
   const Gpt2Config config = named_config("gpt2-large");
-  const MemoryBudgets budgets = parse_memory_budgets("16G", "", "");
-  ASSERT_EQ(*budgets.total, size_t{16} << 30);
+  const MemoryBudgets budgets = parse_memory_budgets("32G", "", "");
+  ASSERT_EQ(*budgets.total, size_t{32} << 30);
   auto plan = [&](const std::string& mode, int batch, int seq_len, float clip) {
     MemoryPlanRequest request = cpu_request(config, mode, batch, seq_len);
     request.model_name = "gpt2-large";
@@ -187,7 +191,7 @@ TEST(MemoryPlan, SixteenGigabyteBudgetOnTheCpuBackend) {
   // At the full context (the CPU backend keeps every block's B x 20 x T x T attention
   // probabilities, ~6 GiB at B=1, T=1024) layup fits, computing on the master weights in place and
   // updating each block straight from its slot.
-  const MemoryPlan layup = plan("layup", 1, 1024, 0.0f);
+  const MemoryPlan layup = plan("layup", 2, 1024, 0.0f);
   EXPECT_TRUE(layup.weights_in_place);
   EXPECT_FALSE(layup.host_gradient);
   EXPECT_EQ(layup.bytes(MemorySide::kDevice, TensorClass::kWeights), 0u);
@@ -196,22 +200,22 @@ TEST(MemoryPlan, SixteenGigabyteBudgetOnTheCpuBackend) {
   EXPECT_EQ(refusal(layup, budgets), "");
 
   // gpu mode at the same batch is refused, naming its largest class (the activations).
-  const MemoryPlan gpu = plan("gpu", 1, 1024, 0.0f);
+  const MemoryPlan gpu = plan("gpu", 2, 1024, 0.0f);
   const std::string gpu_message = refusal(gpu, budgets);
-  EXPECT_NE(gpu_message.find("gpt2-large in gpu mode at B=1, T=1024"), std::string::npos)
+  EXPECT_NE(gpu_message.find("gpt2-large in gpu mode at B=2, T=1024"), std::string::npos)
       << gpu_message;
-  EXPECT_NE(gpu_message.find("over --memory-budget 16.00 GiB"), std::string::npos) << gpu_message;
+  EXPECT_NE(gpu_message.find("over --memory-budget 32.00 GiB"), std::string::npos) << gpu_message;
   EXPECT_NE(gpu_message.find("--mode layup"), std::string::npos) << gpu_message;
 
   // offload too: a whole gradient on the device side and another on the host side.
-  const MemoryPlan offload = plan("offload", 1, 1024, 0.0f);
+  const MemoryPlan offload = plan("offload", 2, 1024, 0.0f);
   const std::string offload_message = refusal(offload, budgets);
-  EXPECT_NE(offload_message.find("gpt2-large in offload mode at B=1, T=1024"), std::string::npos)
+  EXPECT_NE(offload_message.find("gpt2-large in offload mode at B=2, T=1024"), std::string::npos)
       << offload_message;
-  EXPECT_NE(offload_message.find("over --memory-budget 16.00 GiB"), std::string::npos);
+  EXPECT_NE(offload_message.find("over --memory-budget 32.00 GiB"), std::string::npos);
 
   // layup with clipping keeps the whole gradient on the host (design (a)): refused here too.
-  const MemoryPlan clipped = plan("layup", 1, 1024, 1.0f);
+  const MemoryPlan clipped = plan("layup", 2, 1024, 1.0f);
   EXPECT_TRUE(clipped.host_gradient);
   EXPECT_FALSE(fits(clipped, budgets));
 
@@ -221,14 +225,19 @@ TEST(MemoryPlan, SixteenGigabyteBudgetOnTheCpuBackend) {
   const size_t slots = 2 * layout.block().count * sizeof(float);
   const size_t head = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
   EXPECT_EQ(gpu.total_bytes() - layup.total_bytes(), model - slots - head);
+  // The transient state is the parameters and both moments, and a tensor of scratch.
+  size_t largest_tensor = 0;
+  for (const TensorSpec& tensor : layout.tensors())
+    largest_tensor = std::max(largest_tensor, tensor.count * sizeof(float));
+  EXPECT_EQ(layup.transient_bytes(), 3 * model + largest_tensor);
   for (int seq_len : {1, 128, 1024}) {
     std::printf(
-        "16 GiB budget, gpt2-large B=1 T=%d on the CPU backend: gpu %s, offload %s, layup %s "
+        "gpt2-large B=2 T=%d on the CPU backend, at the peak: gpu %s, offload %s, layup %s "
         "(--clip none; %s with clipping)\n",
-        seq_len, format_bytes(plan("gpu", 1, seq_len, 0.0f).total_bytes()).c_str(),
-        format_bytes(plan("offload", 1, seq_len, 0.0f).total_bytes()).c_str(),
-        format_bytes(plan("layup", 1, seq_len, 0.0f).total_bytes()).c_str(),
-        format_bytes(plan("layup", 1, seq_len, 1.0f).total_bytes()).c_str());
+        seq_len, format_bytes(plan("gpu", 2, seq_len, 0.0f).total_bytes()).c_str(),
+        format_bytes(plan("offload", 2, seq_len, 0.0f).total_bytes()).c_str(),
+        format_bytes(plan("layup", 2, seq_len, 0.0f).total_bytes()).c_str(),
+        format_bytes(plan("layup", 2, seq_len, 1.0f).total_bytes()).c_str());
   }
 }
 
@@ -389,6 +398,7 @@ TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
   EXPECT_EQ(placed.placement[TensorClass::kWeightGrads], MemoryKind::kPinnedMapped);
   for (const PlannedAllocation& a : placed.allocations) {
     SCOPED_TRACE(a.what);
+    if (a.transient) continue;  // the state on its way in or out, in plain host memory
     if (a.tensor_class == TensorClass::kWeightGrads) {
       // Device side as placed; the host accumulator keeps the kind the device copies into
       // fastest (pinned too, here).
@@ -471,6 +481,58 @@ TEST(MemoryPlan, DeviceAndHostBudgetsCountTheirSideOnly) {
   budgets.host = plan.bytes(MemorySide::kHost) - 1;
   const std::string message = refusal(plan, budgets);
   EXPECT_NE(message.find("on the host side, over --host-budget"), std::string::npos) << message;
+}
+
+// Every plan is checked against what this machine's host memory can give the run: the plan's
+// bytes in host memory at its peak, transients included.
+TEST(MemoryPlan, TheMachinesHostMemoryIsALimitToo) {
+  const MemoryPlan plan = plan_memory(cpu_request(tiny_config(), "layup", 2, 8));
+  EXPECT_EQ(plan.host_memory_bytes(), plan.total_bytes());  // the CPU backend: one memory
+  HostMemoryLimit machine;
+  machine.reserve_bytes = size_t{1} << 20;
+  machine.available_bytes = plan.host_memory_bytes() + machine.reserve_bytes;
+  EXPECT_TRUE(fits(plan, with_machine_limit({}, machine, false)));
+  machine.available_bytes -= 1;
+  const MemoryBudgets tight = with_machine_limit({}, machine, false);
+  EXPECT_FALSE(fits(plan, tight));
+  const std::string message = refusal(plan, tight);
+  EXPECT_NE(message.find("of host memory at its peak"), std::string::npos) << message;
+  EXPECT_NE(message.find("MemAvailable"), std::string::npos) << message;
+  EXPECT_NE(message.find("over what this machine's host memory can give it"), std::string::npos)
+      << message;
+  // --allow-overcommit drops the machine's limit.
+  EXPECT_TRUE(fits(plan, with_machine_limit({}, machine, true)));
+
+  // A --host-budget can lower the machine's limit, not raise it.
+  MemoryBudgets lower;
+  lower.host = machine.usable_bytes() / 2;
+  EXPECT_EQ(*with_machine_limit(lower, machine, false).host, machine.usable_bytes() / 2);
+  MemoryBudgets higher;
+  higher.host = machine.usable_bytes() + 1;
+  const std::string raised = error_of([&] { with_machine_limit(higher, machine, false); });
+  EXPECT_NE(raised.find("--allow-overcommit"), std::string::npos) << raised;
+  EXPECT_EQ(error_of([&] { with_machine_limit(higher, machine, true); }), "");
+}
+
+// On a discrete GPU the host's memory holds the pinned and plain host buffers, not the device's.
+TEST(MemoryPlan, OnADiscreteGpuTheHostMemoryIsWhatIsNotInDeviceMemory) {
+  MemoryPlanRequest request = cpu_request(tiny_config(), "layup", 2, 8);
+  request.device = "cuda";
+  request.dtype = "bf16";
+  request.attributes = cuda_memory_attributes();
+  request.attributes.integrated = false;
+  request.data_bytes = 12345;
+  const MemoryPlan plan = plan_memory(request);
+  size_t host_kinds = 0;
+  bool data_planned = false;
+  for (const PlannedAllocation& a : plan.allocations) {
+    if (a.kind != MemoryKind::kDevice && a.kind != MemoryKind::kManaged) host_kinds += a.bytes;
+    data_planned |= a.bytes == 12345 && a.side == MemorySide::kHost;
+  }
+  EXPECT_TRUE(data_planned);
+  EXPECT_EQ(plan.host_memory_bytes(), host_kinds);
+  EXPECT_LT(plan.host_memory_bytes(), plan.total_bytes());
+  EXPECT_GT(plan.transient_bytes(), 0u);
 }
 
 TEST(MemoryPlan, CudaArenaArithmetic) {

@@ -79,6 +79,13 @@ int allowed_core_count() {
   return cores > 0 ? cores : 1;
 }
 
+void check_thread_count(const char* flag, int count) {
+  const int cores = allowed_core_count();
+  LAYUP_CHECK(count >= 1 && count <= cores, flag, " ", count, " is not between 1 and the ", cores,
+              " cores this process may run on; give at most ", cores,
+              " (or leave the flag out for one per core)");
+}
+
 HostAdamW::HostAdamW(const HostAdamWOptions& options)
     : isa_(options.isa.empty() ? adamw_isa_from_environment()
                                : parse_adamw_isa(options.isa, "the CPU AdamW ISA")),

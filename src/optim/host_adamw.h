@@ -55,6 +55,10 @@ namespace layup {
 // does not say; at least 1): the default worker count.
 int allowed_core_count();
 
+// Throws layup::Error unless 1 <= count <= allowed_core_count(), naming the flag: threads beyond
+// the cores this process may use only take turns on them, and thousands fail to start at all.
+void check_thread_count(const char* flag, int count);
+
 struct HostAdamWOptions {
   int workers = 0;         // 0: one per core this process may run on (sched_getaffinity)
   bool pin = true;         // pin worker i to core cores[i]

@@ -43,8 +43,7 @@ StudyRun planned_run(const StudyOptions& options, StudyGroup group, std::string 
     return run;
   }
   try {
-    check_budget(plan, parse_memory_budgets(checked.memory_budget, checked.device_budget,
-                                            checked.host_budget));
+    check_budget(plan, run_budgets(checked));
   } catch (const Error& error) {
     run.skip = StudySkip::kOverBudget;
     run.skipped_reason = first_line(error.what());

@@ -189,8 +189,12 @@ TEST(PlacementStudy, OneFasterClassIsRecommendedAloneAndNoiseIsNoFinding) {
 TEST(PlacementStudy, ARunOverTheBudgetIsSkippedAsSuch) {
   StudyOptions options;
   options.base = tiny_options("cpu");
-  options.base.mode = "gpu";        // all state on the device side: no host-side bytes
-  options.base.host_budget = "1K";  // offload and layup keep their AdamW state on the host
+  // gpu mode keeps its state on the device side; its host side holds only what every mode holds
+  // (the state on its way into the schedule, the process itself). A host budget of exactly that
+  // refuses offload and layup, which keep their AdamW state on the host.
+  options.base.mode = "gpu";
+  options.base.host_budget = std::to_string(
+      plan_memory(memory_plan_request_of(options.base, "cpu", "fp32")).bytes(MemorySide::kHost));
   const StudyResult result = run_study(options, fake_runner({}));
   int over_budget = 0;
   for (const StudyRun& run : result.runs) {

@@ -128,8 +128,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   const std::vector<std::string>& modes = schedule_modes();
   LAYUP_CHECK(std::find(modes.begin(), modes.end(), options.mode) != modes.end(), "--mode ",
               options.mode, " is not a schedule; use gpu, offload or layup");
-  LAYUP_CHECK(options.cpu_workers >= 1, "--cpu-workers must be at least 1 (got ",
-              options.cpu_workers, ")");
+  check_thread_count("--cpu-workers", options.cpu_workers);
   if (!options.trace_path.empty()) check_trace_path(options.trace_path);
 
   BenchmarkResult result;
@@ -145,7 +144,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
         "cudaMemGetInfo total-free, whole GPU, max after each step (all processes)";
     result.memory_before_bytes = device_memory_used_bytes();
   } else {
-    result.memory_source = "peak resident set of the process (getrusage)";
+    result.memory_source = "peak resident set of the process (VmHWM)";
     result.memory_before_bytes = process_peak_rss_bytes();
   }
   auto sample_memory = [&] {
@@ -156,8 +155,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   // The memory plan, checked against the budgets before anything is allocated.
   const MemoryPlanRequest request = memory_plan_request_of(options, target.device, target.dtype);
   const MemoryPlan memory_plan = plan_memory(request);
-  const MemoryBudgets budgets =
-      parse_memory_budgets(options.memory_budget, options.device_budget, options.host_budget);
+  const MemoryBudgets budgets = run_budgets(options);
   check_budget(memory_plan, budgets);
   if (log) std::fprintf(log, "%s", format_memory_plan(memory_plan, budgets).c_str());
   result.memory_plan = memory_plan_json(memory_plan);

@@ -60,6 +60,7 @@ struct BenchmarkOptions {
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
   // plan before anything is allocated, and --place CLASS=KIND overrides.
   std::string memory_budget, device_budget, host_budget;
+  bool allow_overcommit = false;  // no check against this machine's host memory
   std::vector<std::string> place;
   // For short runs of many configurations (`layup study`): stop warming up and stop timing once
   // the steps so far have taken this long (0: no limit; at least one step is always timed), so a
@@ -109,7 +110,7 @@ struct BenchmarkResult {
   double mfu = 0.0;             // achieved / peak; 0 when the peak is unknown
   // Device memory: on CUDA, (total - free) from cudaMemGetInfo, sampled after every step (warm-
   // up and timed) and before the backend was built; it counts every process on the GPU. On the
-  // CPU, the process's peak resident set (getrusage).
+  // CPU, the process's peak resident set (VmHWM).
   std::string memory_source;
   long long memory_before_bytes = 0;
   long long memory_peak_bytes = 0;

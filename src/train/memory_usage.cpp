@@ -3,6 +3,9 @@
 
 #include <sys/resource.h>
 
+#include <fstream>
+#include <string>
+
 #ifdef LAYUP_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -20,6 +23,12 @@ long long device_memory_used_bytes() {
 }
 
 long long process_peak_rss_bytes() {
+  // VmHWM is this program's own peak. getrusage's ru_maxrss survives exec, so it would report the
+  // parent's peak when that was larger (a Python test harness with PyTorch loaded, say).
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.starts_with("VmHWM:")) return std::stoll(line.substr(6)) * 1024;  // in kB
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<long long>(usage.ru_maxrss) * 1024;  // Linux reports kilobytes

@@ -8,7 +8,7 @@ namespace layup {
 // the GPU and the CUDA context. -1 without a usable GPU or in a CPU-only build.
 long long device_memory_used_bytes();
 
-// The peak resident set of this process so far (getrusage), in bytes.
+// The peak resident set of this process so far (/proc/self/status VmHWM, else getrusage), in bytes.
 long long process_peak_rss_bytes();
 
 }  // namespace layup

@@ -49,6 +49,10 @@ std::string utc_now() {
   return text;
 }
 
+std::string layup_version() {
+  return LAYUP_VERSION;
+}
+
 std::string git_commit() {
   return LAYUP_BUILD_COMMIT;
 }

@@ -17,6 +17,9 @@ std::string hostname();
 // Now, in UTC, as 2026-11-30T08:00:00Z.
 std::string utc_now();
 
+// layup's version, as CMakeLists.txt's project() gives it: "0.1.0".
+std::string layup_version();
+
 // The commit of the source tree this binary was built from, as the build recorded it: the hash,
 // with "-dirty" when tracked files differed from it, or "unknown" outside a git checkout.
 std::string git_commit();

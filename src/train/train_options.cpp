@@ -22,6 +22,15 @@ void validate_train_options(const TrainOptions& o) {
   LAYUP_CHECK(o.steps >= 1, "--steps must be at least 1 (got ", o.steps, ")");
   LAYUP_CHECK(o.until_step == -1 || (o.until_step >= 1 && o.until_step <= o.steps), "--until-step ",
               o.until_step, " must lie between 1 and --steps ", o.steps);
+  for (const auto& [flag, value] : {std::pair{"--lr", o.lr},
+                                    {"--min-lr", o.min_lr},
+                                    {"--weight-decay", o.weight_decay},
+                                    {"--beta1", o.beta1},
+                                    {"--beta2", o.beta2},
+                                    {"--eps", o.eps},
+                                    {"--clip", o.clip},
+                                    {"--temperature", o.temperature}})
+    LAYUP_CHECK(std::isfinite(value), flag, " must be a finite number (got ", value, ")");
   LAYUP_CHECK(o.lr > 0.0f, "--lr must be positive (got ", o.lr, ")");
   LAYUP_CHECK(o.min_lr >= 0.0f && o.min_lr <= o.lr, "--min-lr ", o.min_lr,
               " must lie between 0 and --lr ", o.lr);
@@ -34,6 +43,7 @@ void validate_train_options(const TrainOptions& o) {
   LAYUP_CHECK(o.eps > 0.0f, "--eps must be positive (got ", o.eps, ")");
   LAYUP_CHECK(o.eval_every >= 0, "--eval-every must not be negative");
   LAYUP_CHECK(o.eval_batches >= 1, "--eval-batches must be at least 1");
+  LAYUP_CHECK(o.log_every >= 1, "--log-every must be at least 1 (got ", o.log_every, ")");
   LAYUP_CHECK(o.checkpoint_every >= 0, "--checkpoint-every must not be negative");
   LAYUP_CHECK(o.keep_checkpoints >= 1, "--keep-checkpoints must be at least 1");
   LAYUP_CHECK(o.sample_tokens >= 0, "--sample-tokens must not be negative");
@@ -42,29 +52,124 @@ void validate_train_options(const TrainOptions& o) {
   const std::vector<std::string>& modes = schedule_modes();
   LAYUP_CHECK(std::find(modes.begin(), modes.end(), o.mode) != modes.end(), "--mode ", o.mode,
               " is not a schedule; use gpu, offload or layup");
-  LAYUP_CHECK(o.cpu_workers >= 1, "--cpu-workers must be at least 1 (got ", o.cpu_workers, ")");
+  check_thread_count("--cpu-workers", o.cpu_workers);
   parse_memory_budgets(o.memory_budget, o.device_budget, o.host_budget);  // throws naming the flag
 }
 
-nlohmann::json run_identity(const TrainOptions& o) {
-  return {{"n_layer", o.model.n_layer},
-          {"n_head", o.model.n_head},
-          {"n_embd", o.model.n_embd},
-          {"n_positions", o.model.n_positions},
-          {"vocab_size", o.model.vocab_size},
-          {"batch", o.batch},
-          {"seq_len", o.seq_len},
-          {"grad_accum", o.grad_accum},
-          {"steps", o.steps},
-          {"lr", o.lr},
-          {"min_lr", o.min_lr},
-          {"warmup_steps", o.warmup_steps},
-          {"weight_decay", o.weight_decay},
-          {"beta1", o.beta1},
-          {"beta2", o.beta2},
-          {"eps", o.eps},
-          {"clip", o.clip},
-          {"seed", o.seed}};
+namespace {
+
+// One setting a checkpoint keeps: its key in the saved JSON, the flag that sets it, whether it
+// changes the trajectory (the parameters after a step), and how it is read and written.
+struct Setting {
+  const char* key;
+  const char* flag;
+  bool trajectory;
+  nlohmann::json (*get)(const TrainOptions&);
+  void (*set)(TrainOptions&, const nlohmann::json&);
+};
+
+#define LAYUP_SETTING(key, flag, trajectory, field)                                       \
+  Setting {                                                                               \
+    key, flag, trajectory, [](const TrainOptions& o) { return nlohmann::json(o.field); }, \
+        [](TrainOptions& o, const nlohmann::json& value) { value.get_to(o.field); }       \
+  }
+
+// The model's sizes come from the checkpoint's config.json; they are kept here too so a run's
+// settings read whole.
+const std::vector<Setting>& settings() {
+  static const std::vector<Setting> table = {
+      LAYUP_SETTING("n_layer", "--layers", true, model.n_layer),
+      LAYUP_SETTING("n_head", "--heads", true, model.n_head),
+      LAYUP_SETTING("n_embd", "--dim", true, model.n_embd),
+      LAYUP_SETTING("n_positions", "--context", true, model.n_positions),
+      LAYUP_SETTING("vocab_size", "", true, model.vocab_size),
+      LAYUP_SETTING("model_name", "--model", false, model_name),
+      LAYUP_SETTING("batch", "--batch", true, batch),
+      LAYUP_SETTING("seq_len", "--seq-len", true, seq_len),
+      LAYUP_SETTING("grad_accum", "--grad-accum", true, grad_accum),
+      LAYUP_SETTING("steps", "--steps", true, steps),
+      LAYUP_SETTING("lr", "--lr", true, lr),
+      LAYUP_SETTING("min_lr", "--min-lr", true, min_lr),
+      LAYUP_SETTING("warmup_steps", "--warmup", true, warmup_steps),
+      LAYUP_SETTING("weight_decay", "--weight-decay", true, weight_decay),
+      LAYUP_SETTING("beta1", "--beta1", true, beta1),
+      LAYUP_SETTING("beta2", "--beta2", true, beta2),
+      LAYUP_SETTING("eps", "--eps", true, eps),
+      LAYUP_SETTING("clip", "--clip", true, clip),
+      LAYUP_SETTING("seed", "--seed", true, seed),
+      LAYUP_SETTING("data_dir", "--data", true, data_dir),
+      LAYUP_SETTING("tokenizer_dir", "--tokenizer", false, tokenizer_dir),
+      LAYUP_SETTING("eval_every", "--eval-every", false, eval_every),
+      LAYUP_SETTING("eval_batches", "--eval-batches", false, eval_batches),
+      LAYUP_SETTING("checkpoint_every", "--checkpoint-every", false, checkpoint_every),
+      LAYUP_SETTING("keep_checkpoints", "--keep-checkpoints", false, keep_checkpoints),
+      LAYUP_SETTING("log_every", "--log-every", false, log_every),
+      LAYUP_SETTING("sample_tokens", "--sample-tokens", false, sample_tokens),
+      LAYUP_SETTING("sample_prompt", "--prompt", false, sample_prompt),
+      LAYUP_SETTING("temperature", "--temperature", false, temperature),
+      LAYUP_SETTING("top_k", "--top-k", false, top_k),
+      LAYUP_SETTING("mode", "--mode", false, mode),
+      LAYUP_SETTING("layup_clip", "--layup-clip", false, layup_clip),
+      LAYUP_SETTING("layup_head", "--layup-head", false, layup_head),
+      LAYUP_SETTING("recompute", "--recompute", false, recompute),
+      LAYUP_SETTING("algorithms", "--algorithms", false, algorithms),
+      LAYUP_SETTING("place", "--place", false, place),
+  };
+  return table;
+}
+
+#undef LAYUP_SETTING
+
+bool given(const TrainOptions& options, const char* flag) {
+  return *flag != '\0' && std::find(options.given_flags.begin(), options.given_flags.end(), flag) !=
+                              options.given_flags.end();
+}
+
+}  // namespace
+
+nlohmann::json run_settings(const TrainOptions& o) {
+  nlohmann::json saved = nlohmann::json::object();
+  for (const Setting& setting : settings()) saved[setting.key] = setting.get(o);
+  return saved;
+}
+
+TrainOptions resume_settings(TrainOptions options, const nlohmann::json& saved,
+                             const std::string& checkpoint, std::vector<std::string>& notes) {
+  for (const Setting& setting : settings()) {
+    if (!saved.contains(setting.key)) continue;
+    const nlohmann::json& value = saved[setting.key];
+    const nlohmann::json wanted = setting.get(options);
+    if (!given(options, setting.flag)) {
+      try {
+        setting.set(options, value);
+      } catch (const nlohmann::json::exception&) {
+        fail("the checkpoint ", checkpoint, " saved the setting ", setting.key, " as ",
+             value.dump(), ", which is not a valid value for ", setting.flag,
+             "; the file has been changed or damaged");
+      }
+      continue;
+    }
+    if (wanted == value || !setting.trajectory) continue;
+    if (std::string(setting.key) == "data_dir") {
+      notes.push_back("--data " + wanted.get<std::string>() + " replaces the run's data folder " +
+                      value.get<std::string>() +
+                      ": batches continue from the sampler's saved state over it, so the run "
+                      "goes on as before only if it holds the same tokens");
+      continue;
+    }
+    if (std::string(setting.key) == "steps") {
+      notes.push_back("--steps " + wanted.dump() + " changes the run's length from " +
+                      value.dump() +
+                      " steps: the learning-rate schedule's cosine now ends at step " +
+                      wanted.dump() + ", so the steps from here on differ from the original run's");
+      continue;
+    }
+    fail("cannot resume ", checkpoint, " with ", setting.flag, " ", wanted.dump(), ": the run was ",
+         "trained with ", value.dump(),
+         ", and a different value would change its trajectory. "
+         "Drop the flag to continue the run as it was, or start a new run (--out elsewhere)");
+  }
+  return options;
 }
 
 float parse_clip_flag(const std::string& text) {

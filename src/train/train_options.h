@@ -71,15 +71,30 @@ struct TrainOptions {
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
   // run's memory plan before anything is allocated, and --place CLASS=KIND overrides.
   std::string memory_budget, device_budget, host_budget;
+  bool allow_overcommit = false;  // no check against this machine's host memory
   std::vector<std::string> place;
+  bool overwrite = false;  // a fresh run may replace another run's checkpoints and log in out_dir
+
+  // The flags given on the command line ("--lr", ...): on --resume they override the run's own
+  // settings (train/train_options.h, resume_settings), the rest come from the checkpoint.
+  std::vector<std::string> given_flags;
 };
 
 // Throws layup::Error for contradictory or out-of-range options, naming the flag.
 void validate_train_options(const TrainOptions& options);
 
-// The options that must not change across a resume (model, batch, data, optimizer), as JSON.
-// How the step is computed (mode, CPU workers, device, threads, tracing) may change.
-nlohmann::json run_identity(const TrainOptions& options);
+// Every setting a checkpoint keeps so that `--resume DIR` alone continues the run as it was, as
+// JSON: the model, the batch, the optimizer and the data (what the trajectory depends on), and
+// how the run evaluates, checkpoints, samples and schedules its work.
+nlohmann::json run_settings(const TrainOptions& options);
+
+// `options` (the command line) on resuming a run whose checkpoint saved `saved` (run_settings):
+// each setting the command line did not give is taken from the checkpoint; one it gave that
+// changes the trajectory and differs is refused, naming both values; --steps may change (the
+// learning-rate schedule's length then changes: `notes` says so). Settings an older checkpoint
+// did not save keep the command line's values. `checkpoint` names the checkpoint in messages.
+TrainOptions resume_settings(TrainOptions options, const nlohmann::json& saved,
+                             const std::string& checkpoint, std::vector<std::string>& notes);
 
 // The value of a --clip flag: a positive threshold, or "none" (0: no clipping). Throws
 // layup::Error for anything else.

@@ -3,8 +3,10 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +25,7 @@
 #include "train/corpus_shards.h"
 #include "train/memory_usage.h"
 #include "train/progress_line.h"
+#include "train/stop_signals.h"
 
 namespace layup {
 
@@ -48,21 +51,70 @@ std::string format_rate(double tokens_per_s) {
   return text;
 }
 
-// One JSON object per line, flushed as written, so a crashed run still leaves its log.
+// One JSON object per line, flushed as written, so a crashed run still leaves its log. A line
+// that cannot be written (a full disk) stops the run: a log with holes would mislead.
 class JsonLinesLog {
  public:
-  explicit JsonLinesLog(const std::string& path) : out_(path, std::ios::app) {
-    LAYUP_CHECK(out_, "cannot open the log file '", path, "' for appending");
+  explicit JsonLinesLog(const std::string& path) : path_(path), out_(path, std::ios::app) {
+    LAYUP_CHECK(out_, "cannot open the log file '", path,
+                "' for appending: ", std::strerror(errno));
   }
   // Invalid UTF-8 (a sample cut between the bytes of one character: GPT-2's tokens are bytes) is
   // written as U+FFFD instead of throwing at the end of the run.
   void write(const nlohmann::json& record) {
+    errno = 0;
     out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+    LAYUP_CHECK(out_, "cannot write to the log file '", path_,
+                "': ", errno ? std::strerror(errno) : "the write failed",
+                " (is the disk full?); the run stops here rather than leave a log with holes");
   }
 
  private:
+  std::string path_;
   std::ofstream out_;
 };
+
+// A run folder belongs to one run: what another run left there (checkpoints, its log).
+std::vector<fs::path> other_runs_files(const std::string& dir) {
+  std::vector<fs::path> found;
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) return found;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "log.jsonl" || name.starts_with("step-")) found.push_back(entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+// The run folder, checked before anything is loaded: it must be a folder (or not exist yet), and
+// hold no other run's files unless --overwrite.
+void check_run_folder(const TrainOptions& options, bool continues_this_folder) {
+  std::error_code error;
+  const fs::path out(options.out_dir);
+  LAYUP_CHECK(!fs::exists(out, error) || fs::is_directory(out, error), "--out ", options.out_dir,
+              " names a file, not a folder; give a folder for the run's checkpoints and log");
+  if (continues_this_folder || options.overwrite) return;
+  const std::vector<fs::path> found = other_runs_files(options.out_dir);
+  if (found.empty()) return;
+  fail("the run folder ", options.out_dir, " already holds another run (",
+       found.back().filename().string(), found.size() > 1 ? " and more" : "",
+       "); continue that run with `layup train --resume ", options.out_dir,
+       "`, choose another --out, or add --overwrite to replace it");
+}
+
+// The bytes the training and validation tokens take in memory once read: their shards' sizes.
+size_t token_shard_bytes(const std::string& data_dir) {
+  size_t bytes = 0;
+  for (const char* split : {"train", "val"})
+    for (const std::string& path : find_token_shards(data_dir, split)) {
+      std::error_code error;
+      const uintmax_t size = fs::file_size(path, error);
+      LAYUP_CHECK(!error, "cannot read the size of the token shard ", path, ": ", error.message());
+      bytes += size;
+    }
+  return bytes;
+}
 
 float mean_validation_loss(Schedule& schedule, const ValidationBatches& val) {
   double sum = 0.0;
@@ -77,29 +129,39 @@ float mean_validation_loss(Schedule& schedule, const ValidationBatches& val) {
 }  // namespace
 
 TrainResult train(TrainOptions options) {
-  // Resuming takes the model and the run's identity from the checkpoint.
+  // Saved in checkpoints: a resume from another working folder finds them.
+  if (!options.data_dir.empty()) options.data_dir = fs::absolute(options.data_dir).string();
+  if (!options.tokenizer_dir.empty())
+    options.tokenizer_dir = fs::absolute(options.tokenizer_dir).string();
+  // Resuming takes the model and the run's settings from the checkpoint; the command line may
+  // change only what leaves the trajectory alone (resume_settings).
   Checkpoint resumed;
   std::string resumed_from;
+  std::vector<std::string> resume_notes;
+  bool continues_this_folder = false;
   if (!options.resume.empty()) {
     resumed_from = find_latest_checkpoint(options.resume);
     resumed = load_checkpoint(resumed_from);
     LAYUP_CHECK(resumed.has_training_state, "checkpoint '", resumed_from,
                 "' has no training_state.safetensors, so it cannot be resumed; it can still be "
                 "used with `layup sample`");
-    const nlohmann::json saved = resumed.state.options;
     options.model = resumed.model.config;
-    // The mode is not part of the identity: checkpoints are parameters and moments in layout
-    // order whatever computed them, so a run may continue in another mode.
-    const nlohmann::json wanted = run_identity(options);
-    for (const auto& [key, value] : saved.items()) {
-      LAYUP_CHECK(!wanted.contains(key) || wanted[key] == value, "cannot resume '", resumed_from,
-                  "' with a different ", key, ": the checkpoint has ", value.dump(),
-                  ", the command line gives ", wanted[key].dump());
-    }
-    if (options.out_dir.empty()) options.out_dir = fs::path(resumed_from).parent_path().string();
+    options =
+        resume_settings(std::move(options), resumed.state.options, resumed_from, resume_notes);
+    LAYUP_CHECK(options.steps > resumed.state.step, "the checkpoint ", resumed_from, " is at step ",
+                resumed.state.step, " and the run has ", options.steps,
+                " steps: it is finished; give a larger --steps to train on");
+    LAYUP_CHECK(options.until_step == -1 || options.until_step > resumed.state.step,
+                "--until-step ", options.until_step, " is not after the checkpoint's step ",
+                resumed.state.step);
+    const std::string run_folder = fs::path(resumed_from).parent_path().string();
+    if (options.out_dir.empty()) options.out_dir = run_folder;
+    std::error_code error;
+    continues_this_folder = fs::equivalent(options.out_dir, run_folder, error);
   }
   validate_train_options(options);
   if (options.out_dir.empty()) options.out_dir = timestamped_run_dir();
+  check_run_folder(options, continues_this_folder);
   if (!options.trace_path.empty()) check_trace_path(options.trace_path);
 
   // The memory plan, checked against the budgets before anything is allocated or any data read:
@@ -109,18 +171,17 @@ TrainResult train(TrainOptions options) {
                               parse_algorithm_choice(options.algorithms)});
   options.device = target.device;
   options.dtype = target.dtype;
-  const MemoryBudgets budgets =
-      parse_memory_budgets(options.memory_budget, options.device_budget, options.host_budget);
-  const MemoryPlan memory_plan =
-      plan_memory(memory_plan_request_of(options, options.device, options.dtype));
-  check_budget(memory_plan, budgets);
-
+  const MemoryBudgets budgets = run_budgets(options);
   const std::string tokenizer_dir = options.tokenizer_dir.empty()
                                         ? (fs::path(shipped_data_dir()) / "gpt2-tokenizer").string()
                                         : options.tokenizer_dir;
   const BpeTokenizer tokenizer = BpeTokenizer::load_dir(tokenizer_dir);
   const std::string data_dir =
       options.data_dir.empty() ? default_shard_dir(tokenizer) : options.data_dir;
+  MemoryPlanRequest plan_request = memory_plan_request_of(options, options.device, options.dtype);
+  plan_request.data_bytes = token_shard_bytes(data_dir);
+  const MemoryPlan memory_plan = plan_memory(plan_request);
+  check_budget(memory_plan, budgets);
   const Gpt2Config& config = options.model;
   const TokenDataset train_data = TokenDataset::open(data_dir, "train", config.vocab_size);
   const TokenDataset val_data = TokenDataset::open(data_dir, "val", config.vocab_size);
@@ -168,7 +229,18 @@ TrainResult train(TrainOptions options) {
 
   // The run folder is made only once everything it depends on has loaded, so a command that
   // fails on bad input leaves nothing behind.
-  fs::create_directories(options.out_dir);
+  if (options.overwrite && !continues_this_folder)
+    for (const fs::path& path : other_runs_files(options.out_dir)) {
+      std::error_code error;
+      fs::remove_all(path, error);
+      LAYUP_CHECK(!error, "--overwrite: cannot remove ", path.string(), ": ", error.message());
+    }
+  {
+    std::error_code error;
+    fs::create_directories(options.out_dir, error);
+    LAYUP_CHECK(!error, "cannot create the run folder ", options.out_dir, ": ", error.message(),
+                "; choose another --out");
+  }
   JsonLinesLog log((fs::path(options.out_dir) / "log.jsonl").string());
   ProgressLine progress(stderr, last_step, options.log_every);
   std::fprintf(stderr,
@@ -182,6 +254,7 @@ TrainResult train(TrainOptions options) {
   if (trace) std::fprintf(stderr, "  trace: %s (every step)\n", options.trace_path.c_str());
   std::fprintf(stderr, "%s", format_memory_plan(memory_plan, budgets).c_str());
   if (!resumed_from.empty()) progress.message("resumed from " + resumed_from);
+  for (const std::string& note : resume_notes) progress.message("note: " + note);
 
   TrainResult result;
   result.initial_val_loss = NAN;
@@ -202,7 +275,7 @@ TrainResult train(TrainOptions options) {
     state.adam_v = std::move(tensors.adam_v);
     state.data_rng_state = sampler.state();
     state.tokens_seen = tokens_seen;
-    state.options = run_identity(options);
+    state.options = run_settings(options);
     result.last_checkpoint = save_checkpoint(options.out_dir, config, layout, tensors.params.data(),
                                              state, options.keep_checkpoints);
     progress.message("checkpoint " + result.last_checkpoint);
@@ -231,6 +304,8 @@ TrainResult train(TrainOptions options) {
       energy_before.push_back(reading);
     }
   }
+  const StopSignals stop_signals;
+  result.steps_done = start_step;
   for (int step = start_step; step < last_step; ++step) {
     for (int i = 0; i < options.grad_accum; ++i) {
       sampler.next(buffers[i]);
@@ -302,27 +377,38 @@ TrainResult train(TrainOptions options) {
     const bool last = done == last_step;
     if (options.eval_every > 0 && (done % options.eval_every == 0 || last))
       result.final_val_loss = evaluate(done);
-    if ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) || last) save(done);
+    const int stop = StopSignals::requested();
+    if ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) || last || stop)
+      save(done);
+    if (stop && !last) {
+      result.stopped_by = StopSignals::name(stop);
+      log.write({{"step", done}, {"stopped_by", result.stopped_by}});
+      progress.message(std::string("stopped by ") + result.stopped_by + " after step " +
+                       std::to_string(done) + "; continue with: layup train --resume " +
+                       options.out_dir);
+      result.steps_done = done;
+      break;
+    }
+    result.steps_done = done;
   }
   progress.finish();
   if (energy) {
     result.energy = energy->stop();
-    result.energy_steps = last_step - start_step;
+    result.energy_steps = result.steps_done - start_step;
   }
   if (const std::string cpu_adamw = schedule->cpu_adamw_report(); !cpu_adamw.empty())
     std::fprintf(stderr, "  %s\n", cpu_adamw.c_str());
-  result.steps_done = last_step;
   if (trace) trace->write(options.trace_path);
   // Measured beside planned, and the process-wide reading as a cross-check of both.
   const std::string process_memory =
       on_cuda ? "GPU memory in use, all processes (cudaMemGetInfo): " +
                     format_bytes(static_cast<size_t>(std::max(0LL, device_memory_used_bytes())))
-              : "process peak resident set (getrusage): " +
+              : "process peak resident set (VmHWM): " +
                     format_bytes(static_cast<size_t>(process_peak_rss_bytes()));
   std::fprintf(stderr, "%s  %s\n", format_memory_report(memory_plan, *accountant).c_str(),
                process_memory.c_str());
 
-  if (options.sample_tokens > 0 && last_step == options.steps) {
+  if (options.sample_tokens > 0 && result.steps_done == options.steps) {
     Rng rng(options.seed + 1);
     std::vector<int32_t> prompt = tokenizer.encode(options.sample_prompt);
     if (prompt.empty()) prompt.push_back(tokenizer.eot_token());

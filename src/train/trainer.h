@@ -15,6 +15,7 @@ struct TrainResult {
   float final_val_loss = 0.0f;
   std::string last_checkpoint;  // empty when none was written
   std::string sample;           // the generated text at the end, if any
+  std::string stopped_by;       // the signal that stopped the run early ("SIGTERM"), or empty
   double wall_s = 0.0;
   // With options.energy: per source, over the steps this run did (evaluations and checkpoints
   // between them included), and how many steps that was.

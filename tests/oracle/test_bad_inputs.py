@@ -20,7 +20,8 @@ def snapshot(*roots):
 
 def fails_with(args, *phrases):
     result = run(args, check=False)
-    assert result.returncode != 0, f"expected a failure:\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 1, \
+        f"expected exit 1, got {result.returncode}:\n{result.stdout}\n{result.stderr}"
     message = result.stderr.lower()
     for phrase in phrases:
         assert phrase.lower() in message, f"{phrase!r} not in:\n{result.stderr}"
@@ -106,6 +107,18 @@ def test_corrupted_tokenizer(tmp_path, shards):
     (["--until-step", "30", "--steps", "10"], "--until-step"),
     (["--clip", "-1"], "--clip"),
     (["--model", "nonsense"], "unknown model config"),
+    (["--layers", "0", "--heads", "2", "--dim", "32"], "--layers must be at least 1"),
+    (["--layers", "2", "--heads", "2", "--dim", "32", "--context", "0"], "--context must be"),
+    (["--context", "16"], "above the model's context"),  # --seq-len 256 by default
+    (["--seed", "-1"], "--seed"),
+    (["--eps", "inf"], "--eps must be a finite number"),
+    (["--lr", "inf"], "--lr must be a finite number"),
+    (["--lr", "nan"], "--lr must be a finite number"),
+    (["--beta2", "nan"], "--beta2 must be a finite number"),
+    (["--threads", "100000"], "--threads 100000 is not between 1 and the"),
+    (["--threads", "40000"], "--threads 40000 is not between 1 and the"),
+    (["--cpu-workers", "100000", "--mode", "layup"], "--cpu-workers 100000"),
+    (["--log-every", "0"], "--log-every"),
 ])
 def test_contradictory_or_out_of_range_flags(tmp_path, shards, flags, phrase):
     fails_with([binary("layup"), "train", "--data", shards, "--out", tmp_path / "run", *flags],

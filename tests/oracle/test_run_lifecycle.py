@@ -1,0 +1,203 @@
+"""A run's life through the CLI: what the machine's host memory allows, the run folder, resuming
+with the run's own settings, stopping on SIGINT/SIGTERM, a log that cannot be written, --version."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from oracle_util import TINY_RUN, binary, read_log, run, tiny_shards
+from test_bad_inputs import fails_with, snapshot
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return tiny_shards(tmp_path_factory.mktemp("data"))
+
+
+def train(data, out, *extra):
+    return [binary("layup"), "train", *TINY_RUN, "--steps", "4", "--data", data, "--out", out,
+            *extra]
+
+
+def fake_machine(root, available_gib, cgroup_limit_bytes=None):
+    """A /proc and cgroup tree for LAYUP_SYSTEM_ROOT: the same code path reads it as the real one."""
+    (root / "proc" / "self").mkdir(parents=True)
+    (root / "proc" / "meminfo").write_text(
+        f"MemTotal: 999999999 kB\nMemAvailable: {int(available_gib * 1024 * 1024)} kB\n")
+    (root / "proc" / "self" / "cgroup").write_text("0::/job\n")
+    job = root / "sys" / "fs" / "cgroup" / "job"
+    job.mkdir(parents=True)
+    (job / "memory.max").write_text("max\n" if cgroup_limit_bytes is None
+                                    else f"{cgroup_limit_bytes}\n")
+    (job / "memory.current").write_text("0\n")
+    return dict(os.environ, LAYUP_SYSTEM_ROOT=str(root))
+
+
+# --- host memory ---
+
+def test_a_cgroup_too_small_for_the_plan_is_refused_before_allocating(tmp_path, shards):
+    env = fake_machine(tmp_path / "machine", 64, cgroup_limit_bytes=600 * 2**20)
+    result = run(train(shards, tmp_path / "run"), check=False, env=env)
+    assert result.returncode == 1, result.stderr
+    assert "of host memory at its peak" in result.stderr
+    assert "cgroup /job limit 600.0 MiB" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_readmes_bench_example_is_refused_on_a_24_gb_machine(tmp_path):
+    env = fake_machine(tmp_path / "machine", 22.5)
+    result = run([binary("layup"), "bench", "--model", "gpt2", "--batch", "32", "--seq-len",
+                  "1024", "--device", "cpu"], check=False, env=env)
+    assert result.returncode == 1, result.stderr
+    assert "of host memory at its peak" in result.stderr and "Within the budget" in result.stderr
+
+
+def test_host_budget_can_lower_the_machines_limit_but_not_raise_it(tmp_path, shards):
+    env = fake_machine(tmp_path / "machine", 2)
+    fails = run(train(shards, tmp_path / "run", "--host-budget", "64G"), check=False, env=env)
+    assert fails.returncode == 1 and "--allow-overcommit" in fails.stderr, fails.stderr
+    assert not (tmp_path / "run").exists()
+    run(train(shards, tmp_path / "run", "--host-budget", "64G", "--allow-overcommit"), env=env)
+
+
+def test_the_run_reports_its_peak_resident_set_within_the_plan(tmp_path, shards):
+    """The plan covers what the process holds on the host at its peak: the measured peak resident
+    set (VmHWM) stays within the plan's host memory, and is not far below it."""
+    result = run(train(shards, tmp_path / "run", "--layers", "4", "--dim", "256", "--heads", "4",
+                       "--checkpoint-every", "2"))
+    plan = float(result.stderr.split("host memory at the peak: ")[1].split(" MiB")[0])
+    measured = float(result.stderr.split("process peak resident set (VmHWM): ")[1]
+                     .split(" MiB")[0])
+    assert measured <= plan, result.stderr
+    assert measured >= 0.5 * plan, f"the plan ({plan} MiB) is far above the peak ({measured} MiB)"
+
+
+# --- the run folder ---
+
+def test_a_new_run_into_another_runs_folder_is_refused(tmp_path, shards):
+    run(train(shards, tmp_path / "run", "--steps", "2"))
+    before = snapshot(tmp_path / "run")
+    fails_with(train(shards, tmp_path / "run", "--steps", "2"), "already holds another run",
+               "--resume", "--overwrite")
+    assert snapshot(tmp_path / "run") == before
+
+
+def test_overwrite_replaces_the_other_runs_checkpoints_and_log(tmp_path, shards):
+    run(train(shards, tmp_path / "run", "--steps", "3"))
+    run(train(shards, tmp_path / "run", "--steps", "2", "--overwrite"))
+    assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-00000002"]
+    assert max(r["step"] for r in read_log(tmp_path / "run")) == 2
+
+
+@pytest.mark.parametrize("make", ["file", "under_a_file"])
+def test_an_out_that_is_not_a_folder_is_refused(tmp_path, shards, make):
+    (tmp_path / "a_file").write_text("x")
+    out = tmp_path / "a_file" if make == "file" else tmp_path / "a_file" / "run"
+    fails_with(train(shards, out), "--out" if make == "file" else "cannot create the run folder")
+    assert (tmp_path / "a_file").read_text() == "x"
+
+
+# --- resume ---
+
+def test_resume_alone_continues_with_the_runs_own_settings(tmp_path, shards):
+    """The README's example: a run with non-default flags, resumed with --resume alone."""
+    common = [binary("layup"), "train", "--layers", "2", "--heads", "2", "--dim", "32",
+              "--context", "64", "--seq-len", "32", "--batch", "2", "--lr", "2e-3",
+              "--warmup", "1", "--eval-every", "2", "--sample-tokens", "0", "--steps", "4",
+              "--data", shards]
+    run([*common, "--out", tmp_path / "straight"])
+    run([*common, "--out", tmp_path / "split", "--until-step", "2"])
+    os.chdir(tmp_path)  # the data folder was saved as an absolute path
+    run([binary("layup"), "train", "--resume", tmp_path / "split"])
+    for name in ("model.safetensors", "training_state.safetensors"):
+        assert (tmp_path / "straight" / "step-00000004" / name).read_bytes() == \
+            (tmp_path / "split" / "step-00000004" / name).read_bytes(), name
+
+
+def test_resume_refuses_a_flag_that_changes_the_trajectory(tmp_path, shards):
+    run(train(shards, tmp_path / "run", "--until-step", "2"))
+    before = snapshot(tmp_path / "run")
+    fails_with([binary("layup"), "train", "--resume", tmp_path / "run", "--lr", "0.5"],
+               "--lr 0.5", "the run was trained with 0.001")
+    fails_with([binary("layup"), "train", "--resume", tmp_path / "run", "--batch", "3"],
+               "--batch 3", "trained with 4")
+    assert snapshot(tmp_path / "run") == before
+
+
+def test_resume_applies_a_flag_that_leaves_the_trajectory_alone(tmp_path, shards):
+    run(train(shards, tmp_path / "run", "--until-step", "2", "--eval-every", "0"))
+    run([binary("layup"), "train", "--resume", tmp_path / "run", "--eval-every", "1",
+         "--threads", "1"])
+    evaluated = [r["step"] for r in read_log(tmp_path / "run") if "val_loss" in r]
+    assert evaluated == [3, 4]
+
+
+def test_resume_with_more_steps_extends_a_finished_run(tmp_path, shards):
+    run(train(shards, tmp_path / "run"))
+    fails_with([binary("layup"), "train", "--resume", tmp_path / "run"], "it is finished",
+               "--steps")
+    result = run([binary("layup"), "train", "--resume", tmp_path / "run", "--steps", "6"])
+    assert "changes the run's length from 4" in result.stderr
+    assert (tmp_path / "run" / "step-00000006").is_dir()
+
+
+# --- stopping ---
+
+def start_long_run(tmp_path, shards):
+    args = [binary("layup"), "train", *TINY_RUN, "--steps", "100000", "--data", shards, "--out",
+            tmp_path / "run", "--eval-every", "0", "--checkpoint-every", "0", "--log-every", "1"]
+    process = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "run" / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and '"loss"' in log.read_text()):
+        time.sleep(0.05)
+    assert log.exists(), "the run did not start"
+    return process
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
+def test_the_first_signal_finishes_the_step_and_saves(tmp_path, shards, signal_number):
+    process = start_long_run(tmp_path, shards)
+    process.send_signal(signal_number)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    stopped = [r for r in read_log(tmp_path / "run") if "stopped_by" in r]
+    assert len(stopped) == 1, stderr
+    step = stopped[0]["step"]
+    checkpoint = tmp_path / "run" / f"step-{step:08d}"
+    assert checkpoint.is_dir() and str(checkpoint) in stdout, stdout
+    assert "continue with: layup train --resume" in stdout
+    # The run continues from there.
+    run([binary("layup"), "train", "--resume", tmp_path / "run", "--until-step", str(step + 1)])
+    assert (tmp_path / "run" / f"step-{step + 1:08d}").is_dir()
+
+
+def test_a_second_signal_stops_at_once(tmp_path, shards):
+    process = start_long_run(tmp_path, shards)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.5)  # the first one has been handled
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=120)
+    assert process.returncode in (0, -signal.SIGINT)
+    assert not list((tmp_path / "run").glob("step-*.partial"))
+
+
+# --- the log ---
+
+def test_a_log_that_cannot_be_written_stops_the_run(tmp_path, shards):
+    run(train(shards, tmp_path / "run", "--until-step", "1"))
+    log = tmp_path / "run" / "log.jsonl"
+    log.unlink()
+    log.symlink_to("/dev/full")  # every write fails with ENOSPC, as on a full disk
+    result = fails_with([binary("layup"), "train", "--resume", tmp_path / "run"],
+                        "cannot write to the log file", "no space left on device")
+    assert "trained to step" not in result.stdout
+
+
+def test_version_names_the_commit(tmp_path):
+    result = run([binary("layup"), "--version"])
+    assert result.stdout.startswith("layup ") and "commit" in result.stdout
