@@ -47,8 +47,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--device", o.device, "auto, cpu or cuda")->capture_default_str();
   cmd->add_option("--dtype", o.dtype, "auto, fp32 or bf16 (auto: bf16 on cuda, fp32 on cpu)")
       ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed of the initialization and the synthetic tokens")
-      ->capture_default_str();
+  add_seed_flag(*cmd, o.seed, "Seed of the initialization and the synthetic tokens");
   add_schedule_flags(*cmd, o.mode, o.cpu_workers);
   add_cuda_backend_flags(*cmd, o.recompute, o.algorithms);
   add_clip_flags(*cmd, flags->clip, o.layup_clip);

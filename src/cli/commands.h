@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_cli
 // --layup-head (where layup updates the embeddings and the final norm), for `train`, `bench`,
 // `memory` and `study`.
 void add_layup_head_flag(CLI::App& command, std::string& layup_head);
+
+// --seed for `train`, `bench`, `study` and `sample`: a whole number from 0 to 2^64 - 1, refused
+// otherwise (CLI11 alone would wrap "-1" to 2^64 - 1 without a word).
+void add_seed_flag(CLI::App& command, uint64_t& seed, const std::string& description);
 
 // The schedule flags `train` and `bench` share: --mode and --cpu-workers.
 void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers);

@@ -1,4 +1,5 @@
 // `layup sample`: generate text from a checkpoint.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -39,13 +40,23 @@ void add_sample_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--top-k", flags->sampling.top_k, "Sample among the k likeliest tokens (0: all)")
       ->capture_default_str();
-  cmd->add_option("--seed", flags->seed, "Sampling seed")->capture_default_str();
+  add_seed_flag(*cmd, flags->seed, "Sampling seed");
   cmd->add_option("--tokenizer", flags->tokenizer,
                   "Folder with gpt2.tiktoken or encoder.json + vocab.bpe (default: shipped)");
   cmd->callback([flags]() {
-    LAYUP_CHECK(flags->sampling.new_tokens >= 0, "--tokens must not be negative");
-    LAYUP_CHECK(flags->sampling.temperature > 0.0f, "--temperature must be positive");
-    LAYUP_CHECK(flags->sampling.top_k >= 0, "--top-k must not be negative");
+    const uint64_t seed = flags->seed;
+    const SamplingOptions& sampling = flags->sampling;
+    LAYUP_CHECK(sampling.new_tokens >= 1,
+                "--tokens must be at least 1 (the number of tokens to generate), got ",
+                sampling.new_tokens);
+    LAYUP_CHECK(std::isfinite(sampling.temperature) && sampling.temperature > 0.0f,
+                "--temperature must be a positive finite number (1 samples the model's "
+                "distribution as it is, lower values make the text more predictable), got ",
+                sampling.temperature);
+    LAYUP_CHECK(sampling.top_k >= 0,
+                "--top-k must be 0 (sample from the whole vocabulary) or a positive number of "
+                "likeliest tokens, got ",
+                sampling.top_k);
     const std::string tokenizer_dir =
         flags->tokenizer.empty()
             ? (std::filesystem::path(shipped_data_dir()) / "gpt2-tokenizer").string()
@@ -58,11 +69,18 @@ void add_sample_command(CLI::App& app) {
                 ")");
     std::vector<int32_t> prompt = tokenizer.encode(flags->prompt);
     if (prompt.empty()) prompt.push_back(tokenizer.eot_token());
+    // A model may have fewer tokens than its tokenizer; an id beyond them has no embedding row.
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      LAYUP_CHECK(prompt[i] < config.vocab_size, "--prompt: its token ", i, " (id ", prompt[i],
+                  ") is outside the model's vocabulary of ", config.vocab_size,
+                  " tokens; use a prompt of text this model was trained on, or the tokenizer it "
+                  "was trained with (--tokenizer)");
+    }
 
     const ParameterLayout layout(config);
     std::unique_ptr<ModelBackend> backend = make_cpu_backend(config, 1, config.n_positions);
     const ParameterPointers params = layout.pointers<const float>(model.params.data());
-    Rng rng(flags->seed);
+    Rng rng(seed);
     const std::vector<int32_t> tokens = generate(
         [&](const TokenBatch& batch) {
           backend->forward(params, batch);

@@ -1,5 +1,8 @@
 // The flags several commands share (declared in cli/commands.h): one definition each, so that
 // `train`, `bench`, `memory` and `study` describe them alike.
+#include <charconv>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -71,6 +74,19 @@ void add_layup_head_flag(CLI::App& command, std::string& layup_head) {
                   "own memory, host elsewhere")
       ->check(CLI::IsMember({"auto", "device", "host"}))
       ->capture_default_str();
+}
+
+void add_seed_flag(CLI::App& command, uint64_t& seed, const std::string& description) {
+  const CLI::Validator whole_number(
+      [](std::string& text) -> std::string {
+        uint64_t value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (error == std::errc() && end == text.data() + text.size() && !text.empty()) return "";
+        return "must be a whole number from 0 to " +
+               std::to_string(std::numeric_limits<uint64_t>::max()) + ", got '" + text + "'";
+      },
+      "0..2^64-1");
+  command.add_option("--seed", seed, description)->check(whole_number)->capture_default_str();
 }
 
 void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers) {

@@ -89,8 +89,7 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--cpu-workers", o.cpu_workers,
                   "offload and layup: pinned CPU AdamW workers (default: every core)")
       ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed of the initialization and the synthetic tokens")
-      ->capture_default_str();
+  add_seed_flag(*cmd, o.seed, "Seed of the initialization and the synthetic tokens");
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
   add_layup_head_flag(*cmd, o.layup_head);
   cmd->add_flag("--no-energy", flags->no_energy,

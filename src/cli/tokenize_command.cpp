@@ -25,10 +25,16 @@ void add_tokenize_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "tokenize",
       "Turn UTF-8 text files into token shards (llm.c's layout: 256 int32 header, uint16 tokens)");
-  cmd->add_option("files", flags->files, "Text files; each is one document")->required();
-  cmd->add_option("--out", flags->out, "Folder for train_*.bin and val_*.bin")->required();
+  cmd->add_option("files", flags->files,
+                  "Text files; each is one document. A file that looks binary (a NUL byte, or "
+                  "more than 10% of its bytes outside valid UTF-8) is tokenized with a warning")
+      ->required();
+  cmd->add_option("--out", flags->out,
+                  "Folder for train_*.bin and val_*.bin (made if missing; nothing is written "
+                  "there if tokenizing fails)")
+      ->required();
   cmd->add_option("--val-fraction", flags->val_fraction,
-                  "Share of each document (its end) kept for validation")
+                  "Share of each document (its end, rounded down) kept for validation, in (0, 1)")
       ->capture_default_str();
   cmd->add_option("--tokenizer", flags->tokenizer,
                   "Folder with gpt2.tiktoken or encoder.json + vocab.bpe (default: shipped)");

@@ -122,9 +122,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--temperature", o.temperature, "Sampling temperature")->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Sample among the k likeliest tokens (0: all)")
       ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed of initialization and batch order (0 to 2^64-1)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  add_seed_flag(*cmd, o.seed, "Seed of initialization and batch order");
   cmd->add_option("--device", o.device,
                   "auto, cpu or cuda; auto picks cuda where this build has it and a GPU is usable")
       ->capture_default_str();

@@ -25,6 +25,32 @@ bool name_has_word(const std::string& file_name, const std::string& split) {
   return false;
 }
 
+constexpr const char* kTokenizeMakesBoth =
+    "`layup tokenize --out DIR FILES...` makes a folder of train_*.bin and val_*.bin shards";
+
+// The names of the *.bin files in `dir`, sorted.
+std::vector<std::string> bin_files_in(const std::string& dir) {
+  std::error_code error;
+  std::vector<std::string> names;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file(error) && name.ends_with(".bin")) names.push_back(name);
+  }
+  LAYUP_CHECK(!error, "cannot list the directory ", dir, ": ", error.message());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// "a.bin, b.bin, c.bin and 3 more", or "no .bin files"; `names` sorted.
+std::string found_text(const std::vector<std::string>& names) {
+  if (names.empty()) return "no .bin files";
+  constexpr size_t kShown = 3;
+  std::string text;
+  for (size_t i = 0; i < std::min(names.size(), kShown); ++i) text += (i ? ", " : "") + names[i];
+  if (names.size() > kShown) text += " and " + std::to_string(names.size() - kShown) + " more";
+  return text;
+}
+
 void copy_window(std::span<const uint16_t> tokens, size_t start, int seq_len, int32_t* inputs,
                  int32_t* targets) {
   for (int t = 0; t < seq_len; ++t) {
@@ -53,18 +79,16 @@ std::vector<std::string> find_token_shards(const std::string& location, const st
   std::vector<std::string> paths;
   if (fs::is_regular_file(location, error)) return {location};
   if (fs::is_directory(location, error)) {
-    for (const fs::directory_entry& entry : fs::directory_iterator(location, error)) {
-      const std::string name = entry.path().filename().string();
-      if (entry.is_regular_file(error) && name.ends_with(".bin") &&
-          (split.empty() || name_has_word(name, split))) {
-        paths.push_back(entry.path().string());
+    const std::vector<std::string> names = bin_files_in(location);
+    for (const std::string& name : names) {
+      if (split.empty() || name_has_word(name, split)) {
+        paths.push_back((fs::path(location) / name).string());
       }
     }
-    LAYUP_CHECK(!error, "cannot list the directory ", location, ": ", error.message());
     LAYUP_CHECK(!paths.empty(), "no token shards in ", location, ": expected *.bin files",
                 split.empty() ? std::string() : " with '" + split + "' in their name", " (e.g. ",
-                split.empty() ? "train" : split, "_000000.bin)");
-    std::sort(paths.begin(), paths.end());
+                split.empty() ? "train" : split, "_000000.bin), found ", found_text(names), ". ",
+                kTokenizeMakesBoth);
     return paths;
   }
   LAYUP_CHECK(location.find_first_of("*?[") != std::string::npos,
@@ -80,6 +104,33 @@ std::vector<std::string> find_token_shards(const std::string& location, const st
   return paths;
 }
 
+DataFolderShards find_data_folder_shards(const std::string& data_dir) {
+  constexpr const char* kBothSplits =
+      "; training needs train_*.bin shards to train on and val_*.bin shards to validate on, so "
+      "that it never validates on its training data. ";
+  std::error_code error;
+  const fs::file_status status = fs::status(data_dir, error);
+  LAYUP_CHECK(fs::exists(status), "--data ", data_dir, " does not exist", kBothSplits,
+              kTokenizeMakesBoth);
+  LAYUP_CHECK(fs::is_directory(status), "--data ", data_dir, " is a file, not a folder",
+              kBothSplits, kTokenizeMakesBoth);
+  const std::vector<std::string> names = bin_files_in(data_dir);
+  DataFolderShards shards;
+  for (const std::string& name : names) {
+    const std::string path = (fs::path(data_dir) / name).string();
+    if (name_has_word(name, "train")) {
+      shards.train.push_back(path);
+    } else if (name_has_word(name, "val")) {
+      shards.val.push_back(path);
+    }
+  }
+  if (shards.train.empty() || shards.val.empty()) {
+    fail("--data ", data_dir, " holds no ", shards.train.empty() ? "train" : "val",
+         " shards (found ", found_text(names), ")", kBothSplits, kTokenizeMakesBoth);
+  }
+  return shards;
+}
+
 TokenDataset::TokenDataset(const std::vector<std::string>& shard_paths, int vocab_size)
     : shard_paths_(shard_paths) {
   LAYUP_CHECK(!shard_paths.empty(), "a token dataset needs at least one shard");
@@ -89,9 +140,12 @@ TokenDataset::TokenDataset(const std::vector<std::string>& shard_paths, int voca
   }
 }
 
-TokenDataset TokenDataset::open(const std::string& location, const std::string& split,
+TokenDataset TokenDataset::open(const std::string& data_dir, const std::string& split,
                                 int vocab_size) {
-  return TokenDataset(find_token_shards(location, split), vocab_size);
+  LAYUP_CHECK(split == "train" || split == "val", "internal error: unknown data split '", split,
+              "' (train or val)");
+  const DataFolderShards shards = find_data_folder_shards(data_dir);
+  return TokenDataset(split == "train" ? shards.train : shards.val, vocab_size);
 }
 
 BatchSampler::BatchSampler(const TokenDataset& dataset, int batch, int seq_len, uint64_t seed)

@@ -28,13 +28,25 @@ namespace layup {
 std::vector<std::string> find_token_shards(const std::string& location,
                                            const std::string& split = "");
 
+// The shards of a data folder (`layup train --data DIR`), as `layup tokenize` writes it: the
+// `*.bin` files with "train" as a word of their name, and those with "val" (as above). The folder
+// must hold both, so that a run never validates on its training data: a file, a pattern or a
+// folder missing a split is refused, saying what was found.
+struct DataFolderShards {
+  std::vector<std::string> train;  // sorted by name
+  std::vector<std::string> val;
+};
+DataFolderShards find_data_folder_shards(const std::string& data_dir);
+
 class TokenDataset {
  public:
   // Reads and checks every shard (see read_token_shard) and concatenates them in order.
   TokenDataset(const std::vector<std::string>& shard_paths, int vocab_size);
 
-  // The shards find_token_shards(location, split) names.
-  static TokenDataset open(const std::string& location, const std::string& split, int vocab_size);
+  // The `split` ("train" or "val") shards of find_data_folder_shards(data_dir); a bad folder is
+  // refused before any shard is read. For other shard sets (one file, a glob), construct from
+  // find_token_shards.
+  static TokenDataset open(const std::string& data_dir, const std::string& split, int vocab_size);
 
   std::span<const uint16_t> tokens() const { return tokens_; }
   size_t size() const { return tokens_.size(); }

@@ -44,8 +44,12 @@ TEST(TokenDataset, FindsShardsBySplitDirectoryGlobAndFile) {
   EXPECT_EQ(find_token_shards(dir.file("trainer.bin"), "val"),
             (std::vector<std::string>{dir.file("trainer.bin")}));
 
-  EXPECT_TRUE(contains(error_message([&] { find_token_shards(dir.path(), "test"); }),
-                       "no token shards in " + dir.path() + ": expected *.bin files with 'test'"));
+  const std::string message = error_message([&] { find_token_shards(dir.path(), "test"); });
+  EXPECT_TRUE(
+      contains(message, "no token shards in " + dir.path() + ": expected *.bin files with 'test'"));
+  EXPECT_TRUE(contains(message,
+                       "found fineweb_train_000002.bin, fineweb_val_000000.bin, "
+                       "train_000000.bin and 2 more. `layup tokenize"));
   EXPECT_TRUE(contains(error_message([&] { find_token_shards(dir.file("x_*.bin")); }),
                        "no token shards match the pattern"));
   EXPECT_TRUE(contains(error_message([&] { find_token_shards(dir.file("missing.bin")); }),
@@ -54,15 +58,66 @@ TEST(TokenDataset, FindsShardsBySplitDirectoryGlobAndFile) {
 
 TEST(TokenDataset, ConcatenatesShardsInOrder) {
   TempDir dir;
-  write_token_shard(dir.file("val_000000.bin"), counting_tokens(0, 5));
   write_token_shard(dir.file("val_000001.bin"), counting_tokens(5, 4));
+  write_token_shard(dir.file("val_000000.bin"), counting_tokens(0, 5));
+  write_token_shard(dir.file("train_000000.bin"), counting_tokens(100, 3));
   const TokenDataset dataset = TokenDataset::open(dir.path(), "val", 50257);
-  EXPECT_EQ(dataset.shard_paths().size(), 2u);
+  EXPECT_EQ(dataset.shard_paths(),
+            (std::vector<std::string>{dir.file("val_000000.bin"), dir.file("val_000001.bin")}));
   EXPECT_EQ(std::vector<uint16_t>(dataset.tokens().begin(), dataset.tokens().end()),
             counting_tokens(0, 9));
+  EXPECT_EQ(TokenDataset::open(dir.path(), "train", 50257).size(), 3u);
   // A bad shard stops the load with its own message.
   EXPECT_TRUE(contains(error_message([&] { TokenDataset::open(dir.path(), "val", 8); }),
                        "val_000001.bin has token id 8 at position 3"));
+}
+
+TEST(TokenDataset, OpenNeedsAFolderWithBothSplits) {
+  TempDir dir;
+  write_token_shard(dir.file("train_000000.bin"), counting_tokens(0, 5));
+  write_token_shard(dir.file("train_000001.bin"), counting_tokens(0, 5));
+  write_token_shard(dir.file("notes.bin"), counting_tokens(0, 5));
+  const std::string both =
+      "training needs train_*.bin shards to train on and val_*.bin shards "
+      "to validate on";
+  const std::string tokenize =
+      "`layup tokenize --out DIR FILES...` makes a folder of train_*.bin and val_*.bin shards";
+  for (const char* split : {"train", "val"}) {
+    const std::string message =
+        error_message([&] { TokenDataset::open(dir.path(), split, 50257); });
+    EXPECT_TRUE(contains(message, "--data " + dir.path() +
+                                      " holds no val shards (found "
+                                      "notes.bin, train_000000.bin, "
+                                      "train_000001.bin)"));
+    EXPECT_TRUE(contains(message, both));
+    EXPECT_TRUE(contains(message, tokenize));
+  }
+
+  std::string message =
+      error_message([&] { TokenDataset::open(dir.file("train_000000.bin"), "train", 50257); });
+  EXPECT_TRUE(contains(message, "--data " + dir.file("train_000000.bin") +
+                                    " is a file, not a "
+                                    "folder"));
+  EXPECT_TRUE(contains(message, tokenize));
+  message = error_message([&] { TokenDataset::open(dir.file("missing"), "train", 50257); });
+  EXPECT_TRUE(contains(message, "--data " + dir.file("missing") + " does not exist"));
+
+  TempDir only_val;
+  write_token_shard(only_val.file("fineweb_val_000000.bin"), counting_tokens(0, 5));
+  message = error_message([&] { TokenDataset::open(only_val.path(), "val", 50257); });
+  EXPECT_TRUE(contains(message, "holds no train shards (found fineweb_val_000000.bin)"));
+  TempDir empty;
+  message = error_message([&] { TokenDataset::open(empty.path(), "train", 50257); });
+  EXPECT_TRUE(contains(message, "holds no train shards (found no .bin files)"));
+
+  // A single file is still a dataset when named as such.
+  EXPECT_EQ(TokenDataset(find_token_shards(dir.file("train_000000.bin")), 50257).size(), 5u);
+
+  write_token_shard(dir.file("val_000000.bin"), counting_tokens(0, 5));
+  const DataFolderShards shards = find_data_folder_shards(dir.path());
+  EXPECT_EQ(shards.train,
+            (std::vector<std::string>{dir.file("train_000000.bin"), dir.file("train_000001.bin")}));
+  EXPECT_EQ(shards.val, std::vector<std::string>{dir.file("val_000000.bin")});
 }
 
 class BatchSampling : public ::testing::Test {

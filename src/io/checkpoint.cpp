@@ -187,6 +187,17 @@ Checkpoint load_checkpoint(const std::string& dir) {
     checkpoint.state =
         load_training_state(state_path.string(), ParameterLayout(checkpoint.model.config));
     checkpoint.has_training_state = true;
+    // A folder not named step-N (e.g. one saved by Hugging Face) has no step to compare.
+    const fs::path folder = fs::absolute(checkpoint.path).lexically_normal();
+    const std::string folder_name =
+        (folder.has_filename() ? folder : folder.parent_path()).filename().string();
+    const int64_t folder_step = parse_step_dir_name(folder_name);
+    LAYUP_CHECK(folder_step < 0 || folder_step == checkpoint.state.step, state_path.string(),
+                " says step ", checkpoint.state.step, " but its folder ", folder_name,
+                " is named for step ", folder_step,
+                "; the checkpoint's files were mixed up with another checkpoint's, or the folder "
+                "was renamed. Resume from another checkpoint, or name the folder ",
+                checkpoint_dir_name(checkpoint.state.step), " if its state is the right one");
   }
   return checkpoint;
 }

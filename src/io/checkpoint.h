@@ -42,6 +42,8 @@ struct Checkpoint {
 };
 
 // Loads find_latest_checkpoint(dir): the model always, the training state when the file exists.
+// A state whose step differs from the step in its folder's name (step-00000005 holding step 7) is
+// refused, naming both.
 Checkpoint load_checkpoint(const std::string& dir);
 
 }  // namespace layup

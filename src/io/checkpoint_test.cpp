@@ -176,6 +176,25 @@ TEST_F(CheckpointDir, ModelWithoutTrainingStateCannotBeResumed) {
   EXPECT_TRUE(contains(message, "cannot resume"));
 }
 
+TEST_F(CheckpointDir, StateWhoseStepDiffersFromItsFolderIsRefused) {
+  const std::string saved = save(7);
+  const std::string renamed = run_dir_ + "/step-00000005";
+  fs::rename(saved, renamed);
+  const auto before = snapshot(run_dir_);
+  for (const std::string& dir : {run_dir_, renamed, renamed + "/"}) {
+    const std::string message = error_message([&] { load_checkpoint(dir); });
+    EXPECT_TRUE(contains(message, renamed + "/training_state.safetensors says step 7 but its "
+                                            "folder step-00000005 is named for step 5"));
+    EXPECT_TRUE(contains(message, "name the folder step-00000007"));
+  }
+  EXPECT_EQ(snapshot(run_dir_), before);
+
+  // A folder not named step-N has no step to compare.
+  const std::string named = dir_.file("my-model");
+  fs::rename(renamed, named);
+  EXPECT_EQ(load_checkpoint(named).training_state().step, 7);
+}
+
 TEST(CheckpointNames, StepDirectoryName) {
   EXPECT_EQ(checkpoint_dir_name(0), "step-00000000");
   EXPECT_EQ(checkpoint_dir_name(123456789), "step-123456789");

@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
+#include <span>
 #include <sstream>
 
 #include "core/error.h"
@@ -88,6 +90,24 @@ void require_flag(const nlohmann::json& json, const std::string& field, bool sup
               ", not true or false");
   LAYUP_CHECK(json[field].get<bool>() == supported, source, ": \"", field, "\" is ",
               json[field].dump(), ", which layup does not support (", why, ")");
+}
+
+// Refuses a tensor holding NaN or infinity, naming the first such element: no trained weight is
+// either, and a model holding one produces garbage (or NaN losses) without saying why.
+void check_finite(std::span<const float> values, const SafetensorsTensorInfo& tensor,
+                  const std::string& path) {
+  const auto bad =
+      std::find_if(values.begin(), values.end(), [](float value) { return !std::isfinite(value); });
+  if (bad == values.end()) return;
+  const size_t index = static_cast<size_t>(bad - values.begin());
+  std::ostringstream where;
+  where << "element " << index;
+  if (tensor.shape.size() == 2) {
+    where << " (row " << index / tensor.shape[1] << ", column " << index % tensor.shape[1] << ")";
+  }
+  fail(path, ": tensor '", tensor.name, "' holds ", *bad, " at ", where.str(),
+       "; weights are never NaN or infinite, so the file is damaged or was saved after training "
+       "diverged; load an earlier checkpoint");
 }
 
 void check_layout_matches(const Gpt2Config& config, const ParameterLayout& layout) {
@@ -297,10 +317,13 @@ LoadedModel load_hf_model(const std::string& dir) {
     if (spec.transposed_in_hf) {
       scratch.resize(tensor->element_count);
       reader.read_floats(tensor->name, scratch);
+      check_finite(scratch, *tensor, path);
       transpose(scratch.data(), shape[0], shape[1], destination);
     } else {
       // For wte this fills the first vocab_size rows; the padded rows stay zero.
-      reader.read_floats(tensor->name, std::span(destination, tensor->element_count));
+      const std::span<float> values(destination, tensor->element_count);
+      reader.read_floats(tensor->name, values);
+      check_finite(values, *tensor, path);
     }
   }
   LAYUP_CHECK(missing == 0, path, " has no tensor '", first_missing, "' (nor '",

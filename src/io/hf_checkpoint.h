@@ -36,7 +36,8 @@ void save_hf_model(const std::string& dir, const Gpt2Config& config, const Param
 
 // Reads a GPT-2 checkpoint directory. Throws layup::Error naming the file and the first problem:
 // a config this engine cannot run (not gpt2, another activation, untied head, ...), a missing
-// tensor, a tensor of the wrong shape, a tensor no GPT-2 of that config has.
+// tensor, a tensor of the wrong shape, a tensor no GPT-2 of that config has, a weight that is NaN
+// or infinite (the first one, by tensor and index).
 LoadedModel load_hf_model(const std::string& dir);
 
 // config.json alone: the model shape, validated as load_hf_model does.

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "core/rng.h"
 #include "io/safetensors.h"
@@ -66,6 +67,23 @@ void rewrite_weights(const std::string& dir, const std::function<std::string(std
   for (const ExtraTensor& tensor : extra) {
     values.push_back(tensor.values);
     tensors.push_back({tensor.name, tensor.shape, nullptr, {}});
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = values[i].data();
+  write_safetensors(path, tensors, {{"format", "pt"}});
+}
+
+// Sets element `index` of tensor `name` in a saved model's weights file to `value`.
+void poison_weight(const std::string& dir, const std::string& name, size_t index, float value) {
+  const std::string path = dir + "/model.safetensors";
+  std::vector<std::vector<float>> values;
+  std::vector<SafetensorsTensor> tensors;
+  {
+    SafetensorsReader reader(path);
+    for (const SafetensorsTensorInfo& info : reader.tensors()) {
+      values.push_back(reader.read_floats(info.name));
+      if (info.name == name) values.back().at(index) = value;
+      tensors.push_back({info.name, info.shape, nullptr, {}});
+    }
   }
   for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = values[i].data();
   write_safetensors(path, tensors, {{"format", "pt"}});
@@ -211,6 +229,39 @@ TEST_F(HfCheckpoint, DamagedWeightsFile) {
   const std::string message = load_error();
   EXPECT_TRUE(contains(message, path));
   EXPECT_TRUE(contains(message, "beyond the end of the data section"));
+}
+
+TEST_F(HfCheckpoint, NonFiniteWeightIsNamedWithItsIndex) {
+  // A transposed matrix is checked as stored: the index is the one a safetensors reader sees.
+  poison_weight(model_dir_, "transformer.h.0.attn.c_attn.weight", 17,
+                std::numeric_limits<float>::infinity());
+  std::string message = load_error();
+  EXPECT_TRUE(contains(message, model_dir_ + "/model.safetensors: tensor "
+                                             "'transformer.h.0.attn.c_attn.weight' holds inf at "
+                                             "element 17 (row 0, column 17)"));
+  EXPECT_TRUE(contains(message, "load an earlier checkpoint"));
+
+  save_hf_model(model_dir_, config_, *layout_, params_.data());
+  poison_weight(model_dir_, "transformer.h.1.ln_2.bias", 3,
+                std::numeric_limits<float>::quiet_NaN());
+  message = load_error();
+  EXPECT_TRUE(contains(message, "tensor 'transformer.h.1.ln_2.bias' holds nan at element 3;"));
+}
+
+TEST_F(HfCheckpoint, RandomBytesAsWeightsAreRefused) {
+  // F32 from random bytes is NaN or infinite once in 256 values; a model has thousands.
+  const std::string path = model_dir_ + "/model.safetensors";
+  std::string bytes = read_text(path);
+  uint64_t header_length = 0;
+  std::memcpy(&header_length, bytes.data(), 8);
+  Rng rng(3);
+  for (size_t i = 8 + header_length; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>(rng.below(256));
+  }
+  write_text(path, bytes);
+  const std::string message = load_error();
+  EXPECT_TRUE(contains(message, path + ": tensor '"));
+  EXPECT_TRUE(contains(message, "weights are never NaN or infinite"));
 }
 
 TEST_F(HfCheckpoint, ConfigErrors) {

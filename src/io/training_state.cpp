@@ -1,7 +1,9 @@
 // Saving and loading the optimizer moments and the run's counters as one safetensors file.
 #include "io/training_state.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <map>
 #include <system_error>
 
@@ -53,6 +55,29 @@ std::vector<float> read_moment(const SafetensorsReader& reader, const std::strin
               " values but the model has ", layout.total_count(),
               " parameters; this training state belongs to a different model");
   return reader.read_floats(name);
+}
+
+// "h.0.ln_1.weight, element 3": the parameter that flat index `index` of the layout belongs to.
+std::string parameter_at(const ParameterLayout& layout, size_t index) {
+  for (const TensorSpec& spec : layout.tensors()) {
+    if (index >= spec.offset && index < spec.offset + spec.count) {
+      return spec.name + ", element " + std::to_string(index - spec.offset);
+    }
+  }
+  return "outside every parameter";
+}
+
+// Refuses the first moment value that no AdamW run can produce: `is_bad` says which those are.
+template <class IsBad>
+void check_moment(const std::vector<float>& moment, const std::string& name, IsBad is_bad,
+                  const std::string& why, const SafetensorsReader& reader,
+                  const ParameterLayout& layout) {
+  const auto bad = std::find_if(moment.begin(), moment.end(), is_bad);
+  if (bad == moment.end()) return;
+  const size_t index = static_cast<size_t>(bad - moment.begin());
+  fail(reader.path(), ": tensor '", name, "' holds ", *bad, " at index ", index, " (",
+       parameter_at(layout, index), "); ", why,
+       ", so the training state is damaged; resume from an earlier checkpoint");
 }
 
 }  // namespace
@@ -110,7 +135,16 @@ TrainingState load_training_state(const std::string& path, const ParameterLayout
          "); the training state is damaged");
   }
   state.adam_m = read_moment(reader, kMomentM, layout);
+  check_moment(
+      state.adam_m, kMomentM, [](float m) { return !std::isfinite(m); },
+      "AdamW's first moments are averages of finite gradients and are never NaN or infinite",
+      reader, layout);
   state.adam_v = read_moment(reader, kMomentV, layout);
+  check_moment(
+      state.adam_v, kMomentV, [](float v) { return !std::isfinite(v) || v < 0.0f; },
+      "AdamW's second moments are averages of squared finite gradients and are never negative, "
+      "NaN or infinite",
+      reader, layout);
   return state;
 }
 

@@ -36,7 +36,9 @@ void save_training_state(const std::string& path, const ParameterLayout& layout,
                          const TrainingState& state);
 
 // Reads and validates a training state for a model of `layout`: format tag, every scalar, the
-// options JSON, and moment lengths equal to layout.total_count() (an error names both numbers).
+// options JSON, moment lengths equal to layout.total_count() (an error names both numbers), and
+// moments AdamW can produce: finite, the second ones not negative (an error names the first
+// offending index, its parameter and value).
 TrainingState load_training_state(const std::string& path, const ParameterLayout& layout);
 
 }  // namespace layup

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -142,6 +143,41 @@ TEST_F(TrainingStateFile, NotATrainingState) {
 TEST_F(TrainingStateFile, MissingMoment) {
   rewrite([](auto&) {}, /*drop_v=*/true);
   EXPECT_TRUE(contains(load_error(layout_), "has no tensor 'adamw.v'"));
+}
+
+TEST_F(TrainingStateFile, MomentsNoAdamWRunCanProduceAreNamed) {
+  const TensorSpec& ln_1 =
+      *std::find_if(layout_.tensors().begin(), layout_.tensors().end(),
+                    [](const TensorSpec& spec) { return spec.name == "h.0.ln_1.weight"; });
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::vector<float> TrainingState::*moment;
+    float value;
+    std::string expected;
+  };
+  const std::string at = " at index " + std::to_string(ln_1.offset + 3) + " (h.0.ln_1.weight, " +
+                         "element 3); AdamW's ";
+  const Case cases[] = {
+      {&TrainingState::adam_m, nan, "tensor 'adamw.m' holds nan" + at + "first moments"},
+      {&TrainingState::adam_m, -inf, "tensor 'adamw.m' holds -inf" + at + "first moments"},
+      {&TrainingState::adam_v, inf, "tensor 'adamw.v' holds inf" + at + "second moments"},
+      {&TrainingState::adam_v, -0.25f, "tensor 'adamw.v' holds -0.25" + at + "second moments"},
+  };
+  for (const Case& c : cases) {
+    const TrainingState good = state_;
+    (state_.*c.moment)[ln_1.offset + 3] = c.value;
+    rewrite([](auto&) {});
+    const std::string message = load_error(layout_);
+    EXPECT_TRUE(contains(message, c.expected));
+    EXPECT_TRUE(contains(message, "resume from an earlier checkpoint"));
+    state_ = good;
+  }
+  // Negative first moments and a zero second moment are normal.
+  state_.adam_m[0] = -1.0f;
+  state_.adam_v[0] = 0.0f;
+  rewrite([](auto&) {});
+  EXPECT_NO_THROW(load_training_state(path_, layout_));
 }
 
 TEST_F(TrainingStateFile, TruncatedFile) {

@@ -3,15 +3,20 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <sstream>
+#include <string_view>
 
 #include "core/error.h"
 #include "data/token_shard.h"
+#include "io/atomic_file.h"
+#include "tokenizer/utf8.h"
 
 namespace layup {
 
@@ -19,13 +24,150 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Shards are written here inside the output folder and moved out only once all are written, so a
+// failed run leaves the folder as it was.
+constexpr const char* kStagingDirName = ".layup-tokenize.partial";
+
+bool is_ascii_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+// Refuses a file that cannot be tokenized: missing, not a regular file, unreadable, or holding no
+// text. Reads only up to its first non-whitespace byte, so checking every input first is cheap.
+void check_text_file(const std::string& path) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  LAYUP_CHECK(status.type() != fs::file_type::none, "cannot tokenize ", path, ": ",
+              error.message());
+  LAYUP_CHECK(fs::exists(status), "cannot tokenize ", path, ": it does not exist");
+  LAYUP_CHECK(!fs::is_directory(status), "cannot tokenize ", path,
+              ": it is a directory; give the text files in it instead (e.g. ", path, "/*.txt)");
+  LAYUP_CHECK(fs::is_regular_file(status), "cannot tokenize ", path,
+              ": it is not a regular file; give text files");
+  std::ifstream in(path, std::ios::binary);
+  LAYUP_CHECK(in, "cannot tokenize ", path, ": it cannot be opened (", std::strerror(errno), ")");
+  char buffer[1 << 16];
+  size_t bytes = 0;
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    const size_t count = static_cast<size_t>(in.gcount());
+    if (!std::all_of(buffer, buffer + count, is_ascii_space)) return;
+    bytes += count;
+  }
+  LAYUP_CHECK(!in.bad(), "cannot tokenize ", path, ": reading it failed (", std::strerror(errno),
+              ")");
+  fail("cannot tokenize ", path, ": it has no text (",
+       bytes == 0 ? std::string("it is empty") : std::to_string(bytes) + " bytes of whitespace",
+       "); leave it out");
+}
+
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   LAYUP_CHECK(in, "cannot open text file '", path, "': ", std::strerror(errno));
   std::ostringstream contents;
   contents << in.rdbuf();
+  LAYUP_CHECK(!in.bad(), "cannot read text file '", path, "': ", std::strerror(errno));
   return contents.str();
 }
+
+// Why `text` looks binary, or "" when it looks like text. The rule is the one `layup tokenize
+// --help` states: a NUL byte, or more than 10% of the bytes outside valid UTF-8 (text in a legacy
+// encoding such as Latin-1 has a few percent at most).
+std::string binary_evidence(std::string_view text) {
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return "a NUL byte at offset " + std::to_string(nul);
+  }
+  size_t invalid = 0;
+  for (size_t position = 0; position < text.size();) {
+    const Utf8CodePoint code_point = decode_utf8_at(text, position);
+    invalid += code_point.valid ? 0 : 1;
+    position += static_cast<size_t>(code_point.byte_count);
+  }
+  if (invalid * 10 <= text.size()) return "";
+  char percent[32];
+  std::snprintf(percent, sizeof percent, "%.0f%%", 100.0 * invalid / text.size());
+  return std::string(percent) + " of its bytes are not valid UTF-8";
+}
+
+// The folder the shards go to. Made if missing; until commit(), shards are written to a staging
+// folder inside it, and if commit() is never reached, the staging folder and any folder made here
+// are removed again.
+class OutputFolder {
+ public:
+  explicit OutputFolder(const std::string& dir)
+      : dir_(dir), staging_(fs::path(dir) / kStagingDirName) {
+    LAYUP_CHECK(!dir.empty(), "the output folder (--out) is an empty path; give a folder");
+    std::error_code error;
+    const fs::file_status status = fs::status(dir, error);
+    LAYUP_CHECK(status.type() != fs::file_type::none, "cannot use the output folder (--out) ", dir,
+                ": ", error.message());
+    if (status.type() == fs::file_type::not_found) {
+      // The topmost folder that does not exist yet is what a failure removes. Not following
+      // links: a dangling one is not ours to remove.
+      fs::path path = fs::absolute(dir).lexically_normal();
+      if (!path.has_filename()) path = path.parent_path();
+      for (; path.parent_path() != path; path = path.parent_path()) {
+        if (fs::symlink_status(path, error).type() != fs::file_type::not_found) break;
+        created_ = path;
+      }
+      fs::create_directories(dir, error);
+      if (error) {
+        remove_created();
+        fail("cannot create the output folder (--out) ", dir, ": ", error.message());
+      }
+    } else {
+      LAYUP_CHECK(fs::is_directory(status), "the output folder (--out) ", dir,
+                  " is an existing file, not a folder; give a folder for the shards (it is made "
+                  "if missing)");
+    }
+    fs::remove_all(staging_, error);  // left by a run that crashed
+    fs::create_directory(staging_, error);
+    if (error) {
+      remove_created();
+      fail("cannot write to the output folder (--out) ", dir, ": ", error.message());
+    }
+  }
+
+  ~OutputFolder() {
+    if (committed_) return;
+    std::error_code ignored;
+    fs::remove_all(staging_, ignored);
+    remove_created();
+  }
+  OutputFolder(const OutputFolder&) = delete;
+  OutputFolder& operator=(const OutputFolder&) = delete;
+
+  std::string staging() const { return staging_.string(); }
+
+  // Moves the staged shards into the folder (replacing files of the same name) and returns their
+  // final paths.
+  std::vector<std::string> commit(const std::vector<std::string>& staged) {
+    std::vector<std::string> final_paths;
+    for (const std::string& path : staged) {
+      const fs::path destination = fs::path(dir_) / fs::path(path).filename();
+      std::error_code error;
+      fs::rename(path, destination, error);
+      LAYUP_CHECK(!error, "cannot move ", path, " to ", destination.string(), ": ",
+                  error.message());
+      final_paths.push_back(destination.string());
+    }
+    committed_ = true;
+    std::error_code ignored;
+    fs::remove(staging_, ignored);
+    fsync_directory(dir_);
+    return final_paths;
+  }
+
+ private:
+  void remove_created() {
+    std::error_code ignored;
+    if (!created_.empty()) fs::remove_all(created_, ignored);
+  }
+
+  std::string dir_;
+  fs::path staging_;
+  fs::path created_;  // the topmost folder made here, or empty
+  bool committed_ = false;
+};
 
 // Appends tokens to shards named <prefix>_NNNNNN.bin, starting a new shard when one is full.
 class ShardWriter {
@@ -70,25 +212,46 @@ ShardSummary write_corpus_shards(const BpeTokenizer& tokenizer,
                                  size_t tokens_per_shard) {
   LAYUP_CHECK(!text_files.empty(), "no text files to tokenize");
   LAYUP_CHECK(val_fraction > 0.0 && val_fraction < 1.0, "--val-fraction must lie in (0, 1), got ",
-              val_fraction);
+              val_fraction,
+              ": it is the share of each file kept for validation, and training needs both a "
+              "training and a validation split");
   LAYUP_CHECK(tokenizer.vocab_size() <= 65536, "a vocabulary of ", tokenizer.vocab_size(),
               " ids does not fit the uint16 token shards");
-  fs::create_directories(out_dir);
-  ShardWriter train(out_dir, "train", tokens_per_shard), val(out_dir, "val", tokens_per_shard);
+  for (const std::string& file : text_files) check_text_file(file);
+
+  OutputFolder out(out_dir);
+  ShardWriter train(out.staging(), "train", tokens_per_shard);
+  ShardWriter val(out.staging(), "val", tokens_per_shard);
+  size_t longest_file_tokens = 0;
   for (const std::string& file : text_files) {
+    const std::string text = read_text_file(file);
+    if (const std::string evidence = binary_evidence(text); !evidence.empty()) {
+      std::fprintf(stderr,
+                   "warning: %s looks binary (%s); it is tokenized all the same, check that it "
+                   "is text you meant to train on\n",
+                   file.c_str(), evidence.c_str());
+    }
     std::vector<int32_t> ids{tokenizer.eot_token()};
-    const std::vector<int32_t> text_ids = tokenizer.encode(read_text_file(file));
+    const std::vector<int32_t> text_ids = tokenizer.encode(text);
     ids.insert(ids.end(), text_ids.begin(), text_ids.end());
-    const size_t val_count = std::max<size_t>(1, static_cast<size_t>(ids.size() * val_fraction));
+    longest_file_tokens = std::max(longest_file_tokens, ids.size());
+    // Rounded down, and val_fraction < 1, so every file keeps at least one training token.
+    const size_t val_count = static_cast<size_t>(std::floor(ids.size() * val_fraction));
     const size_t train_count = ids.size() - val_count;
     train.append(std::span<const int32_t>(ids).first(train_count));
     val.append(std::span<const int32_t>(ids).subspan(train_count));
   }
+  LAYUP_CHECK(val.total() > 0, "no validation tokens: each file keeps the last ", val_fraction,
+              " of its tokens for validation, rounded down, and every file is too short for one "
+              "token (the longest has ",
+              longest_file_tokens, " tokens; one needs at least ",
+              static_cast<size_t>(std::ceil(1.0 / val_fraction)),
+              "); give more text or a larger --val-fraction");
   train.flush();
   val.flush();
-  ShardSummary summary{train.total(), val.total(), train.written()};
-  summary.files.insert(summary.files.end(), val.written().begin(), val.written().end());
-  return summary;
+  std::vector<std::string> staged = train.written();
+  staged.insert(staged.end(), val.written().begin(), val.written().end());
+  return ShardSummary{train.total(), val.total(), out.commit(staged)};
 }
 
 std::string shipped_data_dir() {

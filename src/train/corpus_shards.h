@@ -15,9 +15,15 @@ struct ShardSummary {
 };
 
 // Each text file is one document: <|endoftext|> followed by its tokens. The last val_fraction
-// of every document's tokens goes to validation, the rest to training, so both splits sample
-// every source. Shards are written as <out_dir>/train_000000.bin, val_000000.bin, ... with at most
-// tokens_per_shard tokens each.
+// (rounded down) of every document's tokens goes to validation, the rest to training, so both
+// splits sample every source. Shards are written as <out_dir>/train_000000.bin, val_000000.bin,
+// ... with at most tokens_per_shard tokens each.
+//
+// Bad input is refused with a layup::Error before any tokenizing: a path that is missing, a
+// directory or unreadable, a file with no text (empty or whitespace), val_fraction outside (0, 1),
+// an out_dir that is a file or cannot be made. A file that looks binary (a NUL byte, or more than
+// 10% of its bytes outside valid UTF-8) is tokenized with a warning on stderr. A result without a
+// single validation token is refused too. Nothing is written unless all shards are.
 ShardSummary write_corpus_shards(const BpeTokenizer& tokenizer,
                                  const std::vector<std::string>& text_files,
                                  const std::string& out_dir, double val_fraction,

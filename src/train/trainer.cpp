@@ -106,8 +106,9 @@ void check_run_folder(const TrainOptions& options, bool continues_this_folder) {
 // The bytes the training and validation tokens take in memory once read: their shards' sizes.
 size_t token_shard_bytes(const std::string& data_dir) {
   size_t bytes = 0;
-  for (const char* split : {"train", "val"})
-    for (const std::string& path : find_token_shards(data_dir, split)) {
+  const DataFolderShards shards = find_data_folder_shards(data_dir);
+  for (const std::vector<std::string>* paths : {&shards.train, &shards.val})
+    for (const std::string& path : *paths) {
       std::error_code error;
       const uintmax_t size = fs::file_size(path, error);
       LAYUP_CHECK(!error, "cannot read the size of the token shard ", path, ": ", error.message());

@@ -110,7 +110,8 @@ def test_corrupted_tokenizer(tmp_path, shards):
     (["--layers", "0", "--heads", "2", "--dim", "32"], "--layers must be at least 1"),
     (["--layers", "2", "--heads", "2", "--dim", "32", "--context", "0"], "--context must be"),
     (["--context", "16"], "above the model's context"),  # --seq-len 256 by default
-    (["--seed", "-1"], "--seed"),
+    (["--seed", "-1"], "--seed: must be a whole number"),
+    (["--seed", "18446744073709551616"], "--seed: must be a whole number"),
     (["--eps", "inf"], "--eps must be a finite number"),
     (["--lr", "inf"], "--lr must be a finite number"),
     (["--lr", "nan"], "--lr must be a finite number"),
