@@ -401,11 +401,14 @@ TrainResult train(TrainOptions options) {
     std::fprintf(stderr, "  %s\n", cpu_adamw.c_str());
   if (trace) trace->write(options.trace_path);
   // Measured beside planned, and the process-wide reading as a cross-check of both.
-  const std::string process_memory =
-      on_cuda ? "GPU memory in use, all processes (cudaMemGetInfo): " +
-                    format_bytes(static_cast<size_t>(std::max(0LL, device_memory_used_bytes())))
-              : "process peak resident set (VmHWM): " +
-                    format_bytes(static_cast<size_t>(process_peak_rss_bytes()));
+  std::string process_memory =
+      "process peak resident set (VmHWM): " +
+      format_bytes(static_cast<size_t>(process_peak_rss_bytes())) +
+      " (the plan's host memory at the peak: " + format_bytes(memory_plan.host_memory_bytes()) +
+      ")";
+  if (on_cuda)
+    process_memory += "\n  GPU memory in use, all processes (cudaMemGetInfo): " +
+                      format_bytes(static_cast<size_t>(std::max(0LL, device_memory_used_bytes())));
   std::fprintf(stderr, "%s  %s\n", format_memory_report(memory_plan, *accountant).c_str(),
                process_memory.c_str());
 
