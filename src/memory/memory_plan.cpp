@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 
 #include "core/error.h"
@@ -91,7 +92,8 @@ std::string describe_run(const MemoryPlanRequest& r) {
 // The smallest change that fits, in `mode`: the mode as it is, a smaller batch, or batch 1 with
 // a shorter sequence. Empty when nothing fits. Sets *bytes to that plan's total.
 std::string fitting_change(const MemoryPlanRequest& base, const std::string& mode,
-                           const MemoryBudgets& budgets, size_t* bytes) {
+                           const MemoryBudgets& budgets,
+                           const std::function<size_t(const MemoryPlan&)>& need, size_t* bytes) {
   MemoryPlanRequest request = base;
   request.mode = mode;
   // Placement does not change how many bytes a plan needs, and a --place valid in one mode may not
@@ -101,7 +103,7 @@ std::string fitting_change(const MemoryPlanRequest& base, const std::string& mod
     request.batch = batch;
     request.seq_len = seq_len;
     const MemoryPlan plan = plan_memory(request);
-    *bytes = plan.total_bytes();
+    *bytes = need(plan);
     return fits(plan, budgets);
   };
   const std::string mode_flag = mode == base.mode ? "" : "--mode " + mode;
@@ -581,9 +583,13 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
        budgets.machine_host, std::nullopt, true}};
   for (const Limit& limit : limits) {
     if (!limit.budget) continue;
-    const size_t need = limit.host_memory ? plan.host_memory_bytes()
-                        : limit.side      ? plan.bytes(*limit.side)
-                                          : plan.total_bytes();
+    // What this limit counts of a plan: the same measure for the plan and every offer below.
+    const std::function<size_t(const MemoryPlan&)> need_of = [&](const MemoryPlan& p) {
+      return limit.host_memory ? p.host_memory_bytes()
+             : limit.side      ? p.bytes(*limit.side)
+                               : p.total_bytes();
+    };
+    const size_t need = need_of(plan);
     if (need <= *limit.budget) continue;
 
     TensorClass largest = TensorClass::kWeights;
@@ -624,8 +630,8 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
       changed.*option = value;
       const MemoryPlan changed_plan = plan_memory(changed);
       if (fits(changed_plan, budgets))
-        changes.push_back(flag + " " + value + " (needs " +
-                          format_bytes(changed_plan.total_bytes()) + ")");
+        changes.push_back(flag + " " + value + " (needs " + format_bytes(need_of(changed_plan)) +
+                          ")");
     };
     if (plan.speculative_clip) offer(&MemoryPlanRequest::layup_clip, "--layup-clip", "deferred");
     if (plan.head_on_device) offer(&MemoryPlanRequest::layup_head, "--layup-head", "host");
@@ -635,7 +641,7 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
       if (mode != plan.request.mode) order.push_back(mode);
     for (const std::string& mode : order) {
       size_t bytes = 0;
-      const std::string change = fitting_change(plan.request, mode, budgets, &bytes);
+      const std::string change = fitting_change(plan.request, mode, budgets, need_of, &bytes);
       if (!change.empty()) {
         changes.push_back(change + " (needs " + format_bytes(bytes) + ")");
       } else {
@@ -644,7 +650,7 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
         smallest.place.clear();
         smallest.batch = smallest.seq_len = 1;
         floor += std::string(floor.empty() ? "" : ", ") +
-                 format_bytes(plan_memory(smallest).total_bytes()) + " in " + mode + " mode";
+                 format_bytes(need_of(plan_memory(smallest))) + " in " + mode + " mode";
       }
     }
     if (!changes.empty()) {
@@ -654,8 +660,10 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
     }
     if (!floor.empty())
       message += " Even --batch 1 --seq-len 1 needs " + floor +
-                 " (the weights, gradients and AdamW state alone)" +
-                 (changes.empty() ? "; choose a smaller --model or a larger budget." : ".");
+                 " (the model's state, almost no activations)" +
+                 (!changes.empty()    ? "."
+                  : limit.host_memory ? "; choose a smaller --model or a machine with more memory."
+                                      : "; choose a smaller --model or a larger budget.");
     message += "\n" + format_memory_plan(plan, budgets);
     fail(message);
   }
