@@ -173,17 +173,21 @@ void add_memory_command(CLI::App& app) {
     table += row("total", totals);
     if (budgets.any()) table += row("within " + budgets.describe(), verdicts);
     // The host's physical memory: what this machine must have for each mode, whatever the budgets.
-    const HostMemoryLimit machine = read_host_memory_limit();
-    const MemoryBudgets machine_limit = with_machine_limit({}, machine, false);
-    std::vector<std::string> host_memory, machine_verdicts;
-    for (const MemoryPlan& plan : plans) {
+    std::vector<std::string> host_memory;
+    for (const MemoryPlan& plan : plans)
       host_memory.push_back(format_bytes(plan.host_memory_bytes()));
-      machine_verdicts.push_back(fits(plan, machine_limit) ? "fits" : "TOO LARGE");
-    }
     table += row("host memory at the peak", host_memory);
-    table += row("on this machine's host", machine_verdicts);
-    std::printf("%s\n", table.c_str());
-    std::printf("this machine's host memory for a run: %s\n", machine.describe().c_str());
+    std::string machine_line;
+    if (!flags->allow_overcommit) {
+      const HostMemoryLimit machine = read_host_memory_limit();
+      const MemoryBudgets machine_limit = with_machine_limit({}, machine, false);
+      std::vector<std::string> verdicts_here;
+      for (const MemoryPlan& plan : plans)
+        verdicts_here.push_back(fits(plan, machine_limit) ? "fits" : "TOO LARGE");
+      table += row("on this machine's host", verdicts_here);
+      machine_line = "this machine's host memory for a run: " + machine.describe() + "\n";
+    }
+    std::printf("%s\n%s", table.c_str(), machine_line.c_str());
 
     const MemoryPlan& gpu = plans[0];
     const MemoryPlan& layup = plans[2];
