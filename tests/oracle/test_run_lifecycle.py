@@ -201,3 +201,17 @@ def test_a_log_that_cannot_be_written_stops_the_run(tmp_path, shards):
 def test_version_names_the_commit(tmp_path):
     result = run([binary("layup"), "--version"])
     assert result.stdout.startswith("layup ") and "commit" in result.stdout
+
+
+def test_an_allocation_that_fails_is_one_error(tmp_path, shards):
+    """Memory the plan counted on but the process cannot get (here an address-space limit the
+    plan does not know of) ends in one line and exit 1, not an abort."""
+    import resource
+
+    def limit_address_space():
+        resource.setrlimit(resource.RLIMIT_AS, (900 * 2**20, 900 * 2**20))
+
+    args = train(shards, tmp_path / "run", "--layers", "4", "--heads", "4", "--dim", "512")
+    result = run(args, check=False, preexec_fn=limit_address_space)
+    assert result.returncode == 1, result.stderr
+    assert "layup: error: out of memory" in result.stderr
