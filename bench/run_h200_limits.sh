@@ -10,7 +10,8 @@
 #   3. SIGTERM during a CUDA layup run: the step finishes, a checkpoint is written, exit 0, and
 #      `--resume` alone continues the run;
 #   4. the README's `layup bench --model gpt2 --batch 32 --seq-len 1024`, which a 24 GB machine
-#      refuses, runs here.
+#      refuses, runs here;
+#   5. gpt2-xl at B=64, over the GPU's free memory: refused before allocating.
 # Logs go to $OUT (the device tool's output folder) or the build folder; summary.txt has one line
 # per check.
 #   bench/run_h200_limits.sh          (BUILD: build folder, default build-gpu)
@@ -83,3 +84,6 @@ note "resume alone: exit $?; $(ls -d "$run"/step-* | xargs -n1 basename | tr '\n
 # 4. The README's bench example.
 timed bench-gpt2-b32 300 bench --model gpt2 --batch 32 --seq-len 1024 --steps 5
 grep -E "tokens/s|ms/step" "$out/bench-gpt2-b32.log" | head -n 3 | sed 's/^/    /' | tee -a "$summary"
+
+# 5. A plan over the GPU's free memory (cudaMemGetInfo, less a reserve): refused before allocating.
+timed gpu-over-free 120 bench --model gpt2-xl --batch 64 --seq-len 1024 --steps 1

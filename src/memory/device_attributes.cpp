@@ -66,6 +66,10 @@ DeviceMemoryAttributes cuda_memory_attributes() {
   attributes.concurrent_managed_access = read(cudaDevAttrConcurrentManagedAccess);
   attributes.managed_memory = read(cudaDevAttrManagedMemory);
   attributes.can_map_host_memory = read(cudaDevAttrCanMapHostMemory);
+  if (cudaMemGetInfo(&attributes.free_bytes, &attributes.total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    attributes.free_bytes = attributes.total_bytes = 0;
+  }
 #endif
   return attributes;
 }

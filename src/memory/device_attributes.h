@@ -3,6 +3,7 @@
 // managed memory while kernels run (shared/DESIGN.md, "What the memory kinds mean").
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace layup {
@@ -20,6 +21,10 @@ struct DeviceMemoryAttributes {
   bool concurrent_managed_access = false;       // cudaDevAttrConcurrentManagedAccess
   bool managed_memory = false;                  // cudaDevAttrManagedMemory
   bool can_map_host_memory = false;             // cudaDevAttrCanMapHostMemory
+  // cudaMemGetInfo when the attributes were read (0 otherwise): what the GPU has free now, with
+  // every other process's use taken out.
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
 
   // One line for reports: "cuda (NVIDIA H200): integrated 0, pageable access 0, ...".
   std::string describe() const;

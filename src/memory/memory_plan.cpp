@@ -227,6 +227,14 @@ size_t MemoryPlan::transient_bytes() const {
   return sum;
 }
 
+size_t MemoryPlan::gpu_memory_bytes() const {
+  if (request.device == "cpu" || request.attributes.integrated) return 0;
+  size_t sum = 0;
+  for (const PlannedAllocation& a : allocations)
+    if (a.kind == MemoryKind::kDevice || a.kind == MemoryKind::kManaged) sum += a.bytes;
+  return sum;
+}
+
 size_t MemoryPlan::host_memory_bytes() const {
   // Device memory is the host's DRAM on the CPU backend and on an integrated GPU; managed memory
   // on a discrete GPU lives in the GPU's memory while kernels use it.
@@ -545,7 +553,15 @@ MemoryBudgets parse_memory_budgets(const std::string& memory_budget,
 }
 
 MemoryBudgets with_machine_limit(MemoryBudgets budgets, const HostMemoryLimit& machine,
-                                 bool allow_overcommit) {
+                                 bool allow_overcommit, const DeviceMemoryAttributes& gpu) {
+  if (gpu.device == "cuda" && gpu.queried && !gpu.integrated && gpu.total_bytes > 0) {
+    const size_t reserve = std::max(gpu.total_bytes / 50, size_t{1} << 30);
+    budgets.machine_gpu = gpu.free_bytes > reserve ? gpu.free_bytes - reserve : 0;
+    budgets.machine_gpu_source = format_bytes(*budgets.machine_gpu) + " (" + gpu.name + ": " +
+                                 format_bytes(gpu.free_bytes) + " free of " +
+                                 format_bytes(gpu.total_bytes) + ", less a reserve of " +
+                                 format_bytes(reserve) + ")";
+  }
   if (allow_overcommit) return budgets;
   const size_t usable = machine.usable_bytes();
   LAYUP_CHECK(!budgets.host || *budgets.host <= usable, "--host-budget ",
@@ -565,7 +581,8 @@ bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {
   return (!budgets.total || plan.total_bytes() <= *budgets.total) &&
          (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device) &&
          (!budgets.host || plan.bytes(MemorySide::kHost) <= *budgets.host) &&
-         (!budgets.machine_host || plan.host_memory_bytes() <= *budgets.machine_host);
+         (!budgets.machine_host || plan.host_memory_bytes() <= *budgets.machine_host) &&
+         (!budgets.machine_gpu || plan.gpu_memory_bytes() <= *budgets.machine_gpu);
 }
 
 void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
@@ -574,20 +591,24 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
     std::optional<size_t> budget;
     std::optional<MemorySide> side;  // none: both sides together
     bool host_memory = false;        // the plan's bytes in host memory (the machine's limit)
+    bool gpu_memory = false;         // the plan's bytes in the GPU's memory (what it has free)
   };
   const Limit limits[] = {
       {"--memory-budget", budgets.total, std::nullopt},
       {"--device-budget", budgets.device, MemorySide::kDevice},
       {"--host-budget", budgets.host, MemorySide::kHost},
       {"what this machine's host memory can give it, " + budgets.machine_host_source,
-       budgets.machine_host, std::nullopt, true}};
+       budgets.machine_host, std::nullopt, true},
+      {"what the GPU has free, " + budgets.machine_gpu_source, budgets.machine_gpu, std::nullopt,
+       false, true}};
   for (const Limit& limit : limits) {
     if (!limit.budget) continue;
     // What this limit counts of a plan: the same measure for the plan and every offer below.
     const std::function<size_t(const MemoryPlan&)> need_of = [&](const MemoryPlan& p) {
-      return limit.host_memory ? p.host_memory_bytes()
-             : limit.side      ? p.bytes(*limit.side)
-                               : p.total_bytes();
+      return limit.host_memory  ? p.host_memory_bytes()
+             : limit.gpu_memory ? p.gpu_memory_bytes()
+             : limit.side       ? p.bytes(*limit.side)
+                                : p.total_bytes();
     };
     const size_t need = need_of(plan);
     if (need <= *limit.budget) continue;
@@ -606,13 +627,16 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
       message += " of host memory at its peak (" + format_bytes(plan.transient_bytes()) +
                  " of it transient: the state on its way into the schedule or out to a "
                  "checkpoint)";
+    else if (limit.gpu_memory)
+      message += " of the GPU's memory";
     else if (limit.side)
       message += " on the " + side_word(*limit.side) + " side";
     else
       message += " (device side " + format_bytes(plan.bytes(MemorySide::kDevice)) +
                  " + host side " + format_bytes(plan.bytes(MemorySide::kHost)) + ")";
-    message += ", over " + limit.name + (limit.host_memory ? "," : "") + " " +
-               (limit.host_memory ? "" : format_bytes(*limit.budget) + " ") + "by " +
+    const bool machine = limit.host_memory || limit.gpu_memory;  // the limit's name holds its bytes
+    message += ", over " + limit.name + (machine ? "," : "") + " " +
+               (machine ? "" : format_bytes(*limit.budget) + " ") + "by " +
                format_bytes(need - *limit.budget) + ". The largest class is " +
                tensor_class_label(largest) + ": " + format_bytes(largest_bytes);
     if (!limit.side)
@@ -661,9 +685,9 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
     if (!floor.empty())
       message += " Even --batch 1 --seq-len 1 needs " + floor +
                  " (the model's state, almost no activations)" +
-                 (!changes.empty()    ? "."
-                  : limit.host_memory ? "; choose a smaller --model or a machine with more memory."
-                                      : "; choose a smaller --model or a larger budget.");
+                 (!changes.empty() ? "."
+                  : machine        ? "; choose a smaller --model or a machine with more memory."
+                                   : "; choose a smaller --model or a larger budget.");
     message += "\n" + format_memory_plan(plan, budgets);
     fail(message);
   }
@@ -708,6 +732,10 @@ std::string format_memory_plan(const MemoryPlan& plan, const MemoryBudgets& budg
     text += "  this machine's host memory: " +
             budget_line("usable", *budgets.machine_host, plan.host_memory_bytes()) + " (" +
             budgets.machine_host_source + ")\n";
+  if (budgets.machine_gpu)
+    text += "  the GPU's free memory: " +
+            budget_line("usable", *budgets.machine_gpu, plan.gpu_memory_bytes()) + " (" +
+            budgets.machine_gpu_source + ")\n";
   text += "  placement: " + plan.placement.describe() + "\n";
   text += "  device: " + r.attributes.describe() + "\n";
   for (const std::string& note : plan.notes) text += "  note: " + note + "\n";

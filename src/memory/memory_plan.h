@@ -129,6 +129,9 @@ struct MemoryPlan {
   // The plan's bytes in the host's physical memory at the peak: host, pinned and pageable memory
   // on either side (on the CPU backend and an integrated GPU, everything), transients included.
   size_t host_memory_bytes() const;
+  // The plan's bytes in a discrete GPU's own memory: device and managed memory (0 on the CPU
+  // backend and an integrated GPU, whose memory is the host's).
+  size_t gpu_memory_bytes() const;
   // What the accountant should find in one of its cells: the accounted allocations there.
   size_t accounted_bytes(MemorySide side, TensorClass tensor_class, MemoryKind kind) const;
 };
@@ -163,20 +166,23 @@ MemoryPlan plan_memory(const MemoryPlanRequest& request);
 // Budgets in bytes; unset means no limit. total counts device and host bytes together, as on a
 // unified-memory board (a Jetson Orin NX has 16 GB for everything). machine_host is what this
 // machine's host memory can give the run (memory/host_memory.h), checked against the plan's
-// host_memory_bytes(); with_machine_limit sets it.
+// host_memory_bytes(), and machine_gpu what a discrete GPU has free, checked against
+// gpu_memory_bytes(); with_machine_limit sets them.
 struct MemoryBudgets {
   std::optional<size_t> total, device, host;
-  std::optional<size_t> machine_host;
-  std::string machine_host_source;  // where machine_host comes from, for messages
+  std::optional<size_t> machine_host, machine_gpu;
+  std::string machine_host_source, machine_gpu_source;  // where they come from, for messages
   bool any() const { return total || device || host; }
   std::string describe() const;  // "--memory-budget 16.00 GiB" ...
 };
 
-// `budgets` with this machine's host memory as one more limit. A --host-budget above what the
-// machine has is refused (it can only lower the limit) unless allow_overcommit, which also drops
-// the machine's limit: the kernel may then end the run.
+// `budgets` with this machine's host memory as one more limit, and a discrete GPU's free memory
+// (gpu: attributes read from the driver; less a reserve of 2%, at least 1 GiB, for the CUDA
+// context and what cuDNN sizes at run time) as another. A --host-budget above what the machine
+// has is refused (it can only lower the limit) unless allow_overcommit, which also drops the
+// host's limit: the kernel may then end the run.
 MemoryBudgets with_machine_limit(MemoryBudgets budgets, const HostMemoryLimit& machine,
-                                 bool allow_overcommit);
+                                 bool allow_overcommit, const DeviceMemoryAttributes& gpu = {});
 
 // A size as the budget flags take it: a number (fractions allowed) with an optional unit: K, M,
 // G, T (powers of 1024; KiB, MiB, GiB, TiB the same), KB, MB, GB, TB (powers of 1000), or B /
@@ -189,12 +195,13 @@ MemoryBudgets parse_memory_budgets(const std::string& memory_budget,
                                    const std::string& host_budget);
 
 // The budgets a run's options give (memory_budget, device_budget, host_budget, allow_overcommit:
-// TrainOptions and BenchmarkOptions both have them), with this machine's host memory as a limit.
+// TrainOptions and BenchmarkOptions both have them), with this machine's host memory and the
+// GPU's free memory (`gpu`, the plan's request.attributes) as limits.
 template <class RunOptions>
-MemoryBudgets run_budgets(const RunOptions& options) {
+MemoryBudgets run_budgets(const RunOptions& options, const DeviceMemoryAttributes& gpu) {
   return with_machine_limit(
       parse_memory_budgets(options.memory_budget, options.device_budget, options.host_budget),
-      read_host_memory_limit(), options.allow_overcommit);
+      read_host_memory_limit(), options.allow_overcommit, gpu);
 }
 
 // Whether the plan is within every budget.

@@ -514,6 +514,35 @@ TEST(MemoryPlan, TheMachinesHostMemoryIsALimitToo) {
   EXPECT_EQ(error_of([&] { with_machine_limit(higher, machine, true); }), "");
 }
 
+// A discrete GPU's free memory (as the driver reported it) is a limit too, less a reserve.
+TEST(MemoryPlan, TheGpusFreeMemoryIsALimitToo) {
+  MemoryPlanRequest request = cpu_request(tiny_config(), "gpu", 2, 8);
+  request.device = "cuda";
+  request.dtype = "bf16";
+  request.attributes = cuda_memory_attributes();
+  request.attributes.integrated = false;
+  request.attributes.queried = true;
+  request.attributes.name = "test GPU";
+  request.attributes.total_bytes = size_t{80} << 30;
+  const MemoryPlan plan = plan_memory(request);
+  const size_t reserve = (size_t{80} << 30) / 50;
+  EXPECT_GT(plan.gpu_memory_bytes(), 0u);
+  request.attributes.free_bytes = plan.gpu_memory_bytes() + reserve;
+  HostMemoryLimit host;
+  host.available_bytes = size_t{1} << 40;
+  EXPECT_TRUE(fits(plan, with_machine_limit({}, host, false, request.attributes)));
+  request.attributes.free_bytes -= 1;
+  const MemoryBudgets tight = with_machine_limit({}, host, false, request.attributes);
+  EXPECT_FALSE(fits(plan, tight));
+  const std::string message = refusal(plan, tight);
+  EXPECT_NE(message.find("of the GPU's memory, over what the GPU has free"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("test GPU"), std::string::npos) << message;
+  // Attributes not read from a GPU set no limit.
+  request.attributes.queried = false;
+  EXPECT_FALSE(with_machine_limit({}, host, false, request.attributes).machine_gpu);
+}
+
 // On a discrete GPU the host's memory holds the pinned and plain host buffers, not the device's.
 TEST(MemoryPlan, OnADiscreteGpuTheHostMemoryIsWhatIsNotInDeviceMemory) {
   MemoryPlanRequest request = cpu_request(tiny_config(), "layup", 2, 8);

@@ -43,7 +43,7 @@ StudyRun planned_run(const StudyOptions& options, StudyGroup group, std::string 
     return run;
   }
   try {
-    check_budget(plan, run_budgets(checked));
+    check_budget(plan, run_budgets(checked, plan.request.attributes));
   } catch (const Error& error) {
     run.skip = StudySkip::kOverBudget;
     run.skipped_reason = first_line(error.what());

@@ -155,7 +155,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   // The memory plan, checked against the budgets before anything is allocated.
   const MemoryPlanRequest request = memory_plan_request_of(options, target.device, target.dtype);
   const MemoryPlan memory_plan = plan_memory(request);
-  const MemoryBudgets budgets = run_budgets(options);
+  const MemoryBudgets budgets = run_budgets(options, request.attributes);
   check_budget(memory_plan, budgets);
   if (log) std::fprintf(log, "%s", format_memory_plan(memory_plan, budgets).c_str());
   result.memory_plan = memory_plan_json(memory_plan);

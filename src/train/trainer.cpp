@@ -172,7 +172,6 @@ TrainResult train(TrainOptions options) {
                               parse_algorithm_choice(options.algorithms)});
   options.device = target.device;
   options.dtype = target.dtype;
-  const MemoryBudgets budgets = run_budgets(options);
   const std::string tokenizer_dir = options.tokenizer_dir.empty()
                                         ? (fs::path(shipped_data_dir()) / "gpt2-tokenizer").string()
                                         : options.tokenizer_dir;
@@ -182,6 +181,7 @@ TrainResult train(TrainOptions options) {
   MemoryPlanRequest plan_request = memory_plan_request_of(options, options.device, options.dtype);
   plan_request.data_bytes = token_shard_bytes(data_dir);
   const MemoryPlan memory_plan = plan_memory(plan_request);
+  const MemoryBudgets budgets = run_budgets(options, memory_plan.request.attributes);
   check_budget(memory_plan, budgets);
   const Gpt2Config& config = options.model;
   const TokenDataset train_data = TokenDataset::open(data_dir, "train", config.vocab_size);
