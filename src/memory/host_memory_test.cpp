@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
+#include "io/test_files.h"
 
 namespace layup {
 namespace {
@@ -18,19 +18,10 @@ constexpr size_t kGiB = size_t{1} << 30;
 
 class FakeMachine : public ::testing::Test {
  protected:
-  void SetUp() override {
-    root_ =
-        fs::temp_directory_path() /
-        ("layup_host_memory_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-         "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
   void write(const std::string& relative, const std::string& text) {
     const fs::path path = root_ / relative;
     fs::create_directories(path.parent_path());
-    std::ofstream(path) << text;
+    test_files::write_text(path.string(), text);
   }
   void meminfo(size_t available_kib) {
     write("proc/meminfo",
@@ -38,7 +29,8 @@ class FakeMachine : public ::testing::Test {
               std::to_string(available_kib) + " kB\n");
   }
 
-  fs::path root_;
+  test_files::TempDir dir_;
+  fs::path root_ = dir_.path();
 };
 
 TEST_F(FakeMachine, WithoutACgroupLimitTheAvailableMemoryLessTheReserveIsUsable) {
@@ -104,7 +96,6 @@ TEST_F(FakeMachine, AContainersCgroupPathThatIsNotMountedFallsBackToTheMountsRoo
 }
 
 TEST_F(FakeMachine, AMachineWithoutMeminfoIsAnError) {
-  fs::create_directories(root_);
   EXPECT_THROW(read_host_memory_limit(root_.string()), Error);
 }
 
