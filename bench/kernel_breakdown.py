@@ -15,6 +15,7 @@ import collections
 import csv
 import io
 import re
+import shutil
 import subprocess
 import sys
 
@@ -36,6 +37,9 @@ def main():
     parser.add_argument("bench_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     bench_args = [a for a in args.bench_args if a != "--"]
+    if shutil.which(args.ncu) is None:
+        sys.exit(f"{args.ncu} (Nsight Compute) is not on PATH: this tool needs it and a GPU; "
+                 "give its path with --ncu")
     command = [args.ncu, "--clock-control", "none", "--metrics", "gpu__time_duration.sum",
                "--csv", "--print-units", "base", args.layup, "bench", "--warmup", "0",
                "--steps", "1"] + bench_args

@@ -17,7 +17,9 @@ bool cuda_usable(std::string* why) {
 #ifdef LAYUP_HAVE_CUDA
   return cuda_device_available(why);
 #else
-  *why = "this build of layup has no CUDA backend (nvcc was not found when it was configured)";
+  *why =
+      "this build of layup has no CUDA backend (it was configured with LAYUP_CUDA=OFF, or CMake "
+      "found no nvcc)";
   return false;
 #endif
 }

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "optim/host_adamw.h"
 #include "study/placement_study.h"
 #include "train/progress_line.h"
 #include "train/run_info.h"
@@ -109,11 +110,25 @@ void add_study_command(CLI::App& app) {
     const ComputeTarget target = resolve_compute_target({base.device, base.dtype});
     base.device = target.device;
     base.dtype = target.dtype;
-    LAYUP_CHECK(flags->threads >= 0, "--threads must not be negative");
-    if (flags->threads > 0) omp_set_num_threads(flags->threads);
+    if (flags->threads != 0) {
+      check_thread_count("--threads", flags->threads);
+      omp_set_num_threads(flags->threads);
+    }
+    // Made now, so a folder that cannot be made fails before the runs; removed again if the
+    // study stops before writing into it, so a refused study leaves nothing behind.
     std::error_code error;
+    const bool made = !std::filesystem::exists(flags->out_dir, error);
     std::filesystem::create_directories(flags->out_dir, error);
-    LAYUP_CHECK(!error, "cannot create --out ", flags->out_dir, ": ", error.message());
+    LAYUP_CHECK(!error, "cannot create --out ", flags->out_dir, ": ", error.message(),
+                "; choose another folder");
+    struct RemoveIfUnused {
+      const std::string& dir;
+      bool armed;
+      ~RemoveIfUnused() {
+        std::error_code ignored;
+        if (armed) std::filesystem::remove(dir, ignored);  // only an empty folder goes
+      }
+    } remove_if_unused{flags->out_dir, made};
 
     std::fprintf(stderr,
                  "layup study: %s, batch %dx%d on %s (%s), %s mode's placements, %d warm-up + %d "
@@ -142,6 +157,7 @@ void add_study_command(CLI::App& app) {
     const std::string skipped = summarize_skipped(result);
     if (!skipped.empty()) std::printf("what the study did not run:\n%s\n", skipped.c_str());
     const std::string dir = flags->out_dir;
+    remove_if_unused.armed = false;
     write_text_atomically(dir + "/study.json",
                           study_json(options, result, own_command_line()).dump(2) + "\n");
     write_text_atomically(

@@ -224,8 +224,9 @@ StudyResult run_study(const StudyOptions& options, const BenchmarkRunner& runner
   for (int i = 0; i < placements; ++i) executor.execute(runs[i], planned);
   const StudyRun& first_default = runs[0];
   const StudyRun& last_default = runs[placements - 1];
+  // Both defaults are the same run: the first one's reason says why either could not run.
   LAYUP_CHECK(first_default.ran && last_default.ran, "the default placement could not run (",
-              first_default.skipped_reason, last_default.skipped_reason,
+              first_default.ran ? last_default.skipped_reason : first_default.skipped_reason,
               "), so there is nothing to compare with; check `layup bench` with the same flags");
 
   // 2. Each class at its fastest kind, where that is faster than the default beyond the noise.

@@ -215,3 +215,12 @@ def test_an_allocation_that_fails_is_one_error(tmp_path, shards):
     result = run(args, check=False, preexec_fn=limit_address_space)
     assert result.returncode == 1, result.stderr
     assert "layup: error: out of memory" in result.stderr
+
+
+def test_a_refused_study_leaves_no_folder(tmp_path):
+    env = fake_machine(tmp_path / "machine", 4)
+    result = run([binary("layup"), "study", "--model", "gpt2-medium", "--batch", "16", "--out",
+                  tmp_path / "study"], check=False, env=env)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("of host memory at its peak") == 1, result.stderr
+    assert not (tmp_path / "study").exists()
