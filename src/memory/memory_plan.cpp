@@ -23,8 +23,9 @@ namespace layup {
 namespace {
 
 // What the process itself holds on the host, whatever the model: its code and libraries, the
-// tokenizer, the threads' stacks. Allowances, from the peak resident set of small runs (the
-// layup binary training a 2-layer model: CPU backend, and CUDA with cuBLASLt and cuDNN loaded).
+// tokenizer, the threads' stacks. Allowances on the generous side of what was measured: a tiny
+// CPU run peaks at ~30 MiB resident; small CUDA runs on the H200 peaked 1.6 GiB under plans that
+// hold this allowance (bench/RESULTS.md, 2026-12-01).
 constexpr size_t kCpuRuntimeBytes = size_t{160} << 20;
 constexpr size_t kCudaRuntimeBytes = size_t{2} << 30;
 
@@ -90,7 +91,7 @@ std::string describe_run(const MemoryPlanRequest& r) {
 }
 
 // The smallest change that fits, in `mode`: the mode as it is, a smaller batch, or batch 1 with
-// a shorter sequence. Empty when nothing fits. Sets *bytes to that plan's total.
+// a shorter sequence. Empty when nothing fits. Sets *bytes to that plan's `need`.
 std::string fitting_change(const MemoryPlanRequest& base, const std::string& mode,
                            const MemoryBudgets& budgets,
                            const std::function<size_t(const MemoryPlan&)>& need, size_t* bytes) {

@@ -1,13 +1,15 @@
 // The memory plan of a run: every buffer the run will allocate, by side, tensor class and memory
 // kind, computed from the model, the batch, the mode, the backend and the placement BEFORE
 // anything is allocated, and checked against the budgets (--memory-budget, --device-budget,
-// --host-budget).
+// --host-budget) and against what this machine has: its host memory (host_memory.h) and a
+// discrete GPU's free memory (docs/running.md).
 //
 // The plan mirrors the code: the schedules' buffers (schedule/*.cpp), the backends' activations
-// and workspaces (memory/backend_memory.h). Buffers that go through a Device or a backend are
-// also measured at run time by the MemoryAccountant (`accounted`), as is the schedules' host-side
-// state; the rest (the CPU backend's activation vectors) is planned only, and every report says
-// which is which.
+// and workspaces (memory/backend_memory.h), and what the process holds besides: the transient
+// copies of the state at the start and at each checkpoint, the token data and an allowance for
+// the process itself. Buffers that go through a Device or a backend are also measured at run time
+// by the MemoryAccountant (`accounted`), as is the schedules' host-side state; the rest is planned
+// only, and every report says which is which.
 //
 // Placement (--place CLASS=KIND) sets the memory kind of a class's primary tensors: in `gpu` mode
 // every class lives on the device side; in `offload` and `layup` the master weights and the AdamW
