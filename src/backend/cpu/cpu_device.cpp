@@ -77,7 +77,10 @@ class CpuDevice final : public Device {
     float* data = static_cast<float*>(
         ::operator new[](count * sizeof(float), std::align_val_t(64), std::nothrow));
     LAYUP_CHECK(data != nullptr || count == 0, "out of host memory allocating ",
-                count * sizeof(float) / 1e9, " GB");
+                count * sizeof(float) / 1e9,
+                " GB, although the memory plan fitted: something else may hold the memory (or a "
+                "limit the plan cannot see, such as ulimit -v). Try a smaller --batch or "
+                "--seq-len, or see what the run needs with `layup memory`");
     std::memset(data, 0, count * sizeof(float));
     return data;
   }
