@@ -104,9 +104,8 @@ void check_run_folder(const TrainOptions& options, bool continues_this_folder) {
 }
 
 // The bytes the training and validation tokens take in memory once read: their shards' sizes.
-size_t token_shard_bytes(const std::string& data_dir) {
+size_t token_shard_bytes(const DataFolderShards& shards) {
   size_t bytes = 0;
-  const DataFolderShards shards = find_data_folder_shards(data_dir);
   for (const std::vector<std::string>* paths : {&shards.train, &shards.val})
     for (const std::string& path : *paths) {
       std::error_code error;
@@ -179,13 +178,14 @@ TrainResult train(TrainOptions options) {
   const std::string data_dir =
       options.data_dir.empty() ? default_shard_dir(tokenizer) : options.data_dir;
   MemoryPlanRequest plan_request = memory_plan_request_of(options, options.device, options.dtype);
-  plan_request.data_bytes = token_shard_bytes(data_dir);
+  const DataFolderShards shards = find_data_folder_shards(data_dir);
+  plan_request.data_bytes = token_shard_bytes(shards);
   const MemoryPlan memory_plan = plan_memory(plan_request);
   const MemoryBudgets budgets = run_budgets(options, memory_plan.request.attributes);
   check_budget(memory_plan, budgets);
   const Gpt2Config& config = options.model;
-  const TokenDataset train_data = TokenDataset::open(data_dir, "train", config.vocab_size);
-  const TokenDataset val_data = TokenDataset::open(data_dir, "val", config.vocab_size);
+  const TokenDataset train_data(shards.train, config.vocab_size);
+  const TokenDataset val_data(shards.val, config.vocab_size);
   BatchSampler sampler(train_data, options.batch, options.seq_len, options.seed);
   const ValidationBatches val(val_data, options.batch, options.seq_len, options.eval_batches);
 
