@@ -1,6 +1,5 @@
 // `layup bench`: times training steps on synthetic tokens (train/benchmark.h) and prints a table,
 // and with --json writes the result, command line and machine into a file.
-#include <omp.h>
 
 #include <cstdio>
 #include <fstream>
@@ -68,10 +67,7 @@ void add_bench_command(CLI::App& app) {
     options.model = named_config(options.model_name);
     options.clip = parse_clip_flag(flags->clip);
     options.place = place_flags_with_plan(flags->plan_path, options.place);
-    if (flags->threads != 0) {
-      check_thread_count("--threads", flags->threads);
-      omp_set_num_threads(flags->threads);
-    }
+    apply_threads_flag(flags->threads);
 
     std::fprintf(stderr, "layup bench: %s, batch %dx%d, %d warm-up + %d timed steps, mode %s\n",
                  options.model_name.c_str(), options.batch, options.seq_len, options.warmup_steps,

@@ -38,6 +38,10 @@ void add_layup_head_flag(CLI::App& command, std::string& layup_head);
 // otherwise (CLI11 alone would wrap "-1" to 2^64 - 1 without a word).
 void add_seed_flag(CLI::App& command, uint64_t& seed, const std::string& description);
 
+// Applies --threads (0: leave OpenMP's default of one thread per core) after checking it against
+// the cores this process may use (`train`, `bench`, `study`).
+void apply_threads_flag(int threads);
+
 // The schedule flags `train` and `bench` share: --mode and --cpu-workers.
 void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers);
 

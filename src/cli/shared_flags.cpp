@@ -1,5 +1,7 @@
 // The flags several commands share (declared in cli/commands.h): one definition each, so that
 // `train`, `bench`, `memory` and `study` describe them alike.
+#include <omp.h>
+
 #include <charconv>
 #include <cstdint>
 #include <limits>
@@ -7,6 +9,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "optim/host_adamw.h"
 
 namespace layup {
 
@@ -87,6 +90,12 @@ void add_seed_flag(CLI::App& command, uint64_t& seed, const std::string& descrip
       },
       "0..2^64-1");
   command.add_option("--seed", seed, description)->check(whole_number)->capture_default_str();
+}
+
+void apply_threads_flag(int threads) {
+  if (threads == 0) return;
+  check_thread_count("--threads", threads);
+  omp_set_num_threads(threads);
 }
 
 void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers) {

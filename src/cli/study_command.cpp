@@ -1,7 +1,6 @@
 // `layup study`: the placement study (study/placement_study.h) from flags to files: study.json,
 // study.md (the table it prints), the charts and the recommended plan (best_plan.json, which
 // `layup train --plan` reads).
-#include <omp.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -12,7 +11,6 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
-#include "optim/host_adamw.h"
 #include "study/placement_study.h"
 #include "train/progress_line.h"
 #include "train/run_info.h"
@@ -110,10 +108,7 @@ void add_study_command(CLI::App& app) {
     const ComputeTarget target = resolve_compute_target({base.device, base.dtype});
     base.device = target.device;
     base.dtype = target.dtype;
-    if (flags->threads != 0) {
-      check_thread_count("--threads", flags->threads);
-      omp_set_num_threads(flags->threads);
-    }
+    apply_threads_flag(flags->threads);
     // Made now, so a folder that cannot be made fails before the runs; removed again if the
     // study stops before writing into it, so a refused study leaves nothing behind.
     std::error_code error;

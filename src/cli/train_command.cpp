@@ -1,5 +1,4 @@
 // `layup train`: flags -> TrainOptions -> the training loop.
-#include <omp.h>
 
 #include <cmath>
 #include <cstdio>
@@ -158,10 +157,7 @@ void add_train_command(CLI::App& app) {
     if (!flags->plan_path.empty()) options.given_flags.push_back("--place");
     for (const CLI::Option* option : cmd->get_options())
       if (option->count() > 0) options.given_flags.push_back(option->get_name());
-    if (flags->threads != 0) {
-      check_thread_count("--threads", flags->threads);
-      omp_set_num_threads(flags->threads);
-    }
+    apply_threads_flag(flags->threads);
 
     const TrainResult result = train(options);
     if (!result.stopped_by.empty()) std::printf("stopped by %s: ", result.stopped_by.c_str());
