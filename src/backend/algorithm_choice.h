@@ -2,7 +2,7 @@
 // (--algorithms). A plain header: the CLI, the backend factory and the CUDA ops share it.
 #pragma once
 
-#include <string>
+#include "core/run_choices.h"
 
 namespace layup {
 
@@ -18,7 +18,10 @@ enum class AlgorithmChoice {
   kTimed,
 };
 
-// "heuristic" | "timed" (--algorithms); throws layup::Error for another name, listing these.
-AlgorithmChoice parse_algorithm_choice(const std::string& name);
+inline constexpr EnumNames<AlgorithmChoice, 2> kAlgorithmChoiceNames = {
+    {{AlgorithmChoice::kHeuristic, "heuristic"}, {AlgorithmChoice::kTimed, "timed"}}};
+inline std::string name_of(AlgorithmChoice choice) {
+  return name_in(kAlgorithmChoiceNames, choice);
+}
 
 }  // namespace layup

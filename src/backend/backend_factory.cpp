@@ -26,24 +26,16 @@ bool cuda_usable(std::string* why) {
 
 }  // namespace
 
-AlgorithmChoice parse_algorithm_choice(const std::string& name) {
-  if (name == "heuristic") return AlgorithmChoice::kHeuristic;
-  LAYUP_CHECK(name == "timed", "--algorithms takes heuristic or timed (got '", name, "')");
-  return AlgorithmChoice::kTimed;
-}
-
 ComputeTarget resolve_compute_target(const ComputeTarget& requested) {
   ComputeTarget target = requested;
-  LAYUP_CHECK(target.device == "auto" || target.device == "cpu" || target.device == "cuda",
-              "--device takes auto, cpu or cuda (got '", target.device, "')");
-  LAYUP_CHECK(target.dtype == "auto" || target.dtype == "fp32" || target.dtype == "bf16",
-              "--dtype takes auto, fp32 or bf16 (got '", target.dtype, "')");
   std::string why;
-  if (target.device == "auto") target.device = cuda_usable(&why) ? "cuda" : "cpu";
-  if (target.device == "cuda")
+  if (target.device == DeviceKind::kAuto)
+    target.device = cuda_usable(&why) ? DeviceKind::kCuda : DeviceKind::kCpu;
+  if (target.device == DeviceKind::kCuda)
     LAYUP_CHECK(cuda_usable(&why), "--device cuda: ", why, "; use --device cpu");
-  if (target.dtype == "auto") target.dtype = target.device == "cuda" ? "bf16" : "fp32";
-  LAYUP_CHECK(target.device == "cuda" || target.dtype == "fp32",
+  if (target.dtype == Dtype::kAuto)
+    target.dtype = target.device == DeviceKind::kCuda ? Dtype::kBf16 : Dtype::kFp32;
+  LAYUP_CHECK(target.device == DeviceKind::kCuda || target.dtype == Dtype::kFp32,
               "the CPU backend computes in fp32 only; use --dtype fp32 (or --device cuda)");
   return target;
 }
@@ -52,16 +44,17 @@ BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& con
                               int max_seq_len, std::shared_ptr<MemoryAccountant> accountant) {
   if (!accountant) accountant = std::make_shared<MemoryAccountant>();
 #ifdef LAYUP_HAVE_CUDA
-  if (target.device == "cuda") {
+  if (target.device == DeviceKind::kCuda) {
     const ComputeDtype dtype =
-        target.dtype == "bf16" ? ComputeDtype::kBFloat16 : ComputeDtype::kFloat32;
+        target.dtype == Dtype::kBf16 ? ComputeDtype::kBFloat16 : ComputeDtype::kFloat32;
     std::unique_ptr<Device> device = make_cuda_device(accountant);
     return {make_cuda_backend(config, max_batch, max_seq_len, dtype, target.recompute, accountant,
                               {target.activations_kind, target.scratch_kind}, target.algorithms),
             std::move(device), accountant};
   }
 #endif
-  LAYUP_CHECK(target.device == "cpu", "no backend for --device ", target.device);
+  LAYUP_CHECK(target.device == DeviceKind::kCpu, "no backend for --device ", name_of(target.device),
+              ": resolve the target first");
   LAYUP_CHECK(
       target.recompute == 0, "--recompute ", target.recompute,
       " is a CUDA backend option: the CPU backend keeps every activation (its memory is the "

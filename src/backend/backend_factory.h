@@ -12,9 +12,9 @@
 namespace layup {
 
 struct ComputeTarget {
-  std::string device = "auto";  // auto | cpu | cuda
-  std::string dtype = "auto";   // auto | fp32 | bf16
-  int recompute = 0;            // --recompute: 0, 1 or 2 (backend/cuda/cuda_backend.h); cuda only
+  DeviceKind device = DeviceKind::kAuto;
+  Dtype dtype = Dtype::kAuto;
+  int recompute = 0;  // --recompute: 0, 1 or 2 (backend/cuda/cuda_backend.h); cuda only
   AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic;  // cuda only
   // cuda only: where the backend's activations and the backward's scratch live (the placement's
   // kinds; the CPU backend's memory is the host's).

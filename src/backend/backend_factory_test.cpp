@@ -23,27 +23,21 @@ std::string error_of(Make make) {
   return "";
 }
 
-TEST(AlgorithmChoice, ParsesTheFlagsNames) {
-  EXPECT_EQ(parse_algorithm_choice("heuristic"), AlgorithmChoice::kHeuristic);
-  EXPECT_EQ(parse_algorithm_choice("timed"), AlgorithmChoice::kTimed);
-  const std::string message = error_of([] { parse_algorithm_choice("fastest"); });
-  EXPECT_NE(message.find("heuristic or timed"), std::string::npos) << message;
-}
-
 TEST(BackendFactory, CpuBackendRefusesCudaOnlyOptions) {
   const Gpt2Config config = gpt2_config(2, 2, 16, 8, 61);
-  ComputeTarget timed{"cpu", "fp32"};
+  ComputeTarget timed{DeviceKind::kCpu, Dtype::kFp32};
   timed.algorithms = AlgorithmChoice::kTimed;
   std::string message = error_of([&] { make_backend(timed, config, 1, 4); });
   EXPECT_NE(message.find("--algorithms timed"), std::string::npos) << message;
   EXPECT_NE(message.find("--device cuda"), std::string::npos) << message;
 
-  ComputeTarget recompute{"cpu", "fp32", 1};
+  ComputeTarget recompute{DeviceKind::kCpu, Dtype::kFp32, 1};
   message = error_of([&] { make_backend(recompute, config, 1, 4); });
   EXPECT_NE(message.find("--recompute"), std::string::npos) << message;
 
   // The defaults build a CPU backend.
-  EXPECT_NE(make_backend(ComputeTarget{"cpu", "fp32"}, config, 1, 4).backend, nullptr);
+  EXPECT_NE(make_backend(ComputeTarget{DeviceKind::kCpu, Dtype::kFp32}, config, 1, 4).backend,
+            nullptr);
 }
 
 }  // namespace

@@ -43,9 +43,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
   cmd->add_option("--warmup", o.warmup_steps, "Untimed steps first")->capture_default_str();
   cmd->add_option("--steps", o.steps, "Timed steps")->capture_default_str();
-  cmd->add_option("--device", o.device, "auto, cpu or cuda")->capture_default_str();
-  cmd->add_option("--dtype", o.dtype, "auto, fp32 or bf16 (auto: bf16 on cuda, fp32 on cpu)")
-      ->capture_default_str();
+  add_device_flags(*cmd, o.device, o.dtype);
   add_seed_flag(*cmd, o.seed, "Seed of the initialization and the synthetic tokens");
   add_schedule_flags(*cmd, o.mode, o.cpu_workers);
   add_cuda_backend_flags(*cmd, o.recompute, o.algorithms);
@@ -71,7 +69,7 @@ void add_bench_command(CLI::App& app) {
 
     std::fprintf(stderr, "layup bench: %s, batch %dx%d, %d warm-up + %d timed steps, mode %s\n",
                  options.model_name.c_str(), options.batch, options.seq_len, options.warmup_steps,
-                 options.steps, options.mode.c_str());
+                 options.steps, name_of(options.mode).c_str());
     const BenchmarkResult result = run_benchmark(options, stderr);
     std::printf("%s", format_benchmark_table(options, result).c_str());
     if (!flags->json_path.empty()) {

@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/algorithm_choice.h"
+#include "core/run_choices.h"
+
 namespace layup {
 
 void add_train_command(CLI::App& app);
@@ -28,11 +31,11 @@ void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string
 
 // The clipping flags `train`, `bench` and `memory` share: --clip (a threshold or none) and
 // --layup-clip (how layup keeps clipping exact: speculative or deferred).
-void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_clip);
+void add_clip_flags(CLI::App& command, std::string& clip, LayupClip& layup_clip);
 
 // --layup-head (where layup updates the embeddings and the final norm), for `train`, `bench`,
 // `memory` and `study`.
-void add_layup_head_flag(CLI::App& command, std::string& layup_head);
+void add_layup_head_flag(CLI::App& command, LayupHead& layup_head);
 
 // --seed for `train`, `bench`, `study` and `sample`: a whole number from 0 to 2^64 - 1, refused
 // otherwise (CLI11 alone would wrap "-1" to 2^64 - 1 without a word).
@@ -43,9 +46,36 @@ void add_seed_flag(CLI::App& command, uint64_t& seed, const std::string& descrip
 void apply_threads_flag(int threads);
 
 // The schedule flags `train` and `bench` share: --mode and --cpu-workers.
-void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers);
+void add_schedule_flags(CLI::App& command, Mode& mode, int& cpu_workers);
+
+// --device and --dtype, for `train`, `bench`, `memory` and `study`.
+void add_device_flags(CLI::App& command, DeviceKind& device, Dtype& dtype);
 
 // The CUDA backend's flags `train` and `bench` share: --recompute and --algorithms.
-void add_cuda_backend_flags(CLI::App& command, int& recompute, std::string& algorithms);
+void add_cuda_backend_flags(CLI::App& command, int& recompute, AlgorithmChoice& algorithms);
+
+// An option whose value is one of an enum's names (core/run_choices.h): the string is turned into
+// the enum here, at the edge, and a name not in the table is refused listing those that are.
+template <class Enum, size_t N>
+CLI::Option* add_choice_option(CLI::App& command, const std::string& flag, Enum& value,
+                               const EnumNames<Enum, N>& names, const std::string& description) {
+  std::string listed;
+  for (const auto& [each, name] : names) listed += (listed.empty() ? "" : ", ") + std::string(name);
+  // CLI11 reads an enum as its number: the transform hands it the number of the named value.
+  const CLI::Validator by_name(
+      [names, listed](std::string& text) -> std::string {
+        for (const auto& [each, name] : names)
+          if (name == text) {
+            text = std::to_string(static_cast<int>(each));
+            return "";
+          }
+        return "takes one of " + listed + " (got '" + text + "')";
+      },
+      "");
+  return command.add_option(flag, value, description)
+      ->transform(by_name)
+      ->type_name(listed.empty() ? "" : "{" + listed + "}")
+      ->default_str(name_in(names, value));
+}
 
 }  // namespace layup

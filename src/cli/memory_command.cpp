@@ -24,13 +24,14 @@ struct MemoryFlags {
   int batch = 8;
   int seq_len = 1024;
   int grad_accum = 1;
-  std::string device = "auto";
-  std::string dtype = "auto";
-  std::string mode;  // empty: no detailed plan
+  DeviceKind device = DeviceKind::kAuto;
+  Dtype dtype = Dtype::kAuto;
+  Mode mode = Mode::kLayup;  // whose placement is printed; with --mode, its whole plan too
+  bool mode_given = false;
   int recompute = 0;
   std::string clip = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
-  std::string layup_clip = "auto";
-  std::string layup_head = "auto";
+  LayupClip layup_clip = LayupClip::kAuto;
+  LayupHead layup_head = LayupHead::kAuto;
   std::vector<std::string> place;
   std::string plan_path;
   std::string memory_budget, device_budget, host_budget;
@@ -49,13 +50,14 @@ MemoryPlanRequest base_request(const MemoryFlags& flags) {
   request.clip = parse_clip_flag(flags.clip);
   request.layup_clip = flags.layup_clip;
   request.layup_head = flags.layup_head;
-  std::string device = flags.device, dtype = flags.dtype;
-  if (device != "cuda") {
+  DeviceKind device = flags.device;
+  Dtype dtype = flags.dtype;
+  if (device != DeviceKind::kCuda) {
     const ComputeTarget target = resolve_compute_target({device, dtype});
     device = target.device;
     dtype = target.dtype;
-  } else if (dtype == "auto") {
-    dtype = "bf16";
+  } else if (dtype == Dtype::kAuto) {
+    dtype = Dtype::kBf16;
   }
   request.device = device;
   request.dtype = dtype;
@@ -97,38 +99,33 @@ void add_memory_command(CLI::App& app) {
   cmd->add_option("--grad-accum", flags->grad_accum,
                   "Micro-batches per update (gpu mode then keeps a second whole-model gradient)")
       ->capture_default_str();
-  cmd->add_option("--device", flags->device,
-                  "auto, cpu or cuda (cuda plans without a GPU too, with a discrete GPU's "
-                  "attributes)")
-      ->capture_default_str();
-  cmd->add_option("--dtype", flags->dtype, "auto, fp32 or bf16 (auto: bf16 on cuda, fp32 on cpu)")
-      ->capture_default_str();
+  add_device_flags(*cmd, flags->device, flags->dtype);
   cmd->add_option("--recompute", flags->recompute,
                   "CUDA backend: 0, 1 (recompute GELU outputs) or 2 (also layer norm outputs)")
       ->check(CLI::Range(0, 2))
       ->capture_default_str();
   add_clip_flags(*cmd, flags->clip, flags->layup_clip);
   add_layup_head_flag(*cmd, flags->layup_head);
-  cmd->add_option("--mode", flags->mode,
-                  "Also print this mode's plan allocation by allocation: gpu, offload or layup");
+  add_choice_option(*cmd, "--mode", flags->mode, kModeNames,
+                    "Also print this mode's plan allocation by allocation (cuda plans without a "
+                    "GPU too, with a discrete GPU's attributes)");
   add_memory_flags(*cmd, flags->memory_budget, flags->device_budget, flags->host_budget,
                    flags->allow_overcommit, flags->place, flags->plan_path);
 
-  cmd->callback([flags]() {
-    LAYUP_CHECK(flags->mode.empty() || flags->mode == "gpu" || flags->mode == "offload" ||
-                    flags->mode == "layup",
-                "--mode ", flags->mode, " is not a schedule; use gpu, offload or layup");
+  cmd->callback([flags, cmd]() {
+    flags->mode_given = cmd->count("--mode") > 0;
     const MemoryPlanRequest base = base_request(*flags);
     const MemoryBudgets budgets =
         parse_memory_budgets(flags->memory_budget, flags->device_budget, flags->host_budget);
-    const std::vector<std::string> modes = {"gpu", "offload", "layup"};
+    std::vector<std::string> modes;
     std::vector<MemoryPlan> plans;
-    for (const std::string& mode : modes) {
+    for (const auto& [mode, name] : kModeNames) {
+      modes.emplace_back(name);
       MemoryPlanRequest request = base;
       request.mode = mode;
       // A --place is checked in the mode it is asked for; the side-by-side table does not depend
       // on placement.
-      if (!flags->mode.empty() && mode != flags->mode) request.place.clear();
+      if (flags->mode_given && mode != flags->mode) request.place.clear();
       plans.push_back(plan_memory(request));
     }
     const Gpt2Config& config = base.config;
@@ -140,7 +137,7 @@ void add_memory_command(CLI::App& app) {
         parameter_count(config) / 1e6, base.batch, base.seq_len,
         base.grad_accum > 1 ? (" x" + std::to_string(base.grad_accum) + " accumulation").c_str()
                             : "",
-        base.dtype.c_str(), base.device.c_str());
+        name_of(base.dtype).c_str(), name_of(base.device).c_str());
 
     std::string table = row("", modes);
     for (MemorySide side : kAllMemorySides) {
@@ -210,12 +207,12 @@ void add_memory_command(CLI::App& app) {
       for (const std::string& note : plan.notes)
         if (seen.insert(note).second) notes += "  note: " + note + "\n";
     const MemoryPlan* chosen = &layup;
-    for (size_t i = 0; i < modes.size(); ++i)
-      if (modes[i] == flags->mode) chosen = &plans[i];
-    std::printf("placement (%s mode): %s\ndevice: %s\n%s", chosen->request.mode.c_str(),
+    for (const MemoryPlan& plan : plans)
+      if (plan.request.mode == flags->mode) chosen = &plan;
+    std::printf("placement (%s mode): %s\ndevice: %s\n%s", name_of(chosen->request.mode).c_str(),
                 chosen->placement.describe().c_str(), base.attributes.describe().c_str(),
                 notes.c_str());
-    if (!flags->mode.empty()) std::printf("\n%s", format_memory_plan(*chosen, budgets).c_str());
+    if (flags->mode_given) std::printf("\n%s", format_memory_plan(*chosen, budgets).c_str());
   });
 }
 

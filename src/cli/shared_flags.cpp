@@ -50,33 +50,28 @@ void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string
                      "CLASS=KIND placements are applied first, then any --place");
 }
 
-void add_clip_flags(CLI::App& command, std::string& clip, std::string& layup_clip) {
+void add_clip_flags(CLI::App& command, std::string& clip, LayupClip& layup_clip) {
   command
       .add_option("--clip", clip,
                   "Global gradient-norm clip threshold, or 'none' (layup with none and one "
                   "micro-batch keeps no whole-model gradient on the host)")
       ->capture_default_str();
-  command
-      .add_option("--layup-clip", layup_clip,
-                  "How layup keeps clipping exact: speculative (update each block during "
-                  "backward as if unclipped, into a second copy of the master weights and "
-                  "moments; redo the blocks from the first copy on a step that is clipped), "
-                  "deferred (one copy; update the blocks after backward, during the next "
-                  "forward), or auto: deferred on an integrated GPU, whose one memory holds "
-                  "everything, speculative elsewhere")
-      ->check(CLI::IsMember({"auto", "speculative", "deferred"}))
-      ->capture_default_str();
+  add_choice_option(command, "--layup-clip", layup_clip, kLayupClipNames,
+                    "How layup keeps clipping exact: speculative (update each block during "
+                    "backward as if unclipped, into a second copy of the master weights and "
+                    "moments; redo the blocks from the first copy on a step that is clipped), "
+                    "deferred (one copy; update the blocks after backward, during the next "
+                    "forward), or auto: deferred on an integrated GPU, whose one memory holds "
+                    "everything, speculative elsewhere");
 }
 
-void add_layup_head_flag(CLI::App& command, std::string& layup_head) {
-  command
-      .add_option("--layup-head", layup_head,
-                  "Where layup updates the embeddings and the final norm: device (where their "
-                  "gradient already is; their AdamW moments take device memory), host (on the "
-                  "CPU with the blocks), or auto: device on a discrete GPU with the weights in its "
-                  "own memory, host elsewhere")
-      ->check(CLI::IsMember({"auto", "device", "host"}))
-      ->capture_default_str();
+void add_layup_head_flag(CLI::App& command, LayupHead& layup_head) {
+  add_choice_option(
+      command, "--layup-head", layup_head, kLayupHeadNames,
+      "Where layup updates the embeddings and the final norm: device (where their "
+      "gradient already is; their AdamW moments take device memory), host (on the "
+      "CPU with the blocks), or auto: device on a discrete GPU with the weights in its "
+      "own memory, host elsewhere");
 }
 
 void add_seed_flag(CLI::App& command, uint64_t& seed, const std::string& description) {
@@ -98,15 +93,13 @@ void apply_threads_flag(int threads) {
   omp_set_num_threads(threads);
 }
 
-void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers) {
-  command
-      .add_option("--mode", mode,
-                  "Schedule: gpu (all on the device), offload (AdamW on the CPU after backward, "
-                  "no overlap) or layup (per-block AdamW on the CPU, fed through two gradient "
-                  "slots, each block's update overlapping the backward of the blocks below it; "
-                  "clipping stays exact, see --layup-clip). All three train identically; `train` "
-                  "may resume a run in another mode")
-      ->capture_default_str();
+void add_schedule_flags(CLI::App& command, Mode& mode, int& cpu_workers) {
+  add_choice_option(command, "--mode", mode, kModeNames,
+                    "Schedule: gpu (all on the device), offload (AdamW on the CPU after backward, "
+                    "no overlap) or layup (per-block AdamW on the CPU, fed through two gradient "
+                    "slots, each block's update overlapping the backward of the blocks below it; "
+                    "clipping stays exact, see --layup-clip). All three train identically; `train` "
+                    "may resume a run in another mode");
   command
       .add_option("--cpu-workers", cpu_workers,
                   "offload and layup: pinned CPU AdamW workers (default: every core this process "
@@ -114,7 +107,16 @@ void add_schedule_flags(CLI::App& command, std::string& mode, int& cpu_workers) 
       ->capture_default_str();
 }
 
-void add_cuda_backend_flags(CLI::App& command, int& recompute, std::string& algorithms) {
+void add_device_flags(CLI::App& command, DeviceKind& device, Dtype& dtype) {
+  add_choice_option(command, "--device", device, kDeviceNames,
+                    "Where to compute: cpu, cuda, or auto (cuda where this build has it and a GPU "
+                    "is usable, else cpu)");
+  add_choice_option(command, "--dtype", dtype, kDtypeNames,
+                    "What the backend computes in: fp32, bf16 (cuda only), or auto (bf16 on cuda, "
+                    "fp32 on cpu); the master weights and AdamW are fp32 always");
+}
+
+void add_cuda_backend_flags(CLI::App& command, int& recompute, AlgorithmChoice& algorithms) {
   command
       .add_option("--recompute", recompute,
                   "CUDA backend: recompute in the backward instead of keeping from the forward: 0 "
@@ -122,14 +124,11 @@ void add_cuda_backend_flags(CLI::App& command, int& recompute, std::string& algo
                   "activation memory, a little more compute)")
       ->check(CLI::Range(0, 2))
       ->capture_default_str();
-  command
-      .add_option("--algorithms", algorithms,
-                  "CUDA backend: how the algorithm of each cuBLASLt matmul and cuDNN attention "
-                  "is picked: heuristic (the library's first answer: the same bits in every run) "
-                  "or timed (the candidates timed on the first step, the fastest kept: a faster "
-                  "step, but the choice, and so the rounding, can differ between runs)")
-      ->check(CLI::IsMember({"heuristic", "timed"}))
-      ->capture_default_str();
+  add_choice_option(command, "--algorithms", algorithms, kAlgorithmChoiceNames,
+                    "CUDA backend: how the algorithm of each cuBLASLt matmul and cuDNN attention "
+                    "is picked: heuristic (the library's first answer: the same bits in every run) "
+                    "or timed (the candidates timed on the first step, the fastest kept: a faster "
+                    "step, but the choice, and so the rounding, can differ between runs)");
 }
 
 }  // namespace layup

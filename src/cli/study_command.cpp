@@ -54,7 +54,7 @@ std::string summarize_skipped(const StudyResult& result) {
 void add_study_command(CLI::App& app) {
   auto flags = std::make_shared<StudyFlags>();
   BenchmarkOptions& o = flags->options.base;
-  o.mode = "layup";
+  o.mode = Mode::kLayup;
   o.warmup_steps = 2;
   o.steps = 5;
   o.energy = true;
@@ -70,11 +70,8 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
   cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();
   cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
-  cmd->add_option("--device", o.device, "auto, cpu or cuda")->capture_default_str();
-  cmd->add_option("--dtype", o.dtype, "auto, fp32 or bf16 (auto: bf16 on cuda, fp32 on cpu)")
-      ->capture_default_str();
-  cmd->add_option("--mode", o.mode, "The mode whose placements are studied: gpu, offload, layup")
-      ->capture_default_str();
+  add_device_flags(*cmd, o.device, o.dtype);
+  add_choice_option(*cmd, "--mode", o.mode, kModeNames, "The mode whose placements are studied");
   cmd->add_option("--warmup", o.warmup_steps, "Untimed steps per run")->capture_default_str();
   cmd->add_option("--steps", o.steps, "Timed steps per run")->capture_default_str();
   cmd->add_option("--run-seconds", flags->options.run_time_limit_s,
@@ -128,9 +125,9 @@ void add_study_command(CLI::App& app) {
     std::fprintf(stderr,
                  "layup study: %s, batch %dx%d on %s (%s), %s mode's placements, %d warm-up + %d "
                  "timed steps per run (at most %.0f s each)\n",
-                 base.model_name.c_str(), base.batch, base.seq_len, base.device.c_str(),
-                 base.dtype.c_str(), base.mode.c_str(), base.warmup_steps, base.steps,
-                 options.run_time_limit_s);
+                 base.model_name.c_str(), base.batch, base.seq_len, name_of(base.device).c_str(),
+                 name_of(base.dtype).c_str(), name_of(base.mode).c_str(), base.warmup_steps,
+                 base.steps, options.run_time_limit_s);
     ProgressLine line(stderr, 0, 1);
     const StudyResult result =
         run_study(options, {}, [&](int index, int planned, const StudyRun& run, double elapsed_s) {
@@ -139,7 +136,7 @@ void add_study_command(CLI::App& app) {
           char text[256];
           const std::string what = run.group == StudyGroup::kMode
                                        ? run.label + " at the recommended placement"
-                                       : run.mode + " mode, " + run.label;
+                                       : name_of(run.mode) + " mode, " + run.label;
           std::snprintf(text, sizeof text, "run %d of about %d: %s; %s elapsed, %s left", index + 1,
                         planned, what.c_str(), ProgressLine::format_duration(elapsed_s).c_str(),
                         ProgressLine::format_duration(left_s).c_str());

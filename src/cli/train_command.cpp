@@ -122,13 +122,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--top-k", o.top_k, "Sample among the k likeliest tokens (0: all)")
       ->capture_default_str();
   add_seed_flag(*cmd, o.seed, "Seed of initialization and batch order");
-  cmd->add_option("--device", o.device,
-                  "auto, cpu or cuda; auto picks cuda where this build has it and a GPU is usable")
-      ->capture_default_str();
-  cmd->add_option("--dtype", o.dtype,
-                  "auto, fp32 or bf16; bf16 computes in bf16 with fp32 master weights and AdamW "
-                  "state (auto: bf16 on cuda, fp32 on cpu)")
-      ->capture_default_str();
+  add_device_flags(*cmd, o.device, o.dtype);
   add_schedule_flags(*cmd, o.mode, o.cpu_workers);
   add_cuda_backend_flags(*cmd, o.recompute, o.algorithms);
   cmd->add_option("--trace", o.trace_path,

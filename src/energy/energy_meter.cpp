@@ -147,10 +147,10 @@ std::vector<EnergyReading> EnergyMeter::stop() {
   return read_all();
 }
 
-std::vector<std::unique_ptr<EnergySource>> energy_sources_for(const std::string& device,
+std::vector<std::unique_ptr<EnergySource>> energy_sources_for(DeviceKind device,
                                                               const std::string& gpu_pci_bus_id) {
   std::vector<std::unique_ptr<EnergySource>> sources;
-  if (device == "cuda") sources.push_back(make_nvml_gpu_source(gpu_pci_bus_id));
+  if (device == DeviceKind::kCuda) sources.push_back(make_nvml_gpu_source(gpu_pci_bus_id));
   for (auto& package : rapl_package_sources(kPowercapRoot)) sources.push_back(std::move(package));
   return sources;
 }

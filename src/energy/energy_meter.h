@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/run_choices.h"
+
 namespace layup {
 
 constexpr std::chrono::milliseconds kPowerSamplePeriod{20};
@@ -107,10 +109,10 @@ class EnergyMeter {
   std::thread poller_;
 };
 
-// Every source this machine offers for a run on `device` ("cpu" or "cuda"): the RAPL packages,
+// Every source this machine offers for a run on `device` (cpu or cuda): the RAPL packages,
 // and on cuda the GPU (by PCI bus id, as CUDA names it; empty: NVML's device 0). Sources that
 // cannot be read are included, so the report says why.
-std::vector<std::unique_ptr<EnergySource>> energy_sources_for(const std::string& device,
+std::vector<std::unique_ptr<EnergySource>> energy_sources_for(DeviceKind device,
                                                               const std::string& gpu_pci_bus_id);
 
 // "gpu (NVIDIA H200): 2431.2 J, 812.4 W mean (NVML total-energy counter)" or

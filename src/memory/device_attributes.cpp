@@ -12,10 +12,10 @@
 namespace layup {
 
 std::string DeviceMemoryAttributes::describe() const {
-  if (device == "cpu") return "cpu: host memory only";
+  if (device == DeviceKind::kCpu) return "cpu: host memory only";
   auto flag = [](bool value) { return value ? "1" : "0"; };
-  return device + " (" + name + "): integrated " + flag(integrated) + ", pageable memory access " +
-         flag(pageable_memory_access) + " (host page tables " +
+  return name_of(device) + " (" + name + "): integrated " + flag(integrated) +
+         ", pageable memory access " + flag(pageable_memory_access) + " (host page tables " +
          flag(pageable_uses_host_page_tables) + "), concurrent managed access " +
          flag(concurrent_managed_access) + ", managed memory " + flag(managed_memory) +
          ", maps host memory " + flag(can_map_host_memory) +
@@ -28,7 +28,7 @@ DeviceMemoryAttributes cpu_memory_attributes() {
 
 DeviceMemoryAttributes cuda_memory_attributes() {
   DeviceMemoryAttributes attributes;
-  attributes.device = "cuda";
+  attributes.device = DeviceKind::kCuda;
   // A discrete GPU over PCIe, as our H200 reports itself (shared/DESIGN.md).
   attributes.name = "discrete GPU";
   attributes.queried = false;
@@ -74,10 +74,9 @@ DeviceMemoryAttributes cuda_memory_attributes() {
   return attributes;
 }
 
-DeviceMemoryAttributes memory_attributes_of(const std::string& device) {
-  LAYUP_CHECK(device == "cpu" || device == "cuda", "no memory attributes for device '", device,
-              "'; use cpu or cuda");
-  return device == "cuda" ? cuda_memory_attributes() : cpu_memory_attributes();
+DeviceMemoryAttributes memory_attributes_of(DeviceKind device) {
+  LAYUP_CHECK(device != DeviceKind::kAuto, "memory attributes need a resolved device, cpu or cuda");
+  return device == DeviceKind::kCuda ? cuda_memory_attributes() : cpu_memory_attributes();
 }
 
 }  // namespace layup

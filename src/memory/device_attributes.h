@@ -6,12 +6,14 @@
 #include <cstddef>
 #include <string>
 
+#include "core/run_choices.h"
+
 namespace layup {
 
 struct DeviceMemoryAttributes {
-  std::string device = "cpu";  // cpu | cuda
-  std::string name = "cpu";    // the GPU's name on cuda
-  std::string pci_bus_id;      // the GPU's, as CUDA names it ("0000:19:00.0"; NVML finds it so)
+  DeviceKind device = DeviceKind::kCpu;  // resolved: cpu or cuda
+  std::string name = "cpu";              // the GPU's name on cuda
+  std::string pci_bus_id;  // the GPU's, as CUDA names it ("0000:19:00.0"; NVML finds it so)
   // False when the values were not read from a GPU (a build without CUDA, or no GPU here): then
   // they are those of a discrete GPU over PCIe, as our H200 reports them.
   bool queried = true;
@@ -37,7 +39,7 @@ DeviceMemoryAttributes cpu_memory_attributes();
 // build has CUDA and a GPU is usable; otherwise a discrete GPU's values, with queried = false.
 DeviceMemoryAttributes cuda_memory_attributes();
 
-// The attributes of a resolved --device (cpu or cuda).
-DeviceMemoryAttributes memory_attributes_of(const std::string& device);
+// The attributes of a resolved device (cpu or cuda).
+DeviceMemoryAttributes memory_attributes_of(DeviceKind device);
 
 }  // namespace layup

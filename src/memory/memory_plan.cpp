@@ -29,21 +29,16 @@ namespace {
 constexpr size_t kCpuRuntimeBytes = size_t{160} << 20;
 constexpr size_t kCudaRuntimeBytes = size_t{2} << 30;
 
-const std::vector<std::string>& modes() {
-  static const std::vector<std::string> names = {"gpu", "offload", "layup"};
-  return names;
-}
-
 std::string side_word(MemorySide side) {
   return side == MemorySide::kDevice ? "device" : "host";
 }
 
 // Why `kind` cannot hold the primary tensors of `tensor_class` in `mode` on this device; empty
 // when it can.
-std::string why_not(const std::string& mode, const DeviceMemoryAttributes& attributes,
-                    TensorClass tensor_class, MemoryKind kind) {
+std::string why_not(Mode mode, const DeviceMemoryAttributes& attributes, TensorClass tensor_class,
+                    MemoryKind kind) {
   const std::string label = tensor_class_label(tensor_class);
-  if (attributes.device == "cpu") {
+  if (attributes.device == DeviceKind::kCpu) {
     if (kind == MemoryKind::kHost) return "";
     return "the CPU backend has only host memory; device, pinned, managed and pageable memory "
            "need --device cuda";
@@ -52,8 +47,8 @@ std::string why_not(const std::string& mode, const DeviceMemoryAttributes& attri
   switch (kind) {
     case MemoryKind::kDevice:
       if (gpu_uses_it) return "";
-      return "in " + mode + " mode AdamW runs on the CPU, which reads and writes the " + label +
-             " and cannot touch device memory; use host or pinned";
+      return "in " + name_of(mode) + " mode AdamW runs on the CPU, which reads and writes the " +
+             label + " and cannot touch device memory; use host or pinned";
     case MemoryKind::kPinnedMapped:
       if (attributes.can_map_host_memory) return "";
       return "this GPU cannot map host memory (cudaDevAttrCanMapHostMemory = 0)";
@@ -71,7 +66,7 @@ std::string why_not(const std::string& mode, const DeviceMemoryAttributes& attri
              "Grace Hopper can, a discrete GPU over PCIe cannot); use pinned";
     case MemoryKind::kHost:
       if (!gpu_uses_it) return "";
-      return "the GPU computes on the " + label + " in " + mode +
+      return "the GPU computes on the " + label + " in " + name_of(mode) +
              " mode, and plain host memory is the CPU's alone; use device or pinned" +
              (attributes.pageable_memory_access ? " or pageable" : "");
   }
@@ -84,16 +79,15 @@ double saved_fraction(size_t a, size_t b) {
 }
 
 std::string describe_run(const MemoryPlanRequest& r) {
-  return r.model_name + " in " + r.mode + " mode at B=" + std::to_string(r.batch) +
+  return r.model_name + " in " + name_of(r.mode) + " mode at B=" + std::to_string(r.batch) +
          ", T=" + std::to_string(r.seq_len) +
          (r.grad_accum > 1 ? " x" + std::to_string(r.grad_accum) + " accumulation" : "") + " (" +
-         r.dtype + " on " + r.device + ")";
+         name_of(r.dtype) + " on " + name_of(r.device) + ")";
 }
 
 // The smallest change that fits, in `mode`: the mode as it is, a smaller batch, or batch 1 with
 // a shorter sequence. Empty when nothing fits. Sets *bytes to that plan's `need`.
-std::string fitting_change(const MemoryPlanRequest& base, const std::string& mode,
-                           const MemoryBudgets& budgets,
+std::string fitting_change(const MemoryPlanRequest& base, Mode mode, const MemoryBudgets& budgets,
                            const std::function<size_t(const MemoryPlan&)>& need, size_t* bytes) {
   MemoryPlanRequest request = base;
   request.mode = mode;
@@ -107,7 +101,7 @@ std::string fitting_change(const MemoryPlanRequest& base, const std::string& mod
     *bytes = need(plan);
     return fits(plan, budgets);
   };
-  const std::string mode_flag = mode == base.mode ? "" : "--mode " + mode;
+  const std::string mode_flag = mode == base.mode ? "" : "--mode " + name_of(mode);
   auto with_mode = [&](const std::string& rest) {
     return mode_flag.empty() ? rest : rest.empty() ? mode_flag : mode_flag + " " + rest;
   };
@@ -145,18 +139,18 @@ std::string Placement::describe() const {
   return text;
 }
 
-MemorySide primary_side(const std::string& mode, TensorClass tensor_class) {
-  if (mode == "gpu") return MemorySide::kDevice;
+MemorySide primary_side(Mode mode, TensorClass tensor_class) {
+  if (mode == Mode::kGpu) return MemorySide::kDevice;
   return tensor_class == TensorClass::kMasterWeights ||
                  tensor_class == TensorClass::kOptimizerMoments
              ? MemorySide::kHost
              : MemorySide::kDevice;
 }
 
-Placement default_placement(const std::string& mode, const DeviceMemoryAttributes& attributes) {
+Placement default_placement(Mode mode, const DeviceMemoryAttributes& attributes) {
   Placement placement;
   for (TensorClass c : kAllTensorClasses) {
-    const bool cuda = attributes.device == "cuda";
+    const bool cuda = attributes.device == DeviceKind::kCuda;
     const bool on_device = cuda && primary_side(mode, c) == MemorySide::kDevice;
     // Host-side master weights are copied to the device after every update: pinned on CUDA.
     const bool pinned = cuda && !on_device && c == TensorClass::kMasterWeights;
@@ -166,7 +160,7 @@ Placement default_placement(const std::string& mode, const DeviceMemoryAttribute
   return placement;
 }
 
-Placement resolve_placement(const std::string& mode, const DeviceMemoryAttributes& attributes,
+Placement resolve_placement(Mode mode, const DeviceMemoryAttributes& attributes,
                             const std::vector<std::string>& place_flags) {
   Placement placement = default_placement(mode, attributes);
   for (const std::string& flag : place_flags) {
@@ -182,8 +176,9 @@ Placement resolve_placement(const std::string& mode, const DeviceMemoryAttribute
       fail("--place ", flag, ": ", error.what());
     }
     const std::string why = why_not(mode, attributes, tensor_class, kind);
-    LAYUP_CHECK(why.empty(), "--place ", flag, " is refused on ", attributes.device,
-                attributes.device == "cuda" ? " (" + attributes.name + ")" : "", ": ", why);
+    LAYUP_CHECK(why.empty(), "--place ", flag, " is refused on ", name_of(attributes.device),
+                attributes.device == DeviceKind::kCuda ? " (" + attributes.name + ")" : "", ": ",
+                why);
     placement.kinds[index_of(tensor_class)] = kind;
     placement.overridden[index_of(tensor_class)] = true;
   }
@@ -229,7 +224,7 @@ size_t MemoryPlan::transient_bytes() const {
 }
 
 size_t MemoryPlan::gpu_memory_bytes() const {
-  if (request.device == "cpu" || request.attributes.integrated) return 0;
+  if (request.device == DeviceKind::kCpu || request.attributes.integrated) return 0;
   size_t sum = 0;
   for (const PlannedAllocation& a : allocations)
     if (a.kind == MemoryKind::kDevice || a.kind == MemoryKind::kManaged) sum += a.bytes;
@@ -239,7 +234,7 @@ size_t MemoryPlan::gpu_memory_bytes() const {
 size_t MemoryPlan::host_memory_bytes() const {
   // Device memory is the host's DRAM on the CPU backend and on an integrated GPU; managed memory
   // on a discrete GPU lives in the GPU's memory while kernels use it.
-  const bool one_memory = request.device == "cpu" || request.attributes.integrated;
+  const bool one_memory = request.device == DeviceKind::kCpu || request.attributes.integrated;
   size_t sum = 0;
   for (const PlannedAllocation& a : allocations)
     if (one_memory || a.kind == MemoryKind::kHost || a.kind == MemoryKind::kPinnedMapped ||
@@ -250,15 +245,12 @@ size_t MemoryPlan::host_memory_bytes() const {
 
 MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   validate_config(r.config);
-  LAYUP_CHECK(std::find(modes().begin(), modes().end(), r.mode) != modes().end(), "--mode ", r.mode,
-              " is not a schedule; use gpu, offload or layup");
-  LAYUP_CHECK(r.device == "cpu" || r.device == "cuda",
-              "a memory plan needs a resolved device, cpu ", "or cuda (got '", r.device, "')");
-  LAYUP_CHECK(r.dtype == "fp32" || (r.dtype == "bf16" && r.device == "cuda"), "a memory plan ",
-              "needs a resolved dtype: fp32, or bf16 on cuda (got '", r.dtype, "' on ", r.device,
-              ")");
-  LAYUP_CHECK(r.attributes.device == r.device, "the memory attributes are of '",
-              r.attributes.device, "', the plan is for '", r.device, "'");
+  LAYUP_CHECK(r.device != DeviceKind::kAuto, "a memory plan needs a resolved device, cpu or cuda");
+  LAYUP_CHECK(r.dtype == Dtype::kFp32 || (r.dtype == Dtype::kBf16 && r.device == DeviceKind::kCuda),
+              "a memory plan needs a resolved dtype: fp32, or bf16 on cuda (got ", name_of(r.dtype),
+              " on ", name_of(r.device), ")");
+  LAYUP_CHECK(r.attributes.device == r.device, "the memory attributes are of ",
+              name_of(r.attributes.device), ", the plan is for ", name_of(r.device));
   LAYUP_CHECK(r.batch >= 1 && r.seq_len >= 1 && r.grad_accum >= 1, "--batch, --seq-len and ",
               "--grad-accum must be at least 1 (got ", r.batch, ", ", r.seq_len, ", ", r.grad_accum,
               ")");
@@ -274,7 +266,7 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   const size_t block = layout.block().count * f;
   const size_t embeddings = layout.embeddings().count * f;
   const size_t final_norm = layout.final_norm().count * f;
-  const bool cuda = r.device == "cuda";
+  const bool cuda = r.device == DeviceKind::kCuda;
   // What the code allocates today: Device memory (cudaMalloc, or host memory on the CPU backend)
   // on the device side; on the host side, what the device copies to and from in the device's host
   // memory (Device::allocate_host: pinned on CUDA) and the rest in plain host memory.
@@ -297,26 +289,20 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   };
   const MemorySide dev = MemorySide::kDevice, host = MemorySide::kHost;
 
-  plan.weights_in_place = r.mode != "gpu" && (!cuda || plan.placement[TensorClass::kWeights] ==
-                                                           MemoryKind::kPinnedMapped);
+  plan.weights_in_place = r.mode != Mode::kGpu && (!cuda || plan.placement[TensorClass::kWeights] ==
+                                                                MemoryKind::kPinnedMapped);
   LAYUP_CHECK(!(cuda && plan.weights_in_place &&
                 plan.placement[TensorClass::kMasterWeights] == MemoryKind::kHost),
               "--place weights=pinned makes the GPU compute with the master weights where they "
               "lie, and --place master=host puts them where the GPU cannot read; use "
               "master=pinned (the default) or leave the weights on the device");
-  plan.host_gradient = r.mode != "layup" || r.clip > 0.0f || r.grad_accum > 1;
-  LAYUP_CHECK(r.layup_clip == "auto" || r.layup_clip == "speculative" || r.layup_clip == "deferred",
-              "--layup-clip ", r.layup_clip,
-              " is not a way to clip; use auto, speculative or deferred");
+  plan.host_gradient = r.mode != Mode::kLayup || r.clip > 0.0f || r.grad_accum > 1;
   // auto: where host and device share one memory, the spare copy would come out of what the
   // activations need.
-  const bool speculate = r.layup_clip == "speculative" ||
-                         (r.layup_clip == "auto" && !(cuda && r.attributes.integrated));
-  plan.speculative_clip = r.mode == "layup" && r.clip > 0.0f && speculate;
-  LAYUP_CHECK(r.layup_head == "auto" || r.layup_head == "device" || r.layup_head == "host",
-              "--layup-head ", r.layup_head,
-              " is not where the head can be updated; use auto, device or host");
-  if (r.mode == "layup" && r.layup_head == "device") {
+  const bool speculate = r.layup_clip == LayupClip::kSpeculative ||
+                         (r.layup_clip == LayupClip::kAuto && !(cuda && r.attributes.integrated));
+  plan.speculative_clip = r.mode == Mode::kLayup && r.clip > 0.0f && speculate;
+  if (r.mode == Mode::kLayup && r.layup_head == LayupHead::kDevice) {
     LAYUP_CHECK(!plan.weights_in_place,
                 "--layup-head device updates the head in the device's copy of the weights, and "
                 "this run has none: the device computes with the master weights in place (",
@@ -327,12 +313,12 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   // update on the host would cost a transfer each way and the CPU's time at the end of the step
   // (nothing is left to overlap it with); where host and device share one memory, the paper's
   // split keeps every update on the CPU.
-  plan.head_on_device =
-      r.mode == "layup" && !plan.weights_in_place &&
-      (r.layup_head == "device" || (r.layup_head == "auto" && cuda && !r.attributes.integrated));
+  plan.head_on_device = r.mode == Mode::kLayup && !plan.weights_in_place &&
+                        (r.layup_head == LayupHead::kDevice ||
+                         (r.layup_head == LayupHead::kAuto && cuda && !r.attributes.integrated));
 
   // The schedule's buffers (schedule/*.cpp).
-  if (r.mode == "gpu") {
+  if (r.mode == Mode::kGpu) {
     add(dev, TensorClass::kMasterWeights, all, "fp32 weights: read by forward, updated by AdamW",
         true);
     add(dev, TensorClass::kWeightGrads, all, "whole-model gradient", true);
@@ -347,7 +333,7 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
     if (!plan.weights_in_place)
       add(dev, TensorClass::kWeights, all, "fp32 copy of the weights the device computes with",
           true);
-    if (r.mode == "offload") {
+    if (r.mode == Mode::kOffload) {
       add(dev, TensorClass::kWeightGrads, all, "whole-model gradient of one micro-batch", true);
     } else {
       add(dev, TensorClass::kWeightGrads, 2 * block, "two block gradient slots (double buffer)",
@@ -403,7 +389,7 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
 
   // The backend's buffers (memory/backend_memory.h).
   if (cuda) {
-    const bool bf16 = r.dtype == "bf16";
+    const bool bf16 = r.dtype == Dtype::kBf16;
     const BackendBytes arena = cuda_arena_bytes(r.config, r.batch, r.seq_len, bf16, r.recompute);
     if (bf16)  // derived from the fp32 weights wherever those are placed, so always on the device
       plan.allocations.push_back({dev, TensorClass::kWeights, MemoryKind::kDevice, arena.weights,
@@ -441,14 +427,14 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
         "the CPU backend's activation vectors are planned, not measured (it does not record "
         "them in the accountant yet)");
   }
-  if (r.mode != "gpu") {
+  if (r.mode != Mode::kGpu) {
     const std::string memory = cuda ? "an integrated GPU" : "the CPU backend";
     if ((!cuda || r.attributes.integrated) && !plan.weights_in_place)
       plan.notes.push_back("in one shared memory (" + memory + ") the device-side fp32 copy of " +
                            "the weights (" + format_bytes(all) +
                            ") duplicates the master weights; --place weights=pinned computes "
                            "with the master weights in place");
-    if ((!cuda || r.attributes.integrated) && plan.host_gradient && r.mode == "layup")
+    if ((!cuda || r.attributes.integrated) && plan.host_gradient && r.mode == Mode::kLayup)
       plan.notes.push_back("in one shared memory (" + memory + ") the host gradient accumulator (" +
                            format_bytes(all) +
                            ") is a second whole-model gradient, kept for clipping by the global "
@@ -458,8 +444,8 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
       plan.notes.push_back(
           "layup updates the embeddings and the final norm on the device, where their gradient "
           "is (" +
-          std::string(r.layup_head == "auto" ? "--layup-head auto on a discrete GPU"
-                                             : "--layup-head device") +
+          std::string(r.layup_head == LayupHead::kAuto ? "--layup-head auto on a discrete GPU"
+                                                       : "--layup-head device") +
           "): their AdamW moments take " + format_bytes(2 * (embeddings + final_norm)) +
           " of device memory, and their spans of the host's master weights and moments go "
           "unused; --layup-head host updates them on the CPU with the blocks");
@@ -469,7 +455,7 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
           format_bytes(3 * all) +
           ") lets blocks update during backward and be redone when the step is clipped; "
           "--layup-clip deferred keeps one copy and updates the blocks after backward");
-    else if (r.mode == "layup" && r.clip > 0.0f && r.layup_clip == "auto")
+    else if (r.mode == Mode::kLayup && r.clip > 0.0f && r.layup_clip == LayupClip::kAuto)
       plan.notes.push_back(
           "clipping in layup is deferred (--layup-clip auto on an integrated GPU: a speculative "
           "second copy of the master weights and moments, " +
@@ -555,7 +541,7 @@ MemoryBudgets parse_memory_budgets(const std::string& memory_budget,
 
 MemoryBudgets with_machine_limit(MemoryBudgets budgets, const HostMemoryLimit& machine,
                                  bool allow_overcommit, const DeviceMemoryAttributes& gpu) {
-  if (gpu.device == "cuda" && gpu.queried && !gpu.integrated && gpu.total_bytes > 0) {
+  if (gpu.device == DeviceKind::kCuda && gpu.queried && !gpu.integrated && gpu.total_bytes > 0) {
     const size_t reserve = std::max(gpu.total_bytes / 50, size_t{1} << 30);
     budgets.machine_gpu = gpu.free_bytes > reserve ? gpu.free_bytes - reserve : 0;
     budgets.machine_gpu_source = format_bytes(*budgets.machine_gpu) + " (" + gpu.name + ": " +
@@ -649,22 +635,26 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
     // speculative clipping, layup with the head's update on the host, then this mode with a
     // smaller batch.
     std::vector<std::string> changes;
-    const auto offer = [&](std::string MemoryPlanRequest::*option, const std::string& flag,
-                           const char* value) {
-      MemoryPlanRequest changed = plan.request;
-      changed.*option = value;
+    const auto offer = [&](const MemoryPlanRequest& changed, const std::string& flag) {
       const MemoryPlan changed_plan = plan_memory(changed);
       if (fits(changed_plan, budgets))
-        changes.push_back(flag + " " + value + " (needs " + format_bytes(need_of(changed_plan)) +
-                          ")");
+        changes.push_back(flag + " (needs " + format_bytes(need_of(changed_plan)) + ")");
     };
-    if (plan.speculative_clip) offer(&MemoryPlanRequest::layup_clip, "--layup-clip", "deferred");
-    if (plan.head_on_device) offer(&MemoryPlanRequest::layup_head, "--layup-head", "host");
+    if (plan.speculative_clip) {
+      MemoryPlanRequest deferred = plan.request;
+      deferred.layup_clip = LayupClip::kDeferred;
+      offer(deferred, "--layup-clip deferred");
+    }
+    if (plan.head_on_device) {
+      MemoryPlanRequest host_head = plan.request;
+      host_head.layup_head = LayupHead::kHost;
+      offer(host_head, "--layup-head host");
+    }
     std::string floor;
-    std::vector<std::string> order = {plan.request.mode};
-    for (const std::string& mode : modes())
+    std::vector<Mode> order = {plan.request.mode};
+    for (const auto& [mode, name] : kModeNames)
       if (mode != plan.request.mode) order.push_back(mode);
-    for (const std::string& mode : order) {
+    for (const Mode mode : order) {
       size_t bytes = 0;
       const std::string change = fitting_change(plan.request, mode, budgets, need_of, &bytes);
       if (!change.empty()) {
@@ -675,7 +665,7 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
         smallest.place.clear();
         smallest.batch = smallest.seq_len = 1;
         floor += std::string(floor.empty() ? "" : ", ") +
-                 format_bytes(need_of(plan_memory(smallest))) + " in " + mode + " mode";
+                 format_bytes(need_of(plan_memory(smallest))) + " in " + name_of(mode) + " mode";
       }
     }
     if (!changes.empty()) {
@@ -803,9 +793,9 @@ nlohmann::json memory_plan_json(const MemoryPlan& plan) {
   for (TensorClass c : kAllTensorClasses)
     placement[tensor_class_name(c)] = memory_kind_name(plan.placement[c]);
   return {{"model", r.model_name},
-          {"mode", r.mode},
-          {"device", r.device},
-          {"dtype", r.dtype},
+          {"mode", name_of(r.mode)},
+          {"device", name_of(r.device)},
+          {"dtype", name_of(r.dtype)},
           {"batch", r.batch},
           {"seq_len", r.seq_len},
           {"grad_accum", r.grad_accum},

@@ -52,15 +52,15 @@ struct Placement {
 };
 
 // The side a class's primary tensors live on in a mode (see the header comment).
-MemorySide primary_side(const std::string& mode, TensorClass tensor_class);
+MemorySide primary_side(Mode mode, TensorClass tensor_class);
 
 // What the schedules allocate today: on cuda, device side = device, host side = host, except the
 // master weights (pinned); on the CPU backend everything is host memory.
-Placement default_placement(const std::string& mode, const DeviceMemoryAttributes& attributes);
+Placement default_placement(Mode mode, const DeviceMemoryAttributes& attributes);
 
 // The default placement with --place CLASS=KIND overrides applied in order. Throws layup::Error
 // for a malformed flag, or a kind the device cannot use for that class, saying why.
-Placement resolve_placement(const std::string& mode, const DeviceMemoryAttributes& attributes,
+Placement resolve_placement(Mode mode, const DeviceMemoryAttributes& attributes,
                             const std::vector<std::string>& place_flags);
 
 struct MemoryPlanRequest {
@@ -73,17 +73,17 @@ struct MemoryPlanRequest {
   // How layup clips: speculative (a spare copy of the master weights and moments), deferred, or
   // auto (deferred on an integrated GPU, where host and device share one memory; else
   // speculative).
-  std::string layup_clip = "auto";
+  LayupClip layup_clip = LayupClip::kAuto;
   // Where layup updates the embeddings and the final norm: on the device (their gradient is
   // already there; their AdamW moments then live in device memory too), on the host with the
   // blocks, or auto (the device on a discrete GPU with a device copy of the weights and one
   // micro-batch per step, else the host).
-  std::string layup_head = "auto";
-  std::string mode = "gpu";        // gpu | offload | layup
-  std::string device = "cpu";      // resolved: cpu | cuda
-  std::string dtype = "fp32";      // resolved: fp32 | bf16
-  int recompute = 0;               // the CUDA backend's --recompute level
-  std::vector<std::string> place;  // --place CLASS=KIND flags, in order
+  LayupHead layup_head = LayupHead::kAuto;
+  Mode mode = Mode::kGpu;
+  DeviceKind device = DeviceKind::kCpu;  // resolved: cpu or cuda
+  Dtype dtype = Dtype::kFp32;            // resolved: fp32, or bf16 on cuda
+  int recompute = 0;                     // the CUDA backend's --recompute level
+  std::vector<std::string> place;        // --place CLASS=KIND flags, in order
   DeviceMemoryAttributes attributes = cpu_memory_attributes();
   size_t data_bytes = 0;  // the token shards the run reads into memory (0: none or unknown)
 };
@@ -142,8 +142,8 @@ struct MemoryPlan {
 // BenchmarkOptions both do (model, model_name, batch, seq_len, grad_accum, clip, layup_clip,
 // layup_head, mode, recompute, place), on a resolved device and dtype.
 template <class RunOptions>
-MemoryPlanRequest memory_plan_request_of(const RunOptions& options, const std::string& device,
-                                         const std::string& dtype) {
+MemoryPlanRequest memory_plan_request_of(const RunOptions& options, DeviceKind device,
+                                         Dtype dtype) {
   MemoryPlanRequest request;
   request.config = options.model;
   request.model_name = options.model_name;

@@ -35,7 +35,7 @@ MemoryPlanRequest cpu_request(const Gpt2Config& config, const std::string& mode,
   MemoryPlanRequest request;
   request.config = config;
   request.model_name = "test";
-  request.mode = mode;
+  request.mode = parse_in(kModeNames, mode, "mode");
   request.batch = batch;
   request.seq_len = seq_len;
   request.grad_accum = grad_accum;
@@ -67,7 +67,7 @@ TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
       const MemoryPlan plan = plan_memory(cpu_request(config, mode, kBatch, kSeqLen, grad_accum));
       auto accountant = std::make_shared<MemoryAccountant>();
       std::unique_ptr<Schedule> schedule =
-          make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen),
+          make_schedule(plan.request.mode, make_cpu_backend(config, kBatch, kSeqLen),
                         make_cpu_device(accountant), layout, schedule_options(plan, 1));
       schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
 
@@ -112,9 +112,9 @@ TEST(MemoryPlan, BenchReportsThePlanAndTheMeasuredPeaksAndRefusesOverBudget) {
   options.seq_len = 8;
   options.warmup_steps = 0;
   options.steps = 1;
-  options.device = "cpu";
-  options.dtype = "fp32";
-  options.mode = "layup";
+  options.device = DeviceKind::kCpu;
+  options.dtype = Dtype::kFp32;
+  options.mode = Mode::kLayup;
   options.cpu_workers = 1;
   const BenchmarkResult result = run_benchmark(options);
   EXPECT_EQ(result.memory_plan["mode"], "layup");
@@ -147,12 +147,12 @@ TEST(MemoryPlan, Gpt2LargeLayupKeepsTwoBlocksOfWeightGradsOnTheDevice) {
     MemoryPlanRequest request = cpu_request(config, "gpu", 8, 1024);
     request.model_name = "gpt2-large";
     if (device == "cuda") {
-      request.device = "cuda";
-      request.dtype = "bf16";
+      request.device = DeviceKind::kCuda;
+      request.dtype = Dtype::kBf16;
       request.attributes = cuda_memory_attributes();
     }
     const MemoryPlan gpu = plan_memory(request);
-    request.mode = "layup";
+    request.mode = Mode::kLayup;
     const MemoryPlan layup = plan_memory(request);
     EXPECT_EQ(gpu.bytes(MemorySide::kDevice, TensorClass::kWeightGrads), all * 4);
     EXPECT_EQ(layup.bytes(MemorySide::kDevice, TensorClass::kWeightGrads),
@@ -249,7 +249,7 @@ TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
   MemoryPlanRequest request = cpu_request(config, "layup", 1, 128);
   request.model_name = "gpt2-large";
   const MemoryPlan speculative = plan_memory(request);
-  request.layup_clip = "deferred";
+  request.layup_clip = LayupClip::kDeferred;
   const MemoryPlan deferred = plan_memory(request);
   EXPECT_TRUE(speculative.speculative_clip);
   EXPECT_FALSE(deferred.speculative_clip);
@@ -265,10 +265,10 @@ TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
   EXPECT_EQ(refusal(deferred, budgets), "");
 
   // auto (the default) speculates except on an integrated GPU, whose one memory holds everything.
-  request.layup_clip = "auto";
+  request.layup_clip = LayupClip::kAuto;
   EXPECT_TRUE(plan_memory(request).speculative_clip);
-  request.device = "cuda";
-  request.dtype = "bf16";
+  request.device = DeviceKind::kCuda;
+  request.dtype = Dtype::kBf16;
   request.attributes = cuda_memory_attributes();
   request.attributes.integrated = false;
   EXPECT_TRUE(plan_memory(request).speculative_clip);
@@ -279,15 +279,13 @@ TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
   for (const std::string& note : on_a_board.notes)
     said_so |= note.find("clipping in layup is deferred") != std::string::npos;
   EXPECT_TRUE(said_so) << "the plan does not say that auto chose deferred clipping";
-  request.layup_clip = "speculative";
+  request.layup_clip = LayupClip::kSpeculative;
   EXPECT_TRUE(plan_memory(request).speculative_clip);
 
-  // Without clipping there is nothing to speculate on, and a bad --layup-clip is refused.
+  // Without clipping there is nothing to speculate on.
   request.clip = 0.0f;
-  request.layup_clip = "speculative";
+  request.layup_clip = LayupClip::kSpeculative;
   EXPECT_FALSE(plan_memory(request).speculative_clip);
-  request.layup_clip = "sometimes";
-  EXPECT_THROW(plan_memory(request), Error);
 }
 
 // --layup-head: auto updates the embeddings and the final norm on a discrete GPU (their moments in
@@ -303,14 +301,14 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
   MemoryPlanRequest request = cpu_request(config, "layup", 32, 1024);
   request.model_name = "gpt2";
   EXPECT_FALSE(plan_memory(request).head_on_device) << "the CPU backend computes in place";
-  request.device = "cuda";
-  request.dtype = "bf16";
+  request.device = DeviceKind::kCuda;
+  request.dtype = Dtype::kBf16;
   request.attributes = cuda_memory_attributes();
   request.attributes.integrated = false;
   const MemoryPlan on_device = plan_memory(request);
   EXPECT_TRUE(on_device.head_on_device);
   EXPECT_TRUE(schedule_options(on_device, 1).head_on_device);
-  request.layup_head = "host";
+  request.layup_head = LayupHead::kHost;
   const MemoryPlan on_host = plan_memory(request);
   EXPECT_FALSE(on_host.head_on_device);
   EXPECT_FALSE(schedule_options(on_host, 1).head_on_device);
@@ -334,7 +332,7 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
   EXPECT_EQ(refusal(on_host, budgets), "");
 
   // Accumulating micro-batches: the device sums the head's gradient in a buffer of its own.
-  request.layup_head = "auto";
+  request.layup_head = LayupHead::kAuto;
   request.grad_accum = 2;
   const MemoryPlan accumulating = plan_memory(request);
   EXPECT_TRUE(accumulating.head_on_device);
@@ -349,20 +347,18 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
   request.attributes.integrated = true;
   EXPECT_FALSE(plan_memory(request).head_on_device) << "an integrated GPU";
   request.attributes.integrated = false;
-  request.mode = "offload";
+  request.mode = Mode::kOffload;
   EXPECT_FALSE(plan_memory(request).head_on_device) << "offload mode";
-  request.mode = "layup";
+  request.mode = Mode::kLayup;
 
   // device where it cannot work: refused, saying what to use.
-  request.layup_head = "device";
+  request.layup_head = LayupHead::kDevice;
   EXPECT_TRUE(plan_memory(request).head_on_device);
   request.place = {"weights=pinned"};
   const std::string no_copy = error_of([&] { plan_memory(request); });
   EXPECT_NE(no_copy.find("use --layup-head host"), std::string::npos) << no_copy;
   request = cpu_request(config, "layup", 1, 64);
-  request.layup_head = "device";
-  EXPECT_THROW(plan_memory(request), Error);
-  request.layup_head = "gpu";
+  request.layup_head = LayupHead::kDevice;
   EXPECT_THROW(plan_memory(request), Error);
 }
 
@@ -378,8 +374,8 @@ TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
   EXPECT_THROW(plan_memory(request), Error);
 
   // A discrete GPU (the attributes our H200 reports).
-  request.device = "cuda";
-  request.dtype = "bf16";
+  request.device = DeviceKind::kCuda;
+  request.dtype = Dtype::kBf16;
   request.attributes = cuda_memory_attributes();
   request.attributes.queried = false;
   request.attributes.integrated = false;
@@ -517,8 +513,8 @@ TEST(MemoryPlan, TheMachinesHostMemoryIsALimitToo) {
 // A discrete GPU's free memory (as the driver reported it) is a limit too, less a reserve.
 TEST(MemoryPlan, TheGpusFreeMemoryIsALimitToo) {
   MemoryPlanRequest request = cpu_request(tiny_config(), "gpu", 2, 8);
-  request.device = "cuda";
-  request.dtype = "bf16";
+  request.device = DeviceKind::kCuda;
+  request.dtype = Dtype::kBf16;
   request.attributes = cuda_memory_attributes();
   request.attributes.integrated = false;
   request.attributes.queried = true;
@@ -546,8 +542,8 @@ TEST(MemoryPlan, TheGpusFreeMemoryIsALimitToo) {
 // On a discrete GPU the host's memory holds the pinned and plain host buffers, not the device's.
 TEST(MemoryPlan, OnADiscreteGpuTheHostMemoryIsWhatIsNotInDeviceMemory) {
   MemoryPlanRequest request = cpu_request(tiny_config(), "layup", 2, 8);
-  request.device = "cuda";
-  request.dtype = "bf16";
+  request.device = DeviceKind::kCuda;
+  request.dtype = Dtype::kBf16;
   request.attributes = cuda_memory_attributes();
   request.attributes.integrated = false;
   request.data_bytes = 12345;

@@ -16,11 +16,6 @@ void Schedule::set_trace(TraceRecorder* recorder) {
   device_track_ = recorder != nullptr ? recorder->track("GPU") : 0;
 }
 
-const std::vector<std::string>& schedule_modes() {
-  static const std::vector<std::string> modes = {"gpu", "offload", "layup"};
-  return modes;
-}
-
 OptimizerTensors fresh_optimizer_tensors(const ParameterLayout& layout, uint64_t seed) {
   OptimizerTensors fresh;
   fresh.params.resize(layout.total_count());
@@ -54,37 +49,36 @@ DeviceBuffer allocate_placed(Device& device, const ScheduleOptions& options, siz
 }
 
 ComputeTarget placed_target(const MemoryPlan& plan, ComputeTarget target) {
-  if (target.device == "cuda") {
+  if (target.device == DeviceKind::kCuda) {
     target.activations_kind = plan.placement[TensorClass::kActivations];
     target.scratch_kind = plan.placement[TensorClass::kScratch];
   }
   return target;
 }
 
-std::unique_ptr<Schedule> make_schedule(const std::string& mode,
-                                        std::unique_ptr<ModelBackend> backend,
+std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend> backend,
                                         std::unique_ptr<Device> device,
                                         const ParameterLayout& layout,
                                         const ScheduleOptions& options) {
-  if (mode == "gpu")
-    return make_gpu_schedule_with(std::move(backend), std::move(device), layout, options);
-  if (mode == "offload")
-    return make_offload_schedule_with(std::move(backend), std::move(device), layout, options);
-  if (mode == "layup")
-    return make_layup_schedule(std::move(backend), std::move(device), layout, options);
-  fail("--mode ", mode, " is not a schedule; use gpu, offload or layup");
+  switch (mode) {
+    case Mode::kGpu:
+      return make_gpu_schedule_with(std::move(backend), std::move(device), layout, options);
+    case Mode::kOffload:
+      return make_offload_schedule_with(std::move(backend), std::move(device), layout, options);
+    case Mode::kLayup:
+      return make_layup_schedule(std::move(backend), std::move(device), layout, options);
+  }
+  fail("no schedule for mode ", static_cast<int>(mode));
 }
 
-std::string describe_schedule(const std::string& mode, const ScheduleOptions& options,
-                              float clip_max_norm) {
-  if (mode == "gpu")
+std::string describe_schedule(Mode mode, const ScheduleOptions& options, float clip_max_norm) {
+  if (mode == Mode::kGpu)
     return "gpu: weights, gradients and AdamW state on the device; AdamW after backward";
-  LAYUP_CHECK(mode == "offload" || mode == "layup", "--mode ", mode,
-              " is not a schedule; use gpu, offload or layup");
   const int workers = options.cpu_workers > 0 ? options.cpu_workers : allowed_core_count();
   std::ostringstream text;
-  text << mode << " with " << workers << " CPU worker" << (workers == 1 ? "" : "s") << ": ";
-  if (mode == "offload") {
+  text << name_of(mode) << " with " << workers << " CPU worker" << (workers == 1 ? "" : "s")
+       << ": ";
+  if (mode == Mode::kOffload) {
     text << "full backward on the device, gradients copied to the host, AdamW on the CPU after "
             "backward (no overlap)";
     return text.str();

@@ -100,9 +100,6 @@ class Schedule {
   int device_track_ = 0;  // "GPU" in trace_
 };
 
-// The modes `--mode` takes: gpu, offload, layup.
-const std::vector<std::string>& schedule_modes();
-
 // How `offload` and `layup` keep their host-side state; `gpu` ignores it. A run takes it from its
 // memory plan (schedule_options), which budgets exactly these buffers.
 struct ScheduleOptions {
@@ -158,10 +155,8 @@ ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers);
 // The backend's part of the plan's placement (activations, scratch) in a resolved target.
 ComputeTarget placed_target(const MemoryPlan& plan, ComputeTarget target);
 
-// The schedule of a mode, by name; `options` is used by `offload` and `layup`. Throws
-// layup::Error for an unknown mode, naming the ones there are.
-std::unique_ptr<Schedule> make_schedule(const std::string& mode,
-                                        std::unique_ptr<ModelBackend> backend,
+// The schedule of a mode; `options` is used by `offload` and `layup`.
+std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend> backend,
                                         std::unique_ptr<Device> device,
                                         const ParameterLayout& layout,
                                         const ScheduleOptions& options);
@@ -169,8 +164,7 @@ std::unique_ptr<Schedule> make_schedule(const std::string& mode,
 // One line for logs and reports: what the mode does, with these options (CPU workers, 0: one per
 // core; speculative clipping) and this clip threshold (<= 0: none); for `layup`, how clipping is
 // honoured and what a non-finite gradient does.
-std::string describe_schedule(const std::string& mode, const ScheduleOptions& options,
-                              float clip_max_norm);
+std::string describe_schedule(Mode mode, const ScheduleOptions& options, float clip_max_norm);
 
 // The trace name of the AdamW update of one span kind: "adamw embeddings", "adamw block" (with the
 // layer as the span's index), "adamw final_norm".

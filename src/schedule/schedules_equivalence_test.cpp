@@ -93,7 +93,8 @@ TrainingRun train(const ScheduleFactory& make, int micro_batches, bool clip) {
 ScheduleFactory with_options(const std::string& mode, const ScheduleOptions& options) {
   return [mode, options](std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
                          const ParameterLayout& layout) {
-    return make_schedule(mode, std::move(backend), std::move(device), layout, options);
+    return make_schedule(parse_in(kModeNames, mode, "mode"), std::move(backend), std::move(device),
+                         layout, options);
   };
 }
 

@@ -23,8 +23,8 @@ std::string first_line(const std::string& text) {
 
 // A run of `base` with `mode` and `place`, planned as run_benchmark would and checked against
 // the budgets before anything is allocated: `skip` and skipped_reason say why it cannot run.
-StudyRun planned_run(const StudyOptions& options, StudyGroup group, std::string label,
-                     const std::string& mode, std::vector<std::string> place) {
+StudyRun planned_run(const StudyOptions& options, StudyGroup group, std::string label, Mode mode,
+                     std::vector<std::string> place) {
   StudyRun run;
   run.group = group;
   run.label = std::move(label);
@@ -184,7 +184,7 @@ PlanFile StudyResult::recommended_plan(const StudyOptions& options) const {
   const StudyRun& run = runs[recommended];
   PlanFile plan;
   plan.place = run.place;
-  plan.mode = run.mode;
+  plan.mode = name_of(run.mode);
   plan.model = options.base.model_name;
   plan.batch = options.base.batch;
   plan.seq_len = options.base.seq_len;
@@ -197,8 +197,8 @@ PlanFile StudyResult::recommended_plan(const StudyOptions& options) const {
 StudyResult run_study(const StudyOptions& options, const BenchmarkRunner& runner,
                       const StudyProgress& progress) {
   const BenchmarkOptions& base = options.base;
-  LAYUP_CHECK(base.device == "cpu" || base.device == "cuda",
-              "the study needs a resolved device (cpu or cuda), not ", base.device);
+  LAYUP_CHECK(base.device != DeviceKind::kAuto,
+              "the study needs a resolved device (cpu or cuda), not auto");
   LAYUP_CHECK(base.place.empty(),
               "the study chooses the placements itself; run it without --place");
   LAYUP_CHECK(options.run_time_limit_s > 0.0, "the time limit of a study run must be positive");
@@ -266,7 +266,7 @@ StudyResult run_study(const StudyOptions& options, const BenchmarkRunner& runner
 
   // 3. The three modes at the recommended placement. A placement a mode refuses (gpu mode keeps
   //    the optimizer state on the device side) is left at that mode's default, and noted.
-  for (const std::string mode : {"gpu", "offload", "layup"}) {
+  for (const auto& [mode, mode_name] : kModeNames) {
     std::vector<std::string> accepted;
     std::string dropped;
     for (const std::string& flag : recommended.place) {
@@ -279,14 +279,16 @@ StudyResult run_study(const StudyOptions& options, const BenchmarkRunner& runner
     if (mode == recommended.mode && accepted == recommended.place) {
       StudyRun same = recommended;  // measured already: the recommended run itself
       same.group = StudyGroup::kMode;
-      same.label = mode + " mode";
+      same.label = std::string(mode_name) + " mode";
       same.note = "the recommended run (" + recommended.label + ")";
       runs.push_back(same);
       continue;
     }
-    runs.push_back(planned_run(options, StudyGroup::kMode, mode + " mode", mode, accepted));
+    runs.push_back(
+        planned_run(options, StudyGroup::kMode, std::string(mode_name) + " mode", mode, accepted));
     if (!dropped.empty())
-      runs.back().note = "at its default for " + dropped + " (refused in " + mode + " mode)";
+      runs.back().note =
+          "at its default for " + dropped + " (refused in " + std::string(mode_name) + " mode)";
     executor.execute(runs.back(), planned);
   }
   result.device_name = executor.device_name();
@@ -301,7 +303,7 @@ nlohmann::json study_json(const StudyOptions& options, const StudyResult& result
   for (const StudyRun& run : result.runs) {
     nlohmann::json json = {{"group", study_group_name(run.group)},
                            {"label", run.label},
-                           {"mode", run.mode},
+                           {"mode", name_of(run.mode)},
                            {"place", run.place},
                            {"placement", run.placement},
                            {"ran", run.ran}};
@@ -348,7 +350,7 @@ nlohmann::json study_json(const StudyOptions& options, const StudyResult& result
       {"batch", base.batch},
       {"seq_len", base.seq_len},
       {"grad_accum", base.grad_accum},
-      {"mode", base.mode},
+      {"mode", name_of(base.mode)},
       {"clip", base.clip > 0 ? nlohmann::json(base.clip) : nlohmann::json("none")},
       {"warmup_steps", base.warmup_steps},
       {"steps", base.steps},
@@ -356,9 +358,9 @@ nlohmann::json study_json(const StudyOptions& options, const StudyResult& result
       {"noise_fraction", options.noise_fraction},
       {"default_spread", result.default_spread},
       {"noise_used", result.noise_used},
-      {"device", result.device},
+      {"device", name_of(result.device)},
       {"device_name", result.device_name},
-      {"dtype", result.dtype},
+      {"dtype", name_of(result.dtype)},
       {"wall_s", result.wall_s},
       {"runs", runs},
       {"recommended", result.recommended >= 0
@@ -407,7 +409,8 @@ std::string format_study_table(const StudyOptions& options, const StudyResult& r
     std::string notes = run.note;
     if (!run.ran) {
       // The reasons are long; the list under the table groups them.
-      table += "| " + label + " | " + run.mode + " | - | - | - | - | - | - | - | - | skipped (" +
+      table += "| " + label + " | " + name_of(run.mode) +
+               " | - | - | - | - | - | - | - | - | skipped (" +
                (run.skip == StudySkip::kFailed ? run.skipped_reason : study_skip_name(run.skip)) +
                ") |\n";
       continue;
@@ -416,8 +419,9 @@ std::string format_study_table(const StudyOptions& options, const StudyResult& r
       notes += (notes.empty() ? "" : "; ") + std::to_string(run.timed_steps) + " of " +
                std::to_string(options.base.steps) + " steps (time limit)";
     const bool energy = run.joules_per_step >= 0;
-    table += "| " + label + " | " + run.mode + " | " + printf_string("%.1f", run.median_ms) +
-             " | " + printf_string("%.0f", run.tokens_per_s) + " | " +
+    table += "| " + label + " | " + name_of(run.mode) + " | " +
+             printf_string("%.1f", run.median_ms) + " | " +
+             printf_string("%.0f", run.tokens_per_s) + " | " +
              printf_string("%.2fx", run.median_ms / default_ms) + " | " +
              printf_string("%.2f", run.gpu_bytes() / kGiB) + " | " +
              printf_string("%.2f", run.managed_bytes() / kGiB) + " | " +
@@ -444,7 +448,7 @@ std::vector<std::string> write_study_charts(const StudyOptions& options, const S
   // memory run at PCIe speed) does not flatten the differences that matter.
   const double default_ms = default_median_ms(result);
   BarChart time;
-  time.title = options.base.mode + " mode: median ms/step by placement (" + subject + ")";
+  time.title = name_of(options.base.mode) + " mode: median ms/step by placement (" + subject + ")";
   time.value_label = "median ms/step (shorter is faster; bars past the axis stop at its end)";
   time.axis_limit = 3.0 * default_ms;
   ChartSeries ms{"median ms/step", {}};
@@ -514,7 +518,7 @@ std::vector<std::string> write_study_charts(const StudyOptions& options, const S
     chart.value_label = unit;
     ChartSeries series{title, {}};
     for (const StudyRun* run : modes) {
-      chart.categories.push_back(run->mode);
+      chart.categories.push_back(name_of(run->mode));
       const double v = run->ran ? value(*run) : nan;
       series.values.push_back(v);
       chart.notes.push_back(!run->ran ? "did not run" : std::isnan(v) ? "not read" : "");

@@ -52,8 +52,8 @@ const char* study_skip_name(StudySkip skip);  // ran, refused, over budget, fail
 
 struct StudyRun {
   StudyGroup group = StudyGroup::kPlacement;
-  std::string label;               // "default", "grads=pinned", "gpu mode", ...
-  std::string mode;                // gpu | offload | layup
+  std::string label;  // "default", "grads=pinned", "gpu mode", ...
+  Mode mode = Mode::kGpu;
   std::vector<std::string> place;  // the --place flags of the run
   std::string placement;           // the resolved placement in full (Placement::describe())
   bool ran = false;
@@ -79,7 +79,9 @@ struct StudyRun {
 };
 
 struct StudyResult {
-  std::string device, device_name, dtype;
+  DeviceKind device = DeviceKind::kCpu;
+  Dtype dtype = Dtype::kFp32;
+  std::string device_name;
   std::vector<StudyRun> runs;
   int recommended = -1;  // index into runs: the fastest placement or combined run
   // The two default runs' medians apart, as a fraction of the smaller; and the margin the

@@ -17,11 +17,11 @@
 namespace layup {
 namespace {
 
-BenchmarkOptions tiny_options(const std::string& device) {
+BenchmarkOptions tiny_options(DeviceKind device) {
   BenchmarkOptions options = tiny_benchmark_options();
   options.device = device;
-  options.dtype = device == "cuda" ? "bf16" : "fp32";
-  options.mode = "layup";
+  options.dtype = device == DeviceKind::kCuda ? Dtype::kBf16 : Dtype::kFp32;
+  options.mode = Mode::kLayup;
   return options;
 }
 
@@ -37,7 +37,7 @@ BenchmarkRunner fake_runner(std::map<std::string, double> ms_off_by_flag,
     BenchmarkResult result;
     result.device_name = "stand-in GPU";
     result.tokens_per_step = options.batch * options.seq_len;
-    result.median_ms = options.mode == "gpu" ? 50.0 : 100.0;
+    result.median_ms = options.mode == Mode::kGpu ? 50.0 : 100.0;
     for (const auto& [flag, off] : ms_off_by_flag)
       if (has_flag(options, flag)) result.median_ms -= off;
     result.step_ms.assign(options.steps, result.median_ms);
@@ -64,7 +64,7 @@ std::pair<std::string, std::string> two_runnable_flags(const StudyOptions& optio
 
 TEST(PlacementStudy, PlansEveryClassAtEveryOtherKindAndSaysWhyItSkipsOne) {
   StudyOptions options;
-  options.base = tiny_options("cuda");  // planned with a discrete GPU's attributes here
+  options.base = tiny_options(DeviceKind::kCuda);  // planned with a discrete GPU's attributes here
   std::vector<BenchmarkOptions> calls;
   const StudyResult result = run_study(options, fake_runner({}, &calls));
   int placements = 0, skipped = 0;
@@ -92,7 +92,7 @@ TEST(PlacementStudy, PlansEveryClassAtEveryOtherKindAndSaysWhyItSkipsOne) {
 
 TEST(PlacementStudy, RecommendsTheFastestPlacementItMeasuredCombinedWhereThatWasFaster) {
   StudyOptions options;
-  options.base = tiny_options("cuda");
+  options.base = tiny_options(DeviceKind::kCuda);
   const auto [a, b] = two_runnable_flags(options);
 
   int progress_calls = 0;
@@ -116,7 +116,7 @@ TEST(PlacementStudy, RecommendsTheFastestPlacementItMeasuredCombinedWhereThatWas
   // The three modes follow, layup's being the recommended run itself.
   std::vector<std::string> modes;
   for (const StudyRun& run : result.runs)
-    if (run.group == StudyGroup::kMode) modes.push_back(run.mode);
+    if (run.group == StudyGroup::kMode) modes.push_back(name_of(run.mode));
   EXPECT_EQ(modes, (std::vector<std::string>{"gpu", "offload", "layup"}));
   EXPECT_DOUBLE_EQ(result.runs.back().median_ms, 83.0);
   EXPECT_FALSE(result.runs.back().note.empty());
@@ -127,7 +127,7 @@ TEST(PlacementStudy, RecommendsTheFastestPlacementItMeasuredCombinedWhereThatWas
 // combined plan, even when that is more than the 3% margin.
 TEST(PlacementStudy, TheDefaultsSpreadWidensTheNoiseMargin) {
   StudyOptions options;
-  options.base = tiny_options("cuda");
+  options.base = tiny_options(DeviceKind::kCuda);
   const auto [a, b] = two_runnable_flags(options);
   int defaults_seen = 0;
   const BenchmarkRunner base_runner = fake_runner({{a, 10.0}, {b, 7.0}});
@@ -135,7 +135,8 @@ TEST(PlacementStudy, TheDefaultsSpreadWidensTheNoiseMargin) {
     BenchmarkResult result = base_runner(run);
     // The second default run is 30% slower than the first: the noise margin becomes 30%, and a
     // and b, 22% and 19% faster than the defaults' mean of 115, are no longer findings.
-    if (run.place.empty() && run.mode == "layup" && defaults_seen++ == 1) result.median_ms = 130.0;
+    if (run.place.empty() && run.mode == Mode::kLayup && defaults_seen++ == 1)
+      result.median_ms = 130.0;
     return result;
   };
   const StudyResult result = run_study(options, runner);
@@ -151,7 +152,7 @@ TEST(PlacementStudy, TheDefaultsSpreadWidensTheNoiseMargin) {
 // labelled; with no memory measured there is no memory chart rather than an empty one.
 TEST(PlacementStudy, ChartsShowEveryRunThatRan) {
   StudyOptions options;
-  options.base = tiny_options("cuda");
+  options.base = tiny_options(DeviceKind::kCuda);
   const auto [a, b] = two_runnable_flags(options);
   const StudyResult result = run_study(options, fake_runner({{a, 10.0}}));
   const std::filesystem::path dir =
@@ -175,7 +176,7 @@ TEST(PlacementStudy, ChartsShowEveryRunThatRan) {
 
 TEST(PlacementStudy, OneFasterClassIsRecommendedAloneAndNoiseIsNoFinding) {
   StudyOptions options;
-  options.base = tiny_options("cuda");
+  options.base = tiny_options(DeviceKind::kCuda);
   const auto [a, b] = two_runnable_flags(options);
   // b is faster by 1%, inside the 3% noise margin: no combined run. a alone is the fastest.
   const StudyResult result = run_study(options, fake_runner({{a, 20.0}, {b, 1.0}}));
@@ -188,18 +189,19 @@ TEST(PlacementStudy, OneFasterClassIsRecommendedAloneAndNoiseIsNoFinding) {
 // anything is allocated, with the budget's message.
 TEST(PlacementStudy, ARunOverTheBudgetIsSkippedAsSuch) {
   StudyOptions options;
-  options.base = tiny_options("cpu");
+  options.base = tiny_options(DeviceKind::kCpu);
   // gpu mode keeps its state on the device side; its host side holds only what every mode holds
   // (the state on its way into the schedule, the process itself). A host budget of exactly that
   // refuses offload and layup, which keep their AdamW state on the host.
-  options.base.mode = "gpu";
+  options.base.mode = Mode::kGpu;
   options.base.host_budget = std::to_string(
-      plan_memory(memory_plan_request_of(options.base, "cpu", "fp32")).bytes(MemorySide::kHost));
+      plan_memory(memory_plan_request_of(options.base, DeviceKind::kCpu, Dtype::kFp32))
+          .bytes(MemorySide::kHost));
   const StudyResult result = run_study(options, fake_runner({}));
   int over_budget = 0;
   for (const StudyRun& run : result.runs) {
     if (run.group != StudyGroup::kMode) continue;
-    if (run.mode == "gpu") {
+    if (run.mode == Mode::kGpu) {
       EXPECT_TRUE(run.ran);
     } else {
       EXPECT_EQ(run.skip, StudySkip::kOverBudget) << run.label << ": " << run.skipped_reason;
@@ -213,7 +215,7 @@ TEST(PlacementStudy, ARunOverTheBudgetIsSkippedAsSuch) {
 
 TEST(PlacementStudy, ThePlanFileReproducesTheRecommendedPlacement) {
   StudyOptions options;
-  options.base = tiny_options("cuda");
+  options.base = tiny_options(DeviceKind::kCuda);
   const auto [a, b] = two_runnable_flags(options);
   const StudyResult result = run_study(options, fake_runner({{a, 10.0}, {b, 7.0}}));
   const PlanFile plan = result.recommended_plan(options);
@@ -225,9 +227,11 @@ TEST(PlacementStudy, ThePlanFileReproducesTheRecommendedPlacement) {
   // What `--plan FILE` gives a run: the same placement as the recommended run, class by class.
   BenchmarkOptions run = options.base;
   run.place = place_flags_with_plan(path, {});
-  const MemoryPlan replayed = plan_memory(memory_plan_request_of(run, "cuda", "bf16"));
+  const MemoryPlan replayed =
+      plan_memory(memory_plan_request_of(run, DeviceKind::kCuda, Dtype::kBf16));
   run.place = result.runs[result.recommended].place;
-  const MemoryPlan measured = plan_memory(memory_plan_request_of(run, "cuda", "bf16"));
+  const MemoryPlan measured =
+      plan_memory(memory_plan_request_of(run, DeviceKind::kCuda, Dtype::kBf16));
   EXPECT_EQ(replayed.placement.kinds, measured.placement.kinds);
   EXPECT_EQ(replayed.placement.describe(), result.runs[result.recommended].placement);
   EXPECT_EQ(read_plan_file(path).median_ms, 83.0);
@@ -264,7 +268,7 @@ TEST(PlacementStudy, APlanFileThatIsNotOneIsRefusedWithTheReason) {
 // reason; the three modes run; the files are written.
 TEST(PlacementStudy, RunsOnTheCpuBackendAndSaysWhatItSkipped) {
   StudyOptions options;
-  options.base = tiny_options("cpu");
+  options.base = tiny_options(DeviceKind::kCpu);
   const StudyResult result = run_study(options);
   ASSERT_GE(result.recommended, 0);
   EXPECT_TRUE(result.runs[0].ran);

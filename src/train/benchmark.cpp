@@ -125,19 +125,15 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   LAYUP_CHECK(options.grad_accum > 0, "--grad-accum must be positive");
   LAYUP_CHECK(options.steps > 0 && options.warmup_steps >= 0,
               "--steps must be positive and --warmup not negative");
-  const std::vector<std::string>& modes = schedule_modes();
-  LAYUP_CHECK(std::find(modes.begin(), modes.end(), options.mode) != modes.end(), "--mode ",
-              options.mode, " is not a schedule; use gpu, offload or layup");
   check_thread_count("--cpu-workers", options.cpu_workers);
   if (!options.trace_path.empty()) check_trace_path(options.trace_path);
 
   BenchmarkResult result;
-  const ComputeTarget target =
-      resolve_compute_target({options.device, options.dtype, options.recompute,
-                              parse_algorithm_choice(options.algorithms)});
+  const ComputeTarget target = resolve_compute_target(
+      {options.device, options.dtype, options.recompute, options.algorithms});
   result.device = target.device;
   result.dtype = target.dtype;
-  const bool on_cuda = target.device == "cuda";
+  const bool on_cuda = target.device == DeviceKind::kCuda;
   result.device_name = on_cuda ? gpu_name() : cpu_model_name();
   if (on_cuda) {
     result.memory_source =
@@ -159,9 +155,11 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   check_budget(memory_plan, budgets);
   if (log) std::fprintf(log, "%s", format_memory_plan(memory_plan, budgets).c_str());
   result.memory_plan = memory_plan_json(memory_plan);
-  if (options.mode == "layup" && options.clip > 0.0f)
-    result.layup_clip = memory_plan.speculative_clip ? "speculative" : "deferred";
-  if (options.mode == "layup") result.layup_head = memory_plan.head_on_device ? "device" : "host";
+  if (options.mode == Mode::kLayup && options.clip > 0.0f)
+    result.layup_clip =
+        memory_plan.speculative_clip ? LayupClip::kSpeculative : LayupClip::kDeferred;
+  if (options.mode == Mode::kLayup)
+    result.layup_head = memory_plan.head_on_device ? LayupHead::kDevice : LayupHead::kHost;
   result.memory_plan_bytes = memory_plan.total_bytes();
 
   const ParameterLayout layout(config);
@@ -181,7 +179,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     trace->set_recording(false);  // from the first timed step on
     steps_track = trace->track("steps");
     schedule->set_trace(trace.get());
-    trace->set_metadata("mode", options.mode);
+    trace->set_metadata("mode", name_of(options.mode));
     trace->set_metadata("model", options.model_name);
     trace->set_metadata("schedule", result.schedule);
   }
@@ -310,11 +308,13 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
                     std::to_string(options.model.n_embd) + ")");
   row("mode", result.schedule);
   if (options.recompute > 0) row("recompute", std::to_string(options.recompute));
-  if (options.algorithms != "heuristic") row("matmul algorithms", options.algorithms);
+  if (options.algorithms != AlgorithmChoice::kHeuristic)
+    row("matmul algorithms", name_of(options.algorithms));
   row("B x T x accumulation", std::to_string(options.batch) + " x " +
                                   std::to_string(options.seq_len) + " x " +
                                   std::to_string(options.grad_accum));
-  row("device / dtype", result.device + " (" + result.device_name + ") / " + result.dtype);
+  row("device / dtype",
+      name_of(result.device) + " (" + result.device_name + ") / " + name_of(result.dtype));
   row("steps", std::to_string(result.warmup_steps_run) + " warm-up, " +
                    std::to_string(result.step_ms.size()) + " timed" +
                    (static_cast<int>(result.step_ms.size()) < options.steps
@@ -355,7 +355,7 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
                      ") + CPU AdamW of embeddings and final norm " +
                      number("%.2f", f.adamw_head_ms) + "; median step " +
                      number("%.2fx", result.median_ms / f.total_ms) + " the floor" +
-                     (result.layup_head == "device"
+                     (result.layup_head == LayupHead::kDevice
                           ? " (the floor counts the head's AdamW on the CPU; this run updated "
                             "it on the device)"
                           : ""));
@@ -388,18 +388,18 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"time_limit_s",
        options.time_limit_s > 0 ? nlohmann::json(options.time_limit_s) : nlohmann::json(nullptr)},
       {"seed", options.seed},
-      {"mode", options.mode},
+      {"mode", name_of(options.mode)},
       {"recompute", options.recompute},
-      {"algorithms", options.algorithms},
+      {"algorithms", name_of(options.algorithms)},
       {"cpu_workers",
-       options.mode != "gpu" ? nlohmann::json(options.cpu_workers) : nlohmann::json(nullptr)},
+       options.mode != Mode::kGpu ? nlohmann::json(options.cpu_workers) : nlohmann::json(nullptr)},
       {"cpu_adamw",
        result.cpu_adamw.empty() ? nlohmann::json(nullptr) : nlohmann::json(result.cpu_adamw)},
       {"clip", options.clip > 0 ? nlohmann::json(options.clip) : nlohmann::json("none")},
       {"layup_clip",
-       result.layup_clip.empty() ? nlohmann::json(nullptr) : nlohmann::json(result.layup_clip)},
+       result.layup_clip ? nlohmann::json(name_of(*result.layup_clip)) : nlohmann::json(nullptr)},
       {"layup_head",
-       result.layup_head.empty() ? nlohmann::json(nullptr) : nlohmann::json(result.layup_head)},
+       result.layup_head ? nlohmann::json(name_of(*result.layup_head)) : nlohmann::json(nullptr)},
       {"clipped_steps", result.clipped_steps},
       {"blocks_redone", result.blocks_redone},
       {"blocks_deferred", result.blocks_deferred},
@@ -426,8 +426,8 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"trace",
        result.traced_steps > 0 ? nlohmann::json(options.trace_path) : nlohmann::json(nullptr)},
       {"traced_steps", result.traced_steps},
-      {"device", result.device},
-      {"dtype", result.dtype},
+      {"device", name_of(result.device)},
+      {"dtype", name_of(result.dtype)},
       {"device_name", result.device_name},
       {"tokens_per_step", result.tokens_per_step},
       {"step_ms", result.step_ms},
@@ -449,7 +449,7 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"machine",
        {{"hostname", hostname()},
         {"cpu", cpu_model_name()},
-        {"gpu", result.device == "cuda" ? result.device_name : std::string("none")}}},
+        {"gpu", result.device == DeviceKind::kCuda ? result.device_name : std::string("none")}}},
       {"date", utc_now()},
       {"git_commit", git_commit()},
   };

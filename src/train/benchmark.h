@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/algorithm_choice.h"
+#include "core/run_choices.h"
 #include "energy/energy_meter.h"
 #include "energy/gpu_clocks.h"
 #include "memory/memory_accountant.h"
@@ -44,19 +46,19 @@ struct BenchmarkOptions {
   int grad_accum = 1;
   int warmup_steps = 3;
   int steps = 10;
-  std::string device = "auto";  // auto | cpu | cuda
-  std::string dtype = "auto";   // auto | fp32 | bf16
+  DeviceKind device = DeviceKind::kAuto;
+  Dtype dtype = Dtype::kAuto;
   uint64_t seed = 1337;
-  std::string mode = "gpu";  // gpu | offload | layup
+  Mode mode = Mode::kGpu;
   // offload, layup: pinned CPU AdamW workers (default: every core this process may use)
   int cpu_workers = allowed_core_count();
-  int recompute = 0;                     // see TrainOptions::recompute
-  std::string algorithms = "heuristic";  // see TrainOptions::algorithms
-  float clip = 1.0f;                // global-norm clip threshold; <= 0: none (layup then overlaps)
-  std::string layup_clip = "auto";  // how layup clips: auto | speculative | deferred
-  std::string layup_head = "auto";  // where layup updates the head: auto | device | host
-  std::string trace_path;           // empty: no trace
-  bool energy = false;              // read energy over the timed steps (energy/energy_meter.h)
+  int recompute = 0;                                         // see TrainOptions::recompute
+  AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic;  // see TrainOptions::algorithms
+  float clip = 1.0f;  // global-norm clip threshold; <= 0: none (layup then overlaps)
+  LayupClip layup_clip = LayupClip::kAuto;  // how layup clips
+  LayupHead layup_head = LayupHead::kAuto;  // where layup updates the head
+  std::string trace_path;                   // empty: no trace
+  bool energy = false;  // read energy over the timed steps (energy/energy_meter.h)
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
   // plan before anything is allocated, and --place CLASS=KIND overrides.
   std::string memory_budget, device_budget, host_budget;
@@ -95,9 +97,9 @@ double training_flops_per_token(const Gpt2Config& config, int seq_len);
 double bf16_peak_flops(const std::string& device_name);
 
 struct BenchmarkResult {
-  std::string device;       // cpu | cuda
-  std::string dtype;        // fp32 | bf16
-  std::string device_name;  // the GPU's name, or the CPU model
+  DeviceKind device = DeviceKind::kCpu;  // resolved
+  Dtype dtype = Dtype::kFp32;            // resolved
+  std::string device_name;               // the GPU's name, or the CPU model
   long long tokens_per_step = 0;
   std::vector<double> step_ms;  // every timed step, in order (fewer than asked when time-limited)
   int warmup_steps_run = 0;     // warm-up steps run (fewer than asked when time-limited)
@@ -120,12 +122,12 @@ struct BenchmarkResult {
   // that waited for the factor (StepStats).
   int clipped_steps = 0;
   int blocks_redone = 0, blocks_deferred = 0;
-  // How layup clipped (--layup-clip resolved): "speculative" or "deferred"; "" in other modes or
+  // How layup clipped (--layup-clip resolved): speculative or deferred; none in other modes or
   // without clipping.
-  std::string layup_clip;
-  // Where layup updated the embeddings and the final norm (--layup-head resolved): "device" or
-  // "host"; "" in other modes.
-  std::string layup_head;
+  std::optional<LayupClip> layup_clip;
+  // Where layup updated the embeddings and the final norm (--layup-head resolved): device or host;
+  // none in other modes.
+  std::optional<LayupHead> layup_head;
   std::string schedule;   // describe_schedule(): the mode and how it treats clipping
   int traced_steps = 0;   // steps in the trace file (0: no trace)
   std::string cpu_adamw;  // offload, layup: HostAdamW::report() over all steps; "" for gpu

@@ -17,7 +17,7 @@ namespace {
 
 BenchmarkOptions tiny_options(const std::string& mode) {
   BenchmarkOptions options = tiny_benchmark_options();
-  options.mode = mode;
+  options.mode = parse_in(kModeNames, mode, "mode");
   return options;
 }
 

@@ -37,8 +37,8 @@ TEST(Benchmark, KnownPeaks) {
 TEST(Benchmark, TimesStepsOnTheCpu) {
   const BenchmarkOptions options = tiny_options();
   const BenchmarkResult result = run_benchmark(options);
-  EXPECT_EQ(result.device, "cpu");
-  EXPECT_EQ(result.dtype, "fp32");
+  EXPECT_EQ(result.device, DeviceKind::kCpu);
+  EXPECT_EQ(result.dtype, Dtype::kFp32);
   ASSERT_EQ(result.step_ms.size(), 4u);
   EXPECT_EQ(result.tokens_per_step, 2 * 16 * 2);
   EXPECT_GT(result.tokens_per_s, 0.0);

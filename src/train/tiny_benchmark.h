@@ -19,8 +19,8 @@ inline BenchmarkOptions tiny_benchmark_options() {
   options.seq_len = 16;
   options.warmup_steps = 1;
   options.steps = 2;
-  options.device = "cpu";
-  options.dtype = "fp32";
+  options.device = DeviceKind::kCpu;
+  options.dtype = Dtype::kFp32;
   return options;
 }
 

@@ -49,12 +49,34 @@ void validate_train_options(const TrainOptions& o) {
   LAYUP_CHECK(o.sample_tokens >= 0, "--sample-tokens must not be negative");
   LAYUP_CHECK(o.temperature > 0.0f, "--temperature must be positive (got ", o.temperature, ")");
   LAYUP_CHECK(o.top_k >= 0, "--top-k must not be negative (0 = the whole vocabulary)");
-  const std::vector<std::string>& modes = schedule_modes();
-  LAYUP_CHECK(std::find(modes.begin(), modes.end(), o.mode) != modes.end(), "--mode ", o.mode,
-              " is not a schedule; use gpu, offload or layup");
   check_thread_count("--cpu-workers", o.cpu_workers);
   parse_memory_budgets(o.memory_budget, o.device_budget, o.host_budget);  // throws naming the flag
 }
+
+// The saved settings name each choice as its flag does ("layup", "bf16"); a name the table does not
+// know reads as a damaged setting.
+template <class Enum, size_t N>
+void to_json_named(nlohmann::json& json, const EnumNames<Enum, N>& names, Enum value) {
+  json = name_in(names, value);
+}
+template <class Enum, size_t N>
+void from_json_named(const nlohmann::json& json, const EnumNames<Enum, N>& names, Enum& value) {
+  value = parse_in(names, json.get<std::string>(), "a saved setting");
+}
+#define LAYUP_JSON_ENUM(Enum, names)                        \
+  void to_json(nlohmann::json& json, Enum value) {          \
+    to_json_named(json, names, value);                      \
+  }                                                         \
+  void from_json(const nlohmann::json& json, Enum& value) { \
+    from_json_named(json, names, value);                    \
+  }
+LAYUP_JSON_ENUM(Mode, kModeNames)
+LAYUP_JSON_ENUM(DeviceKind, kDeviceNames)
+LAYUP_JSON_ENUM(Dtype, kDtypeNames)
+LAYUP_JSON_ENUM(LayupClip, kLayupClipNames)
+LAYUP_JSON_ENUM(LayupHead, kLayupHeadNames)
+LAYUP_JSON_ENUM(AlgorithmChoice, kAlgorithmChoiceNames)
+#undef LAYUP_JSON_ENUM
 
 namespace {
 
@@ -142,7 +164,7 @@ TrainOptions resume_settings(TrainOptions options, const nlohmann::json& saved,
     if (!given(options, setting.flag)) {
       try {
         setting.set(options, value);
-      } catch (const nlohmann::json::exception&) {
+      } catch (const std::exception&) {  // nlohmann's, or an unknown name (layup::Error)
         fail("the checkpoint ", checkpoint, " saved the setting ", setting.key, " as ",
              value.dump(), ", which is not a valid value for ", setting.flag,
              "; the file has been changed or damaged");

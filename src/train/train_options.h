@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/algorithm_choice.h"
+#include "core/run_choices.h"
 #include "model/gpt2_config.h"
 #include "optim/host_adamw.h"
 
@@ -36,9 +38,9 @@ struct TrainOptions {
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;
-  float clip = 1.0f;                // global-norm threshold; <= 0 means no clipping (--clip none)
-  std::string layup_clip = "auto";  // how layup clips: auto | speculative | deferred
-  std::string layup_head = "auto";  // where layup updates the head: auto | device | host
+  float clip = 1.0f;  // global-norm threshold; <= 0 means no clipping (--clip none)
+  LayupClip layup_clip = LayupClip::kAuto;  // how layup clips
+  LayupHead layup_head = LayupHead::kAuto;  // where layup updates the head
 
   // Evaluation, logging, checkpoints.
   int eval_every = 50;
@@ -56,16 +58,15 @@ struct TrainOptions {
   int top_k = 40;
 
   uint64_t seed = 1337;
-  std::string device = "auto";  // auto | cpu | cuda (auto: cuda where usable)
-  std::string dtype = "auto";   // auto | fp32 | bf16 (auto: bf16 on cuda, fp32 on cpu)
+  DeviceKind device = DeviceKind::kAuto;  // auto: cuda where usable
+  Dtype dtype = Dtype::kAuto;             // auto: bf16 on cuda, fp32 on cpu
   // The schedule (schedule/schedule.h): gpu | offload | layup. Not part of the run's identity: a
   // checkpoint is the same in every mode, so a run may resume in another mode.
-  std::string mode = "gpu";
+  Mode mode = Mode::kGpu;
   // offload, layup: pinned CPU AdamW workers (default: every core this process may use)
   int cpu_workers = allowed_core_count();
   int recompute = 0;  // CUDA backend: 0 keep activations, 1 recompute GELU, 2 also layer norms
-  // CUDA backend: heuristic | timed (backend/algorithm_choice.h)
-  std::string algorithms = "heuristic";
+  AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic;  // CUDA backend only
   std::string trace_path;  // a Chrome/Perfetto trace of every step goes here; empty = none
   bool energy = false;     // read energy over the steps (energy/energy_meter.h)
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the

@@ -166,9 +166,8 @@ TrainResult train(TrainOptions options) {
 
   // The memory plan, checked against the budgets before anything is allocated or any data read:
   // a run that cannot fit stops here, saying what would.
-  const ComputeTarget target =
-      resolve_compute_target({options.device, options.dtype, options.recompute,
-                              parse_algorithm_choice(options.algorithms)});
+  const ComputeTarget target = resolve_compute_target(
+      {options.device, options.dtype, options.recompute, options.algorithms});
   options.device = target.device;
   options.dtype = target.dtype;
   const std::string tokenizer_dir = options.tokenizer_dir.empty()
@@ -204,9 +203,9 @@ TrainResult train(TrainOptions options) {
     trace = std::make_unique<TraceRecorder>();
     steps_track = trace->track("steps");
     schedule->set_trace(trace.get());
-    trace->set_metadata("mode", options.mode);
+    trace->set_metadata("mode", name_of(options.mode));
     trace->set_metadata("model", options.model_name);
-    trace->set_metadata("device", options.device);
+    trace->set_metadata("device", name_of(options.device));
     trace->set_metadata("schedule",
                         describe_schedule(options.mode, schedule_settings, options.clip));
   }
@@ -249,7 +248,8 @@ TrainResult train(TrainOptions options) {
                "accumulation, %d steps, mode %s on %s (%s)\n  schedule: %s\n  run folder: %s\n",
                options.model_name.c_str(), config.n_layer, config.n_head, config.n_embd,
                parameter_count(config) / 1e6, options.batch, options.seq_len, options.grad_accum,
-               options.steps, options.mode.c_str(), options.device.c_str(), options.dtype.c_str(),
+               options.steps, name_of(options.mode).c_str(), name_of(options.device).c_str(),
+               name_of(options.dtype).c_str(),
                describe_schedule(options.mode, schedule_settings, options.clip).c_str(),
                options.out_dir.c_str());
   if (trace) std::fprintf(stderr, "  trace: %s (every step)\n", options.trace_path.c_str());
@@ -289,7 +289,7 @@ TrainResult train(TrainOptions options) {
   const double start_s = progress.elapsed_s();
   // Peak memory for the progress line: the GPU's (cudaMemGetInfo, all processes, read after each
   // step) on cuda, the process's peak resident set on the cpu.
-  const bool on_cuda = options.device == "cuda";
+  const bool on_cuda = options.device == DeviceKind::kCuda;
   long long peak_memory_bytes = 0;
   // Energy: read after every step; log.jsonl gets each step's share (from the last reading).
   std::unique_ptr<EnergyMeter> energy;
@@ -330,7 +330,7 @@ TrainResult train(TrainOptions options) {
       progress.finish();
       fail("training diverged at step ", step + 1, ": the loss is ", stats.loss,
            " and the gradient norm ", stats.grad_norm,
-           options.mode == "layup" && options.clip <= 0.0f
+           options.mode == Mode::kLayup && options.clip <= 0.0f
                ? "; blocks whose own gradient was finite were already updated in memory (layup "
                  "with --clip none updates during backward), the rest were not"
                : "; the parameters were not updated",

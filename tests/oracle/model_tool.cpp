@@ -47,7 +47,9 @@ std::vector<int32_t> read_tokens(const std::string& path, size_t expected) {
 ComputeTarget oracle_target() {
   const char* device = std::getenv("LAYUP_ORACLE_DEVICE");
   const char* dtype = std::getenv("LAYUP_ORACLE_DTYPE");
-  return resolve_compute_target({device ? device : "cpu", dtype ? dtype : "fp32"});
+  return resolve_compute_target(
+      {parse_in(kDeviceNames, device ? device : "cpu", "LAYUP_ORACLE_DEVICE"),
+       parse_in(kDtypeNames, dtype ? dtype : "fp32", "LAYUP_ORACLE_DTYPE")});
 }
 
 // Copies `count` floats from the target's memory to the host.
@@ -157,7 +159,7 @@ int loss(char** argv) {
 
 int target() {
   const ComputeTarget resolved = oracle_target();
-  std::printf("%s %s\n", resolved.device.c_str(), resolved.dtype.c_str());
+  std::printf("%s %s\n", name_of(resolved.device).c_str(), name_of(resolved.dtype).c_str());
   return 0;
 }
 

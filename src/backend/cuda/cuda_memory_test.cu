@@ -109,7 +109,7 @@ PlacedRun train_placed(const std::string& mode, const std::vector<std::string>& 
   request.batch = B;
   request.seq_len = T;
   request.clip = clip;
-  request.device = "cuda";
+  request.device = DeviceKind::kCuda;
   request.dtype = dtype == ComputeDtype::kBFloat16 ? "bf16" : "fp32";
   request.attributes = cuda_memory_attributes();
   request.place = place;

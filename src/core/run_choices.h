@@ -1,0 +1,81 @@
+// The choices a run is made of, as types: the schedule's mode, the device, the compute dtype, and
+// the layup schedule's clip and head policies. The command line parses its strings into these once
+// (cli/); below it only the enums travel, and each one's name (for reports, logs and checkpoints'
+// saved settings) comes from the one table here.
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "core/error.h"
+
+namespace layup {
+
+// The schedule (docs/schedules.md).
+enum class Mode { kGpu, kOffload, kLayup };
+// Where a run computes. A request may say auto; a resolved run is cpu or cuda.
+enum class DeviceKind { kAuto, kCpu, kCuda };
+// What the backend computes in (the master weights and AdamW are fp32 always). auto: bf16 on
+// cuda, fp32 on cpu.
+enum class Dtype { kAuto, kFp32, kBf16 };
+// How layup honours clipping (docs/schedules.md): speculate and redo, or defer the updates until
+// the norm is known; auto picks per device (engine/run_config.h).
+enum class LayupClip { kAuto, kSpeculative, kDeferred };
+// Where layup updates the embeddings and the final norm; auto picks per device.
+enum class LayupHead { kAuto, kDevice, kHost };
+
+// One enum's names, in the order of its values.
+template <class Enum, size_t N>
+using EnumNames = std::array<std::pair<Enum, std::string_view>, N>;
+
+inline constexpr EnumNames<Mode, 3> kModeNames = {
+    {{Mode::kGpu, "gpu"}, {Mode::kOffload, "offload"}, {Mode::kLayup, "layup"}}};
+inline constexpr EnumNames<DeviceKind, 3> kDeviceNames = {
+    {{DeviceKind::kAuto, "auto"}, {DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}}};
+inline constexpr EnumNames<Dtype, 3> kDtypeNames = {
+    {{Dtype::kAuto, "auto"}, {Dtype::kFp32, "fp32"}, {Dtype::kBf16, "bf16"}}};
+inline constexpr EnumNames<LayupClip, 3> kLayupClipNames = {
+    {{LayupClip::kAuto, "auto"},
+     {LayupClip::kSpeculative, "speculative"},
+     {LayupClip::kDeferred, "deferred"}}};
+inline constexpr EnumNames<LayupHead, 3> kLayupHeadNames = {
+    {{LayupHead::kAuto, "auto"}, {LayupHead::kDevice, "device"}, {LayupHead::kHost, "host"}}};
+
+template <class Enum, size_t N>
+std::string name_in(const EnumNames<Enum, N>& names, Enum value) {
+  for (const auto& [each, name] : names)
+    if (each == value) return std::string(name);
+  return "unknown";
+}
+
+// The value named `text` ("--mode" etc. in `flag` for the message); throws layup::Error listing
+// the names there are.
+template <class Enum, size_t N>
+Enum parse_in(const EnumNames<Enum, N>& names, const std::string& text, const char* flag) {
+  std::string listed;
+  for (const auto& [each, name] : names) {
+    if (name == text) return each;
+    listed += (listed.empty() ? "" : ", ") + std::string(name);
+  }
+  fail(flag, " takes one of ", listed, " (got '", text, "')");
+}
+
+inline std::string name_of(Mode mode) {
+  return name_in(kModeNames, mode);
+}
+inline std::string name_of(DeviceKind device) {
+  return name_in(kDeviceNames, device);
+}
+inline std::string name_of(Dtype dtype) {
+  return name_in(kDtypeNames, dtype);
+}
+inline std::string name_of(LayupClip clip) {
+  return name_in(kLayupClipNames, clip);
+}
+inline std::string name_of(LayupHead head) {
+  return name_in(kLayupHeadNames, head);
+}
+
+}  // namespace layup
