@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend_factory.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "engine/run_composer.h"
 #include "memory/memory_plan.h"
 #include "memory/plan_file.h"
 #include "model/parameter_layout.h"
@@ -38,32 +38,21 @@ struct MemoryFlags {
   bool allow_overcommit = false;
 };
 
-// Resolves auto like `layup train` does; an explicit cuda without a usable GPU still plans, with
-// a discrete GPU's attributes (the plan says they were assumed).
-MemoryPlanRequest base_request(const MemoryFlags& flags) {
-  MemoryPlanRequest request;
-  request.config = named_config(flags.model);
-  request.model_name = flags.model;
-  request.batch = flags.batch;
-  request.seq_len = flags.seq_len;
-  request.grad_accum = flags.grad_accum;
-  request.clip = parse_clip_flag(flags.clip);
-  request.layup_clip = flags.layup_clip;
-  request.layup_head = flags.layup_head;
-  DeviceKind device = flags.device;
-  Dtype dtype = flags.dtype;
-  if (device != DeviceKind::kCuda) {
-    const ComputeTarget target = resolve_compute_target({device, dtype});
-    device = target.device;
-    dtype = target.dtype;
-  } else if (dtype == Dtype::kAuto) {
-    dtype = Dtype::kBf16;
-  }
-  request.device = device;
-  request.dtype = dtype;
-  request.attributes = memory_attributes_of(device);
-  request.place = place_flags_with_plan(flags.plan_path, flags.place);
-  request.recompute = flags.recompute;
+// The run the flags describe; plan_only resolves auto like `layup train` does, and an explicit
+// cuda without a usable GPU still plans, with a discrete GPU's attributes (the plan says so).
+RunRequest run_request(const MemoryFlags& flags) {
+  RunRequest request;
+  request.target = {flags.device, flags.dtype, flags.recompute};
+  MemoryPlanRequest& plan = request.plan;
+  plan.config = named_config(flags.model);
+  plan.model_name = flags.model;
+  plan.batch = flags.batch;
+  plan.seq_len = flags.seq_len;
+  plan.grad_accum = flags.grad_accum;
+  plan.clip = parse_clip_flag(flags.clip);
+  plan.layup_clip = flags.layup_clip;
+  plan.layup_head = flags.layup_head;
+  plan.place = place_flags_with_plan(flags.plan_path, flags.place);
   return request;
 }
 
@@ -114,20 +103,21 @@ void add_memory_command(CLI::App& app) {
 
   cmd->callback([flags, cmd]() {
     flags->mode_given = cmd->count("--mode") > 0;
-    const MemoryPlanRequest base = base_request(*flags);
+    const RunRequest asked = run_request(*flags);
     const MemoryBudgets budgets =
         parse_memory_budgets(flags->memory_budget, flags->device_budget, flags->host_budget);
     std::vector<std::string> modes;
     std::vector<MemoryPlan> plans;
     for (const auto& [mode, name] : kModeNames) {
       modes.emplace_back(name);
-      MemoryPlanRequest request = base;
-      request.mode = mode;
+      RunRequest request = asked;
+      request.plan.mode = mode;
       // A --place is checked in the mode it is asked for; the side-by-side table does not depend
       // on placement.
-      if (flags->mode_given && mode != flags->mode) request.place.clear();
-      plans.push_back(plan_memory(request));
+      if (flags->mode_given && mode != flags->mode) request.plan.place.clear();
+      plans.push_back(plan_only(request));
     }
+    const MemoryPlanRequest& base = plans.front().request;
     const Gpt2Config& config = base.config;
     std::printf(
         "layup memory: %s (%d layers, %d heads, width %d; %.1fM parameters), B=%d x T=%d%s, %s "

@@ -138,31 +138,7 @@ struct MemoryPlan {
   size_t accounted_bytes(MemorySide side, TensorClass tensor_class, MemoryKind kind) const;
 };
 
-// The request of a run whose options name the model, batch and schedule as TrainOptions and
-// BenchmarkOptions both do (model, model_name, batch, seq_len, grad_accum, clip, layup_clip,
-// layup_head, mode, recompute, place), on a resolved device and dtype.
-template <class RunOptions>
-MemoryPlanRequest memory_plan_request_of(const RunOptions& options, DeviceKind device,
-                                         Dtype dtype) {
-  MemoryPlanRequest request;
-  request.config = options.model;
-  request.model_name = options.model_name;
-  request.batch = options.batch;
-  request.seq_len = options.seq_len;
-  request.grad_accum = options.grad_accum;
-  request.clip = options.clip;
-  request.layup_clip = options.layup_clip;
-  request.layup_head = options.layup_head;
-  request.mode = options.mode;
-  request.device = device;
-  request.dtype = dtype;
-  request.recompute = options.recompute;
-  request.place = options.place;
-  request.attributes = memory_attributes_of(device);
-  return request;
-}
-
-// Throws layup::Error for an unknown mode, device or dtype, or a bad --place.
+// Throws layup::Error for a request that is not resolved or a bad --place.
 MemoryPlan plan_memory(const MemoryPlanRequest& request);
 
 // Budgets in bytes; unset means no limit. total counts device and host bytes together, as on a
@@ -195,16 +171,6 @@ size_t parse_memory_size(const std::string& text, const std::string& flag);
 MemoryBudgets parse_memory_budgets(const std::string& memory_budget,
                                    const std::string& device_budget,
                                    const std::string& host_budget);
-
-// The budgets a run's options give (memory_budget, device_budget, host_budget, allow_overcommit:
-// TrainOptions and BenchmarkOptions both have them), with this machine's host memory and the
-// GPU's free memory (`gpu`, the plan's request.attributes) as limits.
-template <class RunOptions>
-MemoryBudgets run_budgets(const RunOptions& options, const DeviceMemoryAttributes& gpu) {
-  return with_machine_limit(
-      parse_memory_budgets(options.memory_budget, options.device_budget, options.host_budget),
-      read_host_memory_limit(), options.allow_overcommit, gpu);
-}
 
 // Whether the plan is within every budget.
 bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets);

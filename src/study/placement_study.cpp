@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "engine/run_composer.h"
 #include "memory/memory_plan.h"
 #include "study/svg_chart.h"
 #include "train/run_info.h"
@@ -33,9 +34,10 @@ StudyRun planned_run(const StudyOptions& options, StudyGroup group, std::string 
   BenchmarkOptions checked = options.base;
   checked.mode = mode;
   checked.place = run.place;
+  const RunRequest request = run_request_of(checked);
   MemoryPlan plan;
   try {
-    plan = plan_memory(memory_plan_request_of(checked, checked.device, checked.dtype));
+    plan = plan_only(request);
     run.placement = plan.placement.describe();
   } catch (const Error& error) {
     run.skip = StudySkip::kRefused;
@@ -43,7 +45,7 @@ StudyRun planned_run(const StudyOptions& options, StudyGroup group, std::string 
     return run;
   }
   try {
-    check_budget(plan, run_budgets(checked, plan.request.attributes));
+    check_budget(plan, run_budgets(request, plan));
   } catch (const Error& error) {
     run.skip = StudySkip::kOverBudget;
     run.skipped_reason = first_line(error.what());

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "engine/run_composer.h"
 #include "memory/memory_plan.h"
 #include "train/tiny_benchmark.h"
 
@@ -194,9 +195,8 @@ TEST(PlacementStudy, ARunOverTheBudgetIsSkippedAsSuch) {
   // (the state on its way into the schedule, the process itself). A host budget of exactly that
   // refuses offload and layup, which keep their AdamW state on the host.
   options.base.mode = Mode::kGpu;
-  options.base.host_budget = std::to_string(
-      plan_memory(memory_plan_request_of(options.base, DeviceKind::kCpu, Dtype::kFp32))
-          .bytes(MemorySide::kHost));
+  options.base.host_budget =
+      std::to_string(plan_only(run_request_of(options.base)).bytes(MemorySide::kHost));
   const StudyResult result = run_study(options, fake_runner({}));
   int over_budget = 0;
   for (const StudyRun& run : result.runs) {
@@ -227,11 +227,9 @@ TEST(PlacementStudy, ThePlanFileReproducesTheRecommendedPlacement) {
   // What `--plan FILE` gives a run: the same placement as the recommended run, class by class.
   BenchmarkOptions run = options.base;
   run.place = place_flags_with_plan(path, {});
-  const MemoryPlan replayed =
-      plan_memory(memory_plan_request_of(run, DeviceKind::kCuda, Dtype::kBf16));
+  const MemoryPlan replayed = plan_only(run_request_of(run));
   run.place = result.runs[result.recommended].place;
-  const MemoryPlan measured =
-      plan_memory(memory_plan_request_of(run, DeviceKind::kCuda, Dtype::kBf16));
+  const MemoryPlan measured = plan_only(run_request_of(run));
   EXPECT_EQ(replayed.placement.kinds, measured.placement.kinds);
   EXPECT_EQ(replayed.placement.describe(), result.runs[result.recommended].placement);
   EXPECT_EQ(read_plan_file(path).median_ms, 83.0);

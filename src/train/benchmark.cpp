@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/token_dataset.h"
+#include "engine/run_composer.h"
 #include "memory/memory_plan.h"
 #include "model/init.h"
 #include "model/parameter_layout.h"
@@ -128,12 +129,15 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   check_thread_count("--cpu-workers", options.cpu_workers);
   if (!options.trace_path.empty()) check_trace_path(options.trace_path);
 
+  // The run resolved and its memory plan checked against the budgets before anything is
+  // allocated.
+  const PlannedRun planned = plan_run(run_request_of(options));
+  const MemoryPlan& memory_plan = planned.plan;
+  const MemoryPlanRequest& request = memory_plan.request;
   BenchmarkResult result;
-  const ComputeTarget target = resolve_compute_target(
-      {options.device, options.dtype, options.recompute, options.algorithms});
-  result.device = target.device;
-  result.dtype = target.dtype;
-  const bool on_cuda = target.device == DeviceKind::kCuda;
+  result.device = planned.target.device;
+  result.dtype = planned.target.dtype;
+  const bool on_cuda = result.device == DeviceKind::kCuda;
   result.device_name = on_cuda ? gpu_name() : cpu_model_name();
   if (on_cuda) {
     result.memory_source =
@@ -148,12 +152,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     result.memory_peak_bytes = std::max(result.memory_peak_bytes, now);
   };
 
-  // The memory plan, checked against the budgets before anything is allocated.
-  const MemoryPlanRequest request = memory_plan_request_of(options, target.device, target.dtype);
-  const MemoryPlan memory_plan = plan_memory(request);
-  const MemoryBudgets budgets = run_budgets(options, request.attributes);
-  check_budget(memory_plan, budgets);
-  if (log) std::fprintf(log, "%s", format_memory_plan(memory_plan, budgets).c_str());
+  if (log) std::fprintf(log, "%s", format_memory_plan(memory_plan, planned.budgets).c_str());
   result.memory_plan = memory_plan_json(memory_plan);
   if (options.mode == Mode::kLayup && options.clip > 0.0f)
     result.layup_clip =
@@ -163,16 +162,12 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   result.memory_plan_bytes = memory_plan.total_bytes();
 
   const ParameterLayout layout(config);
-  BackendAndDevice compute =
-      make_backend(placed_target(memory_plan, target), config, options.batch, options.seq_len);
-  const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
-  const ScheduleOptions schedule_settings = schedule_options(memory_plan, options.cpu_workers);
-  std::unique_ptr<Schedule> schedule =
-      make_schedule(options.mode, std::move(compute.backend), std::move(compute.device), layout,
-                    schedule_settings);
-  result.schedule = describe_schedule(options.mode, schedule_settings, options.clip);
+  BuiltRun built = build_run(planned);
+  const std::shared_ptr<MemoryAccountant> accountant = built.accountant;
+  std::unique_ptr<Schedule> schedule = std::move(built.schedule);
+  result.schedule = planned.describe_schedule();
   int steps_track = 0;
   if (!options.trace_path.empty()) {
     trace = std::make_unique<TraceRecorder>();
@@ -206,7 +201,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   std::unique_ptr<EnergyMeter> energy;
   if (options.energy && options.steps > 0)
     energy = std::make_unique<EnergyMeter>(
-        energy_sources_for(target.device, request.attributes.pci_bus_id));
+        energy_sources_for(result.device, request.attributes.pci_bus_id));
 
   std::unique_ptr<GpuClockSampler> clocks;
   if (on_cuda && options.steps > 0)
@@ -265,7 +260,8 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   if (cpu_adamw_rate > 0.0 && options.measure_floor) {
     schedule.reset();  // its device memory goes before the floor's backend takes its own
     const auto [forward_ms, backward_ms] =
-        time_device_passes(target, options, layout, micro_batches);
+        time_device_passes({result.device, result.dtype, options.recompute, options.algorithms},
+                           options, layout, micro_batches);
     const double blocks = static_cast<double>(layout.block().count) * config.n_layer;
     const double head = static_cast<double>(layout.embeddings().count + layout.final_norm().count);
     StepFloor& floor = result.floor;

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/token_dataset.h"
+#include "engine/run_composer.h"
 #include "io/checkpoint.h"
 #include "memory/memory_plan.h"
 #include "optim/lr_schedule.h"
@@ -164,24 +165,22 @@ TrainResult train(TrainOptions options) {
   check_run_folder(options, continues_this_folder);
   if (!options.trace_path.empty()) check_trace_path(options.trace_path);
 
-  // The memory plan, checked against the budgets before anything is allocated or any data read:
-  // a run that cannot fit stops here, saying what would.
-  const ComputeTarget target = resolve_compute_target(
-      {options.device, options.dtype, options.recompute, options.algorithms});
-  options.device = target.device;
-  options.dtype = target.dtype;
+  // The run resolved and its memory plan checked against the budgets and this machine before
+  // anything is allocated or any data read: a run that cannot fit stops here, saying what would.
   const std::string tokenizer_dir = options.tokenizer_dir.empty()
                                         ? (fs::path(shipped_data_dir()) / "gpt2-tokenizer").string()
                                         : options.tokenizer_dir;
   const BpeTokenizer tokenizer = BpeTokenizer::load_dir(tokenizer_dir);
   const std::string data_dir =
       options.data_dir.empty() ? default_shard_dir(tokenizer) : options.data_dir;
-  MemoryPlanRequest plan_request = memory_plan_request_of(options, options.device, options.dtype);
   const DataFolderShards shards = find_data_folder_shards(data_dir);
-  plan_request.data_bytes = token_shard_bytes(shards);
-  const MemoryPlan memory_plan = plan_memory(plan_request);
-  const MemoryBudgets budgets = run_budgets(options, memory_plan.request.attributes);
-  check_budget(memory_plan, budgets);
+  RunRequest request = run_request_of(options);
+  request.plan.data_bytes = token_shard_bytes(shards);
+  const PlannedRun planned = plan_run(request);
+  const MemoryPlan& memory_plan = planned.plan;
+  const MemoryBudgets& budgets = planned.budgets;
+  options.device = planned.target.device;
+  options.dtype = planned.target.dtype;
   const Gpt2Config& config = options.model;
   const TokenDataset train_data(shards.train, config.vocab_size);
   const TokenDataset val_data(shards.val, config.vocab_size);
@@ -189,15 +188,12 @@ TrainResult train(TrainOptions options) {
   const ValidationBatches val(val_data, options.batch, options.seq_len, options.eval_batches);
 
   const ParameterLayout layout(config);
-  BackendAndDevice compute =
-      make_backend(placed_target(memory_plan, target), config, options.batch, options.seq_len);
-  const std::shared_ptr<MemoryAccountant> accountant = compute.accountant;
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
-  const ScheduleOptions schedule_settings = schedule_options(memory_plan, options.cpu_workers);
-  std::unique_ptr<Schedule> schedule =
-      make_schedule(options.mode, std::move(compute.backend), std::move(compute.device), layout,
-                    schedule_settings);
+  BuiltRun built = build_run(planned);
+  const std::shared_ptr<MemoryAccountant> accountant = built.accountant;
+  std::unique_ptr<Schedule> schedule = std::move(built.schedule);
+  const std::string schedule_description = planned.describe_schedule();
   int steps_track = 0;
   if (!options.trace_path.empty()) {
     trace = std::make_unique<TraceRecorder>();
@@ -206,8 +202,7 @@ TrainResult train(TrainOptions options) {
     trace->set_metadata("mode", name_of(options.mode));
     trace->set_metadata("model", options.model_name);
     trace->set_metadata("device", name_of(options.device));
-    trace->set_metadata("schedule",
-                        describe_schedule(options.mode, schedule_settings, options.clip));
+    trace->set_metadata("schedule", schedule_description);
   }
 
   int start_step = 0;
@@ -249,8 +244,7 @@ TrainResult train(TrainOptions options) {
                options.model_name.c_str(), config.n_layer, config.n_head, config.n_embd,
                parameter_count(config) / 1e6, options.batch, options.seq_len, options.grad_accum,
                options.steps, name_of(options.mode).c_str(), name_of(options.device).c_str(),
-               name_of(options.dtype).c_str(),
-               describe_schedule(options.mode, schedule_settings, options.clip).c_str(),
+               name_of(options.dtype).c_str(), schedule_description.c_str(),
                options.out_dir.c_str());
   if (trace) std::fprintf(stderr, "  trace: %s (every step)\n", options.trace_path.c_str());
   std::fprintf(stderr, "%s", format_memory_plan(memory_plan, budgets).c_str());

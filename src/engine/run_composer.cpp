@@ -1,0 +1,64 @@
+// The composition root (run_composer.h): resolve, plan and check, then build.
+#include "engine/run_composer.h"
+
+namespace layup {
+
+namespace {
+
+// The plan's request with the target resolved into it.
+MemoryPlanRequest resolved_request(const RunRequest& request, const ComputeTarget& target) {
+  MemoryPlanRequest plan = request.plan;
+  plan.device = target.device;
+  plan.dtype = target.dtype;
+  plan.recompute = target.recompute;
+  plan.attributes = memory_attributes_of(target.device);
+  return plan;
+}
+
+}  // namespace
+
+ScheduleOptions PlannedRun::schedule_options() const {
+  return layup::schedule_options(plan, cpu_workers);
+}
+
+std::string PlannedRun::describe_schedule() const {
+  return layup::describe_schedule(plan.request.mode, schedule_options(), plan.request.clip);
+}
+
+PlannedRun plan_run(const RunRequest& request) {
+  PlannedRun planned;
+  planned.cpu_workers = request.cpu_workers;
+  const ComputeTarget target = resolve_compute_target(request.target);
+  planned.plan = plan_memory(resolved_request(request, target));
+  planned.target = placed_target(planned.plan, target);
+  planned.budgets = run_budgets(request, planned.plan);
+  check_budget(planned.plan, planned.budgets);
+  return planned;
+}
+
+MemoryBudgets run_budgets(const RunRequest& request, const MemoryPlan& plan) {
+  return with_machine_limit(
+      parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget),
+      read_host_memory_limit(), request.allow_overcommit, plan.request.attributes);
+}
+
+MemoryPlan plan_only(const RunRequest& request) {
+  ComputeTarget target = request.target;
+  // A cuda plan needs no GPU here: without one it takes a discrete GPU's attributes.
+  if (target.device != DeviceKind::kCuda) {
+    target = resolve_compute_target(target);
+  } else if (target.dtype == Dtype::kAuto) {
+    target.dtype = Dtype::kBf16;
+  }
+  return plan_memory(resolved_request(request, target));
+}
+
+BuiltRun build_run(const PlannedRun& planned) {
+  const MemoryPlanRequest& r = planned.plan.request;
+  BackendAndDevice compute = make_backend(planned.target, r.config, r.batch, r.seq_len);
+  return {compute.accountant,
+          make_schedule(r.mode, std::move(compute.backend), std::move(compute.device),
+                        ParameterLayout(r.config), planned.schedule_options())};
+}
+
+}  // namespace layup

@@ -1,0 +1,88 @@
+// The composition root: how `train`, `bench`, `study` and `memory` turn what the command line asked
+// for into what runs. plan_run resolves every auto against this machine once (device, dtype, the
+// placement, the schedule's policies), plans the memory and checks it against the budgets and the
+// machine, allocating nothing; build_run then makes the backend, the device and the schedule the
+// plan describes.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/backend_factory.h"
+#include "memory/memory_accountant.h"
+#include "memory/memory_plan.h"
+#include "model/parameter_layout.h"
+#include "schedule/schedule.h"
+
+namespace layup {
+
+// What a run is made of, as TrainOptions and BenchmarkOptions both carry it (run_request_of).
+struct RunRequest {
+  ComputeTarget target;    // may say auto
+  MemoryPlanRequest plan;  // device, dtype and attributes are filled by plan_run
+  int cpu_workers = 0;     // offload, layup: CPU AdamW workers (0: every core this process may use)
+  std::string memory_budget, device_budget, host_budget;  // budget flags; empty: none
+  bool allow_overcommit = false;
+};
+
+// The run with every choice made: the resolved target (cpu or cuda, fp32 or bf16, where the
+// backend's activations and scratch go), its memory plan (placement and schedule policies) and
+// the budgets it was checked against.
+struct PlannedRun {
+  ComputeTarget target;
+  MemoryPlan plan;
+  MemoryBudgets budgets;
+  int cpu_workers = 0;
+  // How the schedule keeps its host-side state (from the plan) and one line saying what it does.
+  ScheduleOptions schedule_options() const;
+  std::string describe_schedule() const;
+};
+
+// Resolves and plans, then refuses (layup::Error naming the budget, the bytes and what would fit)
+// a plan over any budget or over what this machine has. Allocates nothing.
+PlannedRun plan_run(const RunRequest& request);
+
+// The budgets of a request (its flags), with this machine's host memory and the GPU's free memory
+// as `plan`'s device has them.
+MemoryBudgets run_budgets(const RunRequest& request, const MemoryPlan& plan);
+
+// The same, planned only: a plan for a device this machine may not have (`layup memory --device
+// cuda` plans with a discrete GPU's attributes when there is none); not checked against budgets.
+MemoryPlan plan_only(const RunRequest& request);
+
+// What runs: the schedule (owning the backend and the device) and the ledger they record into.
+struct BuiltRun {
+  std::shared_ptr<MemoryAccountant> accountant;
+  std::unique_ptr<Schedule> schedule;
+};
+
+// Builds the backend, device and schedule of a planned run, sized for its batch.
+BuiltRun build_run(const PlannedRun& planned);
+
+// The request of a run whose options carry the model, batch, schedule, device and memory flags by
+// the names TrainOptions and BenchmarkOptions share.
+template <class RunOptions>
+RunRequest run_request_of(const RunOptions& options) {
+  RunRequest request;
+  request.target = {options.device, options.dtype, options.recompute, options.algorithms};
+  MemoryPlanRequest& plan = request.plan;
+  plan.config = options.model;
+  plan.model_name = options.model_name;
+  plan.batch = options.batch;
+  plan.seq_len = options.seq_len;
+  plan.grad_accum = options.grad_accum;
+  plan.clip = options.clip;
+  plan.layup_clip = options.layup_clip;
+  plan.layup_head = options.layup_head;
+  plan.mode = options.mode;
+  plan.recompute = options.recompute;
+  plan.place = options.place;
+  request.cpu_workers = options.cpu_workers;
+  request.memory_budget = options.memory_budget;
+  request.device_budget = options.device_budget;
+  request.host_budget = options.host_budget;
+  request.allow_overcommit = options.allow_overcommit;
+  return request;
+}
+
+}  // namespace layup
