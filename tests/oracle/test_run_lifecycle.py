@@ -103,7 +103,7 @@ def test_an_out_that_is_not_a_folder_is_refused(tmp_path, shards, make):
 # --- resume ---
 
 def test_resume_alone_continues_with_the_runs_own_settings(tmp_path, shards):
-    """The README's example: a run with non-default flags, resumed with --resume alone."""
+    """docs/cli.md's example: a run with non-default flags, resumed with --resume alone."""
     common = [binary("layup"), "train", "--layers", "2", "--heads", "2", "--dim", "32",
               "--context", "64", "--seq-len", "32", "--batch", "2", "--lr", "2e-3",
               "--warmup", "1", "--eval-every", "2", "--sample-tokens", "0", "--steps", "4",
