@@ -1,4 +1,4 @@
-// The interface every backend (CPU now, CUDA next) offers to the schedules: GPT-2's forward pass,
+// The interface every backend (CPU, CUDA) offers to the schedules: GPT-2's forward pass,
 // and its backward pass cut at block boundaries.
 //
 // Backward is split so that a schedule can decide, block by block, where each gradient goes:
@@ -19,9 +19,8 @@
 // order of its own, see gpu_schedule.cpp).
 //
 // Forward hooks: a schedule whose weight updates may still be landing when the next forward
-// starts (`layup` with clipping updates blocks in forward order while the next forward runs)
-// passes ForwardHooks; the backend calls each hook right before it first reads that span's
-// weights, so the forward of block l waits only for block l's update.
+// starts passes ForwardHooks, called right before the first read of each span's weights
+// (docs/schedules.md, "What a step may leave in flight").
 #pragma once
 
 #include <cstdint>

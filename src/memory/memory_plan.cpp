@@ -25,7 +25,7 @@ namespace {
 // What the process itself holds on the host, whatever the model: its code and libraries, the
 // tokenizer, the threads' stacks. Allowances on the generous side of what was measured: a tiny
 // CPU run peaks at ~30 MiB resident; small CUDA runs on the H200 peaked 1.6 GiB under plans that
-// hold this allowance (bench/RESULTS.md, 2026-12-01).
+// hold this allowance (bench/runs/2026-12-01e-h200-host-and-gpu-limits.md).
 constexpr size_t kCpuRuntimeBytes = size_t{160} << 20;
 constexpr size_t kCudaRuntimeBytes = size_t{2} << 30;
 

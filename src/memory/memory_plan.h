@@ -70,14 +70,9 @@ struct MemoryPlanRequest {
   int seq_len = 1;  // T
   int grad_accum = 1;
   float clip = 1.0f;  // global-norm clip threshold; <= 0: none
-  // How layup clips: speculative (a spare copy of the master weights and moments), deferred, or
-  // auto (deferred on an integrated GPU, where host and device share one memory; else
-  // speculative).
+  // How layup clips and where it updates the head (docs/schedules.md); auto is resolved by the
+  // plan against the device (MemoryPlan::speculative_clip, head_on_device).
   LayupClip layup_clip = LayupClip::kAuto;
-  // Where layup updates the embeddings and the final norm: on the device (their gradient is
-  // already there; their AdamW moments then live in device memory too), on the host with the
-  // blocks, or auto (the device on a discrete GPU with a device copy of the weights and one
-  // micro-batch per step, else the host).
   LayupHead layup_head = LayupHead::kAuto;
   Mode mode = Mode::kGpu;
   DeviceKind device = DeviceKind::kCpu;  // resolved: cpu or cuda
@@ -104,19 +99,14 @@ struct PlannedAllocation {
 struct MemoryPlan {
   MemoryPlanRequest request;
   Placement placement;
-  // How offload and layup keep their host state (schedule/schedule.h, ScheduleOptions):
-  // weights_in_place when the weights are placed where the master weights live (always on the CPU
-  // backend, whose device memory is host memory; on CUDA with --place weights=pinned);
-  // host_gradient unless layup runs with --clip none and one micro-batch.
+  // How offload and layup keep their host state (ScheduleOptions, docs/schedules.md), resolved
+  // here: weights in place where the weights are placed with the master weights (always on the
+  // CPU backend); a host gradient unless layup runs with --clip none and one micro-batch;
+  // speculative clipping for layup with --clip and --layup-clip speculative (auto: off an
+  // integrated GPU); the head on the device for --layup-head device (auto: a discrete GPU).
   bool weights_in_place = false;
   bool host_gradient = true;
-  // layup with clipping and --layup-clip speculative (or auto, off an integrated GPU): a spare
-  // copy of the master weights and moments (ScheduleOptions::speculative_clip).
   bool speculative_clip = false;
-  // layup, --layup-head device (or auto on a discrete GPU): the embeddings and the final norm are
-  // updated by the device's AdamW on the device copy of their weights, with moments in device
-  // memory and, with --grad-accum > 1, their gradient summed there (ScheduleOptions::
-  // head_on_device).
   bool head_on_device = false;
   std::vector<PlannedAllocation> allocations;
   std::vector<std::string> notes;  // what is not applied, not counted, or measured only

@@ -45,7 +45,7 @@ AdamWConstants adamw_constants(const AdamWStep& step, bool decay);
 
 // Where one call of an element loop reads the state and writes the new state. The output may be
 // the input (an update in place) or memory that does not overlap it at all (the layup schedule's
-// speculative update keeps the state it started from: schedule/layup_schedule.cpp).
+// speculative update keeps the state it started from: docs/schedules.md, "Clipping").
 struct AdamWBuffers {
   const float* params;
   const float* grads;

@@ -4,9 +4,8 @@
 // The model is freshly initialized (model/init.h) and the tokens are uniform random ids from a
 // fixed seed, so a benchmark needs no data and measures only the engine. Each timed step is
 // wall-clock (steady_clock) around Schedule::step, which returns after the loss is read back
-// and so after the device has finished the step. (`layup` with clipping returns before its CPU
-// updates have landed; the next step's forward waits for them, so in the steady state each timed
-// step carries the tail of the one before.)
+// and so after the device has finished the step; a step that leaves updates in flight
+// (docs/schedules.md) hands their tail to the next timed step.
 //
 // The floor (offload and layup): what a step could take at best with the rates the run measured,
 // if the CPU's AdamW of the blocks hid entirely behind the device's backward and nothing else cost

@@ -411,20 +411,14 @@ TEST_P(CudaBackendTest, GpuScheduleForwardReadsTheWeightsItUpdated) {
       << "after importing weights the forward still reads the copy of the trained ones";
 }
 
-// The three modes on the GPU: offload and layup (AdamW on the CPU, gradients through host memory)
-// against gpu mode (AdamW on the GPU), 5 steps from the same parameters and batches, with 2-way
-// accumulation, clipping that triggers, and without clipping (layup then updates during backward).
-// The gradients come from the same kernels in every mode and the GPU's AdamW computes the CPU's
-// operations (cuda_device.cu), so what differs is the order of the norm's sum (and with it the
-// clip factor's last bits): fp32 agrees to 1e-5. In bf16 the tolerance is 1e-2: on the H200 the
-// modes agreed to 4e-8 with clipping but only to 3.2e-3 with --clip none (2026-11-30, before
-// the GPU AdamW matched the CPU's rounding); the cause was not established -- cuDNN's attention
-// backward, whose dq sum order may vary run to run, is the first suspect.
+// `mode` on the GPU for 5 steps from the same parameters and batches (ThreeModesAgree says why
+// the modes agree only to a tolerance here).
 ModeRun CudaBackendTest::run_mode(const std::string& mode, const ScheduleOptions& options,
                                   float clip, bool two_micro_batches) {
   ModeRun run;
   std::unique_ptr<Schedule> schedule =
-      make_schedule(mode, make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam()),
+      make_schedule(parse_in(kModeNames, mode, "mode"),
+                    make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam()),
                     make_cuda_device(), layout, options);
   schedule->import_tensors(
       {params, std::vector<float>(params.size(), 0.0f), std::vector<float>(params.size(), 0.0f)});
@@ -472,9 +466,10 @@ void CudaBackendTest::expect_agrees(const ModeRun& run, const ModeRun& gpu,
 // The gradients come from the same kernels in every mode and the GPU's AdamW computes the CPU's
 // operations (cuda_device.cu), so what differs is the order of the norm's sum (and with it the
 // clip factor's last bits): fp32 agrees to 1e-5. In bf16 the tolerance is 1e-2: on the H200 the
-// modes agreed to 4e-8 with clipping but only to 3.2e-3 with --clip none (2026-11-30, before
-// the GPU AdamW matched the CPU's rounding); the cause was not established -- cuDNN's attention
-// backward, whose dq sum order may vary run to run, is the first suspect.
+// modes agreed to 4e-8 with clipping but only to 3.2e-3 with --clip none, before the GPU's AdamW
+// matched the CPU's rounding (bench/runs/2026-11-30d-h200-three-modes-first-run.md); the cause
+// was not established -- cuDNN's attention backward, whose dq sum order may vary run to run, is
+// the first suspect.
 TEST_P(CudaBackendTest, ThreeModesAgree) {
   for (const float clip : {1.0f, 0.0f}) {
     const std::string clip_name = clip > 0.0f ? ", clip 1.0" : ", clip none";

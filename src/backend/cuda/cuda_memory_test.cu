@@ -105,17 +105,17 @@ PlacedRun train_placed(const std::string& mode, const std::vector<std::string>& 
   const int B = 2, T = 16;
   MemoryPlanRequest request;
   request.config = config;
-  request.mode = mode;
+  request.mode = parse_in(kModeNames, mode, "mode");
   request.batch = B;
   request.seq_len = T;
   request.clip = clip;
   request.device = DeviceKind::kCuda;
-  request.dtype = dtype == ComputeDtype::kBFloat16 ? "bf16" : "fp32";
+  request.dtype = dtype == ComputeDtype::kBFloat16 ? Dtype::kBf16 : Dtype::kFp32;
   request.attributes = cuda_memory_attributes();
   request.place = place;
   PlacedRun run{plan_memory(request), std::make_shared<MemoryAccountant>(), {}, {}};
   std::unique_ptr<Schedule> schedule =
-      make_schedule(mode,
+      make_schedule(request.mode,
                     make_cuda_backend(config, B, T, dtype, 0, run.accountant,
                                       {run.plan.placement[TensorClass::kActivations],
                                        run.plan.placement[TensorClass::kScratch]}),
