@@ -15,9 +15,7 @@ void validate_train_options(const TrainOptions& o) {
   validate_config(o.model);
   LAYUP_CHECK(o.batch >= 1, "--batch must be at least 1 (got ", o.batch, ")");
   LAYUP_CHECK(o.seq_len >= 1, "--seq-len must be at least 1 (got ", o.seq_len, ")");
-  LAYUP_CHECK(o.seq_len <= o.model.n_positions, "--seq-len ", o.seq_len,
-              " is above the model's context of ", o.model.n_positions,
-              " positions; use --seq-len ", o.model.n_positions, " or less");
+  check_seq_len_fits(o.seq_len, o.model);
   LAYUP_CHECK(o.grad_accum >= 1, "--grad-accum must be at least 1 (got ", o.grad_accum, ")");
   LAYUP_CHECK(o.steps >= 1, "--steps must be at least 1 (got ", o.steps, ")");
   LAYUP_CHECK(o.until_step == -1 || (o.until_step >= 1 && o.until_step <= o.steps), "--until-step ",
@@ -54,6 +52,12 @@ void validate_train_options(const TrainOptions& o) {
               " is not a schedule; use gpu, offload or layup");
   check_thread_count("--cpu-workers", o.cpu_workers);
   parse_memory_budgets(o.memory_budget, o.device_budget, o.host_budget);  // throws naming the flag
+}
+
+void check_seq_len_fits(int seq_len, const Gpt2Config& model) {
+  LAYUP_CHECK(seq_len <= model.n_positions, "--seq-len ", seq_len,
+              " is above the model's context of ", model.n_positions, " positions; use --seq-len ",
+              model.n_positions, " or less, or a --context of ", seq_len, " or more");
 }
 
 namespace {

@@ -83,6 +83,9 @@ struct TrainOptions {
 // Throws layup::Error for contradictory or out-of-range options, naming the flag.
 void validate_train_options(const TrainOptions& options);
 
+// Throws layup::Error unless a sequence of seq_len tokens fits in the model's context.
+void check_seq_len_fits(int seq_len, const Gpt2Config& model);
+
 // Every setting a checkpoint keeps so that `--resume DIR` alone continues the run as it was, as
 // JSON: the model, the batch, the optimizer and the data (what the trajectory depends on), and
 // how the run evaluates, checkpoints, samples and schedules its work.
