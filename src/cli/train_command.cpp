@@ -44,7 +44,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")
       ->capture_default_str();
-  cmd->add_option("--warmup", o.warmup_steps, "Linear warmup updates")->capture_default_str();
+  cmd->add_option("--warmup", o.warmup_steps,
+                  "Linear warmup updates (the default is cut to --steps on a shorter run)")
+      ->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay,
                   "AdamW decoupled weight decay, applied to the matrices (attention, MLP, token "
                   "embedding = LM head) and NOT to biases, layer-norm gains or position embeddings")
@@ -123,6 +125,7 @@ void add_train_command(CLI::App& app) {
     if (!flags->plan_path.empty()) options.given_flags.push_back("--place");
     for (const CLI::Option* option : cmd->get_options())
       if (option->count() > 0) options.given_flags.push_back(option->get_name());
+    clamp_default_warmup(options);
     apply_threads_flag(flags->threads);
 
     const TrainResult result = train(options);

@@ -131,6 +131,11 @@ bool given(const TrainOptions& options, const char* flag) {
 
 }  // namespace
 
+void clamp_default_warmup(TrainOptions& options) {
+  if (!given(options, "--warmup"))
+    options.warmup_steps = std::min(options.warmup_steps, options.steps);
+}
+
 nlohmann::json run_settings(const TrainOptions& o) {
   nlohmann::json saved = nlohmann::json::object();
   for (const Setting& setting : settings()) saved[setting.key] = setting.get(o);
