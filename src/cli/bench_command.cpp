@@ -19,6 +19,7 @@ namespace {
 
 struct BenchFlags {
   BenchmarkOptions options;
+  ModelFlags model;
   std::string clip = "1.0";
   std::string json_path;
   std::string plan_path;
@@ -34,10 +35,7 @@ void add_bench_command(CLI::App& app) {
       "bench",
       "Time training steps (forward, backward, AdamW) of a freshly initialized GPT-2 on synthetic "
       "tokens: tokens/s, ms/step, MFU and device memory.");
-  cmd->add_option("--model", o.model_name,
-                  "Named config: small, gpt2, gpt2-medium, gpt2-large, "
-                  "gpt2-xl")
-      ->capture_default_str();
+  add_model_flags(*cmd, flags->model, o.model_name);
   cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
   cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();
   cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
@@ -62,7 +60,8 @@ void add_bench_command(CLI::App& app) {
 
   cmd->callback([flags]() {
     BenchmarkOptions options = flags->options;
-    options.model = named_config(options.model_name);
+    options.model = flags->model.resolve(options.seq_len);
+    options.model_name = flags->model.name();
     options.clip = parse_clip_flag(flags->clip);
     options.place = place_flags_with_plan(flags->plan_path, options.place);
     apply_threads_flag(flags->threads);

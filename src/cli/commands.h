@@ -8,6 +8,7 @@
 
 #include "backend/algorithm_choice.h"
 #include "core/run_choices.h"
+#include "model/gpt2_config.h"
 
 namespace layup {
 
@@ -18,6 +19,22 @@ void add_bench_command(CLI::App& app);
 void add_adamw_bench_command(CLI::App& app);
 void add_memory_command(CLI::App& app);
 void add_study_command(CLI::App& app);
+
+// The model flags `train`, `bench`, `memory` and `study` share: --model (a named config) or an
+// explicit model (--layers, --heads and --dim together), and --context over either.
+struct ModelFlags {
+  std::string model;  // the named config
+  int layers = 0, heads = 0, dim = 0, context = 0;
+  const CLI::App* command = nullptr;  // set by add_model_flags: where to count what was given
+
+  bool any_given() const;
+  // The named config, or "custom" for an explicit model.
+  std::string name() const;
+  // The config the flags describe, refusing --model together with sizes, sizes below 1, and a
+  // context too short for seq_len tokens.
+  Gpt2Config resolve(int seq_len) const;
+};
+void add_model_flags(CLI::App& command, ModelFlags& flags, const std::string& default_model);
 
 // The memory flags `train`, `bench` and `memory` share: --memory-budget, --device-budget,
 // --host-budget, --place (memory/memory_plan.h) and --plan (a file `layup study` wrote,

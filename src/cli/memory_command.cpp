@@ -20,7 +20,7 @@ namespace layup {
 namespace {
 
 struct MemoryFlags {
-  std::string model = "gpt2";
+  ModelFlags model;
   int batch = 8;
   int seq_len = 1024;
   int grad_accum = 1;
@@ -44,8 +44,8 @@ RunRequest run_request(const MemoryFlags& flags) {
   RunRequest request;
   request.target = {flags.device, flags.dtype, flags.recompute};
   MemoryPlanRequest& plan = request.plan;
-  plan.config = named_config(flags.model);
-  plan.model_name = flags.model;
+  plan.config = flags.model.resolve(flags.seq_len);
+  plan.model_name = flags.model.name();
   plan.batch = flags.batch;
   plan.seq_len = flags.seq_len;
   plan.grad_accum = flags.grad_accum;
@@ -80,9 +80,7 @@ void add_memory_command(CLI::App& app) {
       "Print the memory plans of the gpu, offload and layup modes side by side (by side, tensor "
       "class and memory kind), computed without allocating anything; --mode adds that mode's "
       "plan allocation by allocation, and budgets say which modes fit.");
-  cmd->add_option("--model", flags->model,
-                  "Named config: small, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
-      ->capture_default_str();
+  add_model_flags(*cmd, flags->model, "gpt2");
   cmd->add_option("--batch", flags->batch, "Sequences per micro-batch (B)")->capture_default_str();
   cmd->add_option("--seq-len", flags->seq_len, "Tokens per sequence (T)")->capture_default_str();
   cmd->add_option("--grad-accum", flags->grad_accum,

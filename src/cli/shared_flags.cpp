@@ -9,9 +9,61 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/error.h"
 #include "optim/host_adamw.h"
+#include "train/train_options.h"
 
 namespace layup {
+
+void add_model_flags(CLI::App& command, ModelFlags& flags, const std::string& default_model) {
+  flags.model = default_model;
+  flags.command = &command;
+  command
+      .add_option("--model", flags.model,
+                  "Named config: small, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
+      ->capture_default_str();
+  command.add_option("--layers", flags.layers, "Explicit model: number of blocks");
+  command.add_option("--heads", flags.heads, "Explicit model: attention heads");
+  command.add_option("--dim", flags.dim, "Explicit model: width");
+  command.add_option("--context", flags.context,
+                     "Model context (positions); default from the config");
+}
+
+bool ModelFlags::any_given() const {
+  for (const char* flag : {"--model", "--layers", "--heads", "--dim", "--context"})
+    if (command->count(flag) > 0) return true;
+  return false;
+}
+
+std::string ModelFlags::name() const {
+  return command->count("--layers") > 0 ? "custom" : model;
+}
+
+Gpt2Config ModelFlags::resolve(int seq_len) const {
+  const bool model_given = command->count("--model") > 0;
+  const bool sizes_given =
+      command->count("--layers") || command->count("--heads") || command->count("--dim");
+  LAYUP_CHECK(!(model_given && sizes_given),
+              "give either --model or --layers/--heads/--dim, not both: --model ", model,
+              " already fixes the sizes");
+  Gpt2Config config = named_config(model);
+  if (sizes_given) {
+    LAYUP_CHECK(command->count("--layers") && command->count("--heads") && command->count("--dim"),
+                "an explicit model needs all of --layers, --heads and --dim");
+    for (const auto& [flag, value] :
+         {std::pair{"--layers", layers}, {"--heads", heads}, {"--dim", dim}})
+      LAYUP_CHECK(value >= 1, flag, " must be at least 1 (got ", value, ")");
+    config.n_layer = layers;
+    config.n_head = heads;
+    config.n_embd = dim;
+  }
+  if (command->count("--context")) {
+    LAYUP_CHECK(context >= 1, "--context must be at least 1 (got ", context, ")");
+    config.n_positions = context;
+  }
+  check_seq_len_fits(seq_len, config);
+  return config;
+}
 
 void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
                       std::string& host_budget, bool& allow_overcommit) {

@@ -22,6 +22,7 @@ namespace {
 
 struct StudyFlags {
   StudyOptions options;
+  ModelFlags model;
   std::string clip = "1.0";
   std::string out_dir = "study";
   bool no_energy = false;
@@ -64,9 +65,7 @@ void add_study_command(CLI::App& app) {
       "device: short runs over the placement matrix, then the three modes at the best "
       "placement; writes study.json, study.md, charts (SVG) and the recommended plan "
       "(best_plan.json, for `layup train --plan`).");
-  cmd->add_option("--model", o.model_name,
-                  "Named config: small, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
-      ->capture_default_str();
+  add_model_flags(*cmd, flags->model, o.model_name);
   cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
   cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();
   cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
@@ -99,7 +98,8 @@ void add_study_command(CLI::App& app) {
   cmd->callback([flags]() {
     StudyOptions options = flags->options;
     BenchmarkOptions& base = options.base;
-    base.model = named_config(base.model_name);
+    base.model = flags->model.resolve(base.seq_len);
+    base.model_name = flags->model.name();
     base.clip = parse_clip_flag(flags->clip);
     base.energy = !flags->no_energy;
     const ComputeTarget target = resolve_compute_target({base.device, base.dtype});

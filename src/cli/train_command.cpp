@@ -17,37 +17,11 @@ namespace {
 
 struct TrainFlags {
   TrainOptions options;
-  std::string model = "small";
-  int layers = 0, heads = 0, dim = 0, context = 0;
+  ModelFlags model;
   std::string clip = "1.0";
   std::string plan_path;
   int threads = 0;
 };
-
-// Resolves --model / --layers --heads --dim / --context into a config, refusing mixtures.
-Gpt2Config resolve_model(const TrainFlags& flags, const CLI::App& cmd) {
-  const bool model_given = cmd.count("--model") > 0;
-  const bool sizes_given = cmd.count("--layers") || cmd.count("--heads") || cmd.count("--dim");
-  LAYUP_CHECK(!(model_given && sizes_given),
-              "give either --model or --layers/--heads/--dim, not both: --model ", flags.model,
-              " already fixes the sizes");
-  Gpt2Config config = named_config(flags.model);
-  if (sizes_given) {
-    LAYUP_CHECK(cmd.count("--layers") && cmd.count("--heads") && cmd.count("--dim"),
-                "an explicit model needs all of --layers, --heads and --dim");
-    for (const auto& [flag, value] :
-         {std::pair{"--layers", flags.layers}, {"--heads", flags.heads}, {"--dim", flags.dim}})
-      LAYUP_CHECK(value >= 1, flag, " must be at least 1 (got ", value, ")");
-    config.n_layer = flags.layers;
-    config.n_head = flags.heads;
-    config.n_embd = flags.dim;
-  }
-  if (cmd.count("--context")) {
-    LAYUP_CHECK(flags.context >= 1, "--context must be at least 1 (got ", flags.context, ")");
-    config.n_positions = flags.context;
-  }
-  return config;
-}
 
 }  // namespace
 
@@ -58,14 +32,7 @@ void add_train_command(CLI::App& app) {
       "train",
       "Train a GPT-2 model. With no arguments: a small GPT-2 on the shipped public-domain "
       "corpus, with progress, evaluation, checkpoints, a JSON-lines log and a sample at the end.");
-  cmd->add_option("--model", flags->model,
-                  "Named config: small, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
-      ->capture_default_str();
-  cmd->add_option("--layers", flags->layers, "Explicit model: number of blocks");
-  cmd->add_option("--heads", flags->heads, "Explicit model: attention heads");
-  cmd->add_option("--dim", flags->dim, "Explicit model: width");
-  cmd->add_option("--context", flags->context,
-                  "Model context (positions); default from the config");
+  add_model_flags(*cmd, flags->model, "small");
   cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();
   cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
   cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches accumulated per update")
@@ -77,7 +44,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")
       ->capture_default_str();
-  cmd->add_option("--warmup", o.warmup_steps, "Linear warmup updates")->capture_default_str();
+  cmd->add_option("--warmup", o.warmup_steps,
+                  "Linear warmup updates (the default is cut to --steps on a shorter run)")
+      ->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay,
                   "AdamW decoupled weight decay, applied to the matrices (attention, MLP, token "
                   "embedding = LM head) and NOT to biases, layer-norm gains or position embeddings")
@@ -138,19 +107,19 @@ void add_train_command(CLI::App& app) {
 
   cmd->callback([flags, cmd]() {
     TrainOptions options = flags->options;
-    const bool any_model_flag = cmd->count("--model") || cmd->count("--layers") ||
-                                cmd->count("--heads") || cmd->count("--dim") ||
-                                cmd->count("--context");
-    LAYUP_CHECK(options.resume.empty() || !any_model_flag,
+    LAYUP_CHECK(options.resume.empty() || !flags->model.any_given(),
                 "--resume takes the model from the checkpoint; drop --model, --layers, --heads, "
                 "--dim and --context");
-    options.model = resolve_model(*flags, *cmd);
-    options.model_name = (cmd->count("--layers") ? "custom" : flags->model);
+    if (options.resume.empty()) {
+      options.model = flags->model.resolve(options.seq_len);
+      options.model_name = flags->model.name();
+    }
     options.clip = parse_clip_flag(flags->clip);
     options.place = place_flags_with_plan(flags->plan_path, options.place);
     if (!flags->plan_path.empty()) options.given_flags.push_back("--place");
     for (const CLI::Option* option : cmd->get_options())
       if (option->count() > 0) options.given_flags.push_back(option->get_name());
+    clamp_default_warmup(options);
     apply_threads_flag(flags->threads);
 
     const TrainResult result = train(options);

@@ -374,6 +374,7 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"n_layer", options.model.n_layer},
       {"n_head", options.model.n_head},
       {"n_embd", options.model.n_embd},
+      {"n_positions", options.model.n_positions},
       {"batch", options.batch},
       {"seq_len", options.seq_len},
       {"grad_accum", options.grad_accum},

@@ -15,9 +15,7 @@ void validate_train_options(const TrainOptions& o) {
   validate_config(o.model);
   LAYUP_CHECK(o.batch >= 1, "--batch must be at least 1 (got ", o.batch, ")");
   LAYUP_CHECK(o.seq_len >= 1, "--seq-len must be at least 1 (got ", o.seq_len, ")");
-  LAYUP_CHECK(o.seq_len <= o.model.n_positions, "--seq-len ", o.seq_len,
-              " is above the model's context of ", o.model.n_positions,
-              " positions; use --seq-len ", o.model.n_positions, " or less");
+  check_seq_len_fits(o.seq_len, o.model);
   LAYUP_CHECK(o.grad_accum >= 1, "--grad-accum must be at least 1 (got ", o.grad_accum, ")");
   LAYUP_CHECK(o.steps >= 1, "--steps must be at least 1 (got ", o.steps, ")");
   LAYUP_CHECK(o.until_step == -1 || (o.until_step >= 1 && o.until_step <= o.steps), "--until-step ",
@@ -77,6 +75,12 @@ LAYUP_JSON_ENUM(LayupClip, kLayupClipNames)
 LAYUP_JSON_ENUM(LayupHead, kLayupHeadNames)
 LAYUP_JSON_ENUM(AlgorithmChoice, kAlgorithmChoiceNames)
 #undef LAYUP_JSON_ENUM
+
+void check_seq_len_fits(int seq_len, const Gpt2Config& model) {
+  LAYUP_CHECK(seq_len <= model.n_positions, "--seq-len ", seq_len,
+              " is above the model's context of ", model.n_positions, " positions; use --seq-len ",
+              model.n_positions, " or less, or a --context of ", seq_len, " or more");
+}
 
 namespace {
 
@@ -148,6 +152,11 @@ bool given(const TrainOptions& options, const char* flag) {
 }
 
 }  // namespace
+
+void clamp_default_warmup(TrainOptions& options) {
+  if (!given(options, "--warmup"))
+    options.warmup_steps = std::min(options.warmup_steps, options.steps);
+}
 
 nlohmann::json run_settings(const TrainOptions& o) {
   nlohmann::json saved = nlohmann::json::object();

@@ -33,7 +33,7 @@ struct TrainOptions {
   int until_step = -1;  // stop after this update, to split a run into jobs (-1: run to `steps`)
   float lr = 3e-3f;
   float min_lr = 3e-4f;
-  int warmup_steps = 20;
+  int warmup_steps = 20;  // without --warmup: at most `steps` (clamp_default_warmup)
   float weight_decay = 0.1f;
   float beta1 = 0.9f;
   float beta2 = 0.95f;
@@ -83,6 +83,14 @@ struct TrainOptions {
 
 // Throws layup::Error for contradictory or out-of-range options, naming the flag.
 void validate_train_options(const TrainOptions& options);
+
+// Cuts the default warmup to `steps` when --warmup is not among the given flags, so that a short
+// run (--steps 2) needs no --warmup; a --warmup given above --steps is left for validation to
+// refuse. Before resume_settings, which then puts back a resumed run's own warmup.
+void clamp_default_warmup(TrainOptions& options);
+
+// Throws layup::Error unless a sequence of seq_len tokens fits in the model's context.
+void check_seq_len_fits(int seq_len, const Gpt2Config& model);
 
 // Every setting a checkpoint keeps so that `--resume DIR` alone continues the run as it was, as
 // JSON: the model, the batch, the optimizer and the data (what the trajectory depends on), and

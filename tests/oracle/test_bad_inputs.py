@@ -127,6 +127,23 @@ def test_contradictory_or_out_of_range_flags(tmp_path, shards, flags, phrase):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("command", ["train", "bench", "memory", "study"])
+@pytest.mark.parametrize("flags, phrase", [
+    (["--model", "gpt2", "--layers", "2"], "give either --model or --layers/--heads/--dim"),
+    (["--layers", "2", "--heads", "2"], "an explicit model needs all of --layers, --heads and"),
+    (["--layers", "0", "--heads", "2", "--dim", "32"], "--layers must be at least 1 (got 0)"),
+    (["--layers", "2", "--heads", "2", "--dim", "32", "--context", "0"],
+     "--context must be at least 1 (got 0)"),
+    (["--layers", "2", "--heads", "2", "--dim", "32", "--context", "16", "--seq-len", "32"],
+     "--seq-len 32 is above the model's context of 16 positions"),
+])
+def test_every_command_checks_the_model_flags_alike(tmp_path, shards, command, flags, phrase):
+    out = {"train": ["--data", shards, "--out", tmp_path / "out"],
+           "study": ["--out", tmp_path / "out"]}.get(command, [])
+    fails_with([binary("layup"), command, "--device", "cpu", *flags, *out], phrase)
+    assert not (tmp_path / "out").exists()
+
+
 def test_resume_refuses_model_flags(tmp_path, shards):
     run(train(shards, tmp_path / "run", "--until-step", "1"))
     before = snapshot(tmp_path / "run")

@@ -1,8 +1,10 @@
 """A run's life through the CLI: what the machine's host memory allows, the run folder, resuming
 with the run's own settings, stopping on SIGINT/SIGTERM, a log that cannot be written, --version."""
+import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import time
 
@@ -142,6 +144,25 @@ def test_resume_with_more_steps_extends_a_finished_run(tmp_path, shards):
     result = run([binary("layup"), "train", "--resume", tmp_path / "run", "--steps", "6"])
     assert "changes the run's length from 4" in result.stderr
     assert (tmp_path / "run" / "step-00000006").is_dir()
+
+
+def saved_settings(checkpoint):
+    """The run settings a checkpoint saved (training_state.safetensors' "options" metadata)."""
+    header = (checkpoint / "training_state.safetensors").read_bytes()
+    length = struct.unpack("<Q", header[:8])[0]
+    return json.loads(json.loads(header[8:8 + length])["__metadata__"]["options"])
+
+
+def test_a_short_run_needs_no_warmup_flag_and_resumes_with_its_warmup(tmp_path, shards):
+    """The default warmup (20 updates) is cut to --steps when --warmup is not given: that value
+    is the one saved, and a resume that lengthens the run keeps it."""
+    warmup = TINY_RUN.index("--warmup")
+    without_warmup = TINY_RUN[:warmup] + TINY_RUN[warmup + 2:]
+    run([binary("layup"), "train", *without_warmup, "--steps", "2", "--until-step", "1",
+         "--data", shards, "--out", tmp_path / "run"])
+    assert saved_settings(tmp_path / "run" / "step-00000001")["warmup_steps"] == 2
+    run([binary("layup"), "train", "--resume", tmp_path / "run", "--steps", "3"])
+    assert saved_settings(tmp_path / "run" / "step-00000003")["warmup_steps"] == 2
 
 
 # --- stopping ---

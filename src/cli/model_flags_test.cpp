@@ -1,0 +1,84 @@
+// The model flags that `train`, `bench`, `memory` and `study` share (cli/commands.h): each
+// command takes them, and they resolve into a config with the same checks everywhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli/commands.h"
+#include "io/test_files.h"
+
+namespace layup {
+namespace {
+
+using test_files::contains;
+using test_files::error_message;
+
+// Parses `arguments` as the flags of a command that takes the model flags.
+struct ParsedModelFlags {
+  CLI::App app;
+  ModelFlags flags;
+
+  explicit ParsedModelFlags(std::vector<std::string> arguments) {
+    CLI::App* command = app.add_subcommand("command");
+    add_model_flags(*command, flags, "gpt2");
+    arguments.insert(arguments.begin(), "command");
+    std::reverse(arguments.begin(), arguments.end());  // CLI11 takes a vector in reverse order
+    app.parse(arguments);
+  }
+};
+
+TEST(ModelFlags, EveryCommandThatBuildsAModelTakesThem) {
+  CLI::App app;
+  add_train_command(app);
+  add_bench_command(app);
+  add_memory_command(app);
+  add_study_command(app);
+  for (const char* command : {"train", "bench", "memory", "study"})
+    for (const char* flag : {"--model", "--layers", "--heads", "--dim", "--context"})
+      EXPECT_NO_THROW(app.get_subcommand(command)->get_option(flag)) << command << " " << flag;
+}
+
+TEST(ModelFlags, ExplicitSizesAndContext) {
+  const ParsedModelFlags parsed(
+      {"--layers", "2", "--heads", "2", "--dim", "64", "--context", "64"});
+  const Gpt2Config config = parsed.flags.resolve(64);
+  EXPECT_EQ(config.n_layer, 2);
+  EXPECT_EQ(config.n_head, 2);
+  EXPECT_EQ(config.n_embd, 64);
+  EXPECT_EQ(config.n_positions, 64);
+  EXPECT_EQ(parsed.flags.name(), "custom");
+  EXPECT_TRUE(parsed.flags.any_given());
+}
+
+TEST(ModelFlags, NamedConfigByDefaultWithItsContextReplaced) {
+  const ParsedModelFlags defaults({});
+  EXPECT_EQ(defaults.flags.resolve(1024).n_layer, named_config("gpt2").n_layer);
+  EXPECT_EQ(defaults.flags.name(), "gpt2");
+  EXPECT_FALSE(defaults.flags.any_given());
+  const ParsedModelFlags longer({"--model", "small", "--context", "512"});
+  EXPECT_EQ(longer.flags.resolve(512).n_positions, 512);
+  EXPECT_EQ(longer.flags.resolve(512).n_embd, named_config("small").n_embd);
+  EXPECT_EQ(longer.flags.name(), "small");
+}
+
+TEST(ModelFlags, RefusalsNameTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--model", "gpt2", "--layers", "2"}, "give either --model or --layers/--heads/--dim"},
+      {{"--layers", "2", "--heads", "2"}, "an explicit model needs all of --layers, --heads and "},
+      {{"--layers", "0", "--heads", "2", "--dim", "32"}, "--layers must be at least 1 (got 0)"},
+      {{"--layers", "2", "--heads", "-1", "--dim", "32"}, "--heads must be at least 1 (got -1)"},
+      {{"--context", "0"}, "--context must be at least 1 (got 0)"},
+      {{"--context", "64"}, "--seq-len 128 is above the model's context of 64 positions"},
+      {{"--model", "nonsense"}, "unknown model config 'nonsense'"},
+  };
+  for (const auto& [arguments, message] : cases) {
+    const ParsedModelFlags parsed(arguments);
+    EXPECT_TRUE(contains(error_message([&] { parsed.flags.resolve(128); }), message));
+  }
+}
+
+}  // namespace
+}  // namespace layup

@@ -1,0 +1,60 @@
+// The default warmup of a run shorter than it (cut to --steps unless --warmup was given), and that
+// a resumed run keeps the warmup it saved.
+#include "train/train_options.h"
+
+#include <gtest/gtest.h>
+
+#include "io/test_files.h"
+
+namespace layup {
+namespace {
+
+using test_files::contains;
+using test_files::error_message;
+
+TrainOptions short_run(int steps, std::vector<std::string> given_flags) {
+  TrainOptions options;
+  options.model = named_config("small");
+  options.steps = steps;
+  options.given_flags = std::move(given_flags);
+  clamp_default_warmup(options);
+  return options;
+}
+
+TEST(TrainOptions, DefaultWarmupIsCutToAShortRun) {
+  const TrainOptions options = short_run(2, {"--steps"});
+  EXPECT_EQ(options.warmup_steps, 2);
+  EXPECT_NO_THROW(validate_train_options(options));
+  EXPECT_EQ(run_settings(options)["warmup_steps"], 2);
+}
+
+TEST(TrainOptions, DefaultWarmupIsKeptInALongRun) {
+  EXPECT_EQ(short_run(300, {}).warmup_steps, TrainOptions().warmup_steps);
+}
+
+TEST(TrainOptions, GivenWarmupAboveStepsIsStillRefused) {
+  TrainOptions options;
+  options.steps = 10;
+  options.warmup_steps = 50;
+  options.given_flags = {"--steps", "--warmup"};
+  clamp_default_warmup(options);
+  EXPECT_EQ(options.warmup_steps, 50);
+  options.model = named_config("small");
+  EXPECT_TRUE(contains(error_message([&] { validate_train_options(options); }),
+                       "--warmup 50 must lie between 0 and --steps 10"));
+}
+
+// `train --steps 2 --until-step 1`, then `train --resume DIR --steps 6`: the resumed run keeps
+// the warmup it was trained with (2), not a default cut to the new --steps.
+TEST(TrainOptions, ResumeKeepsTheSavedWarmup) {
+  const nlohmann::json saved = run_settings(short_run(2, {"--steps", "--until-step"}));
+  TrainOptions resumed = short_run(6, {"--resume", "--steps"});
+  std::vector<std::string> notes;
+  resumed = resume_settings(resumed, saved, "run/step-00000001", notes);
+  EXPECT_EQ(resumed.warmup_steps, 2);
+  EXPECT_EQ(resumed.steps, 6);
+  EXPECT_NO_THROW(validate_train_options(resumed));
+}
+
+}  // namespace
+}  // namespace layup
