@@ -119,224 +119,32 @@
 // them exactly would need a copy of every block's weights and moments (12 bytes per parameter of
 // host memory and traffic on every step) for a step the trainer does not survive anyway (it stops
 // at the first non-finite step, keeping the last checkpoint).
-#include <omp.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "optim/grad_norm.h"
+#include "schedule/cpu_progress.h"
 #include "schedule/cpu_update_pool.h"
+#include "schedule/device_thread.h"
 #include "schedule/host_optimizer_schedule.h"
+#include "schedule/release_once.h"
 #include "schedule/weight_grad_slots.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
 
 namespace {
-
-// The thread that issues all device work of a step (forward, backward, slot handshakes), so the
-// CPU side overlaps with it even when "the device" is the host.
-class DeviceThread {
- public:
-  // The OpenMP thread count (--threads) is per thread in libgomp: a new std::thread starts with
-  // the process default, not the creator's setting, so the device thread adopts the creator's.
-  DeviceThread()
-      : thread_([this, omp_threads = omp_get_max_threads()] {
-          omp_set_num_threads(omp_threads);
-          loop();
-        }) {}
-  ~DeviceThread() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    changed_.notify_all();
-    thread_.join();
-  }
-
-  // Runs work on the device thread and waits for it; rethrows what it threw.
-  void run(std::function<void()> work) {
-    std::unique_lock lock(mutex_);
-    work_ = std::move(work);
-    error_ = nullptr;
-    done_ = false;
-    changed_.notify_all();
-    changed_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-
- private:
-  void loop() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      changed_.wait(lock, [&] { return stopping_ || work_; });
-      if (stopping_) return;
-      std::function<void()> work = std::move(work_);
-      work_ = nullptr;
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        work();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      error_ = error;
-      done_ = true;
-      changed_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::function<void()> work_;
-  std::exception_ptr error_;
-  bool done_ = false;
-  bool stopping_ = false;
-  std::thread thread_;  // last: starts after the members it uses exist
-};
-
-// What the coordinator has finished, for the threads that wait on it: the slot consumes of the
-// current step (the step needs every block's sum of squares for the norm) and, per span, the
-// updates handed to the coordinator and those that have landed in the device copy (a forward
-// waits for its span's, export for all). The counters only grow, so a step never resets state
-// that an update of the step before may still be about to report.
-//
-// Memory ordering: a task's writes (host state, the device copy) happen before it reports under
-// mutex_; a waiter returns only after reading the report under mutex_, so it then sees them.
-class CpuProgress {
- public:
-  explicit CpuProgress(size_t spans) : updates_submitted_(spans, 0), updates_landed_(spans, 0) {}
-
-  void consume_submitted() { count(consumes_submitted_); }
-  void consume_done() { count_and_notify(consumes_done_); }
-  void update_submitted(size_t span) { count(updates_submitted_[span]); }
-  // The head's gradient of a step, copied to the host after its consume reported done (one
-  // micro-batch: the norm needs only the device's sums of squares).
-  void head_landing_submitted() { count(head_landings_submitted_); }
-  void head_landed() { count_and_notify(head_landings_done_); }
-  // A transfer of new weights is about to start (its landing calls update_landed), or did not
-  // start after all (transfer_abandoned).
-  void transfer_starting() {
-    std::lock_guard lock(mutex_);
-    ++transfers_in_flight_;
-  }
-  void transfer_abandoned() {
-    {
-      std::lock_guard lock(mutex_);
-      --transfers_in_flight_;
-    }
-    changed_.notify_all();
-  }
-  void update_landed(size_t span) {
-    {
-      std::lock_guard lock(mutex_);
-      ++updates_landed_[span];
-      --transfers_in_flight_;
-    }
-    changed_.notify_all();
-  }
-  // The first failure of a task; every wait from now on throws it.
-  void fail(const std::string& what) {
-    {
-      std::lock_guard lock(mutex_);
-      if (error_.empty()) error_ = what.empty() ? "unknown error" : what;
-    }
-    changed_.notify_all();
-  }
-
-  void wait_consumed() const { wait_until_equal(consumes_done_, consumes_submitted_); }
-  // Until the head's gradient of the last step is on the host: the backward overwrites it.
-  void wait_head_landed() const { wait_until_equal(head_landings_done_, head_landings_submitted_); }
-  // Returns whether it had to wait.
-  bool wait_landed(size_t span) const {
-    std::unique_lock lock(mutex_);
-    const auto landed = [&] {
-      return !error_.empty() || updates_landed_[span] == updates_submitted_[span];
-    };
-    const bool waited = !landed();
-    changed_.wait(lock, landed);
-    throw_if_failed();
-    return waited;
-  }
-  void wait_all_landed() const {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !error_.empty() || updates_landed_ == updates_submitted_; });
-    throw_if_failed();
-  }
-  // Until no transfer started is still in flight, failure or not: their completion handlers use
-  // this object and the schedule. Never throws.
-  void wait_transfers_landed() const noexcept {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return transfers_in_flight_ == 0; });
-  }
-
- private:
-  void count(uint64_t& counter) {
-    std::lock_guard lock(mutex_);
-    ++counter;
-  }
-  void count_and_notify(uint64_t& counter) {
-    count(counter);
-    changed_.notify_all();
-  }
-  // Until a pair of counters agree, or a task failed (then throws).
-  void wait_until_equal(const uint64_t& done, const uint64_t& submitted) const {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !error_.empty() || done == submitted; });
-    throw_if_failed();
-  }
-  void throw_if_failed() const {
-    LAYUP_CHECK(error_.empty(), "a CPU update of the layup schedule failed: ", error_);
-  }
-
-  mutable std::mutex mutex_;
-  mutable std::condition_variable changed_;
-  uint64_t consumes_submitted_ = 0, consumes_done_ = 0;
-  uint64_t head_landings_submitted_ = 0, head_landings_done_ = 0;
-  std::vector<uint64_t> updates_submitted_, updates_landed_;
-  int64_t transfers_in_flight_ = 0;
-  std::string error_;
-};
-
-std::string what_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
-// Runs an action once: when asked (now), else when the last copy goes, so that a task that
-// throws or is dropped still gives back what it held.
-class ReleaseOnce {
- public:
-  explicit ReleaseOnce(std::function<void()> action) : action_(std::move(action)) {}
-  ReleaseOnce(const ReleaseOnce&) = delete;
-  ReleaseOnce& operator=(const ReleaseOnce&) = delete;
-  ~ReleaseOnce() { now(); }
-  void now() {
-    if (action_) std::exchange(action_, nullptr)();
-  }
-
- private:
-  std::function<void()> action_;
-};
 
 class LayupSchedule final : public HostOptimizerSchedule {
  public:
@@ -657,7 +465,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     try {
       task();
     } catch (...) {
-      progress_.fail(what_of(std::current_exception()));
+      progress_.fail(std::current_exception());
       throw;
     }
   }
