@@ -262,7 +262,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     // head's sums of squares, before its gradient (the embeddings': the largest span) has landed,
     // so the block updates start meanwhile and the head's follow its landing.
     const std::shared_ptr<HeadUpdate> head =
-        host_gradient_ && micro_batches.size() == 1 && !head_on_device_
+        host_gradient_ != nullptr && micro_batches.size() == 1 && !head_on_device_
             ? std::make_shared<HeadUpdate>()
             : nullptr;
     double loss_sum = 0.0;
@@ -487,7 +487,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
   // updated by their consume, from their slot).
   const float* gradient_of_span(size_t index) const {
     const Span& span = layout_.spans()[index];
-    if (host_gradient_) return host_grads_.data() + span.offset;
+    if (host_gradient_) return host_gradient_->span(index);
     LAYUP_CHECK(span.kind != SpanKind::kBlock,
                 "a block without a host gradient is updated from its slot");
     if (grads_in_place_) return micro_batch_head_gradient(index);  // one micro-batch
@@ -609,9 +609,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
         consumer_.submit([this, written, first, last] {
           run_task([&] {
             TraceSpan traced(trace_, consumer_track_, "consume head");
-            if (host_gradient_ && !head_on_device_) {
+            if (host_gradient_ != nullptr && !head_on_device_) {
               for (const size_t index : head_spans())
-                span_sum_sq_[index] = accumulate_gradient(
+                span_sum_sq_[index] = host_gradient_->accumulate(
                     *written, micro_batch_head_gradient(index), index, first, last);
             } else if (last) {
               // (head_summed_: before the last micro-batch the device's sum is not complete, and
@@ -653,8 +653,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
       TraceSpan traced(trace_, consumer_track_, "consume block", lease.layer);
       // The slot is free for the device as soon as its contents are out of device memory.
       SlotReleaser releaser{slots_, lease};
-      sum_sq = accumulate_gradient(written, lease.data, index, first, last,
-                                   [&releaser] { releaser.release(); });
+      sum_sq = host_gradient_->accumulate(written, lease.data, index, first, last,
+                                          [&releaser] { releaser.release(); });
     }
     if (!last) return;
     span_sum_sq_[index] = sum_sq;
@@ -662,7 +662,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     if (update && std::isfinite(sum_sq) && speculated_sum_sq_ <= speculation_limit_sq_) {
       // Registered before this consume reports done, so the step sees it.
       block_update_submitted_[lease.layer] = 1;
-      submit_update(index, span_grads(layout_.spans()[index]), adamw);
+      submit_update(index, host_gradient_->span(index), adamw);
     }
   }
 
@@ -723,7 +723,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     take_head_sums();
     progress_.consume_done();
     for (const size_t index : head_spans())
-      land_gradient(written, micro_batch_head_gradient(index), index);
+      host_gradient_->land(written, micro_batch_head_gradient(index), index);
     progress_.head_landed();
     head_gradient_landed(head);
   }
