@@ -223,13 +223,15 @@ TEST(SchedulesEquivalence, SpeculativeClippingTrainsLikeTheGpuMode) {
   }
 }
 
-// The head (embeddings, final norm) updated on the device (ScheduleOptions::head_on_device, what a
-// discrete GPU runs): the same steps, bit for bit, with deferred and speculative clipping, with
-// one micro-batch and with two (the device sums the head's gradient), and unclipped from the
-// slots. It needs the device's own copy of the weights.
+// The head (embeddings, final norm) updated on the device (ScheduleOptions::update_sites,
+// head_on_device: what a discrete GPU runs): the same steps, bit for bit, with deferred and
+// speculative clipping, with one micro-batch and with two (the device sums the head's gradient),
+// and unclipped from the slots. It needs the device's own copy of the weights.
 TEST(SchedulesEquivalence, HeadUpdatedOnTheDeviceTrainsTheSame) {
-  const ScheduleOptions deferred{.head_on_device = true};
-  const ScheduleOptions speculative{.speculative_clip = true, .head_on_device = true};
+  const ParameterLayout layout(tiny_config());
+  const ScheduleOptions deferred{.update_sites = head_on_device(layout)};
+  const ScheduleOptions speculative{.speculative_clip = true,
+                                    .update_sites = head_on_device(layout)};
   for (const int micro_batches : {1, 2})
     for (const bool clip : {false, true}) {
       SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
@@ -242,14 +244,15 @@ TEST(SchedulesEquivalence, HeadUpdatedOnTheDeviceTrainsTheSame) {
     }
   expect_same(
       train(make_gpu_schedule, 1, false),
-      train(with_options("layup", {.host_gradient = false, .head_on_device = true}), 1, false),
+      train(with_options("layup", {.host_gradient = false, .update_sites = head_on_device(layout)}),
+            1, false),
       "layup, slots only, head on device");
 
   const Gpt2Config config = tiny_config();
-  const ParameterLayout layout(config);
-  EXPECT_THROW(make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                                   layout, {.weights_in_place = true, .head_on_device = true}),
-               Error);
+  EXPECT_THROW(
+      make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
+                          {.weights_in_place = true, .update_sites = head_on_device(layout)}),
+      Error);
 }
 
 TEST(SchedulesEquivalence, LayupWithoutHostGradientRefusesToClipOrAccumulate) {
