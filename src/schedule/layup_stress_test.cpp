@@ -298,6 +298,26 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
                                   /*discrete=*/true),
                     layout, Clipping::kEveryThird, 2),
               "layup, head on the device, two micro-batches");
+  // A block updated on the device too: its gradient kept there (with two micro-batches summed
+  // there through a slot the device thread gives back itself) while the blocks around it go
+  // through the slots to the CPU.
+  std::vector<UpdateSite> block_1_and_head = head_on_device(layout);
+  block_1_and_head[1 + 1] = UpdateSite::kDevice;
+  expect_same(
+      train(gpu(), layout, Clipping::kMixed, 2),
+      train(delayed_layup(
+                {.cpu_workers = 2, .speculative_clip = true, .update_sites = block_1_and_head},
+                /*discrete=*/true),
+            layout, Clipping::kMixed, 2),
+      "layup, speculative clipping, block 1 and the head on the device, two micro-batches");
+  std::vector<UpdateSite> block_1(layout.spans().size(), UpdateSite::kHost);
+  block_1[1 + 1] = UpdateSite::kDevice;
+  expect_same(
+      unclipped,
+      train(delayed_layup({.cpu_workers = 2, .host_gradient = false, .update_sites = block_1},
+                          /*discrete=*/true),
+            layout, Clipping::kNone),
+      "layup from the landing buffers, block 1 on the device");
 }
 
 // A speculative step whose gradient norm turns out not finite while its loss is finite (block 0's

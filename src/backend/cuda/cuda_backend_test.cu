@@ -546,6 +546,15 @@ TEST_P(CudaBackendTest, LayupHeadOnDeviceAgrees) {
     expect_agrees(run_mode("layup", deferred, clip, true), run_mode("gpu", {}, clip, true),
                   "layup, head on device, two micro-batches, clip " + clip_name);
   }
+  // Block 1 updated on the device too (its gradient kept and summed in device memory).
+  std::vector<UpdateSite> sites = head_on_device(layout);
+  sites[1 + 1] = UpdateSite::kDevice;
+  for (const bool two : {false, true}) {
+    const ScheduleOptions with_block{.cpu_workers = 2, .update_sites = sites};
+    expect_agrees(run_mode("layup", with_block, 1.0f, two), run_mode("gpu", {}, 1.0f, two),
+                  std::string("layup, block 1 and head on device, clip 1.0") +
+                      (two ? ", two micro-batches" : ""));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaBackendTest,
