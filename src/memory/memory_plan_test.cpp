@@ -307,11 +307,11 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
   request.attributes.integrated = false;
   const MemoryPlan on_device = plan_memory(request);
   EXPECT_TRUE(on_device.head_on_device);
-  EXPECT_TRUE(schedule_options(on_device, 1).head_on_device);
+  EXPECT_EQ(schedule_options(on_device, 1).update_sites, head_on_device(layout));
   request.layup_head = LayupHead::kHost;
   const MemoryPlan on_host = plan_memory(request);
   EXPECT_FALSE(on_host.head_on_device);
-  EXPECT_FALSE(schedule_options(on_host, 1).head_on_device);
+  EXPECT_TRUE(schedule_options(on_host, 1).update_sites.empty());
   EXPECT_EQ(on_device.bytes(MemorySide::kDevice, TensorClass::kOptimizerMoments), 2 * head);
   EXPECT_EQ(on_host.bytes(MemorySide::kDevice, TensorClass::kOptimizerMoments), 0u);
   EXPECT_EQ(on_device.bytes(MemorySide::kDevice, TensorClass::kWeightGrads),

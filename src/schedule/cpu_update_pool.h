@@ -1,12 +1,13 @@
 // A fixed set of threads that run submitted tasks while the submitting thread goes on. The `layup`
-// schedule runs one such thread as its CPU coordinator: it takes each block's gradient slot (copy
-// out, accumulate, release) and each span's update in turn, and hands the data-parallel part of
-// each to the pinned HostAdamW workers, while the device thread goes on with the backward of the
-// next block.
+// schedule runs two pools of one thread each: the consumer, which hands each block's gradient on
+// as the device finishes it (copy out or read in place, give the slot back), and the coordinator,
+// which runs each span's update; both hand the data-parallel part of a task to the pinned
+// HostAdamW workers, while the device thread goes on with the backward of the next block.
 //
 // Order: tasks start in submission order, except that an urgent task starts before every
-// non-urgent task still waiting (urgent tasks keep their order among themselves): a slot the
-// device waits for is consumed before a block update that nobody waits for yet.
+// non-urgent task still waiting (urgent tasks keep their order among themselves): layup's
+// coordinator runs the head's updates, which the next forward reads first, ahead of block updates
+// still queued.
 //
 // A task can ask which worker runs it (current_worker), e.g. to put its trace span on that
 // worker's track.

@@ -5,21 +5,9 @@
 #include <utility>
 
 #include "core/error.h"
-#include "optim/grad_norm.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
-
-namespace {
-
-// Sum-of-squares chunks a worker adds and squares at a time (1 MiB): small enough that the piece
-// is still in the worker's cache when it is squared.
-constexpr size_t kPassChunks = 4;
-// Sum-of-squares chunks the staging buffer holds (16 MiB): one transfer per piece of a later
-// micro-batch's gradient, long enough to run at the interconnect's full rate.
-constexpr size_t kStagingChunks = 64;
-
-}  // namespace
 
 HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backend,
                                              std::unique_ptr<Device> device,
@@ -29,7 +17,6 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
       device_(std::move(device)),
       layout_(layout),
       weights_in_place_(options.weights_in_place),
-      host_gradient_(options.host_gradient),
       speculative_clip_(options.speculative_clip),
       host_params_(allocate_state(options, TensorClass::kMasterWeights)),
       host_m_(allocate_state(options, TensorClass::kOptimizerMoments)),
@@ -49,13 +36,8 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
     spare_m_ = allocate_state(options, TensorClass::kOptimizerMoments);
     spare_v_ = allocate_state(options, TensorClass::kOptimizerMoments);
   }
-  if (host_gradient_) {
-    host_grads_ = device_->allocate_host(layout.total_count(), TensorClass::kWeightGrads);
-    size_t largest_span = 0;
-    for (const Span& span : layout_.spans()) largest_span = std::max(largest_span, span.count);
-    staging_ = device_->allocate_host(std::min(largest_span, kStagingChunks * kSumOfSquaresChunk),
-                                      TensorClass::kWeightGrads);
-  }
+  if (options.host_gradient)
+    host_gradient_ = std::make_unique<HostGradient>(*device_, layout_, *host_adamw_, device_sums_);
 }
 
 DeviceBuffer HostOptimizerSchedule::allocate_state(const ScheduleOptions& options,
@@ -120,78 +102,6 @@ void HostOptimizerSchedule::start_device_sum_of_squares(size_t index, const floa
 
 double HostOptimizerSchedule::device_sum_of_squares(size_t index) {
   return device_sums_.take(index);
-}
-
-double HostOptimizerSchedule::accumulate_gradient(const DeviceFence& written,
-                                                  const float* device_grad, size_t index,
-                                                  bool first, bool last,
-                                                  const std::function<void()>& copied) {
-  LAYUP_CHECK(host_gradient_, "this schedule keeps no host gradient to accumulate into");
-  const Span& span = layout_.spans()[index];
-  const size_t count = span.count;
-  const size_t chunks = sum_of_squares_chunks(count);
-  const bool host_sums = last && !first;  // one micro-batch: the device took the sum
-  std::vector<double> chunk_sums(host_sums ? chunks : 0, 0.0);
-  float* accumulated = span_grads(span);
-  const auto element_pass = [&](size_t first_chunk, size_t end_chunk,
-                                const std::function<void(size_t, size_t)>& combine) {
-    chunked_pass(accumulated, count, first_chunk, end_chunk, combine,
-                 host_sums ? chunk_sums.data() : nullptr);
-  };
-
-  if (first) {
-    land_gradient(written, device_grad, index);
-    if (copied) copied();
-    // One micro-batch: the gradient as the backward wrote it, as gpu mode uses it, and the sum
-    // of squares the device took: no host pass at all (host bandwidth is what the step is bound
-    // by).
-    if (last) return device_sum_of_squares(index);
-    // 0 + g in place: what adding into a zeroed accumulator gives (a -0 gradient becomes +0), as
-    // gpu mode's sum over micro-batches starts.
-    element_pass(0, chunks, [&](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i) accumulated[i] = 0.0f + accumulated[i];
-    });
-  } else {
-    std::lock_guard lock(accumulate_mutex_);
-    const size_t piece_chunks = std::max<size_t>(1, staging_.count() / kSumOfSquaresChunk);
-    for (size_t c = 0; c < chunks; c += piece_chunks) {
-      const size_t piece_begin = c * kSumOfSquaresChunk;
-      const size_t c_end = std::min(chunks, c + piece_chunks);
-      const size_t piece_end = std::min(count, c_end * kSumOfSquaresChunk);
-      const float* staged = staging_.data();
-      device_->copy_to_host_after(written, staging_.data(), device_grad + piece_begin,
-                                  piece_end - piece_begin);
-      // One float add per element in micro-batch order, as every mode accumulates.
-      element_pass(c, c_end, [&](size_t begin, size_t end) {
-        for (size_t i = begin; i < end; ++i) accumulated[i] += staged[i - piece_begin];
-      });
-    }
-    if (copied) copied();
-  }
-  return host_sums ? add_chunk_sums(chunk_sums.data(), chunks) : 0.0;
-}
-
-void HostOptimizerSchedule::land_gradient(const DeviceFence& written, const float* device_grad,
-                                          size_t index) {
-  LAYUP_CHECK(host_gradient_, "this schedule keeps no host gradient to land into");
-  const Span& span = layout_.spans()[index];
-  device_->copy_to_host_after(written, span_grads(span), device_grad, span.count);
-}
-
-void HostOptimizerSchedule::chunked_pass(const float* squared, size_t count, size_t first_chunk,
-                                         size_t end_chunk,
-                                         const std::function<void(size_t, size_t)>& combine,
-                                         double* chunk_sums) {
-  // Whole chunks per worker, so that each chunk's sum is one worker's chain in index order.
-  host_adamw_->run_on_workers([&](int worker, int workers) {
-    const size_t n = end_chunk - first_chunk;
-    const size_t my_end = first_chunk + n * (worker + 1) / workers;
-    for (size_t c = first_chunk + n * worker / workers; c < my_end; c += kPassChunks) {
-      const size_t c_end = std::min(my_end, c + kPassChunks);
-      if (combine) combine(c * kSumOfSquaresChunk, std::min(count, c_end * kSumOfSquaresChunk));
-      if (chunk_sums != nullptr) chunk_sums_of_squares(squared, count, c, c_end, chunk_sums);
-    }
-  });
 }
 
 HostOptimizerSchedule::OptimizerState HostOptimizerSchedule::spare_state() {

@@ -4,8 +4,8 @@
 // host side (export_tensors); the device copy is refreshed from it span by span after each
 // update (update_span) and whole on import.
 //
-// Host memory: the gradient accumulator and a staging buffer come from the device's
-// allocate_host (pinned on CUDA), because the device copies into them; the master weights and
+// Host memory: the gradient accumulator (HostGradient, host_gradient.h) comes from the device's
+// allocate_host (pinned on CUDA), because the device copies into it; the master weights and
 // the moments (and the device copy of the weights) go where ScheduleOptions::placement says,
 // by default the master weights pinned (the device copies out of them after every update) and
 // the moments, which only the CPU touches, in plain host memory. All of it is recorded in the
@@ -13,33 +13,32 @@
 //
 // ScheduleOptions (schedule.h) trim this for a unified-memory device: with weights_in_place the
 // device computes with the master weights where they lie and there is no device copy (an update
-// lands when AdamW is done); without host_gradient (layup only) there is no accumulator and no
-// staging, and the derived schedule hands update_span the gradient where it lies. With
+// lands when AdamW is done); without host_gradient (layup only) there is no accumulator, and the
+// derived schedule hands update_span the gradient where it lies. With
 // speculative_clip (layup only) there is a spare copy of the master weights and moments: an
 // update may read one copy and write the other (update_span's `from` and `to`), and
 // promote_spare_state swaps their roles.
 //
-// Copies: a span's gradient leaves device memory in one transfer straight into its accumulator
-// (the first micro-batch) or through the staging buffer (later ones), once the fence of the
-// backward that wrote it has passed; a span's new weights go back in one asynchronous transfer
-// that runs while the workers update the next span.
+// Copies: a span's gradient leaves device memory once the fence of the backward that wrote it has
+// passed (HostGradient); its new weights go back in one asynchronous transfer that runs while the
+// workers update the next span.
 //
 // The CPU side runs on one engine, HostAdamW (optim/host_adamw.h): worker threads pinned to
 // cores that split every pass over a span between them: adding a gradient into the accumulator,
 // its sum of squares, AdamW. Each pass is one call, so a span's update uses every worker however
 // the schedule orders spans.
 //
-// The derived schedules decide how a step's gradient reaches host_grads_ and when each span is
+// The derived schedules decide how a step's gradient reaches the host and when each span is
 // updated; evaluation, logits and checkpoint state work the same in both.
 #pragma once
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "optim/host_adamw.h"
+#include "schedule/host_gradient.h"
 #include "schedule/schedule.h"
 #include "schedule/span_square_sums.h"
 
@@ -68,7 +67,6 @@ class HostOptimizerSchedule : public Schedule {
   ParameterPointers device_params() const {
     return layout_.pointers<const float>(device_weights());
   }
-  float* span_grads(const Span& span) { return host_grads_.data() + span.offset; }
 
   // A forward pass on the device copy. `layup` overrides it to wait, span by span, for updates
   // that are still landing.
@@ -77,27 +75,6 @@ class HostOptimizerSchedule : public Schedule {
   // Returns once no update of the host state or the device copy is in flight (`layup` lets
   // updates run past the end of a step); export_tensors and import_tensors call it first.
   virtual void finish_updates() const {}
-
-  // Adds one micro-batch's gradient of span `index` (device memory laid out like the span,
-  // complete once `written` has passed) into the span's host accumulator, and calls `copied` (when
-  // given) as soon as the gradient is out of device memory, so the device may overwrite it. first:
-  // one transfer straight into the accumulator, which then becomes 0 + g element by element when
-  // more micro-batches follow (bit for bit what zeroing and adding gives: a -0 gradient becomes
-  // +0; with one micro-batch it stays g, as in gpu mode); later micro-batches go through the
-  // staging buffer and are added, one float add per element. last: also returns the sum of squares
-  // of the accumulated span (else 0), grouped as sum_of_squares groups it: with one micro-batch
-  // (first and last) the device's, which the caller started (start_device_sum_of_squares) before
-  // `written`, so the host never reads the gradient for it; after several, the host's, taken in
-  // the adding pass. The element passes are split over the HostAdamW workers in whole chunks of
-  // the sum of squares (optim/grad_norm.h). Any thread may call it; calls are serialized. Needs
-  // host_gradient.
-  double accumulate_gradient(const DeviceFence& written, const float* device_grad, size_t index,
-                             bool first, bool last, const std::function<void()>& copied = {});
-
-  // One micro-batch's gradient of span `index` straight into its accumulator in one transfer
-  // (accumulate_gradient's first and last), for a caller that has read the span's sum of squares
-  // from the device already. Any thread may call it. Needs host_gradient.
-  void land_gradient(const DeviceFence& written, const float* device_grad, size_t index);
 
   // Starts the sum of squares of span `index`'s gradient in device memory, in order with the
   // device's work (Device::start_sum_of_squares); device_sum_of_squares reads it once a fence
@@ -123,9 +100,9 @@ class HostOptimizerSchedule : public Schedule {
   void promote_spare_state();
 
   // AdamW on one span with its gradient `grads` (host-readable, laid out like the span: the
-  // accumulator's span_grads, or the gradient where it lies), reading the state in `from` and
-  // writing the new state into `to` (the same state: in place; or the spare copy), split over the
-  // HostAdamW workers and traced as "adamw ..." on trace_track; then starts the transfer of the
+  // accumulator's HostGradient::span, or the gradient where it lies), reading the state in `from`
+  // and writing the new state into `to` (the same state: in place; or the spare copy), split over
+  // the HostAdamW workers and traced as "adamw ..." on trace_track; then starts the transfer of the
   // span's new weights (from `to`) into the device copy and returns. `landed` runs when they are
   // there (on whatever thread Device::copy_to_device_async says; it must not block or throw), or
   // at once with weights_in_place. Any thread may call it; the caller must not let anything read
@@ -150,30 +127,22 @@ class HostOptimizerSchedule : public Schedule {
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
   const ParameterLayout layout_;
-  const bool weights_in_place_, host_gradient_, speculative_clip_;  // ScheduleOptions
+  const bool weights_in_place_, speculative_clip_;  // ScheduleOptions
   DeviceBuffer params_;  // the compute copy the device reads (none with weights_in_place)
-  // fp32 master weights (pinned on CUDA unless placed otherwise), the accumulated gradient
-  // (allocate_host; none without host_gradient), and the AdamW moments (plain host memory unless
-  // placed otherwise), in layout order.
-  DeviceBuffer host_params_, host_grads_;
+  // fp32 master weights (pinned on CUDA unless placed otherwise) and the AdamW moments (plain
+  // host memory unless placed otherwise), in layout order.
+  DeviceBuffer host_params_;
   DeviceBuffer host_m_, host_v_;
   // The spare copy of master weights and moments, with speculative_clip only.
   DeviceBuffer spare_params_, spare_m_, spare_v_;
   std::unique_ptr<HostAdamW> host_adamw_;
+  // The gradient accumulated over micro-batches (null without ScheduleOptions::host_gradient).
+  // It reads device_sums_ but does not touch it when it goes.
+  std::unique_ptr<HostGradient> host_gradient_;
 
  private:
-  // Chunks [first_chunk, end_chunk) of a span of `count` floats over the workers, whole chunks
-  // each, a few at a time: combine(begin, end) on their elements, then (when chunk_sums is not
-  // null) their sums of squares of `squared` while they are in cache.
-  void chunked_pass(const float* squared, size_t count, size_t first_chunk, size_t end_chunk,
-                    const std::function<void(size_t, size_t)>& combine, double* chunk_sums);
-
   // Per span, the sum of squares the device took of its gradient (start_device_sum_of_squares).
   SpanSquareSums device_sums_;
-  // Later micro-batches' gradients land here, a piece at a time (allocate_host). Used only inside
-  // accumulate_gradient, whose calls are serialized by accumulate_mutex_.
-  DeviceBuffer staging_;
-  std::mutex accumulate_mutex_;
   int to_device_track_ = 0;         // "to device" in trace_
   std::vector<int> worker_tracks_;  // "cpu worker i" in trace_, per HostAdamW worker
 };

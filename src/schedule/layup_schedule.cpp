@@ -1,145 +1,60 @@
-// The `layup` mode (the paper's schedule): backward block by block into two gradient slots, each
-// slot handed to the CPU as soon as its block is done, AdamW on the CPU per block.
+// The `layup` mode (the paper's schedule), composed of three policies chosen once from
+// ScheduleOptions (the full semantics: docs/schedules.md):
 //
-// Threads. The device thread issues all device work (forward, backward, slot handshakes). Two CPU
-// threads (CpuUpdatePools of one) take the CPU side's tasks in order: the consumer takes each
-// gradient as the device finishes it (wait for its fence, copy it out, release the slot, add it to
-// the accumulator), the coordinator each span's update (AdamW, new weights sent back). Both run the
-// data-parallel part of their tasks on the pinned HostAdamW workers, so every pass uses all
-// --cpu-workers cores (HostAdamW serializes the passes). Two threads, because a consume spends most
-// of its time waiting for the device to finish the block: meanwhile the coordinator updates the
-// blocks already consumed.
+//   GradientRoute  where a host-updated span's gradient goes: the host accumulator, a landing
+//                  buffer, or read in place (gradient_route.h)
+//   UpdateTiming   when a host-updated block is updated: during backward (no clipping), once the
+//                  norm is known (deferred), or speculatively (update_timing.h)
+//   DeviceTier     the spans update_sites places on the device, updated by the device's AdamW
+//                  once the norm is known (device_tier.h); every other span is updated on the CPU
 //
 // One step, as in the paper's figure:
 //
-//   device thread                                  consumer, coordinator (+ HostAdamW workers)
-//   forward (block l waits for block l's update
-//            of the last step, if still landing)
+//   device thread                                consumer, coordinator (+ HostAdamW workers)
+//   forward (each span waits for its update of
+//            the last step, if still landing)
 //   backward_head -> head gradients (stay whole)
 //   for l = L-1 .. 0:
-//     acquire slot l % 2 (waits for its release)
-//     zero it, backward_block(l) into it,
-//     (one micro-batch) its sum of squares
-//     fence                                ---->   once the fence has passed, copy the slot out
-//                                                  (one transfer), release the slot, add it to
-//                                                  block l's fp32 gradient accumulator; on the
-//                                                  last micro-batch: the block's sum of squares
-//                                                  (the device's, or the host's of the sum of
-//                                                  several), and (--clip none) AdamW on block l,
-//                                                  its new weights sent to the device
-//                                                  (asynchronously: the next update starts
-//                                                  meanwhile)
-//   backward_embeddings, fence             ---->   head gradients to the host (the consumer);
-//                                                  with one micro-batch the head's sums of
-//                                                  squares (the device's) are reported first,
-//                                                  so the norm is known before the embeddings'
-//                                                  gradient (the largest span) has landed
-//                                                  (head_on_device: only the sums, of the
-//                                                  device's sum over micro-batches where there
-//                                                  are several; the head stays on the device
-//                                                  and step() has the device update it, below)
+//     backward_block(l) into slot l % 2 (a
+//       device-updated block: into its own
+//       gradient), fence                  ---->  the route hands the slot's gradient on and gives
+//                                                the slot back; on the last micro-batch its sum of
+//                                                squares, and the timing's AdamW on block l now
+//   backward_embeddings, fence            ---->  the head's sums of squares, then its gradient on
+//                                                its route
+//   step(): the norm, the clip factor; the updates the timing left, the head's (HeadUpdate), and
+//   the device tier's AdamW in the device's order before the next forward.
 //
-// Gradient clipping by global norm: the host keeps the whole fp32 gradient, streamed out of the
-// slots, so the global norm is known at the end of backward. Deferred (DESIGN.md, design (a)):
-// with a clip threshold, step() then submits every span's update in the order the next forward
-// reads the spans (embeddings, blocks 0 .. L-1, final norm) and returns: the updates run while
-// the next forward runs, and the forward waits, span by span, only for the update of the span it
-// is about to read (ForwardHooks, model_backend.h). With one micro-batch the norm is known
-// before the head's gradient has landed: step() submits the blocks' updates at once, and the
-// head's (embeddings, final norm) go ahead of the blocks still queued as soon as their gradient
-// is on the host (HeadUpdate), so the workers never wait for that landing. Speculative (design
-// (b), ScheduleOptions::speculative_clip, the trainer's default): each block is updated during
-// backward as if the step were not clipped, reading the current state and writing the spare one; at
-// the end of backward a step that is not clipped keeps those updates, a clipped one submits the
-// blocks' updates again, from the current state into the spare one, with the clip factor (deferred,
-// as above); either way every span's new state is in the spare copy, which becomes the current one.
-// A block consumed once the blocks' running norm already exceeds the threshold is not speculated
-// on, and after a clipped step the next one is deferred outright (clipping comes in runs); a step
-// whose norm is not finite changes nothing (the device copy of the speculated blocks is restored).
-// With no clipping (clip_max_norm <= 0) each block is updated in place during backward, overlapped
-// with the backward of the blocks below it, as in the paper. Embeddings (tied wte: LM head and
-// token embedding) and the final norm are updated once, after backward_embeddings, and may
-// likewise still be landing when the step returns.
+// Threads: the device thread (DeviceThread) issues all device work; the consumer and the
+// coordinator (CpuUpdatePools of one thread each) hand gradients on and run updates, every pass on
+// the pinned HostAdamW workers; CpuProgress tells each who is done. Updates may still be landing
+// when step() returns: a forward waits span by span (ForwardWaits); export_tensors,
+// import_tensors, set_trace and the destructor wait for all. Trace tracks and span names, and what
+// a non-finite step leaves: docs/schedules.md.
 //
-// The head on the device (ScheduleOptions::head_on_device, a discrete GPU's default): the
-// embeddings' and the final norm's gradient never leaves device memory. Their sums of squares are
-// the device's, as with one micro-batch above, and once step() knows the clip factor the device
-// thread issues their AdamW (Device::adamw_update_span) on the device copy of their weights, with
-// moments of their own in device memory, in the device's order after the backward and before the
-// next forward: no transfer either way, no CPU time at the end of the step, and the next forward
-// waits for nothing at the embeddings. With several micro-batches the device sums their head
-// gradients in a buffer of its own (zeroed, then each added in micro-batch order, as the gpu
-// schedule sums its gradient), and the sums of squares and the update read that sum. On the CPU
-// backend the same update runs on the device thread, bitwise what the CPU workers compute
-// (HostAdamW matches adamw_update_span).
-//
-// Without a host gradient (ScheduleOptions::host_gradient = false: --clip none and one micro-batch,
-// what a unified-memory device wants) there is no accumulator: the consumer takes block l's
-// gradient where it lies (in the slot where the host can read device memory, after the fence; else
-// copied into the slot's pinned landing buffer, releasing the slot at once) and hands its AdamW to
-// the coordinator, which gives the memory back once it has read it: an in-place slot to the
-// device (for block l-2's backward), a landing buffer to the consumer (for block l-2's copy), so
-// on a discrete GPU the copy of one block runs beside the AdamW of the one before. The head's
-// gradients are read the same way by the updates step() submits.
-//
-// Updates in flight after step() returns are tracked per span (CpuProgress): an update has
-// landed when its new weights are in the device copy. A forward (the next step's, evaluate,
-// forward_logits) waits for each span's update in its hook; export_tensors, import_tensors,
-// set_trace and the destructor wait for all.
-//
-// On CUDA (backend/device.h): the fence after a block's backward lets its slot be copied out while
-// the next block's backward runs; the copies go to pinned host memory, gradients out and weights
-// in on two copy streams of their own. A forward's wait is on the host: the device thread issues
-// block l's forward once block l's weights have landed, while the GPU still runs the work issued
-// before it. The next step needs no wait of its
-// own: it reads the host state only after its first forward, which has waited for every span, and
-// it overwrites the gradient accumulator of a span (first micro-batch: 0 + g) only after that.
-//
-// Every micro-batch's gradient is computed on its own (the backward overwrites the memory it is
-// given, so slots need no zeroing) and added to the host accumulator with one float add per
-// element, in micro-batch order, and the norm is the sum of per-span sums of squares in layout
-// order: exactly what `gpu` and `offload` compute, so all three modes agree bitwise on the CPU
-// backend. Only the timing of the updates differs.
-//
-// Trace (set_trace): the device thread's "forward" (inside it "forward embeddings", "forward
-// block l", "forward head", and "wait_update ..." where a forward waited for an update),
-// "backward_head", "wait_slot l" (waiting for a slot's release), "backward_block l" and
-// "backward_embeddings" on the track "GPU"; the consumer's "consume block l" and "consume head"
-// (wait for the fence, copy out, release, accumulate) on the track "gradients to host"; the
-// coordinator's "adamw block l", "adamw embeddings" and "adamw final_norm" (each run by all
-// HostAdamW workers together) on the track "cpu workers"; each span's new weights in transfer
-// ("weights block l", ...) on the track "to device".
-//
-// Non-finite values: a non-finite loss is known before the last backward, and then nothing is
-// updated, as in the other modes; with clipping, a non-finite gradient norm updates nothing
-// either. Without clipping, a non-finite gradient is found only block by block, after the blocks
-// above it were updated: a block whose own gradient is not finite is not updated, nor are the
-// embeddings and the final norm, but every block whose own gradient was finite was updated during
-// backward and stays updated (the step reports applied = false; `gpu` changes nothing). Undoing
-// them exactly would need a copy of every block's weights and moments (12 bytes per parameter of
-// host memory and traffic on every step) for a step the trainer does not survive anyway (it stops
-// at the first non-finite step, keeping the last checkpoint).
-#include <omp.h>
-
+// Every micro-batch's gradient is summed with one float add per element in micro-batch order,
+// and the norm is the sum of per-span sums of squares in layout order: what `gpu` and `offload`
+// compute, so all modes and every placement agree bitwise on the CPU backend.
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
-#include <functional>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "optim/grad_norm.h"
+#include "schedule/cpu_progress.h"
 #include "schedule/cpu_update_pool.h"
+#include "schedule/device_thread.h"
+#include "schedule/device_tier.h"
+#include "schedule/forward_waits.h"
+#include "schedule/gradient_route.h"
 #include "schedule/host_optimizer_schedule.h"
+#include "schedule/release_once.h"
+#include "schedule/update_timing.h"
 #include "schedule/weight_grad_slots.h"
 #include "trace/trace_recorder.h"
 
@@ -147,323 +62,66 @@ namespace layup {
 
 namespace {
 
-// The thread that issues all device work of a step (forward, backward, slot handshakes), so the
-// CPU side overlaps with it even when "the device" is the host.
-class DeviceThread {
- public:
-  // The OpenMP thread count (--threads) is per thread in libgomp: a new std::thread starts with
-  // the process default, not the creator's setting, so the device thread adopts the creator's.
-  DeviceThread()
-      : thread_([this, omp_threads = omp_get_max_threads()] {
-          omp_set_num_threads(omp_threads);
-          loop();
-        }) {}
-  ~DeviceThread() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    changed_.notify_all();
-    thread_.join();
-  }
-
-  // Runs work on the device thread and waits for it; rethrows what it threw.
-  void run(std::function<void()> work) {
-    std::unique_lock lock(mutex_);
-    work_ = std::move(work);
-    error_ = nullptr;
-    done_ = false;
-    changed_.notify_all();
-    changed_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-
- private:
-  void loop() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      changed_.wait(lock, [&] { return stopping_ || work_; });
-      if (stopping_) return;
-      std::function<void()> work = std::move(work_);
-      work_ = nullptr;
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        work();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      error_ = error;
-      done_ = true;
-      changed_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::function<void()> work_;
-  std::exception_ptr error_;
-  bool done_ = false;
-  bool stopping_ = false;
-  std::thread thread_;  // last: starts after the members it uses exist
-};
-
-// What the coordinator has finished, for the threads that wait on it: the slot consumes of the
-// current step (the step needs every block's sum of squares for the norm) and, per span, the
-// updates handed to the coordinator and those that have landed in the device copy (a forward
-// waits for its span's, export for all). The counters only grow, so a step never resets state
-// that an update of the step before may still be about to report.
-//
-// Memory ordering: a task's writes (host state, the device copy) happen before it reports under
-// mutex_; a waiter returns only after reading the report under mutex_, so it then sees them.
-class CpuProgress {
- public:
-  explicit CpuProgress(size_t spans) : updates_submitted_(spans, 0), updates_landed_(spans, 0) {}
-
-  void consume_submitted() { count(consumes_submitted_); }
-  void consume_done() { count_and_notify(consumes_done_); }
-  void update_submitted(size_t span) { count(updates_submitted_[span]); }
-  // The head's gradient of a step, copied to the host after its consume reported done (one
-  // micro-batch: the norm needs only the device's sums of squares).
-  void head_landing_submitted() { count(head_landings_submitted_); }
-  void head_landed() { count_and_notify(head_landings_done_); }
-  // A transfer of new weights is about to start (its landing calls update_landed), or did not
-  // start after all (transfer_abandoned).
-  void transfer_starting() {
-    std::lock_guard lock(mutex_);
-    ++transfers_in_flight_;
-  }
-  void transfer_abandoned() {
-    {
-      std::lock_guard lock(mutex_);
-      --transfers_in_flight_;
-    }
-    changed_.notify_all();
-  }
-  void update_landed(size_t span) {
-    {
-      std::lock_guard lock(mutex_);
-      ++updates_landed_[span];
-      --transfers_in_flight_;
-    }
-    changed_.notify_all();
-  }
-  // The first failure of a task; every wait from now on throws it.
-  void fail(const std::string& what) {
-    {
-      std::lock_guard lock(mutex_);
-      if (error_.empty()) error_ = what.empty() ? "unknown error" : what;
-    }
-    changed_.notify_all();
-  }
-
-  void wait_consumed() const { wait_until_equal(consumes_done_, consumes_submitted_); }
-  // Until the head's gradient of the last step is on the host: the backward overwrites it.
-  void wait_head_landed() const { wait_until_equal(head_landings_done_, head_landings_submitted_); }
-  // Returns whether it had to wait.
-  bool wait_landed(size_t span) const {
-    std::unique_lock lock(mutex_);
-    const auto landed = [&] {
-      return !error_.empty() || updates_landed_[span] == updates_submitted_[span];
-    };
-    const bool waited = !landed();
-    changed_.wait(lock, landed);
-    throw_if_failed();
-    return waited;
-  }
-  void wait_all_landed() const {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !error_.empty() || updates_landed_ == updates_submitted_; });
-    throw_if_failed();
-  }
-  // Until no transfer started is still in flight, failure or not: their completion handlers use
-  // this object and the schedule. Never throws.
-  void wait_transfers_landed() const noexcept {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return transfers_in_flight_ == 0; });
-  }
-
- private:
-  void count(uint64_t& counter) {
-    std::lock_guard lock(mutex_);
-    ++counter;
-  }
-  void count_and_notify(uint64_t& counter) {
-    count(counter);
-    changed_.notify_all();
-  }
-  // Until a pair of counters agree, or a task failed (then throws).
-  void wait_until_equal(const uint64_t& done, const uint64_t& submitted) const {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !error_.empty() || done == submitted; });
-    throw_if_failed();
-  }
-  void throw_if_failed() const {
-    LAYUP_CHECK(error_.empty(), "a CPU update of the layup schedule failed: ", error_);
-  }
-
-  mutable std::mutex mutex_;
-  mutable std::condition_variable changed_;
-  uint64_t consumes_submitted_ = 0, consumes_done_ = 0;
-  uint64_t head_landings_submitted_ = 0, head_landings_done_ = 0;
-  std::vector<uint64_t> updates_submitted_, updates_landed_;
-  int64_t transfers_in_flight_ = 0;
-  std::string error_;
-};
-
-std::string what_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
-// Runs an action once: when asked (now), else when the last copy goes, so that a task that
-// throws or is dropped still gives back what it held.
-class ReleaseOnce {
- public:
-  explicit ReleaseOnce(std::function<void()> action) : action_(std::move(action)) {}
-  ReleaseOnce(const ReleaseOnce&) = delete;
-  ReleaseOnce& operator=(const ReleaseOnce&) = delete;
-  ~ReleaseOnce() { now(); }
-  void now() {
-    if (action_) std::exchange(action_, nullptr)();
-  }
-
- private:
-  std::function<void()> action_;
-};
-
 class LayupSchedule final : public HostOptimizerSchedule {
  public:
   LayupSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
                 const ParameterLayout& layout, const ScheduleOptions& options)
       : HostOptimizerSchedule(std::move(backend), std::move(device), layout, options),
         grads_kind_(options.kind_of(TensorClass::kWeightGrads, device_->memory_kind())),
-        grads_in_place_(!host_gradient_ && grads_kind_ != MemoryKind::kDevice),
-        head_on_device_(options.head_on_device),
         embeddings_grad_(allocate_grads(layout.embeddings().count)),
         final_norm_grad_(allocate_grads(layout.final_norm().count)),
         slots_(*device_, layout.block().count, grads_kind_),
+        device_tier_(*device_, layout_, options.update_sites, grads_kind_, embeddings_grad_.data(),
+                     final_norm_grad_.data()),
+        host_head_spans_(host_updated_head_spans()),
+        route_(make_gradient_route(host_gradient_.get(), *device_, layout_, grads_kind_,
+                                   host_head_spans_)),
+        timing_(options.speculative_clip),
         span_sum_sq_(layout.spans().size(), 0.0),
-        block_update_submitted_(layout.config().n_layer, 0),
+        block_updated_(layout.config().n_layer, 0),
         progress_(layout.spans().size()) {
     LAYUP_CHECK(host_gradient_ || !speculative_clip_,
                 "speculative clipping needs the whole-model gradient on the host (it may redo "
                 "every block's update once the norm is known)");
-    LAYUP_CHECK(!head_on_device_ || !weights_in_place_,
-                "updating the head on the device needs the device's own copy of the weights (the "
-                "device computes with the master weights in place here)");
-    const size_t head_count = head_floats();
-    if (!host_gradient_ && !grads_in_place_) {
-      for (DeviceBuffer& landing : slot_landing_)
-        landing = device_->allocate_host(layout.block().count, TensorClass::kWeightGrads);
-      if (!head_on_device_)
-        head_landing_ = device_->allocate_host(head_count, TensorClass::kWeightGrads);
-    }
-    if (head_on_device_) {
-      head_m_ = device_->allocate(head_count, TensorClass::kOptimizerMoments);
-      head_v_ = device_->allocate(head_count, TensorClass::kOptimizerMoments);
-    }
+    LAYUP_CHECK(device_tier_.spans().empty() || !weights_in_place_,
+                "updating spans on the device (the head, or blocks) needs the device's own copy of "
+                "the weights, and here the device computes with the master weights in place; "
+                "update those spans on the host, or keep the weights in device memory");
   }
 
-  ~LayupSchedule() override { wait_for_coordinator(); }
+  ~LayupSchedule() override { wait_for_cpu_side(); }
+
+  std::string name() const override { return "layup"; }
 
   void set_trace(TraceRecorder* recorder) override {
-    // Updates of the last step may still be running, and they read trace_.
-    wait_for_coordinator();
+    wait_for_cpu_side();  // updates of the last step may still be running, and they read trace_
     HostOptimizerSchedule::set_trace(recorder);
     cpu_track_ = recorder != nullptr ? recorder->track("cpu workers") : 0;
     consumer_track_ = recorder != nullptr ? recorder->track("gradients to host") : 0;
   }
 
-  std::string name() const override { return "layup"; }
-
-  // With head_on_device the head's weights and moments are the device's; the host's spans of
-  // them are unused.
+  // The device-updated spans' weights and moments are the device's; the host's are unused.
   OptimizerTensors export_tensors() const override {
     OptimizerTensors tensors = HostOptimizerSchedule::export_tensors();
-    if (!head_on_device_) return tensors;
-    for (const size_t index : head_spans()) {
-      const Span& span = layout_.spans()[index];
-      const size_t at = head_offset(index);
-      device_->copy_to_host(tensors.params.data() + span.offset, params_.data() + span.offset,
-                            span.count);
-      device_->copy_to_host(tensors.adam_m.data() + span.offset, head_m_.data() + at, span.count);
-      device_->copy_to_host(tensors.adam_v.data() + span.offset, head_v_.data() + at, span.count);
-    }
+    device_tier_.read_state(tensors, params_.data());
     return tensors;
   }
-
   void import_tensors(const OptimizerTensors& tensors) override {
     HostOptimizerSchedule::import_tensors(tensors);  // the weights: the device copy, whole
-    if (!head_on_device_) return;
-    for (const size_t index : head_spans()) {
-      const Span& span = layout_.spans()[index];
-      const size_t at = head_offset(index);
-      device_->copy_to_device(head_m_.data() + at, tensors.adam_m.data() + span.offset, span.count);
-      device_->copy_to_device(head_v_.data() + at, tensors.adam_v.data() + span.offset, span.count);
-    }
+    device_tier_.write_state(tensors);
   }
 
   StepStats step(std::span<const TokenBatch> micro_batches,
                  const UpdateSettings& settings) override {
-    LAYUP_CHECK(!micro_batches.empty(), "a training step needs at least one micro-batch");
-    LAYUP_CHECK(!broken_, "the layup schedule failed in an earlier step and cannot continue");
-    LAYUP_CHECK(host_gradient_ || (settings.clip_max_norm <= 0.0f && micro_batches.size() == 1),
-                "this layup schedule keeps no whole-model gradient on the host (planned for "
-                "--clip none and one micro-batch, as a unified-memory device wants), so it cannot "
-                "clip (asked: ",
-                settings.clip_max_norm, ") or accumulate (asked: ", micro_batches.size(),
-                " micro-batches); plan the run with clipping or --grad-accum to keep one");
-    // With the head on the device and several micro-batches the device sums the head's gradient
-    // in head_sum_ (allocated at the first step that needs it; the memory plan counts it for
-    // --grad-accum > 1). head_summed_ changes only where the head is on the device: the consumer
-    // of the other paths may still be landing the last step's head gradient here.
-    if (head_on_device_) head_summed_ = micro_batches.size() > 1;
-    if (head_summed_ && head_sum_.count() == 0) head_sum_ = allocate_grads(head_floats());
-    // None is touched by an update that may still be in flight from the last step.
-    std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
-    std::fill(block_update_submitted_.begin(), block_update_submitted_.end(), 0);
-    speculated_sum_sq_ = 0.0;
-
-    // Blocks are updated during backward without clipping, or speculatively (as if the step were
-    // not clipped, into the spare state) with it, unless the last step was clipped: clipping
-    // comes in runs (the first steps of a run, loss spikes), and a speculation that fails costs
-    // host bandwidth the other updates need.
-    const bool speculative =
-        speculative_clip_ && settings.clip_max_norm > 0.0f && !last_step_clipped_;
-    const bool overlap = settings.clip_max_norm <= 0.0f || speculative;
-    // Where this step's updates read the state and write the new one; a speculative step promotes
-    // the spare state once every span's update is submitted.
-    step_from_ = current_state();
-    step_to_ = speculative ? spare_state() : step_from_;
-    // Past this sum of squares (of the blocks consumed so far) the step is clipped for certain,
-    // and further blocks are not updated speculatively. A margin keeps rounding away from that
-    // decision; it only saves work, the final check decides.
-    const double max_norm = settings.clip_max_norm;
-    speculation_limit_sq_ =
-        speculative ? 1.0001 * max_norm * max_norm : std::numeric_limits<double>::infinity();
-    AdamWStep unclipped = settings.adamw;
-    unclipped.grad_scale = 1.0f;
-    // One micro-batch with a host gradient: the norm is known once the device has taken the
-    // head's sums of squares, before its gradient (the embeddings': the largest span) has landed,
-    // so the block updates start meanwhile and the head's follow its landing.
-    const std::shared_ptr<HeadUpdate> head =
-        host_gradient_ && micro_batches.size() == 1 && !head_on_device_
-            ? std::make_shared<HeadUpdate>()
-            : nullptr;
+    check_step(micro_batches.size(), settings.clip_max_norm);
+    const StepPlan plan = begin_step(micro_batches.size(), settings);
     double loss_sum = 0.0;
     try {
-      device_thread_.run([&] { device_step(micro_batches, overlap, unclipped, head, loss_sum); });
+      device_thread_.run([&] { device_step(micro_batches, plan, loss_sum); });
       progress_.wait_consumed();
     } catch (...) {
       broken_ = true;
-      wait_for_coordinator();
+      wait_for_cpu_side();
       throw;
     }
 
@@ -471,149 +129,269 @@ class LayupSchedule final : public HostOptimizerSchedule {
     stats.loss = static_cast<float>(loss_sum / micro_batches.size());
     // Per-span sums added in layout order: the fixed order every mode uses.
     double sum_sq = 0.0;
-    for (double span_sum : span_sum_sq_) sum_sq += span_sum;
+    for (const double span_sum : span_sum_sq_) sum_sq += span_sum;
     stats.grad_norm = std::sqrt(sum_sq);
     if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm)) {
-      if (head != nullptr) decide_head_update(*head, nullptr);
-      if (speculative) undo_speculative_updates();
-      last_step_clipped_ = true;
+      abandon_step(plan);
       return stats;
     }
 
     AdamWStep adamw = settings.adamw;
     adamw.grad_scale = stats.clip_factor = clip_factor(stats.grad_norm, settings.clip_max_norm);
-    last_step_clipped_ = stats.clip_factor < 1.0f;
-    // A speculative update of a block used factor 1: exact when the step is not clipped; else
-    // the block is updated again, from the same state, with the factor.
-    const bool speculation_holds = adamw.grad_scale == 1.0f;
-    // In layout order, which is the order the next forward reads the spans: embeddings (its first
-    // op), blocks 0 .. L-1 (those not updated during backward), final norm. The step returns
-    // without waiting: the next forward waits span by span. A block's update submitted again runs
-    // after its speculative one (the coordinator runs tasks in order), and a forward waits for
-    // both to land.
-    const std::vector<Span>& spans = layout_.spans();
-    for (size_t index = 0; index < spans.size(); ++index) {
-      // The head's update is decided below (HeadUpdate), or runs on the device.
-      if ((head != nullptr || head_on_device_) && spans[index].kind != SpanKind::kBlock) continue;
-      if (spans[index].kind == SpanKind::kBlock && block_update_submitted_[spans[index].layer]) {
-        if (!speculative || speculation_holds) continue;
-        stats.blocks_redone += 1;
-      } else {
-        LAYUP_CHECK(spans[index].kind != SpanKind::kBlock || speculative || !overlap, "block ",
-                    spans[index].layer, " missed its update");
-        if (spans[index].kind == SpanKind::kBlock && speculative) stats.blocks_deferred += 1;
-      }
-      submit_update(index, gradient_of_span(index), adamw);
-    }
-    if (head != nullptr) decide_head_update(*head, &adamw);
-    // Issued after the blocks' updates are queued: on CUDA it returns at once and runs before the
-    // next forward in the device's order; on the CPU backend it runs here.
-    if (head_on_device_) device_thread_.run([&] { update_head_on_device(adamw); });
-    if (speculative) promote_spare_state();
+    const bool clipped = stats.clip_factor < 1.0f;
+    timing_.end_step(clipped);
+    // The step returns without waiting for these: the next forward waits span by span.
+    if (plan.head != nullptr) decide_head_update(*plan.head, plan, &adamw);
+    submit_block_updates(plan, adamw, clipped, stats);
+    // After the blocks' updates are queued: on CUDA it returns at once and runs before the next
+    // forward in the device's order; on the CPU backend it runs here.
+    if (!device_tier_.spans().empty())
+      device_thread_.run(
+          [&] { device_tier_.update(adamw, params_.data(), trace_, device_track_); });
+    if (plan.timing->speculative()) promote_spare_state();
     stats.applied = true;
     return stats;
   }
 
  protected:
   float forward_pass(const TokenBatch& batch) override {
-    LayupForwardHooks hooks(*this);
-    const float loss = backend_->forward(device_params(), batch, hooks);
-    hooks.finish();
+    ForwardWaits waits(progress_, layout_.spans().size() - 1, trace_, device_track_);
+    const float loss = backend_->forward(device_params(), batch, waits);
+    waits.finish();
     return loss;
   }
 
   void finish_updates() const override { progress_.wait_all_landed(); }
 
  private:
-  // The hooks of every forward: before a span's weights are read, wait until the span's update
-  // has landed in the device copy. With a trace, records each span's forward ("forward
-  // embeddings", "forward block l", "forward head", from the end of its wait to the next hook or
-  // the end of the forward) and every wait that was needed ("wait_update ...") on the device track.
-  class LayupForwardHooks final : public ForwardHooks {
-   public:
-    explicit LayupForwardHooks(const LayupSchedule& schedule)
-        : schedule_(schedule),
-          trace_(schedule.trace_ != nullptr && schedule.trace_->recording() ? schedule.trace_
-                                                                            : nullptr),
-          track_(schedule.device_track_) {}
-
-    void before_embeddings() override { enter(0, "embeddings", "embeddings", -1); }
-    void before_block(int layer) override { enter(1 + layer, "block", "block", layer); }
-    void before_head() override {
-      enter(schedule_.layout_.spans().size() - 1, "head", "final_norm", -1);
-    }
-    // Ends the last span's record; call when the forward has returned.
-    void finish() { close(); }
-
-   private:
-    // "<what> <part>", with " <layer>" for a block.
-    static std::string span_name(const char* what, const char* part, int layer) {
-      std::string name = what;
-      name += ' ';
-      name += part;
-      if (layer >= 0) {
-        name += ' ';
-        name += std::to_string(layer);
-      }
-      return name;
-    }
-
-    // What the forward reads next: span `span`, recorded as "forward <part>[ layer]"; a wait for
-    // its update as "wait_update <update>[ layer]".
-    void enter(size_t span, const char* part, const char* update, int layer) {
-      close();
-      const double wait_start_us = trace_ != nullptr ? trace_->now_us() : 0.0;
-      const bool waited = schedule_.progress_.wait_landed(span);
-      if (trace_ == nullptr) return;
-      open_part_ = part;
-      open_layer_ = layer;
-      open_start_us_ = trace_->now_us();
-      if (waited)
-        trace_->add_span(track_, span_name("wait_update", update, layer), wait_start_us,
-                         open_start_us_);
-    }
-    void close() {
-      if (trace_ == nullptr || open_part_ == nullptr) return;
-      trace_->add_span(track_, span_name("forward", open_part_, open_layer_), open_start_us_,
-                       trace_->now_us());
-      open_part_ = nullptr;
-    }
-
-    const LayupSchedule& schedule_;
-    TraceRecorder* const trace_;  // null: not recording
-    const int track_;
-    const char* open_part_ = nullptr;  // the span whose forward is running (null before the first)
-    int open_layer_ = -1;
-    double open_start_us_ = 0.0;
-  };
-
-  // The head spans' updates of a step whose norm is known before the head's gradient has landed on
-  // the host (one micro-batch with a host gradient: the device took the head's sums of squares).
-  // step() decides (the AdamW step, or no update), the consume that lands the gradient reports the
-  // landing; whichever comes second submits the updates. Guarded by `mutex`.
+  // The updates of the host-updated head spans (embeddings, final norm) of one step: step() decides
+  // them once the norm is known (an AdamW step, or none), the consumer reports their gradient on
+  // the host; whichever comes second submits them. With one micro-batch the norm is known from the
+  // device's sums of squares before the head's gradient (the embeddings': the largest span) has
+  // landed, so the block updates start meanwhile. Guarded by `mutex`.
   struct HeadUpdate {
     std::mutex mutex;
     bool decided = false, landed = false;
-    bool update = false;  // decided: whether the head spans are updated
+    bool update = false;  // decided: whether the spans are updated
     AdamWStep adamw{};
-    // The states the step's updates read and write (step() may have moved on to the next step's
-    // by the time the gradient lands).
     OptimizerState from{}, to{};
+    std::vector<RoutedGradient> grads;  // landed: per host-updated head span
   };
 
-  // The head's spans: the embeddings (the first in layout order) and the final norm (the last).
-  std::array<size_t, 2> head_spans() const { return {0, layout_.spans().size() - 1}; }
+  // What one step's device work and consumes share; set before the device thread starts.
+  struct StepPlan {
+    StepTiming* timing = nullptr;
+    OptimizerState from{}, to{};       // where the step's host updates read and write the state
+    AdamWStep unclipped{};             // what an update during backward uses (clip factor 1)
+    std::shared_ptr<HeadUpdate> head;  // null where no head span is updated on the host
+  };
 
-  // Consumer: the head spans' sums of squares, the device's (the fence after them has passed).
-  void take_head_sums() {
-    for (const size_t index : head_spans()) span_sum_sq_[index] = device_sum_of_squares(index);
+  void check_step(size_t micro_batches, float clip_max_norm) const {
+    LAYUP_CHECK(micro_batches > 0, "a training step needs at least one micro-batch");
+    LAYUP_CHECK(!broken_, "the layup schedule failed in an earlier step and cannot continue");
+    LAYUP_CHECK(host_gradient_ || (clip_max_norm <= 0.0f && micro_batches == 1),
+                "this layup schedule keeps no whole-model gradient on the host (planned for "
+                "--clip none and one micro-batch, as a unified-memory device wants), so it cannot "
+                "clip (asked: ",
+                clip_max_norm, ") or accumulate (asked: ", micro_batches,
+                " micro-batches); plan the run with clipping or --grad-accum to keep one");
   }
 
-  // step(): the head spans are updated with `adamw` (null: not updated). Counted as submitted
-  // before step() returns, so that the next forward waits for them.
-  void decide_head_update(HeadUpdate& head, const AdamWStep* adamw) {
+  // step(), before the device thread starts. Nothing here is touched by what may still run from
+  // the last step (its updates, the landing of its head gradient).
+  StepPlan begin_step(size_t micro_batches, const UpdateSettings& settings) {
+    std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
+    std::fill(block_updated_.begin(), block_updated_.end(), 0);
+    device_tier_.begin_step(micro_batches);
+    StepPlan plan;
+    plan.timing = &timing_.begin_step(settings.clip_max_norm);
+    plan.from = current_state();
+    plan.to = plan.timing->speculative() ? spare_state() : plan.from;
+    plan.unclipped = settings.adamw;
+    plan.unclipped.grad_scale = 1.0f;
+    if (!host_head_spans_.empty()) plan.head = std::make_shared<HeadUpdate>();
+    return plan;
+  }
+
+  // Device thread: forward and backward of every micro-batch, each gradient handed on.
+  void device_step(std::span<const TokenBatch> micro_batches, const StepPlan& plan,
+                   double& loss_sum) {
+    const ParameterPointers params = device_params();
+    const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
+    for (size_t k = 0; k < micro_batches.size(); ++k) {
+      const bool first = k == 0;
+      const bool last = k + 1 == micro_batches.size();
+      {
+        TraceSpan traced(trace_, device_track_, "forward");
+        loss_sum += forward_pass(micro_batches[k]);
+      }
+      // The mean loss is complete before the last backward: a non-finite one updates nothing.
+      const bool update_now = plan.timing->during_backward() && last &&
+                              std::isfinite(static_cast<float>(loss_sum / micro_batches.size()));
+      // The consumer must be done with the head's gradients of the last micro-batch (or step)
+      // before backward_head overwrites them.
+      if (!first) progress_.wait_consumed();
+      progress_.wait_head_landed();
+      {
+        TraceSpan traced(trace_, device_track_, "backward_head");
+        backend_->backward_head(params, final_norm_grad_.data(), embeddings_grad_.data(),
+                                loss_scale);
+      }
+      for (int layer = layout_.config().n_layer - 1; layer >= 0; --layer) {
+        if (device_tier_.holds(1 + layer)) {  // its gradient stays on the device
+          backward_block_on_device(layer, params, first, last);
+          continue;
+        }
+        const SlotLease lease = acquire_slot(layer);
+        backward_block(lease, params, first, last);
+        hand_on(lease, first, last, update_now ? &plan : nullptr);  // route, then timing
+      }
+      backward_embeddings(params, first, last, plan.head);
+    }
+  }
+
+  // Device thread: slot layer % 2, once the CPU side has given it back. The trace shows the wait:
+  // the stall the double buffer costs when the CPU side is slower than a block's backward.
+  SlotLease acquire_slot(int layer) {
+    TraceSpan traced(trace_, device_track_, "wait_slot", layer);
+    return slots_.acquire(layer);
+  }
+
+  // Device thread: a host-updated block's backward into its slot (which it overwrites), with one
+  // micro-batch the device's sum of squares of it.
+  void backward_block(const SlotLease& lease, const ParameterPointers& params, bool first,
+                      bool last) {
+    TraceSpan traced(trace_, device_track_, "backward_block", lease.layer);
+    backend_->backward_block(lease.layer, params, lease.data);
+    if (first && last) start_device_sum_of_squares(1 + lease.layer, lease.data);
+  }
+
+  // Device thread: a device-updated block's backward into its own gradient; with several
+  // micro-batches through a slot, added there.
+  void backward_block_on_device(int layer, const ParameterPointers& params, bool first, bool last) {
+    const size_t index = 1 + layer;
+    if (first && last) {
+      TraceSpan traced(trace_, device_track_, "backward_block", layer);
+      backend_->backward_block(layer, params, device_tier_.block_gradient(layer));
+    } else {
+      const SlotLease lease = acquire_slot(layer);
+      {
+        TraceSpan traced(trace_, device_track_, "backward_block", layer);
+        backend_->backward_block(layer, params, lease.data);
+        device_tier_.add(index, lease.data, first);
+      }
+      slots_.release(lease);  // the slot's next backward runs after the add, in device order
+    }
+    if (last) start_device_sum_of_squares(index, device_tier_.gradient(index));
+  }
+
+  // Device thread: the slot goes to the consumer once the backward that wrote it has passed; with
+  // `update`, the block is updated as that step's timing says.
+  void hand_on(const SlotLease& lease, bool first, bool last, const StepPlan* update) {
+    std::shared_ptr<const DeviceFence> written = device_->fence();
+    progress_.consume_submitted();
+    consumer_.submit([this, lease, written, first, last, update] {
+      run_task([&] {
+        consume_block(lease, *written, first, last, update);
+        progress_.consume_done();
+      });
+    });
+  }
+
+  // Consumer: one micro-batch's gradient of a host-updated block, in a slot, complete once
+  // `written` has passed, handed on by the route (which gives the slot back); after the last, the
+  // block's sum of squares and, when the timing says so, its update (from `update`'s state).
+  void consume_block(const SlotLease& lease, const DeviceFence& written, bool first, bool last,
+                     const StepPlan* update) {
+    const size_t index = 1 + lease.layer;
+    RoutedGradient routed;
+    {
+      TraceSpan traced(trace_, consumer_track_, "consume block", lease.layer);
+      auto slot_back = std::make_shared<ReleaseOnce>([this, lease] { slots_.release(lease); });
+      routed = route_->take({index, lease.data, &written, lease.slot, std::move(slot_back)}, first,
+                            last);
+      if (!last) return;
+      span_sum_sq_[index] = first ? device_sum_of_squares(index) : routed.host_sum_sq;
+    }
+    if (update != nullptr && update->timing->update_now(span_sum_sq_[index])) {
+      block_updated_[lease.layer] = 1;  // before this consume reports done, so step() sees it
+      progress_.update_submitted(index);
+      enqueue_update(index, routed.grads, update->from, update->to, update->unclipped,
+                     std::move(routed.read_done));
+    }
+  }
+
+  // Device thread: the embeddings' backward (tied wte's second part), the device-updated head
+  // spans' gradients summed over micro-batches, the device's sums of squares, and the head's
+  // consume.
+  void backward_embeddings(const ParameterPointers& params, bool first, bool last,
+                           const std::shared_ptr<HeadUpdate>& head) {
+    {
+      TraceSpan traced(trace_, device_track_, "backward_embeddings");
+      backend_->backward_embeddings(params, embeddings_grad_.data());
+      for (const size_t index : {size_t{0}, layout_.spans().size() - 1}) {
+        const float* micro_batch = micro_batch_head_gradient(index);
+        if (!device_tier_.holds(index)) {
+          if (first && last) start_device_sum_of_squares(index, micro_batch);
+          continue;
+        }
+        if (!(first && last)) device_tier_.add(index, micro_batch, first);
+        if (last) start_device_sum_of_squares(index, device_tier_.gradient(index));
+      }
+    }
+    std::shared_ptr<const DeviceFence> written = device_->fence();
+    progress_.consume_submitted();
+    if (last && head != nullptr) progress_.head_landing_submitted();
+    consumer_.submit([this, written, first, last, head = last ? head : nullptr] {
+      run_task([&] { consume_head(*written, first, last, head); });
+    });
+  }
+
+  // Consumer: the head's gradients of one micro-batch (complete once `written` has passed). With
+  // several, the host-updated head spans' go into the accumulator. After the last, every sum of
+  // squares the device took is reported first (the step's norm needs nothing more), then the
+  // host-updated head spans' gradient lands (one micro-batch) and `head` learns where it is.
+  void consume_head(const DeviceFence& written, bool first, bool last,
+                    const std::shared_ptr<HeadUpdate>& head) {
+    const bool one_micro_batch = first && last;
+    std::vector<RoutedGradient> routed;
+    {
+      TraceSpan traced(trace_, consumer_track_, "consume head");
+      if (!one_micro_batch)
+        for (const size_t index : host_head_spans_) {
+          routed.push_back(route_->take(head_source(index, written), first, last));
+          if (last) span_sum_sq_[index] = routed.back().host_sum_sq;
+        }
+      if (last) {
+        device_->wait_for(written);
+        for (const size_t index : device_tier_.spans())
+          span_sum_sq_[index] = device_sum_of_squares(index);
+        if (one_micro_batch)
+          for (const size_t index : host_head_spans_)
+            span_sum_sq_[index] = device_sum_of_squares(index);
+      }
+      progress_.consume_done();
+      if (one_micro_batch)
+        for (const size_t index : host_head_spans_)
+          routed.push_back(route_->take(head_source(index, written), first, last));
+    }
+    if (head == nullptr) return;
+    progress_.head_landed();
+    bool submit = false;
+    {
+      std::lock_guard lock(head->mutex);
+      head->grads = std::move(routed);
+      head->landed = true;
+      submit = head->decided && head->update;
+    }
+    if (submit) submit_head_updates(*head);
+  }
+
+  // step(): the host-updated head spans are updated with `adamw` (null: not at all), counted as
+  // submitted now, so that the next forward waits for them.
+  void decide_head_update(HeadUpdate& head, const StepPlan& plan, const AdamWStep* adamw) {
     if (adamw != nullptr)
-      for (const size_t index : head_spans()) progress_.update_submitted(index);
+      for (const size_t index : host_head_spans_) progress_.update_submitted(index);
     bool submit = false;
     {
       std::lock_guard lock(head.mutex);
@@ -621,94 +399,82 @@ class LayupSchedule final : public HostOptimizerSchedule {
       head.update = adamw != nullptr;
       if (adamw != nullptr) {
         head.adamw = *adamw;
-        head.from = step_from_;
-        head.to = step_to_;
+        head.from = plan.from;
+        head.to = plan.to;
       }
       submit = head.update && head.landed;
     }
     if (submit) submit_head_updates(head);
   }
 
-  // Consumer: the head's gradient is on the host.
-  void head_gradient_landed(HeadUpdate& head) {
-    bool submit = false;
-    {
-      std::lock_guard lock(head.mutex);
-      head.landed = true;
-      submit = head.decided && head.update;
-    }
-    if (submit) submit_head_updates(head);
-  }
-
-  // The head spans' updates (counted by decide_head_update), ahead of the block updates still
-  // queued: the next forward reads the embeddings first, and the block updates submitted before
-  // them kept the workers busy while the head's gradient was landing.
+  // Ahead of the block updates still queued: the next forward reads the embeddings first. Called
+  // once both halves are in (no one writes `head` any more).
   void submit_head_updates(const HeadUpdate& head) {
-    for (const size_t index : head_spans())
-      coordinator_.submit_urgent(
-          [this, index, grads = gradient_of_span(index), adamw = head.adamw, from = head.from,
-           to = head.to] { run_task([&] { run_update(index, grads, from, to, adamw); }); });
+    for (size_t i = 0; i < host_head_spans_.size(); ++i)
+      enqueue_update(host_head_spans_[i], head.grads[i].grads, head.from, head.to, head.adamw,
+                     head.grads[i].read_done, /*urgent=*/true);
   }
 
-  // Runs a coordinator task; a failure is kept in progress_, so that nobody waits forever for
-  // what the task would have reported, and rethrown to the pool.
-  template <class Task>
-  void run_task(Task&& task) {
-    try {
-      task();
-    } catch (...) {
-      progress_.fail(what_of(std::current_exception()));
-      throw;
+  // step(), the norm finite: the host-updated blocks' updates the timing left for now, in forward
+  // order. One submitted again runs after its speculative one (the coordinator runs tasks in
+  // order), and a forward waits for both.
+  void submit_block_updates(const StepPlan& plan, const AdamWStep& adamw, bool clipped,
+                            StepStats& stats) {
+    for (int layer = 0; layer < layout_.config().n_layer; ++layer) {
+      const size_t index = 1 + layer;
+      if (device_tier_.holds(index)) continue;
+      switch (plan.timing->after_norm(layer, block_updated_[layer] != 0, clipped)) {
+        case BlockUpdate::kDone:
+          continue;
+        case BlockUpdate::kRedo:
+          stats.blocks_redone += 1;
+          break;
+        case BlockUpdate::kCatchUp:
+          stats.blocks_deferred += 1;
+          break;
+        case BlockUpdate::kNow:
+          break;
+      }
+      const float* grads = route_->kept(index);
+      LAYUP_CHECK(grads != nullptr, "block ", layer, "'s gradient is gone before its update");
+      progress_.update_submitted(index);
+      enqueue_update(index, grads, plan.from, plan.to, adamw, nullptr);
     }
   }
 
-  // Waits until the coordinator is idle and the transfers it started have landed; a task's
-  // failure stays in progress_ (the next wait on it throws) and makes the schedule unusable.
-  void wait_for_coordinator() {
-    try {
-      consumer_.wait_idle();  // first: a consume may submit an update
-      coordinator_.wait_idle();
-    } catch (...) {
-      broken_ = true;
+  // step(), the loss or the norm not finite: nothing changes. A speculative step left the current
+  // state alone; the device copy of the blocks it updated is refreshed from it once those updates
+  // have landed.
+  void abandon_step(const StepPlan& plan) {
+    if (plan.head != nullptr) decide_head_update(*plan.head, plan, nullptr);
+    if (plan.timing->speculative()) {
+      progress_.wait_all_landed();
+      for (int layer = 0; layer < layout_.config().n_layer; ++layer)
+        if (block_updated_[layer]) refresh_device_weights(layout_.spans()[1 + layer]);
     }
-    progress_.wait_transfers_landed();
+    timing_.end_step(/*clipped=*/true);
   }
 
-  // Where the update of span `index` reads its gradient once the backward is done: the host
-  // accumulator, or (without host_gradient) a head span's gradient where it lies (blocks are
-  // updated by their consume, from their slot).
-  const float* gradient_of_span(size_t index) const {
-    const Span& span = layout_.spans()[index];
-    if (host_gradient_) return host_grads_.data() + span.offset;
-    LAYUP_CHECK(span.kind != SpanKind::kBlock,
-                "a block without a host gradient is updated from its slot");
-    if (grads_in_place_) return micro_batch_head_gradient(index);  // one micro-batch
-    return head_landing_.data() + head_offset(index);
-  }
-
-  // A speculative step whose norm is not finite changes nothing: the current state was left
-  // alone, and the device copy of every block updated speculatively is refreshed from it once
-  // those updates have landed.
-  void undo_speculative_updates() {
-    progress_.wait_all_landed();
-    for (int layer = 0; layer < layout_.config().n_layer; ++layer)
-      if (block_update_submitted_[layer]) refresh_device_weights(layout_.spans()[1 + layer]);
-  }
-
-  // Hands span `index`'s update (from step_from_ into step_to_) to the coordinator; it counts as
-  // in flight until it has landed. `read_done` (when given) runs once its AdamW has read `grads`.
-  void submit_update(size_t index, const float* grads, const AdamWStep& adamw,
-                     std::shared_ptr<ReleaseOnce> read_done = nullptr) {
-    progress_.update_submitted(index);
-    coordinator_.submit([this, index, grads, adamw, from = step_from_, to = step_to_, read_done] {
+  // Hands span `index`'s update (AdamW from `grads`, reading `from`, writing `to`) to the
+  // coordinator, urgent ones ahead of every queued one; the caller counted it as submitted, and
+  // it is in flight until its weights have landed. `read_done` (when given) runs once the AdamW
+  // has read `grads`.
+  void enqueue_update(size_t index, const float* grads, const OptimizerState& from,
+                      const OptimizerState& to, const AdamWStep& adamw,
+                      std::shared_ptr<ReleaseOnce> read_done, bool urgent = false) {
+    auto task = [this, index, grads, from, to, adamw, read_done = std::move(read_done)] {
       run_task([&] { run_update(index, grads, from, to, adamw); });
       if (read_done) read_done->now();
-    });
+    };
+    if (urgent)
+      coordinator_.submit_urgent(std::move(task));
+    else
+      coordinator_.submit(std::move(task));
   }
 
-  // AdamW on span `index` from `grads` on the calling thread, its landing reported to progress_.
-  // update_span's trace span ends before the landing is reported, so a forward that waited for
-  // it starts after it in the trace too.
+  // Coordinator: AdamW on span `index`, its landing reported to progress_. update_span's trace
+  // span ends before the landing is reported, so a forward that waited for it starts after it in
+  // the trace too.
   void run_update(size_t index, const float* grads, const OptimizerState& from,
                   const OptimizerState& to, const AdamWStep& adamw) {
     progress_.transfer_starting();
@@ -721,291 +487,68 @@ class LayupSchedule final : public HostOptimizerSchedule {
     }
   }
 
-  // Runs on the device thread: forward and backward of every micro-batch, block gradients
-  // through the slots to the coordinator.
-  // `head` (one micro-batch with a host gradient, else null): the head's sums of squares are
-  // reported as soon as the device has taken them, and its gradient lands after, into `head`.
-  void device_step(std::span<const TokenBatch> micro_batches, bool overlap,
-                   const AdamWStep& unclipped, const std::shared_ptr<HeadUpdate>& head,
-                   double& loss_sum) {
-    const ParameterPointers params = device_params();
-    const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
-    for (size_t k = 0; k < micro_batches.size(); ++k) {
-      const bool first = k == 0;
-      const bool last = k + 1 == micro_batches.size();
-      {
-        TraceSpan traced(trace_, device_track_, "forward");
-        loss_sum += forward_pass(micro_batches[k]);
-      }
-      // The mean loss is complete before the last backward: a non-finite one updates nothing.
-      const bool update_blocks =
-          overlap && last && std::isfinite(static_cast<float>(loss_sum / micro_batches.size()));
-
-      // The consumer must be done with the last micro-batch's (or step's) head gradients before
-      // the head overwrites them with this one's (the backward overwrites: ModelBackend).
-      if (!first) progress_.wait_consumed();
-      progress_.wait_head_landed();
-      {
-        TraceSpan traced(trace_, device_track_, "backward_head");
-        backend_->backward_head(params, final_norm_grad_.data(), embeddings_grad_.data(),
-                                loss_scale);
-      }
-      for (int layer = layout_.config().n_layer - 1; layer >= 0; --layer) {
-        const SlotLease lease = [&] {
-          // How long the device waited for the coordinator to hand the slot back: the stall the
-          // double buffer costs when the CPU side is slower than a block's backward.
-          TraceSpan traced(trace_, device_track_, "wait_slot", layer);
-          return slots_.acquire(layer);
-        }();
-        {
-          TraceSpan traced(trace_, device_track_, "backward_block", layer);
-          backend_->backward_block(layer, params, lease.data);  // overwrites the slot
-          // One micro-batch: the norm's share is taken where the gradient lies.
-          if (first && last) start_device_sum_of_squares(1 + layer, lease.data);
-        }
-        std::shared_ptr<const DeviceFence> written = device_->fence();
-        progress_.consume_submitted();
-        consumer_.submit([this, lease, written, first, last, update_blocks, unclipped] {
-          run_task([&] {
-            consume_block(lease, *written, first, last, update_blocks, unclipped);
-            progress_.consume_done();
-          });
-        });
-      }
-      {
-        TraceSpan traced(trace_, device_track_, "backward_embeddings");
-        backend_->backward_embeddings(params, embeddings_grad_.data());
-        if (head_summed_) {
-          if (first) device_->fill_zero(head_sum_.data(), head_sum_.count());
-          for (const size_t index : head_spans())
-            device_->add(device_head_gradient(index), micro_batch_head_gradient(index),
-                         layout_.spans()[index].count);
-        }
-        // One micro-batch, or the device's sum of them: the head's sums of squares are the
-        // device's.
-        if (last && (first || head_summed_))
-          for (const size_t index : head_spans())
-            start_device_sum_of_squares(index, device_head_gradient(index));
-      }
-      std::shared_ptr<const DeviceFence> written = device_->fence();
-      progress_.consume_submitted();
-      if (head != nullptr) {
-        progress_.head_landing_submitted();
-        consumer_.submit([this, written, head] {
-          run_task([&] {
-            TraceSpan traced(trace_, consumer_track_, "consume head");
-            land_head_gradient(*written, *head);
-          });
-        });
-      } else {
-        consumer_.submit([this, written, first, last] {
-          run_task([&] {
-            TraceSpan traced(trace_, consumer_track_, "consume head");
-            if (host_gradient_ && !head_on_device_) {
-              for (const size_t index : head_spans())
-                span_sum_sq_[index] = accumulate_gradient(
-                    *written, micro_batch_head_gradient(index), index, first, last);
-            } else if (last) {
-              // (head_summed_: before the last micro-batch the device's sum is not complete, and
-              // nothing on the host reads it.)
-              take_head_gradient(*written);
-            }
-            progress_.consume_done();
-          });
-        });
-      }
+  // Runs a consumer or coordinator task; a failure is kept in progress_, so that nobody waits
+  // forever for what the task would have reported, and rethrown to the pool.
+  template <class Task>
+  void run_task(Task&& task) {
+    try {
+      task();
+    } catch (...) {
+      progress_.fail(std::current_exception());
+      throw;
     }
   }
 
-  // Consumer: block lease.layer's micro-batch gradient, in a slot, complete once `written`
-  // has passed.
-  // Hands a slot back to the device once, at release() or when it goes (even when a copy throws,
-  // so the device thread is not left waiting).
-  struct SlotReleaser {
-    WeightGradSlots& slots;
-    const SlotLease& lease;
-    bool released = false;
-    void release() {
-      if (released) return;
-      released = true;
-      slots.release(lease);
+  // Waits until the consumer and the coordinator are idle and the transfers they started have
+  // landed; a task's failure stays in progress_ (the next wait on it throws) and makes the
+  // schedule unusable.
+  void wait_for_cpu_side() {
+    try {
+      consumer_.wait_idle();  // first: a consume may submit an update
+      coordinator_.wait_idle();
+    } catch (...) {
+      broken_ = true;
     }
-    ~SlotReleaser() { release(); }
-  };
-
-  void consume_block(const SlotLease& lease, const DeviceFence& written, bool first, bool last,
-                     bool update, const AdamWStep& adamw) {
-    if (!host_gradient_) {
-      update_block_from_slot(lease, written, update, adamw);
-      return;
-    }
-    const size_t index = 1 + lease.layer;
-    double sum_sq = 0.0;
-    {
-      TraceSpan traced(trace_, consumer_track_, "consume block", lease.layer);
-      // The slot is free for the device as soon as its contents are out of device memory.
-      SlotReleaser releaser{slots_, lease};
-      sum_sq = accumulate_gradient(written, lease.data, index, first, last,
-                                   [&releaser] { releaser.release(); });
-    }
-    if (!last) return;
-    span_sum_sq_[index] = sum_sq;
-    speculated_sum_sq_ += sum_sq;
-    if (update && std::isfinite(sum_sq) && speculated_sum_sq_ <= speculation_limit_sq_) {
-      // Registered before this consume reports done, so the step sees it.
-      block_update_submitted_[lease.layer] = 1;
-      submit_update(index, span_grads(layout_.spans()[index]), adamw);
-    }
+    progress_.wait_transfers_landed();
   }
 
-  // Consumer, without host_gradient (one micro-batch, no clipping): block lease.layer's gradient
-  // where it lies (in the slot, where the host can read it, else copied into the slot's landing
-  // buffer, which frees the slot), its sum of squares (the device's), and its update handed to
-  // the coordinator, so that the next block's copy runs while this block's AdamW does. The memory
-  // the AdamW reads goes back once it has been read: an in-place slot to the device, a landing
-  // buffer to this consumer, which copies block l-2's gradient into it.
-  void update_block_from_slot(const SlotLease& lease, const DeviceFence& written, bool update,
-                              const AdamWStep& adamw) {
-    const size_t index = 1 + lease.layer;
-    const Span& span = layout_.spans()[index];
-    const float* grads = lease.data;
-    std::shared_ptr<ReleaseOnce> read_done;
-    {
-      TraceSpan traced(trace_, consumer_track_, "consume block", lease.layer);
-      if (grads_in_place_) {
-        read_done = std::make_shared<ReleaseOnce>([this, lease] { slots_.release(lease); });
-        device_->wait_for(written);
-      } else {
-        acquire_landing(lease.slot);  // block l+2's AdamW has read it
-        read_done =
-            std::make_shared<ReleaseOnce>([this, slot = lease.slot] { release_landing(slot); });
-        SlotReleaser releaser{slots_, lease};
-        float* landing = slot_landing_[lease.slot].data();
-        device_->copy_to_host_after(written, landing, lease.data, span.count);
-        releaser.release();
-        grads = landing;
-      }
-      span_sum_sq_[index] = device_sum_of_squares(index);  // the fence has passed
-    }
-    if (update && std::isfinite(span_sum_sq_[index])) {
-      block_update_submitted_[lease.layer] = 1;
-      submit_update(index, grads, adamw, std::move(read_done));
-    }
+  // A head span's gradient of one micro-batch, where backward_head and backward_embeddings leave
+  // it (its own buffer, not a slot).
+  GradientSource head_source(size_t index, const DeviceFence& written) const {
+    return {index, micro_batch_head_gradient(index), &written, -1, nullptr};
   }
-
-  // The landing buffer of a slot, for the consumer's copy: waits until no update reads it.
-  void acquire_landing(int slot) {
-    std::unique_lock lock(landing_mutex_);
-    landing_freed_.wait(lock, [&] { return !landing_busy_[slot]; });
-    landing_busy_[slot] = true;
-  }
-  void release_landing(int slot) {
-    {
-      std::lock_guard lock(landing_mutex_);
-      landing_busy_[slot] = false;
-    }
-    landing_freed_.notify_all();
-  }
-
-  // Consumer, one micro-batch with host_gradient: the head's sums of squares (the device's) once
-  // the fence has passed, reported at once (the step's norm needs nothing more), then its
-  // gradient copied into the accumulator, where `head`'s updates read it.
-  void land_head_gradient(const DeviceFence& written, HeadUpdate& head) {
-    device_->wait_for(written);
-    take_head_sums();
-    progress_.consume_done();
-    for (const size_t index : head_spans())
-      land_gradient(written, micro_batch_head_gradient(index), index);
-    progress_.head_landed();
-    head_gradient_landed(head);
-  }
-
-  // Consumer, without host_gradient or with head_on_device: the head spans' gradients where the
-  // updates will read them (gradient_of_span; head_on_device: where the backward left them), and
-  // their sums of squares (the device's).
-  void take_head_gradient(const DeviceFence& written) {
-    if (grads_in_place_ || head_on_device_) {
-      device_->wait_for(written);
-    } else {
-      for (const size_t index : head_spans())
-        device_->copy_to_host_after(written, head_landing_.data() + head_offset(index),
-                                    micro_batch_head_gradient(index), layout_.spans()[index].count);
-    }
-    take_head_sums();
-  }
-
-  // Device thread, head_on_device: AdamW on the head spans in the device copy of their weights,
-  // from their gradient where the backward left it, after all the work issued so far (the step's
-  // backward) and before the next forward; the forward casts them into its compute copy as usual.
-  void update_head_on_device(const AdamWStep& adamw) {
-    for (const size_t index : head_spans()) {
-      const Span& span = layout_.spans()[index];
-      TraceSpan traced(trace_, device_track_, adamw_trace_name(span.kind), span.layer);
-      const size_t at = head_offset(index);
-      device_->adamw_update_span(layout_, span, params_.data() + span.offset,
-                                 device_head_gradient(index), head_m_.data() + at,
-                                 head_v_.data() + at, adamw, nullptr);
-    }
-  }
-
-  // head_on_device: the device-side gradient of head span `index` this step: one micro-batch's, as
-  // backward_head and backward_embeddings leave it, or with head_summed_ the device's sum over
-  // micro-batches. Read on the device thread, which step() starts after setting head_summed_.
-  float* device_head_gradient(size_t index) const {
-    return head_summed_ ? head_sum_.data() + head_offset(index) : micro_batch_head_gradient(index);
-  }
-  // Where the backward leaves one micro-batch's gradient of head span `index`: the embeddings' or
-  // the final norm's.
   float* micro_batch_head_gradient(size_t index) const {
     return index == 0 ? embeddings_grad_.data() : final_norm_grad_.data();
   }
 
-  // The head's buffers (head_m_, head_v_, head_sum_, head_landing_) hold both head spans, the
-  // embeddings then the final norm: head_floats() floats, span `index` from head_offset(index).
-  size_t head_floats() const { return layout_.embeddings().count + layout_.final_norm().count; }
-  size_t head_offset(size_t index) const { return index == 0 ? 0 : layout_.embeddings().count; }
+  // The head spans (the embeddings: first in layout order; the final norm: last) that
+  // update_sites leaves on the host.
+  std::vector<size_t> host_updated_head_spans() const {
+    std::vector<size_t> spans;
+    for (const size_t index : {size_t{0}, layout_.spans().size() - 1})
+      if (!device_tier_.holds(index)) spans.push_back(index);
+    return spans;
+  }
 
-  // Device-side weight gradients (slots, head) in memory of grads_kind_ (the placement's).
+  // Device-side weight gradients (slots, head, the device tier's) in memory of grads_kind_.
   DeviceBuffer allocate_grads(size_t count) {
     return device_->allocate_kind(count, TensorClass::kWeightGrads, MemorySide::kDevice,
                                   grads_kind_);
   }
 
-  const MemoryKind grads_kind_;
-  // Without host_gradient, where the host reads the gradients: in place (memory the host can
-  // read: the CPU backend's, or gradients placed in pinned or managed memory on CUDA, which the
-  // GPU then writes over the interconnect), or in pinned landing buffers (one per slot, one for
-  // both head spans).
-  const bool grads_in_place_;
-  std::array<DeviceBuffer, WeightGradSlots::kSlotCount> slot_landing_;
-  // Whether an update still reads a slot's landing buffer (acquire_landing, release_landing).
-  std::mutex landing_mutex_;
-  std::condition_variable landing_freed_;
-  std::array<bool, WeightGradSlots::kSlotCount> landing_busy_{};
-  // ScheduleOptions::head_on_device: the head spans' AdamW moments, in device memory
-  // (head_offset), their weights the device copy's.
-  const bool head_on_device_;
-  DeviceBuffer head_m_, head_v_;
-  DeviceBuffer head_landing_;
+  const MemoryKind grads_kind_;                     // the placement's kind for weight gradients
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
-  // head_on_device with several micro-batches (head_summed_, set by step() before the device
-  // starts): the head's gradient summed over them, laid out as head_m_ (head_offset).
-  bool head_summed_ = false;
-  DeviceBuffer head_sum_;
-  WeightGradSlots slots_;  // block gradients, two slots
-  // Per span, the sum of squares of its gradient: written by the consumer, read by step() after
-  // wait_consumed.
+  WeightGradSlots slots_;                           // block gradients, two slots
+  DeviceTier device_tier_;                          // the policies, chosen once
+  const std::vector<size_t> host_head_spans_;
+  const std::unique_ptr<GradientRoute> route_;
+  UpdateTiming timing_;
+  // This step's, written by the consumer and read by step() after wait_consumed: per span the sum
+  // of squares of its gradient; per block whether it was updated during backward.
   std::vector<double> span_sum_sq_;
-  std::vector<char> block_update_submitted_;  // per block, this step; written by the consumer
-  // This step's: where its updates read and write the state (set before the device starts), the
-  // sum of squares of the blocks consumed so far and the bound past which blocks are no longer
-  // updated speculatively (the consumer's).
-  OptimizerState step_from_{}, step_to_{};
-  double speculated_sum_sq_ = 0.0;
-  double speculation_limit_sq_ = 0.0;
-  bool last_step_clipped_ = false;  // speculation waits for a step that is not clipped
-  int cpu_track_ = 0;               // "cpu workers" in trace_
-  int consumer_track_ = 0;          // "gradients to host" in trace_
+  std::vector<char> block_updated_;
+  int cpu_track_ = 0;       // "cpu workers" in trace_
+  int consumer_track_ = 0;  // "gradients to host" in trace_
   bool broken_ = false;
   CpuProgress progress_;
   // Last: threads stop (joined in their destructors) before the state they use goes away.

@@ -167,7 +167,7 @@ class DelayingDevice final : public Device {
   void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
                          const float* grads, float* m, float* v, const AdamWStep& step,
                          void* bf16_weights) override {
-    delays_.maybe_sleep();  // the head's update on the device thread (head_on_device)
+    delays_.maybe_sleep();  // an update on the device thread (update_sites)
     inner_->adamw_update_span(layout, span, params, grads, m, v, step, bf16_weights);
   }
 
@@ -274,26 +274,50 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
   // The head updated on the device (a discrete GPU's default), while the blocks' updates of the
   // same step run on the CPU: deferred and speculative clipping, and from the slots.
   expect_same(train(gpu(), layout, Clipping::kEveryThird),
-              train(delayed_layup({.cpu_workers = 2, .head_on_device = true}, /*discrete=*/true),
+              train(delayed_layup({.cpu_workers = 2, .update_sites = head_on_device(layout)},
+                                  /*discrete=*/true),
                     layout, Clipping::kEveryThird),
               "layup, head on the device");
-  expect_same(
-      train(gpu(), layout, Clipping::kMixed),
-      train(delayed_layup({.cpu_workers = 2, .speculative_clip = true, .head_on_device = true},
-                          /*discrete=*/true),
-            layout, Clipping::kMixed),
-      "layup, speculative clipping, head on the device");
+  expect_same(train(gpu(), layout, Clipping::kMixed),
+              train(delayed_layup({.cpu_workers = 2,
+                                   .speculative_clip = true,
+                                   .update_sites = head_on_device(layout)},
+                                  /*discrete=*/true),
+                    layout, Clipping::kMixed),
+              "layup, speculative clipping, head on the device");
   expect_same(
       unclipped,
-      train(delayed_layup({.cpu_workers = 2, .host_gradient = false, .head_on_device = true},
-                          /*discrete=*/true),
+      train(delayed_layup(
+                {.cpu_workers = 2, .host_gradient = false, .update_sites = head_on_device(layout)},
+                /*discrete=*/true),
             layout, Clipping::kNone),
       "layup from the landing buffers, head on the device");
   // Two micro-batches: the device sums the head's gradient while the host sums the blocks'.
   expect_same(train(gpu(), layout, Clipping::kEveryThird, 2),
-              train(delayed_layup({.cpu_workers = 2, .head_on_device = true}, /*discrete=*/true),
+              train(delayed_layup({.cpu_workers = 2, .update_sites = head_on_device(layout)},
+                                  /*discrete=*/true),
                     layout, Clipping::kEveryThird, 2),
               "layup, head on the device, two micro-batches");
+  // A block updated on the device too: its gradient kept there (with two micro-batches summed
+  // there through a slot the device thread gives back itself) while the blocks around it go
+  // through the slots to the CPU.
+  std::vector<UpdateSite> block_1_and_head = head_on_device(layout);
+  block_1_and_head[1 + 1] = UpdateSite::kDevice;
+  expect_same(
+      train(gpu(), layout, Clipping::kMixed, 2),
+      train(delayed_layup(
+                {.cpu_workers = 2, .speculative_clip = true, .update_sites = block_1_and_head},
+                /*discrete=*/true),
+            layout, Clipping::kMixed, 2),
+      "layup, speculative clipping, block 1 and the head on the device, two micro-batches");
+  std::vector<UpdateSite> block_1(layout.spans().size(), UpdateSite::kHost);
+  block_1[1 + 1] = UpdateSite::kDevice;
+  expect_same(
+      unclipped,
+      train(delayed_layup({.cpu_workers = 2, .host_gradient = false, .update_sites = block_1},
+                          /*discrete=*/true),
+            layout, Clipping::kNone),
+      "layup from the landing buffers, block 1 on the device");
 }
 
 // A speculative step whose gradient norm turns out not finite while its loss is finite (block 0's
@@ -402,10 +426,10 @@ TEST(LayupHeadLanding, BlockUpdatesOfAClippedStepStartWhileTheHeadGradientLands)
       << "the block updates of a clipped step waited for the head's gradient to land";
 }
 
-// With the head updated on the device (ScheduleOptions::head_on_device) its gradient never goes to
-// the host: no copy of the embeddings' gradient over steps that clip and steps that do not, and
-// its AdamW moments are device memory in the accountant, while the host still keeps its blocks'
-// state. The stress test above checks the values.
+// With the head updated on the device (ScheduleOptions::update_sites, head_on_device) its gradient
+// never goes to the host: no copy of the embeddings' gradient over steps that clip and steps that
+// do not, and its AdamW moments are device memory in the accountant, while the host still keeps its
+// blocks' state. The stress test above checks the values.
 TEST(LayupHeadOnDevice, TheHeadsGradientStaysOnTheDevice) {
   const Gpt2Config config = tiny_config();
   const ParameterLayout layout(config);
@@ -417,7 +441,7 @@ TEST(LayupHeadOnDevice, TheHeadsGradientStaysOnTheDevice) {
   DelayingDevice& delaying = *device;
   std::unique_ptr<Schedule> schedule =
       make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), std::move(device), layout,
-                          {.cpu_workers = 2, .head_on_device = true});
+                          {.cpu_workers = 2, .update_sites = head_on_device(layout)});
   schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
   const size_t head_bytes = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
   EXPECT_EQ(accountant->cell(MemorySide::kDevice, TensorClass::kOptimizerMoments, MemoryKind::kHost)

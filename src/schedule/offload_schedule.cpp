@@ -84,8 +84,8 @@ class OffloadSchedule final : public HostOptimizerSchedule {
       const std::shared_ptr<const DeviceFence> backward_done = device_->fence();
       TraceSpan traced(trace_, host_track_, "consume gradients");
       for (size_t s = 0; s < spans.size(); ++s) {
-        span_sum_sq[s] = accumulate_gradient(*backward_done, grads_.data() + spans[s].offset, s,
-                                             k == 0, k + 1 == micro_batches.size());
+        span_sum_sq[s] = host_gradient_->accumulate(*backward_done, grads_.data() + spans[s].offset,
+                                                    s, k == 0, k + 1 == micro_batches.size());
       }
     }
 
@@ -105,8 +105,9 @@ class OffloadSchedule final : public HostOptimizerSchedule {
     std::latch landed(span_count);
     std::ptrdiff_t started = 0;
     try {
-      for (const Span& span : spans) {
-        update_span(span, span_grads(span), adamw, host_track_, [&landed] { landed.count_down(); });
+      for (size_t s = 0; s < spans.size(); ++s) {
+        update_span(spans[s], host_gradient_->span(s), adamw, host_track_,
+                    [&landed] { landed.count_down(); });
         ++started;
       }
     } catch (...) {

@@ -2,6 +2,9 @@
 #include "schedule/schedule.h"
 
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "memory/memory_plan.h"
@@ -25,13 +28,20 @@ OptimizerTensors fresh_optimizer_tensors(const ParameterLayout& layout, uint64_t
   return fresh;
 }
 
+std::vector<UpdateSite> head_on_device(const ParameterLayout& layout) {
+  std::vector<UpdateSite> sites(layout.spans().size(), UpdateSite::kHost);
+  sites.front() = sites.back() = UpdateSite::kDevice;  // the embeddings, the final norm
+  return sites;
+}
+
 ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers) {
   ScheduleOptions options;
   options.cpu_workers = cpu_workers;
   options.weights_in_place = plan.weights_in_place;
   options.host_gradient = plan.host_gradient;
   options.speculative_clip = plan.speculative_clip;
-  options.head_on_device = plan.head_on_device;
+  if (plan.head_on_device)
+    options.update_sites = head_on_device(ParameterLayout(plan.request.config));
   for (TensorClass c : kAllTensorClasses) options.placement[index_of(c)] = plan.placement[c];
   return options;
 }
@@ -71,6 +81,42 @@ std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend>
   fail("no schedule for mode ", static_cast<int>(mode));
 }
 
+namespace {
+
+// Where layup's spans are updated, from ScheduleOptions::update_sites (layout order: the
+// embeddings, the blocks, the final norm).
+std::string describe_update_sites(const std::vector<UpdateSite>& sites) {
+  std::vector<std::string> on_device;
+  for (size_t index = 0; index < sites.size(); ++index) {
+    if (sites[index] != UpdateSite::kDevice) continue;
+    std::string name = index == 0 ? "the embeddings" : "the final norm";
+    if (index > 0 && index + 1 < sites.size()) {
+      // Appended piece by piece: `"block " + std::to_string(...)` trips GCC 12's -Wrestrict.
+      name = "block ";
+      name += std::to_string(index - 1);
+    }
+    on_device.push_back(std::move(name));
+  }
+  if (on_device.empty())
+    return "the embeddings and the final norm are updated on the CPU once their gradient is "
+           "complete";
+  const bool head_only = on_device.size() == 2 && sites.front() == UpdateSite::kDevice &&
+                         sites.back() == UpdateSite::kDevice;
+  if (head_only)
+    return "the embeddings and the final norm are updated on the device, where their gradient "
+           "is (--layup-head host: on the CPU)";
+  std::string text;
+  for (size_t i = 0; i < on_device.size(); ++i) {
+    if (i > 0) text += i + 1 == on_device.size() ? " and " : ", ";
+    text += on_device[i];
+  }
+  text += on_device.size() == 1 ? " is" : " are";
+  text += " updated on the device, where its gradient is; the other spans on the CPU";
+  return text;
+}
+
+}  // namespace
+
 std::string describe_schedule(Mode mode, const ScheduleOptions& options, float clip_max_norm) {
   if (mode == Mode::kGpu)
     return "gpu: weights, gradients and AdamW state on the device; AdamW after backward";
@@ -101,11 +147,7 @@ std::string describe_schedule(Mode mode, const ScheduleOptions& options, float c
     text << "no clipping, so each block's update overlaps the backward of the blocks below it "
             "(if a gradient turns out non-finite, the step is not applied, but the blocks whose "
             "own gradient was finite were already updated)";
-  text << (options.head_on_device
-               ? "; the embeddings and the final norm are updated on the device, where their "
-                 "gradient is (--layup-head host: on the CPU)"
-               : "; the embeddings and the final norm are updated on the CPU once their gradient "
-                 "is complete");
+  text << "; " << describe_update_sites(options.update_sites);
   return text.str();
 }
 

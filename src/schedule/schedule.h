@@ -41,9 +41,10 @@ struct StepStats {
   // false when the loss or the norm was not finite: nothing changed (except in `layup` without
   // clipping, where blocks with a finite gradient were already updated; see make_layup_schedule).
   bool applied = false;
-  // layup with speculative clipping: blocks updated during backward and updated again because
-  // the step was clipped, and blocks not updated during backward because the norm of the blocks
-  // before them already called for clipping (ScheduleOptions::speculative_clip).
+  // layup with speculative clipping, of the blocks updated on the host: those updated during
+  // backward and updated again because the step was clipped, and those not updated during
+  // backward because the norm of the blocks before them already called for clipping
+  // (ScheduleOptions::speculative_clip).
   int blocks_redone = 0;
   int blocks_deferred = 0;
 };
@@ -100,6 +101,9 @@ class Schedule {
   int device_track_ = 0;  // "GPU" in trace_
 };
 
+// Where a span's AdamW runs and its AdamW state lives (ScheduleOptions::update_sites).
+enum class UpdateSite { kHost, kDevice };
+
 // How `offload` and `layup` keep their host-side state; `gpu` ignores it. A run takes it from its
 // memory plan (schedule_options), which budgets exactly these buffers.
 struct ScheduleOptions {
@@ -121,15 +125,13 @@ struct ScheduleOptions {
   // host memory. Without it, clipping defers every block update until the norm is known
   // (design (a)).
   bool speculative_clip = false;
-  // layup: the embeddings and the final norm are updated by the device (Device::adamw_update_span)
-  // in the device copy of their weights, from their gradient where the backward left it, with
-  // their AdamW moments in device memory; the host's master weights and moments keep those spans
-  // unused (a checkpoint reads the device's). Needs a device copy (not weights_in_place); with
-  // several micro-batches the device sums the head's gradient in a buffer of its own (allocated
-  // at the first such step). What a discrete GPU wants: the head's update then costs no transfer
-  // and no CPU time at the end of the step. Without it they are updated on the CPU with the
-  // blocks.
-  bool head_on_device = false;
+  // layup: where each span's AdamW runs, in layout.spans() order (empty: every span on the host).
+  // A span on the device (a block, the embeddings, the final norm) is updated by the device's
+  // AdamW (Device::adamw_update_span) in the device copy of its weights, from its gradient kept in
+  // device memory (summed there over micro-batches), with its moments in device memory; the host's
+  // master weights and moments keep its part unused (a checkpoint reads the device's). Needs a
+  // device copy (not weights_in_place). See docs/schedules.md.
+  std::vector<UpdateSite> update_sites{};
   // Where each class's primary tensors live (the run's placement, memory/memory_plan.h, which
   // --place overrides): the master weights, moments and gradients of every mode, and the device
   // copy of the weights in offload and layup. A class without a kind takes the device's default:
@@ -147,6 +149,10 @@ struct ScheduleOptions {
 // the class, else the device's default for it (see ScheduleOptions::placement).
 DeviceBuffer allocate_placed(Device& device, const ScheduleOptions& options, size_t count,
                              TensorClass tensor_class, MemorySide side);
+
+// The update sites of a discrete GPU's default (MemoryPlan::head_on_device): the embeddings and
+// the final norm on the device, every block on the host.
+std::vector<UpdateSite> head_on_device(const ParameterLayout& layout);
 
 struct MemoryPlan;  // memory/memory_plan.h
 
@@ -188,7 +194,7 @@ std::unique_ptr<Schedule> make_gpu_schedule_with(std::unique_ptr<ModelBackend> b
 // gradient buffer on the device; the gradient is copied to the host span by span, the CPU clips
 // and runs AdamW on host fp32 master weights and moments, and the new weights are copied back.
 // Nothing overlaps. The CPU side runs on one worker per core this process may use, or with
-// make_offload_schedule_with_workers on cpu_workers of them (0: every core).
+// make_offload_schedule_with on options.cpu_workers of them (0: every core).
 std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> backend,
                                                 std::unique_ptr<Device> device,
                                                 const ParameterLayout& layout);
@@ -198,23 +204,17 @@ std::unique_ptr<Schedule> make_offload_schedule_with(std::unique_ptr<ModelBacken
                                                      const ScheduleOptions& options);
 
 // The `layup` mode (the paper's schedule): the device thread runs backward block by block into two
-// gradient slots (WeightGradSlots); each finished slot is streamed into the host's fp32 gradient
-// and that block is updated on the CPU, every pass split over cpu_workers pinned HostAdamW
-// workers (0: one per core this process may use). Without clipping (clip_max_norm <= 0) blocks
-// are updated during backward, overlapped with it. With clipping the update is exact (DESIGN.md
-// design (a)): the global norm is known at the end of backward, the step returns, and the blocks
-// are updated in forward order while the next forward runs; block l's forward waits only for
-// block l's update. Embeddings and the final norm are updated once, after backward_embeddings,
-// and the next forward waits for them too; with head_on_device by the device's AdamW, in its
-// order before the next forward.
-//
-// ScheduleOptions: cpu_workers; weights_in_place; head_on_device; host_gradient = false drops the
-// host gradient (each block updated from its slot) and then refuses steps that clip or accumulate.
+// gradient slots (WeightGradSlots); each finished slot is handed to the CPU, and that block is
+// updated there by cpu_workers pinned HostAdamW workers (0: one per core this process may use),
+// overlapped with the backward of the blocks below it, or, with clipping, once the global norm is
+// known (deferred, overlapped with the next forward; or speculative with speculative_clip). Spans
+// placed on the device by update_sites are updated there once the norm is known. Without
+// host_gradient each block is updated from its slot, and steps that clip or accumulate are
+// refused. See docs/schedules.md.
 //
 // A non-finite loss, or with clipping a non-finite norm, updates nothing. Without clipping a
 // non-finite gradient is found block by block, after the blocks above were updated: the step
-// reports applied = false, and the blocks whose own gradient was finite stay updated (the
-// others, the embeddings and the final norm are not); see layup_schedule.cpp.
+// reports applied = false, and the blocks whose own gradient was finite stay updated.
 std::unique_ptr<Schedule> make_layup_schedule(std::unique_ptr<ModelBackend> backend,
                                               std::unique_ptr<Device> device,
                                               const ParameterLayout& layout,

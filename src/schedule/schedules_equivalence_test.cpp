@@ -224,13 +224,15 @@ TEST(SchedulesEquivalence, SpeculativeClippingTrainsLikeTheGpuMode) {
   }
 }
 
-// The head (embeddings, final norm) updated on the device (ScheduleOptions::head_on_device, what a
-// discrete GPU runs): the same steps, bit for bit, with deferred and speculative clipping, with
-// one micro-batch and with two (the device sums the head's gradient), and unclipped from the
-// slots. It needs the device's own copy of the weights.
+// The head (embeddings, final norm) updated on the device (ScheduleOptions::update_sites,
+// head_on_device: what a discrete GPU runs): the same steps, bit for bit, with deferred and
+// speculative clipping, with one micro-batch and with two (the device sums the head's gradient),
+// and unclipped from the slots. It needs the device's own copy of the weights.
 TEST(SchedulesEquivalence, HeadUpdatedOnTheDeviceTrainsTheSame) {
-  const ScheduleOptions deferred{.head_on_device = true};
-  const ScheduleOptions speculative{.speculative_clip = true, .head_on_device = true};
+  const ParameterLayout layout(tiny_config());
+  const ScheduleOptions deferred{.update_sites = head_on_device(layout)};
+  const ScheduleOptions speculative{.speculative_clip = true,
+                                    .update_sites = head_on_device(layout)};
   for (const int micro_batches : {1, 2})
     for (const bool clip : {false, true}) {
       SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
@@ -243,14 +245,140 @@ TEST(SchedulesEquivalence, HeadUpdatedOnTheDeviceTrainsTheSame) {
     }
   expect_same(
       train(make_gpu_schedule, 1, false),
-      train(with_options("layup", {.host_gradient = false, .head_on_device = true}), 1, false),
+      train(with_options("layup", {.host_gradient = false, .update_sites = head_on_device(layout)}),
+            1, false),
       "layup, slots only, head on device");
 
   const Gpt2Config config = tiny_config();
-  const ParameterLayout layout(config);
+  EXPECT_THROW(
+      make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
+                          {.weights_in_place = true, .update_sites = head_on_device(layout)}),
+      Error);
+}
+
+// Any span may be updated on the device (ScheduleOptions::update_sites), not only the head: block
+// 1 of 3 alone, block 1 with the head, and every span. The same steps, bit for bit, with deferred
+// and speculative clipping and without, with one micro-batch and with two (the device sums the
+// block's gradient), and unclipped from the slots.
+TEST(SchedulesEquivalence, BlocksUpdatedOnTheDeviceTrainTheSame) {
+  const ParameterLayout layout(tiny_config());
+  const size_t spans = layout.spans().size();
+  std::vector<UpdateSite> block_1(spans, UpdateSite::kHost);
+  block_1[1 + 1] = UpdateSite::kDevice;
+  std::vector<UpdateSite> block_1_and_head = head_on_device(layout);
+  block_1_and_head[1 + 1] = UpdateSite::kDevice;
+  const std::vector<UpdateSite> everything(spans, UpdateSite::kDevice);
+  const struct {
+    const char* name;
+    std::vector<UpdateSite> sites;
+  } placements[] = {
+      {"block 1", block_1}, {"block 1 and head", block_1_and_head}, {"every span", everything}};
+  for (const int micro_batches : {1, 2})
+    for (const bool clip : {false, true}) {
+      SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
+                   (clip ? "clipped" : "unclipped"));
+      const TrainingRun gpu = train(make_gpu_schedule, micro_batches, clip);
+      for (const auto& [name, sites] : placements) {
+        expect_same(gpu, train(with_options("layup", {.update_sites = sites}), micro_batches, clip),
+                    std::string("layup, deferred, on the device: ") + name);
+        expect_same(gpu,
+                    train(with_options("layup", {.speculative_clip = true, .update_sites = sites}),
+                          micro_batches, clip),
+                    std::string("layup, speculative, on the device: ") + name);
+      }
+    }
+  const TrainingRun gpu = train(make_gpu_schedule, 1, false);
+  for (const auto& [name, sites] : placements)
+    expect_same(
+        gpu,
+        train(with_options("layup", {.host_gradient = false, .update_sites = sites}), 1, false),
+        std::string("layup, slots only, on the device: ") + name);
+
+  const Gpt2Config config = tiny_config();
   EXPECT_THROW(make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                                   layout, {.weights_in_place = true, .head_on_device = true}),
-               Error);
+                                   layout, {.weights_in_place = true, .update_sites = block_1}),
+               Error)
+      << "a device-updated block needs the device's copy of the weights";
+  EXPECT_THROW(
+      make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
+                          {.update_sites = std::vector<UpdateSite>(spans - 1, UpdateSite::kHost)}),
+      Error)
+      << "one site per span";
+  EXPECT_NE(describe_schedule(Mode::kLayup, {.update_sites = block_1_and_head}, 1.0f)
+                .find("the embeddings, block 1 and the final norm are updated on the device"),
+            std::string::npos)
+      << describe_schedule(Mode::kLayup, {.update_sites = block_1_and_head}, 1.0f);
+}
+
+// A checkpoint of a run with device-updated spans holds their state as the device has it: what
+// export_tensors gives, import_tensors puts back (the moments into device memory, which the
+// accountant sees), and training on from it, in layup with the same sites or in gpu mode, takes
+// the same steps as a run that never stopped.
+TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
+  const Gpt2Config config = tiny_config();
+  const ParameterLayout layout(config);
+  std::vector<UpdateSite> sites = head_on_device(layout);
+  sites[1 + 1] = UpdateSite::kDevice;
+  const ScheduleOptions options{.update_sites = sites};
+  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  const auto steps = [&](Schedule& schedule, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      std::mt19937 step_rng(static_cast<unsigned>(1000 + step));  // the same data in every run
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        inputs[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
+        targets[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
+      }
+      const TokenBatch batch{inputs.data(), targets.data(), kBatch, kSeqLen};
+      UpdateSettings settings;
+      settings.adamw.hyper.lr = 1e-2f;
+      settings.adamw.t = step + 1;
+      settings.clip_max_norm = step % 2 == 0 ? 1e-3f : 0.0f;
+      EXPECT_TRUE(schedule.step(std::span(&batch, 1), settings).applied) << "step " << step;
+    }
+  };
+  const auto layup = [&](std::shared_ptr<MemoryAccountant> accountant = nullptr) {
+    return make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen),
+                               make_cpu_device(std::move(accountant)), layout, options);
+  };
+
+  std::unique_ptr<Schedule> unbroken = layup();
+  unbroken->import_tensors(fresh_optimizer_tensors(layout, 7));
+  steps(*unbroken, 0, 6);
+  const OptimizerTensors expected = unbroken->export_tensors();
+
+  std::unique_ptr<Schedule> first = layup();
+  first->import_tensors(fresh_optimizer_tensors(layout, 7));
+  steps(*first, 0, 3);
+  const OptimizerTensors checkpoint = first->export_tensors();
+  EXPECT_NE(checkpoint.adam_v[layout.spans()[2].offset], 0.0f) << "block 1's moments";
+
+  auto accountant = std::make_shared<MemoryAccountant>();
+  std::unique_ptr<Schedule> resumed = layup(accountant);
+  const size_t on_device =
+      layout.embeddings().count + layout.block().count + layout.final_norm().count;
+  EXPECT_EQ(accountant->cell(MemorySide::kDevice, TensorClass::kOptimizerMoments, MemoryKind::kHost)
+                .current,
+            2 * on_device * sizeof(float))
+      << "m and v of the device-updated spans, in device memory";
+  resumed->import_tensors(checkpoint);
+  const OptimizerTensors round_trip = resumed->export_tensors();
+  EXPECT_TRUE(bitwise_equal(checkpoint.params, round_trip.params));
+  EXPECT_TRUE(bitwise_equal(checkpoint.adam_m, round_trip.adam_m));
+  EXPECT_TRUE(bitwise_equal(checkpoint.adam_v, round_trip.adam_v));
+  steps(*resumed, 3, 6);
+  const OptimizerTensors got = resumed->export_tensors();
+  EXPECT_TRUE(bitwise_equal(expected.params, got.params)) << "resumed in layup: params";
+  EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m)) << "resumed in layup: m";
+  EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v)) << "resumed in layup: v";
+
+  std::unique_ptr<Schedule> gpu =
+      make_gpu_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
+  gpu->import_tensors(checkpoint);
+  steps(*gpu, 3, 6);
+  const OptimizerTensors in_gpu_mode = gpu->export_tensors();
+  EXPECT_TRUE(bitwise_equal(expected.params, in_gpu_mode.params)) << "resumed in gpu mode: params";
+  EXPECT_TRUE(bitwise_equal(expected.adam_m, in_gpu_mode.adam_m)) << "resumed in gpu mode: m";
+  EXPECT_TRUE(bitwise_equal(expected.adam_v, in_gpu_mode.adam_v)) << "resumed in gpu mode: v";
 }
 
 TEST(SchedulesEquivalence, LayupWithoutHostGradientRefusesToClipOrAccumulate) {

@@ -6,7 +6,7 @@
 //
 //   device thread                          CPU worker
 //   lease = acquire(l)   (waits: free)
-//   zero + backward into lease.data
+//   backward into lease.data (overwrites)
 //   hand the lease to a worker  ------->   copy lease.data to the host
 //                                          release(lease)   (slot free again)
 //   acquire(l - 2)       (waits for that release)
@@ -56,8 +56,9 @@ class WeightGradSlots {
   // it. The slot's contents are whatever the last holder left (the backward overwrites them).
   SlotLease acquire(int layer);
 
-  // CPU worker: the slot's contents are no longer needed; the device may overwrite it. Throws
-  // layup::Error when the lease is not the slot's current one.
+  // The holder (a CPU thread; the device thread for a block it keeps): the slot's contents are no
+  // longer needed; the device may overwrite it. Throws layup::Error when the lease is not the
+  // slot's current one.
   void release(const SlotLease& lease);
 
   // How many acquire() calls had to wait for a release (the device stalled on the CPU).

@@ -512,23 +512,24 @@ TEST_P(CudaBackendTest, LayupSpeculativeClippingAgrees) {
 }
 
 // layup with the head (embeddings, final norm) updated by the GPU's AdamW in the device copy of
-// its weights (ScheduleOptions::head_on_device, the default on a discrete GPU), one micro-batch:
-// deferred and speculative clipping (1.0 triggers, 1e3 does not), no clipping, and no clipping
-// without a host gradient.
+// its weights (ScheduleOptions::update_sites: head_on_device, the default on a discrete GPU), one
+// micro-batch: deferred and speculative clipping (1.0 triggers, 1e3 does not), no clipping, and no
+// clipping without a host gradient.
 TEST_P(CudaBackendTest, LayupHeadOnDeviceAgrees) {
   for (const float clip : {1.0f, 1e3f, 0.0f}) {
     const std::string clip_name = clip == 0.0f ? "none" : clip > 1.0f ? "1e3" : "1.0";
     const ModeRun gpu_run = run_mode("gpu", {}, clip, false);
-    const ScheduleOptions deferred{.cpu_workers = 2, .head_on_device = true};
+    const ScheduleOptions deferred{.cpu_workers = 2, .update_sites = head_on_device(layout)};
     expect_agrees(run_mode("layup", deferred, clip, false), gpu_run,
                   "layup, head on device, clip " + clip_name);
     if (clip > 0.0f) {
       const ScheduleOptions speculative{
-          .cpu_workers = 2, .speculative_clip = true, .head_on_device = true};
+          .cpu_workers = 2, .speculative_clip = true, .update_sites = head_on_device(layout)};
       expect_agrees(run_mode("layup", speculative, clip, false), gpu_run,
                     "layup, head on device, speculative, clip " + clip_name);
     } else {
-      const ScheduleOptions slots{.cpu_workers = 2, .host_gradient = false, .head_on_device = true};
+      const ScheduleOptions slots{
+          .cpu_workers = 2, .host_gradient = false, .update_sites = head_on_device(layout)};
       expect_agrees(run_mode("layup", slots, clip, false), gpu_run,
                     "layup, head on device, no host gradient");
     }
@@ -536,9 +537,18 @@ TEST_P(CudaBackendTest, LayupHeadOnDeviceAgrees) {
   // Two micro-batches: the device sums the head's gradient (the gpu mode sums every gradient).
   for (const float clip : {1.0f, 1e3f}) {
     const std::string clip_name = clip > 1.0f ? "1e3" : "1.0";
-    const ScheduleOptions deferred{.cpu_workers = 2, .head_on_device = true};
+    const ScheduleOptions deferred{.cpu_workers = 2, .update_sites = head_on_device(layout)};
     expect_agrees(run_mode("layup", deferred, clip, true), run_mode("gpu", {}, clip, true),
                   "layup, head on device, two micro-batches, clip " + clip_name);
+  }
+  // Block 1 updated on the device too (its gradient kept and summed in device memory).
+  std::vector<UpdateSite> sites = head_on_device(layout);
+  sites[1 + 1] = UpdateSite::kDevice;
+  for (const bool two : {false, true}) {
+    const ScheduleOptions with_block{.cpu_workers = 2, .update_sites = sites};
+    expect_agrees(run_mode("layup", with_block, 1.0f, two), run_mode("gpu", {}, 1.0f, two),
+                  std::string("layup, block 1 and head on device, clip 1.0") +
+                      (two ? ", two micro-batches" : ""));
   }
 }
 

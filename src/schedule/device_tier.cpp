@@ -1,0 +1,106 @@
+// DeviceTier: packed device buffers for the device-updated spans, and their AdamW.
+#include "schedule/device_tier.h"
+
+#include "core/error.h"
+#include "trace/trace_recorder.h"
+
+namespace layup {
+
+DeviceTier::DeviceTier(Device& device, const ParameterLayout& layout,
+                       const std::vector<UpdateSite>& sites, MemoryKind grads_kind,
+                       const float* embeddings_grad, const float* final_norm_grad)
+    : device_(device),
+      layout_(layout),
+      grads_kind_(grads_kind),
+      at_(layout.spans().size(), kNotHere),
+      block_at_(layout.config().n_layer, kNotHere),
+      head_sum_at_(layout.spans().size(), kNotHere),
+      head_grads_{embeddings_grad, final_norm_grad} {
+  const std::vector<Span>& all = layout.spans();
+  LAYUP_CHECK(sites.empty() || sites.size() == all.size(), "the update sites name ", sites.size(),
+              " spans, but the model has ", all.size(),
+              " (the embeddings, one per block, the final norm)");
+  size_t moments = 0, block_floats = 0;
+  for (size_t index = 0; index < sites.size(); ++index) {
+    if (sites[index] != UpdateSite::kDevice) continue;
+    spans_.push_back(index);
+    at_[index] = moments;
+    moments += all[index].count;
+    if (all[index].kind == SpanKind::kBlock) {
+      block_at_[all[index].layer] = block_floats;
+      block_floats += all[index].count;
+    } else {
+      head_sum_at_[index] = head_sum_count_;
+      head_sum_count_ += all[index].count;
+    }
+  }
+  if (moments == 0) return;
+  m_ = device.allocate(moments, TensorClass::kOptimizerMoments);
+  v_ = device.allocate(moments, TensorClass::kOptimizerMoments);
+  if (block_floats > 0)
+    block_grads_ = device.allocate_kind(block_floats, TensorClass::kWeightGrads,
+                                        MemorySide::kDevice, grads_kind);
+}
+
+void DeviceTier::begin_step(size_t micro_batches) {
+  summed_ = micro_batches > 1;
+  // The memory plan counts the head's sum only for --grad-accum > 1.
+  if (summed_ && head_sum_count_ > 0 && head_sums_.count() == 0)
+    head_sums_ = device_.allocate_kind(head_sum_count_, TensorClass::kWeightGrads,
+                                       MemorySide::kDevice, grads_kind_);
+}
+
+float* DeviceTier::block_gradient(int layer) const {
+  LAYUP_CHECK(block_at_[layer] != kNotHere, "block ", layer, " is not updated on the device");
+  return block_grads_.data() + block_at_[layer];
+}
+
+float* DeviceTier::own_gradient(size_t index) const {
+  const Span& span = layout_.spans()[index];
+  if (span.kind == SpanKind::kBlock) return block_gradient(span.layer);
+  LAYUP_CHECK(head_sum_at_[index] != kNotHere && head_sums_.count() > 0, "span ", index,
+              " has no sum over micro-batches on the device");
+  return head_sums_.data() + head_sum_at_[index];
+}
+
+void DeviceTier::add(size_t index, const float* micro_batch, bool first) {
+  float* sum = own_gradient(index);
+  const size_t count = layout_.spans()[index].count;
+  if (first) device_.fill_zero(sum, count);
+  device_.add(sum, micro_batch, count);
+}
+
+const float* DeviceTier::gradient(size_t index) const {
+  const Span& span = layout_.spans()[index];
+  LAYUP_CHECK(holds(index), "span ", index, " is not updated on the device");
+  if (span.kind == SpanKind::kBlock || summed_) return own_gradient(index);
+  return head_grads_[span.kind == SpanKind::kEmbeddings ? 0 : 1];
+}
+
+void DeviceTier::update(const AdamWStep& adamw, float* weights, TraceRecorder* trace, int track) {
+  for (const size_t index : spans_) {
+    const Span& span = layout_.spans()[index];
+    TraceSpan traced(trace, track, adamw_trace_name(span.kind), span.layer);
+    device_.adamw_update_span(layout_, span, weights + span.offset, gradient(index),
+                              m_.data() + at_[index], v_.data() + at_[index], adamw, nullptr);
+  }
+}
+
+void DeviceTier::read_state(OptimizerTensors& tensors, const float* weights) const {
+  for (const size_t index : spans_) {
+    const Span& span = layout_.spans()[index];
+    device_.copy_to_host(tensors.params.data() + span.offset, weights + span.offset, span.count);
+    device_.copy_to_host(tensors.adam_m.data() + span.offset, m_.data() + at_[index], span.count);
+    device_.copy_to_host(tensors.adam_v.data() + span.offset, v_.data() + at_[index], span.count);
+  }
+}
+
+void DeviceTier::write_state(const OptimizerTensors& tensors) {
+  for (const size_t index : spans_) {
+    const Span& span = layout_.spans()[index];
+    device_.copy_to_device(m_.data() + at_[index], tensors.adam_m.data() + span.offset, span.count);
+    device_.copy_to_device(v_.data() + at_[index], tensors.adam_v.data() + span.offset, span.count);
+  }
+}
+
+}  // namespace layup

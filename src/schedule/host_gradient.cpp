@@ -1,0 +1,100 @@
+// HostGradient: landing, adding and squaring a span's gradient on the host.
+#include "schedule/host_gradient.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "optim/grad_norm.h"
+
+namespace layup {
+
+namespace {
+
+// Sum-of-squares chunks a worker adds and squares at a time (1 MiB): small enough that the piece
+// is still in the worker's cache when it is squared.
+constexpr size_t kPassChunks = 4;
+// Sum-of-squares chunks the staging buffer holds (16 MiB): one transfer per piece of a later
+// micro-batch's gradient, long enough to run at the interconnect's full rate.
+constexpr size_t kStagingChunks = 64;
+
+}  // namespace
+
+HostGradient::HostGradient(Device& device, const ParameterLayout& layout, HostAdamW& workers,
+                           SpanSquareSums& device_sums)
+    : device_(device),
+      layout_(layout),
+      workers_(workers),
+      device_sums_(device_sums),
+      grads_(device.allocate_host(layout.total_count(), TensorClass::kWeightGrads)) {
+  size_t largest_span = 0;
+  for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
+  staging_ = device.allocate_host(std::min(largest_span, kStagingChunks * kSumOfSquaresChunk),
+                                  TensorClass::kWeightGrads);
+}
+
+double HostGradient::accumulate(const DeviceFence& written, const float* device_grad, size_t index,
+                                bool first, bool last, const std::function<void()>& copied) {
+  const size_t count = layout_.spans()[index].count;
+  const size_t chunks = sum_of_squares_chunks(count);
+  const bool host_sums = last && !first;  // one micro-batch: the device took the sum
+  std::vector<double> chunk_sums(host_sums ? chunks : 0, 0.0);
+  float* accumulated = span(index);
+  const auto element_pass = [&](size_t first_chunk, size_t end_chunk,
+                                const std::function<void(size_t, size_t)>& combine) {
+    chunked_pass(accumulated, count, first_chunk, end_chunk, combine,
+                 host_sums ? chunk_sums.data() : nullptr);
+  };
+
+  if (first) {
+    land(written, device_grad, index);
+    if (copied) copied();
+    // One micro-batch: the gradient as the backward wrote it, as gpu mode uses it, and the sum
+    // of squares the device took: no host pass at all (host bandwidth is what the step is bound
+    // by).
+    if (last) return device_sums_.take(index);
+    // 0 + g in place: what adding into a zeroed accumulator gives (a -0 gradient becomes +0), as
+    // gpu mode's sum over micro-batches starts.
+    element_pass(0, chunks, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) accumulated[i] = 0.0f + accumulated[i];
+    });
+  } else {
+    std::lock_guard lock(staging_mutex_);
+    const size_t piece_chunks = std::max<size_t>(1, staging_.count() / kSumOfSquaresChunk);
+    for (size_t c = 0; c < chunks; c += piece_chunks) {
+      const size_t piece_begin = c * kSumOfSquaresChunk;
+      const size_t c_end = std::min(chunks, c + piece_chunks);
+      const size_t piece_end = std::min(count, c_end * kSumOfSquaresChunk);
+      const float* staged = staging_.data();
+      device_.copy_to_host_after(written, staging_.data(), device_grad + piece_begin,
+                                 piece_end - piece_begin);
+      // One float add per element in micro-batch order, as every mode accumulates.
+      element_pass(c, c_end, [&](size_t begin, size_t end) {
+        for (size_t i = begin; i < end; ++i) accumulated[i] += staged[i - piece_begin];
+      });
+    }
+    if (copied) copied();
+  }
+  return host_sums ? add_chunk_sums(chunk_sums.data(), chunks) : 0.0;
+}
+
+void HostGradient::land(const DeviceFence& written, const float* device_grad, size_t index) {
+  device_.copy_to_host_after(written, span(index), device_grad, layout_.spans()[index].count);
+}
+
+void HostGradient::chunked_pass(const float* squared, size_t count, size_t first_chunk,
+                                size_t end_chunk,
+                                const std::function<void(size_t, size_t)>& combine,
+                                double* chunk_sums) {
+  // Whole chunks per worker, so that each chunk's sum is one worker's chain in index order.
+  workers_.run_on_workers([&](int worker, int workers) {
+    const size_t n = end_chunk - first_chunk;
+    const size_t my_end = first_chunk + n * (worker + 1) / workers;
+    for (size_t c = first_chunk + n * worker / workers; c < my_end; c += kPassChunks) {
+      const size_t c_end = std::min(my_end, c + kPassChunks);
+      if (combine) combine(c * kSumOfSquaresChunk, std::min(count, c_end * kSumOfSquaresChunk));
+      if (chunk_sums != nullptr) chunk_sums_of_squares(squared, count, c, c_end, chunk_sums);
+    }
+  });
+}
+
+}  // namespace layup
