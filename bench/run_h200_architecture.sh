@@ -2,7 +2,7 @@
 # Issue 19 on the H200 machine: the redesigned glue costs no speed, and plan and accountant agree
 # there. Two phases, one device call each (the build folders stay on the machine between calls):
 #   PHASE=build  builds this tree (build-gpu) and the tree before the change (.carry/before.tar,
-#                from `git archive --prefix=before/ COMMIT src CMakeLists.txt scripts`) with the
+#                from `git archive --prefix=before/ COMMIT src CMakeLists.txt scripts bench`) with the
 #                CUDA backend for sm_90, and runs this tree's CUDA tests (among them
 #                CudaMemory.ThePlanMatchesTheAccountantAfterAStep, every accounted cell, each mode).
 #   PHASE=bench  `layup bench` in gpu and layup mode at gpt2 B=32 and gpt2-xl B=4 (T=1024, bf16),
@@ -22,6 +22,14 @@ export PATH="/usr/local/cuda/bin:$PATH"
 # shellcheck source=scripts/gpu_cmake_args.sh
 source "$repo/scripts/gpu_cmake_args.sh"
 
+if [ "${PHASE:-build}" = before ]; then  # the tree before alone (its build failed, say)
+  rm -rf "$before_src" && tar -xf "$repo/.carry/before.tar" -C "$repo/.carry" &&
+    cmake -S "$before_src" -B "$before" "${cmake_args[@]}" > "$out/configure-before.log" 2>&1 &&
+    cmake --build "$before" -j16 --target layup > "$out/build-before.log" 2>&1
+  echo "before build: exit $?"
+  "$before/layup" --version
+  exit 0
+fi
 if [ "${PHASE:-build}" = build ]; then
   rm -rf "$before_src" && mkdir -p "$before_src" &&
     tar -xf "$repo/.carry/before.tar" -C "$repo/.carry"
