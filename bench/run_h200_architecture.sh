@@ -53,7 +53,7 @@ table=$out/bench_table.md
 echo "| config | mode | before tok/s | after tok/s | after / before |" > "$table"
 echo "|---|---|---|---|---|" >> "$table"
 best() {  # the largest tokens_per_s of the JSON files given
-  python3 -c 'import json,sys; print(max(json.load(open(f))["tokens_per_s"] for f in sys.argv[1:]))' "$@"
+  python3 -c 'import json,sys; print(round(max(json.load(open(f))["tokens_per_s"] for f in sys.argv[1:])))' "$@"
 }
 for config in "gpt2 32" "gpt2-xl 4"; do
   set -- $config
