@@ -29,16 +29,9 @@
 
 #include "model/gpt2_config.h"
 #include "model/parameter_layout.h"
+#include "model/token_batch.h"
 
 namespace layup {
-
-// B sequences of T token ids. targets may be null for inference (no loss, no backward).
-struct TokenBatch {
-  const int32_t* inputs = nullptr;   // [B, T]
-  const int32_t* targets = nullptr;  // [B, T] or null
-  int batch = 0;                     // B
-  int seq_len = 0;                   // T
-};
 
 using ParameterPointers = SpanPointers<const float>;
 using GradientPointers = SpanPointers<float>;

@@ -7,9 +7,9 @@
 #include <map>
 #include <memory>
 
-#include "backend/backend_factory.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "engine/backend_factory.h"
 #include "io/atomic_file.h"
 #include "study/placement_study.h"
 #include "train/progress_line.h"

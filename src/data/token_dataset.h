@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/model_backend.h"
 #include "core/rng.h"
+#include "model/token_batch.h"
 
 namespace layup {
 

@@ -5,6 +5,15 @@ namespace layup {
 
 namespace {
 
+// The backend's part of the plan's placement (activations, scratch) in a resolved target.
+ComputeTarget placed_target(const MemoryPlan& plan, ComputeTarget target) {
+  if (target.device == DeviceKind::kCuda) {
+    target.activations_kind = plan.placement[TensorClass::kActivations];
+    target.scratch_kind = plan.placement[TensorClass::kScratch];
+  }
+  return target;
+}
+
 // The plan's request with the target resolved into it.
 MemoryPlanRequest resolved_request(const RunRequest& request, const ComputeTarget& target) {
   MemoryPlanRequest plan = request.plan;

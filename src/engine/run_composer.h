@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "backend/backend_factory.h"
+#include "engine/backend_factory.h"
 #include "memory/memory_accountant.h"
 #include "memory/memory_plan.h"
 #include "model/parameter_layout.h"

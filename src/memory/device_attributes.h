@@ -35,11 +35,9 @@ struct DeviceMemoryAttributes {
 // The CPU backend: host memory only.
 DeviceMemoryAttributes cpu_memory_attributes();
 
-// CUDA device 0 (or the first one CUDA_VISIBLE_DEVICES leaves), read from the driver where this
-// build has CUDA and a GPU is usable; otherwise a discrete GPU's values, with queried = false.
-DeviceMemoryAttributes cuda_memory_attributes();
-
-// The attributes of a resolved device (cpu or cuda).
-DeviceMemoryAttributes memory_attributes_of(DeviceKind device);
+// A discrete GPU over PCIe, as our H200 reports itself, with queried = false: what a plan for
+// cuda assumes where no GPU can be asked (the CUDA backend reads the real ones:
+// read_cuda_memory_attributes in backend/cuda/cuda_device.h).
+DeviceMemoryAttributes assumed_cuda_memory_attributes();
 
 }  // namespace layup

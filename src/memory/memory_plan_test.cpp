@@ -149,7 +149,7 @@ TEST(MemoryPlan, Gpt2LargeLayupKeepsTwoBlocksOfWeightGradsOnTheDevice) {
     if (device == "cuda") {
       request.device = DeviceKind::kCuda;
       request.dtype = Dtype::kBf16;
-      request.attributes = cuda_memory_attributes();
+      request.attributes = assumed_cuda_memory_attributes();
     }
     const MemoryPlan gpu = plan_memory(request);
     request.mode = Mode::kLayup;
@@ -269,7 +269,7 @@ TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
   EXPECT_TRUE(plan_memory(request).speculative_clip);
   request.device = DeviceKind::kCuda;
   request.dtype = Dtype::kBf16;
-  request.attributes = cuda_memory_attributes();
+  request.attributes = assumed_cuda_memory_attributes();
   request.attributes.integrated = false;
   EXPECT_TRUE(plan_memory(request).speculative_clip);
   request.attributes.integrated = true;
@@ -303,7 +303,7 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
   EXPECT_FALSE(plan_memory(request).head_on_device) << "the CPU backend computes in place";
   request.device = DeviceKind::kCuda;
   request.dtype = Dtype::kBf16;
-  request.attributes = cuda_memory_attributes();
+  request.attributes = assumed_cuda_memory_attributes();
   request.attributes.integrated = false;
   const MemoryPlan on_device = plan_memory(request);
   EXPECT_TRUE(on_device.head_on_device);
@@ -376,7 +376,7 @@ TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
   // A discrete GPU (the attributes our H200 reports).
   request.device = DeviceKind::kCuda;
   request.dtype = Dtype::kBf16;
-  request.attributes = cuda_memory_attributes();
+  request.attributes = assumed_cuda_memory_attributes();
   request.attributes.queried = false;
   request.attributes.integrated = false;
   request.attributes.pageable_memory_access = false;
@@ -515,7 +515,7 @@ TEST(MemoryPlan, TheGpusFreeMemoryIsALimitToo) {
   MemoryPlanRequest request = cpu_request(tiny_config(), "gpu", 2, 8);
   request.device = DeviceKind::kCuda;
   request.dtype = Dtype::kBf16;
-  request.attributes = cuda_memory_attributes();
+  request.attributes = assumed_cuda_memory_attributes();
   request.attributes.integrated = false;
   request.attributes.queried = true;
   request.attributes.name = "test GPU";
@@ -544,7 +544,7 @@ TEST(MemoryPlan, OnADiscreteGpuTheHostMemoryIsWhatIsNotInDeviceMemory) {
   MemoryPlanRequest request = cpu_request(tiny_config(), "layup", 2, 8);
   request.device = DeviceKind::kCuda;
   request.dtype = Dtype::kBf16;
-  request.attributes = cuda_memory_attributes();
+  request.attributes = assumed_cuda_memory_attributes();
   request.attributes.integrated = false;
   request.data_bytes = 12345;
   const MemoryPlan plan = plan_memory(request);

@@ -58,14 +58,6 @@ DeviceBuffer allocate_placed(Device& device, const ScheduleOptions& options, siz
   return device.allocate_kind(count, tensor_class, side, options.kind_of(tensor_class, fallback));
 }
 
-ComputeTarget placed_target(const MemoryPlan& plan, ComputeTarget target) {
-  if (target.device == DeviceKind::kCuda) {
-    target.activations_kind = plan.placement[TensorClass::kActivations];
-    target.scratch_kind = plan.placement[TensorClass::kScratch];
-  }
-  return target;
-}
-
 std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend> backend,
                                         std::unique_ptr<Device> device,
                                         const ParameterLayout& layout,

@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend_factory.h"
 #include "backend/device.h"
 #include "backend/model_backend.h"
+#include "core/run_choices.h"
 #include "model/parameter_layout.h"
 #include "optim/adamw.h"
 
@@ -158,8 +158,6 @@ struct MemoryPlan;  // memory/memory_plan.h
 
 // What a run's memory plan says, with cpu_workers workers.
 ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers);
-// The backend's part of the plan's placement (activations, scratch) in a resolved target.
-ComputeTarget placed_target(const MemoryPlan& plan, ComputeTarget target);
 
 // The schedule of a mode; `options` is used by `offload` and `layup`.
 std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend> backend,

@@ -13,10 +13,10 @@
 #include <span>
 #include <utility>
 
-#include "backend/backend_factory.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/token_dataset.h"
+#include "engine/backend_factory.h"
 #include "engine/run_composer.h"
 #include "memory/memory_plan.h"
 #include "model/init.h"

@@ -11,10 +11,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "backend/backend_factory.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/token_dataset.h"
+#include "engine/backend_factory.h"
 #include "engine/run_composer.h"
 #include "io/checkpoint.h"
 #include "memory/memory_plan.h"

@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend_factory.h"
 #include "core/error.h"
+#include "engine/backend_factory.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "optim/lr_schedule.h"

@@ -384,4 +384,43 @@ std::unique_ptr<Device> make_cuda_device(std::shared_ptr<MemoryAccountant> accou
   return std::make_unique<CudaDevice>(std::move(accountant));
 }
 
+DeviceMemoryAttributes read_cuda_memory_attributes() {
+  DeviceMemoryAttributes attributes = assumed_cuda_memory_attributes();
+  if (!cuda_device_available(nullptr)) return attributes;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return attributes;
+  }
+  auto read = [device](cudaDeviceAttr attribute) {
+    int value = 0;
+    if (cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return value != 0;
+  };
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, device) == cudaSuccess)
+    attributes.name = properties.name;
+  char bus_id[32] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device) == cudaSuccess)
+    attributes.pci_bus_id = bus_id;
+  else
+    cudaGetLastError();
+  attributes.queried = true;
+  attributes.integrated = read(cudaDevAttrIntegrated);
+  attributes.pageable_memory_access = read(cudaDevAttrPageableMemoryAccess);
+  attributes.pageable_uses_host_page_tables =
+      read(cudaDevAttrPageableMemoryAccessUsesHostPageTables);
+  attributes.concurrent_managed_access = read(cudaDevAttrConcurrentManagedAccess);
+  attributes.managed_memory = read(cudaDevAttrManagedMemory);
+  attributes.can_map_host_memory = read(cudaDevAttrCanMapHostMemory);
+  if (cudaMemGetInfo(&attributes.free_bytes, &attributes.total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    attributes.free_bytes = attributes.total_bytes = 0;
+  }
+  return attributes;
+}
+
 }  // namespace layup

@@ -17,12 +17,17 @@
 #include <string>
 
 #include "backend/device.h"
+#include "memory/device_attributes.h"
 
 namespace layup {
 
 // True when a CUDA GPU is present and can run this build's kernels. Otherwise false, and *why
 // (when not null) says what is missing, e.g. for a test's skip message.
 bool cuda_device_available(std::string* why);
+
+// CUDA device 0's memory attributes as the driver reports them (the first GPU
+// CUDA_VISIBLE_DEVICES leaves); without a usable GPU, assumed_cuda_memory_attributes().
+DeviceMemoryAttributes read_cuda_memory_attributes();
 
 // Device 0 (or the one CUDA_VISIBLE_DEVICES leaves first), recording its memory into
 // `accountant` (null: a ledger of its own). Throws layup::Error when there is no usable GPU.

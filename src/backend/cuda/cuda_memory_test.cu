@@ -111,7 +111,7 @@ PlacedRun train_placed(const std::string& mode, const std::vector<std::string>& 
   request.clip = clip;
   request.device = DeviceKind::kCuda;
   request.dtype = dtype == ComputeDtype::kBFloat16 ? Dtype::kBf16 : Dtype::kFp32;
-  request.attributes = cuda_memory_attributes();
+  request.attributes = read_cuda_memory_attributes();
   request.place = place;
   PlacedRun run{plan_memory(request), std::make_shared<MemoryAccountant>(), {}, {}};
   std::unique_ptr<Schedule> schedule =

@@ -1,6 +1,6 @@
 // The backend factory's option checks: --algorithms names, and the CUDA-only options refused on
 // the CPU backend with a message that says what to do.
-#include "backend/backend_factory.h"
+#include "engine/backend_factory.h"
 
 #include <gtest/gtest.h>
 

@@ -7,6 +7,7 @@
 #include "backend/algorithm_choice.h"
 #include "backend/device.h"
 #include "backend/model_backend.h"
+#include "memory/device_attributes.h"
 #include "memory/memory_accountant.h"
 
 namespace layup {
@@ -35,6 +36,11 @@ struct BackendAndDevice {
 
 // Builds the backend for a resolved target, sized for max_batch x max_seq_len. Device and backend
 // record their allocations into `accountant` (null: a new one, returned in the result).
+// The memory attributes of a resolved device: the CPU backend's, or the GPU's as its driver
+// reports them (where this build has no CUDA backend or no GPU is usable: a discrete GPU's,
+// assumed, which the plan says).
+DeviceMemoryAttributes memory_attributes_of(DeviceKind device);
+
 BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& config, int max_batch,
                               int max_seq_len,
                               std::shared_ptr<MemoryAccountant> accountant = nullptr);

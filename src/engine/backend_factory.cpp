@@ -1,5 +1,5 @@
 // Backend selection: the CPU backend always, the CUDA backend where built and a GPU is usable.
-#include "backend/backend_factory.h"
+#include "engine/backend_factory.h"
 
 #include "core/error.h"
 
@@ -38,6 +38,16 @@ ComputeTarget resolve_compute_target(const ComputeTarget& requested) {
   LAYUP_CHECK(target.device == DeviceKind::kCuda || target.dtype == Dtype::kFp32,
               "the CPU backend computes in fp32 only; use --dtype fp32 (or --device cuda)");
   return target;
+}
+
+DeviceMemoryAttributes memory_attributes_of(DeviceKind device) {
+  LAYUP_CHECK(device != DeviceKind::kAuto, "memory attributes need a resolved device, cpu or cuda");
+  if (device == DeviceKind::kCpu) return cpu_memory_attributes();
+#ifdef LAYUP_HAVE_CUDA
+  return read_cuda_memory_attributes();
+#else
+  return assumed_cuda_memory_attributes();
+#endif
 }
 
 BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& config, int max_batch,
