@@ -4,6 +4,8 @@ with one wrong-way include, or a folder the layers do not name, fails naming the
 import shutil
 import subprocess
 
+import pytest
+
 from paths import REPO
 
 SCRIPT = REPO / "scripts" / "check_layers.cmake"
@@ -24,22 +26,19 @@ def test_this_checkout_keeps_its_layers():
     assert result.returncode == 0, result.stderr
 
 
-def test_an_include_that_points_up_fails(tmp_path):
+@pytest.mark.parametrize("header, include, message", [
+    ("model/init.h", "schedule/schedule.h",
+     "src/model/init.h (model, layer 1) includes schedule/schedule.h"),
+    ("backend/cpu/cpu_backend.h", "backend/cuda/cuda_device.h",
+     "cpu_backend.h (backend/cpu, layer 6) includes backend/cuda/cuda_device.h"),
+])
+def test_an_include_up_or_across_the_layers_fails(tmp_path, header, include, message):
     tree = copy_of_sources(tmp_path)
-    with open(tree / "src" / "model" / "init.h", "a") as header:
-        header.write('#include "schedule/schedule.h"\n')
+    with open(tree / "src" / header, "a") as written:
+        written.write(f'#include "{include}"\n')
     result = check(tree)
     assert result.returncode != 0
-    assert "src/model/init.h (model, layer 1) includes schedule/schedule.h" in result.stderr
-
-
-def test_an_include_across_one_layer_fails(tmp_path):
-    tree = copy_of_sources(tmp_path)
-    with open(tree / "src" / "backend" / "cpu" / "cpu_backend.h", "a") as header:
-        header.write('#include "backend/cuda/cuda_device.h"\n')
-    result = check(tree)
-    assert result.returncode != 0
-    assert "cpu_backend.h (backend/cpu, layer 6) includes backend/cuda/cuda_device.h" in result.stderr
+    assert message in result.stderr
 
 
 def test_a_test_may_include_any_layer(tmp_path):
