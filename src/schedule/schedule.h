@@ -1,14 +1,7 @@
 // A schedule decides where parameters, gradients and optimizer state live and in which order
-// forward, backward and the AdamW update run. The trainer sees only this interface.
-//
-// Modes (shared/DESIGN.md): `gpu` keeps everything on the device and updates after backward;
-// `offload` and `layup` keep fp32 master weights, the accumulated gradient and the AdamW moments
-// on the host and run AdamW on the CPU, on pinned HostAdamW workers (optim/host_adamw.h) that
-// split every span's update between them. The three modes agree bitwise on the CPU backend.
-//
-// A step may return before all of its updates have landed (`layup` lets them overlap the next
-// forward); a schedule then makes whatever reads the parameters or the optimizer state (the next
-// step, evaluate, forward_logits, export_tensors, import_tensors) wait for what it needs.
+// forward, backward and the AdamW update run. The trainer sees only this interface. What each mode
+// keeps where, the order of a step, clipping, what a step leaves in flight and why the modes
+// train bit for bit alike: docs/schedules.md.
 //
 // Tracing (trace/trace_recorder.h): with set_trace, a schedule records each step's work on the
 // track "GPU" (the thread that issues device work; on the CPU backend, the host thread that plays
@@ -108,22 +101,15 @@ enum class UpdateSite { kHost, kDevice };
 // memory plan (schedule_options), which budgets exactly these buffers.
 struct ScheduleOptions {
   int cpu_workers = 0;  // HostAdamW workers (0: one per core this process may use)
-  // The device computes with the host's fp32 master weights where they lie (memory it can read:
-  // the CPU backend's, or mapped pinned memory on CUDA) instead of a copy in its own memory, so
-  // an update needs no transfer back. What a unified-memory device wants.
+  // The device computes with the host's master weights where they lie, with no copy of its own
+  // (docs/schedules.md, "Unified memory").
   bool weights_in_place = false;
-  // layup: keep a whole-model fp32 gradient on the host. Clipping by the global norm (design (a))
-  // and accumulating micro-batches need it; without it each block is updated straight from its
-  // gradient slot (read in place where the host can read the device's memory, else from a pinned
-  // landing buffer per slot), and a step with clipping or more than one micro-batch is refused.
-  // offload always keeps it.
+  // layup: a whole-model fp32 gradient on the host, which clipping and accumulation need; without
+  // it each block is updated from its slot and such a step is refused. offload always keeps it.
   bool host_gradient = true;
-  // layup with clipping (needs host_gradient): speculate and validate (DESIGN.md, design (b)).
-  // Each block is updated during backward as if the step were not clipped, into a second copy of
-  // the master weights and moments; when the global norm turns out to need clipping, the blocks
-  // are updated again from the first copy with the clip factor. Costs 12 bytes per parameter of
-  // host memory. Without it, clipping defers every block update until the norm is known
-  // (design (a)).
+  // layup with clipping: speculate and redo (a second copy of the master weights and moments,
+  // 12 bytes per parameter), else defer the block updates until the norm is known
+  // (docs/schedules.md, "Clipping").
   bool speculative_clip = false;
   // layup: where each span's AdamW runs, in layout.spans() order (empty: every span on the host).
   // A span on the device (a block, the embeddings, the final norm) is updated by the device's
