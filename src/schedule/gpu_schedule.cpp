@@ -1,11 +1,7 @@
 // The `gpu` mode: the whole training step on one device, the baseline every mode is measured
-// against. On the CPU backend "the device" is the host; the step is the same.
-//
-// The three modes must give bitwise-identical results on the CPU backend, so this mode uses the
-// same float arithmetic as `offload` and `layup`: the global norm is the sum of per-span sums of
-// squares added in layout order, and with several micro-batches each micro-batch's gradient is
-// computed on its own (the backward overwrites the memory it is given) and then added to the
-// accumulator with one float add per element, in micro-batch order (Device::add, on the device).
+// against. On the CPU backend "the device" is the host; the step is the same. Its sums follow the
+// order every mode uses (docs/schedules.md, "Why the three modes train alike"): per-span sums of
+// squares added in layout order, micro-batches added one float add per element, in order.
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -6,11 +6,8 @@
 // the next span is updated, and the step returns when the last span's have landed. The host side
 // runs on the HostAdamW workers (HostOptimizerSchedule), called from the calling thread, and is
 // traced on the track "cpu workers".
-//
-// Accumulation over micro-batches happens on the host: each micro-batch's gradient is computed
-// into device memory (the backward overwrites it), copied out and added to the host's fp32
-// accumulator, one float add per element in micro-batch order. That is the order every mode
-// uses, so the three modes give bitwise-identical results on the CPU backend.
+// Micro-batches are summed on the host, in the order every mode uses (docs/schedules.md,
+// "Micro-batch accumulation").
 #include <algorithm>
 #include <cmath>
 #include <latch>
