@@ -19,7 +19,7 @@ namespace layup {
 // What a run is made of, as TrainOptions and BenchmarkOptions both carry it (run_request_of).
 struct RunRequest {
   ComputeTarget target;    // may say auto
-  MemoryPlanRequest plan;  // device, dtype and attributes are filled by plan_run
+  MemoryPlanRequest plan;  // device, dtype, recompute and attributes: from the target
   int cpu_workers = 0;     // offload, layup: CPU AdamW workers (0: every core this process may use)
   std::string memory_budget, device_budget, host_budget;  // budget flags; empty: none
   bool allow_overcommit = false;
@@ -75,7 +75,6 @@ RunRequest run_request_of(const RunOptions& options) {
   plan.layup_clip = options.layup_clip;
   plan.layup_head = options.layup_head;
   plan.mode = options.mode;
-  plan.recompute = options.recompute;
   plan.place = options.place;
   request.cpu_workers = options.cpu_workers;
   request.memory_budget = options.memory_budget;
