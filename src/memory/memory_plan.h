@@ -37,6 +37,7 @@
 #include "memory/device_attributes.h"
 #include "memory/host_memory.h"
 #include "memory/memory_accountant.h"
+#include "memory/planned_allocation.h"
 #include "memory/tensor_class.h"
 #include "model/gpt2_config.h"
 
@@ -81,19 +82,6 @@ struct MemoryPlanRequest {
   std::vector<std::string> place;        // --place CLASS=KIND flags, in order
   DeviceMemoryAttributes attributes = cpu_memory_attributes();
   size_t data_bytes = 0;  // the token shards the run reads into memory (0: none or unknown)
-};
-
-struct PlannedAllocation {
-  MemorySide side;
-  TensorClass tensor_class;
-  MemoryKind kind;  // where the code allocates it (the placement's kind for primary tensors)
-  size_t bytes;
-  std::string what;
-  bool accounted;  // goes through Device or a backend: the accountant measures it at run time
-  // Held only for a moment beside everything else (the initial or loaded state on its way into
-  // the schedule, the state copied out for a checkpoint): counted in the side's and the host
-  // memory's peak, not in its class.
-  bool transient = false;
 };
 
 struct MemoryPlan {
