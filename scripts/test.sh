@@ -4,6 +4,7 @@
 # packages through setup.sh; the Python oracles into a virtual environment, ~3 GB the first time).
 #   ./scripts/test.sh               Release build in build/, every test
 #   ./scripts/test.sh --sanitize    ASan + UBSan build in build-sanitize/, the C++ tests
+#   ./scripts/test.sh --tsan        ThreadSanitizer build in build-tsan/, the schedules' tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,17 @@ if [ "${1:-}" = "--sanitize" ]; then
   # OpenMP's runtime keeps thread pools alive at exit; that is not a leak of ours.
   export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
   ctest --test-dir build-sanitize --output-on-failure -j 2 -E oracle_pytest
+  exit 0
+fi
+
+if [ "${1:-}" = "--tsan" ]; then
+  BUILD_DIR=build-tsan CMAKE_ARGS="-DLAYUP_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLAYUP_CUDA=OFF" \
+    ./scripts/setup.sh
+  # Every suite in src/schedule/, where the device thread, the consumer and the CPU workers hand
+  # gradients and updates to each other. OpenMP's runtime is not built with TSan, so its own
+  # synchronisation would read as races: one OpenMP thread keeps it out of the way.
+  suites=$(grep -ho '^TEST\w*(\w*' src/schedule/*_test.cpp | sed 's/.*(//' | sort -u | sed 's/$/.*/' | paste -sd:)
+  OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 build-tsan/layup_tests --gtest_filter="$suites"
   exit 0
 fi
 

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "memory/memory_accountant.h"
+#include "memory/planned_allocation.h"
 #include "memory/tensor_class.h"
 #include "model/parameter_layout.h"
 #include "optim/adamw.h"
@@ -64,6 +65,14 @@ class DeviceFence {
   virtual ~DeviceFence() = default;
 };
 
+// The kinds a device hands out: its own memory (Device::allocate) and the host memory it copies
+// to and from fastest (Device::allocate_host). Components list their buffers in these kinds
+// before any device exists (memory/planned_allocation.h).
+struct DeviceKinds {
+  MemoryKind own = MemoryKind::kHost;
+  MemoryKind host_copy = MemoryKind::kHost;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -88,6 +97,10 @@ class Device {
   DeviceBuffer allocate_host(size_t count, TensorClass tensor_class) {
     return allocate_kind(count, tensor_class, MemorySide::kHost, host_memory_kind());
   }
+  // The buffer a component listed (its side, class, kind and bytes).
+  DeviceBuffer allocate(const PlannedAllocation& buffer) {
+    return allocate_kind(buffer.floats(), buffer.tensor_class, buffer.side, buffer.kind);
+  }
   // Frees what allocate_kind returned as `kind`; DeviceBuffer calls it.
   virtual void release(float* data, MemoryKind kind) = 0;
 
@@ -95,6 +108,7 @@ class Device {
   virtual MemoryKind memory_kind() const = 0;
   // The kind allocate_host() hands out: host on the CPU backend, pinned on CUDA.
   virtual MemoryKind host_memory_kind() const = 0;
+  DeviceKinds kinds() const { return {memory_kind(), host_memory_kind()}; }
   // The ledger this device records into; a run shares it with its backend.
   const std::shared_ptr<MemoryAccountant>& accountant() const { return accountant_; }
 

@@ -40,6 +40,12 @@ ComputeTarget resolve_compute_target(const ComputeTarget& requested) {
   return target;
 }
 
+DeviceKinds device_kinds_of(DeviceKind device) {
+  LAYUP_CHECK(device != DeviceKind::kAuto, "the kinds of memory of an unresolved device");
+  if (device == DeviceKind::kCuda) return {MemoryKind::kDevice, MemoryKind::kPinnedMapped};
+  return {MemoryKind::kHost, MemoryKind::kHost};
+}
+
 DeviceMemoryAttributes memory_attributes_of(DeviceKind device) {
   LAYUP_CHECK(device != DeviceKind::kAuto, "memory attributes need a resolved device, cpu or cuda");
   if (device == DeviceKind::kCpu) return cpu_memory_attributes();

@@ -41,6 +41,10 @@ struct BackendAndDevice {
 // assumed, which the plan says).
 DeviceMemoryAttributes memory_attributes_of(DeviceKind device);
 
+// The kinds the device of a resolved DeviceKind hands out (Device::kinds), known before it exists:
+// host memory on the CPU backend; device memory and pinned host memory on CUDA.
+DeviceKinds device_kinds_of(DeviceKind device);
+
 BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& config, int max_batch,
                               int max_seq_len,
                               std::shared_ptr<MemoryAccountant> accountant = nullptr);

@@ -26,22 +26,19 @@ MemoryPlanRequest resolved_request(const RunRequest& request, const ComputeTarge
 
 }  // namespace
 
-ScheduleOptions PlannedRun::schedule_options() const {
-  return layup::schedule_options(plan, cpu_workers);
-}
-
 std::string PlannedRun::describe_schedule() const {
-  return layup::describe_schedule(plan.request.mode, schedule_options(), plan.request.clip);
+  return layup::describe_schedule(plan.request.mode, schedule, plan.request.clip);
 }
 
 PlannedRun plan_run(const RunRequest& request) {
   PlannedRun planned;
-  planned.cpu_workers = request.cpu_workers;
   const ComputeTarget target = resolve_compute_target(request.target);
-  planned.plan = plan_memory(resolved_request(request, target));
+  RunMemory memory = plan_run_memory(resolved_request(request, target), request.cpu_workers);
+  planned.plan = std::move(memory.plan);
+  planned.schedule = std::move(memory.schedule);
   planned.target = placed_target(planned.plan, target);
   planned.budgets = run_budgets(request, planned.plan);
-  check_budget(planned.plan, planned.budgets);
+  check_run_budget(planned.plan, planned.budgets);
   return planned;
 }
 
@@ -67,7 +64,7 @@ BuiltRun build_run(const PlannedRun& planned) {
   BackendAndDevice compute = make_backend(planned.target, r.config, r.batch, r.seq_len);
   return {compute.accountant,
           make_schedule(r.mode, std::move(compute.backend), std::move(compute.device),
-                        ParameterLayout(r.config), planned.schedule_options())};
+                        ParameterLayout(r.config), planned.schedule)};
 }
 
 }  // namespace layup

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/backend_factory.h"
+#include "engine/memory_planner.h"
 #include "memory/memory_accountant.h"
 #include "memory/memory_plan.h"
 #include "model/parameter_layout.h"
@@ -32,9 +33,8 @@ struct PlannedRun {
   ComputeTarget target;
   MemoryPlan plan;
   MemoryBudgets budgets;
-  int cpu_workers = 0;
-  // How the schedule keeps its host-side state (from the plan) and one line saying what it does.
-  ScheduleOptions schedule_options() const;
+  // How the schedule keeps its state (chosen with the plan), and one line saying what it does.
+  ScheduleOptions schedule;
   std::string describe_schedule() const;
 };
 

@@ -1,7 +1,4 @@
-// The memory plan: placement, the bytes of every buffer a run allocates, budgets and reports.
-// See memory_plan.h; the buffers listed here are those of schedule/*.cpp and of the backends
-// (memory/backend_memory.h), and must change with them (memory_plan_test.cpp compares the plan
-// with what the accountant measures).
+// The memory plan: placement, the sums of the buffers the components list, budgets and reports.
 #include "memory/memory_plan.h"
 
 #include <algorithm>
@@ -13,21 +10,10 @@
 #include <limits>
 
 #include "core/error.h"
-#include "memory/backend_memory.h"
-#include "model/parameter_layout.h"
-#include "optim/grad_norm.h"
-#include "optim/host_adamw.h"
 
 namespace layup {
 
 namespace {
-
-// What the process itself holds on the host, whatever the model: its code and libraries, the
-// tokenizer, the threads' stacks. Allowances on the generous side of what was measured: a tiny
-// CPU run peaks at ~30 MiB resident; small CUDA runs on the H200 peaked 1.6 GiB under plans that
-// hold this allowance (bench/runs/2026-12-01e-h200-host-and-gpu-limits.md).
-constexpr size_t kCpuRuntimeBytes = size_t{160} << 20;
-constexpr size_t kCudaRuntimeBytes = size_t{2} << 30;
 
 std::string side_word(MemorySide side) {
   return side == MemorySide::kDevice ? "device" : "host";
@@ -88,6 +74,7 @@ std::string describe_run(const MemoryPlanRequest& r) {
 // The smallest change that fits, in `mode`: the mode as it is, a smaller batch, or batch 1 with
 // a shorter sequence. Empty when nothing fits. Sets *bytes to that plan's `need`.
 std::string fitting_change(const MemoryPlanRequest& base, Mode mode, const MemoryBudgets& budgets,
+                           const Replan& replan,
                            const std::function<size_t(const MemoryPlan&)>& need, size_t* bytes) {
   MemoryPlanRequest request = base;
   request.mode = mode;
@@ -97,7 +84,7 @@ std::string fitting_change(const MemoryPlanRequest& base, Mode mode, const Memor
   auto try_plan = [&](int batch, int seq_len) {
     request.batch = batch;
     request.seq_len = seq_len;
-    const MemoryPlan plan = plan_memory(request);
+    const MemoryPlan plan = replan(request);
     *bytes = need(plan);
     return fits(plan, budgets);
   };
@@ -243,256 +230,6 @@ size_t MemoryPlan::host_memory_bytes() const {
   return sum;
 }
 
-MemoryPlan plan_memory(const MemoryPlanRequest& r) {
-  validate_config(r.config);
-  LAYUP_CHECK(r.device != DeviceKind::kAuto, "a memory plan needs a resolved device, cpu or cuda");
-  LAYUP_CHECK(r.dtype == Dtype::kFp32 || (r.dtype == Dtype::kBf16 && r.device == DeviceKind::kCuda),
-              "a memory plan needs a resolved dtype: fp32, or bf16 on cuda (got ", name_of(r.dtype),
-              " on ", name_of(r.device), ")");
-  LAYUP_CHECK(r.attributes.device == r.device, "the memory attributes are of ",
-              name_of(r.attributes.device), ", the plan is for ", name_of(r.device));
-  LAYUP_CHECK(r.batch >= 1 && r.seq_len >= 1 && r.grad_accum >= 1, "--batch, --seq-len and ",
-              "--grad-accum must be at least 1 (got ", r.batch, ", ", r.seq_len, ", ", r.grad_accum,
-              ")");
-  LAYUP_CHECK(r.seq_len <= r.config.n_positions, "--seq-len ", r.seq_len,
-              " is above the model's context of ", r.config.n_positions, " positions");
-
-  MemoryPlan plan;
-  plan.request = r;
-  plan.placement = resolve_placement(r.mode, r.attributes, r.place);
-  const ParameterLayout layout(r.config);
-  const size_t f = sizeof(float);
-  const size_t all = layout.total_count() * f;
-  const size_t block = layout.block().count * f;
-  const size_t embeddings = layout.embeddings().count * f;
-  const size_t final_norm = layout.final_norm().count * f;
-  const bool cuda = r.device == DeviceKind::kCuda;
-  // What the code allocates today: Device memory (cudaMalloc, or host memory on the CPU backend)
-  // on the device side; on the host side, what the device copies to and from in the device's host
-  // memory (Device::allocate_host: pinned on CUDA) and the rest in plain host memory.
-  const MemoryKind device_memory = cuda ? MemoryKind::kDevice : MemoryKind::kHost;
-  const MemoryKind copied_host_memory = cuda ? MemoryKind::kPinnedMapped : MemoryKind::kHost;
-
-  auto add_kind = [&](MemorySide side, TensorClass c, MemoryKind kind, size_t bytes,
-                      std::string what, bool accounted) {
-    // The placement governs a class's primary tensors, and they are allocated where it says
-    // (the schedules' through ScheduleOptions::placement, the CUDA backend's activations and
-    // scratch through CudaArenaKinds); a schedule's extra host copies of a device-side class
-    // (accumulator, staging) keep their kind, and so do the buffers pushed below with a fixed
-    // kind (the bf16 compute copy, the libraries' workspaces).
-    if (primary_side(r.mode, c) == side) kind = plan.placement[c];
-    plan.allocations.push_back({side, c, kind, bytes, std::move(what), accounted});
-  };
-  auto add = [&](MemorySide side, TensorClass c, size_t bytes, std::string what, bool accounted) {
-    add_kind(side, c, side == MemorySide::kDevice ? device_memory : MemoryKind::kHost, bytes,
-             std::move(what), accounted);
-  };
-  const MemorySide dev = MemorySide::kDevice, host = MemorySide::kHost;
-
-  plan.weights_in_place = r.mode != Mode::kGpu && (!cuda || plan.placement[TensorClass::kWeights] ==
-                                                                MemoryKind::kPinnedMapped);
-  LAYUP_CHECK(!(cuda && plan.weights_in_place &&
-                plan.placement[TensorClass::kMasterWeights] == MemoryKind::kHost),
-              "--place weights=pinned makes the GPU compute with the master weights where they "
-              "lie, and --place master=host puts them where the GPU cannot read; use "
-              "master=pinned (the default) or leave the weights on the device");
-  plan.host_gradient = r.mode != Mode::kLayup || r.clip > 0.0f || r.grad_accum > 1;
-  // auto: where host and device share one memory, the spare copy would come out of what the
-  // activations need.
-  const bool speculate = r.layup_clip == LayupClip::kSpeculative ||
-                         (r.layup_clip == LayupClip::kAuto && !(cuda && r.attributes.integrated));
-  plan.speculative_clip = r.mode == Mode::kLayup && r.clip > 0.0f && speculate;
-  if (r.mode == Mode::kLayup && r.layup_head == LayupHead::kDevice) {
-    LAYUP_CHECK(!plan.weights_in_place,
-                "--layup-head device updates the head in the device's copy of the weights, and "
-                "this run has none: the device computes with the master weights in place (",
-                cuda ? "--place weights=pinned" : "always on the CPU backend",
-                "); use --layup-head host");
-  }
-  // auto: where the device has memory of its own, the head's gradient is already there, and its
-  // update on the host would cost a transfer each way and the CPU's time at the end of the step
-  // (nothing is left to overlap it with); where host and device share one memory, the paper's
-  // split keeps every update on the CPU.
-  plan.head_on_device = r.mode == Mode::kLayup && !plan.weights_in_place &&
-                        (r.layup_head == LayupHead::kDevice ||
-                         (r.layup_head == LayupHead::kAuto && cuda && !r.attributes.integrated));
-
-  // The schedule's buffers (schedule/*.cpp).
-  if (r.mode == Mode::kGpu) {
-    add(dev, TensorClass::kMasterWeights, all, "fp32 weights: read by forward, updated by AdamW",
-        true);
-    add(dev, TensorClass::kWeightGrads, all, "whole-model gradient", true);
-    if (r.grad_accum > 1)
-      add(dev, TensorClass::kWeightGrads, all,
-          "whole-model sum over micro-batches (allocated at the first step)", true);
-    add(dev, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", true);
-    add_kind(host, TensorClass::kScratch, copied_host_memory,
-             layout.spans().size() * sizeof(double),
-             "per-span gradient sums of squares the device writes", true);
-  } else {
-    if (!plan.weights_in_place)
-      add(dev, TensorClass::kWeights, all, "fp32 copy of the weights the device computes with",
-          true);
-    if (r.mode == Mode::kOffload) {
-      add(dev, TensorClass::kWeightGrads, all, "whole-model gradient of one micro-batch", true);
-    } else {
-      add(dev, TensorClass::kWeightGrads, 2 * block, "two block gradient slots (double buffer)",
-          true);
-      add(dev, TensorClass::kWeightGrads, embeddings,
-          "embeddings' gradient (complete only at the end of backward)", true);
-      add(dev, TensorClass::kWeightGrads, final_norm, "final norm's gradient", true);
-      if (plan.head_on_device) {
-        add(dev, TensorClass::kOptimizerMoments, 2 * (embeddings + final_norm),
-            "AdamW m and v of the embeddings and the final norm (updated on the device)", true);
-        if (r.grad_accum > 1)
-          add(dev, TensorClass::kWeightGrads, embeddings + final_norm,
-              "the head's gradient summed over micro-batches (allocated at the first step)", true);
-      }
-    }
-    // HostOptimizerSchedule: what the device copies to and from comes from allocate_host.
-    add_kind(host, TensorClass::kMasterWeights, copied_host_memory, all,
-             plan.weights_in_place ? "fp32 master weights (the device computes with them in place)"
-                                   : "fp32 master weights",
-             true);
-    if (plan.host_gradient) {
-      add_kind(host, TensorClass::kWeightGrads, copied_host_memory, all,
-               "fp32 gradient accumulated over micro-batches", true);
-      // Later micro-batches' gradients land in a staging buffer of kStagingChunks (64)
-      // sum-of-squares chunks, or the largest span where that is shorter.
-      size_t largest_span = 0;
-      for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
-      add_kind(host, TensorClass::kWeightGrads, copied_host_memory,
-               std::min(largest_span, 64 * kSumOfSquaresChunk) * f,
-               "staging of later micro-batches' gradients", true);
-    } else if (cuda && plan.placement[TensorClass::kWeightGrads] == MemoryKind::kDevice) {
-      // Where the host cannot read the gradients' memory, each slot's gradient lands in a buffer
-      // of its own, and the head's in one more (the CPU backend, and gradients placed in pinned
-      // or managed memory, are read in place).
-      add_kind(host, TensorClass::kWeightGrads, copied_host_memory,
-               2 * block + (plan.head_on_device ? 0 : embeddings + final_norm),
-               plan.head_on_device ? "landing buffers of the two gradient slots"
-                                   : "landing buffers of the two gradient slots and of the head's "
-                                     "gradients",
-               true);
-    }
-    add(host, TensorClass::kOptimizerMoments, 2 * all, "AdamW m and v", true);
-    add_kind(host, TensorClass::kScratch, copied_host_memory,
-             layout.spans().size() * sizeof(double),
-             "per-span gradient sums of squares the device writes", true);
-    if (plan.speculative_clip) {
-      add_kind(host, TensorClass::kMasterWeights, copied_host_memory, all,
-               "spare fp32 master weights (speculative clipping writes the new state here)", true);
-      add(host, TensorClass::kOptimizerMoments, 2 * all,
-          "spare AdamW m and v (speculative clipping)", true);
-    }
-  }
-
-  // The backend's buffers (memory/backend_memory.h).
-  if (cuda) {
-    const bool bf16 = r.dtype == Dtype::kBf16;
-    const BackendBytes arena = cuda_arena_bytes(r.config, r.batch, r.seq_len, bf16, r.recompute);
-    if (bf16)  // derived from the fp32 weights wherever those are placed, so always on the device
-      plan.allocations.push_back({dev, TensorClass::kWeights, MemoryKind::kDevice, arena.weights,
-                                  "bf16 compute copy of the weights (the backend's weights region)",
-                                  true});
-    add(dev, TensorClass::kActivations, arena.activations,
-        "activations saved for the backward, token ids, logits (the backend's activations)", true);
-    add(dev, TensorClass::kScratch, arena.scratch,
-        "activation gradients and the ops' scratch (the backend's scratch)", true);
-    // The libraries' and the device's own workspaces stay in device memory whatever --place
-    // scratch says (it places the backward's activation gradients above).
-    plan.allocations.push_back({dev, TensorClass::kScratch, MemoryKind::kDevice,
-                                kCublasLtWorkspaceBytes, "cuBLASLt workspace", true});
-    plan.allocations.push_back({dev, TensorClass::kScratch, MemoryKind::kDevice,
-                                kCudaDeviceScratchBytes, "gradient-norm partial sums", true});
-    plan.allocations.push_back({host, TensorClass::kScratch, MemoryKind::kPinnedMapped,
-                                cuda_pinned_staging_bytes(r.batch, r.seq_len),
-                                "pinned staging of token ids, targets and losses", true});
-    if (bf16)
-      plan.notes.push_back(
-          "cuDNN's attention workspace is sized by cuDNN when the first step builds its graphs: "
-          "measured at run time, not planned");
-    plan.notes.push_back(
-        "not counted: the CUDA context and the cuBLASLt/cuDNN handles' own memory "
-        "(cudaMemGetInfo's reading includes them)");
-  } else {
-    const BackendBytes cpu = cpu_backend_memory(r.config, r.batch, r.seq_len);
-    add(dev, TensorClass::kActivations, cpu.activations,
-        "the CPU backend's activations for the backward (per block, with the B x heads x T x T "
-        "attention probabilities), token ids, logits",
-        false);
-    add(dev, TensorClass::kScratch, cpu.scratch,
-        "the CPU backend's activation gradients and a chunk of the logits' gradient", false);
-    plan.notes.push_back(
-        "the CPU backend's activation vectors are planned, not measured (it does not record "
-        "them in the accountant yet)");
-  }
-  if (r.mode != Mode::kGpu) {
-    const std::string memory = cuda ? "an integrated GPU" : "the CPU backend";
-    if ((!cuda || r.attributes.integrated) && !plan.weights_in_place)
-      plan.notes.push_back("in one shared memory (" + memory + ") the device-side fp32 copy of " +
-                           "the weights (" + format_bytes(all) +
-                           ") duplicates the master weights; --place weights=pinned computes "
-                           "with the master weights in place");
-    if ((!cuda || r.attributes.integrated) && plan.host_gradient && r.mode == Mode::kLayup)
-      plan.notes.push_back("in one shared memory (" + memory + ") the host gradient accumulator (" +
-                           format_bytes(all) +
-                           ") is a second whole-model gradient, kept for clipping by the global "
-                           "norm and for accumulation; layup with --clip none and one "
-                           "micro-batch updates each block from its slot and keeps none");
-    if (plan.head_on_device)
-      plan.notes.push_back(
-          "layup updates the embeddings and the final norm on the device, where their gradient "
-          "is (" +
-          std::string(r.layup_head == LayupHead::kAuto ? "--layup-head auto on a discrete GPU"
-                                                       : "--layup-head device") +
-          "): their AdamW moments take " + format_bytes(2 * (embeddings + final_norm)) +
-          " of device memory, and their spans of the host's master weights and moments go "
-          "unused; --layup-head host updates them on the CPU with the blocks");
-    if (plan.speculative_clip)
-      plan.notes.push_back(
-          "clipping in layup is speculative: a second copy of the master weights and moments (" +
-          format_bytes(3 * all) +
-          ") lets blocks update during backward and be redone when the step is clipped; "
-          "--layup-clip deferred keeps one copy and updates the blocks after backward");
-    else if (r.mode == Mode::kLayup && r.clip > 0.0f && r.layup_clip == LayupClip::kAuto)
-      plan.notes.push_back(
-          "clipping in layup is deferred (--layup-clip auto on an integrated GPU: a speculative "
-          "second copy of the master weights and moments, " +
-          format_bytes(3 * all) +
-          ", would share the one memory with everything else): the blocks are updated after "
-          "backward; --layup-clip speculative overlaps them with it");
-  }
-  if (cuda && plan.placement.overridden[index_of(TensorClass::kScratch)])
-    plan.notes.push_back(
-        "--place scratch places the backward's activation gradients; the cuBLASLt and cuDNN "
-        "workspaces and the norm's partial sums stay in device memory");
-  // What the process holds on the host besides the schedule's and the backend's buffers.
-  size_t largest_tensor = 0;
-  for (const TensorSpec& tensor : layout.tensors())
-    largest_tensor = std::max(largest_tensor, tensor.count);
-  plan.allocations.push_back(
-      {host, TensorClass::kMasterWeights, MemoryKind::kHost, all + largest_tensor * f,
-       "parameters in layout order on their way into the schedule (initialised or loaded) or out "
-       "of it (a checkpoint), and one tensor of the checkpoint writer's or reader's scratch",
-       false, true});
-  plan.allocations.push_back({host, TensorClass::kOptimizerMoments, MemoryKind::kHost, 2 * all,
-                              "AdamW m and v on their way into or out of the schedule (the "
-                              "start, a checkpoint)",
-                              false, true});
-  if (r.data_bytes > 0)
-    plan.allocations.push_back({host, TensorClass::kScratch, MemoryKind::kHost, r.data_bytes,
-                                "the training and validation tokens, read into memory", false});
-  plan.allocations.push_back(
-      {host, TensorClass::kScratch, MemoryKind::kHost, cuda ? kCudaRuntimeBytes : kCpuRuntimeBytes,
-       cuda ? "the process itself: code, the CUDA runtime and cuBLASLt/cuDNN libraries, the "
-              "tokenizer (an allowance)"
-            : "the process itself: code, the tokenizer, the threads' stacks (an allowance)",
-       false});
-  plan.notes.push_back("not counted: per-call temporaries inside the ops");
-  return plan;
-}
-
 std::string MemoryBudgets::describe() const {
   std::string text;
   auto add = [&](const char* flag, const std::optional<size_t>& value) {
@@ -572,7 +309,7 @@ bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {
          (!budgets.machine_gpu || plan.gpu_memory_bytes() <= *budgets.machine_gpu);
 }
 
-void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
+void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets, const Replan& replan) {
   struct Limit {
     std::string name;
     std::optional<size_t> budget;
@@ -631,24 +368,15 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
                  ", host side " + format_bytes(plan.bytes(MemorySide::kHost, largest)) + ")";
     message += ".";
 
-    // What fits instead, each from a plan of its own: layup without the spare state of
-    // speculative clipping, layup with the head's update on the host, then this mode with a
+    // What fits instead, each from a plan of its own: the planner's alternatives to its choices
+    // (layup without the spare state of speculative clipping, say), then each mode with a
     // smaller batch.
     std::vector<std::string> changes;
-    const auto offer = [&](const MemoryPlanRequest& changed, const std::string& flag) {
-      const MemoryPlan changed_plan = plan_memory(changed);
+    for (const PlanAlternative& alternative : plan.alternatives) {
+      const MemoryPlan changed_plan = replan(alternative.request);
       if (fits(changed_plan, budgets))
-        changes.push_back(flag + " (needs " + format_bytes(need_of(changed_plan)) + ")");
-    };
-    if (plan.speculative_clip) {
-      MemoryPlanRequest deferred = plan.request;
-      deferred.layup_clip = LayupClip::kDeferred;
-      offer(deferred, "--layup-clip deferred");
-    }
-    if (plan.head_on_device) {
-      MemoryPlanRequest host_head = plan.request;
-      host_head.layup_head = LayupHead::kHost;
-      offer(host_head, "--layup-head host");
+        changes.push_back(alternative.flag + " (needs " + format_bytes(need_of(changed_plan)) +
+                          ")");
     }
     std::string floor;
     std::vector<Mode> order = {plan.request.mode};
@@ -656,7 +384,8 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
       if (mode != plan.request.mode) order.push_back(mode);
     for (const Mode mode : order) {
       size_t bytes = 0;
-      const std::string change = fitting_change(plan.request, mode, budgets, need_of, &bytes);
+      const std::string change =
+          fitting_change(plan.request, mode, budgets, replan, need_of, &bytes);
       if (!change.empty()) {
         changes.push_back(change + " (needs " + format_bytes(bytes) + ")");
       } else {
@@ -664,8 +393,8 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
         smallest.mode = mode;
         smallest.place.clear();
         smallest.batch = smallest.seq_len = 1;
-        floor += std::string(floor.empty() ? "" : ", ") +
-                 format_bytes(need_of(plan_memory(smallest))) + " in " + name_of(mode) + " mode";
+        floor += std::string(floor.empty() ? "" : ", ") + format_bytes(need_of(replan(smallest))) +
+                 " in " + name_of(mode) + " mode";
       }
     }
     if (!changes.empty()) {
@@ -800,7 +529,6 @@ nlohmann::json memory_plan_json(const MemoryPlan& plan) {
           {"seq_len", r.seq_len},
           {"grad_accum", r.grad_accum},
           {"recompute", r.recompute},
-          {"head_on_device", plan.head_on_device},
           {"device_attributes", r.attributes.describe()},
           {"placement", placement},
           {"allocations", allocations},

@@ -1,34 +1,24 @@
 // The memory plan of a run: every buffer the run will allocate, by side, tensor class and memory
-// kind, computed from the model, the batch, the mode, the backend and the placement BEFORE
-// anything is allocated, and checked against the budgets (--memory-budget, --device-budget,
-// --host-budget) and against what this machine has: its host memory (host_memory.h) and a
-// discrete GPU's free memory (docs/running.md).
+// kind, listed BEFORE anything is allocated by the components that allocate them (the schedule and
+// its policies, the backend, the device: memory/planned_allocation.h) and summed here, then checked
+// against the budgets (--memory-budget, --device-budget, --host-budget) and against what this
+// machine has: its host memory (host_memory.h) and a discrete GPU's free memory (docs/running.md).
+// engine/memory_planner.h gathers the lists; this layer only sums, checks and reports them.
 //
-// The plan mirrors the code: the schedules' buffers (schedule/*.cpp), the backends' activations
-// and workspaces (memory/backend_memory.h), and what the process holds besides: the transient
-// copies of the state at the start and at each checkpoint, the token data and an allowance for
-// the process itself. Buffers that go through a Device or a backend are also measured at run time
-// by the MemoryAccountant (`accounted`), as is the schedules' host-side state; the rest is planned
-// only, and every report says which is which.
+// Buffers that go through a Device or a backend are also measured at run time by the
+// MemoryAccountant (`accounted`); the rest (the state's transient copies, the token data, the
+// process itself) is planned only, and every report says which is which.
 //
 // Placement (--place CLASS=KIND) sets the memory kind of a class's primary tensors: in `gpu` mode
 // every class lives on the device side; in `offload` and `layup` the master weights and the AdamW
-// moments live on the host side, the rest on the device side (layup with the head updated on the
-// device, MemoryPlan::head_on_device, also keeps the head's moments in device memory, whatever
-// --place moments says). The host copies a schedule keeps
-// besides (gradient accumulator and staging) keep the kind the device copies fastest (pinned on
-// CUDA). A kind the device cannot use for that class is refused, saying why. The schedules
-// allocate the weights, master weights, weight gradients and moments where the placement says
-// (ScheduleOptions::placement, Device::allocate_kind): gradients placed in pinned or managed
-// memory are written by the GPU over the interconnect and read by layup's CPU side in place. The
-// weights of offload and layup placed where the master weights live (weights=pinned on CUDA,
-// always on the CPU backend) make the device compute with the master weights in place
-// (MemoryPlan::weights_in_place). The CUDA backend's activations and scratch go where the
-// placement says too (CudaArenaKinds); the libraries' workspaces stay in device memory.
+// moments live on the host side, the rest on the device side. A kind the device cannot use for
+// that class is refused here, saying why. What each kind means for each schedule is in
+// docs/memory.md.
 #pragma once
 
 #include <array>
 #include <cstddef>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -71,8 +61,8 @@ struct MemoryPlanRequest {
   int seq_len = 1;  // T
   int grad_accum = 1;
   float clip = 1.0f;  // global-norm clip threshold; <= 0: none
-  // How layup clips and where it updates the head (docs/schedules.md); auto is resolved by the
-  // plan against the device (MemoryPlan::speculative_clip, head_on_device).
+  // How layup clips and where it updates the head (docs/schedules.md); auto is resolved against
+  // the device by the schedule's choice (schedule/schedule_plan.h).
   LayupClip layup_clip = LayupClip::kAuto;
   LayupHead layup_head = LayupHead::kAuto;
   Mode mode = Mode::kGpu;
@@ -84,20 +74,20 @@ struct MemoryPlanRequest {
   size_t data_bytes = 0;  // the token shards the run reads into memory (0: none or unknown)
 };
 
+// A flag the user could add, and the request it makes.
+struct PlanAlternative {
+  std::string flag;
+  MemoryPlanRequest request;
+};
+
 struct MemoryPlan {
   MemoryPlanRequest request;
   Placement placement;
-  // How offload and layup keep their host state (ScheduleOptions, docs/schedules.md), resolved
-  // here: weights in place where the weights are placed with the master weights (always on the
-  // CPU backend); a host gradient unless layup runs with --clip none and one micro-batch;
-  // speculative clipping for layup with --clip and --layup-clip speculative (auto: off an
-  // integrated GPU); the head on the device for --layup-head device (auto: a discrete GPU).
-  bool weights_in_place = false;
-  bool host_gradient = true;
-  bool speculative_clip = false;
-  bool head_on_device = false;
   std::vector<PlannedAllocation> allocations;
   std::vector<std::string> notes;  // what is not applied, not counted, or measured only
+  // What the planner would choose instead to need less (layup's deferred clipping, say), offered
+  // by check_budget when they fit.
+  std::vector<PlanAlternative> alternatives;
 
   // A side's and the whole plan's bytes at the peak (transients included); a class's bytes (its
   // steady buffers: transients are not a class's).
@@ -116,8 +106,8 @@ struct MemoryPlan {
   size_t accounted_bytes(MemorySide side, TensorClass tensor_class, MemoryKind kind) const;
 };
 
-// Throws layup::Error for a request that is not resolved or a bad --place.
-MemoryPlan plan_memory(const MemoryPlanRequest& request);
+// The plan of another request (engine/memory_planner.h's plan_memory), for what fits instead.
+using Replan = std::function<MemoryPlan(const MemoryPlanRequest&)>;
 
 // Budgets in bytes; unset means no limit. total counts device and host bytes together, as on a
 // unified-memory board (a Jetson Orin NX has 16 GB for everything). machine_host is what this
@@ -156,7 +146,7 @@ bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets);
 // Throws layup::Error when the plan exceeds a budget: the message names the budget, the bytes the
 // plan needs, the largest class and its bytes, and what would fit instead (another mode, a
 // smaller --batch or --seq-len), each computed from its own plan; then the plan itself.
-void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets);
+void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets, const Replan& replan);
 
 // The start-of-run report: one line per allocation (side, class, kind, bytes, measured or planned
 // only, what it is), the totals, the budgets, the placement and the notes.

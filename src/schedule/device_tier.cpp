@@ -6,20 +6,56 @@
 
 namespace layup {
 
+DeviceTier::Buffers DeviceTier::buffers(const ParameterLayout& layout,
+                                        const std::vector<UpdateSite>& sites, MemoryKind grads_kind,
+                                        DeviceKinds kinds) {
+  const std::vector<Span>& all = layout.spans();
+  LAYUP_CHECK(sites.empty() || sites.size() == all.size(), "the update sites name ", sites.size(),
+              " spans, but the model has ", all.size(),
+              " (the embeddings, one per block, the final norm)");
+  size_t moments = 0, block_floats = 0, head_floats = 0;
+  for (size_t index = 0; index < sites.size(); ++index) {
+    if (sites[index] != UpdateSite::kDevice) continue;
+    moments += all[index].count;
+    (all[index].kind == SpanKind::kBlock ? block_floats : head_floats) += all[index].count;
+  }
+  Buffers buffers;
+  const size_t f = sizeof(float);
+  const MemorySide side = MemorySide::kDevice;
+  if (moments == 0) return buffers;
+  buffers.m = {side, TensorClass::kOptimizerMoments, kinds.own, moments * f,
+               "AdamW m of the device-updated spans"};
+  buffers.v = {side, TensorClass::kOptimizerMoments, kinds.own, moments * f,
+               "AdamW v of the device-updated spans"};
+  if (block_floats > 0)
+    buffers.block_grads = {side, TensorClass::kWeightGrads, grads_kind, block_floats * f,
+                           "gradients of the device-updated blocks"};
+  if (head_floats > 0)
+    buffers.head_sums = {side, TensorClass::kWeightGrads, grads_kind, head_floats * f,
+                         "the device-updated head spans' gradient summed over micro-batches "
+                         "(allocated at the first step)"};
+  return buffers;
+}
+
+BufferList DeviceTier::Buffers::list(bool several_micro_batches) const {
+  BufferList list;
+  for (const std::optional<PlannedAllocation>& buffer : {m, v, block_grads})
+    if (buffer) list.push_back(*buffer);
+  if (head_sums && several_micro_batches) list.push_back(*head_sums);
+  return list;
+}
+
 DeviceTier::DeviceTier(Device& device, const ParameterLayout& layout,
                        const std::vector<UpdateSite>& sites, MemoryKind grads_kind,
                        const float* embeddings_grad, const float* final_norm_grad)
     : device_(device),
       layout_(layout),
-      grads_kind_(grads_kind),
+      buffers_(buffers(layout, sites, grads_kind, device.kinds())),
       at_(layout.spans().size(), kNotHere),
       block_at_(layout.config().n_layer, kNotHere),
       head_sum_at_(layout.spans().size(), kNotHere),
       head_grads_{embeddings_grad, final_norm_grad} {
   const std::vector<Span>& all = layout.spans();
-  LAYUP_CHECK(sites.empty() || sites.size() == all.size(), "the update sites name ", sites.size(),
-              " spans, but the model has ", all.size(),
-              " (the embeddings, one per block, the final norm)");
   size_t moments = 0, block_floats = 0;
   for (size_t index = 0; index < sites.size(); ++index) {
     if (sites[index] != UpdateSite::kDevice) continue;
@@ -34,20 +70,15 @@ DeviceTier::DeviceTier(Device& device, const ParameterLayout& layout,
       head_sum_count_ += all[index].count;
     }
   }
-  if (moments == 0) return;
-  m_ = device.allocate(moments, TensorClass::kOptimizerMoments);
-  v_ = device.allocate(moments, TensorClass::kOptimizerMoments);
-  if (block_floats > 0)
-    block_grads_ = device.allocate_kind(block_floats, TensorClass::kWeightGrads,
-                                        MemorySide::kDevice, grads_kind);
+  if (buffers_.m) m_ = device.allocate(*buffers_.m);
+  if (buffers_.v) v_ = device.allocate(*buffers_.v);
+  if (buffers_.block_grads) block_grads_ = device.allocate(*buffers_.block_grads);
 }
 
 void DeviceTier::begin_step(size_t micro_batches) {
   summed_ = micro_batches > 1;
-  // The memory plan counts the head's sum only for --grad-accum > 1.
-  if (summed_ && head_sum_count_ > 0 && head_sums_.count() == 0)
-    head_sums_ = device_.allocate_kind(head_sum_count_, TensorClass::kWeightGrads,
-                                       MemorySide::kDevice, grads_kind_);
+  if (summed_ && buffers_.head_sums && head_sums_.count() == 0)
+    head_sums_ = device_.allocate(*buffers_.head_sums);
 }
 
 float* DeviceTier::block_gradient(int layer) const {

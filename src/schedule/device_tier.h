@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 #include "backend/device.h"
@@ -31,6 +32,17 @@ class DeviceTier {
   // micro-batch lie at embeddings_grad and final_norm_grad. `device` must outlive this.
   DeviceTier(Device& device, const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
              MemoryKind grads_kind, const float* embeddings_grad, const float* final_norm_grad);
+
+  // What it allocates for `sites` (none where no span is on the device): the packed moments and
+  // block gradients at construction, the head spans' sum at the first step of several
+  // micro-batches.
+  struct Buffers {
+    std::optional<PlannedAllocation> m, v, block_grads, head_sums;
+    // With head_sums when a step has several micro-batches.
+    BufferList list(bool several_micro_batches) const;
+  };
+  static Buffers buffers(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
+                         MemoryKind grads_kind, DeviceKinds kinds);
 
   // Whether span `index` is updated on the device.
   bool holds(size_t index) const { return at_[index] != kNotHere; }
@@ -65,7 +77,7 @@ class DeviceTier {
 
   Device& device_;
   const ParameterLayout& layout_;
-  const MemoryKind grads_kind_;
+  const Buffers buffers_;
   std::vector<size_t> spans_;
   std::vector<size_t> at_;           // per span: its offset in the packed moments, or kNotHere
   std::vector<size_t> block_at_;     // per block: its offset in block_grads_, or kNotHere

@@ -16,6 +16,27 @@ namespace layup {
 
 namespace {
 
+// What gpu mode allocates: every class whole, on the device side.
+struct GpuBuffers {
+  PlannedAllocation params, grads, m, v, accumulated, span_sums;
+
+  GpuBuffers(const ParameterLayout& layout, const ScheduleOptions& options, DeviceKinds kinds)
+      : params(whole(layout, options, kinds, TensorClass::kMasterWeights,
+                     "fp32 weights: read by forward, updated by AdamW")),
+        grads(whole(layout, options, kinds, TensorClass::kWeightGrads, "whole-model gradient")),
+        m(whole(layout, options, kinds, TensorClass::kOptimizerMoments, "AdamW m")),
+        v(whole(layout, options, kinds, TensorClass::kOptimizerMoments, "AdamW v")),
+        accumulated(whole(layout, options, kinds, TensorClass::kWeightGrads,
+                          "whole-model sum over micro-batches (allocated at the first step)")),
+        span_sums(SpanSquareSums::buffer(layout.spans().size(), kinds)) {}
+
+  static PlannedAllocation whole(const ParameterLayout& layout, const ScheduleOptions& options,
+                                 DeviceKinds kinds, TensorClass tensor_class, std::string what) {
+    return placed_buffer(options, kinds, layout.total_count(), tensor_class, MemorySide::kDevice,
+                         std::move(what));
+  }
+};
+
 class GpuSchedule final : public Schedule {
  public:
   GpuSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
@@ -23,11 +44,11 @@ class GpuSchedule final : public Schedule {
       : backend_(std::move(backend)),
         device_(std::move(device)),
         layout_(layout),
-        options_(options),
-        params_(allocate(TensorClass::kMasterWeights)),
-        grads_(allocate(TensorClass::kWeightGrads)),
-        adam_m_(allocate(TensorClass::kOptimizerMoments)),
-        adam_v_(allocate(TensorClass::kOptimizerMoments)),
+        buffers_(layout, options, device_->kinds()),
+        params_(device_->allocate(buffers_.params)),
+        grads_(device_->allocate(buffers_.grads)),
+        adam_m_(device_->allocate(buffers_.m)),
+        adam_v_(device_->allocate(buffers_.v)),
         span_sums_(*device_, layout.spans().size()) {}
 
   std::string name() const override { return "gpu"; }
@@ -39,7 +60,7 @@ class GpuSchedule final : public Schedule {
     const GradientPointers grads = layout_.pointers(grads_.data());
     const bool accumulate = micro_batches.size() > 1;
     if (accumulate) {
-      if (accumulated_.count() == 0) accumulated_ = allocate(TensorClass::kWeightGrads);
+      if (accumulated_.count() == 0) accumulated_ = device_->allocate(buffers_.accumulated);
       device_->fill_zero(accumulated_.data(), accumulated_.count());
     }
 
@@ -137,14 +158,8 @@ class GpuSchedule final : public Schedule {
  private:
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
-  // A whole-model buffer of `tensor_class` where the placement puts it (device memory by default).
-  DeviceBuffer allocate(TensorClass tensor_class) {
-    return allocate_placed(*device_, options_, layout_.total_count(), tensor_class,
-                           MemorySide::kDevice);
-  }
-
   ParameterLayout layout_;
-  ScheduleOptions options_;
+  const GpuBuffers buffers_;
   DeviceBuffer params_, grads_, adam_m_, adam_v_;
   SpanSquareSums span_sums_;  // each span's gradient sum of squares
   // The sum over micro-batches, allocated on the first step that accumulates.
@@ -157,6 +172,14 @@ std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backen
                                             std::unique_ptr<Device> device,
                                             const ParameterLayout& layout) {
   return make_gpu_schedule_with(std::move(backend), std::move(device), layout, {});
+}
+
+BufferList gpu_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
+                                DeviceKinds kinds, int micro_batches) {
+  const GpuBuffers buffers(layout, options, kinds);
+  BufferList list = {buffers.params, buffers.grads, buffers.m, buffers.v, buffers.span_sums};
+  if (micro_batches > 1) list.push_back(buffers.accumulated);
+  return list;
 }
 
 std::unique_ptr<Schedule> make_gpu_schedule_with(std::unique_ptr<ModelBackend> backend,

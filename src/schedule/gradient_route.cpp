@@ -4,6 +4,7 @@
 #include <array>
 #include <condition_variable>
 #include <mutex>
+#include <string>
 
 #include "core/error.h"
 #include "schedule/weight_grad_slots.h"
@@ -47,10 +48,23 @@ class LandingRoute final : public GradientRoute {
   LandingRoute(Device& device, const ParameterLayout& layout, const std::vector<size_t>& head_spans)
       : device_(device), layout_(layout), head_landing_(layout.spans().size()) {
     for (DeviceBuffer& landing : slot_landing_)
-      landing = device.allocate_host(layout.block().count, TensorClass::kWeightGrads);
+      landing = device.allocate(slot_buffer(layout, device.kinds()));
     for (const size_t index : head_spans)
-      head_landing_[index] =
-          device.allocate_host(layout.spans()[index].count, TensorClass::kWeightGrads);
+      head_landing_[index] = device.allocate(head_buffer(layout, device.kinds(), index));
+  }
+
+  static PlannedAllocation slot_buffer(const ParameterLayout& layout, DeviceKinds kinds) {
+    return {MemorySide::kHost, TensorClass::kWeightGrads, kinds.host_copy,
+            layout.block().count * sizeof(float), "landing buffer of a gradient slot"};
+  }
+  static PlannedAllocation head_buffer(const ParameterLayout& layout, DeviceKinds kinds,
+                                       size_t index) {
+    return {
+        MemorySide::kHost, TensorClass::kWeightGrads, kinds.host_copy,
+        layout.spans()[index].count * sizeof(float),
+        std::string("landing buffer of the ") +
+            (layout.spans()[index].kind == SpanKind::kEmbeddings ? "embeddings'" : "final norm's") +
+            " gradient"};
   }
 
   RoutedGradient take(const GradientSource& source, bool, bool) override {
@@ -115,15 +129,38 @@ class InPlaceRoute final : public GradientRoute {
   Device& device_;
 };
 
+enum class RouteKind { kAccumulator, kInPlace, kLanding };
+
+RouteKind route_kind(bool accumulator, MemoryKind grads_kind) {
+  if (accumulator) return RouteKind::kAccumulator;
+  return grads_kind != MemoryKind::kDevice ? RouteKind::kInPlace : RouteKind::kLanding;
+}
+
 }  // namespace
 
 std::unique_ptr<GradientRoute> make_gradient_route(HostGradient* accumulator, Device& device,
                                                    const ParameterLayout& layout,
                                                    MemoryKind grads_kind,
                                                    const std::vector<size_t>& head_spans) {
-  if (accumulator != nullptr) return std::make_unique<AccumulatorRoute>(*accumulator);
-  if (grads_kind != MemoryKind::kDevice) return std::make_unique<InPlaceRoute>(device);
+  switch (route_kind(accumulator != nullptr, grads_kind)) {
+    case RouteKind::kAccumulator:
+      return std::make_unique<AccumulatorRoute>(*accumulator);
+    case RouteKind::kInPlace:
+      return std::make_unique<InPlaceRoute>(device);
+    case RouteKind::kLanding:
+      break;
+  }
   return std::make_unique<LandingRoute>(device, layout, head_spans);
+}
+
+BufferList gradient_route_buffers(bool accumulator, const ParameterLayout& layout,
+                                  MemoryKind grads_kind, DeviceKinds kinds,
+                                  const std::vector<size_t>& head_spans) {
+  if (route_kind(accumulator, grads_kind) != RouteKind::kLanding) return {};
+  BufferList buffers(WeightGradSlots::kSlotCount, LandingRoute::slot_buffer(layout, kinds));
+  for (const size_t index : head_spans)
+    buffers.push_back(LandingRoute::head_buffer(layout, kinds, index));
+  return buffers;
 }
 
 }  // namespace layup

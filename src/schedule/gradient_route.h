@@ -62,4 +62,10 @@ std::unique_ptr<GradientRoute> make_gradient_route(HostGradient* accumulator, De
                                                    MemoryKind grads_kind,
                                                    const std::vector<size_t>& head_spans);
 
+// What that route allocates (the accumulator is the HostGradient's, listed with it): the landing
+// buffers, or nothing.
+BufferList gradient_route_buffers(bool accumulator, const ParameterLayout& layout,
+                                  MemoryKind grads_kind, DeviceKinds kinds,
+                                  const std::vector<size_t>& head_spans);
+
 }  // namespace layup

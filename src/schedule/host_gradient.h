@@ -26,6 +26,13 @@ class HostGradient {
   HostGradient(Device& device, const ParameterLayout& layout, HostAdamW& workers,
                SpanSquareSums& device_sums);
 
+  // What it allocates: the whole-model accumulator and the staging of later micro-batches.
+  struct Buffers {
+    PlannedAllocation accumulator, staging;
+    BufferList list() const { return {accumulator, staging}; }
+  };
+  static Buffers buffers(const ParameterLayout& layout, DeviceKinds kinds);
+
   // Span `index`'s accumulated gradient.
   float* span(size_t index) const { return grads_.data() + layout_.spans()[index].offset; }
 

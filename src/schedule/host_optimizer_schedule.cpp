@@ -2,12 +2,51 @@
 #include "schedule/host_optimizer_schedule.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "core/error.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
+
+HostOptimizerSchedule::Buffers HostOptimizerSchedule::buffers(const ParameterLayout& layout,
+                                                              const ScheduleOptions& options,
+                                                              DeviceKinds kinds) {
+  const size_t count = layout.total_count();
+  auto host_state = [&](TensorClass tensor_class, std::string what) {
+    return placed_buffer(options, kinds, count, tensor_class, MemorySide::kHost, std::move(what));
+  };
+  Buffers buffers;
+  buffers.master = host_state(TensorClass::kMasterWeights,
+                              options.weights_in_place
+                                  ? "fp32 master weights (the device computes with them in place)"
+                                  : "fp32 master weights");
+  buffers.m = host_state(TensorClass::kOptimizerMoments, "AdamW m");
+  buffers.v = host_state(TensorClass::kOptimizerMoments, "AdamW v");
+  buffers.span_sums = SpanSquareSums::buffer(layout.spans().size(), kinds);
+  if (!options.weights_in_place)
+    buffers.weights =
+        placed_buffer(options, kinds, count, TensorClass::kWeights, MemorySide::kDevice,
+                      "fp32 copy of the weights the device computes with");
+  if (options.speculative_clip) {
+    buffers.spare_master =
+        host_state(TensorClass::kMasterWeights,
+                   "spare fp32 master weights (speculative clipping writes the new state here)");
+    buffers.spare_m = host_state(TensorClass::kOptimizerMoments, "spare AdamW m");
+    buffers.spare_v = host_state(TensorClass::kOptimizerMoments, "spare AdamW v");
+  }
+  if (options.host_gradient) buffers.gradient = HostGradient::buffers(layout, kinds);
+  return buffers;
+}
+
+BufferList HostOptimizerSchedule::Buffers::list() const {
+  BufferList list = {master, m, v, span_sums};
+  for (const std::optional<PlannedAllocation>& buffer : {weights, spare_master, spare_m, spare_v})
+    if (buffer) list.push_back(*buffer);
+  if (gradient) append(list, gradient->list());
+  return list;
+}
 
 HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backend,
                                              std::unique_ptr<Device> device,
@@ -18,31 +57,24 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
       layout_(layout),
       weights_in_place_(options.weights_in_place),
       speculative_clip_(options.speculative_clip),
-      host_params_(allocate_state(options, TensorClass::kMasterWeights)),
-      host_m_(allocate_state(options, TensorClass::kOptimizerMoments)),
-      host_v_(allocate_state(options, TensorClass::kOptimizerMoments)),
       device_sums_(*device_, layout.spans().size()) {
   LAYUP_CHECK(options.cpu_workers >= 0, "--cpu-workers must be at least 1 (got ",
               options.cpu_workers, ")");
+  const Buffers listed = buffers(layout, options, device_->kinds());
+  host_params_ = device_->allocate(listed.master);
+  host_m_ = device_->allocate(listed.m);
+  host_v_ = device_->allocate(listed.v);
+  if (listed.weights) params_ = device_->allocate(*listed.weights);
+  if (listed.spare_master) {
+    spare_params_ = device_->allocate(*listed.spare_master);
+    spare_m_ = device_->allocate(*listed.spare_m);
+    spare_v_ = device_->allocate(*listed.spare_v);
+  }
   HostAdamWOptions adamw_options;
   adamw_options.workers = options.cpu_workers;
   host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
-
-  if (!weights_in_place_)
-    params_ = allocate_placed(*device_, options, layout.total_count(), TensorClass::kWeights,
-                              MemorySide::kDevice);
-  if (speculative_clip_) {
-    spare_params_ = allocate_state(options, TensorClass::kMasterWeights);
-    spare_m_ = allocate_state(options, TensorClass::kOptimizerMoments);
-    spare_v_ = allocate_state(options, TensorClass::kOptimizerMoments);
-  }
-  if (options.host_gradient)
+  if (listed.gradient)
     host_gradient_ = std::make_unique<HostGradient>(*device_, layout_, *host_adamw_, device_sums_);
-}
-
-DeviceBuffer HostOptimizerSchedule::allocate_state(const ScheduleOptions& options,
-                                                   TensorClass tensor_class) {
-  return allocate_placed(*device_, options, layout_.total_count(), tensor_class, MemorySide::kHost);
 }
 
 void HostOptimizerSchedule::set_trace(TraceRecorder* recorder) {

@@ -34,6 +34,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,17 @@ class HostOptimizerSchedule : public Schedule {
   // Also names the track of the weight copies to the device ("to device") and one track per
   // HostAdamW worker ("cpu worker 0", ...) with its share of every AdamW.
   void set_trace(TraceRecorder* recorder) override;
+
+  // What it allocates with `options` on a device handing out `kinds` (the HostGradient's too).
+  struct Buffers {
+    PlannedAllocation master, m, v, span_sums;
+    std::optional<PlannedAllocation> weights;  // the device copy (none with weights_in_place)
+    std::optional<PlannedAllocation> spare_master, spare_m, spare_v;  // speculative_clip
+    std::optional<HostGradient::Buffers> gradient;                    // host_gradient
+    BufferList list() const;
+  };
+  static Buffers buffers(const ParameterLayout& layout, const ScheduleOptions& options,
+                         DeviceKinds kinds);
 
  protected:
   // cpu_workers: HostAdamW workers, one per core from the first allowed one (0: every core this
@@ -120,9 +132,6 @@ class HostOptimizerSchedule : public Schedule {
   // The span's weights in the device copy from the current master weights, in order with the
   // device's work (nothing to do with weights_in_place).
   void refresh_device_weights(const Span& span);
-
-  // A whole-model host-side buffer of master weights or moments, where the placement puts it.
-  DeviceBuffer allocate_state(const ScheduleOptions& options, TensorClass tensor_class);
 
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;

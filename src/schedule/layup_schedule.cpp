@@ -67,13 +67,14 @@ class LayupSchedule final : public HostOptimizerSchedule {
   LayupSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
                 const ParameterLayout& layout, const ScheduleOptions& options)
       : HostOptimizerSchedule(std::move(backend), std::move(device), layout, options),
-        grads_kind_(options.kind_of(TensorClass::kWeightGrads, device_->memory_kind())),
-        embeddings_grad_(allocate_grads(layout.embeddings().count)),
-        final_norm_grad_(allocate_grads(layout.final_norm().count)),
+        grads_kind_(gradients_kind(options, device_->kinds())),
+        embeddings_grad_(device_->allocate(head_gradient_buffer(layout, grads_kind_, 0))),
+        final_norm_grad_(device_->allocate(
+            head_gradient_buffer(layout, grads_kind_, layout.spans().size() - 1))),
         slots_(*device_, layout.block().count, grads_kind_),
         device_tier_(*device_, layout_, options.update_sites, grads_kind_, embeddings_grad_.data(),
                      final_norm_grad_.data()),
-        host_head_spans_(host_updated_head_spans()),
+        host_head_spans_(host_updated_head_spans(layout, options.update_sites)),
         route_(make_gradient_route(host_gradient_.get(), *device_, layout_, grads_kind_,
                                    host_head_spans_)),
         timing_(options.speculative_clip),
@@ -521,21 +522,49 @@ class LayupSchedule final : public HostOptimizerSchedule {
     return index == 0 ? embeddings_grad_.data() : final_norm_grad_.data();
   }
 
-  // The head spans (the embeddings: first in layout order; the final norm: last) that
-  // update_sites leaves on the host.
-  std::vector<size_t> host_updated_head_spans() const {
+  // The head spans (the embeddings: first in layout order; the final norm: last) that `sites`
+  // leaves on the host.
+  static std::vector<size_t> host_updated_head_spans(const ParameterLayout& layout,
+                                                     const std::vector<UpdateSite>& sites) {
     std::vector<size_t> spans;
-    for (const size_t index : {size_t{0}, layout_.spans().size() - 1})
-      if (!device_tier_.holds(index)) spans.push_back(index);
+    for (const size_t index : {size_t{0}, layout.spans().size() - 1})
+      if (sites.empty() || sites[index] == UpdateSite::kHost) spans.push_back(index);
     return spans;
   }
 
-  // Device-side weight gradients (slots, head, the device tier's) in memory of grads_kind_.
-  DeviceBuffer allocate_grads(size_t count) {
-    return device_->allocate_kind(count, TensorClass::kWeightGrads, MemorySide::kDevice,
-                                  grads_kind_);
+  // Span `index` (the embeddings or the final norm): its gradient of one micro-batch, where
+  // backward_head and backward_embeddings write it.
+  static PlannedAllocation head_gradient_buffer(const ParameterLayout& layout,
+                                                MemoryKind grads_kind, size_t index) {
+    const bool embeddings = index == 0;
+    return {MemorySide::kDevice, TensorClass::kWeightGrads, grads_kind,
+            layout.spans()[index].count * sizeof(float),
+            embeddings ? "embeddings' gradient (complete only at the end of backward)"
+                       : "final norm's gradient"};
   }
 
+  // The weight gradients' kind: the placement's, else the device's own memory.
+  static MemoryKind gradients_kind(const ScheduleOptions& options, DeviceKinds kinds) {
+    return options.kind_of(TensorClass::kWeightGrads, kinds.own);
+  }
+
+ public:
+  // What a layup schedule allocates (make_layup_schedule's buffers).
+  static BufferList buffers(const ParameterLayout& layout, const ScheduleOptions& options,
+                            DeviceKinds kinds, int micro_batches) {
+    const MemoryKind grads_kind = gradients_kind(options, kinds);
+    BufferList list = HostOptimizerSchedule::buffers(layout, options, kinds).list();
+    list.push_back(head_gradient_buffer(layout, grads_kind, 0));
+    list.push_back(head_gradient_buffer(layout, grads_kind, layout.spans().size() - 1));
+    append(list, WeightGradSlots::buffers(layout.block().count, grads_kind));
+    append(list, DeviceTier::buffers(layout, options.update_sites, grads_kind, kinds)
+                     .list(micro_batches > 1));
+    append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
+                                        host_updated_head_spans(layout, options.update_sites)));
+    return list;
+  }
+
+ private:
   const MemoryKind grads_kind_;                     // the placement's kind for weight gradients
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
   WeightGradSlots slots_;                           // block gradients, two slots
@@ -558,6 +587,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
 };
 
 }  // namespace
+
+BufferList layup_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
+                                  DeviceKinds kinds, int micro_batches) {
+  return LayupSchedule::buffers(layout, options, kinds, micro_batches);
+}
 
 std::unique_ptr<Schedule> make_layup_schedule(std::unique_ptr<ModelBackend> backend,
                                               std::unique_ptr<Device> device,

@@ -34,8 +34,13 @@ class OffloadSchedule final : public HostOptimizerSchedule {
                   const ParameterLayout& layout, const ScheduleOptions& options)
       : HostOptimizerSchedule(std::move(backend), std::move(device), layout,
                               with_host_gradient(options)),
-        grads_(allocate_placed(*device_, options, layout.total_count(), TensorClass::kWeightGrads,
-                               MemorySide::kDevice)) {}
+        grads_(device_->allocate(gradient_buffer(layout, options, device_->kinds()))) {}
+
+  static PlannedAllocation gradient_buffer(const ParameterLayout& layout,
+                                           const ScheduleOptions& options, DeviceKinds kinds) {
+    return placed_buffer(options, kinds, layout.total_count(), TensorClass::kWeightGrads,
+                         MemorySide::kDevice, "whole-model gradient of one micro-batch");
+  }
 
   std::string name() const override { return "offload"; }
 
@@ -128,6 +133,14 @@ std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> ba
                                                 std::unique_ptr<Device> device,
                                                 const ParameterLayout& layout) {
   return make_offload_schedule_with(std::move(backend), std::move(device), layout, {});
+}
+
+BufferList offload_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
+                                    DeviceKinds kinds) {
+  BufferList list =
+      HostOptimizerSchedule::buffers(layout, with_host_gradient(options), kinds).list();
+  list.push_back(OffloadSchedule::gradient_buffer(layout, options, kinds));
+  return list;
 }
 
 std::unique_ptr<Schedule> make_offload_schedule_with(std::unique_ptr<ModelBackend> backend,

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "memory/memory_plan.h"
 #include "model/init.h"
 #include "optim/host_adamw.h"
 #include "trace/trace_recorder.h"
@@ -34,28 +33,29 @@ std::vector<UpdateSite> head_on_device(const ParameterLayout& layout) {
   return sites;
 }
 
-ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers) {
-  ScheduleOptions options;
-  options.cpu_workers = cpu_workers;
-  options.weights_in_place = plan.weights_in_place;
-  options.host_gradient = plan.host_gradient;
-  options.speculative_clip = plan.speculative_clip;
-  if (plan.head_on_device)
-    options.update_sites = head_on_device(ParameterLayout(plan.request.config));
-  for (TensorClass c : kAllTensorClasses) options.placement[index_of(c)] = plan.placement[c];
-  return options;
-}
-
-DeviceBuffer allocate_placed(Device& device, const ScheduleOptions& options, size_t count,
-                             TensorClass tensor_class, MemorySide side) {
+PlannedAllocation placed_buffer(const ScheduleOptions& options, DeviceKinds kinds, size_t count,
+                                TensorClass tensor_class, MemorySide side, std::string what) {
   // Device side: the device's own memory. Host side: the master weights where the device copies
   // from fastest (it reads them after every update), the moments, which only the CPU touches, in
   // plain host memory.
-  const MemoryKind fallback = side == MemorySide::kDevice ? device.memory_kind()
-                              : tensor_class == TensorClass::kMasterWeights
-                                  ? device.host_memory_kind()
-                                  : MemoryKind::kHost;
-  return device.allocate_kind(count, tensor_class, side, options.kind_of(tensor_class, fallback));
+  const MemoryKind fallback = side == MemorySide::kDevice                   ? kinds.own
+                              : tensor_class == TensorClass::kMasterWeights ? kinds.host_copy
+                                                                            : MemoryKind::kHost;
+  return {side, tensor_class, options.kind_of(tensor_class, fallback), count * sizeof(float),
+          std::move(what)};
+}
+
+BufferList schedule_buffers(Mode mode, const ParameterLayout& layout,
+                            const ScheduleOptions& options, DeviceKinds kinds, int micro_batches) {
+  switch (mode) {
+    case Mode::kGpu:
+      return gpu_schedule_buffers(layout, options, kinds, micro_batches);
+    case Mode::kOffload:
+      return offload_schedule_buffers(layout, options, kinds);
+    case Mode::kLayup:
+      return layup_schedule_buffers(layout, options, kinds, micro_batches);
+  }
+  fail("no schedule for mode ", static_cast<int>(mode));
 }
 
 std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend> backend,

@@ -132,18 +132,20 @@ struct ScheduleOptions {
 };
 
 // A schedule's buffer of `count` floats of `tensor_class` on `side`, where options.placement puts
-// the class, else the device's default for it (see ScheduleOptions::placement).
-DeviceBuffer allocate_placed(Device& device, const ScheduleOptions& options, size_t count,
-                             TensorClass tensor_class, MemorySide side);
+// the class, else the default of a device handing out `kinds` (see ScheduleOptions::placement).
+PlannedAllocation placed_buffer(const ScheduleOptions& options, DeviceKinds kinds, size_t count,
+                                TensorClass tensor_class, MemorySide side, std::string what);
 
-// The update sites of a discrete GPU's default (MemoryPlan::head_on_device): the embeddings and
+// Every buffer the schedule of `mode` allocates with `options` on a device handing out `kinds`:
+// what its constructor allocates, and, with micro_batches > 1, what it allocates at the first
+// step of several micro-batches. The memory plan sums this list; each part is listed by the
+// component that allocates it.
+BufferList schedule_buffers(Mode mode, const ParameterLayout& layout,
+                            const ScheduleOptions& options, DeviceKinds kinds, int micro_batches);
+
+// The update sites of a discrete GPU's default (schedule_plan.h): the embeddings and
 // the final norm on the device, every block on the host.
 std::vector<UpdateSite> head_on_device(const ParameterLayout& layout);
-
-struct MemoryPlan;  // memory/memory_plan.h
-
-// What a run's memory plan says, with cpu_workers workers.
-ScheduleOptions schedule_options(const MemoryPlan& plan, int cpu_workers);
 
 // The schedule of a mode; `options` is used by `offload` and `layup`.
 std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend> backend,
@@ -173,6 +175,8 @@ std::unique_ptr<Schedule> make_gpu_schedule_with(std::unique_ptr<ModelBackend> b
                                                  std::unique_ptr<Device> device,
                                                  const ParameterLayout& layout,
                                                  const ScheduleOptions& options);
+BufferList gpu_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
+                                DeviceKinds kinds, int micro_batches);
 
 // The `offload` mode (ZeRO-Offload style baseline): forward and full backward into a whole-model
 // gradient buffer on the device; the gradient is copied to the host span by span, the CPU clips
@@ -186,6 +190,8 @@ std::unique_ptr<Schedule> make_offload_schedule_with(std::unique_ptr<ModelBacken
                                                      std::unique_ptr<Device> device,
                                                      const ParameterLayout& layout,
                                                      const ScheduleOptions& options);
+BufferList offload_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
+                                    DeviceKinds kinds);
 
 // The `layup` mode (the paper's schedule): the device thread runs backward block by block into two
 // gradient slots (WeightGradSlots); each finished slot is handed to the CPU, and that block is
@@ -203,5 +209,7 @@ std::unique_ptr<Schedule> make_layup_schedule(std::unique_ptr<ModelBackend> back
                                               std::unique_ptr<Device> device,
                                               const ParameterLayout& layout,
                                               const ScheduleOptions& options = {});
+BufferList layup_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
+                                  DeviceKinds kinds, int micro_batches);
 
 }  // namespace layup

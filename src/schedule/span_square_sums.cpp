@@ -13,8 +13,13 @@ constexpr double kNotTaken = std::numeric_limits<double>::quiet_NaN();
 
 }  // namespace
 
+PlannedAllocation SpanSquareSums::buffer(size_t spans, DeviceKinds kinds) {
+  return {MemorySide::kHost, TensorClass::kScratch, kinds.host_copy, spans * sizeof(double),
+          "per-span gradient sums of squares the device writes"};
+}
+
 SpanSquareSums::SpanSquareSums(Device& device, size_t spans)
-    : device_(device), sums_(device.allocate_host(2 * spans, TensorClass::kScratch)) {
+    : device_(device), sums_(device.allocate(buffer(spans, device.kinds()))) {
   std::fill_n(reinterpret_cast<double*>(sums_.data()), spans, kNotTaken);
 }
 

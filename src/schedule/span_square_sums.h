@@ -1,6 +1,6 @@
 // Per span of a layout, the sum of squares the device takes of a span's gradient
 // (Device::start_sum_of_squares), for the gradient norm: doubles in host memory the device writes
-// (Device::allocate_host, two floats each; memory_plan.cpp plans them as scratch). Every schedule
+// (Device::allocate_host, two floats each, listed by buffer()). Every schedule
 // that has the device take its norm (gpu, offload, layup) keeps its sums here.
 #pragma once
 
@@ -14,6 +14,9 @@ class SpanSquareSums {
  public:
   // `device` must outlive this.
   SpanSquareSums(Device& device, size_t spans);
+
+  // Its one buffer, on a device that hands out `kinds`.
+  static PlannedAllocation buffer(size_t spans, DeviceKinds kinds);
 
   // Starts span `index`'s sum over `count` floats at `device_grad`, in order with the device's
   // work; take() reads it once a fence issued after this call has passed. Call from the thread

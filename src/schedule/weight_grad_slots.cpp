@@ -5,11 +5,14 @@
 
 namespace layup {
 
+PlannedAllocation WeightGradSlots::slot_buffer(size_t block_count, MemoryKind kind) {
+  return {MemorySide::kDevice, TensorClass::kWeightGrads, kind, block_count * sizeof(float),
+          "a block gradient slot (two: a double buffer)"};
+}
+
 WeightGradSlots::WeightGradSlots(Device& device, size_t block_count, MemoryKind kind)
     : block_count_(block_count) {
-  for (SlotState& slot : slots_)
-    slot.buffer =
-        device.allocate_kind(block_count, TensorClass::kWeightGrads, MemorySide::kDevice, kind);
+  for (SlotState& slot : slots_) slot.buffer = device.allocate(slot_buffer(block_count, kind));
 }
 
 SlotLease WeightGradSlots::acquire(int layer) {

@@ -50,6 +50,12 @@ class WeightGradSlots {
   // placement of the weight gradients says: pinned memory the host reads in place, ...).
   WeightGradSlots(Device& device, size_t block_count, MemoryKind kind);
 
+  // One slot's buffer, and the slots' list.
+  static PlannedAllocation slot_buffer(size_t block_count, MemoryKind kind);
+  static BufferList buffers(size_t block_count, MemoryKind kind) {
+    return BufferList(kSlotCount, slot_buffer(block_count, kind));
+  }
+
   size_t block_count() const { return block_count_; }
 
   // Device thread: waits until slot layer % 2 has been released by its last holder, then grants

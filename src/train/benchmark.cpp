@@ -22,6 +22,7 @@
 #include "model/init.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule.h"
+#include "schedule/schedule_plan.h"
 #include "trace/trace_recorder.h"
 #include "train/memory_usage.h"
 #include "train/run_info.h"
@@ -156,9 +157,10 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   result.memory_plan = memory_plan_json(memory_plan);
   if (options.mode == Mode::kLayup && options.clip > 0.0f)
     result.layup_clip =
-        memory_plan.speculative_clip ? LayupClip::kSpeculative : LayupClip::kDeferred;
+        planned.schedule.speculative_clip ? LayupClip::kSpeculative : LayupClip::kDeferred;
   if (options.mode == Mode::kLayup)
-    result.layup_head = memory_plan.head_on_device ? LayupHead::kDevice : LayupHead::kHost;
+    result.layup_head =
+        updates_head_on_device(planned.schedule) ? LayupHead::kDevice : LayupHead::kHost;
   result.memory_plan_bytes = memory_plan.total_bytes();
 
   const ParameterLayout layout(config);

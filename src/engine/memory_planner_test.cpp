@@ -6,7 +6,7 @@
 //  - a 16 GiB budget (a unified-memory board, emulated on the CPU backend): what fits and what is
 //    refused, with the message;
 //  - placement checks, size parsing, and the CUDA arena arithmetic.
-#include "memory/memory_plan.h"
+#include "engine/memory_planner.h"
 
 #include <gtest/gtest.h>
 
@@ -21,6 +21,7 @@
 #include "memory/backend_memory.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule.h"
+#include "schedule/schedule_plan.h"
 #include "train/benchmark.h"
 
 namespace layup {
@@ -52,8 +53,13 @@ std::string error_of(const std::function<void()>& run) {
   return "";
 }
 
+// The schedule options a plan was made with.
+ScheduleOptions schedule_of(const MemoryPlan& plan, int cpu_workers = 0) {
+  return plan_run_memory(plan.request, cpu_workers).schedule;
+}
+
 std::string refusal(const MemoryPlan& plan, const MemoryBudgets& budgets) {
-  return error_of([&] { check_budget(plan, budgets); });
+  return error_of([&] { check_run_budget(plan, budgets); });
 }
 
 TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
@@ -68,7 +74,7 @@ TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
       auto accountant = std::make_shared<MemoryAccountant>();
       std::unique_ptr<Schedule> schedule =
           make_schedule(plan.request.mode, make_cpu_backend(config, kBatch, kSeqLen),
-                        make_cpu_device(accountant), layout, schedule_options(plan, 1));
+                        make_cpu_device(accountant), layout, schedule_of(plan, 1));
       schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
 
       // One step, so that what is allocated at the first step (gpu mode's accumulator) is too.
@@ -192,8 +198,8 @@ TEST(MemoryPlan, UnifiedMemoryBoardBudgetOnTheCpuBackend) {
   // probabilities, ~6 GiB at B=1, T=1024) layup fits, computing on the master weights in place and
   // updating each block straight from its slot.
   const MemoryPlan layup = plan("layup", 2, 1024, 0.0f);
-  EXPECT_TRUE(layup.weights_in_place);
-  EXPECT_FALSE(layup.host_gradient);
+  EXPECT_TRUE(schedule_of(layup).weights_in_place);
+  EXPECT_FALSE(schedule_of(layup).host_gradient);
   EXPECT_EQ(layup.bytes(MemorySide::kDevice, TensorClass::kWeights), 0u);
   EXPECT_EQ(layup.bytes(MemorySide::kHost, TensorClass::kWeightGrads), 0u);
   EXPECT_TRUE(fits(layup, budgets));
@@ -216,7 +222,7 @@ TEST(MemoryPlan, UnifiedMemoryBoardBudgetOnTheCpuBackend) {
 
   // layup with clipping keeps the whole gradient on the host (design (a)): refused here too.
   const MemoryPlan clipped = plan("layup", 2, 1024, 1.0f);
-  EXPECT_TRUE(clipped.host_gradient);
+  EXPECT_TRUE(schedule_of(clipped).host_gradient);
   EXPECT_FALSE(fits(clipped, budgets));
 
   // The saving is exact: gpu needs one whole-model fp32 copy more than layup, less the slots.
@@ -251,8 +257,8 @@ TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
   const MemoryPlan speculative = plan_memory(request);
   request.layup_clip = LayupClip::kDeferred;
   const MemoryPlan deferred = plan_memory(request);
-  EXPECT_TRUE(speculative.speculative_clip);
-  EXPECT_FALSE(deferred.speculative_clip);
+  EXPECT_TRUE(schedule_of(speculative).speculative_clip);
+  EXPECT_FALSE(schedule_of(deferred).speculative_clip);
   const size_t model = ParameterLayout(config).total_count() * sizeof(float);
   EXPECT_EQ(speculative.total_bytes() - deferred.total_bytes(), 3 * model);
   EXPECT_EQ(speculative.bytes(MemorySide::kHost, TensorClass::kMasterWeights), 2 * model);
@@ -266,26 +272,26 @@ TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
 
   // auto (the default) speculates except on an integrated GPU, whose one memory holds everything.
   request.layup_clip = LayupClip::kAuto;
-  EXPECT_TRUE(plan_memory(request).speculative_clip);
+  EXPECT_TRUE(plan_run_memory(request).schedule.speculative_clip);
   request.device = DeviceKind::kCuda;
   request.dtype = Dtype::kBf16;
   request.attributes = assumed_cuda_memory_attributes();
   request.attributes.integrated = false;
-  EXPECT_TRUE(plan_memory(request).speculative_clip);
+  EXPECT_TRUE(plan_run_memory(request).schedule.speculative_clip);
   request.attributes.integrated = true;
   const MemoryPlan on_a_board = plan_memory(request);
-  EXPECT_FALSE(on_a_board.speculative_clip);
+  EXPECT_FALSE(schedule_of(on_a_board).speculative_clip);
   bool said_so = false;
   for (const std::string& note : on_a_board.notes)
     said_so |= note.find("clipping in layup is deferred") != std::string::npos;
   EXPECT_TRUE(said_so) << "the plan does not say that auto chose deferred clipping";
   request.layup_clip = LayupClip::kSpeculative;
-  EXPECT_TRUE(plan_memory(request).speculative_clip);
+  EXPECT_TRUE(plan_run_memory(request).schedule.speculative_clip);
 
   // Without clipping there is nothing to speculate on.
   request.clip = 0.0f;
   request.layup_clip = LayupClip::kSpeculative;
-  EXPECT_FALSE(plan_memory(request).speculative_clip);
+  EXPECT_FALSE(plan_run_memory(request).schedule.speculative_clip);
 }
 
 // --layup-head: auto updates the embeddings and the final norm on a discrete GPU (their moments in
@@ -300,18 +306,19 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
   const size_t head = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
   MemoryPlanRequest request = cpu_request(config, "layup", 32, 1024);
   request.model_name = "gpt2";
-  EXPECT_FALSE(plan_memory(request).head_on_device) << "the CPU backend computes in place";
+  EXPECT_FALSE(updates_head_on_device(plan_run_memory(request).schedule))
+      << "the CPU backend computes in place";
   request.device = DeviceKind::kCuda;
   request.dtype = Dtype::kBf16;
   request.attributes = assumed_cuda_memory_attributes();
   request.attributes.integrated = false;
   const MemoryPlan on_device = plan_memory(request);
-  EXPECT_TRUE(on_device.head_on_device);
-  EXPECT_EQ(schedule_options(on_device, 1).update_sites, head_on_device(layout));
+  EXPECT_TRUE(updates_head_on_device(schedule_of(on_device)));
+  EXPECT_EQ(schedule_of(on_device, 1).update_sites, head_on_device(layout));
   request.layup_head = LayupHead::kHost;
   const MemoryPlan on_host = plan_memory(request);
-  EXPECT_FALSE(on_host.head_on_device);
-  EXPECT_TRUE(schedule_options(on_host, 1).update_sites.empty());
+  EXPECT_FALSE(updates_head_on_device(schedule_of(on_host)));
+  EXPECT_TRUE(schedule_of(on_host, 1).update_sites.empty());
   EXPECT_EQ(on_device.bytes(MemorySide::kDevice, TensorClass::kOptimizerMoments), 2 * head);
   EXPECT_EQ(on_host.bytes(MemorySide::kDevice, TensorClass::kOptimizerMoments), 0u);
   EXPECT_EQ(on_device.bytes(MemorySide::kDevice, TensorClass::kWeightGrads),
@@ -335,25 +342,26 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
   request.layup_head = LayupHead::kAuto;
   request.grad_accum = 2;
   const MemoryPlan accumulating = plan_memory(request);
-  EXPECT_TRUE(accumulating.head_on_device);
+  EXPECT_TRUE(updates_head_on_device(schedule_of(accumulating)));
   EXPECT_EQ(accumulating.bytes(MemorySide::kDevice, TensorClass::kWeightGrads),
             on_device.bytes(MemorySide::kDevice, TensorClass::kWeightGrads) + head);
   request.grad_accum = 1;
 
   // auto keeps the head on the host where the device cannot or should not update it.
   request.place = {"weights=pinned"};
-  EXPECT_FALSE(plan_memory(request).head_on_device) << "the weights computed in place";
+  EXPECT_FALSE(updates_head_on_device(plan_run_memory(request).schedule))
+      << "the weights computed in place";
   request.place.clear();
   request.attributes.integrated = true;
-  EXPECT_FALSE(plan_memory(request).head_on_device) << "an integrated GPU";
+  EXPECT_FALSE(updates_head_on_device(plan_run_memory(request).schedule)) << "an integrated GPU";
   request.attributes.integrated = false;
   request.mode = Mode::kOffload;
-  EXPECT_FALSE(plan_memory(request).head_on_device) << "offload mode";
+  EXPECT_FALSE(updates_head_on_device(plan_run_memory(request).schedule)) << "offload mode";
   request.mode = Mode::kLayup;
 
   // device where it cannot work: refused, saying what to use.
   request.layup_head = LayupHead::kDevice;
-  EXPECT_TRUE(plan_memory(request).head_on_device);
+  EXPECT_TRUE(updates_head_on_device(plan_run_memory(request).schedule));
   request.place = {"weights=pinned"};
   const std::string no_copy = error_of([&] { plan_memory(request); });
   EXPECT_NE(no_copy.find("use --layup-head host"), std::string::npos) << no_copy;

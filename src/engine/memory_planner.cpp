@@ -1,0 +1,162 @@
+// The memory plan of a run, from the components' lists (memory_planner.h).
+#include "engine/memory_planner.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "engine/backend_factory.h"
+#include "memory/backend_memory.h"
+#include "model/parameter_layout.h"
+#include "schedule/schedule_plan.h"
+
+namespace layup {
+
+namespace {
+
+// What the process itself holds on the host, whatever the model: its code and libraries, the
+// tokenizer, the threads' stacks. Allowances on the generous side of what was measured: a tiny
+// CPU run peaks at ~30 MiB resident; small CUDA runs on the H200 peaked 1.6 GiB under plans that
+// hold this allowance (bench/runs/2026-12-01e-h200-host-and-gpu-limits.md).
+constexpr size_t kCpuRuntimeBytes = size_t{160} << 20;
+constexpr size_t kCudaRuntimeBytes = size_t{2} << 30;
+
+// TEMPORARY until the backends list their own buffers.
+BufferList backend_buffers(const MemoryPlanRequest& r, const Placement& placement) {
+  const MemorySide dev = MemorySide::kDevice, host = MemorySide::kHost;
+  if (r.device == DeviceKind::kCuda) {
+    const bool bf16 = r.dtype == Dtype::kBf16;
+    const BackendBytes arena = cuda_arena_bytes(r.config, r.batch, r.seq_len, bf16, r.recompute);
+    BufferList list;
+    if (bf16)
+      list.push_back({dev, TensorClass::kWeights, MemoryKind::kDevice, arena.weights,
+                      "bf16 compute copy of the weights (the backend's weights region)"});
+    list.push_back({dev, TensorClass::kActivations, placement[TensorClass::kActivations],
+                    arena.activations,
+                    "activations saved for the backward, token ids, logits (the backend's "
+                    "activations)"});
+    list.push_back({dev, TensorClass::kScratch, placement[TensorClass::kScratch], arena.scratch,
+                    "activation gradients and the ops' scratch (the backend's scratch)"});
+    list.push_back({dev, TensorClass::kScratch, MemoryKind::kDevice, kCublasLtWorkspaceBytes,
+                    "cuBLASLt workspace"});
+    list.push_back({host, TensorClass::kScratch, MemoryKind::kPinnedMapped,
+                    cuda_pinned_staging_bytes(r.batch, r.seq_len),
+                    "pinned staging of token ids, targets and losses"});
+    return list;
+  }
+  const BackendBytes cpu = cpu_backend_memory(r.config, r.batch, r.seq_len);
+  return {{dev, TensorClass::kActivations, MemoryKind::kHost, cpu.activations,
+           "the CPU backend's activations for the backward", false},
+          {dev, TensorClass::kScratch, MemoryKind::kHost, cpu.scratch,
+           "the CPU backend's activation gradients and a chunk of the logits' gradient", false}};
+}
+
+BufferList device_buffers(const MemoryPlanRequest& r) {
+  if (r.device != DeviceKind::kCuda) return {};
+  return {{MemorySide::kDevice, TensorClass::kScratch, MemoryKind::kDevice, kCudaDeviceScratchBytes,
+           "gradient-norm partial sums"}};
+}
+
+// What the process holds on the host besides the components' buffers.
+BufferList process_buffers(const MemoryPlanRequest& r, const ParameterLayout& layout) {
+  const size_t f = sizeof(float);
+  const size_t all = layout.total_count() * f;
+  size_t largest_tensor = 0;
+  for (const TensorSpec& tensor : layout.tensors())
+    largest_tensor = std::max(largest_tensor, tensor.count);
+  const MemorySide host = MemorySide::kHost;
+  const bool cuda = r.device == DeviceKind::kCuda;
+  BufferList list = {
+      {host, TensorClass::kMasterWeights, MemoryKind::kHost, all + largest_tensor * f,
+       "parameters in layout order on their way into the schedule (initialised or loaded) or out "
+       "of it (a checkpoint), and one tensor of the checkpoint writer's or reader's scratch",
+       false, true},
+      {host, TensorClass::kOptimizerMoments, MemoryKind::kHost, 2 * all,
+       "AdamW m and v on their way into or out of the schedule (the start, a checkpoint)", false,
+       true}};
+  if (r.data_bytes > 0)
+    list.push_back({host, TensorClass::kScratch, MemoryKind::kHost, r.data_bytes,
+                    "the training and validation tokens, read into memory", false});
+  list.push_back(
+      {host, TensorClass::kScratch, MemoryKind::kHost, cuda ? kCudaRuntimeBytes : kCpuRuntimeBytes,
+       cuda ? "the process itself: code, the CUDA runtime and cuBLASLt/cuDNN libraries, the "
+              "tokenizer (an allowance)"
+            : "the process itself: code, the tokenizer, the threads' stacks (an allowance)",
+       false});
+  return list;
+}
+
+// What the planner offers in place of its own choices when a plan is over a budget.
+std::vector<PlanAlternative> alternatives(const MemoryPlanRequest& r,
+                                          const ScheduleOptions& schedule) {
+  std::vector<PlanAlternative> offers;
+  if (schedule.speculative_clip) {
+    MemoryPlanRequest deferred = r;
+    deferred.layup_clip = LayupClip::kDeferred;
+    offers.push_back({"--layup-clip deferred", deferred});
+  }
+  if (r.mode == Mode::kLayup && updates_head_on_device(schedule)) {
+    MemoryPlanRequest host_head = r;
+    host_head.layup_head = LayupHead::kHost;
+    offers.push_back({"--layup-head host", host_head});
+  }
+  return offers;
+}
+
+}  // namespace
+
+RunMemory plan_run_memory(const MemoryPlanRequest& r, int cpu_workers) {
+  validate_config(r.config);
+  LAYUP_CHECK(r.device != DeviceKind::kAuto, "a memory plan needs a resolved device, cpu or cuda");
+  LAYUP_CHECK(r.dtype == Dtype::kFp32 || (r.dtype == Dtype::kBf16 && r.device == DeviceKind::kCuda),
+              "a memory plan needs a resolved dtype: fp32, or bf16 on cuda (got ", name_of(r.dtype),
+              " on ", name_of(r.device), ")");
+  LAYUP_CHECK(r.attributes.device == r.device, "the memory attributes are of ",
+              name_of(r.attributes.device), ", the plan is for ", name_of(r.device));
+  LAYUP_CHECK(r.batch >= 1 && r.seq_len >= 1 && r.grad_accum >= 1, "--batch, --seq-len and ",
+              "--grad-accum must be at least 1 (got ", r.batch, ", ", r.seq_len, ", ", r.grad_accum,
+              ")");
+  LAYUP_CHECK(r.seq_len <= r.config.n_positions, "--seq-len ", r.seq_len,
+              " is above the model's context of ", r.config.n_positions, " positions");
+
+  RunMemory run;
+  MemoryPlan& plan = run.plan;
+  plan.request = r;
+  plan.placement = resolve_placement(r.mode, r.attributes, r.place);
+  run.schedule = choose_schedule_options(r, plan.placement, cpu_workers);
+  const ParameterLayout layout(r.config);
+  const bool cuda = r.device == DeviceKind::kCuda;
+
+  append(plan.allocations,
+         schedule_buffers(r.mode, layout, run.schedule, device_kinds_of(r.device), r.grad_accum));
+  append(plan.allocations, backend_buffers(r, plan.placement));
+  append(plan.allocations, device_buffers(r));
+  append(plan.allocations, process_buffers(r, layout));
+
+  if (cuda) {
+    if (r.dtype == Dtype::kBf16)
+      plan.notes.push_back(
+          "cuDNN's attention workspace is sized by cuDNN when the first step builds its graphs: "
+          "measured at run time, not planned");
+    plan.notes.push_back(
+        "not counted: the CUDA context and the cuBLASLt/cuDNN handles' own memory "
+        "(cudaMemGetInfo's reading includes them)");
+  }
+  for (std::string& note : schedule_notes(r, run.schedule)) plan.notes.push_back(std::move(note));
+  if (cuda && plan.placement.overridden[index_of(TensorClass::kScratch)])
+    plan.notes.push_back(
+        "--place scratch places the backward's activation gradients; the cuBLASLt and cuDNN "
+        "workspaces and the norm's partial sums stay in device memory");
+  plan.notes.push_back("not counted: per-call temporaries inside the ops");
+  plan.alternatives = alternatives(r, run.schedule);
+  return run;
+}
+
+MemoryPlan plan_memory(const MemoryPlanRequest& request) {
+  return plan_run_memory(request).plan;
+}
+
+void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
+  check_budget(plan, budgets, plan_memory);
+}
+
+}  // namespace layup

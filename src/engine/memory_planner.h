@@ -1,0 +1,31 @@
+// The memory plan of a run, gathered from the components that will allocate it: the schedule and
+// its policies (schedule_buffers), the backend and the device (their *_buffers functions), and
+// what the process holds besides (the state's transient copies, the token data, the process
+// itself). Each component lists its buffers in the function its constructor allocates from, so
+// the plan holds no copy of anyone's sizes (docs/memory.md).
+#pragma once
+
+#include "backend/device.h"
+#include "memory/memory_plan.h"
+#include "schedule/schedule.h"
+
+namespace layup {
+
+// A run's memory plan with the schedule options it was planned for.
+struct RunMemory {
+  MemoryPlan plan;
+  ScheduleOptions schedule;
+};
+
+// Resolves the placement and the schedule's policies against the request's device, then lists
+// every buffer. Throws layup::Error for a request that is not resolved, a bad --place, or a
+// combination of choices that cannot run.
+RunMemory plan_run_memory(const MemoryPlanRequest& request, int cpu_workers = 0);
+
+// The plan alone.
+MemoryPlan plan_memory(const MemoryPlanRequest& request);
+
+// check_budget (memory/memory_plan.h), offering what fits from plans of this planner.
+void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets);
+
+}  // namespace layup

@@ -1,0 +1,99 @@
+// Each schedule allocates exactly what schedule_buffers lists: after building it and running a
+// step, every cell of the accountant equals the list's sum there, for every mode and the layup
+// policies' combinations (host gradient or not, speculative, spans updated on the device).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "schedule/schedule.h"
+
+namespace layup {
+namespace {
+
+struct Case {
+  std::string name;
+  Mode mode;
+  ScheduleOptions options;
+  bool clip = true;  // steps without a host gradient must not clip or accumulate
+};
+
+std::vector<UpdateSite> block_1_and_head(const ParameterLayout& layout) {
+  std::vector<UpdateSite> sites = head_on_device(layout);
+  sites[2] = UpdateSite::kDevice;  // block 1
+  return sites;
+}
+
+TEST(ScheduleBuffers, EveryCellTheAccountantMeasuresIsListed) {
+  const Gpt2Config config = gpt2_config(3, 2, 32, 16, 61);
+  const ParameterLayout layout(config);
+  constexpr int kBatch = 2, kSeqLen = 8;
+  const std::vector<Case> cases = {
+      {"gpu", Mode::kGpu, {}},
+      {"offload in place", Mode::kOffload, {.cpu_workers = 1, .weights_in_place = true}},
+      {"offload with a device copy", Mode::kOffload, {.cpu_workers = 1}},
+      {"layup deferred", Mode::kLayup, {.cpu_workers = 1, .weights_in_place = true}},
+      {"layup slots only",
+       Mode::kLayup,
+       {.cpu_workers = 1, .weights_in_place = true, .host_gradient = false},
+       false},
+      {"layup speculative", Mode::kLayup, {.cpu_workers = 1, .speculative_clip = true}},
+      {"layup head on the device",
+       Mode::kLayup,
+       {.cpu_workers = 1, .update_sites = head_on_device(layout)}},
+      {"layup block 1 and the head on the device, speculative",
+       Mode::kLayup,
+       {.cpu_workers = 1, .speculative_clip = true, .update_sites = block_1_and_head(layout)}},
+      {"layup block 1 and the head on the device, slots only",
+       Mode::kLayup,
+       {.cpu_workers = 1, .host_gradient = false, .update_sites = block_1_and_head(layout)},
+       false},
+  };
+  for (const Case& c : cases) {
+    for (int micro_batches : {1, 2}) {
+      if (!c.clip && micro_batches > 1) continue;
+      SCOPED_TRACE(c.name + " x" + std::to_string(micro_batches));
+      auto accountant = std::make_shared<MemoryAccountant>();
+      std::unique_ptr<Device> device = make_cpu_device(accountant);
+      const BufferList listed =
+          schedule_buffers(c.mode, layout, c.options, device->kinds(), micro_batches);
+      // The backend records into a ledger of its own: this test is about the schedule's buffers.
+      std::unique_ptr<Schedule> schedule = make_schedule(
+          c.mode, make_cpu_backend(config, kBatch, kSeqLen), std::move(device), layout, c.options);
+      schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
+
+      std::mt19937 rng(5);
+      std::vector<std::vector<int32_t>> tokens(micro_batches);
+      std::vector<TokenBatch> batches;
+      for (std::vector<int32_t>& t : tokens) {
+        t.resize(kBatch * kSeqLen);
+        for (int32_t& id : t) id = static_cast<int32_t>(rng() % config.vocab_size);
+        batches.push_back({t.data(), t.data(), kBatch, kSeqLen});
+      }
+      UpdateSettings settings;
+      settings.adamw.hyper = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+      settings.adamw.t = 1;
+      settings.clip_max_norm = c.clip ? 1.0f : 0.0f;
+      ASSERT_TRUE(schedule->step(batches, settings).applied);
+
+      for (MemorySide side : kAllMemorySides)
+        for (TensorClass tensor_class : kAllTensorClasses)
+          for (MemoryKind kind : kAllMemoryKinds) {
+            size_t bytes = 0;
+            for (const PlannedAllocation& buffer : listed)
+              if (buffer.side == side && buffer.tensor_class == tensor_class && buffer.kind == kind)
+                bytes += buffer.bytes;
+            const MemoryUsage measured = accountant->cell(side, tensor_class, kind);
+            EXPECT_EQ(measured.peak, bytes)
+                << memory_side_name(side) << " " << tensor_class_label(tensor_class) << " "
+                << memory_kind_name(kind);
+            EXPECT_EQ(measured.current, bytes);
+          }
+      EXPECT_GT(accountant->total().peak, 0u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace layup

@@ -1,0 +1,98 @@
+// The schedule's choices for a run (schedule_plan.h).
+#include "schedule/schedule_plan.h"
+
+#include "core/error.h"
+#include "model/parameter_layout.h"
+
+namespace layup {
+
+ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placement& placement,
+                                        int cpu_workers) {
+  const bool cuda = r.device == DeviceKind::kCuda;
+  ScheduleOptions options;
+  options.cpu_workers = cpu_workers;
+  for (TensorClass c : kAllTensorClasses) options.placement[index_of(c)] = placement[c];
+  options.weights_in_place = r.mode != Mode::kGpu && (!cuda || placement[TensorClass::kWeights] ==
+                                                                   MemoryKind::kPinnedMapped);
+  LAYUP_CHECK(!(cuda && options.weights_in_place &&
+                placement[TensorClass::kMasterWeights] == MemoryKind::kHost),
+              "--place weights=pinned makes the GPU compute with the master weights where they "
+              "lie, and --place master=host puts them where the GPU cannot read; use "
+              "master=pinned (the default) or leave the weights on the device");
+  options.host_gradient = r.mode != Mode::kLayup || r.clip > 0.0f || r.grad_accum > 1;
+  // auto: where host and device share one memory, the spare copy would come out of what the
+  // activations need.
+  const bool speculate = r.layup_clip == LayupClip::kSpeculative ||
+                         (r.layup_clip == LayupClip::kAuto && !(cuda && r.attributes.integrated));
+  options.speculative_clip = r.mode == Mode::kLayup && r.clip > 0.0f && speculate;
+  if (r.mode == Mode::kLayup && r.layup_head == LayupHead::kDevice) {
+    LAYUP_CHECK(!options.weights_in_place,
+                "--layup-head device updates the head in the device's copy of the weights, and "
+                "this run has none: the device computes with the master weights in place (",
+                cuda ? "--place weights=pinned" : "always on the CPU backend",
+                "); use --layup-head host");
+  }
+  // auto: where the device has memory of its own, the head's gradient is already there, and its
+  // update on the host would cost a transfer each way and the CPU's time at the end of the step
+  // (nothing is left to overlap it with); where host and device share one memory, the paper's
+  // split keeps every update on the CPU.
+  const bool head_on_the_device =
+      r.mode == Mode::kLayup && !options.weights_in_place &&
+      (r.layup_head == LayupHead::kDevice ||
+       (r.layup_head == LayupHead::kAuto && cuda && !r.attributes.integrated));
+  if (head_on_the_device) options.update_sites = head_on_device(ParameterLayout(r.config));
+  return options;
+}
+
+bool updates_head_on_device(const ScheduleOptions& options) {
+  return !options.update_sites.empty() && options.update_sites.front() == UpdateSite::kDevice &&
+         options.update_sites.back() == UpdateSite::kDevice;
+}
+
+std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
+                                        const ScheduleOptions& options) {
+  std::vector<std::string> notes;
+  if (r.mode == Mode::kGpu) return notes;
+  const bool cuda = r.device == DeviceKind::kCuda;
+  const ParameterLayout layout(r.config);
+  const size_t all = layout.total_count() * sizeof(float);
+  const size_t head = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
+  const std::string memory = cuda ? "an integrated GPU" : "the CPU backend";
+  const bool one_memory = !cuda || r.attributes.integrated;
+  if (one_memory && !options.weights_in_place)
+    notes.push_back("in one shared memory (" + memory + ") the device-side fp32 copy of " +
+                    "the weights (" + format_bytes(all) +
+                    ") duplicates the master weights; --place weights=pinned computes "
+                    "with the master weights in place");
+  if (one_memory && options.host_gradient && r.mode == Mode::kLayup)
+    notes.push_back("in one shared memory (" + memory + ") the host gradient accumulator (" +
+                    format_bytes(all) +
+                    ") is a second whole-model gradient, kept for clipping by the global "
+                    "norm and for accumulation; layup with --clip none and one "
+                    "micro-batch updates each block from its slot and keeps none");
+  if (r.mode == Mode::kLayup && updates_head_on_device(options))
+    notes.push_back(
+        "layup updates the embeddings and the final norm on the device, where their gradient "
+        "is (" +
+        std::string(r.layup_head == LayupHead::kAuto ? "--layup-head auto on a discrete GPU"
+                                                     : "--layup-head device") +
+        "): their AdamW moments take " + format_bytes(2 * head) +
+        " of device memory, and their spans of the host's master weights and moments go "
+        "unused; --layup-head host updates them on the CPU with the blocks");
+  if (options.speculative_clip)
+    notes.push_back(
+        "clipping in layup is speculative: a second copy of the master weights and moments (" +
+        format_bytes(3 * all) +
+        ") lets blocks update during backward and be redone when the step is clipped; "
+        "--layup-clip deferred keeps one copy and updates the blocks after backward");
+  else if (r.mode == Mode::kLayup && r.clip > 0.0f && r.layup_clip == LayupClip::kAuto)
+    notes.push_back(
+        "clipping in layup is deferred (--layup-clip auto on an integrated GPU: a speculative "
+        "second copy of the master weights and moments, " +
+        format_bytes(3 * all) +
+        ", would share the one memory with everything else): the blocks are updated after "
+        "backward; --layup-clip speculative overlaps them with it");
+  return notes;
+}
+
+}  // namespace layup
