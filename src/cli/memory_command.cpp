@@ -19,41 +19,27 @@ namespace layup {
 
 namespace {
 
-struct MemoryFlags {
-  ModelFlags model;
-  int batch = 8;
-  int seq_len = 1024;
-  int grad_accum = 1;
-  DeviceKind device = DeviceKind::kAuto;
-  Dtype dtype = Dtype::kAuto;
-  Mode mode = Mode::kLayup;  // whose placement is printed; with --mode, its whole plan too
+// The run the flags describe, and what only `layup memory` has.
+struct MemoryFlags : RunSpec {
+  MemoryFlags() {
+    seq_len = 1024;
+    mode = Mode::kLayup;  // whose placement is printed; with --mode, its whole plan too
+  }
+  ModelFlags model_flags;
   bool mode_given = false;
-  int recompute = 0;
-  std::string clip = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
-  LayupClip layup_clip = LayupClip::kAuto;
-  LayupHead layup_head = LayupHead::kAuto;
-  std::vector<std::string> place;
+  std::string clip_text = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
   std::string plan_path;
-  std::string memory_budget, device_budget, host_budget;
-  bool allow_overcommit = false;
 };
 
 // The run the flags describe; plan_only resolves auto like `layup train` does, and an explicit
 // cuda without a usable GPU still plans, with a discrete GPU's attributes (the plan says so).
 RunRequest run_request(const MemoryFlags& flags) {
-  RunRequest request;
-  request.target = {flags.device, flags.dtype, flags.recompute};
-  MemoryPlanRequest& plan = request.plan;
-  plan.config = flags.model.resolve(flags.seq_len);
-  plan.model_name = flags.model.name();
-  plan.batch = flags.batch;
-  plan.seq_len = flags.seq_len;
-  plan.grad_accum = flags.grad_accum;
-  plan.clip = parse_clip_flag(flags.clip);
-  plan.layup_clip = flags.layup_clip;
-  plan.layup_head = flags.layup_head;
-  plan.place = place_flags_with_plan(flags.plan_path, flags.place);
-  return request;
+  RunSpec spec = flags;
+  spec.model = flags.model_flags.resolve(flags.seq_len);
+  spec.model_name = flags.model_flags.name();
+  spec.clip = parse_clip_flag(flags.clip_text);
+  spec.place = place_flags_with_plan(flags.plan_path, flags.place);
+  return run_request_of(spec);
 }
 
 std::string row(const std::string& label, const std::vector<std::string>& columns) {
@@ -80,7 +66,7 @@ void add_memory_command(CLI::App& app) {
       "Print the memory plans of the gpu, offload and layup modes side by side (by side, tensor "
       "class and memory kind), computed without allocating anything; --mode adds that mode's "
       "plan allocation by allocation, and budgets say which modes fit.");
-  add_model_flags(*cmd, flags->model, "gpt2");
+  add_model_flags(*cmd, flags->model_flags, "gpt2");
   cmd->add_option("--batch", flags->batch, "Sequences per micro-batch (B)")->capture_default_str();
   cmd->add_option("--seq-len", flags->seq_len, "Tokens per sequence (T)")->capture_default_str();
   cmd->add_option("--grad-accum", flags->grad_accum,
@@ -91,7 +77,7 @@ void add_memory_command(CLI::App& app) {
                   "CUDA backend: 0, 1 (recompute GELU outputs) or 2 (also layer norm outputs)")
       ->check(CLI::Range(0, 2))
       ->capture_default_str();
-  add_clip_flags(*cmd, flags->clip, flags->layup_clip);
+  add_clip_flags(*cmd, flags->clip_text, flags->layup_clip);
   add_layup_head_flag(*cmd, flags->layup_head);
   add_choice_option(*cmd, "--mode", flags->mode, kModeNames,
                     "Also print this mode's plan allocation by allocation (cuda plans without a "

@@ -59,6 +59,28 @@ MemoryPlan plan_only(const RunRequest& request) {
   return plan_memory(resolved_request(request, target));
 }
 
+RunRequest run_request_of(const RunSpec& spec) {
+  RunRequest request;
+  request.target = {spec.device, spec.dtype, spec.recompute, spec.algorithms};
+  MemoryPlanRequest& plan = request.plan;
+  plan.config = spec.model;
+  plan.model_name = spec.model_name;
+  plan.batch = spec.batch;
+  plan.seq_len = spec.seq_len;
+  plan.grad_accum = spec.grad_accum;
+  plan.clip = spec.clip;
+  plan.layup_clip = spec.layup_clip;
+  plan.layup_head = spec.layup_head;
+  plan.mode = spec.mode;
+  plan.place = spec.place;
+  request.cpu_workers = spec.cpu_workers;
+  request.memory_budget = spec.memory_budget;
+  request.device_budget = spec.device_budget;
+  request.host_budget = spec.host_budget;
+  request.allow_overcommit = spec.allow_overcommit;
+  return request;
+}
+
 BuiltRun build_run(const PlannedRun& planned) {
   const MemoryPlanRequest& r = planned.plan.request;
   BackendAndDevice compute = make_backend(planned.target, r.config, r.batch, r.seq_len);

@@ -10,6 +10,7 @@
 
 #include "engine/backend_factory.h"
 #include "engine/memory_planner.h"
+#include "engine/run_spec.h"
 #include "memory/memory_accountant.h"
 #include "memory/memory_plan.h"
 #include "model/parameter_layout.h"
@@ -17,7 +18,7 @@
 
 namespace layup {
 
-// What a run is made of, as TrainOptions and BenchmarkOptions both carry it (run_request_of).
+// What plan_run takes: a RunSpec with its model, batch and policies as a memory plan asks for them.
 struct RunRequest {
   ComputeTarget target;    // may say auto
   MemoryPlanRequest plan;  // device, dtype, recompute and attributes: from the target
@@ -59,29 +60,7 @@ struct BuiltRun {
 // Builds the backend, device and schedule of a planned run, sized for its batch.
 BuiltRun build_run(const PlannedRun& planned);
 
-// The request of a run whose options carry the model, batch, schedule, device and memory flags by
-// the names TrainOptions and BenchmarkOptions share.
-template <class RunOptions>
-RunRequest run_request_of(const RunOptions& options) {
-  RunRequest request;
-  request.target = {options.device, options.dtype, options.recompute, options.algorithms};
-  MemoryPlanRequest& plan = request.plan;
-  plan.config = options.model;
-  plan.model_name = options.model_name;
-  plan.batch = options.batch;
-  plan.seq_len = options.seq_len;
-  plan.grad_accum = options.grad_accum;
-  plan.clip = options.clip;
-  plan.layup_clip = options.layup_clip;
-  plan.layup_head = options.layup_head;
-  plan.mode = options.mode;
-  plan.place = options.place;
-  request.cpu_workers = options.cpu_workers;
-  request.memory_budget = options.memory_budget;
-  request.device_budget = options.device_budget;
-  request.host_budget = options.host_budget;
-  request.allow_overcommit = options.allow_overcommit;
-  return request;
-}
+// The request of a run the CLI described.
+RunRequest run_request_of(const RunSpec& spec);
 
 }  // namespace layup

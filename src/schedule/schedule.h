@@ -97,8 +97,8 @@ class Schedule {
 // Where a span's AdamW runs and its AdamW state lives (ScheduleOptions::update_sites).
 enum class UpdateSite { kHost, kDevice };
 
-// How `offload` and `layup` keep their host-side state; `gpu` ignores it. A run takes it from its
-// memory plan (schedule_options), which budgets exactly these buffers.
+// How `offload` and `layup` keep their host-side state; `gpu` ignores it. A run chooses it with its
+// memory plan (schedule_plan.h), which sums the buffers these options make (schedule_buffers).
 struct ScheduleOptions {
   int cpu_workers = 0;  // HostAdamW workers (0: one per core this process may use)
   // The device computes with the host's master weights where they lie, with no copy of its own

@@ -27,42 +27,26 @@
 #include <string>
 #include <vector>
 
-#include "backend/algorithm_choice.h"
-#include "core/run_choices.h"
 #include "energy/energy_meter.h"
 #include "energy/gpu_clocks.h"
+#include "engine/run_spec.h"
 #include "memory/memory_accountant.h"
 #include "model/gpt2_config.h"
 #include "optim/host_adamw.h"
 
 namespace layup {
 
-struct BenchmarkOptions {
-  std::string model_name = "gpt2";
-  Gpt2Config model;
-  int batch = 32;      // B
-  int seq_len = 1024;  // T
-  int grad_accum = 1;
+struct BenchmarkOptions : RunSpec {
+  BenchmarkOptions() {
+    model_name = "gpt2";
+    batch = 32;
+    seq_len = 1024;
+  }
   int warmup_steps = 3;
   int steps = 10;
-  DeviceKind device = DeviceKind::kAuto;
-  Dtype dtype = Dtype::kAuto;
   uint64_t seed = 1337;
-  Mode mode = Mode::kGpu;
-  // offload, layup: pinned CPU AdamW workers (default: every core this process may use)
-  int cpu_workers = allowed_core_count();
-  int recompute = 0;                                         // see TrainOptions::recompute
-  AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic;  // see TrainOptions::algorithms
-  float clip = 1.0f;  // global-norm clip threshold; <= 0: none (layup then overlaps)
-  LayupClip layup_clip = LayupClip::kAuto;  // how layup clips
-  LayupHead layup_head = LayupHead::kAuto;  // where layup updates the head
-  std::string trace_path;                   // empty: no trace
-  bool energy = false;  // read energy over the timed steps (energy/energy_meter.h)
-  // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
-  // plan before anything is allocated, and --place CLASS=KIND overrides.
-  std::string memory_budget, device_budget, host_budget;
-  bool allow_overcommit = false;  // no check against this machine's host memory
-  std::vector<std::string> place;
+  std::string trace_path;  // empty: no trace
+  bool energy = false;     // read energy over the timed steps (energy/energy_meter.h)
   // For short runs of many configurations (`layup study`): stop warming up and stop timing once
   // the steps so far have taken this long (0: no limit; at least one step is always timed), so a
   // placement that makes a step slow costs seconds, not minutes; and skip the floor's extra passes.

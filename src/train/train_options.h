@@ -6,27 +6,15 @@
 #include <string>
 #include <vector>
 
-#include "backend/algorithm_choice.h"
-#include "core/run_choices.h"
-#include "model/gpt2_config.h"
-#include "optim/host_adamw.h"
+#include "engine/run_spec.h"
 
 namespace layup {
 
-struct TrainOptions {
-  // Model: a named config, or explicit sizes (the CLI resolves them into `model`).
-  std::string model_name = "small";
-  Gpt2Config model;
-
+struct TrainOptions : RunSpec {
   // Data: a folder of train_*.bin / val_*.bin token shards; empty = the shipped corpus,
   // tokenized once into a cache folder.
   std::string data_dir;
   std::string tokenizer_dir;  // for the final sample and the default data; empty = shipped
-
-  // Batch: micro-batch B x T, accumulated grad_accum times per update.
-  int batch = 8;
-  int seq_len = 256;
-  int grad_accum = 1;
 
   // Optimization.
   int steps = 300;
@@ -38,9 +26,6 @@ struct TrainOptions {
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;
-  float clip = 1.0f;  // global-norm threshold; <= 0 means no clipping (--clip none)
-  LayupClip layup_clip = LayupClip::kAuto;  // how layup clips
-  LayupHead layup_head = LayupHead::kAuto;  // where layup updates the head
 
   // Evaluation, logging, checkpoints.
   int eval_every = 50;
@@ -58,22 +43,8 @@ struct TrainOptions {
   int top_k = 40;
 
   uint64_t seed = 1337;
-  DeviceKind device = DeviceKind::kAuto;  // auto: cuda where usable
-  Dtype dtype = Dtype::kAuto;             // auto: bf16 on cuda, fp32 on cpu
-  // The schedule (schedule/schedule.h): gpu | offload | layup. Not part of the run's identity: a
-  // checkpoint is the same in every mode, so a run may resume in another mode.
-  Mode mode = Mode::kGpu;
-  // offload, layup: pinned CPU AdamW workers (default: every core this process may use)
-  int cpu_workers = allowed_core_count();
-  int recompute = 0;  // CUDA backend: 0 keep activations, 1 recompute GELU, 2 also layer norms
-  AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic;  // CUDA backend only
   std::string trace_path;  // a Chrome/Perfetto trace of every step goes here; empty = none
   bool energy = false;     // read energy over the steps (energy/energy_meter.h)
-  // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
-  // run's memory plan before anything is allocated, and --place CLASS=KIND overrides.
-  std::string memory_budget, device_budget, host_budget;
-  bool allow_overcommit = false;  // no check against this machine's host memory
-  std::vector<std::string> place;
   bool overwrite = false;  // a fresh run may replace another run's checkpoints and log in out_dir
 
   // The flags given on the command line ("--lr", ...): on --resume they override the run's own
