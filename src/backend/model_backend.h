@@ -33,6 +33,8 @@
 
 namespace layup {
 
+class MemoryAccountant;  // memory/memory_accountant.h
+
 using ParameterPointers = SpanPointers<const float>;
 using GradientPointers = SpanPointers<float>;
 
@@ -104,8 +106,10 @@ class ModelBackend {
 void check_token_batch(const char* backend_name, const Gpt2Config& config, int max_batch,
                        int max_seq_len, const ParameterPointers& params, const TokenBatch& batch);
 
-// The fp32 CPU backend (OpenMP), sized for batches up to max_batch x max_seq_len.
-std::unique_ptr<ModelBackend> make_cpu_backend(const Gpt2Config& config, int max_batch,
-                                               int max_seq_len);
+// The fp32 CPU backend (OpenMP), sized for batches up to max_batch x max_seq_len. Records its
+// memory (backend/cpu/cpu_backend_buffers.h) in `accountant` while it lives (null: nowhere).
+std::unique_ptr<ModelBackend> make_cpu_backend(
+    const Gpt2Config& config, int max_batch, int max_seq_len,
+    std::shared_ptr<MemoryAccountant> accountant = nullptr);
 
 }  // namespace layup

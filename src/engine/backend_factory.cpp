@@ -78,9 +78,7 @@ BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& con
   LAYUP_CHECK(target.algorithms == AlgorithmChoice::kHeuristic,
               "--algorithms timed is a CUDA backend option (it times cuBLASLt's and cuDNN's "
               "algorithms); drop it or use --device cuda");
-  // The CPU backend's activations are std::vectors it does not record: the memory plan lists them
-  // as planned only.
-  return {make_cpu_backend(config, max_batch, max_seq_len), make_cpu_device(accountant),
+  return {make_cpu_backend(config, max_batch, max_seq_len, accountant), make_cpu_device(accountant),
           accountant};
 }
 

@@ -17,8 +17,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <limits>
+#include <new>
 #include <string>
+#include <utility>
 
 #include "backend/cpu/ops/attention.h"
 #include "backend/cpu/ops/classifier.h"
@@ -32,69 +35,51 @@
 namespace layup {
 namespace {
 
-// The head's backward materializes dlogits this many floats at a time (64 MB), not [BT, Vp].
-constexpr size_t kLogitsChunkFloats = size_t{16} << 20;
-
 const Gpt2Config& validated(const Gpt2Config& config) {
   validate_config(config);
   return config;
 }
 
-void zero(std::vector<float>& buffer, size_t count) {
-  std::fill_n(buffer.data(), count, 0.0f);
+// One region of cpu_backend_buffers, zeroed as the std::vectors it replaced were.
+char* allocate_zeroed(const PlannedAllocation& buffer, int max_batch, int max_seq_len) {
+  void* data = ::operator new(buffer.bytes, std::align_val_t(kCpuArenaAlignBytes), std::nothrow);
+  LAYUP_CHECK(data != nullptr, "out of host memory allocating ", format_bytes(buffer.bytes),
+              " for ", buffer.what, " at B=", max_batch, ", T=", max_seq_len,
+              ", although the memory plan fitted: something else may hold the memory (or a limit "
+              "the plan cannot see, such as ulimit -v). Try a smaller --batch or --seq-len, or "
+              "see what the run needs with `layup memory`");
+  std::memset(data, 0, buffer.bytes);
+  return static_cast<char*>(data);
+}
+
+void zero(float* buffer, size_t count) {
+  std::fill_n(buffer, count, 0.0f);
 }
 
 }  // namespace
 
-CpuBackend::CpuBackend(const Gpt2Config& config, int max_batch, int max_seq_len)
+CpuBackend::CpuBackend(const Gpt2Config& config, int max_batch, int max_seq_len,
+                       std::shared_ptr<MemoryAccountant> accountant)
     : config_(validated(config)),
       layout_(config),
       max_batch_(max_batch),
       max_seq_len_(max_seq_len) {
-  LAYUP_CHECK(max_batch >= 1 && max_seq_len >= 1, "the CPU backend needs a batch size and a ",
-              "sequence length of at least 1 (got ", max_batch, " x ", max_seq_len, ")");
-  LAYUP_CHECK(max_seq_len <= config.n_positions, "sequence length ", max_seq_len,
-              " exceeds the model's context of ", config.n_positions, " positions; use --seq-len ",
-              config.n_positions, " or less, or a model with a longer --context");
-
-  const size_t BT = static_cast<size_t>(max_batch) * max_seq_len;
-  const size_t C = config.n_embd, NH = config.n_head, T = max_seq_len;
-  const size_t Vp = config.padded_vocab_size;
-  logits_chunk_rows_ = static_cast<int>(std::clamp<size_t>(kLogitsChunkFloats / Vp, 1, BT));
-
-  inputs_.resize(BT);
-  targets_.resize(BT);
-  residual_.assign(config.n_layer + 1, std::vector<float>(BT * C));
-  blocks_.resize(config.n_layer);
-  for (BlockActivations& block : blocks_) {
-    block.ln_1.resize(BT * C);
-    block.ln_1_mean.resize(BT);
-    block.ln_1_rstd.resize(BT);
-    block.qkv.resize(BT * 3 * C);
-    block.att.resize(max_batch * NH * T * T);
-    block.att_out.resize(BT * C);
-    block.residual_mid.resize(BT * C);
-    block.ln_2.resize(BT * C);
-    block.ln_2_mean.resize(BT);
-    block.ln_2_rstd.resize(BT);
-    block.fc.resize(BT * 4 * C);
-    block.fc_gelu.resize(BT * 4 * C);
+  // Allocates the list the memory plan sums, then places every buffer in it with the same carve
+  // that sized it (cpu_backend_buffers.cpp): what is planned is what is allocated and recorded.
+  for (const PlannedAllocation& buffer : cpu_backend_buffers(config, max_batch, max_seq_len)) {
+    LAYUP_CHECK(buffer.tensor_class == TensorClass::kActivations ||
+                    buffer.tensor_class == TensorClass::kScratch,
+                "the CPU backend has no region for ", tensor_class_label(buffer.tensor_class));
+    (buffer.tensor_class == TensorClass::kActivations ? activations_region_ : scratch_region_)
+        .reset(allocate_zeroed(buffer, max_batch, max_seq_len));
+    records_.emplace_back(accountant, buffer.side, buffer.tensor_class, buffer.kind, buffer.bytes);
   }
-  ln_f_.resize(BT * C);
-  ln_f_mean_.resize(BT);
-  ln_f_rstd_.resize(BT);
-  logits_.resize(BT * Vp);
-  losses_.resize(BT);
-  logsumexp_.resize(BT);
-  branch_out_.resize(BT * C);
+  carve_cpu_backend(config, max_batch, max_seq_len, activations_region_.get(),
+                    scratch_region_.get(), arena_);
+}
 
-  d_residual_.resize(BT * C);
-  d_ln_.resize(BT * C);
-  d_att_out_.resize(BT * C);
-  d_qkv_.resize(BT * 3 * C);
-  d_fc_gelu_.resize(BT * 4 * C);
-  d_fc_.resize(BT * 4 * C);
-  d_logits_chunk_.resize(logits_chunk_rows_ * Vp);
+void CpuBackend::AlignedDelete::operator()(char* data) const {
+  ::operator delete(data, std::align_val_t(kCpuArenaAlignBytes));
 }
 
 void CpuBackend::check_batch(const ParameterPointers& params, const TokenBatch& batch) const {
@@ -114,48 +99,46 @@ float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& bat
   const EmbeddingOffsets& e = layout_.embeddings();
   const FinalNormOffsets& f = layout_.final_norm();
 
-  std::copy_n(batch.inputs, BT, inputs_.data());
+  std::copy_n(batch.inputs, BT, arena_.inputs);
   hooks.before_embeddings();
-  embedding_forward(residual_[0].data(), inputs_.data(), params.embeddings + e.wte,
+  embedding_forward(arena_.residual[0], arena_.inputs, params.embeddings + e.wte,
                     params.embeddings + e.wpe, B, T, C);
 
   for (int l = 0; l < L; ++l) {
     hooks.before_block(l);
     const float* p = params.blocks[l];
-    BlockActivations& a = blocks_[l];
-    const float* x = residual_[l].data();
-    layernorm_forward(a.ln_1.data(), a.ln_1_mean.data(), a.ln_1_rstd.data(), x, p + o.ln_1_weight,
-                      p + o.ln_1_bias, BT, C, eps);
-    matmul_forward(a.qkv.data(), a.ln_1.data(), p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
-                   3 * C);
-    attention_forward(a.att_out.data(), a.att.data(), a.qkv.data(), B, T, C, NH);
-    matmul_forward(branch_out_.data(), a.att_out.data(), p + o.attn_proj_weight,
-                   p + o.attn_proj_bias, BT, C, C);
-    residual_forward(a.residual_mid.data(), x, branch_out_.data(), BT * C);
+    CpuBlockActivations& a = arena_.blocks[l];
+    const float* x = arena_.residual[l];
+    layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, x, p + o.ln_1_weight, p + o.ln_1_bias, BT,
+                      C, eps);
+    matmul_forward(a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C, 3 * C);
+    attention_forward(a.att_out, a.att, a.qkv, B, T, C, NH);
+    matmul_forward(arena_.branch_out, a.att_out, p + o.attn_proj_weight, p + o.attn_proj_bias, BT,
+                   C, C);
+    residual_forward(a.residual_mid, x, arena_.branch_out, BT * C);
 
-    layernorm_forward(a.ln_2.data(), a.ln_2_mean.data(), a.ln_2_rstd.data(), a.residual_mid.data(),
-                      p + o.ln_2_weight, p + o.ln_2_bias, BT, C, eps);
-    matmul_forward(a.fc.data(), a.ln_2.data(), p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C,
-                   4 * C);
-    gelu_forward(a.fc_gelu.data(), a.fc.data(), BT * 4 * C);
-    matmul_forward(branch_out_.data(), a.fc_gelu.data(), p + o.mlp_proj_weight, p + o.mlp_proj_bias,
-                   BT, 4 * C, C);
-    residual_forward(residual_[l + 1].data(), a.residual_mid.data(), branch_out_.data(), BT * C);
+    layernorm_forward(a.ln_2, a.ln_2_mean, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight,
+                      p + o.ln_2_bias, BT, C, eps);
+    matmul_forward(a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C, 4 * C);
+    gelu_forward(a.fc_gelu, a.fc, BT * 4 * C);
+    matmul_forward(arena_.branch_out, a.fc_gelu, p + o.mlp_proj_weight, p + o.mlp_proj_bias, BT,
+                   4 * C, C);
+    residual_forward(arena_.residual[l + 1], a.residual_mid, arena_.branch_out, BT * C);
   }
 
   hooks.before_head();
-  layernorm_forward(ln_f_.data(), ln_f_mean_.data(), ln_f_rstd_.data(), residual_[L].data(),
+  layernorm_forward(arena_.ln_f, arena_.ln_f_mean, arena_.ln_f_rstd, arena_.residual[L],
                     params.final_norm + f.weight, params.final_norm + f.bias, BT, C, eps);
-  matmul_forward(logits_.data(), ln_f_.data(), params.embeddings + e.wte, nullptr, BT, C, Vp);
+  matmul_forward(arena_.logits, arena_.ln_f, params.embeddings + e.wte, nullptr, BT, C, Vp);
 
   if (!batch.targets) {
     next_step_ = BackwardStep::kNeedsForwardWithTargets;
     return std::numeric_limits<float>::quiet_NaN();
   }
-  std::copy_n(batch.targets, BT, targets_.data());
-  classifier_forward(losses_.data(), logsumexp_.data(), logits_.data(), targets_.data(), BT, V, Vp);
+  std::copy_n(batch.targets, BT, arena_.targets);
+  classifier_forward(arena_.losses, arena_.logsumexp, arena_.logits, arena_.targets, BT, V, Vp);
   double total = 0.0;
-  for (int n = 0; n < BT; ++n) total += losses_[n];
+  for (int n = 0; n < BT; ++n) total += arena_.losses[n];
   next_step_ = BackwardStep::kHead;
   return static_cast<float>(total / BT);
 }
@@ -179,22 +162,22 @@ void CpuBackend::backward_head(const ParameterPointers& params, float* final_nor
   std::fill_n(embeddings_grad, e.count, 0.0f);
 
   // logits = ln_f wte^T, in chunks of positions so that dlogits never exists whole.
-  zero(d_ln_, static_cast<size_t>(BT) * C);
-  const int chunks = (BT + logits_chunk_rows_ - 1) / logits_chunk_rows_;
+  zero(arena_.d_ln, static_cast<size_t>(BT) * C);
+  const int chunks = (BT + arena_.logits_chunk_rows - 1) / arena_.logits_chunk_rows;
   const int rows_per_chunk = (BT + chunks - 1) / chunks;
   for (int first = 0; first < BT; first += rows_per_chunk) {
     const int rows = std::min(rows_per_chunk, BT - first);
-    classifier_backward(d_logits_chunk_.data(), logits_.data() + static_cast<size_t>(first) * Vp,
-                        logsumexp_.data() + first, targets_.data() + first, rows, V, Vp, dloss);
-    matmul_backward(d_ln_.data() + static_cast<size_t>(first) * C, embeddings_grad + e.wte, nullptr,
-                    d_logits_chunk_.data(), ln_f_.data() + static_cast<size_t>(first) * C,
+    classifier_backward(arena_.d_logits_chunk, arena_.logits + static_cast<size_t>(first) * Vp,
+                        arena_.logsumexp + first, arena_.targets + first, rows, V, Vp, dloss);
+    matmul_backward(arena_.d_ln + static_cast<size_t>(first) * C, embeddings_grad + e.wte, nullptr,
+                    arena_.d_logits_chunk, arena_.ln_f + static_cast<size_t>(first) * C,
                     params.embeddings + e.wte, rows, C, Vp);
   }
 
-  zero(d_residual_, static_cast<size_t>(BT) * C);
-  layernorm_backward(d_residual_.data(), final_norm_grad + f.weight, final_norm_grad + f.bias,
-                     d_ln_.data(), residual_[config_.n_layer].data(), params.final_norm + f.weight,
-                     ln_f_mean_.data(), ln_f_rstd_.data(), BT, C);
+  zero(arena_.d_residual, static_cast<size_t>(BT) * C);
+  layernorm_backward(arena_.d_residual, final_norm_grad + f.weight, final_norm_grad + f.bias,
+                     arena_.d_ln, arena_.residual[config_.n_layer], params.final_norm + f.weight,
+                     arena_.ln_f_mean, arena_.ln_f_rstd, BT, C);
   next_step_ = BackwardStep::kBlock;
   next_layer_ = config_.n_layer - 1;
 }
@@ -210,37 +193,35 @@ void CpuBackend::backward_block(int layer, const ParameterPointers& params, floa
   const BlockOffsets& o = layout_.block();
   const float* p = params.blocks[layer];
   float* g = block_grad;
-  const BlockActivations& a = blocks_[layer];
+  const CpuBlockActivations& a = arena_.blocks[layer];
 
   std::fill_n(g, o.count, 0.0f);  // overwritten (ModelBackend); the ops below add into it
 
   // MLP branch. d_residual_ holds dL/d(block output) = dL/d(MLP output).
-  zero(d_fc_gelu_, static_cast<size_t>(BT) * 4 * C);
-  matmul_backward(d_fc_gelu_.data(), g + o.mlp_proj_weight, g + o.mlp_proj_bias, d_residual_.data(),
-                  a.fc_gelu.data(), p + o.mlp_proj_weight, BT, 4 * C, C);
-  zero(d_fc_, static_cast<size_t>(BT) * 4 * C);
-  gelu_backward(d_fc_.data(), a.fc.data(), d_fc_gelu_.data(), BT * 4 * C);
-  zero(d_ln_, static_cast<size_t>(BT) * C);
-  matmul_backward(d_ln_.data(), g + o.mlp_fc_weight, g + o.mlp_fc_bias, d_fc_.data(), a.ln_2.data(),
+  zero(arena_.d_fc_gelu, static_cast<size_t>(BT) * 4 * C);
+  matmul_backward(arena_.d_fc_gelu, g + o.mlp_proj_weight, g + o.mlp_proj_bias, arena_.d_residual,
+                  a.fc_gelu, p + o.mlp_proj_weight, BT, 4 * C, C);
+  zero(arena_.d_fc, static_cast<size_t>(BT) * 4 * C);
+  gelu_backward(arena_.d_fc, a.fc, arena_.d_fc_gelu, BT * 4 * C);
+  zero(arena_.d_ln, static_cast<size_t>(BT) * C);
+  matmul_backward(arena_.d_ln, g + o.mlp_fc_weight, g + o.mlp_fc_bias, arena_.d_fc, a.ln_2,
                   p + o.mlp_fc_weight, BT, C, 4 * C);
   // Adding ln_2's input gradient turns d_residual_ into dL/d(residual_mid).
-  layernorm_backward(d_residual_.data(), g + o.ln_2_weight, g + o.ln_2_bias, d_ln_.data(),
-                     a.residual_mid.data(), p + o.ln_2_weight, a.ln_2_mean.data(),
-                     a.ln_2_rstd.data(), BT, C);
+  layernorm_backward(arena_.d_residual, g + o.ln_2_weight, g + o.ln_2_bias, arena_.d_ln,
+                     a.residual_mid, p + o.ln_2_weight, a.ln_2_mean, a.ln_2_rstd, BT, C);
 
   // Attention branch. d_residual_ holds dL/d(residual_mid) = dL/d(attention branch output).
-  zero(d_att_out_, static_cast<size_t>(BT) * C);
-  matmul_backward(d_att_out_.data(), g + o.attn_proj_weight, g + o.attn_proj_bias,
-                  d_residual_.data(), a.att_out.data(), p + o.attn_proj_weight, BT, C, C);
-  zero(d_qkv_, static_cast<size_t>(BT) * 3 * C);
-  attention_backward(d_qkv_.data(), d_att_out_.data(), a.qkv.data(), a.att.data(), B, T, C, NH);
-  zero(d_ln_, static_cast<size_t>(BT) * C);
-  matmul_backward(d_ln_.data(), g + o.attn_qkv_weight, g + o.attn_qkv_bias, d_qkv_.data(),
-                  a.ln_1.data(), p + o.attn_qkv_weight, BT, C, 3 * C);
+  zero(arena_.d_att_out, static_cast<size_t>(BT) * C);
+  matmul_backward(arena_.d_att_out, g + o.attn_proj_weight, g + o.attn_proj_bias, arena_.d_residual,
+                  a.att_out, p + o.attn_proj_weight, BT, C, C);
+  zero(arena_.d_qkv, static_cast<size_t>(BT) * 3 * C);
+  attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att, B, T, C, NH);
+  zero(arena_.d_ln, static_cast<size_t>(BT) * C);
+  matmul_backward(arena_.d_ln, g + o.attn_qkv_weight, g + o.attn_qkv_bias, arena_.d_qkv, a.ln_1,
+                  p + o.attn_qkv_weight, BT, C, 3 * C);
   // Adding ln_1's input gradient turns d_residual_ into dL/d(block input).
-  layernorm_backward(d_residual_.data(), g + o.ln_1_weight, g + o.ln_1_bias, d_ln_.data(),
-                     residual_[layer].data(), p + o.ln_1_weight, a.ln_1_mean.data(),
-                     a.ln_1_rstd.data(), BT, C);
+  layernorm_backward(arena_.d_residual, g + o.ln_1_weight, g + o.ln_1_bias, arena_.d_ln,
+                     arena_.residual[layer], p + o.ln_1_weight, a.ln_1_mean, a.ln_1_rstd, BT, C);
 
   next_layer_ = layer - 1;
   if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
@@ -250,15 +231,16 @@ void CpuBackend::backward_embeddings(const ParameterPointers& /*params*/, float*
   LAYUP_CHECK(next_step_ == BackwardStep::kEmbeddings,
               "backward_embeddings called before the backward of block 0");
   const EmbeddingOffsets& e = layout_.embeddings();
-  embedding_backward(embeddings_grad + e.wte, embeddings_grad + e.wpe, d_residual_.data(),
-                     inputs_.data(), batch_, seq_len_, config_.n_embd);
+  embedding_backward(embeddings_grad + e.wte, embeddings_grad + e.wpe, arena_.d_residual,
+                     arena_.inputs, batch_, seq_len_, config_.n_embd);
   // The forward's activations are intact, so the same backward may be run again.
   next_step_ = BackwardStep::kHead;
 }
 
 std::unique_ptr<ModelBackend> make_cpu_backend(const Gpt2Config& config, int max_batch,
-                                               int max_seq_len) {
-  return std::make_unique<CpuBackend>(config, max_batch, max_seq_len);
+                                               int max_seq_len,
+                                               std::shared_ptr<MemoryAccountant> accountant) {
+  return std::make_unique<CpuBackend>(config, max_batch, max_seq_len, std::move(accountant));
 }
 
 }  // namespace layup

@@ -1,0 +1,115 @@
+// The CPU backend's two regions and the carve that both sizes and places them.
+#include "backend/cpu/cpu_backend_buffers.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace layup {
+namespace {
+
+// The head's backward materializes dlogits this many floats at a time (64 MB), not [BT, Vp].
+constexpr size_t kLogitsChunkFloats = size_t{16} << 20;
+
+// Hands out pieces of one region in order, each kCpuArenaAlignBytes-aligned; with a null base it
+// only counts. Sizes that overflow 64 bits (absurd shapes) end in an Error, not a wrapped size.
+class Carver {
+ public:
+  Carver(char* base, int max_batch, int max_seq_len)
+      : base_(base), max_batch_(max_batch), max_seq_len_(max_seq_len) {}
+
+  // A piece of rows x cols elements.
+  template <class T>
+  void take(T*& pointer, size_t rows, size_t cols = 1) {
+    size_t bytes = 0, end = 0;
+    const size_t start =
+        (used_ + kCpuArenaAlignBytes - 1) / kCpuArenaAlignBytes * kCpuArenaAlignBytes;
+    LAYUP_CHECK(!__builtin_mul_overflow(rows, cols, &bytes) &&
+                    !__builtin_mul_overflow(bytes, sizeof(T), &bytes) &&
+                    !__builtin_add_overflow(start, bytes, &end),
+                "the CPU backend's buffers for batch ", max_batch_, " x sequence length ",
+                max_seq_len_, " overflow 64-bit sizes; use a smaller --batch or --seq-len");
+    pointer = base_ ? reinterpret_cast<T*>(base_ + start) : nullptr;
+    used_ = end;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  int max_batch_, max_seq_len_;
+  size_t used_ = 0;
+};
+
+void check_shape(const Gpt2Config& config, int max_batch, int max_seq_len) {
+  validate_config(config);
+  LAYUP_CHECK(max_batch >= 1 && max_seq_len >= 1, "the CPU backend needs a batch size and a ",
+              "sequence length of at least 1 (got ", max_batch, " x ", max_seq_len, ")");
+  LAYUP_CHECK(max_seq_len <= config.n_positions, "sequence length ", max_seq_len,
+              " exceeds the model's context of ", config.n_positions, " positions; use --seq-len ",
+              config.n_positions, " or less, or a model with a longer --context");
+}
+
+}  // namespace
+
+CpuRegionBytes carve_cpu_backend(const Gpt2Config& config, int max_batch, int max_seq_len,
+                                 char* activations, char* scratch, CpuBackendArena& arena) {
+  const size_t BT = static_cast<size_t>(max_batch) * max_seq_len;
+  const size_t C = config.n_embd, NH = config.n_head, T = max_seq_len, L = config.n_layer;
+  const size_t Vp = config.padded_vocab_size;
+
+  Carver a(activations, max_batch, max_seq_len);
+  a.take(arena.inputs, BT);
+  a.take(arena.targets, BT);
+  arena.residual.assign(L + 1, nullptr);
+  for (float*& residual : arena.residual) a.take(residual, BT, C);
+  arena.blocks.assign(L, CpuBlockActivations{});
+  for (CpuBlockActivations& block : arena.blocks) {
+    a.take(block.ln_1, BT, C);
+    a.take(block.ln_1_mean, BT);
+    a.take(block.ln_1_rstd, BT);
+    a.take(block.qkv, BT, 3 * C);
+    a.take(block.att, max_batch * NH, T * T);
+    a.take(block.att_out, BT, C);
+    a.take(block.residual_mid, BT, C);
+    a.take(block.ln_2, BT, C);
+    a.take(block.ln_2_mean, BT);
+    a.take(block.ln_2_rstd, BT);
+    a.take(block.fc, BT, 4 * C);
+    a.take(block.fc_gelu, BT, 4 * C);
+  }
+  a.take(arena.ln_f, BT, C);
+  a.take(arena.ln_f_mean, BT);
+  a.take(arena.ln_f_rstd, BT);
+  a.take(arena.logits, BT, Vp);
+  a.take(arena.losses, BT);
+  a.take(arena.logsumexp, BT);
+
+  Carver s(scratch, max_batch, max_seq_len);
+  s.take(arena.branch_out, BT, C);
+  s.take(arena.d_residual, BT, C);
+  s.take(arena.d_ln, BT, C);
+  s.take(arena.d_att_out, BT, C);
+  s.take(arena.d_qkv, BT, 3 * C);
+  s.take(arena.d_fc_gelu, BT, 4 * C);
+  s.take(arena.d_fc, BT, 4 * C);
+  const size_t chunk_rows = std::clamp<size_t>(kLogitsChunkFloats / Vp, 1, BT);
+  arena.logits_chunk_rows = static_cast<int>(chunk_rows);
+  s.take(arena.d_logits_chunk, chunk_rows, Vp);
+  return {a.used(), s.used()};
+}
+
+BufferList cpu_backend_buffers(const Gpt2Config& config, int max_batch, int max_seq_len) {
+  check_shape(config, max_batch, max_seq_len);
+  CpuBackendArena measured;
+  const CpuRegionBytes bytes =
+      carve_cpu_backend(config, max_batch, max_seq_len, nullptr, nullptr, measured);
+  return {
+      {MemorySide::kDevice, TensorClass::kActivations, MemoryKind::kHost, bytes.activations,
+       "the CPU backend's activations for the backward (per block, with the B x heads x T x T "
+       "attention probabilities), token ids, logits"},
+      {MemorySide::kDevice, TensorClass::kScratch, MemoryKind::kHost, bytes.scratch,
+       "the CPU backend's activation gradients and a chunk of the logits' gradient"},
+  };
+}
+
+}  // namespace layup
