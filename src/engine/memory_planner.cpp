@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "backend/cpu/cpu_backend_buffers.h"
 #include "engine/backend_factory.h"
 #include "memory/backend_memory.h"
 #include "model/parameter_layout.h"
@@ -43,11 +44,7 @@ BufferList backend_buffers(const MemoryPlanRequest& r, const Placement& placemen
                     "pinned staging of token ids, targets and losses"});
     return list;
   }
-  const BackendBytes cpu = cpu_backend_memory(r.config, r.batch, r.seq_len);
-  return {{dev, TensorClass::kActivations, MemoryKind::kHost, cpu.activations,
-           "the CPU backend's activations for the backward", false},
-          {dev, TensorClass::kScratch, MemoryKind::kHost, cpu.scratch,
-           "the CPU backend's activation gradients and a chunk of the logits' gradient", false}};
+  return cpu_backend_buffers(r.config, r.batch, r.seq_len);
 }
 
 BufferList device_buffers(const MemoryPlanRequest& r) {

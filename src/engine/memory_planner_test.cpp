@@ -68,45 +68,63 @@ TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
   constexpr int kBatch = 2, kSeqLen = 8;
   for (const char* mode_name : {"gpu", "offload", "layup"}) {
     const std::string mode = mode_name;
-    for (int grad_accum : {1, 2}) {
-      SCOPED_TRACE(mode + " x" + std::to_string(grad_accum));
-      const MemoryPlan plan = plan_memory(cpu_request(config, mode, kBatch, kSeqLen, grad_accum));
-      auto accountant = std::make_shared<MemoryAccountant>();
-      std::unique_ptr<Schedule> schedule =
-          make_schedule(plan.request.mode, make_cpu_backend(config, kBatch, kSeqLen),
-                        make_cpu_device(accountant), layout, schedule_of(plan, 1));
-      schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
+    for (int grad_accum : {1, 2})
+      for (float clip : {1.0f, 0.0f}) {
+        SCOPED_TRACE(mode + " x" + std::to_string(grad_accum) + " clip " + std::to_string(clip));
+        MemoryPlanRequest request = cpu_request(config, mode, kBatch, kSeqLen, grad_accum);
+        request.clip = clip;
+        const RunMemory run = plan_run_memory(request, 1);
+        const MemoryPlan& plan = run.plan;
+        auto accountant = std::make_shared<MemoryAccountant>();
+        std::unique_ptr<Schedule> schedule =
+            make_schedule(plan.request.mode, make_cpu_backend(config, kBatch, kSeqLen, accountant),
+                          make_cpu_device(accountant), layout, run.schedule);
+        schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
 
-      // One step, so that what is allocated at the first step (gpu mode's accumulator) is too.
-      std::mt19937 rng(5);
-      std::vector<std::vector<int32_t>> tokens(grad_accum);
-      std::vector<TokenBatch> batches;
-      for (std::vector<int32_t>& t : tokens) {
-        t.resize(kBatch * kSeqLen);
-        for (int32_t& id : t) id = static_cast<int32_t>(rng() % config.vocab_size);
-        batches.push_back({t.data(), t.data(), kBatch, kSeqLen});
-      }
-      UpdateSettings settings;
-      settings.adamw.hyper = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
-      settings.adamw.t = 1;
-      ASSERT_TRUE(schedule->step(batches, settings).applied);
+        // One step, so that what is allocated at the first step (gpu mode's accumulator) is too.
+        std::mt19937 rng(5);
+        std::vector<std::vector<int32_t>> tokens(grad_accum);
+        std::vector<TokenBatch> batches;
+        for (std::vector<int32_t>& t : tokens) {
+          t.resize(kBatch * kSeqLen);
+          for (int32_t& id : t) id = static_cast<int32_t>(rng() % config.vocab_size);
+          batches.push_back({t.data(), t.data(), kBatch, kSeqLen});
+        }
+        UpdateSettings settings;
+        settings.adamw.hyper = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+        settings.adamw.t = 1;
+        settings.clip_max_norm = clip;
+        ASSERT_TRUE(schedule->step(batches, settings).applied);
 
-      for (MemorySide side : kAllMemorySides)
-        for (TensorClass c : kAllTensorClasses)
-          for (MemoryKind kind : kAllMemoryKinds) {
-            const size_t planned = plan.accounted_bytes(side, c, kind);
-            const MemoryUsage measured = accountant->cell(side, c, kind);
-            EXPECT_EQ(measured.peak, planned)
-                << memory_side_name(side) << " " << tensor_class_label(c) << " "
-                << memory_kind_name(kind);
-            EXPECT_EQ(measured.current, planned);
+        size_t accounted = 0;
+        for (MemorySide side : kAllMemorySides)
+          for (TensorClass c : kAllTensorClasses)
+            for (MemoryKind kind : kAllMemoryKinds) {
+              const size_t planned = plan.accounted_bytes(side, c, kind);
+              const MemoryUsage measured = accountant->cell(side, c, kind);
+              EXPECT_EQ(measured.peak, planned)
+                  << memory_side_name(side) << " " << tensor_class_label(c) << " "
+                  << memory_kind_name(kind);
+              EXPECT_EQ(measured.current, planned);
+              accounted += planned;
+            }
+        // Everything but the process's own allowance and the transient copies is measured: the
+        // backend's activations and scratch too.
+        EXPECT_GT(plan.accounted_bytes(MemorySide::kDevice, TensorClass::kActivations,
+                                       MemoryKind::kHost),
+                  0u);
+        for (const PlannedAllocation& a : plan.allocations) {
+          if (!a.accounted) {
+            EXPECT_TRUE(a.transient || a.tensor_class == TensorClass::kScratch) << a.what;
           }
-      const std::string report = format_memory_report(plan, *accountant);
-      EXPECT_NE(report.find("every accounted cell matches the plan exactly"), std::string::npos)
-          << report;
-      // What the accountant cannot see is labelled as planned.
-      EXPECT_NE(report.find("planned only, NOT measured"), std::string::npos) << report;
-    }
+        }
+        EXPECT_EQ(accountant->total().peak, accounted);
+        const std::string report = format_memory_report(plan, *accountant);
+        EXPECT_NE(report.find("every accounted cell matches the plan exactly"), std::string::npos)
+            << report;
+        // What the accountant cannot see is labelled as planned.
+        EXPECT_NE(report.find("planned only, NOT measured"), std::string::npos) << report;
+      }
   }
 }
 
