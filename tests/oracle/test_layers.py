@@ -31,6 +31,9 @@ def test_this_checkout_keeps_its_layers():
      "src/model/init.h (model, layer 1) includes schedule/schedule.h"),
     ("backend/cpu/cpu_backend.h", "backend/cuda/cuda_device.h",
      "cpu_backend.h (backend/cpu, layer 6) includes backend/cuda/cuda_device.h"),
+    # The CUDA backend's plain C++, built in every build, is a layer 6 file like its kernels.
+    ("backend/cuda/cuda_backend_buffers.h", "engine/run_composer.h",
+     "cuda_backend_buffers.h (backend/cuda, layer 6) includes engine/run_composer.h"),
 ])
 def test_an_include_up_or_across_the_layers_fails(tmp_path, header, include, message):
     tree = copy_of_sources(tmp_path)

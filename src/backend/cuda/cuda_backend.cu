@@ -7,15 +7,16 @@
 //   logits = ln_f(x_L) wte^T          (over the padded vocabulary; padded wte rows are zero)
 //   loss   = mean over positions of the cross-entropy over the real vocabulary
 //
-// As on the CPU, a residual add passes its gradient to both summands unchanged, so d_residual_
+// As on the CPU, a residual add passes its gradient to both summands unchanged, so d_residual
 // serves as the gradient of a block's output and of its branches' outputs at once, and each layer
 // norm's input gradient is accumulated into it.
 //
 // Everything runs on one blocking stream (see cuda_device.h for why blocking). The backend's memory
-// is three allocations, one per tensor class (the bf16 compute copy of the weights, always in
-// device memory; the activations; the scratch of the backward), each of the kind the placement
-// gives it (--place activations=..., scratch=...), each cut into 256-byte aligned pieces
-// (cuBLASLt's preferred alignment).
+// is what cuda_backend_buffers lists (cuda_backend_buffers.h), allocated as listed: three regions,
+// one per tensor class (the bf16 compute copy of the weights, always in device memory; the
+// activations; the scratch of the backward), each of the kind the placement gives it (--place
+// activations=..., scratch=...) and cut into 256-byte aligned pieces by cuda_arena.h's carve();
+// cuBLASLt's workspace; the pinned staging. cuDNN's workspace grows when cuDNN asks.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -29,10 +30,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cuda/cuda_arena.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_memory.h"
+#include "backend/cuda/growable_workspace.h"
 #include "backend/cuda/ops/attention.cuh"
 #include "backend/cuda/ops/attention_cudnn.cuh"
 #include "backend/cuda/ops/cast.cuh"
@@ -44,48 +47,11 @@
 #include "backend/cuda/ops/matmul.cuh"
 #include "backend/cuda/ops/residual.cuh"
 #include "core/error.h"
-#include "memory/backend_memory.h"
 #include "memory/memory_accountant.h"
 #include "model/parameter_layout.h"
 
 namespace layup {
 namespace {
-
-constexpr size_t kAlignBytes = 256;
-
-size_t align_up(size_t value, size_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
-}
-
-// Hands out aligned pieces of one buffer. Run once with a null base to measure, then again over
-// the real allocation: both passes hand out the same offsets.
-// The backend's memory regions, one per tensor class it holds.
-enum class ArenaRegion { kWeights, kActivations, kScratch };
-constexpr int kArenaRegions = 3;
-constexpr TensorClass kRegionClass[kArenaRegions] = {
-    TensorClass::kWeights, TensorClass::kActivations, TensorClass::kScratch};
-
-// Cuts buffers out of the regions in order, each 256-byte aligned within its region; with null
-// bases it only measures.
-class Carver {
- public:
-  explicit Carver(const std::array<char*, kArenaRegions>& bases) : bases_(bases) {}
-  // The region the next takes come from.
-  void region(ArenaRegion region) { region_ = static_cast<int>(region); }
-  template <class U>
-  void take(U*& pointer, size_t count) {
-    size_t& used = used_[region_];
-    used = align_up(used, kAlignBytes);
-    pointer = bases_[region_] ? reinterpret_cast<U*>(bases_[region_] + used) : nullptr;
-    used += count * sizeof(U);
-  }
-  size_t used(int region) const { return used_[region]; }
-
- private:
-  std::array<char*, kArenaRegions> bases_;
-  std::array<size_t, kArenaRegions> used_{};
-  int region_ = 0;
-};
 
 template <class T>
 class CudaBackend final : public ModelBackend {
@@ -112,28 +78,15 @@ class CudaBackend final : public ModelBackend {
     if constexpr (std::is_same_v<T, float>)
       return nullptr;
     else
-      return compute_weights_ + compute_span_offsets_.at(span_index);
+      return arena_.compute_weights + shape_.compute_span_offsets.at(span_index);
   }
   void set_compute_copies_current(bool current) override { compute_copies_current_ = current; }
 
  private:
-  // What one transformer block saves in its forward for its backward. Rows are the B*T positions.
-  struct BlockActivations {
-    T* ln_1;                       // [BT,C]
-    float *ln_1_mean, *ln_1_rstd;  // [BT]
-    T* qkv;                        // [BT,3C]
-    T* att_out;                    // [BT,C] heads merged, before c_proj
-    float* att_lse;                // [B,NH,T] log-sum-exp of each score row
-    T* residual_mid;               // [BT,C] x + attention branch
-    T* ln_2;                       // [BT,C]
-    float *ln_2_mean, *ln_2_rstd;  // [BT]
-    T* fc;                         // [BT,4C] before GELU
-    T* fc_gelu;                    // [BT,4C] after GELU
-  };
+  using BlockActivations = typename CudaArena<T>::BlockActivations;
 
   enum class BackwardStep { kNeedsForwardWithTargets, kHead, kBlock, kEmbeddings };
 
-  void carve(Carver& carver);
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
   // The weights the kernels read: the fp32 spans themselves, or their bf16 compute copy.
   SpanPointers<const T> weights(const ParameterPointers& params) const;
@@ -151,59 +104,36 @@ class CudaBackend final : public ModelBackend {
   int max_batch_, max_seq_len_;
   int recompute_;  // see cuda_backend.h
   cudaStream_t stream_ = nullptr;
+  // The ledger the buffers are recorded in (may be null), and their records, which give the bytes
+  // back when the backend goes.
+  std::shared_ptr<MemoryAccountant> accountant_;
+  std::vector<MemoryRecord> memory_records_;
+  // What the constructor allocates (cuda_backend_buffers.h), and the allocations.
+  CudaBackendBuffers buffers_;
+  std::array<CudaAllocation, kArenaRegions> regions_;  // ArenaRegion order
+  CudaAllocation cublaslt_workspace_, pinned_staging_;
+  // What carve() cut the regions by, and the buffers it placed there.
+  CudaArenaShape shape_;
+  CudaArena<T> arena_;
+
   std::unique_ptr<cuda::CublasLt> blas_;
+  // cuDNN's workspace, sized by cuDNN as it builds its graphs; recorded here at each size.
+  cuda::GrowableWorkspace cudnn_workspace_;
+  MemoryRecord cudnn_workspace_record_;
   // bf16 mode: cuDNN's fused attention when this build and machine have it (LAYUP_ATTENTION=layup
   // chooses layup's own kernel); null means layup's kernel. fp32 always uses layup's kernel.
   std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
-  // bf16 mode: the MLP's GELU runs in the matmuls' epilogues (matmul.cuh). fp32, the mode that
-  // must match the CPU to 1e-5, keeps the separate GELU op, which computes exactly as the CPU's.
-  bool fuse_gelu_ = false;
-
-  // The regions (ArenaRegion order), their sizes and memory kinds.
-  std::array<void*, kArenaRegions> arena_{};
-  std::array<size_t, kArenaRegions> arena_bytes_{};
-  std::array<MemoryKind, kArenaRegions> arena_kinds_{};
-  // The ledger the arena, the pinned staging and the workspaces are recorded in (may be null),
-  // and their records, which give the bytes back when the backend goes.
-  std::shared_ptr<MemoryAccountant> accountant_;
-  std::vector<MemoryRecord> memory_records_;
-
-  // The bf16 compute copy of the weights (bf16 mode only), spans at 256-byte aligned offsets.
-  T* compute_weights_ = nullptr;
-  std::vector<size_t> compute_span_offsets_;  // in layout().spans() order
   // The schedule wrote the copy from the current master weights (ModelBackend::compute_copy):
   // forwards read it without casting.
   bool compute_copies_current_ = false;
 
-  // The last forward's batch: token ids, targets, and the embedding backward's grouping.
+  // The last forward's shape, and the number of its embedding backward's segments.
   int batch_ = 0, seq_len_ = 0;
-  int32_t *tokens_ = nullptr, *targets_ = nullptr;
-  int32_t *positions_ = nullptr, *segment_start_ = nullptr, *segment_token_ = nullptr;
   int segments_ = 0;
-  // Pinned host staging for the uploads above and the losses coming back.
+  // The pinned staging (pinned_staging_layout) for the batch's uploads and the losses coming back.
   int32_t* host_ints_ = nullptr;  // inputs [BT], targets [BT], positions [BT], starts [BT+1],
                                   // tokens [BT]
   float* host_losses_ = nullptr;  // [BT]
-
-  // Forward activations. residual_[l] is block l's input; residual_[L] is the input of ln_f.
-  std::vector<T*> residual_;
-  std::vector<BlockActivations> blocks_;
-  T* ln_f_ = nullptr;                                  // [BT,C]
-  float *ln_f_mean_ = nullptr, *ln_f_rstd_ = nullptr;  // [BT]
-  T* logits_ = nullptr;                                // [BT,Vp]; dlogits after backward_head
-  float *losses_ = nullptr, *logsumexp_ = nullptr;     // [BT]
-  T* branch_out_ = nullptr;  // [BT,C] scratch: a branch before its residual add
-
-  // Backward state: d_residual_ is dL/d(residual stream) where backward has reached; the rest are
-  // gradients of one block's intermediates, and scratch for the ops' deterministic reductions.
-  T* d_residual_ = nullptr;  // [BT,C]
-  T* d_ln_ = nullptr;        // [BT,C]
-  T* d_att_out_ = nullptr;   // [BT,C]
-  T* d_qkv_ = nullptr;       // [BT,3C]
-  T* d_fc_gelu_ = nullptr;   // [BT,4C]
-  T* d_fc_ = nullptr;        // [BT,4C]
-  float* scratch_ = nullptr;
-  size_t scratch_floats_ = 0;
 
   bool logits_valid_ = false;
   mutable std::vector<float> host_logits_;
@@ -222,7 +152,13 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
       max_batch_(max_batch),
       max_seq_len_(max_seq_len),
       recompute_(recompute),
-      accountant_(std::move(accountant)) {
+      accountant_(std::move(accountant)),
+      cudnn_workspace_([this](size_t bytes) {
+        cudnn_workspace_record_.reset();  // the old allocation is gone before the new one comes
+        if (bytes > 0)
+          cudnn_workspace_record_ = MemoryRecord(accountant_, MemorySide::kDevice,
+                                                 TensorClass::kScratch, MemoryKind::kDevice, bytes);
+      }) {
   validate_config(config);
   LAYUP_CHECK(recompute >= 0 && recompute <= kMaxRecompute, "--recompute takes 0, 1 or 2, not ",
               recompute);
@@ -240,51 +176,48 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
               "dimension; use a smaller --batch");
   std::string why;
   LAYUP_CHECK(cuda_device_available(&why), "cannot use the CUDA backend: ", why);
-  blas_ = std::make_unique<cuda::CublasLt>(accountant_, algorithms);
 
-  const size_t BT = static_cast<size_t>(max_batch) * max_seq_len;
-  const int C = config.n_embd;
-  scratch_floats_ =
-      std::max({cuda::matmul_backward_scratch_floats(static_cast<int>(BT), 4 * C),
-                cuda::layernorm_backward_scratch_floats(static_cast<int>(BT), C),
-                cuda::attention_backward_scratch_floats(max_batch, max_seq_len, config.n_head)});
-  if constexpr (!std::is_same_v<T, float>) {
-    size_t offset = 0;
-    for (const Span& span : layout_.spans()) {
-      compute_span_offsets_.push_back(offset);
-      offset = align_up(offset + span.count, kAlignBytes / sizeof(T));
-    }
-  }
-
-  // The carver aligns every buffer to 256 bytes, so only the width decides (matmul_gelu_fusable).
-  fuse_gelu_ = !std::is_same_v<T, float> && (4 * C) % 8 == 0;
-  Carver measure({});
-  carve(measure);
-  arena_kinds_ = {MemoryKind::kDevice, kinds.activations, kinds.scratch};
+  // Everything is allocated as cuda_backend_buffers lists it, the list the memory plan sums, and
+  // carve() places the buffers in the regions it measured for that list: the plan and the
+  // allocations cannot differ.
+  constexpr ComputeDtype dtype =
+      std::is_same_v<T, float> ? ComputeDtype::kFloat32 : ComputeDtype::kBFloat16;
+  buffers_ = describe_cuda_backend_buffers(config, max_batch, max_seq_len, dtype, recompute, kinds);
+  const std::string context = " at B=" + std::to_string(max_batch) +
+                              ", T=" + std::to_string(max_seq_len) + " (" +
+                              compute_dtype_name(dtype) + ")";
   LAYUP_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: see cuda_device.h
   try {
-    for (int r = 0; r < kArenaRegions; ++r) {
-      arena_bytes_[r] = measure.used(r);
-      arena_[r] = cuda_allocate(arena_bytes_[r], arena_kinds_[r],
-                                std::string(tensor_class_label(kRegionClass[r])) +
-                                    " at B=" + std::to_string(max_batch) +
-                                    ", T=" + std::to_string(max_seq_len) +
-                                    (std::is_same_v<T, float> ? " (fp32)" : " (bf16)"));
-    }
+    for (int r = 0; r < kArenaRegions; ++r)
+      regions_[r] = cuda_allocate(buffers_.regions[r], context);
+    cublaslt_workspace_ = cuda_allocate(buffers_.cublaslt_workspace, context);
+    pinned_staging_ = cuda_allocate(buffers_.pinned_staging, context);
   } catch (...) {
-    for (int r = 0; r < kArenaRegions; ++r) cuda_free(arena_[r], arena_kinds_[r]);
-    cudaStreamDestroy(stream_);
+    cudaStreamDestroy(stream_);  // the allocations free themselves
     throw;
   }
-  Carver place({static_cast<char*>(arena_[0]), static_cast<char*>(arena_[1]),
-                static_cast<char*>(arena_[2])});
-  carve(place);
-  // Each region in the ledger under its class and kind; the plan computes the same sizes
-  // (memory/backend_memory.h), so a plan that drifted from carve() shows up as a difference in
-  // the end-of-run report (and in cuda_memory_test).
+  for (const PlannedAllocation& region : buffers_.regions)
+    memory_records_.push_back(record_planned(accountant_, region));
+  memory_records_.push_back(record_planned(accountant_, buffers_.cublaslt_workspace));
+  memory_records_.push_back(record_planned(accountant_, buffers_.pinned_staging));
+
+  // The list measured the regions with a 2-byte stand-in for bf16: the same offsets as T's.
+  static_assert(sizeof(T) == sizeof(float) || sizeof(T) == sizeof(uint16_t));
+  shape_ = cuda_arena_shape<T>(config, max_batch, max_seq_len, recompute);
+  Carver place({static_cast<char*>(regions_[0].get()), static_cast<char*>(regions_[1].get()),
+                static_cast<char*>(regions_[2].get())});
+  arena_.carve(place, shape_);
   for (int r = 0; r < kArenaRegions; ++r)
-    memory_records_.emplace_back(accountant_, MemorySide::kDevice, kRegionClass[r], arena_kinds_[r],
-                                 arena_bytes_[r]);
+    LAYUP_CHECK(place.used(static_cast<ArenaRegion>(r)) == buffers_.regions[r].bytes,
+                "internal error: the CUDA backend's ", buffers_.regions[r].what, " took ",
+                place.used(static_cast<ArenaRegion>(r)), " bytes, cuda_backend_buffers listed ",
+                buffers_.regions[r].bytes);
+  const PinnedStagingLayout staging = pinned_staging_layout(max_batch, max_seq_len);
+  host_ints_ = static_cast<int32_t*>(pinned_staging_.get());
+  host_losses_ = reinterpret_cast<float*>(host_ints_ + staging.ints);
+
+  blas_ = std::make_unique<cuda::CublasLt>(cublaslt_workspace_.get(),
+                                           buffers_.cublaslt_workspace.bytes, algorithms);
   if constexpr (!std::is_same_v<T, float>) {
     const char* choice = std::getenv("LAYUP_ATTENTION");
     const std::string attention = choice ? choice : "auto";
@@ -292,86 +225,13 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
                 "LAYUP_ATTENTION must be auto, cudnn or layup, not '", attention, "'");
     std::string why;
     if (attention != "layup" && cuda::CudnnAttention::available(&why)) {
-      cudnn_attention_ = std::make_unique<cuda::CudnnAttention>(stream_, accountant_, algorithms);
+      cudnn_attention_ =
+          std::make_unique<cuda::CudnnAttention>(stream_, cudnn_workspace_, algorithms);
     } else {
       LAYUP_CHECK(attention != "cudnn",
                   "LAYUP_ATTENTION=cudnn but cuDNN attention is unavailable: ", why);
     }
   }
-
-  const size_t host_ints = 5 * BT + 1;
-  LAYUP_CUDA_CHECK(cudaMallocHost(&host_ints_, host_ints * sizeof(int32_t)));
-  LAYUP_CUDA_CHECK(cudaMallocHost(&host_losses_, BT * sizeof(float)));
-  memory_records_.emplace_back(accountant_, MemorySide::kHost, TensorClass::kScratch,
-                               MemoryKind::kPinnedMapped,
-                               host_ints * sizeof(int32_t) + BT * sizeof(float));
-}
-
-template <class T>
-void CudaBackend<T>::carve(Carver& carver) {
-  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_len_;
-  const size_t C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
-  const size_t Vp = config_.padded_vocab_size;
-  if constexpr (!std::is_same_v<T, float>) {
-    carver.region(ArenaRegion::kWeights);
-    carver.take(compute_weights_, compute_span_offsets_.back() + layout_.spans().back().count);
-  }
-  carver.region(ArenaRegion::kActivations);
-  carver.take(tokens_, BT);
-  carver.take(targets_, BT);
-  carver.take(positions_, BT);
-  carver.take(segment_start_, BT + 1);
-  carver.take(segment_token_, BT);
-
-  residual_.resize(L + 1);
-  for (T*& residual : residual_) carver.take(residual, BT * C);
-  blocks_.resize(L);
-  // Recomputed activations live in one buffer that every block's forward writes and its own
-  // backward rewrites just before reading (recompute_ >= 1: GELU's output; >= 2: both layer
-  // norms' outputs, which are never needed at the same time).
-  T *shared_gelu = nullptr, *shared_ln = nullptr;
-  if (recompute_ >= 1) carver.take(shared_gelu, BT * 4 * C);
-  if (recompute_ >= 2) carver.take(shared_ln, BT * C);
-  for (BlockActivations& a : blocks_) {
-    if (recompute_ >= 2)
-      a.ln_1 = shared_ln;
-    else
-      carver.take(a.ln_1, BT * C);
-    carver.take(a.ln_1_mean, BT);
-    carver.take(a.ln_1_rstd, BT);
-    carver.take(a.qkv, BT * 3 * C);
-    carver.take(a.att_out, BT * C);
-    carver.take(a.att_lse, BT * NH);
-    carver.take(a.residual_mid, BT * C);
-    if (recompute_ >= 2)
-      a.ln_2 = shared_ln;
-    else
-      carver.take(a.ln_2, BT * C);
-    carver.take(a.ln_2_mean, BT);
-    carver.take(a.ln_2_rstd, BT);
-    carver.take(a.fc, BT * 4 * C);
-    if (recompute_ >= 1)
-      a.fc_gelu = shared_gelu;
-    else
-      carver.take(a.fc_gelu, BT * 4 * C);
-  }
-  carver.take(ln_f_, BT * C);
-  carver.take(ln_f_mean_, BT);
-  carver.take(ln_f_rstd_, BT);
-  carver.take(logits_, BT * Vp);
-  carver.take(losses_, BT);
-  carver.take(logsumexp_, BT);
-
-  carver.region(ArenaRegion::kScratch);
-  carver.take(branch_out_, BT * C);
-
-  carver.take(d_residual_, BT * C);
-  carver.take(d_ln_, BT * C);
-  carver.take(d_att_out_, BT * C);
-  carver.take(d_qkv_, BT * 3 * C);
-  if (!fuse_gelu_) carver.take(d_fc_gelu_, BT * 4 * C);  // the fused backward needs none
-  carver.take(d_fc_, BT * 4 * C);
-  carver.take(scratch_, scratch_floats_);
 }
 
 template <class T>
@@ -379,10 +239,8 @@ CudaBackend<T>::~CudaBackend() {
   // Destructors cannot throw: free what was made and ignore the status.
   if (stream_) cudaStreamSynchronize(stream_);
   cudnn_attention_.reset();  // it works on stream_, which goes below
-  cudaFreeHost(host_losses_);
-  cudaFreeHost(host_ints_);
-  for (int r = 0; r < kArenaRegions; ++r) cuda_free(arena_[r], arena_kinds_[r]);
   if (stream_) cudaStreamDestroy(stream_);
+  // The allocations free themselves after this.
 }
 
 template <class T>
@@ -398,7 +256,7 @@ SpanPointers<const T> CudaBackend<T>::weights(const ParameterPointers& params) c
     SpanPointers<const T> result;
     const std::vector<Span>& spans = layout_.spans();
     for (size_t i = 0; i < spans.size(); ++i) {
-      const T* span = compute_weights_ + compute_span_offsets_[i];
+      const T* span = arena_.compute_weights + shape_.compute_span_offsets[i];
       if (spans[i].kind == SpanKind::kEmbeddings)
         result.embeddings = span;
       else if (spans[i].kind == SpanKind::kBlock)
@@ -418,8 +276,8 @@ void CudaBackend<T>::refresh_compute_span(size_t index, const ParameterPointers&
     const float* master = span.kind == SpanKind::kEmbeddings ? params.embeddings
                           : span.kind == SpanKind::kBlock    ? params.blocks[span.layer]
                                                              : params.final_norm;
-    cuda::cast_to_bf16(compute_weights_ + compute_span_offsets_[index], master, span.count,
-                       stream_);
+    cuda::cast_to_bf16(arena_.compute_weights + shape_.compute_span_offsets[index], master,
+                       span.count, stream_);
   }
 }
 
@@ -445,8 +303,8 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   int32_t* host_inputs = host_ints_;
   int32_t* host_targets = host_inputs + BT;
   std::copy_n(batch.inputs, BT, host_inputs);
-  LAYUP_CUDA_CHECK(
-      cudaMemcpyAsync(tokens_, host_inputs, BT * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.tokens, host_inputs, BT * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
   const SpanPointers<const T> w = weights(params);
   // Span indices in layout order: embeddings, blocks 0..L-1, final norm.
   const auto block_span = [](int layer) { return static_cast<size_t>(1 + layer); };
@@ -454,19 +312,20 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
 
   hooks.before_embeddings();
   refresh_compute_span(0, params);
-  cuda::embedding_forward(residual_[0], tokens_, w.embeddings + e.wte, w.embeddings + e.wpe, B, T_,
-                          C, stream_);
+  cuda::embedding_forward(arena_.residual[0], arena_.tokens, w.embeddings + e.wte,
+                          w.embeddings + e.wpe, B, T_, C, stream_);
   // Every layer norm after the first is fused with the residual add before it: block l's ln_2
   // with its attention branch's add, block l+1's ln_1 (or ln_f) with block l's MLP branch's add.
   hooks.before_block(0);
   refresh_compute_span(block_span(0), params);
-  cuda::layernorm_forward(blocks_[0].ln_1, blocks_[0].ln_1_mean, blocks_[0].ln_1_rstd, residual_[0],
+  cuda::layernorm_forward(arena_.blocks[0].ln_1, arena_.blocks[0].ln_1_mean,
+                          arena_.blocks[0].ln_1_rstd, arena_.residual[0],
                           w.blocks[0] + o.ln_1_weight, w.blocks[0] + o.ln_1_bias, BT, C, eps,
                           stream_);
   for (int l = 0; l < L; ++l) {
     const T* p = w.blocks[l];
-    BlockActivations& a = blocks_[l];
-    const T* x = residual_[l];
+    BlockActivations& a = arena_.blocks[l];
+    const T* x = arena_.residual[l];
     cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
                          3 * C, stream_);
     if (use_cudnn_attention(T_)) {
@@ -475,12 +334,12 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
     } else {
       cuda::attention_forward(a.att_out, a.att_lse, a.qkv, B, T_, C, NH, stream_);
     }
-    cuda::matmul_forward(*blas_, branch_out_, a.att_out, p + o.attn_proj_weight,
+    cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
                          p + o.attn_proj_bias, BT, C, C, stream_);
     cuda::residual_layernorm_forward(a.residual_mid, a.ln_2, a.ln_2_mean, a.ln_2_rstd, x,
-                                     branch_out_, p + o.ln_2_weight, p + o.ln_2_bias, BT, C, eps,
-                                     stream_);
-    if (fuse_gelu_) {
+                                     arena_.branch_out, p + o.ln_2_weight, p + o.ln_2_bias, BT, C,
+                                     eps, stream_);
+    if (shape_.fuse_gelu) {
       cuda::matmul_gelu_forward(*blas_, a.fc_gelu, a.fc, a.ln_2, p + o.mlp_fc_weight,
                                 p + o.mlp_fc_bias, BT, C, 4 * C, stream_);
     } else {
@@ -488,26 +347,26 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
                            4 * C, stream_);
       cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
     }
-    cuda::matmul_forward(*blas_, branch_out_, a.fc_gelu, p + o.mlp_proj_weight, p + o.mlp_proj_bias,
-                         BT, 4 * C, C, stream_);
+    cuda::matmul_forward(*blas_, arena_.branch_out, a.fc_gelu, p + o.mlp_proj_weight,
+                         p + o.mlp_proj_bias, BT, 4 * C, C, stream_);
     if (l + 1 < L) {
       hooks.before_block(l + 1);
       refresh_compute_span(block_span(l + 1), params);
-      BlockActivations& next = blocks_[l + 1];
+      BlockActivations& next = arena_.blocks[l + 1];
       const T* next_p = w.blocks[l + 1];
-      cuda::residual_layernorm_forward(residual_[l + 1], next.ln_1, next.ln_1_mean, next.ln_1_rstd,
-                                       a.residual_mid, branch_out_, next_p + o.ln_1_weight,
-                                       next_p + o.ln_1_bias, BT, C, eps, stream_);
+      cuda::residual_layernorm_forward(
+          arena_.residual[l + 1], next.ln_1, next.ln_1_mean, next.ln_1_rstd, a.residual_mid,
+          arena_.branch_out, next_p + o.ln_1_weight, next_p + o.ln_1_bias, BT, C, eps, stream_);
     } else {
       hooks.before_head();
       refresh_compute_span(final_norm_span, params);
-      cuda::residual_layernorm_forward(residual_[L], ln_f_, ln_f_mean_, ln_f_rstd_, a.residual_mid,
-                                       branch_out_, w.final_norm + f.weight, w.final_norm + f.bias,
-                                       BT, C, eps, stream_);
+      cuda::residual_layernorm_forward(
+          arena_.residual[L], arena_.ln_f, arena_.ln_f_mean, arena_.ln_f_rstd, a.residual_mid,
+          arena_.branch_out, w.final_norm + f.weight, w.final_norm + f.bias, BT, C, eps, stream_);
     }
   }
-  cuda::matmul_forward(*blas_, logits_, ln_f_, w.embeddings + e.wte, static_cast<const T*>(nullptr),
-                       BT, C, Vp, stream_);
+  cuda::matmul_forward(*blas_, arena_.logits, arena_.ln_f, w.embeddings + e.wte,
+                       static_cast<const T*>(nullptr), BT, C, Vp, stream_);
   logits_valid_ = true;
 
   if (!batch.targets) {
@@ -516,11 +375,12 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
     return std::numeric_limits<float>::quiet_NaN();
   }
   std::copy_n(batch.targets, BT, host_targets);
-  LAYUP_CUDA_CHECK(cudaMemcpyAsync(targets_, host_targets, BT * sizeof(int32_t),
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.targets, host_targets, BT * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));
-  cuda::classifier_forward(losses_, logsumexp_, logits_, targets_, BT, V, Vp, stream_);
-  LAYUP_CUDA_CHECK(
-      cudaMemcpyAsync(host_losses_, losses_, BT * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  cuda::classifier_forward(arena_.losses, arena_.logsumexp, arena_.logits, arena_.targets, BT, V,
+                           Vp, stream_);
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(host_losses_, arena_.losses, BT * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
 
   // While the GPU runs the forward: group the positions by token for the embedding backward.
   const cuda::EmbeddingBackwardPlan plan = cuda::make_embedding_backward_plan(host_inputs, BT);
@@ -531,12 +391,13 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   std::copy(plan.positions.begin(), plan.positions.end(), host_positions);
   std::copy(plan.segment_start.begin(), plan.segment_start.end(), host_starts);
   std::copy(plan.segment_token.begin(), plan.segment_token.end(), host_segment_tokens);
-  LAYUP_CUDA_CHECK(cudaMemcpyAsync(positions_, host_positions, BT * sizeof(int32_t),
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.positions, host_positions, BT * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));
-  LAYUP_CUDA_CHECK(cudaMemcpyAsync(segment_start_, host_starts, (segments_ + 1) * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, stream_));
-  LAYUP_CUDA_CHECK(cudaMemcpyAsync(segment_token_, host_segment_tokens, segments_ * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, stream_));
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.segment_start, host_starts,
+                                   (segments_ + 1) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                   stream_));
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.segment_token, host_segment_tokens,
+                                   segments_ * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
 
   LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   double total = 0.0;
@@ -552,12 +413,12 @@ const float* CudaBackend<T>::logits() const {
   const size_t count = static_cast<size_t>(batch_) * seq_len_ * config_.padded_vocab_size;
   host_logits_.resize(count);
   if constexpr (std::is_same_v<T, float>) {
-    LAYUP_CUDA_CHECK(
-        cudaMemcpy(host_logits_.data(), logits_, count * sizeof(float), cudaMemcpyDeviceToHost));
+    LAYUP_CUDA_CHECK(cudaMemcpy(host_logits_.data(), arena_.logits, count * sizeof(float),
+                                cudaMemcpyDeviceToHost));
   } else {
     host_logits_raw_.resize(count);
-    LAYUP_CUDA_CHECK(
-        cudaMemcpy(host_logits_raw_.data(), logits_, count * sizeof(T), cudaMemcpyDeviceToHost));
+    LAYUP_CUDA_CHECK(cudaMemcpy(host_logits_raw_.data(), arena_.logits, count * sizeof(T),
+                                cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < count; ++i) host_logits_[i] = cuda::to_float(host_logits_raw_[i]);
   }
   return host_logits_.data();
@@ -581,20 +442,22 @@ void CudaBackend<T>::backward_head(const ParameterPointers& params, float* final
 
   // dlogits, in place of the logits: the buffer is the largest activation, and nothing else needs
   // the logits once the loss is known.
-  cuda::classifier_backward(logits_, logits_, logsumexp_, targets_, BT, V, Vp, dloss, stream_);
+  cuda::classifier_backward(arena_.logits, arena_.logits, arena_.logsumexp, arena_.targets, BT, V,
+                            Vp, dloss, stream_);
   logits_valid_ = false;
   // The head writes the whole embeddings span's gradient (ModelBackend): wte's part here, wpe's
   // zeros below; backward_embeddings adds the input embedding's part to both.
-  cuda::matmul_backward(*blas_, d_ln_, embeddings_grad + e.wte, nullptr, logits_, ln_f_,
-                        w.embeddings + e.wte, BT, C, Vp, scratch_, cuda::InputGradient::kOverwrite,
-                        cuda::WeightGradient::kOverwrite, stream_);
+  cuda::matmul_backward(*blas_, arena_.d_ln, embeddings_grad + e.wte, nullptr, arena_.logits,
+                        arena_.ln_f, w.embeddings + e.wte, BT, C, Vp, arena_.scratch,
+                        cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite, stream_);
   LAYUP_CUDA_CHECK(cudaMemsetAsync(embeddings_grad + e.wpe, 0,
                                    static_cast<size_t>(config_.n_positions) * C * sizeof(float),
                                    stream_));
-  zero(d_residual_, static_cast<size_t>(BT) * C);
-  cuda::layernorm_backward(d_residual_, final_norm_grad + f.weight, final_norm_grad + f.bias, d_ln_,
-                           residual_[config_.n_layer], w.final_norm + f.weight, ln_f_mean_,
-                           ln_f_rstd_, BT, C, cuda::WeightGradient::kOverwrite, scratch_, stream_);
+  zero(arena_.d_residual, static_cast<size_t>(BT) * C);
+  cuda::layernorm_backward(arena_.d_residual, final_norm_grad + f.weight, final_norm_grad + f.bias,
+                           arena_.d_ln, arena_.residual[config_.n_layer], w.final_norm + f.weight,
+                           arena_.ln_f_mean, arena_.ln_f_rstd, BT, C,
+                           cuda::WeightGradient::kOverwrite, arena_.scratch, stream_);
   next_step_ = BackwardStep::kBlock;
   next_layer_ = config_.n_layer - 1;
 }
@@ -611,61 +474,65 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
   const BlockOffsets& o = layout_.block();
   const T* p = weights(params).blocks[layer];
   float* g = block_grad;
-  const BlockActivations& a = blocks_[layer];
+  const BlockActivations& a = arena_.blocks[layer];
 
-  // MLP branch. d_residual_ holds dL/d(block output) = dL/d(MLP output).
+  // MLP branch. arena_.d_residual holds dL/d(block output) = dL/d(MLP output).
   // --recompute: GELU's output (and the layer norms' below) back into the shared buffers. The
   // recomputed values are the forward's bit for bit where the forward used the same kernel (fp32);
   // in bf16 the forward's GELU ran in the matmul epilogue, so they may differ by a rounding.
   if (recompute_ >= 1) cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
-  if (fuse_gelu_) {
-    cuda::matmul_backward_through_gelu(
-        *blas_, d_fc_, g + o.mlp_proj_weight, g + o.mlp_proj_bias, d_residual_, a.fc_gelu, a.fc,
-        p + o.mlp_proj_weight, BT, 4 * C, C, scratch_, cuda::WeightGradient::kOverwrite, stream_);
+  if (shape_.fuse_gelu) {
+    cuda::matmul_backward_through_gelu(*blas_, arena_.d_fc, g + o.mlp_proj_weight,
+                                       g + o.mlp_proj_bias, arena_.d_residual, a.fc_gelu, a.fc,
+                                       p + o.mlp_proj_weight, BT, 4 * C, C, arena_.scratch,
+                                       cuda::WeightGradient::kOverwrite, stream_);
   } else {
-    cuda::matmul_backward(*blas_, d_fc_gelu_, g + o.mlp_proj_weight, g + o.mlp_proj_bias,
-                          d_residual_, a.fc_gelu, p + o.mlp_proj_weight, BT, 4 * C, C, scratch_,
-                          cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite,
-                          stream_);
-    zero(d_fc_, static_cast<size_t>(BT) * 4 * C);
-    cuda::gelu_backward(d_fc_, a.fc, d_fc_gelu_, BT * 4 * C, stream_);
+    cuda::matmul_backward(*blas_, arena_.d_fc_gelu, g + o.mlp_proj_weight, g + o.mlp_proj_bias,
+                          arena_.d_residual, a.fc_gelu, p + o.mlp_proj_weight, BT, 4 * C, C,
+                          arena_.scratch, cuda::InputGradient::kOverwrite,
+                          cuda::WeightGradient::kOverwrite, stream_);
+    zero(arena_.d_fc, static_cast<size_t>(BT) * 4 * C);
+    cuda::gelu_backward(arena_.d_fc, a.fc, arena_.d_fc_gelu, BT * 4 * C, stream_);
   }
   if (recompute_ >= 2) {
     cuda::layernorm_forward(a.ln_2, a.ln_2_mean, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight,
                             p + o.ln_2_bias, BT, C, config_.layer_norm_epsilon, stream_);
   }
-  cuda::matmul_backward(*blas_, d_ln_, g + o.mlp_fc_weight, g + o.mlp_fc_bias, d_fc_, a.ln_2,
-                        p + o.mlp_fc_weight, BT, C, 4 * C, scratch_,
+  cuda::matmul_backward(*blas_, arena_.d_ln, g + o.mlp_fc_weight, g + o.mlp_fc_bias, arena_.d_fc,
+                        a.ln_2, p + o.mlp_fc_weight, BT, C, 4 * C, arena_.scratch,
                         cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite, stream_);
-  // Adding ln_2's input gradient turns d_residual_ into dL/d(residual_mid).
-  cuda::layernorm_backward(d_residual_, g + o.ln_2_weight, g + o.ln_2_bias, d_ln_, a.residual_mid,
-                           p + o.ln_2_weight, a.ln_2_mean, a.ln_2_rstd, BT, C,
-                           cuda::WeightGradient::kOverwrite, scratch_, stream_);
+  // Adding ln_2's input gradient turns arena_.d_residual into dL/d(residual_mid).
+  cuda::layernorm_backward(arena_.d_residual, g + o.ln_2_weight, g + o.ln_2_bias, arena_.d_ln,
+                           a.residual_mid, p + o.ln_2_weight, a.ln_2_mean, a.ln_2_rstd, BT, C,
+                           cuda::WeightGradient::kOverwrite, arena_.scratch, stream_);
 
-  // Attention branch. d_residual_ holds dL/d(residual_mid) = dL/d(attention branch output).
-  cuda::matmul_backward(*blas_, d_att_out_, g + o.attn_proj_weight, g + o.attn_proj_bias,
-                        d_residual_, a.att_out, p + o.attn_proj_weight, BT, C, C, scratch_,
-                        cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite, stream_);
+  // Attention branch. arena_.d_residual holds dL/d(residual_mid) = dL/d(attention branch output).
+  cuda::matmul_backward(*blas_, arena_.d_att_out, g + o.attn_proj_weight, g + o.attn_proj_bias,
+                        arena_.d_residual, a.att_out, p + o.attn_proj_weight, BT, C, C,
+                        arena_.scratch, cuda::InputGradient::kOverwrite,
+                        cuda::WeightGradient::kOverwrite, stream_);
   if (use_cudnn_attention(T_)) {
-    // cuDNN overwrites all of d_qkv_ (dq, dk and dv), so it needs no zeroing.
+    // cuDNN overwrites all of arena_.d_qkv (dq, dk and dv), so it needs no zeroing.
     if constexpr (!std::is_same_v<T, float>)
-      cudnn_attention_->backward(d_qkv_, d_att_out_, a.qkv, a.att_out, a.att_lse, B, T_, C, NH);
+      cudnn_attention_->backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse, B, T_,
+                                 C, NH);
   } else {
-    zero(d_qkv_, static_cast<size_t>(BT) * 3 * C);
-    cuda::attention_backward(d_qkv_, d_att_out_, a.qkv, a.att_out, a.att_lse, B, T_, C, NH,
-                             scratch_, stream_);
+    zero(arena_.d_qkv, static_cast<size_t>(BT) * 3 * C);
+    cuda::attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse, B, T_, C,
+                             NH, arena_.scratch, stream_);
   }
   if (recompute_ >= 2) {
-    cuda::layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, residual_[layer], p + o.ln_1_weight,
-                            p + o.ln_1_bias, BT, C, config_.layer_norm_epsilon, stream_);
+    cuda::layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, arena_.residual[layer],
+                            p + o.ln_1_weight, p + o.ln_1_bias, BT, C, config_.layer_norm_epsilon,
+                            stream_);
   }
-  cuda::matmul_backward(*blas_, d_ln_, g + o.attn_qkv_weight, g + o.attn_qkv_bias, d_qkv_, a.ln_1,
-                        p + o.attn_qkv_weight, BT, C, 3 * C, scratch_,
+  cuda::matmul_backward(*blas_, arena_.d_ln, g + o.attn_qkv_weight, g + o.attn_qkv_bias,
+                        arena_.d_qkv, a.ln_1, p + o.attn_qkv_weight, BT, C, 3 * C, arena_.scratch,
                         cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite, stream_);
-  // Adding ln_1's input gradient turns d_residual_ into dL/d(block input).
-  cuda::layernorm_backward(d_residual_, g + o.ln_1_weight, g + o.ln_1_bias, d_ln_, residual_[layer],
-                           p + o.ln_1_weight, a.ln_1_mean, a.ln_1_rstd, BT, C,
-                           cuda::WeightGradient::kOverwrite, scratch_, stream_);
+  // Adding ln_1's input gradient turns arena_.d_residual into dL/d(block input).
+  cuda::layernorm_backward(arena_.d_residual, g + o.ln_1_weight, g + o.ln_1_bias, arena_.d_ln,
+                           arena_.residual[layer], p + o.ln_1_weight, a.ln_1_mean, a.ln_1_rstd, BT,
+                           C, cuda::WeightGradient::kOverwrite, arena_.scratch, stream_);
 
   next_layer_ = layer - 1;
   if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
@@ -677,18 +544,14 @@ void CudaBackend<T>::backward_embeddings(const ParameterPointers& /*params*/,
   LAYUP_CHECK(next_step_ == BackwardStep::kEmbeddings,
               "backward_embeddings called before the backward of block 0");
   const EmbeddingOffsets& e = layout_.embeddings();
-  cuda::embedding_backward(embeddings_grad + e.wte, embeddings_grad + e.wpe, d_residual_,
-                           positions_, segment_start_, segment_token_, segments_, batch_, seq_len_,
-                           config_.n_embd, stream_);
+  cuda::embedding_backward(embeddings_grad + e.wte, embeddings_grad + e.wpe, arena_.d_residual,
+                           arena_.positions, arena_.segment_start, arena_.segment_token, segments_,
+                           batch_, seq_len_, config_.n_embd, stream_);
   // The logits were consumed by backward_head: another backward needs another forward.
   next_step_ = BackwardStep::kNeedsForwardWithTargets;
 }
 
 }  // namespace
-
-const char* compute_dtype_name(ComputeDtype dtype) {
-  return dtype == ComputeDtype::kFloat32 ? "fp32" : "bf16";
-}
 
 std::unique_ptr<ModelBackend> make_cuda_backend(const Gpt2Config& config, int max_batch,
                                                 int max_seq_len, ComputeDtype dtype, int recompute,

@@ -25,38 +25,19 @@
 #include <memory>
 
 #include "backend/algorithm_choice.h"
+#include "backend/cuda/cuda_backend_buffers.h"
 #include "backend/model_backend.h"
 #include "memory/memory_accountant.h"
 #include "model/gpt2_config.h"
 
 namespace layup {
 
-enum class ComputeDtype { kFloat32, kBFloat16 };
-
-const char* compute_dtype_name(ComputeDtype dtype);  // "fp32", "bf16"
-
-// How much the backward recomputes instead of keeping from the forward (--recompute):
-//   0  keep every block's activations;
-//   1  keep the MLP's pre-GELU activations only and recompute GELU's output in the backward
-//      (one [B*T, 4C] buffer serves all blocks instead of one per block);
-//   2  also recompute both layer norms' outputs from their inputs and saved statistics.
-// Level 1 saves (L-1) B T 4C activation elements (one shared buffer instead of L), level 2
-// another (2L-1) B T C (one instead of 2L), for one element-wise pass (and, at 2, two layer
-// norms) per block in the backward.
-constexpr int kMaxRecompute = 2;
-
 // Throws layup::Error when there is no usable GPU, when the model's head dimension exceeds what
 // the attention kernels take (128), or when the activations do not fit in GPU memory. The
 // backend records its memory (its three regions by class and kind, the pinned staging, the cuBLASLt
-// and cuDNN workspaces) in `accountant` when one is given.
-// Where the backend's activations and the backward's scratch live (--place activations=...,
-// scratch=...; memory/memory_plan.h checks the kinds first). The bf16 compute copy of the weights
-// is always in device memory.
-struct CudaArenaKinds {
-  MemoryKind activations = MemoryKind::kDevice;
-  MemoryKind scratch = MemoryKind::kDevice;
-};
-
+// and cuDNN workspaces) in `accountant` when one is given: every buffer of cuda_backend_buffers
+// (cuda_backend_buffers.h, which also says what `recompute` and `kinds` choose), allocated as
+// listed, and cuDNN's workspace when cuDNN sizes it.
 std::unique_ptr<ModelBackend> make_cuda_backend(
     const Gpt2Config& config, int max_batch, int max_seq_len, ComputeDtype dtype, int recompute = 0,
     std::shared_ptr<MemoryAccountant> accountant = nullptr, const CudaArenaKinds& kinds = {},

@@ -8,11 +8,11 @@
 #include <functional>
 #include <vector>
 
+#include "backend/cuda/cuda_backend_buffers.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_memory.h"
 #include "backend/cuda/ops/common.cuh"
-#include "memory/backend_memory.h"
 #include "optim/adamw_simd.h"
 
 namespace layup {
@@ -29,7 +29,7 @@ __global__ void probe_kernel() {}
 // block order by one thread of a second kernel: the same input gives the same bits on every run
 // and every GPU, whether the result is read back at once or later through a fence.
 
-constexpr int kSumBlocks = 1024;
+constexpr int kSumBlocks = kCudaDeviceNormPartials;  // cuda_device_buffers lists the partials
 constexpr int kSumThreads = 256;
 
 __global__ void __launch_bounds__(kSumThreads)
@@ -219,12 +219,10 @@ class CudaDevice final : public Device {
     cudaDeviceProp properties{};
     LAYUP_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
     name_ = "cuda:" + std::to_string(device) + " (" + properties.name + ")";
-    static_assert(kSumBlocks * sizeof(double) == kCudaDeviceScratchBytes,
-                  "memory/backend_memory.h plans the partials' bytes");
-    LAYUP_CUDA_CHECK(cudaMalloc(&partials_, kSumBlocks * sizeof(double)));
-    partials_record_ =
-        MemoryRecord(Device::accountant(), MemorySide::kDevice, TensorClass::kScratch,
-                     MemoryKind::kDevice, kSumBlocks * sizeof(double));
+    // Allocated as cuda_device_buffers lists it, the list the memory plan sums.
+    const PlannedAllocation partials = cuda_device_buffers().at(0);
+    partials_ = static_cast<double*>(cuda_allocate(partials.bytes, partials.kind, partials.what));
+    partials_record_ = record_planned(Device::accountant(), partials);
     // Non-blocking: a copy on them waits for its fence only, not for all the compute issued since.
     // One per direction, so that a gradient leaving is never queued behind weights arriving.
     LAYUP_CUDA_CHECK(cudaStreamCreateWithFlags(&to_host_stream_, cudaStreamNonBlocking));

@@ -8,8 +8,12 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
+#include <utility>
 
+#include "memory/memory_accountant.h"
+#include "memory/planned_allocation.h"
 #include "memory/tensor_class.h"
 
 namespace layup {
@@ -21,5 +25,27 @@ void* cuda_allocate(size_t bytes, MemoryKind kind, const std::string& what);
 
 // Frees what cuda_allocate returned as `kind`. Never throws: a failure is reported on stderr.
 void cuda_free(void* data, MemoryKind kind) noexcept;
+
+// cuda_allocate's memory, freed as its kind says when the pointer goes.
+struct CudaFree {
+  MemoryKind kind = MemoryKind::kDevice;
+  void operator()(void* data) const noexcept { cuda_free(data, kind); }
+};
+using CudaAllocation = std::unique_ptr<void, CudaFree>;
+
+// A listed buffer (cuda_backend_buffers.h) allocated as listed: its bytes of its kind. `context`
+// follows its `what` in the error a user sees (" at B=8, T=1024").
+inline CudaAllocation cuda_allocate(const PlannedAllocation& planned, const std::string& context) {
+  return CudaAllocation(cuda_allocate(planned.bytes, planned.kind, planned.what + context),
+                        CudaFree{planned.kind});
+}
+
+// The record of a listed buffer (cuda_backend_buffers.h) in `accountant` (null: none), under the
+// list's side, class, kind and bytes.
+inline MemoryRecord record_planned(std::shared_ptr<MemoryAccountant> accountant,
+                                   const PlannedAllocation& planned) {
+  return MemoryRecord(std::move(accountant), planned.side, planned.tensor_class, planned.kind,
+                      planned.bytes);
+}
 
 }  // namespace layup

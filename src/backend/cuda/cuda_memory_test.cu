@@ -1,20 +1,21 @@
 // The CUDA device and backend record their memory in the accountant, and the memory plan matches
-// what they allocate: the backend's regions against carve() at every dtype and --recompute level,
-// and every accounted cell of a schedule's plan after training steps, at the default placement and
-// at --place overrides (which must train bit for bit the same).
+// what they allocate: the backend's buffers against cuda_backend_buffers at every dtype and
+// --recompute level, and every accounted cell of a schedule's plan after training steps, at the
+// default placement and at --place overrides (which must train bit for bit the same).
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_test_support.h"
 #include "core/error.h"
-#include "memory/backend_memory.h"
 #include "memory/memory_plan.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule.h"
@@ -31,8 +32,11 @@ TEST(CudaMemory, TheDeviceRecordsItsBuffers) {
   auto accountant = std::make_shared<MemoryAccountant>();
   std::unique_ptr<Device> device = make_cuda_device(accountant);
   EXPECT_EQ(device->memory_kind(), MemoryKind::kDevice);
-  EXPECT_EQ(accountant->row(MemorySide::kDevice, TensorClass::kScratch).current,
-            kCudaDeviceScratchBytes);
+  // Its buffers as cuda_device_buffers lists them (the list the memory plan sums).
+  for (const PlannedAllocation& planned : cuda_device_buffers())
+    EXPECT_EQ(accountant->cell(planned.side, planned.tensor_class, planned.kind).current,
+              planned.bytes)
+        << planned.what;
   {
     DeviceBuffer grads = device->allocate(1000, TensorClass::kWeightGrads);
     EXPECT_EQ(accountant->cell(MemorySide::kDevice, TensorClass::kWeightGrads, MemoryKind::kDevice)
@@ -54,20 +58,22 @@ TEST(CudaMemory, TheBackendsArenaIsWhatThePlanSays) {
       auto accountant = std::make_shared<MemoryAccountant>();
       std::unique_ptr<ModelBackend> backend =
           make_cuda_backend(config, B, T, dtype, recompute, accountant);
-      const BackendBytes planned =
-          cuda_arena_bytes(config, B, T, dtype == ComputeDtype::kBFloat16, recompute);
-      // Each of the three regions as carve() measured it, and as the plan computes it.
-      EXPECT_EQ(accountant->row(MemorySide::kDevice, TensorClass::kWeights).current,
-                planned.weights);
-      EXPECT_EQ(accountant->row(MemorySide::kDevice, TensorClass::kActivations).current,
-                planned.activations);
+      // Each buffer as the constructor recorded it, and as cuda_backend_buffers (which the plan
+      // sums) lists it: every cell of the accountant holds exactly the list's bytes for it.
       // Before the first forward, cuDNN has no workspace yet.
-      EXPECT_EQ(accountant->row(MemorySide::kDevice, TensorClass::kScratch).current,
-                planned.scratch + kCublasLtWorkspaceBytes);
-      EXPECT_EQ(
-          accountant->cell(MemorySide::kHost, TensorClass::kScratch, MemoryKind::kPinnedMapped)
-              .current,
-          cuda_pinned_staging_bytes(B, T));
+      const BufferList planned = cuda_backend_buffers(config, B, T, dtype, recompute, {});
+      std::map<std::tuple<MemorySide, TensorClass, MemoryKind>, size_t> cells;
+      for (const PlannedAllocation& a : planned) cells[{a.side, a.tensor_class, a.kind}] += a.bytes;
+      EXPECT_EQ(cells.size(), dtype == ComputeDtype::kBFloat16 ? 4u : 3u);
+      for (const auto& [cell, bytes] : cells) {
+        const auto [side, c, kind] = cell;
+        EXPECT_EQ(accountant->cell(side, c, kind).current, bytes)
+            << memory_side_name(side) << " " << tensor_class_label(c) << " "
+            << memory_kind_name(kind);
+      }
+      size_t planned_total = 0;
+      for (const PlannedAllocation& a : planned) planned_total += a.bytes;
+      EXPECT_EQ(accountant->total().current, planned_total);
       backend.reset();
       EXPECT_EQ(accountant->total().current, 0u);
     }

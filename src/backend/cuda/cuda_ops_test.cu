@@ -24,6 +24,7 @@
 #include "backend/cpu/ops/layernorm.h"
 #include "backend/cpu/ops/matmul.h"
 #include "backend/cpu/ops/residual.h"
+#include "backend/cuda/cuda_backend_buffers.h"
 #include "backend/cuda/cuda_test_support.h"
 #include "backend/cuda/ops/attention.cuh"
 #include "backend/cuda/ops/attention_cudnn.cuh"
@@ -393,7 +394,8 @@ void check_matmul(const MatmulCase& shape, AlgorithmChoice algorithms) {
   std::vector<float> expected(N * OC);
   matmul_forward(expected.data(), x.data(), w.data(), has_bias ? b.data() : nullptr, N, IC, OC);
 
-  cuda::CublasLt blas(nullptr, algorithms);
+  DeviceArray<char> workspace(kCublasLtWorkspaceBytes);
+  cuda::CublasLt blas(workspace.get(), kCublasLtWorkspaceBytes, algorithms);
   DeviceTensor<T> d_x(x, offset), d_w(w, offset), d_b(b, offset), out(N * OC, offset);
   out.array.poison();
   cuda::matmul_forward(blas, out.get(), d_x.get(), d_w.get(), has_bias ? d_b.get() : nullptr, N, IC,
@@ -490,7 +492,8 @@ void check_gelu_matmul(const GeluMatmulCase& shape, AlgorithmChoice algorithms) 
   matmul_forward(pre_expected.data(), x.data(), w.data(), b.data(), N, IC, OC);
   gelu_forward(out_expected.data(), pre_expected.data(), N * OC);
 
-  cuda::CublasLt blas(nullptr, algorithms);
+  DeviceArray<char> workspace(kCublasLtWorkspaceBytes);
+  cuda::CublasLt blas(workspace.get(), kCublasLtWorkspaceBytes, algorithms);
   DeviceTensor<T> d_x(x), d_w(w), d_b(b), pre(N * OC), out(N * OC);
   pre.array.poison();
   out.array.poison();
@@ -665,7 +668,8 @@ void check_cudnn_attention(const AttentionCase& shape, AlgorithmChoice choice) {
   std::vector<float> out_expected(BT * C), att(static_cast<size_t>(B) * NH * T_ * T_);
   attention_forward(out_expected.data(), att.data(), qkv.data(), B, T_, C, NH);
 
-  cuda::CudnnAttention attention(kStream, nullptr, choice);
+  cuda::GrowableWorkspace workspace;
+  cuda::CudnnAttention attention(kStream, workspace, choice);
   DeviceTensor<T> d_qkv(qkv), out(BT * C);
   DeviceArray<float> lse(static_cast<size_t>(B) * NH * T_);
   out.array.poison();

@@ -406,10 +406,6 @@ void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int C, i
     attention_forward_for<T, 128>(out, lse, qkv, B, T_, C, NH, stream);
 }
 
-size_t attention_backward_scratch_floats(int B, int T_, int NH) {
-  return static_cast<size_t>(B) * T_ * NH;
-}
-
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B,
                         int T_, int C, int NH, float* scratch, cudaStream_t stream) {

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 
+#include "backend/cuda/ops/scratch_floats.h"
+
 namespace layup::cuda {
 
 // The largest head dimension (C / NH) the kernels take. GPT-2 uses 64 at every size.
@@ -22,8 +24,8 @@ template <class T>
 void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH,
                        cudaStream_t stream);
 
-// Floats of scratch attention_backward needs.
-size_t attention_backward_scratch_floats(int B, int T_, int NH);
+// Floats of scratch attention_backward needs: attention_backward_scratch_floats
+// (scratch_floats.h).
 
 // Accumulates dqkv [B,T,3C] from dout [B,T,C], recomputing the scores from qkv and the saved lse;
 // out is the forward's output. Deterministic: every element of dqkv is summed by one thread.

@@ -71,10 +71,7 @@ struct CudnnAttention::State {
   AlgorithmChoice choice = AlgorithmChoice::kHeuristic;
   // key: (B, T, C, NH, backward?)
   std::map<std::tuple<int, int, int, int, bool>, Built> graphs;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
-  std::shared_ptr<MemoryAccountant> accountant;
-  MemoryRecord workspace_record;
+  GrowableWorkspace* workspace = nullptr;
 
   Built& graph(int B, int T_, int C, int NH, bool backward) {
     auto key = std::make_tuple(B, T_, C, NH, backward);
@@ -151,18 +148,9 @@ struct CudnnAttention::State {
           needed = std::max(needed, plan_bytes);
       }
     }
-    if (static_cast<size_t>(needed) > workspace_bytes) {
-      // A graph may be built while the previous step's work still runs on the stream.
-      LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream));
-      LAYUP_CUDA_CHECK(cudaFree(workspace));
-      workspace_record.reset();
-      workspace = nullptr;
-      workspace_bytes = 0;
-      LAYUP_CUDA_CHECK(cudaMalloc(&workspace, needed));
-      workspace_bytes = needed;
-      workspace_record = MemoryRecord(accountant, MemorySide::kDevice, TensorClass::kScratch,
-                                      MemoryKind::kDevice, workspace_bytes);
-    }
+    // A graph may be built while the previous step's work still runs on the stream: growing
+    // waits for it.
+    workspace->reserve(static_cast<size_t>(needed), stream);
     return graphs.emplace(key, Built{graph}).first->second;
   }
 
@@ -171,11 +159,12 @@ struct CudnnAttention::State {
     if (choice == AlgorithmChoice::kTimed && !built.tuned) {
       // Runs every plan on these operands (the outputs are written, never read) and makes the
       // fastest the one execute runs.
-      check_frontend(built.graph->autotune(handle, pointers, workspace), "timing the plans", B, T_,
-                     C, NH);
+      check_frontend(built.graph->autotune(handle, pointers, workspace->data()), "timing the plans",
+                     B, T_, C, NH);
       built.tuned = true;
     }
-    check_frontend(built.graph->execute(handle, pointers, workspace), "executing", B, T_, C, NH);
+    check_frontend(built.graph->execute(handle, pointers, workspace->data()), "executing", B, T_, C,
+                   NH);
   }
 };
 
@@ -188,12 +177,12 @@ bool CudnnAttention::available(std::string* why) {
   return true;
 }
 
-CudnnAttention::CudnnAttention(cudaStream_t stream, std::shared_ptr<MemoryAccountant> accountant,
+CudnnAttention::CudnnAttention(cudaStream_t stream, GrowableWorkspace& workspace,
                                AlgorithmChoice choice)
     : state_(std::make_unique<State>()) {
   state_->stream = stream;
   state_->choice = choice;
-  state_->accountant = std::move(accountant);
+  state_->workspace = &workspace;
   check_cudnn_status(cudnnCreate(&state_->handle), "cudnnCreate");
   check_cudnn_status(cudnnSetStream(state_->handle, stream), "cudnnSetStream");
 }
@@ -202,7 +191,6 @@ CudnnAttention::~CudnnAttention() {
   // Destructors cannot throw: free what was made and ignore the status.
   if (state_->stream) cudaStreamSynchronize(state_->stream);
   state_->graphs.clear();
-  cudaFree(state_->workspace);
   if (state_->handle) cudnnDestroy(state_->handle);
 }
 
@@ -232,10 +220,6 @@ void CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
   state_->execute(graph, pointers, B, T_, C, NH);
 }
 
-size_t CudnnAttention::workspace_bytes() const {
-  return state_->workspace_bytes;
-}
-
 #else  // built without cuDNN
 
 struct CudnnAttention::State {};
@@ -245,16 +229,13 @@ bool CudnnAttention::available(std::string* why) {
   return false;
 }
 
-CudnnAttention::CudnnAttention(cudaStream_t, std::shared_ptr<MemoryAccountant>, AlgorithmChoice) {
+CudnnAttention::CudnnAttention(cudaStream_t, GrowableWorkspace&, AlgorithmChoice) {
   fail("layup was built without cuDNN; rebuild with the cuDNN frontend headers to use it");
 }
 CudnnAttention::~CudnnAttention() = default;
 void CudnnAttention::forward(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int) {}
 void CudnnAttention::backward(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                               const __nv_bfloat16*, const float*, int, int, int, int) {}
-size_t CudnnAttention::workspace_bytes() const {
-  return 0;
-}
 
 #endif
 

@@ -8,8 +8,8 @@
 // kernel, backward OVERWRITES dqkv (cuDNN writes dq, dk and dv, which together cover all of it).
 //
 // Graphs are built once per shape (B, T, C, NH) and cached: building takes milliseconds to
-// seconds, executing microseconds. The workspace cuDNN asks for is one device allocation owned
-// here, grown when a larger shape needs more.
+// seconds, executing microseconds. The workspace cuDNN asks for is the caller's GrowableWorkspace,
+// grown when a larger shape needs more.
 //
 // Built only where CMake found cuDNN and the cuDNN frontend headers (LAYUP_HAVE_CUDNN); elsewhere
 // available() says why not and the backend uses the layup kernel.
@@ -22,7 +22,7 @@
 #include <string>
 
 #include "backend/algorithm_choice.h"
-#include "memory/memory_accountant.h"
+#include "backend/cuda/growable_workspace.h"
 
 namespace layup::cuda {
 
@@ -31,11 +31,10 @@ class CudnnAttention {
   // Whether this build and this machine can run cuDNN attention; when not, *why says why.
   static bool available(std::string* why);
 
-  // The workspace is recorded in `accountant` (when given) as device-side scratch, at the size
-  // cuDNN asks for (with `choice` kTimed: the largest any of the plans it times asks for).
-  explicit CudnnAttention(cudaStream_t stream,
-                          std::shared_ptr<MemoryAccountant> accountant = nullptr,
-                          AlgorithmChoice choice = AlgorithmChoice::kHeuristic);
+  // `workspace` (which outlives this) grows to the size cuDNN asks for (with `choice` kTimed: the
+  // largest any of the plans it times asks for).
+  CudnnAttention(cudaStream_t stream, GrowableWorkspace& workspace,
+                 AlgorithmChoice choice = AlgorithmChoice::kHeuristic);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
@@ -46,9 +45,6 @@ class CudnnAttention {
                int NH);
   void backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                 const __nv_bfloat16* out, const float* lse, int B, int T_, int C, int NH);
-
-  // Device bytes held for cuDNN's workspace.
-  size_t workspace_bytes() const;
 
  private:
   struct State;

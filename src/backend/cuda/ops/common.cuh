@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/ops/scratch_floats.h"
 #include "backend/cuda/ops/weight_gradient.cuh"
 
 namespace layup::cuda {
@@ -148,16 +149,7 @@ void launch_elementwise(size_t count, bool aligned, const Op& op, cudaStream_t s
 
 constexpr int kColumnTile = 32;  // threads per block along the columns: one warp
 constexpr int kColumnLanes = 8;  // rows summed side by side in a block
-constexpr int kMaxRowChunks = 128;
-
-inline int column_reduce_chunks(int N) {
-  return std::clamp(ceil_div(N, 64), 1, kMaxRowChunks);
-}
-
-// Scratch floats for `outputs` column sums over an [N, C] matrix.
-inline size_t column_reduce_scratch_floats(int N, int C, int outputs) {
-  return static_cast<size_t>(outputs) * column_reduce_chunks(N) * C;
-}
+// kMaxRowChunks, column_reduce_chunks and column_reduce_scratch_floats: scratch_floats.h.
 
 // term.template at<K>(n, c, values) writes the kOutputs values row n contributes to each of the K
 // columns c .. c+K-1 (values[k][i] for column c+i); with K > 1, c is a multiple of K.

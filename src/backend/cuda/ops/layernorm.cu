@@ -265,10 +265,6 @@ void residual_layernorm_forward(T* residual_out, T* out, float* mean, float* rst
   LAYUP_CUDA_CHECK_LAUNCH();
 }
 
-size_t layernorm_backward_scratch_floats(int N, int C) {
-  return column_reduce_scratch_floats(N, C, 2);
-}
-
 template <class T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                         const T* weight, const float* mean, const float* rstd, int N, int C,

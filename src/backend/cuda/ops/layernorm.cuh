@@ -7,6 +7,7 @@
 
 #include <cstddef>
 
+#include "backend/cuda/ops/scratch_floats.h"
 #include "backend/cuda/ops/weight_gradient.cuh"
 
 namespace layup::cuda {
@@ -26,8 +27,8 @@ void residual_layernorm_forward(T* residual_out, T* out, float* mean, float* rst
                                 const T* branch, const T* weight, const T* bias, int N, int C,
                                 float eps, cudaStream_t stream);
 
-// Floats of scratch layernorm_backward needs for N rows of width C.
-size_t layernorm_backward_scratch_floats(int N, int C);
+// Floats of scratch layernorm_backward needs for N rows of width C:
+// layernorm_backward_scratch_floats (scratch_floats.h).
 
 // Accumulates dinp [N,C] from dout [N,C], using the saved mean and rstd, and adds to or
 // overwrites dweight [C] and dbias [C] as dweight_mode says: sums over rows, computed

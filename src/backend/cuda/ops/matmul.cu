@@ -24,13 +24,10 @@
 
 #include "backend/cuda/ops/common.cuh"
 #include "backend/cuda/ops/matmul.cuh"
-#include "memory/backend_memory.h"
 
 namespace layup::cuda {
 namespace {
 
-// cuBLAS's recommendation for Hopper; the memory plan counts the same constant.
-constexpr size_t kWorkspaceBytes = kCublasLtWorkspaceBytes;
 // AlgorithmChoice::kTimed: how many of the heuristic's answers are timed, and how many runs
 // each (after one to warm up).
 constexpr int kTimedCandidates = 8;
@@ -129,18 +126,13 @@ void weight_and_bias_gradients(CublasLt& blas, float* dweight, float* dbias, con
 
 }  // namespace
 
-CublasLt::CublasLt(std::shared_ptr<MemoryAccountant> accountant, AlgorithmChoice algorithms)
-    : choice_(algorithms) {
+CublasLt::CublasLt(void* workspace, size_t workspace_bytes, AlgorithmChoice algorithms)
+    : choice_(algorithms), workspace_(workspace), workspace_bytes_(workspace_bytes) {
   LAYUP_CUBLAS_CHECK(cublasLtCreate(&handle_));
-  LAYUP_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
-  workspace_bytes_ = kWorkspaceBytes;
-  workspace_record_ = MemoryRecord(std::move(accountant), MemorySide::kDevice,
-                                   TensorClass::kScratch, MemoryKind::kDevice, kWorkspaceBytes);
 }
 
 CublasLt::~CublasLt() {
   // Destructors must not throw; a failure here leaves nothing to recover anyway.
-  cudaFree(workspace_);
   cublasLtDestroy(handle_);
 }
 
@@ -310,10 +302,6 @@ void matmul_gelu_forward(CublasLt& blas, T* out, T* pre_gelu, const T* inp, cons
   constexpr cudaDataType_t type = data_type<T>();
   blas.matmul(OC, N, IC, {weight, type, true, IC}, {inp, type, false, IC}, out, type, OC, 0.0f,
               {CublasLt::EpilogueKind::kGeluAuxBias, bias, pre_gelu, OC}, stream);
-}
-
-size_t matmul_backward_scratch_floats(int N, int OC) {
-  return column_reduce_scratch_floats(N, OC, 1);
 }
 
 template <class T>

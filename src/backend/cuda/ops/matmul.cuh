@@ -17,18 +17,18 @@
 #include <memory>
 
 #include "backend/algorithm_choice.h"
+#include "backend/cuda/ops/scratch_floats.h"
 #include "backend/cuda/ops/weight_gradient.cuh"
-#include "memory/memory_accountant.h"
 
 namespace layup::cuda {
 
-// A cuBLASLt handle, its workspace, and the algorithm chosen for each problem (as `algorithms`
-// says, backend/algorithm_choice.h). The workspace is recorded in `accountant` (when given) as
-// device-side scratch.
+// A cuBLASLt handle and the algorithm chosen for each problem (as `algorithms` says,
+// backend/algorithm_choice.h). The workspace, `workspace_bytes` of device memory, is the
+// caller's: it outlives the CublasLt and is used by one stream at a time.
 class CublasLt {
  public:
-  explicit CublasLt(std::shared_ptr<MemoryAccountant> accountant = nullptr,
-                    AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic);
+  CublasLt(void* workspace, size_t workspace_bytes,
+           AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic);
   ~CublasLt();
   CublasLt(const CublasLt&) = delete;
   CublasLt& operator=(const CublasLt&) = delete;
@@ -72,7 +72,6 @@ class CublasLt {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  MemoryRecord workspace_record_;
   std::map<Key, cublasLtMatmulAlgo_t> algorithms_;
 };
 
@@ -92,8 +91,8 @@ template <class T>
 void matmul_gelu_forward(CublasLt& blas, T* out, T* pre_gelu, const T* inp, const T* weight,
                          const T* bias, int N, int IC, int OC, cudaStream_t stream);
 
-// Floats of scratch matmul_backward needs (for the bias gradient's column sums).
-size_t matmul_backward_scratch_floats(int N, int OC);
+// Floats of scratch matmul_backward needs (for the bias gradient's column sums):
+// matmul_backward_scratch_floats (scratch_floats.h).
 
 // Whether matmul_backward adds the input gradient to dinp or overwrites dinp. Overwriting spares
 // the caller a zero fill and the product a read of dinp: in a transformer block most input
