@@ -3,10 +3,10 @@
 
 #include <algorithm>
 
-#include "core/error.h"
 #include "backend/cpu/cpu_backend_buffers.h"
+#include "backend/cuda/cuda_backend_buffers.h"
+#include "core/error.h"
 #include "engine/backend_factory.h"
-#include "memory/backend_memory.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule_plan.h"
 
@@ -21,36 +21,16 @@ namespace {
 constexpr size_t kCpuRuntimeBytes = size_t{160} << 20;
 constexpr size_t kCudaRuntimeBytes = size_t{2} << 30;
 
-// TEMPORARY until the backends list their own buffers.
-BufferList backend_buffers(const MemoryPlanRequest& r, const Placement& placement) {
-  const MemorySide dev = MemorySide::kDevice, host = MemorySide::kHost;
-  if (r.device == DeviceKind::kCuda) {
-    const bool bf16 = r.dtype == Dtype::kBf16;
-    const BackendBytes arena = cuda_arena_bytes(r.config, r.batch, r.seq_len, bf16, r.recompute);
-    BufferList list;
-    if (bf16)
-      list.push_back({dev, TensorClass::kWeights, MemoryKind::kDevice, arena.weights,
-                      "bf16 compute copy of the weights (the backend's weights region)"});
-    list.push_back({dev, TensorClass::kActivations, placement[TensorClass::kActivations],
-                    arena.activations,
-                    "activations saved for the backward, token ids, logits (the backend's "
-                    "activations)"});
-    list.push_back({dev, TensorClass::kScratch, placement[TensorClass::kScratch], arena.scratch,
-                    "activation gradients and the ops' scratch (the backend's scratch)"});
-    list.push_back({dev, TensorClass::kScratch, MemoryKind::kDevice, kCublasLtWorkspaceBytes,
-                    "cuBLASLt workspace"});
-    list.push_back({host, TensorClass::kScratch, MemoryKind::kPinnedMapped,
-                    cuda_pinned_staging_bytes(r.batch, r.seq_len),
-                    "pinned staging of token ids, targets and losses"});
-    return list;
-  }
-  return cpu_backend_buffers(r.config, r.batch, r.seq_len);
-}
-
-BufferList device_buffers(const MemoryPlanRequest& r) {
-  if (r.device != DeviceKind::kCuda) return {};
-  return {{MemorySide::kDevice, TensorClass::kScratch, MemoryKind::kDevice, kCudaDeviceScratchBytes,
-           "gradient-norm partial sums"}};
+// The backend's and the device's buffers, as they list them.
+BufferList backend_and_device_buffers(const MemoryPlanRequest& r, const Placement& placement) {
+  if (r.device != DeviceKind::kCuda) return cpu_backend_buffers(r.config, r.batch, r.seq_len);
+  const ComputeDtype dtype =
+      r.dtype == Dtype::kBf16 ? ComputeDtype::kBFloat16 : ComputeDtype::kFloat32;
+  BufferList list = cuda_backend_buffers(
+      r.config, r.batch, r.seq_len, dtype, r.recompute,
+      {placement[TensorClass::kActivations], placement[TensorClass::kScratch]});
+  append(list, cuda_device_buffers());
+  return list;
 }
 
 // What the process holds on the host besides the components' buffers.
@@ -125,8 +105,7 @@ RunMemory plan_run_memory(const MemoryPlanRequest& r, int cpu_workers) {
 
   append(plan.allocations,
          schedule_buffers(r.mode, layout, run.schedule, device_kinds_of(r.device), r.grad_accum));
-  append(plan.allocations, backend_buffers(r, plan.placement));
-  append(plan.allocations, device_buffers(r));
+  append(plan.allocations, backend_and_device_buffers(r, plan.placement));
   append(plan.allocations, process_buffers(r, layout));
 
   if (cuda) {

@@ -5,7 +5,7 @@
 //    and the final norm's on the device, 86.4% less than `gpu` mode;
 //  - a 16 GiB budget (a unified-memory board, emulated on the CPU backend): what fits and what is
 //    refused, with the message;
-//  - placement checks, size parsing, and the CUDA arena arithmetic.
+//  - placement checks and size parsing.
 #include "engine/memory_planner.h"
 
 #include <gtest/gtest.h>
@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "memory/backend_memory.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule.h"
 #include "schedule/schedule_plan.h"
@@ -110,9 +109,9 @@ TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
             }
         // Everything but the process's own allowance and the transient copies is measured: the
         // backend's activations and scratch too.
-        EXPECT_GT(plan.accounted_bytes(MemorySide::kDevice, TensorClass::kActivations,
-                                       MemoryKind::kHost),
-                  0u);
+        EXPECT_GT(
+            plan.accounted_bytes(MemorySide::kDevice, TensorClass::kActivations, MemoryKind::kHost),
+            0u);
         for (const PlannedAllocation& a : plan.allocations) {
           if (!a.accounted) {
             EXPECT_TRUE(a.transient || a.tensor_class == TensorClass::kScratch) << a.what;
@@ -584,27 +583,6 @@ TEST(MemoryPlan, OnADiscreteGpuTheHostMemoryIsWhatIsNotInDeviceMemory) {
   EXPECT_EQ(plan.host_memory_bytes(), host_kinds);
   EXPECT_LT(plan.host_memory_bytes(), plan.total_bytes());
   EXPECT_GT(plan.transient_bytes(), 0u);
-}
-
-TEST(MemoryPlan, CudaArenaArithmetic) {
-  const Gpt2Config config = named_config("gpt2");
-  const ParameterLayout layout(config);
-  const int B = 4, T = 64;
-  const size_t BT = B * T, C = config.n_embd, L = config.n_layer;
-  const BackendBytes fp32 = cuda_arena_bytes(config, B, T, false, 0);
-  const BackendBytes bf16 = cuda_arena_bytes(config, B, T, true, 0);
-  EXPECT_EQ(fp32.weights, 0u);
-  // The bf16 copy: two bytes a parameter, each span starting 256-byte aligned.
-  EXPECT_GE(bf16.weights, layout.total_count() * 2);
-  EXPECT_LT(bf16.weights, layout.total_count() * 2 + layout.spans().size() * 256);
-  // --recompute 1 keeps one shared GELU output instead of L; 2 also one shared layer-norm output
-  // instead of 2L (as carve() does; these sizes are multiples of 256 bytes, so no alignment
-  // blurs them).
-  const BackendBytes level1 = cuda_arena_bytes(config, B, T, true, 1);
-  const BackendBytes level2 = cuda_arena_bytes(config, B, T, true, 2);
-  EXPECT_EQ(bf16.activations - level1.activations, (L - 1) * BT * 4 * C * 2);
-  EXPECT_EQ(level1.activations - level2.activations, (2 * L - 1) * BT * C * 2);
-  EXPECT_EQ(bf16.scratch, level2.scratch);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_test_support.h"
 #include "core/error.h"
+#include "engine/memory_planner.h"
 #include "memory/memory_plan.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule.h"
@@ -119,13 +120,14 @@ PlacedRun train_placed(const std::string& mode, const std::vector<std::string>& 
   request.dtype = dtype == ComputeDtype::kBFloat16 ? Dtype::kBf16 : Dtype::kFp32;
   request.attributes = read_cuda_memory_attributes();
   request.place = place;
-  PlacedRun run{plan_memory(request), std::make_shared<MemoryAccountant>(), {}, {}};
+  const RunMemory planned = plan_run_memory(request, 1);
+  PlacedRun run{planned.plan, std::make_shared<MemoryAccountant>(), {}, {}};
   std::unique_ptr<Schedule> schedule =
       make_schedule(request.mode,
                     make_cuda_backend(config, B, T, dtype, 0, run.accountant,
                                       {run.plan.placement[TensorClass::kActivations],
                                        run.plan.placement[TensorClass::kScratch]}),
-                    make_cuda_device(run.accountant), layout, schedule_options(run.plan, 1));
+                    make_cuda_device(run.accountant), layout, planned.schedule);
   schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
   std::mt19937 rng(5);
   std::vector<int32_t> inputs(B * T), targets(B * T);
