@@ -471,7 +471,8 @@ std::string format_memory_report(const MemoryPlan& plan, const MemoryAccountant&
   size_t planned_only = 0;
   for (const PlannedAllocation& a : plan.allocations) {
     if (a.accounted) continue;
-    if (planned_only == 0) text += "planned only, NOT measured (nothing records these yet):\n";
+    if (planned_only == 0)
+      text += "planned only, NOT measured (held outside the device and the backends):\n";
     planned_only += a.bytes;
     std::snprintf(line, sizeof line, "  %-6s  %-17s  %-8s  %10s  %s\n", side_word(a.side).c_str(),
                   tensor_class_label(a.tensor_class), memory_kind_name(a.kind),
