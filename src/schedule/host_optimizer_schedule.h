@@ -1,35 +1,15 @@
 // What the `offload` and `layup` schedules share: the compute copy of the weights in the device's
 // memory (what forward and backward read), and on the host the fp32 master weights, the gradient
 // accumulated over micro-batches and the AdamW moments, all in layout order. A checkpoint is the
-// host side (export_tensors); the device copy is refreshed from it span by span after each
-// update (update_span) and whole on import.
+// host side (export_tensors); the device copy is refreshed from it span by span after each update
+// (update_span) and whole on import. What it allocates with which ScheduleOptions is listed by
+// buffers(); what the options mean (weights in place, no host gradient, speculative clipping) is
+// written once in docs/schedules.md.
 //
-// Host memory: the gradient accumulator (HostGradient, host_gradient.h) comes from the device's
-// allocate_host (pinned on CUDA), because the device copies into it; the master weights and
-// the moments (and the device copy of the weights) go where ScheduleOptions::placement says,
-// by default the master weights pinned (the device copies out of them after every update) and
-// the moments, which only the CPU touches, in plain host memory. All of it is recorded in the
-// accountant.
-//
-// ScheduleOptions (schedule.h) trim this for a unified-memory device: with weights_in_place the
-// device computes with the master weights where they lie and there is no device copy (an update
-// lands when AdamW is done); without host_gradient (layup only) there is no accumulator, and the
-// derived schedule hands update_span the gradient where it lies. With
-// speculative_clip (layup only) there is a spare copy of the master weights and moments: an
-// update may read one copy and write the other (update_span's `from` and `to`), and
-// promote_spare_state swaps their roles.
-//
-// Copies: a span's gradient leaves device memory once the fence of the backward that wrote it has
-// passed (HostGradient); its new weights go back in one asynchronous transfer that runs while the
-// workers update the next span.
-//
-// The CPU side runs on one engine, HostAdamW (optim/host_adamw.h): worker threads pinned to
-// cores that split every pass over a span between them: adding a gradient into the accumulator,
-// its sum of squares, AdamW. Each pass is one call, so a span's update uses every worker however
-// the schedule orders spans.
-//
-// The derived schedules decide how a step's gradient reaches the host and when each span is
-// updated; evaluation, logits and checkpoint state work the same in both.
+// The CPU side runs on one engine, HostAdamW (optim/host_adamw.h), whose pinned workers split
+// every pass over a span (adding a gradient into the accumulator, its sum of squares, AdamW), so a
+// span's update uses every worker however the derived schedule orders spans. The derived
+// schedules decide how a step's gradient reaches the host and when each span is updated.
 #pragma once
 
 #include <functional>

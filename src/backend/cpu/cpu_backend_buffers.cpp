@@ -2,7 +2,9 @@
 #include "backend/cpu/cpu_backend_buffers.h"
 
 #include <algorithm>
+#include <string>
 
+#include "backend/arena_carver.h"
 #include "core/error.h"
 
 namespace layup {
@@ -10,35 +12,6 @@ namespace {
 
 // The head's backward materializes dlogits this many floats at a time (64 MB), not [BT, Vp].
 constexpr size_t kLogitsChunkFloats = size_t{16} << 20;
-
-// Hands out pieces of one region in order, each kCpuArenaAlignBytes-aligned; with a null base it
-// only counts. Sizes that overflow 64 bits (absurd shapes) end in an Error, not a wrapped size.
-class Carver {
- public:
-  Carver(char* base, int max_batch, int max_seq_len)
-      : base_(base), max_batch_(max_batch), max_seq_len_(max_seq_len) {}
-
-  // A piece of rows x cols elements.
-  template <class T>
-  void take(T*& pointer, size_t rows, size_t cols = 1) {
-    size_t bytes = 0, end = 0;
-    const size_t start =
-        (used_ + kCpuArenaAlignBytes - 1) / kCpuArenaAlignBytes * kCpuArenaAlignBytes;
-    LAYUP_CHECK(!__builtin_mul_overflow(rows, cols, &bytes) &&
-                    !__builtin_mul_overflow(bytes, sizeof(T), &bytes) &&
-                    !__builtin_add_overflow(start, bytes, &end),
-                "the CPU backend's buffers for batch ", max_batch_, " x sequence length ",
-                max_seq_len_, " overflow 64-bit sizes; use a smaller --batch or --seq-len");
-    pointer = base_ ? reinterpret_cast<T*>(base_ + start) : nullptr;
-    used_ = end;
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  int max_batch_, max_seq_len_;
-  size_t used_ = 0;
-};
 
 void check_shape(const Gpt2Config& config, int max_batch, int max_seq_len) {
   validate_config(config);
@@ -57,7 +30,9 @@ CpuRegionBytes carve_cpu_backend(const Gpt2Config& config, int max_batch, int ma
   const size_t C = config.n_embd, NH = config.n_head, T = max_seq_len, L = config.n_layer;
   const size_t Vp = config.padded_vocab_size;
 
-  Carver a(activations, max_batch, max_seq_len);
+  const std::string owner = "the CPU backend's buffers for batch " + std::to_string(max_batch) +
+                            " x sequence length " + std::to_string(max_seq_len);
+  ArenaCarver a(activations, kCpuArenaAlignBytes, owner);
   a.take(arena.inputs, BT);
   a.take(arena.targets, BT);
   arena.residual.assign(L + 1, nullptr);
@@ -84,7 +59,7 @@ CpuRegionBytes carve_cpu_backend(const Gpt2Config& config, int max_batch, int ma
   a.take(arena.losses, BT);
   a.take(arena.logsumexp, BT);
 
-  Carver s(scratch, max_batch, max_seq_len);
+  ArenaCarver s(scratch, kCpuArenaAlignBytes, owner);
   s.take(arena.branch_out, BT, C);
   s.take(arena.d_residual, BT, C);
   s.take(arena.d_ln, BT, C);

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/arena_carver.h"
 #include "backend/cuda/ops/scratch_floats.h"
 #include "model/gpt2_config.h"
 #include "model/parameter_layout.h"
@@ -29,25 +30,24 @@ inline size_t arena_align_up(size_t value, size_t alignment) {
 enum class ArenaRegion { kWeights, kActivations, kScratch };
 constexpr int kArenaRegions = 3;
 
-// Cuts buffers out of the regions in order, each 256-byte aligned within its region; with null
-// bases it only measures. Both passes hand out the same offsets.
+// Cuts buffers out of the three regions in order (ArenaCarver: each piece 256-byte aligned within
+// its region; with null bases it only measures). region() says where the next takes come from.
 class Carver {
  public:
-  explicit Carver(const std::array<char*, kArenaRegions>& bases = {}) : bases_(bases) {}
-  // The region the next takes come from.
+  explicit Carver(const std::array<char*, kArenaRegions>& bases = {})
+      : regions_{ArenaCarver(bases[0], kArenaAlignBytes, kOwner),
+                 ArenaCarver(bases[1], kArenaAlignBytes, kOwner),
+                 ArenaCarver(bases[2], kArenaAlignBytes, kOwner)} {}
   void region(ArenaRegion region) { region_ = static_cast<int>(region); }
   template <class U>
   void take(U*& pointer, size_t count) {
-    size_t& used = used_[region_];
-    used = arena_align_up(used, kArenaAlignBytes);
-    pointer = bases_[region_] ? reinterpret_cast<U*>(bases_[region_] + used) : nullptr;
-    used += count * sizeof(U);
+    regions_[region_].take(pointer, count);
   }
-  size_t used(ArenaRegion region) const { return used_[static_cast<int>(region)]; }
+  size_t used(ArenaRegion region) const { return regions_[static_cast<int>(region)].used(); }
 
  private:
-  std::array<char*, kArenaRegions> bases_;
-  std::array<size_t, kArenaRegions> used_{};
+  static constexpr const char* kOwner = "the CUDA backend's buffers";
+  std::array<ArenaCarver, kArenaRegions> regions_;
   int region_ = 0;
 };
 
