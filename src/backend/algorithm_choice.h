@@ -1,5 +1,6 @@
 // How the CUDA backend picks the algorithm of each cuBLASLt matmul and each cuDNN attention graph
-// (--algorithms). A plain header: the CLI, the backend factory and the CUDA ops share it.
+// (--algorithms), and which attention kernel it runs (--attention). A plain header: the CLI, the
+// backend factory and the CUDA ops share it.
 #pragma once
 
 #include "core/run_choices.h"
@@ -22,6 +23,19 @@ inline constexpr EnumNames<AlgorithmChoice, 2> kAlgorithmChoiceNames = {
     {{AlgorithmChoice::kHeuristic, "heuristic"}, {AlgorithmChoice::kTimed, "timed"}}};
 inline std::string name_of(AlgorithmChoice choice) {
   return name_in(kAlgorithmChoiceNames, choice);
+}
+
+// Which kernel the CUDA backend's bf16 attention runs (--attention, or LAYUP_ATTENTION): cuDNN's
+// fused attention where this build and machine have it (auto), cuDNN or fail (cudnn), or layup's
+// own kernel (layup). fp32 always runs layup's kernel.
+enum class AttentionChoice { kAuto, kCudnn, kLayup };
+
+inline constexpr EnumNames<AttentionChoice, 3> kAttentionChoiceNames = {
+    {{AttentionChoice::kAuto, "auto"},
+     {AttentionChoice::kCudnn, "cudnn"},
+     {AttentionChoice::kLayup, "layup"}}};
+inline std::string name_of(AttentionChoice choice) {
+  return name_in(kAttentionChoiceNames, choice);
 }
 
 }  // namespace layup

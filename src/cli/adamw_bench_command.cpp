@@ -133,8 +133,7 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
   options.pin = !flags.no_pin;
   // auto leaves the choice to LAYUP_ADAMW_ISA, and to the CPU where that is unset. Parsed here
   // first so that a bad name is reported as the flag's.
-  if (flags.isa != "auto") parse_adamw_isa(flags.isa, "--isa");
-  options.isa = flags.isa == "auto" ? "" : flags.isa;
+  if (flags.isa != "auto") options.isa = parse_adamw_isa(flags.isa, "--isa");
   HostAdamW engine(options);
   const size_t n = flags.params;
   std::fprintf(stderr,

@@ -44,7 +44,7 @@ void add_bench_command(CLI::App& app) {
   add_device_flags(*cmd, o.device, o.dtype);
   add_seed_flag(*cmd, o.seed, "Seed of the initialization and the synthetic tokens");
   add_schedule_flags(*cmd, o.mode, o.cpu_workers);
-  add_cuda_backend_flags(*cmd, o.recompute, o.algorithms);
+  add_cuda_backend_flags(*cmd, o.recompute, o.algorithms, o.attention);
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
   add_layup_head_flag(*cmd, o.layup_head);
   cmd->add_option("--trace", o.trace_path,

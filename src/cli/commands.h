@@ -69,7 +69,8 @@ void add_schedule_flags(CLI::App& command, Mode& mode, int& cpu_workers);
 void add_device_flags(CLI::App& command, DeviceKind& device, Dtype& dtype);
 
 // The CUDA backend's flags `train` and `bench` share: --recompute and --algorithms.
-void add_cuda_backend_flags(CLI::App& command, int& recompute, AlgorithmChoice& algorithms);
+void add_cuda_backend_flags(CLI::App& command, int& recompute, AlgorithmChoice& algorithms,
+                            AttentionChoice& attention);
 
 // An option whose value is one of an enum's names (core/run_choices.h): the string is turned into
 // the enum here, at the edge, and a name not in the table is refused listing those that are.

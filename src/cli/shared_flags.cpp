@@ -168,7 +168,8 @@ void add_device_flags(CLI::App& command, DeviceKind& device, Dtype& dtype) {
                     "fp32 on cpu); the master weights and AdamW are fp32 always");
 }
 
-void add_cuda_backend_flags(CLI::App& command, int& recompute, AlgorithmChoice& algorithms) {
+void add_cuda_backend_flags(CLI::App& command, int& recompute, AlgorithmChoice& algorithms,
+                            AttentionChoice& attention) {
   command
       .add_option("--recompute", recompute,
                   "CUDA backend: recompute in the backward instead of keeping from the forward: 0 "
@@ -181,6 +182,11 @@ void add_cuda_backend_flags(CLI::App& command, int& recompute, AlgorithmChoice& 
                     "is picked: heuristic (the library's first answer: the same bits in every run) "
                     "or timed (the candidates timed on the first step, the fastest kept: a faster "
                     "step, but the choice, and so the rounding, can differ between runs)");
+  add_choice_option(command, "--attention", attention, kAttentionChoiceNames,
+                    "CUDA backend, bf16: the attention kernel: cudnn (cuDNN's fused attention), "
+                    "layup (layup's own), or auto (cuDNN where this build and machine have it); "
+                    "also read from LAYUP_ATTENTION")
+      ->envname("LAYUP_ATTENTION");
 }
 
 }  // namespace layup

@@ -93,7 +93,7 @@ void add_train_command(CLI::App& app) {
   add_seed_flag(*cmd, o.seed, "Seed of initialization and batch order");
   add_device_flags(*cmd, o.device, o.dtype);
   add_schedule_flags(*cmd, o.mode, o.cpu_workers);
-  add_cuda_backend_flags(*cmd, o.recompute, o.algorithms);
+  add_cuda_backend_flags(*cmd, o.recompute, o.algorithms, o.attention);
   cmd->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace of every step here (JSON; open in "
                   "ui.perfetto.dev): device work and each CPU worker on tracks of their own");

@@ -65,7 +65,8 @@ BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& con
         target.dtype == Dtype::kBf16 ? ComputeDtype::kBFloat16 : ComputeDtype::kFloat32;
     std::unique_ptr<Device> device = make_cuda_device(accountant);
     return {make_cuda_backend(config, max_batch, max_seq_len, dtype, target.recompute, accountant,
-                              {target.activations_kind, target.scratch_kind}, target.algorithms),
+                              {target.activations_kind, target.scratch_kind}, target.algorithms,
+                              target.attention),
             std::move(device), accountant};
   }
 #endif

@@ -17,6 +17,7 @@ struct ComputeTarget {
   Dtype dtype = Dtype::kAuto;
   int recompute = 0;  // --recompute: 0, 1 or 2 (backend/cuda/cuda_backend.h); cuda only
   AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic;  // cuda only
+  AttentionChoice attention = AttentionChoice::kAuto;        // cuda bf16 only
   // cuda only: where the backend's activations and the backward's scratch live (the placement's
   // kinds; the CPU backend's memory is the host's).
   MemoryKind activations_kind = MemoryKind::kDevice;

@@ -62,6 +62,7 @@ MemoryPlan plan_only(const RunRequest& request) {
 RunRequest run_request_of(const RunSpec& spec) {
   RunRequest request;
   request.target = {spec.device, spec.dtype, spec.recompute, spec.algorithms};
+  request.target.attention = spec.attention;
   MemoryPlanRequest& plan = request.plan;
   plan.config = spec.model;
   plan.model_name = spec.model_name;

@@ -33,6 +33,7 @@ struct RunSpec {
   int cpu_workers = allowed_core_count();
   int recompute = 0;  // CUDA backend: 0 keep activations, 1 recompute GELU, 2 also layer norms
   AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic;  // CUDA backend only
+  AttentionChoice attention = AttentionChoice::kAuto;        // CUDA backend, bf16 only
   float clip = 1.0f;  // global-norm threshold; <= 0 means no clipping (--clip none)
   LayupClip layup_clip = LayupClip::kAuto;  // how layup clips
   LayupHead layup_head = LayupHead::kAuto;  // where layup updates the head

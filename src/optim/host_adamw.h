@@ -41,6 +41,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,7 +64,7 @@ struct HostAdamWOptions {
   int workers = 0;         // 0: one per core this process may run on (sched_getaffinity)
   bool pin = true;         // pin worker i to core cores[i]
   std::vector<int> cores;  // the cores to pin to, in order (default: the allowed ones, ascending)
-  std::string isa = "";    // scalar, avx2, avx512, neon or auto; "" means LAYUP_ADAMW_ISA or auto
+  std::optional<AdamWIsa> isa;  // none: LAYUP_ADAMW_ISA, or else the best level this CPU runs
 };
 
 class HostAdamW {

@@ -58,7 +58,7 @@ class CudaBackend final : public ModelBackend {
  public:
   CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute,
               std::shared_ptr<MemoryAccountant> accountant, const CudaArenaKinds& kinds,
-              AlgorithmChoice algorithms);
+              AlgorithmChoice algorithms, AttentionChoice attention);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -120,8 +120,8 @@ class CudaBackend final : public ModelBackend {
   // cuDNN's workspace, sized by cuDNN as it builds its graphs; recorded here at each size.
   cuda::GrowableWorkspace cudnn_workspace_;
   MemoryRecord cudnn_workspace_record_;
-  // bf16 mode: cuDNN's fused attention when this build and machine have it (LAYUP_ATTENTION=layup
-  // chooses layup's own kernel); null means layup's kernel. fp32 always uses layup's kernel.
+  // bf16 mode: cuDNN's fused attention unless --attention says layup or this build and machine
+  // lack it; null means layup's kernel. fp32 always uses layup's kernel.
   std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
   // The schedule wrote the copy from the current master weights (ModelBackend::compute_copy):
   // forwards read it without casting.
@@ -146,7 +146,8 @@ class CudaBackend final : public ModelBackend {
 template <class T>
 CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute,
                             std::shared_ptr<MemoryAccountant> accountant,
-                            const CudaArenaKinds& kinds, AlgorithmChoice algorithms)
+                            const CudaArenaKinds& kinds, AlgorithmChoice algorithms,
+                            AttentionChoice attention)
     : config_(config),
       layout_(config),
       max_batch_(max_batch),
@@ -219,17 +220,13 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
   blas_ = std::make_unique<cuda::CublasLt>(cublaslt_workspace_.get(),
                                            buffers_.cublaslt_workspace.bytes, algorithms);
   if constexpr (!std::is_same_v<T, float>) {
-    const char* choice = std::getenv("LAYUP_ATTENTION");
-    const std::string attention = choice ? choice : "auto";
-    LAYUP_CHECK(attention == "auto" || attention == "cudnn" || attention == "layup",
-                "LAYUP_ATTENTION must be auto, cudnn or layup, not '", attention, "'");
     std::string why;
-    if (attention != "layup" && cuda::CudnnAttention::available(&why)) {
+    if (attention != AttentionChoice::kLayup && cuda::CudnnAttention::available(&why)) {
       cudnn_attention_ =
           std::make_unique<cuda::CudnnAttention>(stream_, cudnn_workspace_, algorithms);
     } else {
-      LAYUP_CHECK(attention != "cudnn",
-                  "LAYUP_ATTENTION=cudnn but cuDNN attention is unavailable: ", why);
+      LAYUP_CHECK(attention != AttentionChoice::kCudnn,
+                  "--attention cudnn, but cuDNN attention is unavailable: ", why);
     }
   }
 }
@@ -557,12 +554,15 @@ std::unique_ptr<ModelBackend> make_cuda_backend(const Gpt2Config& config, int ma
                                                 int max_seq_len, ComputeDtype dtype, int recompute,
                                                 std::shared_ptr<MemoryAccountant> accountant,
                                                 const CudaArenaKinds& kinds,
-                                                AlgorithmChoice algorithms) {
+                                                AlgorithmChoice algorithms,
+                                                AttentionChoice attention) {
   if (dtype == ComputeDtype::kFloat32)
     return std::make_unique<CudaBackend<float>>(config, max_batch, max_seq_len, recompute,
-                                                std::move(accountant), kinds, algorithms);
+                                                std::move(accountant), kinds, algorithms,
+                                                attention);
   return std::make_unique<CudaBackend<__nv_bfloat16>>(config, max_batch, max_seq_len, recompute,
-                                                      std::move(accountant), kinds, algorithms);
+                                                      std::move(accountant), kinds, algorithms,
+                                                      attention);
 }
 
 }  // namespace layup

@@ -41,6 +41,7 @@ namespace layup {
 std::unique_ptr<ModelBackend> make_cuda_backend(
     const Gpt2Config& config, int max_batch, int max_seq_len, ComputeDtype dtype, int recompute = 0,
     std::shared_ptr<MemoryAccountant> accountant = nullptr, const CudaArenaKinds& kinds = {},
-    AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic);
+    AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic,
+    AttentionChoice attention = AttentionChoice::kAuto);
 
 }  // namespace layup

@@ -31,7 +31,7 @@ void check_cudnn_status(cudnnStatus_t status, const char* call) {
 void check_frontend(fe::error_object status, const char* what, int B, int T_, int C, int NH) {
   if (status.is_bad()) {
     fail("cuDNN attention: ", what, " failed for B=", B, " T=", T_, " C=", C, " heads=", NH, ": ",
-         status.get_message(), " (run with LAYUP_ATTENTION=layup to use layup's own kernel)");
+         status.get_message(), " (--attention layup runs layup's own kernel)");
   }
 }
 
