@@ -23,7 +23,8 @@ size_t aligned(size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-const PlannedAllocation& find(const BufferList& list, const std::string& what_begins) {
+// A copy: callers pass lists that live only for the call.
+PlannedAllocation find(const BufferList& list, const std::string& what_begins) {
   for (const PlannedAllocation& a : list)
     if (a.what.rfind(what_begins, 0) == 0) return a;
   fail("no buffer '", what_begins, "'");
@@ -123,7 +124,7 @@ TEST(CudaBackendBuffers, KindsFollowThePlacement) {
 }
 
 TEST(CudaBackendBuffers, PinnedStaging) {
-  const PlannedAllocation& staging = find(buffers(ComputeDtype::kFloat32), "pinned staging");
+  const PlannedAllocation staging = find(buffers(ComputeDtype::kFloat32), "pinned staging");
   EXPECT_EQ(staging.side, MemorySide::kHost);
   EXPECT_EQ(staging.tensor_class, TensorClass::kScratch);
   EXPECT_EQ(staging.kind, MemoryKind::kPinnedMapped);
