@@ -13,12 +13,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "model/parameter_layout.h"
+#include "schedule/random_step.h"
 #include "schedule/schedule.h"
 #include "schedule/schedule_plan.h"
 #include "train/benchmark.h"
@@ -52,6 +52,15 @@ std::string error_of(const std::function<void()>& run) {
   return "";
 }
 
+// `request` planned for a discrete GPU (its attributes assumed, not read), bf16.
+MemoryPlanRequest on_a_discrete_gpu(MemoryPlanRequest request) {
+  request.device = DeviceKind::kCuda;
+  request.dtype = Dtype::kBf16;
+  request.attributes = assumed_cuda_memory_attributes();
+  request.attributes.integrated = false;
+  return request;
+}
+
 // The schedule options a plan was made with.
 ScheduleOptions schedule_of(const MemoryPlan& plan, int cpu_workers = 0) {
   return plan_run_memory(plan.request, cpu_workers).schedule;
@@ -81,19 +90,7 @@ TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
         schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
 
         // One step, so that what is allocated at the first step (gpu mode's accumulator) is too.
-        std::mt19937 rng(5);
-        std::vector<std::vector<int32_t>> tokens(grad_accum);
-        std::vector<TokenBatch> batches;
-        for (std::vector<int32_t>& t : tokens) {
-          t.resize(kBatch * kSeqLen);
-          for (int32_t& id : t) id = static_cast<int32_t>(rng() % config.vocab_size);
-          batches.push_back({t.data(), t.data(), kBatch, kSeqLen});
-        }
-        UpdateSettings settings;
-        settings.adamw.hyper = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
-        settings.adamw.t = 1;
-        settings.clip_max_norm = clip;
-        ASSERT_TRUE(schedule->step(batches, settings).applied);
+        ASSERT_TRUE(random_step(*schedule, config, kBatch, kSeqLen, grad_accum, clip).applied);
 
         size_t accounted = 0;
         for (MemorySide side : kAllMemorySides)
@@ -170,9 +167,7 @@ TEST(MemoryPlan, Gpt2LargeLayupKeepsTwoBlocksOfWeightGradsOnTheDevice) {
     MemoryPlanRequest request = cpu_request(config, "gpu", 8, 1024);
     request.model_name = "gpt2-large";
     if (device == "cuda") {
-      request.device = DeviceKind::kCuda;
-      request.dtype = Dtype::kBf16;
-      request.attributes = assumed_cuda_memory_attributes();
+      request = on_a_discrete_gpu(request);
     }
     const MemoryPlan gpu = plan_memory(request);
     request.mode = Mode::kLayup;
@@ -290,10 +285,7 @@ TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
   // auto (the default) speculates except on an integrated GPU, whose one memory holds everything.
   request.layup_clip = LayupClip::kAuto;
   EXPECT_TRUE(plan_run_memory(request).schedule.speculative_clip);
-  request.device = DeviceKind::kCuda;
-  request.dtype = Dtype::kBf16;
-  request.attributes = assumed_cuda_memory_attributes();
-  request.attributes.integrated = false;
+  request = on_a_discrete_gpu(request);
   EXPECT_TRUE(plan_run_memory(request).schedule.speculative_clip);
   request.attributes.integrated = true;
   const MemoryPlan on_a_board = plan_memory(request);
@@ -325,10 +317,7 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
   request.model_name = "gpt2";
   EXPECT_FALSE(updates_head_on_device(plan_run_memory(request).schedule))
       << "the CPU backend computes in place";
-  request.device = DeviceKind::kCuda;
-  request.dtype = Dtype::kBf16;
-  request.attributes = assumed_cuda_memory_attributes();
-  request.attributes.integrated = false;
+  request = on_a_discrete_gpu(request);
   const MemoryPlan on_device = plan_memory(request);
   EXPECT_TRUE(updates_head_on_device(schedule_of(on_device)));
   EXPECT_EQ(schedule_of(on_device, 1).update_sites, head_on_device(layout));
@@ -399,11 +388,8 @@ TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
   EXPECT_THROW(plan_memory(request), Error);
 
   // A discrete GPU (the attributes our H200 reports).
-  request.device = DeviceKind::kCuda;
-  request.dtype = Dtype::kBf16;
-  request.attributes = assumed_cuda_memory_attributes();
+  request = on_a_discrete_gpu(request);
   request.attributes.queried = false;
-  request.attributes.integrated = false;
   request.attributes.pageable_memory_access = false;
   request.attributes.concurrent_managed_access = true;
   request.place = {};
@@ -538,10 +524,7 @@ TEST(MemoryPlan, TheMachinesHostMemoryIsALimitToo) {
 // A discrete GPU's free memory (as the driver reported it) is a limit too, less a reserve.
 TEST(MemoryPlan, TheGpusFreeMemoryIsALimitToo) {
   MemoryPlanRequest request = cpu_request(tiny_config(), "gpu", 2, 8);
-  request.device = DeviceKind::kCuda;
-  request.dtype = Dtype::kBf16;
-  request.attributes = assumed_cuda_memory_attributes();
-  request.attributes.integrated = false;
+  request = on_a_discrete_gpu(request);
   request.attributes.queried = true;
   request.attributes.name = "test GPU";
   request.attributes.total_bytes = size_t{80} << 30;
@@ -567,10 +550,7 @@ TEST(MemoryPlan, TheGpusFreeMemoryIsALimitToo) {
 // On a discrete GPU the host's memory holds the pinned and plain host buffers, not the device's.
 TEST(MemoryPlan, OnADiscreteGpuTheHostMemoryIsWhatIsNotInDeviceMemory) {
   MemoryPlanRequest request = cpu_request(tiny_config(), "layup", 2, 8);
-  request.device = DeviceKind::kCuda;
-  request.dtype = Dtype::kBf16;
-  request.attributes = assumed_cuda_memory_attributes();
-  request.attributes.integrated = false;
+  request = on_a_discrete_gpu(request);
   request.data_bytes = 12345;
   const MemoryPlan plan = plan_memory(request);
   size_t host_kinds = 0;

@@ -3,10 +3,10 @@
 // policies' combinations (host gradient or not, speculative, spans updated on the device).
 #include <gtest/gtest.h>
 
-#include <random>
 #include <string>
 #include <vector>
 
+#include "schedule/random_step.h"
 #include "schedule/schedule.h"
 
 namespace layup {
@@ -63,19 +63,9 @@ TEST(ScheduleBuffers, EveryCellTheAccountantMeasuresIsListed) {
           c.mode, make_cpu_backend(config, kBatch, kSeqLen), std::move(device), layout, c.options);
       schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
 
-      std::mt19937 rng(5);
-      std::vector<std::vector<int32_t>> tokens(micro_batches);
-      std::vector<TokenBatch> batches;
-      for (std::vector<int32_t>& t : tokens) {
-        t.resize(kBatch * kSeqLen);
-        for (int32_t& id : t) id = static_cast<int32_t>(rng() % config.vocab_size);
-        batches.push_back({t.data(), t.data(), kBatch, kSeqLen});
-      }
-      UpdateSettings settings;
-      settings.adamw.hyper = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
-      settings.adamw.t = 1;
-      settings.clip_max_norm = c.clip ? 1.0f : 0.0f;
-      ASSERT_TRUE(schedule->step(batches, settings).applied);
+      ASSERT_TRUE(
+          random_step(*schedule, config, kBatch, kSeqLen, micro_batches, c.clip ? 1.0f : 0.0f)
+              .applied);
 
       for (MemorySide side : kAllMemorySides)
         for (TensorClass tensor_class : kAllTensorClasses)
