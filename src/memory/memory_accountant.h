@@ -16,8 +16,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "memory/planned_allocation.h"
 #include "memory/tensor_class.h"
 
 namespace layup {
@@ -99,6 +101,14 @@ class MemoryRecord {
   MemoryKind kind_ = MemoryKind::kHost;
   size_t bytes_ = 0;
 };
+
+// The record of a listed buffer (planned_allocation.h) in `accountant` (null: none), under the
+// list's side, class, kind and bytes.
+inline MemoryRecord record_planned(std::shared_ptr<MemoryAccountant> accountant,
+                                   const PlannedAllocation& planned) {
+  return MemoryRecord(std::move(accountant), planned.side, planned.tensor_class, planned.kind,
+                      planned.bytes);
+}
 
 // "2.88 GiB", "400.6 MiB", "8.0 KiB", "12 B": binary units, as --memory-budget reads them.
 std::string format_bytes(size_t bytes);

@@ -72,7 +72,7 @@ CpuBackend::CpuBackend(const Gpt2Config& config, int max_batch, int max_seq_len,
                 "the CPU backend has no region for ", tensor_class_label(buffer.tensor_class));
     (buffer.tensor_class == TensorClass::kActivations ? activations_region_ : scratch_region_)
         .reset(allocate_zeroed(buffer, max_batch, max_seq_len));
-    records_.emplace_back(accountant, buffer.side, buffer.tensor_class, buffer.kind, buffer.bytes);
+    records_.push_back(record_planned(accountant, buffer));
   }
   carve_cpu_backend(config, max_batch, max_seq_len, activations_region_.get(),
                     scratch_region_.get(), arena_);

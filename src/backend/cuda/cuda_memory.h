@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <memory>
 #include <string>
-#include <utility>
 
 #include "memory/memory_accountant.h"
 #include "memory/planned_allocation.h"
@@ -38,14 +37,6 @@ using CudaAllocation = std::unique_ptr<void, CudaFree>;
 inline CudaAllocation cuda_allocate(const PlannedAllocation& planned, const std::string& context) {
   return CudaAllocation(cuda_allocate(planned.bytes, planned.kind, planned.what + context),
                         CudaFree{planned.kind});
-}
-
-// The record of a listed buffer (cuda_backend_buffers.h) in `accountant` (null: none), under the
-// list's side, class, kind and bytes.
-inline MemoryRecord record_planned(std::shared_ptr<MemoryAccountant> accountant,
-                                   const PlannedAllocation& planned) {
-  return MemoryRecord(std::move(accountant), planned.side, planned.tensor_class, planned.kind,
-                      planned.bytes);
 }
 
 }  // namespace layup
