@@ -134,6 +134,13 @@ class Device {
   // device_dst or writes host_src until `landed` has run.
   virtual void copy_to_device_async(float* device_dst, const float* host_src, size_t count,
                                     std::function<void()> landed) = 0;
+  // The same into a bf16 compute copy (ModelBackend::compute_copy): the host's fp32 weights
+  // travel a piece at a time through `staging` (device memory of staging_count floats) and each
+  // piece is cast into bf16_dst, rounded to nearest even, as the forward's cast pass rounds.
+  // Calls that share `staging` run their pieces in order. A device without bf16 compute refuses.
+  virtual void copy_to_compute_copy_async(void* bf16_dst, const float* host_src, size_t count,
+                                          float* staging, size_t staging_count,
+                                          std::function<void()> landed) = 0;
   virtual void fill_zero(float* device_dst, size_t count) = 0;
   // device_dst[i] += device_src[i]: one float add per element, so the sum of micro-batch
   // gradients rounds the same on every device and in every mode.

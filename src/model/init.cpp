@@ -30,27 +30,40 @@ void fill_normal(float* x, size_t count, float std, uint64_t seed, size_t tensor
   }
 }
 
+// Tensor `index` of the layout into `x` (its count floats). Each tensor's values depend only on
+// the seed and the tensor's index, so a span can be initialized alone.
+void init_tensor(const ParameterLayout& layout, size_t index, float* x, uint64_t seed) {
+  const Gpt2Config& config = layout.config();
+  const TensorSpec& tensor = layout.tensors()[index];
+  if (ends_with(tensor.name, ".bias")) {
+    std::fill(x, x + tensor.count, 0.0f);
+  } else if (tensor.name.find("ln_") != std::string::npos) {
+    std::fill(x, x + tensor.count, 1.0f);
+  } else if (tensor.name == "wte.weight") {
+    const size_t real_rows = static_cast<size_t>(config.vocab_size) * config.n_embd;
+    fill_normal(x, real_rows, 0.02f, seed, index);
+    std::fill(x + real_rows, x + tensor.count, 0.0f);
+  } else {
+    const bool residual = ends_with(tensor.name, "c_proj.weight");
+    const float residual_std = 0.02f / std::sqrt(2.0f * config.n_layer);
+    fill_normal(x, tensor.count, residual ? residual_std : 0.02f, seed, index);
+  }
+}
+
 }  // namespace
 
 void init_parameters(const ParameterLayout& layout, float* params, uint64_t seed) {
-  const Gpt2Config& config = layout.config();
-  const float residual_std = 0.02f / std::sqrt(2.0f * config.n_layer);
-  const auto& tensors = layout.tensors();
-  for (size_t index = 0; index < tensors.size(); ++index) {
-    const TensorSpec& tensor = tensors[index];
-    float* x = params + tensor.offset;
-    if (ends_with(tensor.name, ".bias")) {
-      std::fill(x, x + tensor.count, 0.0f);
-    } else if (tensor.name.find("ln_") != std::string::npos) {
-      std::fill(x, x + tensor.count, 1.0f);
-    } else if (tensor.name == "wte.weight") {
-      const size_t real_rows = static_cast<size_t>(config.vocab_size) * config.n_embd;
-      fill_normal(x, real_rows, 0.02f, seed, index);
-      std::fill(x + real_rows, x + tensor.count, 0.0f);
-    } else {
-      const bool residual = ends_with(tensor.name, "c_proj.weight");
-      fill_normal(x, tensor.count, residual ? residual_std : 0.02f, seed, index);
-    }
+  for (size_t index = 0; index < layout.tensors().size(); ++index)
+    init_tensor(layout, index, params + layout.tensors()[index].offset, seed);
+}
+
+void init_span_parameters(const ParameterLayout& layout, size_t index, float* span_params,
+                          uint64_t seed) {
+  const Span& span = layout.spans()[index];
+  for (size_t tensor = 0; tensor < layout.tensors().size(); ++tensor) {
+    const TensorSpec& spec = layout.tensors()[tensor];
+    if (spec.offset >= span.offset && spec.offset < span.offset + span.count)
+      init_tensor(layout, tensor, span_params + (spec.offset - span.offset), seed);
   }
 }
 

@@ -12,4 +12,9 @@ namespace layup {
 // gains 1. The padded vocabulary rows of wte are 0. The result depends only on the seed.
 void init_parameters(const ParameterLayout& layout, float* params, uint64_t seed);
 
+// The same values for span `index` alone, into `span_params` (the span's count floats): what
+// init_parameters writes at the span's offset.
+void init_span_parameters(const ParameterLayout& layout, size_t index, float* span_params,
+                          uint64_t seed);
+
 }  // namespace layup

@@ -108,30 +108,31 @@ const float* DeviceTier::gradient(size_t index) const {
   return head_grads_[span.kind == SpanKind::kEmbeddings ? 0 : 1];
 }
 
-void DeviceTier::update(const AdamWStep& adamw, float* weights, TraceRecorder* trace, int track) {
+void DeviceTier::update(const AdamWStep& adamw, const std::vector<float*>& weights,
+                        const std::vector<void*>& compute_copies, TraceRecorder* trace,
+                        int track) {
   for (const size_t index : spans_) {
     const Span& span = layout_.spans()[index];
     TraceSpan traced(trace, track, adamw_trace_name(span.kind), span.layer);
-    device_.adamw_update_span(layout_, span, weights + span.offset, gradient(index),
-                              m_.data() + at_[index], v_.data() + at_[index], adamw, nullptr);
+    device_.adamw_update_span(layout_, span, weights[index], gradient(index),
+                              m_.data() + at_[index], v_.data() + at_[index], adamw,
+                              compute_copies.empty() ? nullptr : compute_copies[index]);
   }
 }
 
-void DeviceTier::read_state(OptimizerTensors& tensors, const float* weights) const {
-  for (const size_t index : spans_) {
-    const Span& span = layout_.spans()[index];
-    device_.copy_to_host(tensors.params.data() + span.offset, weights + span.offset, span.count);
-    device_.copy_to_host(tensors.adam_m.data() + span.offset, m_.data() + at_[index], span.count);
-    device_.copy_to_host(tensors.adam_v.data() + span.offset, v_.data() + at_[index], span.count);
-  }
+void DeviceTier::read_span(size_t index, const SpanState& out, const float* weights) const {
+  LAYUP_CHECK(holds(index), "span ", index, " is not updated on the device");
+  const size_t count = layout_.spans()[index].count;
+  device_.copy_to_host(out.params, weights, count);
+  device_.copy_to_host(out.m, m_.data() + at_[index], count);
+  device_.copy_to_host(out.v, v_.data() + at_[index], count);
 }
 
-void DeviceTier::write_state(const OptimizerTensors& tensors) {
-  for (const size_t index : spans_) {
-    const Span& span = layout_.spans()[index];
-    device_.copy_to_device(m_.data() + at_[index], tensors.adam_m.data() + span.offset, span.count);
-    device_.copy_to_device(v_.data() + at_[index], tensors.adam_v.data() + span.offset, span.count);
-  }
+void DeviceTier::write_span(size_t index, const float* m, const float* v) {
+  LAYUP_CHECK(holds(index), "span ", index, " is not updated on the device");
+  const size_t count = layout_.spans()[index].count;
+  device_.copy_to_device(m_.data() + at_[index], m, count);
+  device_.copy_to_device(v_.data() + at_[index], v, count);
 }
 
 }  // namespace layup

@@ -60,14 +60,16 @@ class DeviceTier {
   // Device thread: span `index`'s gradient this step, once its backward is done: the sum, or the
   // only micro-batch's.
   const float* gradient(size_t index) const;
-  // Device thread: AdamW on every device-updated span in `weights` (the device copy), traced as
-  // "adamw ..." on `track`.
-  void update(const AdamWStep& adamw, float* weights, TraceRecorder* trace, int track);
+  // Device thread: AdamW on every device-updated span, span `index` in weights[index] (its fp32
+  // weights in the device copy) and, where compute_copies[index] is not null, writing the
+  // backend's bf16 compute copy in the same pass; traced as "adamw ..." on `track`.
+  void update(const AdamWStep& adamw, const std::vector<float*>& weights,
+              const std::vector<void*>& compute_copies, TraceRecorder* trace, int track);
 
-  // The device-updated spans' weights (from `weights`, the device copy) and moments into
-  // `tensors`, and back.
-  void read_state(OptimizerTensors& tensors, const float* weights) const;
-  void write_state(const OptimizerTensors& tensors);
+  // A device-updated span's weights (from `weights`, its place in the device copy) and moments
+  // into `out`; its moments from `m` and `v` (host memory laid out like the span).
+  void read_span(size_t index, const SpanState& out, const float* weights) const;
+  void write_span(size_t index, const float* m, const float* v);
 
  private:
   static constexpr size_t kNotHere = static_cast<size_t>(-1);

@@ -41,9 +41,9 @@ class GpuSchedule final : public Schedule {
  public:
   GpuSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
               const ParameterLayout& layout, const ScheduleOptions& options)
-      : backend_(std::move(backend)),
+      : Schedule(layout),
+        backend_(std::move(backend)),
         device_(std::move(device)),
-        layout_(layout),
         buffers_(layout, options, device_->kinds()),
         params_(device_->allocate(buffers_.params)),
         grads_(device_->allocate(buffers_.grads)),
@@ -135,30 +135,24 @@ class GpuSchedule final : public Schedule {
     return backend_->logits();
   }
 
-  OptimizerTensors export_tensors() const override {
-    const size_t n = layout_.total_count();
-    OptimizerTensors tensors{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
-    device_->copy_to_host(tensors.params.data(), params_.data(), n);
-    device_->copy_to_host(tensors.adam_m.data(), adam_m_.data(), n);
-    device_->copy_to_host(tensors.adam_v.data(), adam_v_.data(), n);
-    return tensors;
+  void export_span(size_t index, const SpanState& out) const override {
+    const Span& span = layout_.spans()[index];
+    device_->copy_to_host(out.params, params_.data() + span.offset, span.count);
+    device_->copy_to_host(out.m, adam_m_.data() + span.offset, span.count);
+    device_->copy_to_host(out.v, adam_v_.data() + span.offset, span.count);
   }
 
-  void import_tensors(const OptimizerTensors& tensors) override {
-    const size_t n = layout_.total_count();
-    LAYUP_CHECK(
-        tensors.params.size() == n && tensors.adam_m.size() == n && tensors.adam_v.size() == n,
-        "model state has ", tensors.params.size(), " parameters but the model needs ", n);
+  void import_span(size_t index, const ConstSpanState& in) override {
+    const Span& span = layout_.spans()[index];
     backend_->set_compute_copies_current(false);  // the forward casts the new weights
-    device_->copy_to_device(params_.data(), tensors.params.data(), n);
-    device_->copy_to_device(adam_m_.data(), tensors.adam_m.data(), n);
-    device_->copy_to_device(adam_v_.data(), tensors.adam_v.data(), n);
+    device_->copy_to_device(params_.data() + span.offset, in.params, span.count);
+    device_->copy_to_device(adam_m_.data() + span.offset, in.m, span.count);
+    device_->copy_to_device(adam_v_.data() + span.offset, in.v, span.count);
   }
 
  private:
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
-  ParameterLayout layout_;
   const GpuBuffers buffers_;
   DeviceBuffer params_, grads_, adam_m_, adam_v_;
   SpanSquareSums span_sums_;  // each span's gradient sum of squares

@@ -19,20 +19,22 @@ constexpr size_t kStagingChunks = 64;
 
 }  // namespace
 
-HostGradient::Buffers HostGradient::buffers(const ParameterLayout& layout, DeviceKinds kinds) {
+HostGradient::Buffers HostGradient::buffers(const ParameterLayout& layout, const PackedSpans& spans,
+                                            DeviceKinds kinds) {
   size_t largest_span = 0;
-  for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
+  for (size_t index = 0; index < layout.spans().size(); ++index)
+    if (spans.holds(index)) largest_span = std::max(largest_span, layout.spans()[index].count);
   const size_t staging = std::min(largest_span, kStagingChunks * kSumOfSquaresChunk);
   return {{MemorySide::kHost, TensorClass::kWeightGrads, kinds.host_copy,
-           layout.total_count() * sizeof(float), "fp32 gradient accumulated over micro-batches"},
+           spans.count * sizeof(float), "fp32 gradient accumulated over micro-batches"},
           {MemorySide::kHost, TensorClass::kWeightGrads, kinds.host_copy, staging * sizeof(float),
            "staging of later micro-batches' gradients"}};
 }
 
-HostGradient::HostGradient(Device& device, const ParameterLayout& layout, HostAdamW& workers,
-                           SpanSquareSums& device_sums)
-    : device_(device), layout_(layout), workers_(workers), device_sums_(device_sums) {
-  const Buffers listed = buffers(layout, device.kinds());
+HostGradient::HostGradient(Device& device, const ParameterLayout& layout, const PackedSpans& spans,
+                           HostAdamW& workers, SpanSquareSums& device_sums)
+    : device_(device), layout_(layout), spans_(spans), workers_(workers), device_sums_(device_sums) {
+  const Buffers listed = buffers(layout, spans, device.kinds());
   grads_ = device.allocate(listed.accumulator);
   staging_ = device.allocate(listed.staging);
 }

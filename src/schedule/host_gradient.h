@@ -1,6 +1,7 @@
-// HostGradient: the whole-model fp32 gradient on the host, in layout order, that `offload` and
-// `layup` (with ScheduleOptions::host_gradient) add each micro-batch's gradient into, span by span,
-// streamed out of device memory. Its buffers come from the device's allocate_host (pinned on CUDA),
+// HostGradient: the fp32 gradient on the host of the spans the host updates (every span in
+// `offload`; in `layup`, those ScheduleOptions::update_sites leaves on the host), packed in layout
+// order, that `offload` and `layup` (with ScheduleOptions::host_gradient) add each micro-batch's
+// gradient into, span by span, streamed out of device memory. Its buffers come from the device's allocate_host (pinned on CUDA),
 // because the device copies into them.
 //
 // Copies: a span's first micro-batch lands straight in its accumulator in one transfer; later
@@ -13,8 +14,10 @@
 #include <mutex>
 
 #include "backend/device.h"
+#include "core/error.h"
 #include "model/parameter_layout.h"
 #include "optim/host_adamw.h"
+#include "schedule/packed_spans.h"
 #include "schedule/span_square_sums.h"
 
 namespace layup {
@@ -23,18 +26,23 @@ class HostGradient {
  public:
   // `device`, `workers` (which run the element passes) and `device_sums` (the sums of squares the
   // device takes) must outlive this.
-  HostGradient(Device& device, const ParameterLayout& layout, HostAdamW& workers,
-               SpanSquareSums& device_sums);
+  // `spans`: the spans it keeps a gradient of.
+  HostGradient(Device& device, const ParameterLayout& layout, const PackedSpans& spans,
+               HostAdamW& workers, SpanSquareSums& device_sums);
 
-  // What it allocates: the whole-model accumulator and the staging of later micro-batches.
+  // What it allocates: the accumulator of `spans` and the staging of later micro-batches.
   struct Buffers {
     PlannedAllocation accumulator, staging;
     BufferList list() const { return {accumulator, staging}; }
   };
-  static Buffers buffers(const ParameterLayout& layout, DeviceKinds kinds);
+  static Buffers buffers(const ParameterLayout& layout, const PackedSpans& spans,
+                         DeviceKinds kinds);
 
-  // Span `index`'s accumulated gradient.
-  float* span(size_t index) const { return grads_.data() + layout_.spans()[index].offset; }
+  // Span `index`'s accumulated gradient (a span it keeps).
+  float* span(size_t index) const {
+    LAYUP_CHECK(spans_.holds(index), "span ", index, " has no gradient on the host");
+    return grads_.data() + spans_.at[index];
+  }
 
   // Adds one micro-batch's gradient of span `index` (device memory laid out like the span,
   // complete once `written` has passed) into the span's accumulator, and calls `copied` (when
@@ -64,6 +72,7 @@ class HostGradient {
 
   Device& device_;
   const ParameterLayout& layout_;
+  const PackedSpans spans_;
   HostAdamW& workers_;
   SpanSquareSums& device_sums_;
   DeviceBuffer grads_;

@@ -2,6 +2,7 @@
 #include "schedule/host_optimizer_schedule.h"
 
 #include <algorithm>
+#include <future>
 #include <string>
 #include <utility>
 
@@ -10,12 +11,39 @@
 
 namespace layup {
 
+namespace {
+
+// The landing's staging (weights_land_in_compute_copy): 64 MiB, pieces long enough to run at the
+// interconnect's full rate, and small beside the weights they save.
+constexpr size_t kLandingStagingFloats = size_t{16} << 20;
+
+bool on_host(const ScheduleOptions& options, size_t index) {
+  return options.update_sites.empty() || options.update_sites[index] == UpdateSite::kHost;
+}
+
+}  // namespace
+
+PackedSpans HostOptimizerSchedule::host_spans(const ParameterLayout& layout,
+                                              const ScheduleOptions& options) {
+  return PackedSpans::of(layout, [&](size_t index) { return on_host(options, index); });
+}
+
+PackedSpans HostOptimizerSchedule::device_copy_spans(const ParameterLayout& layout,
+                                                     const ScheduleOptions& options) {
+  return PackedSpans::of(layout, [&](size_t index) {
+    if (options.weights_in_place) return false;
+    return !options.weights_land_in_compute_copy || !on_host(options, index);
+  });
+}
+
 HostOptimizerSchedule::Buffers HostOptimizerSchedule::buffers(const ParameterLayout& layout,
                                                               const ScheduleOptions& options,
                                                               DeviceKinds kinds) {
-  const size_t count = layout.total_count();
+  const PackedSpans host = host_spans(layout, options);
+  const PackedSpans device_copy = device_copy_spans(layout, options);
   auto host_state = [&](TensorClass tensor_class, std::string what) {
-    return placed_buffer(options, kinds, count, tensor_class, MemorySide::kHost, std::move(what));
+    return placed_buffer(options, kinds, host.count, tensor_class, MemorySide::kHost,
+                         std::move(what));
   };
   Buffers buffers;
   buffers.master = host_state(TensorClass::kMasterWeights,
@@ -25,10 +53,21 @@ HostOptimizerSchedule::Buffers HostOptimizerSchedule::buffers(const ParameterLay
   buffers.m = host_state(TensorClass::kOptimizerMoments, "AdamW m");
   buffers.v = host_state(TensorClass::kOptimizerMoments, "AdamW v");
   buffers.span_sums = SpanSquareSums::buffer(layout.spans().size(), kinds);
-  if (!options.weights_in_place)
-    buffers.weights =
-        placed_buffer(options, kinds, count, TensorClass::kWeights, MemorySide::kDevice,
-                      "fp32 copy of the weights the device computes with");
+  if (device_copy.count > 0)
+    buffers.weights = placed_buffer(options, kinds, device_copy.count, TensorClass::kWeights,
+                                    MemorySide::kDevice,
+                                    options.weights_land_in_compute_copy
+                                        ? "fp32 weights of the device-updated spans"
+                                        : "fp32 copy of the weights the device computes with");
+  if (options.weights_land_in_compute_copy && host.count > 0) {
+    size_t largest = 0;
+    for (size_t index = 0; index < layout.spans().size(); ++index)
+      if (host.holds(index)) largest = std::max(largest, layout.spans()[index].count);
+    buffers.landing_staging = PlannedAllocation{
+        MemorySide::kDevice, TensorClass::kWeights, kinds.own,
+        std::min(largest, kLandingStagingFloats) * sizeof(float),
+        "staging of host-updated weights on their way into the bf16 compute copy"};
+  }
   if (options.speculative_clip) {
     buffers.spare_master =
         host_state(TensorClass::kMasterWeights,
@@ -36,13 +75,14 @@ HostOptimizerSchedule::Buffers HostOptimizerSchedule::buffers(const ParameterLay
     buffers.spare_m = host_state(TensorClass::kOptimizerMoments, "spare AdamW m");
     buffers.spare_v = host_state(TensorClass::kOptimizerMoments, "spare AdamW v");
   }
-  if (options.host_gradient) buffers.gradient = HostGradient::buffers(layout, kinds);
+  if (options.host_gradient) buffers.gradient = HostGradient::buffers(layout, host, kinds);
   return buffers;
 }
 
 BufferList HostOptimizerSchedule::Buffers::list() const {
   BufferList list = {master, m, v, span_sums};
-  for (const std::optional<PlannedAllocation>& buffer : {weights, spare_master, spare_m, spare_v})
+  for (const std::optional<PlannedAllocation>& buffer :
+       {weights, landing_staging, spare_master, spare_m, spare_v})
     if (buffer) list.push_back(*buffer);
   if (gradient) append(list, gradient->list());
   return list;
@@ -52,19 +92,33 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
                                              std::unique_ptr<Device> device,
                                              const ParameterLayout& layout,
                                              const ScheduleOptions& options)
-    : backend_(std::move(backend)),
+    : Schedule(layout),
+      backend_(std::move(backend)),
       device_(std::move(device)),
-      layout_(layout),
       weights_in_place_(options.weights_in_place),
       speculative_clip_(options.speculative_clip),
+      weights_land_in_compute_copy_(options.weights_land_in_compute_copy),
+      host_spans_(host_spans(layout, options)),
+      device_copy_spans_(device_copy_spans(layout, options)),
       device_sums_(*device_, layout.spans().size()) {
   LAYUP_CHECK(options.cpu_workers >= 0, "--cpu-workers must be at least 1 (got ",
               options.cpu_workers, ")");
+  LAYUP_CHECK(!weights_in_place_ || host_spans_.count == layout.total_count(),
+              "with the master weights in place every span must be updated on the host");
+  if (weights_land_in_compute_copy_) {
+    LAYUP_CHECK(!weights_in_place_, "weights cannot both be in place and land in a compute copy");
+    LAYUP_CHECK(backend_->compute_copy(0) != nullptr, "the ", backend_->name(),
+                " backend keeps no bf16 copy of the weights for them to land in");
+    // The compute copies are written where the weights change (update_span, import_span, the
+    // device tier's AdamW), so no forward casts.
+    backend_->set_compute_copies_current(true);
+  }
   const Buffers listed = buffers(layout, options, device_->kinds());
   host_params_ = device_->allocate(listed.master);
   host_m_ = device_->allocate(listed.m);
   host_v_ = device_->allocate(listed.v);
   if (listed.weights) params_ = device_->allocate(*listed.weights);
+  if (listed.landing_staging) landing_staging_ = device_->allocate(*listed.landing_staging);
   if (listed.spare_master) {
     spare_params_ = device_->allocate(*listed.spare_master);
     spare_m_ = device_->allocate(*listed.spare_m);
@@ -74,7 +128,36 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
   adamw_options.workers = options.cpu_workers;
   host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
   if (listed.gradient)
-    host_gradient_ = std::make_unique<HostGradient>(*device_, layout_, *host_adamw_, device_sums_);
+    host_gradient_ = std::make_unique<HostGradient>(*device_, layout_, host_spans_, *host_adamw_,
+                                                    device_sums_);
+}
+
+size_t HostOptimizerSchedule::host_at(size_t index) const {
+  LAYUP_CHECK(host_spans_.holds(index), "span ", index, " is not updated on the host");
+  return host_spans_.at[index];
+}
+
+size_t HostOptimizerSchedule::device_copy_at(size_t index) const {
+  LAYUP_CHECK(device_copy_spans_.holds(index), "span ", index,
+              " has no fp32 copy on the device");
+  return device_copy_spans_.at[index];
+}
+
+ParameterPointers HostOptimizerSchedule::device_params() const {
+  ParameterPointers pointers;
+  for (size_t index = 0; index < layout_.spans().size(); ++index) {
+    const Span& span = layout_.spans()[index];
+    const float* weights = device_copy_spans_.holds(index)
+                               ? params_.data() + device_copy_spans_.at[index]
+                               : host_params_.data() + host_spans_.at[index];
+    if (span.kind == SpanKind::kEmbeddings)
+      pointers.embeddings = weights;
+    else if (span.kind == SpanKind::kBlock)
+      pointers.blocks.push_back(weights);
+    else
+      pointers.final_norm = weights;
+  }
+  return pointers;
 }
 
 void HostOptimizerSchedule::set_trace(TraceRecorder* recorder) {
@@ -99,23 +182,25 @@ const float* HostOptimizerSchedule::forward_logits(const TokenBatch& batch) {
   return backend_->logits();
 }
 
-OptimizerTensors HostOptimizerSchedule::export_tensors() const {
+void HostOptimizerSchedule::export_span(size_t index, const SpanState& out) const {
   finish_updates();
-  return OptimizerTensors{{host_params_.begin(), host_params_.end()},
-                          {host_m_.begin(), host_m_.end()},
-                          {host_v_.begin(), host_v_.end()}};
+  const size_t count = layout_.spans()[index].count;
+  const size_t at = host_at(index);
+  std::copy_n(host_params_.data() + at, count, out.params);
+  std::copy_n(host_m_.data() + at, count, out.m);
+  std::copy_n(host_v_.data() + at, count, out.v);
 }
 
-void HostOptimizerSchedule::import_tensors(const OptimizerTensors& tensors) {
-  const size_t n = layout_.total_count();
-  LAYUP_CHECK(
-      tensors.params.size() == n && tensors.adam_m.size() == n && tensors.adam_v.size() == n,
-      "model state has ", tensors.params.size(), " parameters but the model needs ", n);
+void HostOptimizerSchedule::import_span(size_t index, const ConstSpanState& in) {
   finish_updates();
-  std::copy(tensors.params.begin(), tensors.params.end(), host_params_.begin());
-  std::copy(tensors.adam_m.begin(), tensors.adam_m.end(), host_m_.begin());
-  std::copy(tensors.adam_v.begin(), tensors.adam_v.end(), host_v_.begin());
-  if (!weights_in_place_) device_->copy_to_device(params_.data(), host_params_.data(), n);
+  const size_t count = layout_.spans()[index].count;
+  if (host_spans_.holds(index)) {
+    const size_t at = host_spans_.at[index];
+    std::copy_n(in.params, count, host_params_.data() + at);
+    std::copy_n(in.m, count, host_m_.data() + at);
+    std::copy_n(in.v, count, host_v_.data() + at);
+  }
+  send_weights_now(index, in.params);
 }
 
 std::string HostOptimizerSchedule::cpu_adamw_report() const {
@@ -148,17 +233,29 @@ void HostOptimizerSchedule::promote_spare_state() {
   std::swap(host_v_, spare_v_);
 }
 
-void HostOptimizerSchedule::refresh_device_weights(const Span& span) {
-  if (!weights_in_place_)
-    device_->copy_to_device(params_.data() + span.offset, host_params_.data() + span.offset,
-                            span.count);
+void HostOptimizerSchedule::refresh_device_weights(size_t index) {
+  send_weights_now(index, host_params_.data() + host_at(index));
 }
 
-void HostOptimizerSchedule::update_span(const Span& span, const float* grads,
+void HostOptimizerSchedule::send_weights_now(size_t index, const float* weights) {
+  const size_t count = layout_.spans()[index].count;
+  if (device_copy_spans_.holds(index))
+    device_->copy_to_device(params_.data() + device_copy_spans_.at[index], weights, count);
+  if (!weights_land_in_compute_copy_) return;
+  std::promise<void> landed;
+  device_->copy_to_compute_copy_async(backend_->compute_copy(index), weights, count,
+                                      landing_staging_.data(), landing_staging_.count(),
+                                      [&landed] { landed.set_value(); });
+  landed.get_future().wait();
+}
+
+void HostOptimizerSchedule::update_span(size_t index, const float* grads,
                                         const OptimizerState& from, const OptimizerState& to,
                                         const AdamWStep& adamw, int trace_track,
                                         std::function<void()> landed) {
-  float* master = to.params + span.offset;
+  const Span& span = layout_.spans()[index];
+  const size_t at = host_at(index);
+  float* master = to.params + at;
   TraceRecorder* const trace = trace_ != nullptr && trace_->recording() ? trace_ : nullptr;
   {
     TraceSpan traced(trace_, trace_track, adamw_trace_name(span.kind), span.layer);
@@ -182,7 +279,6 @@ void HostOptimizerSchedule::update_span(const Span& span, const float* grads,
         } catch (...) {  // a lost trace span is not worth failing the update for
         }
       };
-    const size_t at = span.offset;
     const AdamWBuffers buffers{from.params + at, grads,     from.m + at, from.v + at,
                                to.params + at,   to.m + at, to.v + at};
     host_adamw_->update_span(layout_, span, buffers, adamw, on_share);
@@ -193,14 +289,19 @@ void HostOptimizerSchedule::update_span(const Span& span, const float* grads,
   }
   // The transfer is traced from its start to its landing on the "to device" track.
   const double start_us = trace != nullptr ? trace->now_us() : 0.0;
-  device_->copy_to_device_async(params_.data() + span.offset, master, span.count,
-                                [trace, track = to_device_track_, start_us, kind = span.kind,
-                                 layer = span.layer, landed = std::move(landed)] {
-                                  if (trace != nullptr)
-                                    trace->add_span(track, weights_trace_name(kind, layer),
-                                                    start_us, trace->now_us());
-                                  landed();
-                                });
+  auto traced_landed = [trace, track = to_device_track_, start_us, kind = span.kind,
+                        layer = span.layer, landed = std::move(landed)] {
+    if (trace != nullptr)
+      trace->add_span(track, weights_trace_name(kind, layer), start_us, trace->now_us());
+    landed();
+  };
+  if (weights_land_in_compute_copy_ && !device_copy_spans_.holds(index))
+    device_->copy_to_compute_copy_async(backend_->compute_copy(index), master, span.count,
+                                        landing_staging_.data(), landing_staging_.count(),
+                                        std::move(traced_landed));
+  else
+    device_->copy_to_device_async(params_.data() + device_copy_at(index), master, span.count,
+                                  std::move(traced_landed));
 }
 
 }  // namespace layup

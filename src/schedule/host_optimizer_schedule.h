@@ -1,10 +1,12 @@
 // What the `offload` and `layup` schedules share: the compute copy of the weights in the device's
 // memory (what forward and backward read), and on the host the fp32 master weights, the gradient
-// accumulated over micro-batches and the AdamW moments, all in layout order. A checkpoint is the
-// host side (export_tensors); the device copy is refreshed from it span by span after each update
-// (update_span) and whole on import. What it allocates with which ScheduleOptions is listed by
-// buffers(); what the options mean (weights in place, no host gradient, speculative clipping) is
-// written once in docs/schedules.md.
+// accumulated over micro-batches and the AdamW moments of the spans the host updates (every span in
+// offload; in layup those ScheduleOptions::update_sites leaves on the host), packed in layout
+// order (PackedSpans). A span's state is read and written span by span (export_span,
+// import_span); the device copy is refreshed from it after each update (update_span). What it
+// allocates with which ScheduleOptions is listed by buffers(); what the options mean (weights in
+// place, no host gradient, speculative clipping, weights landing in the compute copy) is written
+// once in docs/schedules.md.
 //
 // The CPU side runs on one engine, HostAdamW (optim/host_adamw.h), whose pinned workers split
 // every pass over a span (adding a gradient into the accumulator, its sum of squares, AdamW), so a
@@ -20,6 +22,7 @@
 
 #include "optim/host_adamw.h"
 #include "schedule/host_gradient.h"
+#include "schedule/packed_spans.h"
 #include "schedule/schedule.h"
 #include "schedule/span_square_sums.h"
 
@@ -29,8 +32,10 @@ class HostOptimizerSchedule : public Schedule {
  public:
   float evaluate(const TokenBatch& batch) override;
   const float* forward_logits(const TokenBatch& batch) override;
-  OptimizerTensors export_tensors() const override;
-  void import_tensors(const OptimizerTensors& tensors) override;
+  // The host-updated spans' state from the host; the weights of every span into the device's
+  // copy. layup adds the device-updated spans' moments.
+  void export_span(size_t index, const SpanState& out) const override;
+  void import_span(size_t index, const ConstSpanState& in) override;
   std::string cpu_adamw_report() const override;
   double cpu_adamw_rate() const override;
   // Also names the track of the weight copies to the device ("to device") and one track per
@@ -40,7 +45,9 @@ class HostOptimizerSchedule : public Schedule {
   // What it allocates with `options` on a device handing out `kinds` (the HostGradient's too).
   struct Buffers {
     PlannedAllocation master, m, v, span_sums;
-    std::optional<PlannedAllocation> weights;  // the device copy (none with weights_in_place)
+    // The device's fp32 copy (none with weights_in_place; with weights_land_in_compute_copy, of
+    // the device-updated spans only) and the staging the landing casts through.
+    std::optional<PlannedAllocation> weights, landing_staging;
     std::optional<PlannedAllocation> spare_master, spare_m, spare_v;  // speculative_clip
     std::optional<HostGradient::Buffers> gradient;                    // host_gradient
     BufferList list() const;
@@ -48,17 +55,21 @@ class HostOptimizerSchedule : public Schedule {
   static Buffers buffers(const ParameterLayout& layout, const ScheduleOptions& options,
                          DeviceKinds kinds);
 
+  // The spans whose state the host keeps, and those the device keeps an fp32 copy of.
+  static PackedSpans host_spans(const ParameterLayout& layout, const ScheduleOptions& options);
+  static PackedSpans device_copy_spans(const ParameterLayout& layout,
+                                       const ScheduleOptions& options);
+
  protected:
   // cpu_workers: HostAdamW workers, one per core from the first allowed one (0: every core this
   // process may use).
   HostOptimizerSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
                         const ParameterLayout& layout, const ScheduleOptions& options);
 
-  // The weights the device computes with: its own copy, or the master weights in place.
-  float* device_weights() const { return weights_in_place_ ? host_params_.data() : params_.data(); }
-  ParameterPointers device_params() const {
-    return layout_.pointers<const float>(device_weights());
-  }
+  // The weights the device computes with, span by span: its own copy; or the master weights in
+  // place; or, for a span whose weights land in the compute copy, the master weights, which the
+  // backend then never reads.
+  ParameterPointers device_params() const;
 
   // A forward pass on the device copy. `layup` overrides it to wait, span by span, for updates
   // that are still landing.
@@ -76,13 +87,14 @@ class HostOptimizerSchedule : public Schedule {
   // a step that is not applied, which tests see, rather than an old step's norm).
   double device_sum_of_squares(size_t index);
 
-  // One copy of the optimizer state: master weights and AdamW moments, in layout order.
+  // One copy of the host's optimizer state: master weights and AdamW moments of the host-updated
+  // spans, packed (host_spans_).
   struct OptimizerState {
     float* params;
     float* m;
     float* v;
   };
-  // The state export_tensors returns and (with weights_in_place) the device computes with.
+  // The state export_span returns and (with weights_in_place) the device computes with.
   OptimizerState current_state() { return {host_params_.data(), host_m_.data(), host_v_.data()}; }
   // The second copy ScheduleOptions::speculative_clip keeps: a speculative step writes its new
   // state there, leaving the current one to redo the step from.
@@ -91,35 +103,44 @@ class HostOptimizerSchedule : public Schedule {
   // wrote every span's new state into it. Updates already handed their OptimizerStates keep them.
   void promote_spare_state();
 
-  // AdamW on one span with its gradient `grads` (host-readable, laid out like the span: the
+  // AdamW on span `index` with its gradient `grads` (host-readable, laid out like the span: the
   // accumulator's HostGradient::span, or the gradient where it lies), reading the state in `from`
   // and writing the new state into `to` (the same state: in place; or the spare copy), split over
   // the HostAdamW workers and traced as "adamw ..." on trace_track; then starts the transfer of the
-  // span's new weights (from `to`) into the device copy and returns. `landed` runs when they are
-  // there (on whatever thread Device::copy_to_device_async says; it must not block or throw), or
-  // at once with weights_in_place. Any thread may call it; the caller must not let anything read
-  // the span's device weights before `landed`.
-  void update_span(const Span& span, const float* grads, const OptimizerState& from,
+  // span's new weights (from `to`) to the device and returns. `landed` runs when they are there
+  // (on whatever thread Device::copy_to_device_async says; it must not block or throw), or at once
+  // with weights_in_place. One thread at a time may call it (the landing staging is shared); the
+  // caller must not let anything read the span's device weights before `landed`.
+  void update_span(size_t index, const float* grads, const OptimizerState& from,
                    const OptimizerState& to, const AdamWStep& adamw, int trace_track,
                    std::function<void()> landed);
   // In place, on the current state.
-  void update_span(const Span& span, const float* grads, const AdamWStep& adamw, int trace_track,
+  void update_span(size_t index, const float* grads, const AdamWStep& adamw, int trace_track,
                    std::function<void()> landed) {
-    update_span(span, grads, current_state(), current_state(), adamw, trace_track,
+    update_span(index, grads, current_state(), current_state(), adamw, trace_track,
                 std::move(landed));
   }
 
-  // The span's weights in the device copy from the current master weights, in order with the
-  // device's work (nothing to do with weights_in_place).
-  void refresh_device_weights(const Span& span);
+  // Span `index`'s weights on the device from the current master weights, in order with the
+  // device's work, returning when they are there (nothing to do with weights_in_place).
+  void refresh_device_weights(size_t index);
+  // The same from `weights` (host memory laid out like the span): the device copy where the span
+  // has one, and the compute copy where weights land there.
+  void send_weights_now(size_t index, const float* weights);
+
+  // The span's offset in the host's packed state, and in the device's fp32 copy.
+  size_t host_at(size_t index) const;
+  size_t device_copy_at(size_t index) const;
 
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
-  const ParameterLayout layout_;
-  const bool weights_in_place_, speculative_clip_;  // ScheduleOptions
-  DeviceBuffer params_;  // the compute copy the device reads (none with weights_in_place)
+  // ScheduleOptions
+  const bool weights_in_place_, speculative_clip_, weights_land_in_compute_copy_;
+  const PackedSpans host_spans_, device_copy_spans_;
+  DeviceBuffer params_;  // the device's fp32 copy (device_copy_spans_)
+  DeviceBuffer landing_staging_;  // with weights_land_in_compute_copy
   // fp32 master weights (pinned on CUDA unless placed otherwise) and the AdamW moments (plain
-  // host memory unless placed otherwise), in layout order.
+  // host memory unless placed otherwise) of the host-updated spans, packed.
   DeviceBuffer host_params_;
   DeviceBuffer host_m_, host_v_;
   // The spare copy of master weights and moments, with speculative_clip only.

@@ -88,6 +88,16 @@ class LayupSchedule final : public HostOptimizerSchedule {
                 "updating spans on the device (the head, or blocks) needs the device's own copy of "
                 "the weights, and here the device computes with the master weights in place; "
                 "update those spans on the host, or keep the weights in device memory");
+    if (!device_tier_.spans().empty()) {
+      device_tier_weights_.assign(layout.spans().size(), nullptr);
+      if (weights_land_in_compute_copy_)
+        device_tier_compute_copies_.assign(layout.spans().size(), nullptr);
+      for (const size_t index : device_tier_.spans()) {
+        device_tier_weights_[index] = params_.data() + device_copy_at(index);
+        if (weights_land_in_compute_copy_)
+          device_tier_compute_copies_[index] = backend_->compute_copy(index);
+      }
+    }
   }
 
   ~LayupSchedule() override { wait_for_cpu_side(); }
@@ -101,15 +111,15 @@ class LayupSchedule final : public HostOptimizerSchedule {
     consumer_track_ = recorder != nullptr ? recorder->track("gradients to host") : 0;
   }
 
-  // The device-updated spans' weights and moments are the device's; the host's are unused.
-  OptimizerTensors export_tensors() const override {
-    OptimizerTensors tensors = HostOptimizerSchedule::export_tensors();
-    device_tier_.read_state(tensors, params_.data());
-    return tensors;
+  // The device-updated spans' weights and moments are the device's.
+  void export_span(size_t index, const SpanState& out) const override {
+    if (!device_tier_.holds(index)) return HostOptimizerSchedule::export_span(index, out);
+    finish_updates();
+    device_tier_.read_span(index, out, params_.data() + device_copy_at(index));
   }
-  void import_tensors(const OptimizerTensors& tensors) override {
-    HostOptimizerSchedule::import_tensors(tensors);  // the weights: the device copy, whole
-    device_tier_.write_state(tensors);
+  void import_span(size_t index, const ConstSpanState& in) override {
+    HostOptimizerSchedule::import_span(index, in);  // host state, and the weights to the device
+    if (device_tier_.holds(index)) device_tier_.write_span(index, in.m, in.v);
   }
 
   StepStats step(std::span<const TokenBatch> micro_batches,
@@ -147,8 +157,10 @@ class LayupSchedule final : public HostOptimizerSchedule {
     // After the blocks' updates are queued: on CUDA it returns at once and runs before the next
     // forward in the device's order; on the CPU backend it runs here.
     if (!device_tier_.spans().empty())
-      device_thread_.run(
-          [&] { device_tier_.update(adamw, params_.data(), trace_, device_track_); });
+      device_thread_.run([&] {
+        device_tier_.update(adamw, device_tier_weights_, device_tier_compute_copies_, trace_,
+                            device_track_);
+      });
     if (plan.timing->speculative()) promote_spare_state();
     stats.applied = true;
     return stats;
@@ -451,7 +463,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     if (plan.timing->speculative()) {
       progress_.wait_all_landed();
       for (int layer = 0; layer < layout_.config().n_layer; ++layer)
-        if (block_updated_[layer]) refresh_device_weights(layout_.spans()[1 + layer]);
+        if (block_updated_[layer]) refresh_device_weights(1 + layer);
     }
     timing_.end_step(/*clipped=*/true);
   }
@@ -480,7 +492,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
                   const OptimizerState& to, const AdamWStep& adamw) {
     progress_.transfer_starting();
     try {
-      update_span(layout_.spans()[index], grads, from, to, adamw, cpu_track_,
+      update_span(index, grads, from, to, adamw, cpu_track_,
                   [this, index] { progress_.update_landed(index); });
     } catch (...) {
       progress_.transfer_abandoned();
@@ -568,7 +580,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
   const MemoryKind grads_kind_;                     // the placement's kind for weight gradients
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
   WeightGradSlots slots_;                           // block gradients, two slots
-  DeviceTier device_tier_;                          // the policies, chosen once
+  DeviceTier device_tier_;
+  // Per span, a device-updated span's fp32 weights and (weights landing in the compute copy) its
+  // bf16 compute copy, which its AdamW writes.
+  std::vector<float*> device_tier_weights_;
+  std::vector<void*> device_tier_compute_copies_;
   const std::vector<size_t> host_head_spans_;
   const std::unique_ptr<GradientRoute> route_;
   UpdateTiming timing_;

@@ -152,6 +152,12 @@ class DelayingDevice final : public Device {
     ++transfers_to_device_;
     inner_->copy_to_device_async(dst, src, count, std::move(landed));
   }
+  void copy_to_compute_copy_async(void* dst, const float* src, size_t count, float* staging,
+                                  size_t staging_count, std::function<void()> landed) override {
+    delays_.maybe_sleep();
+    ++transfers_to_device_;
+    inner_->copy_to_compute_copy_async(dst, src, count, staging, staging_count, std::move(landed));
+  }
   int transfers_to_device() const { return transfers_to_device_; }
   void fill_zero(float* dst, size_t count) override {
     delays_.maybe_sleep();

@@ -108,7 +108,7 @@ class OffloadSchedule final : public HostOptimizerSchedule {
     std::ptrdiff_t started = 0;
     try {
       for (size_t s = 0; s < spans.size(); ++s) {
-        update_span(spans[s], host_gradient_->span(s), adamw, host_track_,
+        update_span(s, host_gradient_->span(s), adamw, host_track_,
                     [&landed] { landed.count_down(); });
         ++started;
       }

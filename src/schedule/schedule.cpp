@@ -1,6 +1,7 @@
 // What every schedule shares: tracing's device track, and the choice of a schedule by mode name.
 #include "schedule/schedule.h"
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -25,6 +26,40 @@ OptimizerTensors fresh_optimizer_tensors(const ParameterLayout& layout, uint64_t
   fresh.adam_m.assign(layout.total_count(), 0.0f);
   fresh.adam_v.assign(layout.total_count(), 0.0f);
   return fresh;
+}
+
+OptimizerTensors Schedule::export_tensors() const {
+  const size_t n = layout_.total_count();
+  OptimizerTensors tensors{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  for (size_t index = 0; index < layout_.spans().size(); ++index) {
+    const size_t at = layout_.spans()[index].offset;
+    export_span(index, {tensors.params.data() + at, tensors.adam_m.data() + at,
+                        tensors.adam_v.data() + at});
+  }
+  return tensors;
+}
+
+void Schedule::import_tensors(const OptimizerTensors& tensors) {
+  const size_t n = layout_.total_count();
+  LAYUP_CHECK(
+      tensors.params.size() == n && tensors.adam_m.size() == n && tensors.adam_v.size() == n,
+      "model state has ", tensors.params.size(), " parameters but the model needs ", n);
+  for (size_t index = 0; index < layout_.spans().size(); ++index) {
+    const size_t at = layout_.spans()[index].offset;
+    import_span(index, {tensors.params.data() + at, tensors.adam_m.data() + at,
+                        tensors.adam_v.data() + at});
+  }
+}
+
+void Schedule::initialize_fresh(uint64_t seed) {
+  size_t largest = 0;
+  for (const Span& span : layout_.spans()) largest = std::max(largest, span.count);
+  std::vector<float> params(largest);
+  const std::vector<float> zeros(largest, 0.0f);
+  for (size_t index = 0; index < layout_.spans().size(); ++index) {
+    init_span_parameters(layout_, index, params.data(), seed);
+    import_span(index, {params.data(), zeros.data(), zeros.data()});
+  }
 }
 
 std::vector<UpdateSite> head_on_device(const ParameterLayout& layout) {

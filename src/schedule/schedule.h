@@ -54,12 +54,26 @@ struct OptimizerTensors {
   std::vector<float> params, adam_m, adam_v;
 };
 
+// One span's master weights and AdamW moments, each laid out like the span (Span::count floats).
+struct SpanState {
+  float* params;
+  float* m;
+  float* v;
+};
+struct ConstSpanState {
+  const float* params;
+  const float* m;
+  const float* v;
+};
+
 // The state a run starts from: parameters initialized from `seed` (model/init.h), zero moments.
 OptimizerTensors fresh_optimizer_tensors(const ParameterLayout& layout, uint64_t seed);
 
 class Schedule {
  public:
   virtual ~Schedule() = default;
+
+  const ParameterLayout& layout() const { return layout_; }
 
   virtual std::string name() const = 0;
 
@@ -74,8 +88,19 @@ class Schedule {
   // Logits of a batch ([B, T, padded_vocab], host memory, valid until the next call).
   virtual const float* forward_logits(const TokenBatch& batch) = 0;
 
-  virtual OptimizerTensors export_tensors() const = 0;
-  virtual void import_tensors(const OptimizerTensors& tensors) = 0;
+  // Span `index`'s state out of wherever this schedule keeps it (the device, the host), and back
+  // in. Both wait first for updates still in flight. Span by span, a model's state is never whole
+  // on the host (initialize_fresh, checkpoints of big models).
+  virtual void export_span(size_t index, const SpanState& out) const = 0;
+  virtual void import_span(size_t index, const ConstSpanState& in) = 0;
+
+  // The whole model's state, through export_span and import_span: 12 bytes a parameter on the
+  // host, for models that fit there.
+  OptimizerTensors export_tensors() const;
+  void import_tensors(const OptimizerTensors& tensors);
+  // The state a run starts from (fresh_optimizer_tensors), span by span: one span's worth of host
+  // memory.
+  void initialize_fresh(uint64_t seed);
 
   // Records the spans of every later step into `recorder` (null: stop). Call between steps; the
   // recorder must outlive the steps it records (a schedule whose updates run past the end of a
@@ -90,6 +115,9 @@ class Schedule {
   virtual double cpu_adamw_rate() const { return 0.0; }
 
  protected:
+  explicit Schedule(const ParameterLayout& layout) : layout_(layout) {}
+
+  const ParameterLayout layout_;
   TraceRecorder* trace_ = nullptr;
   int device_track_ = 0;  // "GPU" in trace_
 };
@@ -118,6 +146,12 @@ struct ScheduleOptions {
   // master weights and moments keep its part unused (a checkpoint reads the device's). Needs a
   // device copy (not weights_in_place). See docs/schedules.md.
   std::vector<UpdateSite> update_sites{};
+  // layup on a backend that computes with a bf16 copy of the weights (ModelBackend::compute_copy):
+  // the device keeps an fp32 copy of the device-updated spans only (their master weights); a
+  // host-updated span's new weights land in the compute copy, cast on arrival
+  // (Device::copy_to_compute_copy_async), and device-updated spans write theirs in their AdamW
+  // pass, so no forward casts. Saves 4 bytes a host-updated parameter of device memory.
+  bool weights_land_in_compute_copy = false;
   // Where each class's primary tensors live (the run's placement, memory/memory_plan.h, which
   // --place overrides): the master weights, moments and gradients of every mode, and the device
   // copy of the weights in offload and layup. A class without a kind takes the device's default:

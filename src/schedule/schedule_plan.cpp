@@ -77,8 +77,8 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
         std::string(r.layup_head == LayupHead::kAuto ? "--layup-head auto on a discrete GPU"
                                                      : "--layup-head device") +
         "): their AdamW moments take " + format_bytes(2 * head) +
-        " of device memory, and their spans of the host's master weights and moments go "
-        "unused; --layup-head host updates them on the CPU with the blocks");
+        " of device memory, and the host keeps no state of them; --layup-head host updates "
+        "them on the CPU with the blocks");
   if (options.speculative_clip)
     notes.push_back(
         "clipping in layup is speculative: a second copy of the master weights and moments (" +

@@ -360,6 +360,10 @@ TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
                 .current,
             2 * on_device * sizeof(float))
       << "m and v of the device-updated spans, in device memory";
+  EXPECT_EQ(accountant->cell(MemorySide::kHost, TensorClass::kMasterWeights, MemoryKind::kHost)
+                .current,
+            (layout.total_count() - on_device) * sizeof(float))
+      << "the host keeps the master weights of the spans it updates, and no others";
   resumed->import_tensors(checkpoint);
   const OptimizerTensors round_trip = resumed->export_tensors();
   EXPECT_TRUE(bitwise_equal(checkpoint.params, round_trip.params));
@@ -379,6 +383,28 @@ TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
   EXPECT_TRUE(bitwise_equal(expected.params, in_gpu_mode.params)) << "resumed in gpu mode: params";
   EXPECT_TRUE(bitwise_equal(expected.adam_m, in_gpu_mode.adam_m)) << "resumed in gpu mode: m";
   EXPECT_TRUE(bitwise_equal(expected.adam_v, in_gpu_mode.adam_v)) << "resumed in gpu mode: v";
+}
+
+// A fresh run's state, imported span by span (Schedule::initialize_fresh, one span's worth of host
+// memory), is the whole-model fresh_optimizer_tensors, in every mode and placement.
+TEST(SchedulesEquivalence, InitializedSpanBySpanAsWhole) {
+  const Gpt2Config config = tiny_config();
+  const ParameterLayout layout(config);
+  std::vector<UpdateSite> sites = head_on_device(layout);
+  sites[1 + 1] = UpdateSite::kDevice;
+  const OptimizerTensors expected = fresh_optimizer_tensors(layout, 11);
+  for (const Mode mode : {Mode::kGpu, Mode::kOffload, Mode::kLayup}) {
+    SCOPED_TRACE(name_of(mode));
+    const ScheduleOptions options =
+        mode == Mode::kLayup ? ScheduleOptions{.update_sites = sites} : ScheduleOptions{};
+    std::unique_ptr<Schedule> schedule = make_schedule(
+        mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout, options);
+    schedule->initialize_fresh(11);
+    const OptimizerTensors got = schedule->export_tensors();
+    EXPECT_TRUE(bitwise_equal(expected.params, got.params));
+    EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m));
+    EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v));
+  }
 }
 
 TEST(SchedulesEquivalence, LayupWithoutHostGradientRefusesToClipOrAccumulate) {

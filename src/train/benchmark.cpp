@@ -180,7 +180,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     trace->set_metadata("model", options.model_name);
     trace->set_metadata("schedule", result.schedule);
   }
-  schedule->import_tensors(fresh_optimizer_tensors(layout, options.seed));
+  schedule->initialize_fresh(options.seed);
 
   // Uniform random token ids, the same for every step: the timing does not depend on the values.
   Rng rng(options.seed);

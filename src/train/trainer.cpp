@@ -214,7 +214,7 @@ TrainResult train(TrainOptions options) {
     tokens_seen = resumed.state.tokens_seen;
     sampler.set_state(resumed.state.data_rng_state);
   } else {
-    schedule->import_tensors(fresh_optimizer_tensors(layout, options.seed));
+    schedule->initialize_fresh(options.seed);
   }
 
   const int last_step = options.until_step > 0 ? options.until_step : options.steps;

@@ -49,6 +49,11 @@ class CpuDevice final : public Device {
     landed();
   }
 
+  void copy_to_compute_copy_async(void*, const float*, size_t, float*, size_t,
+                                  std::function<void()>) override {
+    LAYUP_CHECK(false, "the CPU device computes in fp32 and keeps no bf16 copy of the weights");
+  }
+
   void fill_zero(float* dst, size_t count) override { std::memset(dst, 0, count * sizeof(float)); }
   void add(float* dst, const float* src, size_t count) override {
 #pragma omp parallel for simd schedule(static)

@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_memory.h"
+#include "backend/cuda/ops/cast.cuh"
 #include "backend/cuda/ops/common.cuh"
 #include "optim/adamw_simd.h"
 
@@ -275,6 +276,22 @@ class CudaDevice final : public Device {
                             std::function<void()> landed) override {
     LAYUP_CUDA_CHECK(
         cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDefault, to_device_stream_));
+    auto handler = std::make_unique<std::function<void()>>(std::move(landed));
+    LAYUP_CUDA_CHECK(cudaLaunchHostFunc(to_device_stream_, run_landed, handler.get()));
+    handler.release();  // run_landed owns it now
+  }
+
+  void copy_to_compute_copy_async(void* bf16_dst, const float* src, size_t count, float* staging,
+                                  size_t staging_count, std::function<void()> landed) override {
+    LAYUP_CHECK(staging_count > 0, "no staging buffer for the weights' transfer");
+    // One stream: a piece's copy waits for the previous piece's cast, which read the staging.
+    auto* out = static_cast<__nv_bfloat16*>(bf16_dst);
+    for (size_t begin = 0; begin < count; begin += staging_count) {
+      const size_t piece = std::min(staging_count, count - begin);
+      LAYUP_CUDA_CHECK(cudaMemcpyAsync(staging, src + begin, piece * sizeof(float),
+                                       cudaMemcpyDefault, to_device_stream_));
+      cuda::cast_to_bf16(out + begin, staging, piece, to_device_stream_);
+    }
     auto handler = std::make_unique<std::function<void()>>(std::move(landed));
     LAYUP_CUDA_CHECK(cudaLaunchHostFunc(to_device_stream_, run_landed, handler.get()));
     handler.release();  // run_landed owns it now
