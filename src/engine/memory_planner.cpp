@@ -42,14 +42,21 @@ BufferList process_buffers(const MemoryPlanRequest& r, const ParameterLayout& la
     largest_tensor = std::max(largest_tensor, tensor.count);
   const MemorySide host = MemorySide::kHost;
   const bool cuda = r.device == DeviceKind::kCuda;
-  BufferList list = {
-      {host, TensorClass::kMasterWeights, MemoryKind::kHost, all + largest_tensor * f,
-       "parameters in layout order on their way into the schedule (initialised or loaded) or out "
-       "of it (a checkpoint), and one tensor of the checkpoint writer's or reader's scratch",
-       false, true},
-      {host, TensorClass::kOptimizerMoments, MemoryKind::kHost, 2 * all,
-       "AdamW m and v on their way into or out of the schedule (the start, a checkpoint)", false,
-       true}};
+  size_t largest_span = 0;
+  for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
+  BufferList list;
+  if (r.whole_state_on_host)
+    list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost, all + largest_tensor * f,
+             "parameters in layout order on their way into the schedule (loaded) or out of it (a "
+             "checkpoint), and one tensor of the checkpoint writer's or reader's scratch",
+             false, true},
+            {host, TensorClass::kOptimizerMoments, MemoryKind::kHost, 2 * all,
+             "AdamW m and v on their way into or out of the schedule (a resume, a checkpoint)",
+             false, true}};
+  else
+    list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost, 3 * largest_span * f,
+             "one span's fresh parameters and moments on their way into the schedule", false,
+             true}};
   if (r.data_bytes > 0)
     list.push_back({host, TensorClass::kScratch, MemoryKind::kHost, r.data_bytes,
                     "the training and validation tokens, read into memory", false});

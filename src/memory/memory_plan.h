@@ -72,6 +72,9 @@ struct MemoryPlanRequest {
   std::vector<std::string> place;        // --place CLASS=KIND flags, in order
   DeviceMemoryAttributes attributes = cpu_memory_attributes();
   size_t data_bytes = 0;  // the token shards the run reads into memory (0: none or unknown)
+  // The run holds the whole model's state on the host at once, to resume from a checkpoint or to
+  // save one (`train`); else only one span's, on its way in (`bench` initialises span by span).
+  bool whole_state_on_host = true;
 };
 
 // A flag the user could add, and the request it makes.
