@@ -79,6 +79,7 @@ void add_memory_command(CLI::App& app) {
       ->capture_default_str();
   add_clip_flags(*cmd, flags->clip_text, flags->layup_clip);
   add_layup_head_flag(*cmd, flags->layup_head);
+  add_optimizer_placement_flag(*cmd, flags->optimizer_placement);
   add_choice_option(*cmd, "--mode", flags->mode, kModeNames,
                     "Also print this mode's plan allocation by allocation (cuda plans without a "
                     "GPU too, with a discrete GPU's attributes)");

@@ -126,6 +126,18 @@ void add_layup_head_flag(CLI::App& command, LayupHead& layup_head) {
       "own memory, host elsewhere");
 }
 
+void add_optimizer_placement_flag(CLI::App& command, OptimizerPlacement& placement) {
+  command
+      .add_option_function<std::string>(
+          "--optimizer-placement",
+          [&placement](const std::string& text) { placement = OptimizerPlacement::parse(text); },
+          "Where layup keeps the blocks' fp32 master weights and AdamW moments: device:K (the "
+          "first K blocks on the device, updated there; the rest on the host, updated by the "
+          "CPU), host (device:0), or auto: on a discrete GPU as many blocks on the device as "
+          "its memory (or --device-budget) admits beside everything else, host elsewhere")
+      ->default_str("auto");
+}
+
 void add_seed_flag(CLI::App& command, uint64_t& seed, const std::string& description) {
   const CLI::Validator whole_number(
       [](std::string& text) -> std::string {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,6 +26,44 @@ enum class Dtype { kAuto, kFp32, kBf16 };
 enum class LayupClip { kAuto, kSpeculative, kDeferred };
 // Where layup updates the embeddings and the final norm; auto picks per device.
 enum class LayupHead { kAuto, kDevice, kHost };
+// Where layup keeps the blocks' fp32 master weights and AdamW moments (--optimizer-placement):
+// auto lets the planner choose against the device's budget (engine/memory_planner.h); otherwise
+// the first device_blocks blocks on the device, the rest on the host ("host" is device:0).
+struct OptimizerPlacement {
+  bool automatic = true;
+  int device_blocks = 0;
+  bool resolved = false;  // auto, with device_blocks chosen by the planner
+
+  // Blocks on the device: what was asked, or what auto resolved to (0 before).
+  int blocks_on_device() const { return automatic && !resolved ? 0 : device_blocks; }
+  // "auto", "host", "device:12"; "auto (device:12)" once resolved.
+  std::string name() const {
+    const std::string split =
+        device_blocks == 0 ? "host" : "device:" + std::to_string(device_blocks);
+    if (!automatic) return split;
+    return resolved ? "auto (" + split + ")" : "auto";
+  }
+  // Throws layup::Error for anything else, saying what it takes.
+  static OptimizerPlacement parse(const std::string& text) {
+    if (text == "auto") return {};
+    if (text == "host") return {false, 0, false};
+    const std::string prefix = "device:";
+    if (text.rfind(prefix, 0) == 0) {
+      const std::string count = text.substr(prefix.size());
+      size_t used = 0;
+      int blocks = -1;
+      try {
+        blocks = std::stoi(count, &used);
+      } catch (const std::exception&) {
+      }
+      if (used == count.size() && blocks >= 0) return {false, blocks, false};
+    }
+    fail("--optimizer-placement takes auto, host or device:K (the first K blocks' optimizer "
+         "state on the device, the rest on the host), got '",
+         text, "'");
+  }
+  bool operator==(const OptimizerPlacement&) const = default;
+};
 
 // One enum's names, in the order of its values.
 template <class Enum, size_t N>

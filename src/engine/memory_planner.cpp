@@ -2,6 +2,7 @@
 #include "engine/memory_planner.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "backend/cpu/cpu_backend_buffers.h"
 #include "backend/cuda/cuda_backend_buffers.h"
@@ -78,6 +79,12 @@ std::vector<PlanAlternative> alternatives(const MemoryPlanRequest& r,
     deferred.layup_clip = LayupClip::kDeferred;
     offers.push_back({"--layup-clip deferred", deferred});
   }
+  if (r.mode == Mode::kLayup && !r.optimizer_placement.automatic &&
+      r.optimizer_placement.device_blocks > 0) {
+    MemoryPlanRequest automatic = r;
+    automatic.optimizer_placement = {};
+    offers.push_back({"--optimizer-placement auto", automatic});
+  }
   if (r.mode == Mode::kLayup && updates_head_on_device(schedule)) {
     MemoryPlanRequest host_head = r;
     host_head.layup_head = LayupHead::kHost;
@@ -138,8 +145,38 @@ MemoryPlan plan_memory(const MemoryPlanRequest& request) {
   return plan_run_memory(request).plan;
 }
 
+MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
+                                              const MemoryBudgets& budgets) {
+  OptimizerPlacement& placement = request.optimizer_placement;
+  if (!placement.automatic || placement.resolved) return request;
+  placement.resolved = true;
+  placement.device_blocks = 0;
+  const bool discrete_gpu = request.device == DeviceKind::kCuda && !request.attributes.integrated;
+  if (request.mode != Mode::kLayup || !discrete_gpu) return request;
+  // With the weights placed in pinned memory the device computes with the master weights in place
+  // and has no copy to update blocks in.
+  if (resolve_placement(request.mode, request.attributes, request.place)[TensorClass::kWeights] ==
+      MemoryKind::kPinnedMapped)
+    return request;
+  const auto device_fits = [&budgets](const MemoryPlan& plan) {
+    return (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device) &&
+           (!budgets.machine_gpu || plan.gpu_memory_bytes() <= *budgets.machine_gpu);
+  };
+  std::optional<int> device_admits;
+  for (int blocks = request.config.n_layer; blocks >= 0; --blocks) {
+    placement.device_blocks = blocks;
+    const MemoryPlan plan = plan_memory(request);
+    if (fits(plan, budgets)) return request;
+    if (!device_admits && device_fits(plan)) device_admits = blocks;
+  }
+  placement.device_blocks = device_admits.value_or(0);
+  return request;
+}
+
 void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
-  check_budget(plan, budgets, plan_memory);
+  check_budget(plan, budgets, [&budgets](const MemoryPlanRequest& request) {
+    return plan_memory(resolve_optimizer_placement(request, budgets));
+  });
 }
 
 }  // namespace layup

@@ -25,6 +25,16 @@ RunMemory plan_run_memory(const MemoryPlanRequest& request, int cpu_workers = 0)
 // The plan alone.
 MemoryPlan plan_memory(const MemoryPlanRequest& request);
 
+// `request` (resolved: device, dtype, attributes) with --optimizer-placement auto resolved against
+// `budgets`: layup on a discrete GPU keeps the optimizer state of as many blocks on the device as
+// the budgets admit beside everything else the plan holds, the first blocks first (updated last in
+// backward, their update has the least time left to hide under the device's work); where none
+// fits, as many as the device admits, and the budget check then names the host. Elsewhere none:
+// one shared memory gains nothing from the move, and the CPU backend computes in place. An
+// explicit placement comes back as it was.
+MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
+                                              const MemoryBudgets& budgets);
+
 // check_budget (memory/memory_plan.h), offering what fits from plans of this planner.
 void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets);
 

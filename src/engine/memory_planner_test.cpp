@@ -575,3 +575,72 @@ TEST(MemoryPlan, OnADiscreteGpuTheHostMemoryIsWhatIsNotInDeviceMemory) {
 
 }  // namespace
 }  // namespace layup
+
+namespace layup {
+namespace {
+
+// --optimizer-placement: device:K puts the first K blocks' state on the device and takes it off
+// the host; auto takes as many as the device budget admits and no more; on the CPU backend none.
+TEST(MemoryPlan, OptimizerPlacementSplitsTheBlocksBetweenDeviceAndHost) {
+  const Gpt2Config config = named_config("gpt2");
+  const ParameterLayout layout(config);
+  const size_t block = layout.block().count * sizeof(float);
+  MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, "layup", 8, 1024));
+  request.layup_clip = LayupClip::kDeferred;
+  request.optimizer_placement = OptimizerPlacement::parse("host");
+  const MemoryPlan host = plan_memory(request);
+  request.optimizer_placement = OptimizerPlacement::parse("device:4");
+  const MemoryPlan four = plan_memory(request);
+  const ScheduleOptions options = schedule_of(four);
+  for (int layer = 0; layer < config.n_layer; ++layer)
+    EXPECT_EQ(options.update_sites[1 + layer],
+              layer < 4 ? UpdateSite::kDevice : UpdateSite::kHost)
+        << "block " << layer;
+  EXPECT_TRUE(options.weights_land_in_compute_copy) << "bf16 on a discrete GPU";
+  // Off the host: master weights, m, v and the accumulated gradient of four blocks.
+  EXPECT_EQ(host.bytes(MemorySide::kHost, TensorClass::kMasterWeights) -
+                four.bytes(MemorySide::kHost, TensorClass::kMasterWeights),
+            4 * block);
+  EXPECT_EQ(host.bytes(MemorySide::kHost, TensorClass::kOptimizerMoments) -
+                four.bytes(MemorySide::kHost, TensorClass::kOptimizerMoments),
+            2 * 4 * block);
+  // Onto the device: their moments, and their fp32 weights (the device keeps none of the
+  // host-updated spans', whose weights land in the bf16 compute copy).
+  EXPECT_EQ(four.bytes(MemorySide::kDevice, TensorClass::kOptimizerMoments) -
+                host.bytes(MemorySide::kDevice, TensorClass::kOptimizerMoments),
+            2 * 4 * block);
+  EXPECT_EQ(four.bytes(MemorySide::kDevice, TensorClass::kWeights) -
+                host.bytes(MemorySide::kDevice, TensorClass::kWeights),
+            4 * block);
+
+  // auto against a device budget: the most blocks that fit, and one more would not.
+  MemoryBudgets budgets;
+  budgets.device = four.bytes(MemorySide::kDevice) + block;  // room for the fifth block's weights
+  request.optimizer_placement = {};
+  const MemoryPlanRequest resolved = resolve_optimizer_placement(request, budgets);
+  EXPECT_EQ(resolved.optimizer_placement.device_blocks, 4);
+  EXPECT_EQ(resolved.optimizer_placement.name(), "auto (device:4)");
+  EXPECT_EQ(refusal(plan_memory(resolved), budgets), "");
+  request.optimizer_placement = OptimizerPlacement::parse("device:5");
+  const std::string over = refusal(plan_memory(request), budgets);
+  EXPECT_NE(over.find("--optimizer-placement auto"), std::string::npos) << over;
+  // No device budget on a GPU of unknown size: every block.
+  request.optimizer_placement = {};
+  EXPECT_EQ(resolve_optimizer_placement(request, {}).optimizer_placement.device_blocks,
+            config.n_layer);
+
+  // The CPU backend computes with the master weights in place: auto is host, device:K refused.
+  MemoryPlanRequest on_cpu = cpu_request(tiny_config(), "layup", 2, 8);
+  EXPECT_EQ(resolve_optimizer_placement(on_cpu, {}).optimizer_placement.blocks_on_device(), 0);
+  on_cpu.optimizer_placement = OptimizerPlacement::parse("device:1");
+  EXPECT_NE(error_of([&] { plan_memory(on_cpu); }).find("use --optimizer-placement host"),
+            std::string::npos);
+  EXPECT_THROW(OptimizerPlacement::parse("device:"), Error);
+  EXPECT_THROW(OptimizerPlacement::parse("gpu"), Error);
+  request.optimizer_placement = OptimizerPlacement::parse("device:13");
+  EXPECT_NE(error_of([&] { plan_memory(request); }).find("more blocks than the model's 12"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace layup

@@ -33,19 +33,21 @@ std::string PlannedRun::describe_schedule() const {
 PlannedRun plan_run(const RunRequest& request) {
   PlannedRun planned;
   const ComputeTarget target = resolve_compute_target(request.target);
-  RunMemory memory = plan_run_memory(resolved_request(request, target), request.cpu_workers);
+  const MemoryPlanRequest resolved = resolved_request(request, target);
+  planned.budgets = run_budgets(request, resolved.attributes);
+  RunMemory memory = plan_run_memory(resolve_optimizer_placement(resolved, planned.budgets),
+                                     request.cpu_workers);
   planned.plan = std::move(memory.plan);
   planned.schedule = std::move(memory.schedule);
   planned.target = placed_target(planned.plan, target);
-  planned.budgets = run_budgets(request, planned.plan);
   check_run_budget(planned.plan, planned.budgets);
   return planned;
 }
 
-MemoryBudgets run_budgets(const RunRequest& request, const MemoryPlan& plan) {
+MemoryBudgets run_budgets(const RunRequest& request, const DeviceMemoryAttributes& attributes) {
   return with_machine_limit(
       parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget),
-      read_host_memory_limit(), request.allow_overcommit, plan.request.attributes);
+      read_host_memory_limit(), request.allow_overcommit, attributes);
 }
 
 MemoryPlan plan_only(const RunRequest& request) {
@@ -56,7 +58,10 @@ MemoryPlan plan_only(const RunRequest& request) {
   } else if (target.dtype == Dtype::kAuto) {
     target.dtype = Dtype::kBf16;
   }
-  return plan_memory(resolved_request(request, target));
+  // auto's split against the budget flags alone: this machine may not be the one that runs it.
+  return plan_memory(resolve_optimizer_placement(
+      resolved_request(request, target),
+      parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget)));
 }
 
 RunRequest run_request_of(const RunSpec& spec) {
@@ -72,6 +77,7 @@ RunRequest run_request_of(const RunSpec& spec) {
   plan.clip = spec.clip;
   plan.layup_clip = spec.layup_clip;
   plan.layup_head = spec.layup_head;
+  plan.optimizer_placement = spec.optimizer_placement;
   plan.mode = spec.mode;
   plan.place = spec.place;
   request.cpu_workers = spec.cpu_workers;

@@ -44,8 +44,8 @@ struct PlannedRun {
 PlannedRun plan_run(const RunRequest& request);
 
 // The budgets of a request (its flags), with this machine's host memory and the GPU's free memory
-// as `plan`'s device has them.
-MemoryBudgets run_budgets(const RunRequest& request, const MemoryPlan& plan);
+// as `attributes` (the resolved device's) have them.
+MemoryBudgets run_budgets(const RunRequest& request, const DeviceMemoryAttributes& attributes);
 
 // The same, planned only: a plan for a device this machine may not have (`layup memory --device
 // cuda` plans with a discrete GPU's attributes when there is none); not checked against budgets.

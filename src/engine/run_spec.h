@@ -37,6 +37,7 @@ struct RunSpec {
   float clip = 1.0f;  // global-norm threshold; <= 0 means no clipping (--clip none)
   LayupClip layup_clip = LayupClip::kAuto;  // how layup clips
   LayupHead layup_head = LayupHead::kAuto;  // where layup updates the head
+  OptimizerPlacement optimizer_placement;   // where layup keeps the blocks' optimizer state
 
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
   // run's memory plan before anything is allocated, and --place CLASS=KIND overrides.

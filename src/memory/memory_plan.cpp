@@ -81,6 +81,8 @@ std::string fitting_change(const MemoryPlanRequest& base, Mode mode, const Memor
   // Placement does not change how many bytes a plan needs, and a --place valid in one mode may not
   // be in another (the master weights change sides).
   request.place.clear();
+  // Only layup places the optimizer state; another mode plans with the planner's choice.
+  if (mode != base.mode) request.optimizer_placement = {};
   auto try_plan = [&](int batch, int seq_len) {
     request.batch = batch;
     request.seq_len = seq_len;
@@ -392,6 +394,7 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets, const Re
         MemoryPlanRequest smallest = plan.request;
         smallest.mode = mode;
         smallest.place.clear();
+        if (mode != plan.request.mode) smallest.optimizer_placement = {};
         smallest.batch = smallest.seq_len = 1;
         floor += std::string(floor.empty() ? "" : ", ") + format_bytes(need_of(replan(smallest))) +
                  " in " + name_of(mode) + " mode";

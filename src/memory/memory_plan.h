@@ -65,6 +65,7 @@ struct MemoryPlanRequest {
   // the device by the schedule's choice (schedule/schedule_plan.h).
   LayupClip layup_clip = LayupClip::kAuto;
   LayupHead layup_head = LayupHead::kAuto;
+  OptimizerPlacement optimizer_placement;  // layup; auto is resolved by plan_run
   Mode mode = Mode::kGpu;
   DeviceKind device = DeviceKind::kCpu;  // resolved: cpu or cuda
   Dtype dtype = Dtype::kFp32;            // resolved: fp32, or bf16 on cuda

@@ -40,7 +40,32 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
       r.mode == Mode::kLayup && !options.weights_in_place &&
       (r.layup_head == LayupHead::kDevice ||
        (r.layup_head == LayupHead::kAuto && cuda && !r.attributes.integrated));
-  if (head_on_the_device) options.update_sites = head_on_device(ParameterLayout(r.config));
+  const int L = r.config.n_layer;
+  const int device_blocks = r.optimizer_placement.blocks_on_device();
+  LAYUP_CHECK(device_blocks >= 0 && device_blocks <= L, "--optimizer-placement ",
+              r.optimizer_placement.name(), " asks for more blocks than the model's ", L);
+  LAYUP_CHECK(r.mode == Mode::kLayup || device_blocks == 0, "--optimizer-placement ",
+              r.optimizer_placement.name(), " places layup's state; ", name_of(r.mode),
+              " mode keeps all of it ",
+              r.mode == Mode::kGpu ? "on the device" : "on the host");
+  LAYUP_CHECK(device_blocks == 0 || !options.weights_in_place, "--optimizer-placement ",
+              r.optimizer_placement.name(),
+              " updates blocks in the device's copy of the weights, and this run has none: the "
+              "device computes with the master weights in place (",
+              cuda ? "--place weights=pinned" : "always on the CPU backend",
+              "); use --optimizer-placement host");
+  if (head_on_the_device || device_blocks > 0) {
+    const ParameterLayout layout(r.config);
+    options.update_sites = head_on_the_device
+                               ? head_on_device(layout)
+                               : std::vector<UpdateSite>(layout.spans().size(), UpdateSite::kHost);
+    for (int layer = 0; layer < device_blocks; ++layer)
+      options.update_sites[1 + layer] = UpdateSite::kDevice;
+  }
+  // A bf16 backend computes with a compute copy of its own: the host-updated spans' weights land
+  // there and the device keeps no fp32 copy of them.
+  options.weights_land_in_compute_copy =
+      r.mode == Mode::kLayup && cuda && r.dtype == Dtype::kBf16 && !options.weights_in_place;
   return options;
 }
 
@@ -79,6 +104,18 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
         "): their AdamW moments take " + format_bytes(2 * head) +
         " of device memory, and the host keeps no state of them; --layup-head host updates "
         "them on the CPU with the blocks");
+  int device_blocks = 0;
+  for (int layer = 0; layer < r.config.n_layer && !options.update_sites.empty(); ++layer)
+    device_blocks += options.update_sites[1 + layer] == UpdateSite::kDevice;
+  if (r.mode == Mode::kLayup && device_blocks > 0)
+    notes.push_back("layup keeps the optimizer state of blocks 0-" +
+                    std::to_string(device_blocks - 1) + " of " + std::to_string(r.config.n_layer) +
+                    " on the device and updates them there (--optimizer-placement " +
+                    r.optimizer_placement.name() + "); the host keeps the others'");
+  if (options.weights_land_in_compute_copy)
+    notes.push_back(
+        "the host-updated spans' new weights land in the backend's bf16 compute copy, cast on "
+        "arrival: the device keeps no fp32 copy of them");
   if (options.speculative_clip)
     notes.push_back(
         "clipping in layup is speculative: a second copy of the master weights and moments (" +

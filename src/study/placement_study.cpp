@@ -45,7 +45,7 @@ StudyRun planned_run(const StudyOptions& options, StudyGroup group, std::string 
     return run;
   }
   try {
-    check_run_budget(plan, run_budgets(request, plan));
+    check_run_budget(plan, run_budgets(request, plan.request.attributes));
   } catch (const Error& error) {
     run.skip = StudySkip::kOverBudget;
     run.skipped_reason = first_line(error.what());
