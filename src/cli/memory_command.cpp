@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_backend_buffers.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "engine/run_composer.h"
@@ -74,8 +75,9 @@ void add_memory_command(CLI::App& app) {
       ->capture_default_str();
   add_device_flags(*cmd, flags->device, flags->dtype);
   cmd->add_option("--recompute", flags->recompute,
-                  "CUDA backend: 0, 1 (recompute GELU outputs) or 2 (also layer norm outputs)")
-      ->check(CLI::Range(0, 2))
+                  "CUDA backend: 0, 1 (recompute GELU outputs), 2 (also layer norm outputs) or 3 "
+                  "(keep only each block's input)")
+      ->check(CLI::Range(0, kMaxRecompute))
       ->capture_default_str();
   add_clip_flags(*cmd, flags->clip_text, flags->layup_clip);
   add_layup_head_flag(*cmd, flags->layup_head);

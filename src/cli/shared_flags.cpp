@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_backend_buffers.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "optim/host_adamw.h"
@@ -186,8 +187,9 @@ void add_cuda_backend_flags(CLI::App& command, int& recompute, AlgorithmChoice& 
       .add_option("--recompute", recompute,
                   "CUDA backend: recompute in the backward instead of keeping from the forward: 0 "
                   "keep every activation, 1 GELU outputs, 2 also the layer norm outputs (less "
-                  "activation memory, a little more compute)")
-      ->check(CLI::Range(0, 2))
+                  "activation memory, a little more compute), 3 keep only each block's input "
+                  "and re-run the block's forward (least memory; about a third more matmul work)")
+      ->check(CLI::Range(0, kMaxRecompute))
       ->capture_default_str();
   add_choice_option(command, "--algorithms", algorithms, kAlgorithmChoiceNames,
                     "CUDA backend: how the algorithm of each cuBLASLt matmul and cuDNN attention "

@@ -157,6 +157,10 @@ struct CudaArena {
     residual.resize(L + 1);
     for (T*& r : residual) carver.take(r, BT * C);
     blocks.resize(L);
+    // recompute 3: every block's forward writes one set, which each block's backward rewrites
+    // from the block's input first (residual[l] stays per block).
+    const bool one_set = shape.recompute >= 3;
+    if (one_set) blocks.resize(1);
     // Recomputed activations live in one buffer that every block's forward writes and its own
     // backward rewrites just before reading (recompute >= 1: GELU's output; >= 2: both layer
     // norms' outputs, which are never needed at the same time).
@@ -186,6 +190,7 @@ struct CudaArena {
       else
         carver.take(a.fc_gelu, BT * 4 * C);
     }
+    if (one_set) blocks.assign(L, blocks.front());
     carver.take(ln_f, BT * C);
     carver.take(ln_f_mean, BT);
     carver.take(ln_f_rstd, BT);

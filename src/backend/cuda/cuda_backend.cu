@@ -93,6 +93,9 @@ class CudaBackend final : public ModelBackend {
   // bf16 mode: casts span `index` (layout order) of the fp32 weights into the compute copy,
   // unless the schedule wrote the copies with the update (compute_copies_current_).
   void refresh_compute_span(size_t index, const ParameterPointers& params);
+  // --recompute 3: block `layer`'s saved activations again, from its input residual[layer] and
+  // its weights `p`, in the stream's order before its backward.
+  void recompute_block_forward(int layer, const T* p);
   // cuDNN attention where present, except for single-position sequences, which it rejects.
   bool use_cudnn_attention(int seq_len) const { return cudnn_attention_ && seq_len > 1; }
   void zero(T* buffer, size_t count) {
@@ -161,7 +164,7 @@ CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq
                                                  TensorClass::kScratch, MemoryKind::kDevice, bytes);
       }) {
   validate_config(config);
-  LAYUP_CHECK(recompute >= 0 && recompute <= kMaxRecompute, "--recompute takes 0, 1 or 2, not ",
+  LAYUP_CHECK(recompute >= 0 && recompute <= kMaxRecompute, "--recompute takes 0, 1, 2 or 3, not ",
               recompute);
   LAYUP_CHECK(max_batch >= 1 && max_seq_len >= 1, "the CUDA backend needs a batch size and a ",
               "sequence length of at least 1 (got ", max_batch, " x ", max_seq_len, ")");
@@ -472,6 +475,9 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
   const T* p = weights(params).blocks[layer];
   float* g = block_grad;
   const BlockActivations& a = arena_.blocks[layer];
+  // --recompute 3: the block's activations again from its input; the last block's are still
+  // there from the forward.
+  if (recompute_ >= 3 && layer + 1 < config_.n_layer) recompute_block_forward(layer, p);
 
   // MLP branch. arena_.d_residual holds dL/d(block output) = dL/d(MLP output).
   // --recompute: GELU's output (and the layer norms' below) back into the shared buffers. The
@@ -533,6 +539,40 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
 
   next_layer_ = layer - 1;
   if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
+}
+
+template <class T>
+void CudaBackend<T>::recompute_block_forward(int layer, const T* p) {
+  const int B = batch_, T_ = seq_len_, BT = B * T_;
+  const int C = config_.n_embd, NH = config_.n_head;
+  const float eps = config_.layer_norm_epsilon;
+  const BlockOffsets& o = layout_.block();
+  BlockActivations& a = arena_.blocks[layer];
+  // The forward's ops on the same inputs, up to what the backward reads (the MLP's projection is
+  // not needed); arena_.branch_out is free during the backward.
+  cuda::layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, arena_.residual[layer],
+                          p + o.ln_1_weight, p + o.ln_1_bias, BT, C, eps, stream_);
+  cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
+                       3 * C, stream_);
+  if (use_cudnn_attention(T_)) {
+    if constexpr (!std::is_same_v<T, float>)
+      cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, B, T_, C, NH);
+  } else {
+    cuda::attention_forward(a.att_out, a.att_lse, a.qkv, B, T_, C, NH, stream_);
+  }
+  cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
+                       p + o.attn_proj_bias, BT, C, C, stream_);
+  cuda::residual_layernorm_forward(a.residual_mid, a.ln_2, a.ln_2_mean, a.ln_2_rstd,
+                                   arena_.residual[layer], arena_.branch_out, p + o.ln_2_weight,
+                                   p + o.ln_2_bias, BT, C, eps, stream_);
+  if (shape_.fuse_gelu) {
+    cuda::matmul_gelu_forward(*blas_, a.fc_gelu, a.fc, a.ln_2, p + o.mlp_fc_weight,
+                              p + o.mlp_fc_bias, BT, C, 4 * C, stream_);
+  } else {
+    cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C,
+                         4 * C, stream_);
+    cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
+  }
 }
 
 template <class T>

@@ -44,7 +44,7 @@ BufferList CudaBackendBuffers::list() const {
 CudaBackendBuffers describe_cuda_backend_buffers(const Gpt2Config& config, int max_batch,
                                                  int max_seq_len, ComputeDtype dtype, int recompute,
                                                  const CudaArenaKinds& kinds) {
-  LAYUP_CHECK(recompute >= 0 && recompute <= kMaxRecompute, "--recompute takes 0, 1 or 2, not ",
+  LAYUP_CHECK(recompute >= 0 && recompute <= kMaxRecompute, "--recompute takes 0, 1, 2 or 3, not ",
               recompute);
   const std::array<size_t, kArenaRegions> bytes =
       dtype == ComputeDtype::kFloat32

@@ -21,11 +21,15 @@ const char* compute_dtype_name(ComputeDtype dtype);  // "fp32", "bf16"
 //   0  keep every block's activations;
 //   1  keep the MLP's pre-GELU activations only and recompute GELU's output in the backward
 //      (one [B*T, 4C] buffer serves all blocks instead of one per block);
-//   2  also recompute both layer norms' outputs from their inputs and saved statistics.
+//   2  also recompute both layer norms' outputs from their inputs and saved statistics;
+//   3  keep only each block's input and re-run the block's forward (up to the MLP's GELU) right
+//      before its backward (full activation checkpointing).
 // Level 1 saves (L-1) B T 4C activation elements (one shared buffer instead of L), level 2
 // another (2L-1) B T C (one instead of 2L), for one element-wise pass (and, at 2, two layer
-// norms) per block in the backward.
-constexpr int kMaxRecompute = 2;
+// norms) per block in the backward. Level 3 keeps one block's activations for all blocks, about
+// 16 B T C elements instead of 16 L B T C, for a second forward of every block but the last (a
+// step's matmul work then grows from 6 to about 8 FLOPs per parameter and token).
+constexpr int kMaxRecompute = 3;
 
 // Where the backend's activations and the backward's scratch live (--place activations=...,
 // scratch=...; the memory plan checks the kinds first). The bf16 compute copy of the weights is

@@ -92,9 +92,16 @@ TEST(CudaBackendBuffers, RecomputeShrinksTheActivationsAsDocumented) {
     const size_t level0 = find(buffers(dtype, 0), "activations saved").bytes;
     const size_t level1 = find(buffers(dtype, 1), "activations saved").bytes;
     const size_t level2 = find(buffers(dtype, 2), "activations saved").bytes;
+    const size_t level3 = find(buffers(dtype, 3), "activations saved").bytes;
     // 1: one shared GELU output instead of L; 2: also one shared layer-norm output instead of 2L.
     EXPECT_EQ(level0 - level1, (L - 1) * BT * 4 * C * t);
     EXPECT_EQ(level1 - level2, (2 * L - 1) * BT * C * t);
+    // 3: one block's set for all L (the residual stream's inputs stay): qkv, the attention's
+    // output, residual_mid, the pre-GELU MLP, four layer-norm statistics and the log-sum-exps.
+    const size_t block_set = aligned(3 * BT * C * t) + 2 * aligned(BT * C * t) +
+                             aligned(4 * BT * C * t) + 4 * aligned(BT * 4) +
+                             aligned(BT * 4 * 4);  // att_lse: [B, NH = 4, T]
+    EXPECT_EQ(level2 - level3, (L - 1) * block_set);
     // The scratch and the weights do not change.
     EXPECT_EQ(find(buffers(dtype, 0), "activation gradients").bytes,
               find(buffers(dtype, 2), "activation gradients").bytes);

@@ -222,7 +222,7 @@ TEST_P(CudaBackendTest, BackwardIsReproducibleAndOverwrites) {
       << "a backward into memory holding NaN did not overwrite all of it";
 }
 
-// --recompute 1 and 2 give the loss of recompute 0 exactly and its gradients: bit for bit in fp32
+// --recompute 1 to 3 give the loss of recompute 0 exactly and its gradients: bit for bit in fp32
 // (the recomputed activations come from the same kernels as the forward's), within a rounding in
 // bf16 (there the forward's GELU ran in the matmul epilogue, the recomputation in the GELU op).
 TEST_P(CudaBackendTest, RecomputeKeepsLossAndGradients) {
