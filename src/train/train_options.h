@@ -32,6 +32,9 @@ struct TrainOptions : RunSpec {
   int eval_batches = 8;
   int checkpoint_every = 100;
   int keep_checkpoints = 2;
+  // false (--no-checkpoints): none at all, so the run never holds the whole model's state on the
+  // host (a timing run, or a model whose state the disk could not take).
+  bool checkpoints = true;
   int log_every = 10;  // progress lines when stderr is not a terminal
   std::string out_dir;
   std::string resume;

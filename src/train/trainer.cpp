@@ -176,6 +176,8 @@ TrainResult train(TrainOptions options) {
   const DataFolderShards shards = find_data_folder_shards(data_dir);
   RunRequest request = run_request_of(options);
   request.plan.data_bytes = token_shard_bytes(shards);
+  // A fresh run without checkpoints is initialised span by span and never exported whole.
+  request.plan.whole_state_on_host = options.checkpoints || !resumed_from.empty();
   const PlannedRun planned = plan_run(request);
   const MemoryPlan& memory_plan = planned.plan;
   const MemoryBudgets& budgets = planned.budgets;
@@ -373,14 +375,17 @@ TrainResult train(TrainOptions options) {
     if (options.eval_every > 0 && (done % options.eval_every == 0 || last))
       result.final_val_loss = evaluate(done);
     const int stop = StopSignals::requested();
-    if ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) || last || stop)
+    if (options.checkpoints &&
+        ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) || last || stop))
       save(done);
     if (stop && !last) {
       result.stopped_by = StopSignals::name(stop);
       log.write({{"step", done}, {"stopped_by", result.stopped_by}});
       progress.message(std::string("stopped by ") + result.stopped_by + " after step " +
-                       std::to_string(done) + "; continue with: layup train --resume " +
-                       options.out_dir);
+                       std::to_string(done) +
+                       (options.checkpoints
+                            ? "; continue with: layup train --resume " + options.out_dir
+                            : std::string("; no checkpoint (--no-checkpoints)")));
       result.steps_done = done;
       break;
     }
