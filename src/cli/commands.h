@@ -17,6 +17,7 @@ void add_sample_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_adamw_bench_command(CLI::App& app);
+void add_disk_bench_command(CLI::App& app);
 void add_memory_command(CLI::App& app);
 void add_study_command(CLI::App& app);
 
