@@ -329,9 +329,11 @@ void save_hf_model_sharded(const std::string& dir, const Gpt2Config& config,
   if (plan.size() == 1) {
     write_streamed_safetensors(single_path, tensors, source, metadata, chunk_bytes);
   } else {
-    write_sharded_safetensors(dir, kHfShardBaseName, tensors, source,
-                              {max_shard_bytes, chunk_bytes, metadata, {}});
-    for (const SafetensorsShard& shard : plan) shard_names.push_back(shard.file_name);
+    for (const SafetensorsShard& shard :
+         write_sharded_safetensors(dir, kHfShardBaseName, tensors, source,
+                                   {max_shard_bytes, chunk_bytes, metadata, {}})) {
+      shard_names.push_back(shard.file_name);
+    }
   }
 
   const std::string config_text = hf_config_json(config).dump(2) + "\n";
