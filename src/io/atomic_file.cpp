@@ -51,12 +51,18 @@ class BufferedFileWriter {
   void write_all(std::span<const std::byte> bytes) {
     while (!bytes.empty()) {
       ssize_t written = ::write(fd_, bytes.data(), std::min(bytes.size(), kMaxWriteBytes));
-      if (written < 0) {
-        if (errno == EINTR) continue;
+      if (written < 0 && errno == EINTR) continue;
+      // A full disk shows as a short write followed by ENOSPC (or EFBIG past a file size
+      // limit); a write of 0 bytes would otherwise loop for ever.
+      if (written <= 0) {
         fail("cannot write ", temp_path_, " (the new contents of ", path_,
-             "): ", std::strerror(errno), "; check the free disk space");
+             "): ", written == 0 ? "the file system accepted no more bytes" : std::strerror(errno),
+             " after ", written_bytes_, " bytes, with ", bytes.size(),
+             " bytes of this write left; check the free disk space in ", parent_dir(path_), "; ",
+             path_, " was left unchanged");
       }
       bytes = bytes.subspan(static_cast<size_t>(written));
+      written_bytes_ += static_cast<size_t>(written);
     }
   }
 
@@ -64,13 +70,16 @@ class BufferedFileWriter {
   const std::string& temp_path_;
   const std::string& path_;
   std::vector<std::byte> buffer_;
+  size_t written_bytes_ = 0;
 };
 
-}  // namespace
+std::string temp_path_for(const std::string& path) {
+  return path + ".tmp-" + std::to_string(::getpid());
+}
 
-void write_file_atomically(const std::string& path,
-                           const std::function<void(const AppendBytes& append)>& write_contents) {
-  const std::string temp_path = path + ".tmp-" + std::to_string(::getpid());
+// Writes `temp_path` completely and flushes it to disk; on any failure removes it and rethrows.
+void write_temporary(const std::string& temp_path, const std::string& path,
+                     const std::function<void(const AppendBytes& append)>& write_contents) {
   int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     fail("cannot create ", temp_path, " to write ", path, ": ", std::strerror(errno),
@@ -92,16 +101,53 @@ void write_file_atomically(const std::string& path,
       fail("cannot close ", temp_path, ": ", std::strerror(errno), "; ", path,
            " was left unchanged");
     }
-    if (::rename(temp_path.c_str(), path.c_str()) != 0) {
-      fail("cannot rename ", temp_path, " to ", path, ": ", std::strerror(errno), "; ", path,
-           " was left unchanged");
-    }
   } catch (...) {
     if (fd >= 0) ::close(fd);
     ::unlink(temp_path.c_str());
     throw;
   }
+}
+
+void rename_over(const std::string& temp_path, const std::string& path) {
+  if (::rename(temp_path.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temp_path.c_str());
+    fail("cannot rename ", temp_path, " to ", path, ": ", std::strerror(error), "; ", path,
+         " was left unchanged");
+  }
+}
+
+}  // namespace
+
+void write_file_atomically(const std::string& path,
+                           const std::function<void(const AppendBytes& append)>& write_contents) {
+  const std::string temp_path = temp_path_for(path);
+  write_temporary(temp_path, path, write_contents);
+  rename_over(temp_path, path);
   fsync_directory(parent_dir(path));
+}
+
+StagedFiles::~StagedFiles() {
+  for (const Staged& file : staged_) ::unlink(file.temp_path.c_str());
+}
+
+void StagedFiles::stage(const std::string& path,
+                        const std::function<void(const AppendBytes& append)>& write_contents) {
+  const std::string temp_path = temp_path_for(path);
+  write_temporary(temp_path, path, write_contents);
+  staged_.push_back({temp_path, path});
+}
+
+void StagedFiles::commit() {
+  std::vector<std::string> dirs;
+  while (!staged_.empty()) {
+    const Staged file = staged_.front();
+    staged_.erase(staged_.begin());
+    rename_over(file.temp_path, file.path);
+    const std::string dir = parent_dir(file.path);
+    if (std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(dir);
+  }
+  for (const std::string& dir : dirs) fsync_directory(dir);
 }
 
 void write_file_atomically(const std::string& path, std::span<const std::byte> contents) {

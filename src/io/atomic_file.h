@@ -37,6 +37,34 @@ void write_file_atomically(const std::string& path,
 void write_file_atomically(const std::string& path,
                            const std::function<void(const AppendBytes& append)>& write_contents);
 
+// Several files that appear together, e.g. the shards of a checkpoint and their index. Each file is
+// written and flushed under `<path>.tmp-<pid>`; nothing appears under a final name until commit(),
+// which renames them all in the order they were staged (so stage an index last). A failure while
+// staging, or destruction without commit(), removes every temporary and leaves the old files as
+// they were. Renames are not one atomic step: a crash during commit() (a few renames in one
+// directory) can leave some new files beside old ones; a run's checkpoint directory is published
+// by one more rename on top (checkpoint.h) for that. Until commit(), the old and the new files take
+// disk space together.
+class StagedFiles {
+ public:
+  StagedFiles() = default;
+  ~StagedFiles();
+  StagedFiles(const StagedFiles&) = delete;
+  StagedFiles& operator=(const StagedFiles&) = delete;
+
+  // Writes a temporary for `path` as write_file_atomically does, without the rename.
+  void stage(const std::string& path,
+             const std::function<void(const AppendBytes& append)>& write_contents);
+  void commit();
+
+ private:
+  struct Staged {
+    std::string temp_path;
+    std::string path;
+  };
+  std::vector<Staged> staged_;
+};
+
 // Flushes a directory's entries (new names, renames, deletions) to disk.
 void fsync_directory(const std::string& dir);
 

@@ -35,8 +35,7 @@ int64_t parse_step_dir_name(const std::string& name) {
 
 bool is_model_dir(const fs::path& dir) {
   std::error_code error;
-  return fs::is_regular_file(dir / kHfWeightsFileName, error) &&
-         fs::is_regular_file(dir / kHfConfigFileName, error);
+  return has_hf_weights(dir.string()) && fs::is_regular_file(dir / kHfConfigFileName, error);
 }
 
 // Complete checkpoints in `run_dir`, by step.
@@ -160,12 +159,13 @@ std::string save_checkpoint(const std::string& run_dir, const Gpt2Config& config
 std::string find_latest_checkpoint(const std::string& dir) {
   std::error_code error;
   LAYUP_CHECK(fs::exists(dir, error), "cannot load a checkpoint from ", dir, ": it does not exist");
-  if (fs::is_regular_file(fs::path(dir) / kHfWeightsFileName, error)) return dir;
+  if (has_hf_weights(dir)) return dir;
   LAYUP_CHECK(fs::is_directory(dir, error), "cannot load a checkpoint from ", dir,
               ": it is not a directory");
   const auto checkpoints = list_checkpoints(dir);
   LAYUP_CHECK(!checkpoints.empty(), dir, " holds no checkpoint: expected ", kHfWeightsFileName,
-              " and ", kHfConfigFileName, " in it, or step-XXXXXXXX/ directories holding them (",
+              " (or ", shard_index_file_name(kHfShardBaseName), " and its shards) and ",
+              kHfConfigFileName, " in it, or step-XXXXXXXX/ directories holding them (",
               kPartialSuffix, " directories are unfinished saves and are ignored)");
   return checkpoints.back().second.string();
 }
@@ -181,11 +181,33 @@ Checkpoint load_checkpoint(const std::string& dir) {
   Checkpoint checkpoint;
   checkpoint.path = find_latest_checkpoint(dir);
   checkpoint.model = load_hf_model(checkpoint.path);
-  const fs::path state_path = fs::path(checkpoint.path) / kTrainingStateFileName;
+  const fs::path single_state_path = fs::path(checkpoint.path) / kTrainingStateFileName;
+  const bool sharded_state = has_sharded_training_state(checkpoint.path);
   std::error_code error;
-  if (fs::exists(state_path, error)) {
-    checkpoint.state =
-        load_training_state(state_path.string(), ParameterLayout(checkpoint.model.config));
+  if (fs::exists(single_state_path, error) || sharded_state) {
+    // The file that says which step the state is of, named in errors.
+    const fs::path state_path =
+        sharded_state ? fs::path(checkpoint.path) / shard_index_file_name(kOptimizerShardBaseName)
+                      : single_state_path;
+    const ParameterLayout layout(checkpoint.model.config);
+    if (!sharded_state) {
+      checkpoint.state = load_training_state(state_path.string(), layout);
+    } else {
+      LAYUP_CHECK(!fs::exists(single_state_path, error), checkpoint.path, " holds both ",
+                  kTrainingStateFileName, " and ", shard_index_file_name(kOptimizerShardBaseName),
+                  ", two saves of the training state; it is ambiguous which to resume from: "
+                  "remove the older one");
+      TrainingState& state = checkpoint.state;
+      state.adam_m.resize(layout.total_count());
+      state.adam_v.resize(layout.total_count());
+      static_cast<TrainingProgress&>(state) = load_training_state_sharded(
+          checkpoint.path, layout,
+          [&state](AdamMoment moment, size_t offset, size_t count, const float* in) {
+            float* moments =
+                moment == AdamMoment::kFirst ? state.adam_m.data() : state.adam_v.data();
+            std::memcpy(moments + offset, in, count * sizeof(float));
+          });
+    }
     checkpoint.has_training_state = true;
     // A folder not named step-N (e.g. one saved by Hugging Face) has no step to compare.
     const fs::path folder = fs::absolute(checkpoint.path).lexically_normal();

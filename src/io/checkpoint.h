@@ -1,5 +1,7 @@
 // Checkpoints of a training run: `<run_dir>/step-00000100/` holding model.safetensors and
 // config.json (a Hugging Face GPT-2 directory, see hf_checkpoint.h) and training_state.safetensors.
+// Loading also reads the sharded forms of both (model-*-of-*.safetensors with its index,
+// optimizer-*-of-*.safetensors with its index) wherever they appear instead.
 //
 // A checkpoint appears complete or not at all: it is written into `step-XXXXXXXX.partial/`, every
 // file and the directory are flushed to disk, and only then is the directory renamed to its final
@@ -26,7 +28,7 @@ std::string save_checkpoint(const std::string& run_dir, const Gpt2Config& config
                             const ParameterLayout& layout, const float* params,
                             const TrainingState& state, int keep_last = 2);
 
-// `dir` itself if it is a model directory (holds model.safetensors), else the complete
+// `dir` itself if it is a model directory (holds model.safetensors or its index), else the complete
 // `step-*` directory of the highest step inside it. Throws layup::Error if there is none.
 std::string find_latest_checkpoint(const std::string& dir);
 
@@ -41,7 +43,8 @@ struct Checkpoint {
   const TrainingState& training_state() const;
 };
 
-// Loads find_latest_checkpoint(dir): the model always, the training state when the file exists.
+// Loads find_latest_checkpoint(dir): the model always, the training state when it exists (one
+// file or sharded; both at once is refused as ambiguous).
 // A state whose step differs from the step in its folder's name (step-00000005 holding step 7) is
 // refused, naming both.
 Checkpoint load_checkpoint(const std::string& dir);

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -193,6 +194,55 @@ TEST_F(CheckpointDir, StateWhoseStepDiffersFromItsFolderIsRefused) {
   const std::string named = dir_.file("my-model");
   fs::rename(renamed, named);
   EXPECT_EQ(load_checkpoint(named).training_state().step, 7);
+}
+
+TEST_F(CheckpointDir, LoadsShardedWeightsAndTrainingState) {
+  const std::string path = save(100);
+  const std::vector<float> params = params_for(100);
+  const TrainingState state = state_for(100);
+  save_hf_model_sharded(
+      path, config_, layout_,
+      [&](size_t offset, size_t count, float* out) {
+        std::memcpy(out, params.data() + offset, count * sizeof(float));
+      },
+      1024);
+  save_training_state_sharded(
+      path, layout_, state,
+      [&](AdamMoment moment, size_t offset, size_t count, float* out) {
+        const float* moments =
+            moment == AdamMoment::kFirst ? state.adam_m.data() : state.adam_v.data();
+        std::memcpy(out, moments + offset, count * sizeof(float));
+      },
+      1024);
+  const std::vector<std::string> files = entries(path);
+  EXPECT_EQ(std::count(files.begin(), files.end(), "model.safetensors"), 0);
+  EXPECT_EQ(std::count(files.begin(), files.end(), "training_state.safetensors"), 0);
+
+  const Checkpoint checkpoint = load_checkpoint(run_dir_);
+  EXPECT_EQ(checkpoint.path, path);
+  EXPECT_TRUE(same_floats(checkpoint.model.params, params));
+  EXPECT_EQ(checkpoint.training_state().step, 100);
+  EXPECT_EQ(checkpoint.training_state().tokens_seen, 6400);
+  EXPECT_TRUE(same_floats(checkpoint.training_state().adam_m, state.adam_m));
+  EXPECT_TRUE(same_floats(checkpoint.training_state().adam_v, state.adam_v));
+
+  // Rotation sees the sharded checkpoint as a checkpoint.
+  save(200, /*keep_last=*/2);
+  save(300, /*keep_last=*/2);
+  EXPECT_EQ(entries(run_dir_), (std::vector<std::string>{"step-00000200", "step-00000300"}));
+}
+
+TEST_F(CheckpointDir, TwoTrainingStatesAreAmbiguous) {
+  const std::string path = save(100);
+  const TrainingState state = state_for(100);
+  save_training_state_sharded(
+      path, layout_, state,
+      [&](AdamMoment, size_t, size_t count, float* out) { std::fill(out, out + count, 0.0f); },
+      1024);
+  save_training_state(path + "/training_state.safetensors", layout_, state);
+  const std::string message = error_message([&] { load_checkpoint(path); });
+  EXPECT_TRUE(contains(message, path + " holds both training_state.safetensors and "
+                                       "optimizer.safetensors.index.json"));
 }
 
 TEST(CheckpointNames, StepDirectoryName) {

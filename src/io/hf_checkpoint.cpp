@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <span>
@@ -34,21 +35,42 @@ std::string shape_text(const std::vector<size_t>& shape) {
   return text.str();
 }
 
-// Copies a row-major [rows, cols] matrix to its [cols, rows] transpose, in tiles so that both
-// sides are walked in cache-sized pieces.
-void transpose(const float* source, size_t rows, size_t cols, float* destination) {
+// Writes columns [col_begin, col_end) of the row-major [rows, cols] matrix `source` as rows of
+// `destination` (row c - col_begin holds column c), in tiles so that both sides are walked in
+// cache-sized pieces.
+void transpose_columns(const float* source, size_t rows, size_t cols, size_t col_begin,
+                       size_t col_end, float* destination) {
   constexpr size_t kTile = 32;
   for (size_t row_start = 0; row_start < rows; row_start += kTile) {
-    for (size_t col_start = 0; col_start < cols; col_start += kTile) {
+    for (size_t col_start = col_begin; col_start < col_end; col_start += kTile) {
       const size_t row_end = std::min(rows, row_start + kTile);
-      const size_t col_end = std::min(cols, col_start + kTile);
+      const size_t tile_col_end = std::min(col_end, col_start + kTile);
       for (size_t row = row_start; row < row_end; ++row) {
-        for (size_t col = col_start; col < col_end; ++col) {
-          destination[col * rows + row] = source[row * cols + col];
+        for (size_t col = col_start; col < tile_col_end; ++col) {
+          destination[(col - col_begin) * rows + row] = source[row * cols + col];
         }
       }
     }
   }
+}
+
+// Elements [first, first + out.size()) of the [cols, rows] transpose of the row-major [rows, cols]
+// matrix `source`: element d of the transpose is source[(d % rows) * cols + d / rows]. The whole
+// rows of the transpose go through transpose_columns, the partial rows at both ends one by one.
+void copy_transposed_range(const float* source, size_t rows, size_t cols, size_t first,
+                           std::span<float> out) {
+  const auto element = [&](size_t d) { return source[(d % rows) * cols + d / rows]; };
+  size_t d = first;
+  const size_t end = first + out.size();
+  float* next = out.data();
+  while (d < end && d % rows != 0) *next++ = element(d++);
+  const size_t whole_rows = (end - d) / rows;
+  if (whole_rows > 0) {
+    transpose_columns(source, rows, cols, d / rows, d / rows + whole_rows, next);
+    next += whole_rows * rows;
+    d += whole_rows * rows;
+  }
+  while (d < end) *next++ = element(d++);
 }
 
 // The shape Hugging Face stores a layup tensor in.
@@ -93,13 +115,14 @@ void require_flag(const nlohmann::json& json, const std::string& field, bool sup
 }
 
 // Refuses a tensor holding NaN or infinity, naming the first such element: no trained weight is
-// either, and a model holding one produces garbage (or NaN losses) without saying why.
-void check_finite(std::span<const float> values, const SafetensorsTensorInfo& tensor,
+// either, and a model holding one produces garbage (or NaN losses) without saying why. `values`
+// are elements [first, first + values.size()) of the tensor.
+void check_finite(std::span<const float> values, size_t first, const SafetensorsTensorInfo& tensor,
                   const std::string& path) {
   const auto bad =
       std::find_if(values.begin(), values.end(), [](float value) { return !std::isfinite(value); });
   if (bad == values.end()) return;
-  const size_t index = static_cast<size_t>(bad - values.begin());
+  const size_t index = first + static_cast<size_t>(bad - values.begin());
   std::ostringstream where;
   where << "element " << index;
   if (tensor.shape.size() == 2) {
@@ -110,14 +133,33 @@ void check_finite(std::span<const float> values, const SafetensorsTensorInfo& te
        "diverged; load an earlier checkpoint");
 }
 
+bool same_model_shape(const Gpt2Config& a, const Gpt2Config& b) {
+  return a.n_layer == b.n_layer && a.n_head == b.n_head && a.n_embd == b.n_embd &&
+         a.n_positions == b.n_positions && a.vocab_size == b.vocab_size &&
+         a.padded_vocab_size == b.padded_vocab_size;
+}
+
 void check_layout_matches(const Gpt2Config& config, const ParameterLayout& layout) {
-  const Gpt2Config& built = layout.config();
-  LAYUP_CHECK(built.n_layer == config.n_layer && built.n_head == config.n_head &&
-                  built.n_embd == config.n_embd && built.n_positions == config.n_positions &&
-                  built.vocab_size == config.vocab_size &&
-                  built.padded_vocab_size == config.padded_vocab_size,
+  LAYUP_CHECK(same_model_shape(layout.config(), config),
               "internal error: the parameter layout was built for a different model config than "
               "the one being saved");
+}
+
+// The weights of a checkpoint directory: model.safetensors, or the index and its shards.
+SafetensorsFileSet open_hf_weights(const std::string& dir) {
+  const std::string single_path = join_path(dir, kHfWeightsFileName);
+  const std::string index_path = join_path(dir, shard_index_file_name(kHfShardBaseName));
+  std::error_code error;
+  const bool single = std::filesystem::exists(single_path, error);
+  const bool sharded = std::filesystem::exists(index_path, error);
+  LAYUP_CHECK(!(single && sharded), dir, " holds both ", kHfWeightsFileName, " and ",
+              shard_index_file_name(kHfShardBaseName),
+              ", two saves of the weights; it is ambiguous which to load: remove the older one");
+  if (sharded) return SafetensorsFileSet::open_index(index_path);
+  LAYUP_CHECK(single, dir, " holds neither ", kHfWeightsFileName, " nor ",
+              shard_index_file_name(kHfShardBaseName),
+              "; a GPT-2 checkpoint directory needs one of them beside ", kHfConfigFileName);
+  return SafetensorsFileSet::open_single(single_path);
 }
 
 }  // namespace
@@ -234,118 +276,217 @@ Gpt2Config read_hf_config(const std::string& config_path) {
 
 void save_hf_model(const std::string& dir, const Gpt2Config& config, const ParameterLayout& layout,
                    const float* params) {
+  const ReadParams read_params = [params](size_t offset, size_t count, float* out) {
+    std::memcpy(out, params + offset, count * sizeof(float));
+  };
+  save_hf_model_sharded(dir, config, layout, read_params, std::numeric_limits<size_t>::max());
+}
+
+void save_hf_model_sharded(const std::string& dir, const Gpt2Config& config,
+                           const ParameterLayout& layout, const ReadParams& read_params,
+                           size_t max_shard_bytes, size_t chunk_bytes) {
   validate_config(config);
   check_layout_matches(config, layout);
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   LAYUP_CHECK(!error, "cannot create the checkpoint directory ", dir, ": ", error.message());
 
-  std::vector<SafetensorsTensor> tensors;
-  for (const TensorSpec& spec : layout.tensors()) {
-    SafetensorsTensor tensor;
-    tensor.name = kHfPrefix + spec.name;
-    tensor.shape = hf_shape(spec, config);
-    const float* source = params + spec.offset;
-    if (spec.transposed_in_hf) {
-      const size_t rows = spec.shape[0], cols = spec.shape[1];
-      tensor.fill = [source, rows, cols](std::span<float> out) {
-        transpose(source, rows, cols, out.data());
-      };
-    } else {
-      // For wte this is the first vocab_size rows: the padded rows are simply not written.
-      tensor.data = source;
+  const std::vector<TensorSpec>& specs = layout.tensors();
+  std::vector<SafetensorsTensorShape> tensors;
+  for (const TensorSpec& spec : specs)
+    tensors.push_back({kHfPrefix + spec.name, hf_shape(spec, config)});
+
+  const size_t chunk_floats = std::max<size_t>(1, chunk_bytes / sizeof(float));
+  // Each element of a transposed matrix comes from a different row of layup's, so the matrix is
+  // read whole (in chunks) once, and the writer's chunks are cut from it: the one tensor held.
+  std::vector<float> whole_tensor;
+  size_t whole_tensor_index = specs.size();
+  const TensorRangeSource source = [&](size_t index, size_t first, std::span<float> out) {
+    const TensorSpec& spec = specs[index];
+    if (!spec.transposed_in_hf) {
+      // For wte these are the first vocab_size rows: the padded rows are simply not written.
+      read_params(spec.offset + first, out.size(), out.data());
+      return;
     }
-    tensors.push_back(std::move(tensor));
-  }
+    if (whole_tensor_index != index) {
+      whole_tensor.resize(spec.count);
+      for (size_t start = 0; start < spec.count; start += chunk_floats) {
+        read_params(spec.offset + start, std::min(chunk_floats, spec.count - start),
+                    whole_tensor.data() + start);
+      }
+      whole_tensor_index = index;
+    }
+    copy_transposed_range(whole_tensor.data(), spec.shape[0], spec.shape[1], first, out);
+  };
+
   // transformers refuses safetensors files without this metadata entry.
-  write_safetensors(join_path(dir, kHfWeightsFileName), tensors, {{"format", "pt"}});
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  const std::string single_path = join_path(dir, kHfWeightsFileName);
+  const std::string index_path = join_path(dir, shard_index_file_name(kHfShardBaseName));
+  const std::vector<SafetensorsShard> plan =
+      plan_shards(tensors, max_shard_bytes, kHfShardBaseName);
+  std::vector<std::string> shard_names;
+  if (plan.size() == 1) {
+    write_streamed_safetensors(single_path, tensors, source, metadata, chunk_bytes);
+  } else {
+    for (const SafetensorsShard& shard :
+         write_sharded_safetensors(dir, kHfShardBaseName, tensors, source,
+                                   {max_shard_bytes, chunk_bytes, metadata, {}})) {
+      shard_names.push_back(shard.file_name);
+    }
+  }
 
   const std::string config_text = hf_config_json(config).dump(2) + "\n";
   write_text_atomically(join_path(dir, kHfConfigFileName), config_text);
+
+  // What an earlier save in this directory left: a reader must find one set of weights only. The
+  // index goes before its shards, so a reader never sees an index naming a removed shard.
+  std::filesystem::remove(plan.size() == 1 ? index_path : single_path, error);
+  LAYUP_CHECK(!error, "cannot remove the weights of an earlier save in ", dir, ": ",
+              error.message());
+  remove_stale_shards(dir, kHfShardBaseName, shard_names);
 }
 
-LoadedModel load_hf_model(const std::string& dir) {
-  LAYUP_CHECK(std::filesystem::is_directory(dir), "cannot load a model from ", dir,
-              ": it is not a directory (expected one holding ", kHfWeightsFileName, " and ",
-              kHfConfigFileName, ")");
-  LoadedModel model;
-  model.config = read_hf_config(join_path(dir, kHfConfigFileName));
-  const Gpt2Config& config = model.config;
-  const ParameterLayout layout(config);
-  const SafetensorsReader reader(join_path(dir, kHfWeightsFileName));
-  const std::string& path = reader.path();
+bool has_hf_weights(const std::string& dir) {
+  std::error_code error;
+  return std::filesystem::is_regular_file(join_path(dir, kHfWeightsFileName), error) ||
+         std::filesystem::is_regular_file(join_path(dir, shard_index_file_name(kHfShardBaseName)),
+                                          error);
+}
 
-  // Every tensor in the file must be one layup knows, or one it may safely ignore.
+Gpt2Config read_hf_model_config(const std::string& dir) {
+  LAYUP_CHECK(std::filesystem::is_directory(dir), "cannot load a model from ", dir,
+              ": it is not a directory (expected one holding ", kHfConfigFileName, " and ",
+              kHfWeightsFileName, " or ", shard_index_file_name(kHfShardBaseName),
+              " and its shards)");
+  return read_hf_config(join_path(dir, kHfConfigFileName));
+}
+
+void load_hf_model_streamed(const std::string& dir, const Gpt2Config& config,
+                            const WriteParams& write_params, size_t chunk_bytes) {
+  const Gpt2Config file_config = read_hf_model_config(dir);
+  LAYUP_CHECK(same_model_shape(file_config, config), "internal error: loading ", dir,
+              " with a model config other than its ", kHfConfigFileName, " describes");
+  const ParameterLayout layout(config);
+  const SafetensorsFileSet weights = open_hf_weights(dir);
+  const std::string& path = weights.path();
+
+  // Every tensor in the files must be one layup knows, or one it may safely ignore.
   std::set<std::string> expected;
   for (const TensorSpec& spec : layout.tensors()) expected.insert(spec.name);
-  const SafetensorsTensorInfo* lm_head = nullptr;
-  for (const SafetensorsTensorInfo& tensor : reader.tensors()) {
-    std::string name = tensor.name;
+  SafetensorsFileSet::Located lm_head;
+  for (const SafetensorsFileSet::Located& located : weights.tensors()) {
+    std::string name = located.tensor->name;
     if (name.starts_with(kHfPrefix)) name = name.substr(std::strlen(kHfPrefix));
     if (expected.count(name)) continue;
     // The causal-mask buffers older transformers versions saved; layup builds its own mask.
     if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")) continue;
-    if (tensor.name == "lm_head.weight") {
-      lm_head = &tensor;
+    if (located.tensor->name == "lm_head.weight") {
+      lm_head = located;
       continue;
     }
-    fail(path, " has a tensor '", tensor.name, "' that a GPT-2 with the shape in ",
-         kHfConfigFileName, " (n_layer=", config.n_layer,
+    fail(located.file->path(), " has a tensor '", located.tensor->name,
+         "' that a GPT-2 with the shape in ", kHfConfigFileName, " (n_layer=", config.n_layer,
          ") does not have; the weights do not match their config.json");
   }
 
-  model.params.assign(layout.total_count(), 0.0f);
-  std::vector<float> scratch;
+  // Find and check every tensor before the first byte reaches the caller.
+  std::vector<SafetensorsFileSet::Located> sources;
   size_t missing = 0;
   std::string first_missing;
+  size_t largest_transposed = 0;
   for (const TensorSpec& spec : layout.tensors()) {
-    const SafetensorsTensorInfo* prefixed = reader.find(kHfPrefix + spec.name);
-    const SafetensorsTensorInfo* bare = reader.find(spec.name);
-    LAYUP_CHECK(!(prefixed && bare), path, " has both '", prefixed ? prefixed->name : "", "' and '",
-                spec.name, "'; it is ambiguous which one to load");
-    const SafetensorsTensorInfo* tensor = prefixed ? prefixed : bare;
-    if (!tensor) {
+    const SafetensorsFileSet::Located prefixed = weights.find(kHfPrefix + spec.name);
+    const SafetensorsFileSet::Located bare = weights.find(spec.name);
+    LAYUP_CHECK(!(prefixed.tensor && bare.tensor), path, " has both '",
+                prefixed.tensor ? prefixed.tensor->name : "", "' and '", spec.name,
+                "'; it is ambiguous which one to load");
+    const SafetensorsFileSet::Located located = prefixed.tensor ? prefixed : bare;
+    sources.push_back(located);
+    if (!located.tensor) {
       if (missing++ == 0) first_missing = kHfPrefix + spec.name;
       continue;
     }
     const std::vector<size_t> shape = hf_shape(spec, config);
-    LAYUP_CHECK(tensor->shape == shape, path, ": tensor '", tensor->name, "' has shape ",
-                shape_text(tensor->shape), " but the model in ", kHfConfigFileName,
-                " (n_embd=", config.n_embd, ", n_positions=", config.n_positions,
-                ", vocab_size=", config.vocab_size, ") needs ", shape_text(shape));
-    float* destination = model.params.data() + spec.offset;
-    if (spec.transposed_in_hf) {
-      scratch.resize(tensor->element_count);
-      reader.read_floats(tensor->name, scratch);
-      check_finite(scratch, *tensor, path);
-      transpose(scratch.data(), shape[0], shape[1], destination);
-    } else {
-      // For wte this fills the first vocab_size rows; the padded rows stay zero.
-      const std::span<float> values(destination, tensor->element_count);
-      reader.read_floats(tensor->name, values);
-      check_finite(values, *tensor, path);
-    }
+    LAYUP_CHECK(located.tensor->shape == shape, located.file->path(), ": tensor '",
+                located.tensor->name, "' has shape ", shape_text(located.tensor->shape),
+                " but the model in ", kHfConfigFileName, " (n_embd=", config.n_embd,
+                ", n_positions=", config.n_positions, ", vocab_size=", config.vocab_size,
+                ") needs ", shape_text(shape));
+    if (spec.transposed_in_hf) largest_transposed = std::max(largest_transposed, spec.count);
   }
   LAYUP_CHECK(missing == 0, path, " has no tensor '", first_missing, "' (nor '",
               first_missing.substr(std::strlen(kHfPrefix)), "'); ", missing, " of ",
               layout.tensors().size(), " tensors that the model in ", kHfConfigFileName,
               " needs are missing");
-
-  if (lm_head) {
-    const size_t rows = config.vocab_size, cols = config.n_embd;
-    LAYUP_CHECK(lm_head->shape == std::vector<size_t>({rows, cols}), path,
-                ": lm_head.weight has shape ", shape_text(lm_head->shape), " instead of ",
+  const size_t rows = config.vocab_size, cols = config.n_embd;
+  if (lm_head.tensor) {
+    LAYUP_CHECK(lm_head.tensor->shape == std::vector<size_t>({rows, cols}), lm_head.file->path(),
+                ": lm_head.weight has shape ", shape_text(lm_head.tensor->shape), " instead of ",
                 shape_text({rows, cols}));
-    const std::vector<float> head = reader.read_floats(lm_head->name);
-    const float* wte = model.params.data() + layout.embeddings().wte;
-    if (std::memcmp(head.data(), wte, head.size() * sizeof(float)) != 0) {
-      size_t first = 0;
-      while (std::memcmp(&head[first], &wte[first], sizeof(float)) == 0) ++first;
-      fail(path, ": lm_head.weight differs from the token embedding wte (first at row ",
-           first / cols, ", column ", first % cols,
-           "); layup supports only GPT-2's tied LM head, not a separately trained one");
+  }
+
+  const size_t chunk_floats = std::max<size_t>(1, chunk_bytes / sizeof(float));
+  std::vector<float> chunk(std::min(chunk_floats, layout.total_count()));
+  std::vector<float> head_chunk(lm_head.tensor ? chunk.size() : 0);
+  std::vector<float> whole_tensor;  // a Conv1D matrix, read whole to be transposed
+  whole_tensor.reserve(largest_transposed);
+  for (size_t index = 0; index < layout.tensors().size(); ++index) {
+    const TensorSpec& spec = layout.tensors()[index];
+    const SafetensorsTensorInfo& tensor = *sources[index].tensor;
+    const SafetensorsReader& file = *sources[index].file;
+    if (spec.transposed_in_hf) {
+      whole_tensor.resize(tensor.element_count);
+      file.read_floats(tensor, 0, whole_tensor);
+      check_finite(whole_tensor, 0, tensor, file.path());
+      const std::vector<size_t>& hf = tensor.shape;
+      for (size_t start = 0; start < spec.count; start += chunk.size()) {
+        const std::span<float> piece(chunk.data(), std::min(chunk.size(), spec.count - start));
+        copy_transposed_range(whole_tensor.data(), hf[0], hf[1], start, piece);
+        write_params(spec.offset + start, piece.size(), piece.data());
+      }
+      continue;
+    }
+    // For wte this is the first vocab_size rows; the padded rows follow as zeros.
+    const bool is_wte = spec.name == "wte.weight";
+    for (size_t start = 0; start < tensor.element_count; start += chunk.size()) {
+      const std::span<float> piece(chunk.data(),
+                                   std::min(chunk.size(), tensor.element_count - start));
+      file.read_floats(tensor, start, piece);
+      check_finite(piece, start, tensor, file.path());
+      if (is_wte && lm_head.tensor) {
+        const std::span<float> head(head_chunk.data(), piece.size());
+        lm_head.file->read_floats(*lm_head.tensor, start, head);
+        if (std::memcmp(head.data(), piece.data(), piece.size_bytes()) != 0) {
+          size_t first = 0;
+          while (std::memcmp(&head[first], &piece[first], sizeof(float)) == 0) ++first;
+          first += start;
+          fail(lm_head.file->path(),
+               ": lm_head.weight differs from the token embedding wte (first "
+               "at row ",
+               first / cols, ", column ", first % cols,
+               "); layup supports only GPT-2's tied LM head, not a separately trained one");
+        }
+      }
+      write_params(spec.offset + start, piece.size(), piece.data());
+    }
+    if (is_wte) {
+      std::fill(chunk.begin(), chunk.end(), 0.0f);
+      for (size_t start = tensor.element_count; start < spec.count; start += chunk.size()) {
+        write_params(spec.offset + start, std::min(chunk.size(), spec.count - start), chunk.data());
+      }
     }
   }
+}
+
+LoadedModel load_hf_model(const std::string& dir) {
+  LoadedModel model;
+  model.config = read_hf_model_config(dir);
+  model.params.assign(ParameterLayout(model.config).total_count(), 0.0f);
+  float* params = model.params.data();
+  load_hf_model_streamed(dir, model.config, [params](size_t offset, size_t count, const float* in) {
+    std::memcpy(params + offset, in, count * sizeof(float));
+  });
   return model;
 }
 

@@ -1,4 +1,6 @@
-// Hugging Face GPT-2 checkpoints: a directory holding model.safetensors and config.json.
+// Hugging Face GPT-2 checkpoints: a directory holding config.json and the weights, either in
+// model.safetensors or in shards model-0000k-of-0000n.safetensors listed by
+// model.safetensors.index.json (see sharded_safetensors.h).
 //
 // save_hf_model writes what transformers' GPT2LMHeadModel.save_pretrained writes, so
 // `GPT2LMHeadModel.from_pretrained(dir)` loads a layup model, and load_hf_model reads both layup's
@@ -12,10 +14,13 @@
 //     that has one is accepted only if it equals the embedding.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "io/sharded_safetensors.h"
 #include "model/gpt2_config.h"
 #include "model/parameter_layout.h"
 
@@ -23,6 +28,13 @@ namespace layup {
 
 inline constexpr const char* kHfWeightsFileName = "model.safetensors";
 inline constexpr const char* kHfConfigFileName = "config.json";
+inline constexpr const char* kHfShardBaseName = "model";  // model-00001-of-00003.safetensors
+
+// Reads `count` floats of the flat parameter layout, from `offset` on, into `out`, from wherever
+// the parameters live (host memory, a GPU, a file); `count` never exceeds the stream's chunk.
+using ReadParams = std::function<void(size_t offset, size_t count, float* out)>;
+// Takes `count` floats of the flat layout, from `offset` on; the same bound on `count`.
+using WriteParams = std::function<void(size_t offset, size_t count, const float* in)>;
 
 struct LoadedModel {
   Gpt2Config config;
@@ -34,11 +46,42 @@ struct LoadedModel {
 void save_hf_model(const std::string& dir, const Gpt2Config& config, const ParameterLayout& layout,
                    const float* params);
 
-// Reads a GPT-2 checkpoint directory. Throws layup::Error naming the file and the first problem:
-// a config this engine cannot run (not gpt2, another activation, untied head, ...), a missing
-// tensor, a tensor of the wrong shape, a tensor no GPT-2 of that config has, a weight that is NaN
-// or infinite (the first one, by tensor and index).
+// The same, sharded as save_pretrained(max_shard_size=...) shards: config.json, shards of at most
+// `max_shard_bytes` tensor bytes each (a larger tensor alone in one) and the index; a model that
+// fits one shard is written as model.safetensors alone, as save_pretrained does. The weights come
+// from `read_params` a chunk at a time. Memory held: one chunk of `chunk_bytes`, plus one whole
+// tensor while a Conv1D matrix is transposed (the largest is the MLP's [4C, C]: 420 MB at
+// C = 5120). The shards and index appear together; weight files of an earlier save in `dir` that
+// the new one does not use (model.safetensors, the index, other shards) are removed afterwards.
+void save_hf_model_sharded(const std::string& dir, const Gpt2Config& config,
+                           const ParameterLayout& layout, const ReadParams& read_params,
+                           size_t max_shard_bytes, size_t chunk_bytes = kDefaultStreamChunkBytes);
+
+// Reads a GPT-2 checkpoint directory, single-file or sharded (a directory holding both
+// model.safetensors and the index is refused as ambiguous). Throws layup::Error naming the file and
+// the first problem: a config this engine cannot run (not gpt2, another activation, untied head,
+// ...), a missing tensor, a tensor of the wrong shape, a tensor no GPT-2 of that config has, a
+// weight that is NaN or infinite (the first one, by tensor and index), an index that does not
+// match its shards (see SafetensorsFileSet).
 LoadedModel load_hf_model(const std::string& dir);
+
+// Whether `dir` holds weights load_hf_model would look at: model.safetensors or the index.
+bool has_hf_weights(const std::string& dir);
+
+// The config.json of checkpoint directory `dir`, validated as load_hf_model does: what a caller
+// reads first to size the memory a streamed load writes into.
+Gpt2Config read_hf_model_config(const std::string& dir);
+
+// load_hf_model without one whole-model buffer: writes the parameters to `write_params` tensor by
+// tensor, in increasing offsets, each element of the layout exactly once (the padded vocabulary
+// rows as zeros), in pieces of at most `chunk_bytes`. `config` must be read_hf_model_config(dir).
+// Every tensor's presence and shape is checked before the first write; a NaN, infinity or untied
+// LM head is found while streaming, so after such an error part of the caller's memory holds
+// the new weights. Memory held: a chunk or two, plus one whole tensor while a Conv1D matrix is
+// transposed.
+void load_hf_model_streamed(const std::string& dir, const Gpt2Config& config,
+                            const WriteParams& write_params,
+                            size_t chunk_bytes = kDefaultStreamChunkBytes);
 
 // config.json alone: the model shape, validated as load_hf_model does.
 Gpt2Config read_hf_config(const std::string& config_path);

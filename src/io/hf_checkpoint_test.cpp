@@ -321,5 +321,202 @@ TEST_F(HfCheckpoint, HonoursAnotherPaddingRecordedByLayup) {
   EXPECT_EQ(load_hf_model(model_dir_).config.padded_vocab_size, 128);
 }
 
+// The sharded layout, and streaming in both directions.
+class HfCheckpointSharded : public HfCheckpoint {
+ protected:
+  static constexpr size_t kMaxShardBytes = 1024;  // wte (1600 bytes) gets a shard of its own
+  static constexpr size_t kChunkBytes = 64;       // 16 floats: less than a row of c_attn's 24
+
+  void SetUp() override {
+    HfCheckpoint::SetUp();
+    sharded_dir_ = dir_.file("sharded");
+    save_sharded(sharded_dir_);
+  }
+
+  // Saves params_ sharded, reading them in chunks; returns the largest request.
+  size_t save_sharded(const std::string& dir, size_t max_shard_bytes = kMaxShardBytes) {
+    size_t largest = 0;
+    save_hf_model_sharded(
+        dir, config_, *layout_,
+        [&](size_t offset, size_t count, float* out) {
+          largest = std::max(largest, count);
+          std::memcpy(out, params_.data() + offset, count * sizeof(float));
+        },
+        max_shard_bytes, kChunkBytes);
+    return largest;
+  }
+
+  std::vector<std::string> file_names(const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& [name, contents] : snapshot(dir)) names.push_back(name);
+    return names;
+  }
+
+  std::string sharded_dir_;
+};
+
+TEST_F(HfCheckpointSharded, RoundTripIsBitIdenticalAndStreamsInChunks) {
+  EXPECT_EQ(save_sharded(sharded_dir_), kChunkBytes / sizeof(float));
+  const std::vector<std::string> names = file_names(sharded_dir_);
+  ASSERT_GT(names.size(), 4u);  // config.json, the index and several shards, no temporaries
+  EXPECT_EQ(names.front(), "config.json");
+  EXPECT_EQ(names[1], "model-00001-of-" + names[1].substr(15, 5) + ".safetensors");
+  EXPECT_EQ(names.back(), "model.safetensors.index.json");
+  EXPECT_TRUE(has_hf_weights(sharded_dir_));
+
+  const nlohmann::json index =
+      nlohmann::json::parse(read_text(sharded_dir_ + "/model.safetensors.index.json"));
+  const size_t padded_rows = (config_.padded_vocab_size - config_.vocab_size) * config_.n_embd;
+  EXPECT_EQ(index["metadata"]["total_size"], (layout_->total_count() - padded_rows) * 4);
+  EXPECT_EQ(index["weight_map"].size(), layout_->tensors().size());
+  EXPECT_EQ(index["weight_map"]["transformer.wte.weight"], names[1]);
+
+  EXPECT_TRUE(bit_identical(load_hf_model(sharded_dir_).params, params_));
+
+  // The streamed load writes every element once, in order, a chunk at most at a time.
+  const Gpt2Config config = read_hf_model_config(sharded_dir_);
+  std::vector<float> loaded(layout_->total_count(), -1.0f);
+  size_t next_offset = 0;
+  load_hf_model_streamed(
+      sharded_dir_, config,
+      [&](size_t offset, size_t count, const float* in) {
+        ASSERT_EQ(offset, next_offset);
+        ASSERT_LE(count, kChunkBytes / sizeof(float));
+        std::memcpy(loaded.data() + offset, in, count * sizeof(float));
+        next_offset += count;
+      },
+      kChunkBytes);
+  EXPECT_EQ(next_offset, layout_->total_count());
+  EXPECT_TRUE(bit_identical(loaded, params_));
+}
+
+TEST_F(HfCheckpointSharded, ShardsHoldWhatTheSingleFileHolds) {
+  const SafetensorsFileSet single =
+      SafetensorsFileSet::open_single(model_dir_ + "/model.safetensors");
+  const SafetensorsFileSet sharded =
+      SafetensorsFileSet::open_index(sharded_dir_ + "/model.safetensors.index.json");
+  EXPECT_GT(sharded.files().size(), 1u);
+  for (const SafetensorsFileSet::Located& shard : sharded.tensors()) {
+    EXPECT_EQ(shard.file->metadata().at("format"), "pt");
+    const SafetensorsFileSet::Located whole = single.find(shard.tensor->name);
+    ASSERT_NE(whole.tensor, nullptr) << shard.tensor->name;
+    EXPECT_EQ(whole.tensor->shape, shard.tensor->shape);
+    std::vector<float> a(whole.tensor->element_count), b(shard.tensor->element_count);
+    whole.file->read_floats(*whole.tensor, 0, a);
+    shard.file->read_floats(*shard.tensor, 0, b);
+    EXPECT_TRUE(bit_identical(a, b)) << shard.tensor->name;
+  }
+  EXPECT_EQ(sharded.tensors().size(), single.tensors().size());
+}
+
+TEST_F(HfCheckpointSharded, EachSaveRemovesTheWeightFilesOfTheLayoutItReplaces) {
+  // Single file -> sharded: model.safetensors goes.
+  save_sharded(model_dir_);
+  const std::vector<std::string> sharded = file_names(model_dir_);
+  EXPECT_EQ(sharded, file_names(sharded_dir_));
+  // Fewer, larger shards: the shards of the earlier plan go.
+  save_sharded(model_dir_, 4096);
+  const std::vector<std::string> fewer = file_names(model_dir_);
+  EXPECT_LT(fewer.size(), sharded.size());
+  for (const std::string& name : fewer) {
+    EXPECT_TRUE(name == "config.json" || name == "model.safetensors.index.json" ||
+                name.ends_with("-of-0000" + std::to_string(fewer.size() - 2) + ".safetensors"))
+        << name;
+  }
+  EXPECT_TRUE(bit_identical(load_hf_model(model_dir_).params, params_));
+  // A limit the whole model fits under gives model.safetensors alone, as save_pretrained does.
+  save_sharded(model_dir_, 1 << 20);
+  EXPECT_EQ(file_names(model_dir_), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  save_sharded(model_dir_);
+  save_hf_model(model_dir_, config_, *layout_, params_.data());
+  EXPECT_EQ(file_names(model_dir_), (std::vector<std::string>{"config.json", "model.safetensors"}));
+}
+
+TEST_F(HfCheckpointSharded, BothLayoutsAtOnceAreAmbiguous) {
+  std::filesystem::copy_file(model_dir_ + "/model.safetensors",
+                             sharded_dir_ + "/model.safetensors");
+  model_dir_ = sharded_dir_;
+  const std::string message = load_error();
+  EXPECT_TRUE(contains(message, sharded_dir_ + " holds both model.safetensors and "
+                                               "model.safetensors.index.json"));
+  EXPECT_TRUE(contains(message, "remove the older one"));
+}
+
+TEST_F(HfCheckpointSharded, NoWeightsAtAll) {
+  std::filesystem::remove(model_dir_ + "/model.safetensors");
+  EXPECT_FALSE(has_hf_weights(model_dir_));
+  EXPECT_TRUE(contains(load_error(), model_dir_ + " holds neither model.safetensors nor "
+                                                  "model.safetensors.index.json"));
+}
+
+TEST_F(HfCheckpointSharded, MissingShardIsNamed) {
+  const std::string shard = sharded_dir_ + "/" + file_names(sharded_dir_)[2];
+  std::filesystem::remove(shard);
+  model_dir_ = sharded_dir_;
+  const std::string message = load_error();
+  EXPECT_TRUE(contains(message, sharded_dir_ + "/model.safetensors.index.json maps "));
+  EXPECT_TRUE(contains(message, shard + " does not exist"));
+}
+
+TEST_F(HfCheckpointSharded, NonFiniteWeightInAShardNamesTheShard) {
+  const SafetensorsFileSet set =
+      SafetensorsFileSet::open_index(sharded_dir_ + "/model.safetensors.index.json");
+  const SafetensorsFileSet::Located bias = set.find("transformer.h.1.ln_2.bias");
+  const std::string shard = bias.file->path();
+  const size_t position = bias.tensor->data_begin + 3 * sizeof(float);
+  std::string bytes = read_text(shard);
+  uint64_t header_length = 0;
+  std::memcpy(&header_length, bytes.data(), 8);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(bytes.data() + 8 + header_length + position, &nan, 4);
+  write_text(shard, bytes);
+  model_dir_ = sharded_dir_;
+  EXPECT_TRUE(contains(load_error(),
+                       shard + ": tensor 'transformer.h.1.ln_2.bias' holds nan at element 3;"));
+}
+
+TEST_F(HfCheckpointSharded, FailedSaveLeavesThePreviousCheckpointAsItWas) {
+  for (const std::string& dir : {sharded_dir_, model_dir_}) {
+    const auto before = snapshot(dir_.path());
+    size_t calls = 0;
+    const std::string message = error_message([&] {
+      save_hf_model_sharded(
+          dir, config_, *layout_,
+          [&](size_t offset, size_t count, float* out) {
+            // Far enough in that some shards are complete before the failure.
+            if (++calls == 60) fail("cannot copy parameters from the GPU");
+            std::memcpy(out, params_.data() + offset, count * sizeof(float));
+          },
+          kMaxShardBytes, kChunkBytes);
+    });
+    EXPECT_EQ(message, "cannot copy parameters from the GPU");
+    EXPECT_EQ(snapshot(dir_.path()), before);
+  }
+}
+
+TEST_F(HfCheckpointSharded, StreamedLoadChecksEveryShapeBeforeTheFirstWrite) {
+  edit_config([](nlohmann::json& json) { json["n_positions"] = 32; });
+  const Gpt2Config config = read_hf_model_config(model_dir_);
+  size_t writes = 0;
+  const std::string message = error_message([&] {
+    load_hf_model_streamed(model_dir_, config, [&](size_t, size_t, const float*) { ++writes; });
+  });
+  EXPECT_TRUE(contains(message, "tensor 'transformer.wpe.weight' has shape [16, 8]"));
+  EXPECT_EQ(writes, 0u);
+}
+
+TEST_F(HfCheckpointSharded, UntiedHeadIsFoundPastTheFirstChunk) {
+  std::vector<float> head(params_.begin(), params_.begin() + 50 * 8);
+  head[30 * 8 + 5] += 1.0f;
+  rewrite_weights(model_dir_, same_name, {{"lm_head.weight", {50, 8}, head}});
+  const std::string message = error_message([&] {
+    load_hf_model_streamed(
+        model_dir_, config_, [](size_t, size_t, const float*) {}, kChunkBytes);
+  });
+  EXPECT_TRUE(contains(message,
+                       "lm_head.weight differs from the token embedding wte (first at "
+                       "row 30, column 5)"));
+}
+
 }  // namespace
 }  // namespace layup

@@ -252,20 +252,29 @@ void SafetensorsReader::read_floats(const std::string& name, std::span<float> ou
   LAYUP_CHECK(out.size() == tensor->element_count, "cannot read tensor '", name, "' of ", path_,
               ": it has ", tensor->element_count, " elements but the destination holds ",
               out.size());
-  if (tensor->dtype == "F32") {
-    read_bytes(tensor->data_begin, std::as_writable_bytes(out), name);
+  read_floats(*tensor, 0, out);
+}
+
+void SafetensorsReader::read_floats(const SafetensorsTensorInfo& tensor, size_t first,
+                                    std::span<float> out) const {
+  const std::string& name = tensor.name;
+  LAYUP_CHECK(first <= tensor.element_count && out.size() <= tensor.element_count - first,
+              "cannot read elements ", first, "..", first + out.size(), " of tensor '", name,
+              "' of ", path_, ": it has ", tensor.element_count, " elements");
+  if (tensor.dtype == "F32") {
+    read_bytes(tensor.data_begin + first * sizeof(float), std::as_writable_bytes(out), name);
     return;
   }
-  LAYUP_CHECK(tensor->dtype == "F16" || tensor->dtype == "BF16", "cannot read tensor '", name,
-              "' of ", path_, ": its dtype is ", tensor->dtype,
+  LAYUP_CHECK(tensor.dtype == "F16" || tensor.dtype == "BF16", "cannot read tensor '", name,
+              "' of ", path_, ": its dtype is ", tensor.dtype,
               "; layup reads F32, F16 and BF16 tensors");
-  const bool is_half = tensor->dtype == "F16";
+  const bool is_half = tensor.dtype == "F16";
   // Convert in chunks so a large half-precision tensor needs no full-size staging copy.
   std::vector<uint16_t> staging(std::min<size_t>(out.size(), size_t{1} << 20));
   for (size_t start = 0; start < out.size(); start += staging.size()) {
     const size_t count = std::min(staging.size(), out.size() - start);
     std::span<uint16_t> chunk(staging.data(), count);
-    read_bytes(tensor->data_begin + start * 2, std::as_writable_bytes(chunk), name);
+    read_bytes(tensor.data_begin + (first + start) * 2, std::as_writable_bytes(chunk), name);
     for (size_t i = 0; i < count; ++i) {
       out[start + i] = is_half ? half_to_float(chunk[i]) : bfloat16_to_float(chunk[i]);
     }
@@ -280,21 +289,20 @@ std::vector<float> SafetensorsReader::read_floats(const std::string& name) const
   return values;
 }
 
-void write_safetensors(const std::string& path, std::span<const SafetensorsTensor> tensors,
-                       const std::map<std::string, std::string>& metadata) {
+std::string f32_safetensors_header(const std::string& path,
+                                   std::span<const SafetensorsTensorShape> tensors,
+                                   const std::map<std::string, std::string>& metadata) {
   // ordered_json keeps the metadata first and the tensors in file order, which makes the header
   // readable with `head -c`; readers do not depend on the order.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> names;
   size_t offset = 0;
-  for (const SafetensorsTensor& tensor : tensors) {
+  for (const SafetensorsTensorShape& tensor : tensors) {
     LAYUP_CHECK(!tensor.name.empty() && tensor.name != "__metadata__", "cannot write ", path,
                 ": invalid tensor name '", tensor.name, "'");
     LAYUP_CHECK(names.insert(tensor.name).second, "cannot write ", path, ": tensor '", tensor.name,
                 "' appears twice");
-    LAYUP_CHECK(tensor.data || tensor.fill, "cannot write ", path, ": tensor '", tensor.name,
-                "' has neither data nor a fill function");
     size_t count = 1;
     for (size_t dim : tensor.shape) count *= dim;
     const size_t bytes = count * sizeof(float);
@@ -306,10 +314,23 @@ void write_safetensors(const std::string& path, std::span<const SafetensorsTenso
   // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   const uint64_t header_bytes = header_text.size();
+  std::string bytes(sizeof(header_bytes), '\0');
+  std::memcpy(bytes.data(), &header_bytes, sizeof(header_bytes));
+  return bytes + header_text;
+}
+
+void write_safetensors(const std::string& path, std::span<const SafetensorsTensor> tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsTensorShape> shapes;
+  for (const SafetensorsTensor& tensor : tensors) {
+    LAYUP_CHECK(tensor.data || tensor.fill, "cannot write ", path, ": tensor '", tensor.name,
+                "' has neither data nor a fill function");
+    shapes.push_back({tensor.name, tensor.shape});
+  }
+  const std::string header = f32_safetensors_header(path, shapes, metadata);
 
   write_file_atomically(path, [&](const AppendBytes& append) {
-    append(std::as_bytes(std::span(&header_bytes, 1)));
-    append(std::as_bytes(std::span(header_text)));
+    append(std::as_bytes(std::span(header)));
     std::vector<float> scratch;
     for (const SafetensorsTensor& tensor : tensors) {
       size_t count = 1;

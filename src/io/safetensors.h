@@ -7,7 +7,7 @@
 //                            ...}
 //   [data]                  tensor bytes, row-major little-endian, at [begin, end) from the start
 //                           of the data section
-// The writer stores F32 only, streams tensors straight from the caller's memory, pads the header
+// The writers store F32 only, stream tensors from the caller's memory or a callback, pad the header
 // with spaces to a multiple of 8 bytes (as the reference implementation does) and leaves no gaps,
 // so transformers and the `safetensors` package read its files. The reader validates the whole
 // header before any data is read, then reads F32, F16 and BF16 tensors into float, one tensor at a
@@ -59,6 +59,9 @@ class SafetensorsReader {
   // exactly the tensor's element count. Throws for a missing tensor or another dtype.
   void read_floats(const std::string& name, std::span<float> out) const;
   std::vector<float> read_floats(const std::string& name) const;
+  // Reads elements [first, first + out.size()) of `tensor` (one of tensors()), converting as
+  // above, so a large tensor can be read a piece at a time.
+  void read_floats(const SafetensorsTensorInfo& tensor, size_t first, std::span<float> out) const;
 
  private:
   void read_bytes(size_t data_offset, std::span<std::byte> out, const std::string& tensor) const;
@@ -80,6 +83,17 @@ struct SafetensorsTensor {
   const float* data = nullptr;
   std::function<void(std::span<float> out)> fill;
 };
+
+// The first bytes of a file of F32 tensors with these names and shapes, stored in this order
+// without gaps: the 8-byte header length and the JSON header, padded to a multiple of 8 bytes.
+// Names must be unique, non-empty and not "__metadata__"; `path` names the file in errors.
+struct SafetensorsTensorShape {
+  std::string name;
+  std::vector<size_t> shape;
+};
+std::string f32_safetensors_header(const std::string& path,
+                                   std::span<const SafetensorsTensorShape> tensors,
+                                   const std::map<std::string, std::string>& metadata);
 
 // Writes the tensors, in the given order, and the metadata to `path` atomically (see
 // atomic_file.h). Names must be unique, non-empty and not "__metadata__".

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <map>
+#include <span>
 #include <system_error>
 
 #include "core/error.h"
@@ -14,6 +16,8 @@ namespace layup {
 namespace {
 
 constexpr const char* kFormatTag = "layup-training-state";
+// A shard of a sharded state: its tensors, with the scalars in the index.
+constexpr const char* kShardFormatTag = "layup-training-state-shard";
 constexpr const char* kFormatVersion = "1";
 constexpr const char* kMomentM = "adamw.m";
 constexpr const char* kMomentV = "adamw.v";
@@ -25,23 +29,73 @@ std::string number_text(Number value) {
   return std::string(text, end);
 }
 
-const std::string& metadata_entry(const SafetensorsReader& reader, const std::string& key) {
-  auto found = reader.metadata().find(key);
-  LAYUP_CHECK(found != reader.metadata().end(), reader.path(), " has no \"", key,
+using Metadata = std::map<std::string, std::string>;
+
+const std::string& metadata_entry(const Metadata& metadata, const std::string& path,
+                                  const std::string& key) {
+  auto found = metadata.find(key);
+  LAYUP_CHECK(found != metadata.end(), path, " has no \"", key,
               "\" entry in its metadata; the training state is damaged");
   return found->second;
 }
 
 // Parses the whole string as a number, or fails naming the entry.
 template <class Number>
-Number parse_metadata_number(const SafetensorsReader& reader, const std::string& key) {
-  const std::string text = metadata_entry(reader, key);
+Number parse_metadata_number(const Metadata& metadata, const std::string& path,
+                             const std::string& key) {
+  const std::string text = metadata_entry(metadata, path, key);
   Number value{};
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  LAYUP_CHECK(error == std::errc() && end == text.data() + text.size() && !text.empty(),
-              reader.path(), ": metadata entry \"", key, "\" is '", text,
+  LAYUP_CHECK(error == std::errc() && end == text.data() + text.size() && !text.empty(), path,
+              ": metadata entry \"", key, "\" is '", text,
               "', not a number of the expected kind; the training state is damaged");
   return value;
+}
+
+Metadata progress_metadata(const std::string& path, const ParameterLayout& layout,
+                           const TrainingProgress& progress) {
+  LAYUP_CHECK(progress.step >= 0 && progress.tokens_seen >= 0, "cannot write ", path,
+              ": negative step (", progress.step, ") or tokens seen (", progress.tokens_seen, ")");
+  return {
+      {"format", kFormatTag},
+      {"format_version", kFormatVersion},
+      {"parameter_count", number_text(layout.total_count())},
+      {"step", number_text(progress.step)},
+      {"data_rng_state", number_text(progress.data_rng_state)},
+      {"tokens_seen", number_text(progress.tokens_seen)},
+      {"last_val_loss", number_text(progress.last_val_loss)},
+      {"best_val_loss", number_text(progress.best_val_loss)},
+      {"options", progress.options.dump()},
+  };
+}
+
+TrainingProgress parse_progress(const Metadata& metadata, const std::string& path) {
+  auto format = metadata.find("format");
+  LAYUP_CHECK(format != metadata.end() && format->second == kFormatTag, path,
+              " is not a layup training state (its metadata has format '",
+              format == metadata.end() ? std::string("<none>") : format->second, "', expected '",
+              kFormatTag, "')");
+  const std::string version = metadata_entry(metadata, path, "format_version");
+  LAYUP_CHECK(version == kFormatVersion, path, " has training-state format version ", version,
+              "; this build of layup reads version ", kFormatVersion);
+
+  TrainingProgress progress;
+  progress.step = parse_metadata_number<int64_t>(metadata, path, "step");
+  progress.data_rng_state = parse_metadata_number<uint64_t>(metadata, path, "data_rng_state");
+  progress.tokens_seen = parse_metadata_number<int64_t>(metadata, path, "tokens_seen");
+  progress.last_val_loss = parse_metadata_number<double>(metadata, path, "last_val_loss");
+  progress.best_val_loss = parse_metadata_number<double>(metadata, path, "best_val_loss");
+  LAYUP_CHECK(progress.step >= 0 && progress.tokens_seen >= 0, path, ": negative step (",
+              progress.step, ") or tokens seen (", progress.tokens_seen,
+              "); the training state is damaged");
+  const std::string options_text = metadata_entry(metadata, path, "options");
+  try {
+    progress.options = nlohmann::json::parse(options_text);
+  } catch (const nlohmann::json::exception& error) {
+    fail(path, ": metadata entry \"options\" is not valid JSON (", error.what(),
+         "); the training state is damaged");
+  }
+  return progress;
 }
 
 std::vector<float> read_moment(const SafetensorsReader& reader, const std::string& name,
@@ -67,17 +121,51 @@ std::string parameter_at(const ParameterLayout& layout, size_t index) {
   return "outside every parameter";
 }
 
-// Refuses the first moment value that no AdamW run can produce: `is_bad` says which those are.
-template <class IsBad>
-void check_moment(const std::vector<float>& moment, const std::string& name, IsBad is_bad,
-                  const std::string& why, const SafetensorsReader& reader,
+bool bad_first_moment(float m) {
+  return !std::isfinite(m);
+}
+bool bad_second_moment(float v) {
+  return !std::isfinite(v) || v < 0.0f;
+}
+constexpr const char* kWhyFirstMoment =
+    "AdamW's first moments are averages of finite gradients and are never NaN or infinite";
+constexpr const char* kWhySecondMoment =
+    "AdamW's second moments are averages of squared finite gradients and are never negative, NaN "
+    "or infinite";
+
+// Refuses the first moment value that no AdamW run can produce. `values` hold flat layout indices
+// [first, first + values.size()); `index_in_tensor` is the first one's index in tensor `name`.
+void check_moment(std::span<const float> values, size_t first, AdamMoment moment,
+                  const std::string& name, size_t index_in_tensor, const std::string& path,
                   const ParameterLayout& layout) {
-  const auto bad = std::find_if(moment.begin(), moment.end(), is_bad);
-  if (bad == moment.end()) return;
-  const size_t index = static_cast<size_t>(bad - moment.begin());
-  fail(reader.path(), ": tensor '", name, "' holds ", *bad, " at index ", index, " (",
-       parameter_at(layout, index), "); ", why,
+  const bool is_first = moment == AdamMoment::kFirst;
+  const auto bad =
+      std::find_if(values.begin(), values.end(), is_first ? bad_first_moment : bad_second_moment);
+  if (bad == values.end()) return;
+  const size_t offset = static_cast<size_t>(bad - values.begin());
+  fail(path, ": tensor '", name, "' holds ", *bad, " at index ", index_in_tensor + offset, " (",
+       parameter_at(layout, first + offset), "); ", is_first ? kWhyFirstMoment : kWhySecondMoment,
        ", so the training state is damaged; resume from an earlier checkpoint");
+}
+
+// The sharded state's tensors: each parameter tensor's m, then its v.
+struct MomentTensor {
+  AdamMoment moment;
+  const TensorSpec* spec;
+  std::string name;
+};
+
+std::vector<MomentTensor> moment_tensors(const ParameterLayout& layout) {
+  std::vector<MomentTensor> tensors;
+  for (const TensorSpec& spec : layout.tensors()) {
+    tensors.push_back({AdamMoment::kFirst, &spec, std::string(kMomentM) + "." + spec.name});
+    tensors.push_back({AdamMoment::kSecond, &spec, std::string(kMomentV) + "." + spec.name});
+  }
+  return tensors;
+}
+
+std::string join_path(const std::string& dir, const std::string& name) {
+  return (std::filesystem::path(dir) / name).string();
 }
 
 }  // namespace
@@ -88,19 +176,7 @@ void save_training_state(const std::string& path, const ParameterLayout& layout,
   LAYUP_CHECK(state.adam_m.size() == count && state.adam_v.size() == count, "cannot write ", path,
               ": the AdamW moments hold ", state.adam_m.size(), " and ", state.adam_v.size(),
               " values but the model has ", count, " parameters");
-  LAYUP_CHECK(state.step >= 0 && state.tokens_seen >= 0, "cannot write ", path, ": negative step (",
-              state.step, ") or tokens seen (", state.tokens_seen, ")");
-  const std::map<std::string, std::string> metadata = {
-      {"format", kFormatTag},
-      {"format_version", kFormatVersion},
-      {"parameter_count", number_text(count)},
-      {"step", number_text(state.step)},
-      {"data_rng_state", number_text(state.data_rng_state)},
-      {"tokens_seen", number_text(state.tokens_seen)},
-      {"last_val_loss", number_text(state.last_val_loss)},
-      {"best_val_loss", number_text(state.best_val_loss)},
-      {"options", state.options.dump()},
-  };
+  const Metadata metadata = progress_metadata(path, layout, state);
   const SafetensorsTensor tensors[] = {
       {kMomentM, {count}, state.adam_m.data(), {}},
       {kMomentV, {count}, state.adam_v.data(), {}},
@@ -110,42 +186,112 @@ void save_training_state(const std::string& path, const ParameterLayout& layout,
 
 TrainingState load_training_state(const std::string& path, const ParameterLayout& layout) {
   const SafetensorsReader reader(path);
-  auto format = reader.metadata().find("format");
-  LAYUP_CHECK(format != reader.metadata().end() && format->second == kFormatTag, path,
-              " is not a layup training state (its metadata has format '",
-              format == reader.metadata().end() ? std::string("<none>") : format->second,
-              "', expected '", kFormatTag, "')");
-  const std::string version = metadata_entry(reader, "format_version");
-  LAYUP_CHECK(version == kFormatVersion, path, " has training-state format version ", version,
-              "; this build of layup reads version ", kFormatVersion);
-
   TrainingState state;
-  state.step = parse_metadata_number<int64_t>(reader, "step");
-  state.data_rng_state = parse_metadata_number<uint64_t>(reader, "data_rng_state");
-  state.tokens_seen = parse_metadata_number<int64_t>(reader, "tokens_seen");
-  state.last_val_loss = parse_metadata_number<double>(reader, "last_val_loss");
-  state.best_val_loss = parse_metadata_number<double>(reader, "best_val_loss");
-  LAYUP_CHECK(state.step >= 0 && state.tokens_seen >= 0, path, ": negative step (", state.step,
-              ") or tokens seen (", state.tokens_seen, "); the training state is damaged");
-  const std::string options_text = metadata_entry(reader, "options");
-  try {
-    state.options = nlohmann::json::parse(options_text);
-  } catch (const nlohmann::json::exception& error) {
-    fail(path, ": metadata entry \"options\" is not valid JSON (", error.what(),
-         "); the training state is damaged");
-  }
+  static_cast<TrainingProgress&>(state) = parse_progress(reader.metadata(), path);
   state.adam_m = read_moment(reader, kMomentM, layout);
-  check_moment(
-      state.adam_m, kMomentM, [](float m) { return !std::isfinite(m); },
-      "AdamW's first moments are averages of finite gradients and are never NaN or infinite",
-      reader, layout);
+  check_moment(state.adam_m, 0, AdamMoment::kFirst, kMomentM, 0, path, layout);
   state.adam_v = read_moment(reader, kMomentV, layout);
-  check_moment(
-      state.adam_v, kMomentV, [](float v) { return !std::isfinite(v) || v < 0.0f; },
-      "AdamW's second moments are averages of squared finite gradients and are never negative, "
-      "NaN or infinite",
-      reader, layout);
+  check_moment(state.adam_v, 0, AdamMoment::kSecond, kMomentV, 0, path, layout);
   return state;
+}
+
+void save_training_state_sharded(const std::string& dir, const ParameterLayout& layout,
+                                 const TrainingProgress& progress, const ReadMoments& read_moments,
+                                 size_t max_shard_bytes, size_t chunk_bytes) {
+  const std::string index_path = join_path(dir, shard_index_file_name(kOptimizerShardBaseName));
+  ShardedWriteOptions options;
+  options.max_shard_bytes = max_shard_bytes;
+  options.chunk_bytes = chunk_bytes;
+  options.shard_metadata = {{"format", kShardFormatTag}, {"format_version", kFormatVersion}};
+  for (const auto& [key, value] : progress_metadata(index_path, layout, progress)) {
+    options.index_metadata[key] = value;
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  LAYUP_CHECK(!error, "cannot create the directory ", dir,
+              " for the training state: ", error.message());
+
+  const std::vector<MomentTensor> moments = moment_tensors(layout);
+  std::vector<SafetensorsTensorShape> tensors;
+  for (const MomentTensor& tensor : moments) tensors.push_back({tensor.name, tensor.spec->shape});
+  const std::vector<SafetensorsShard> shards = write_sharded_safetensors(
+      dir, kOptimizerShardBaseName, tensors,
+      [&](size_t index, size_t first, std::span<float> out) {
+        read_moments(moments[index].moment, moments[index].spec->offset + first, out.size(),
+                     out.data());
+      },
+      options);
+
+  std::vector<std::string> keep;
+  for (const SafetensorsShard& shard : shards) keep.push_back(shard.file_name);
+  remove_stale_shards(dir, kOptimizerShardBaseName, keep);
+  std::filesystem::remove(join_path(dir, kTrainingStateFileName), error);
+  LAYUP_CHECK(!error, "cannot remove the training state of an earlier save in ", dir, ": ",
+              error.message());
+}
+
+bool has_sharded_training_state(const std::string& dir) {
+  std::error_code error;
+  return std::filesystem::is_regular_file(
+      join_path(dir, shard_index_file_name(kOptimizerShardBaseName)), error);
+}
+
+TrainingProgress load_training_state_sharded(const std::string& dir, const ParameterLayout& layout,
+                                             const WriteMoments& write_moments,
+                                             size_t chunk_bytes) {
+  const SafetensorsFileSet files = SafetensorsFileSet::open_index(
+      join_path(dir, shard_index_file_name(kOptimizerShardBaseName)));
+  const std::string& index_path = files.path();
+
+  // The index's metadata holds the same strings as the single file's, besides total_size.
+  Metadata metadata;
+  for (const auto& [key, value] : files.index_metadata().items()) {
+    if (key == "total_size") continue;
+    LAYUP_CHECK(value.is_string(), index_path, ": metadata entry \"", key, "\" is ", value.dump(),
+                " instead of a string; the training state is damaged");
+    metadata[key] = value.get<std::string>();
+  }
+  const TrainingProgress progress = parse_progress(metadata, index_path);
+  const size_t parameter_count =
+      parse_metadata_number<size_t>(metadata, index_path, "parameter_count");
+  LAYUP_CHECK(parameter_count == layout.total_count(), index_path, " is the state of a model of ",
+              parameter_count, " parameters, but the model has ", layout.total_count(),
+              "; this training state belongs to a different model");
+
+  const std::vector<MomentTensor> moments = moment_tensors(layout);
+  std::vector<SafetensorsFileSet::Located> sources;
+  for (const MomentTensor& moment : moments) {
+    const SafetensorsFileSet::Located located = files.find(moment.name);
+    LAYUP_CHECK(located.tensor, index_path, " lists no tensor '", moment.name,
+                "'; the training state is damaged");
+    const std::string& path = located.file->path();
+    LAYUP_CHECK(located.tensor->dtype == "F32", path, ": tensor '", moment.name, "' is ",
+                located.tensor->dtype, "; AdamW moments must be F32 to resume exactly");
+    LAYUP_CHECK(located.tensor->shape == moment.spec->shape, path, ": tensor '", moment.name,
+                "' has ", located.tensor->element_count, " values but the parameter has ",
+                moment.spec->count, "; this training state belongs to a different model");
+    sources.push_back(located);
+  }
+  LAYUP_CHECK(files.tensors().size() == moments.size(), index_path, " lists ",
+              files.tensors().size(), " tensors, but a model of this shape has ", moments.size(),
+              " moment tensors; the training state is damaged or of a different model");
+
+  std::vector<float> chunk(
+      std::max<size_t>(1, std::min(chunk_bytes / sizeof(float), layout.total_count())));
+  for (size_t index = 0; index < moments.size(); ++index) {
+    const MomentTensor& moment = moments[index];
+    const SafetensorsTensorInfo& tensor = *sources[index].tensor;
+    const SafetensorsReader& file = *sources[index].file;
+    for (size_t start = 0; start < tensor.element_count; start += chunk.size()) {
+      const std::span<float> piece(chunk.data(),
+                                   std::min(chunk.size(), tensor.element_count - start));
+      file.read_floats(tensor, start, piece);
+      const size_t offset = moment.spec->offset + start;
+      check_moment(piece, offset, moment.moment, moment.name, start, file.path(), layout);
+      write_moments(moment.moment, offset, piece.size(), piece.data());
+    }
+  }
+  return progress;
 }
 
 }  // namespace layup

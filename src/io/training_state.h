@@ -6,29 +6,44 @@
 // state, tokens seen, losses) and the run's options are strings in the file's "__metadata__",
 // integers in decimal and floating-point values in their shortest round-trip form, so they come
 // back exactly. Using safetensors keeps the file inspectable with standard tools.
+//
+// A state too large to hold in memory (a 13B model's moments take 104 GB) is written sharded
+// instead: optimizer-0000k-of-0000n.safetensors plus optimizer.safetensors.index.json in the
+// checkpoint directory, in Hugging Face's sharded layout (sharded_safetensors.h). There each
+// parameter tensor's moments are two tensors, "adamw.m.<name>" and "adamw.v.<name>" (layup's shape,
+// padded embedding rows included), and the scalars are strings in the index's "metadata", the
+// same entries as the single file's. Both are read and written through callbacks a chunk at a time.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "io/sharded_safetensors.h"
 #include "model/parameter_layout.h"
 
 namespace layup {
 
 inline constexpr const char* kTrainingStateFileName = "training_state.safetensors";
+inline constexpr const char* kOptimizerShardBaseName = "optimizer";
 
-struct TrainingState {
+// The run's counters and options: everything in a training state but the moments.
+struct TrainingProgress {
   int64_t step = 0;             // optimizer steps taken (AdamW's bias correction uses it)
-  std::vector<float> adam_m;    // first moments, layout.total_count() floats
-  std::vector<float> adam_v;    // second moments, layout.total_count() floats
   uint64_t data_rng_state = 0;  // BatchSampler::state() after the last batch drawn
   int64_t tokens_seen = 0;
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: not measured yet
   double best_val_loss = std::numeric_limits<double>::quiet_NaN();
   nlohmann::json options = nlohmann::json::object();  // the run's settings, as the trainer sees fit
+};
+
+struct TrainingState : TrainingProgress {
+  std::vector<float> adam_m;  // first moments, layout.total_count() floats
+  std::vector<float> adam_v;  // second moments, layout.total_count() floats
 };
 
 // Writes the state to `path` atomically. The moments must have layout.total_count() floats.
@@ -40,5 +55,36 @@ void save_training_state(const std::string& path, const ParameterLayout& layout,
 // moments AdamW can produce: finite, the second ones not negative (an error names the first
 // offending index, its parameter and value).
 TrainingState load_training_state(const std::string& path, const ParameterLayout& layout);
+
+enum class AdamMoment { kFirst, kSecond };  // AdamW's m and v
+
+// Reads `count` values of `moment` from flat layout offset `offset` on into `out`; `count` never
+// exceeds the stream's chunk.
+using ReadMoments = std::function<void(AdamMoment moment, size_t offset, size_t count, float* out)>;
+// Takes `count` values of `moment` from flat layout offset `offset` on; the same bound.
+using WriteMoments =
+    std::function<void(AdamMoment moment, size_t offset, size_t count, const float* in)>;
+
+// Writes the sharded state into `dir` (created if needed): shards of at most `max_shard_bytes`
+// tensor bytes (a larger tensor alone in one) and the index, which always exists, even for one
+// shard. Memory held: one chunk. The files appear together (a failure leaves the old ones as they
+// were); afterwards the optimizer files of an earlier save in `dir` that the new one does not use
+// (other shards, training_state.safetensors) are removed.
+void save_training_state_sharded(const std::string& dir, const ParameterLayout& layout,
+                                 const TrainingProgress& progress, const ReadMoments& read_moments,
+                                 size_t max_shard_bytes,
+                                 size_t chunk_bytes = kDefaultStreamChunkBytes);
+
+// Whether `dir` holds optimizer.safetensors.index.json.
+bool has_sharded_training_state(const std::string& dir);
+
+// Reads a sharded state of a model of `layout`, validated as load_training_state validates the
+// single file (plus the index against its shards, see SafetensorsFileSet), and writes the moments
+// to `write_moments` tensor by tensor (m, then v, of each), each element of both exactly once.
+// Every tensor's presence and shape is checked before the first write; a value no AdamW run can
+// produce is found while streaming, so after that error part of the caller's memory is written.
+TrainingProgress load_training_state_sharded(const std::string& dir, const ParameterLayout& layout,
+                                             const WriteMoments& write_moments,
+                                             size_t chunk_bytes = kDefaultStreamChunkBytes);
 
 }  // namespace layup

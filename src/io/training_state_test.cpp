@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "core/rng.h"
@@ -184,6 +185,173 @@ TEST_F(TrainingStateFile, TruncatedFile) {
   const std::string bytes = read_text(path_);
   write_text(path_, bytes.substr(0, bytes.size() - 4));
   EXPECT_TRUE(contains(load_error(layout_), "beyond the end of the data section"));
+}
+
+// The sharded state: per-tensor moments in optimizer-*-of-*.safetensors, scalars in the index.
+class TrainingStateSharded : public ::testing::Test {
+ protected:
+  static constexpr size_t kMaxShardBytes = 2048;  // wte's moments (4096 bytes each) stand alone
+  static constexpr size_t kChunkBytes = 256;      // 64 floats
+
+  void SetUp() override {
+    state_ = random_state(layout_, 42);
+    save();
+  }
+
+  // Saves state_ sharded into dir_; returns the largest read.
+  size_t save(size_t max_shard_bytes = kMaxShardBytes) {
+    size_t largest = 0;
+    save_training_state_sharded(
+        dir_.path(), layout_, state_,
+        [&](AdamMoment moment, size_t offset, size_t count, float* out) {
+          largest = std::max(largest, count);
+          const std::vector<float>& values =
+              moment == AdamMoment::kFirst ? state_.adam_m : state_.adam_v;
+          std::memcpy(out, values.data() + offset, count * sizeof(float));
+        },
+        max_shard_bytes, kChunkBytes);
+    return largest;
+  }
+
+  // Loads into whole vectors, checking that each moment element is written once.
+  TrainingState load(const ParameterLayout& layout) {
+    TrainingState loaded;
+    loaded.adam_m.assign(layout.total_count(), std::numeric_limits<float>::quiet_NaN());
+    loaded.adam_v.assign(layout.total_count(), std::numeric_limits<float>::quiet_NaN());
+    std::vector<int> writes_m(layout.total_count()), writes_v(layout.total_count());
+    static_cast<TrainingProgress&>(loaded) = load_training_state_sharded(
+        dir_.path(), layout,
+        [&](AdamMoment moment, size_t offset, size_t count, const float* in) {
+          EXPECT_LE(count, kChunkBytes / sizeof(float));
+          const bool first = moment == AdamMoment::kFirst;
+          std::memcpy((first ? loaded.adam_m : loaded.adam_v).data() + offset, in,
+                      count * sizeof(float));
+          for (size_t i = offset; i < offset + count; ++i) ++(first ? writes_m : writes_v)[i];
+        },
+        kChunkBytes);
+    EXPECT_EQ(writes_m, std::vector<int>(layout.total_count(), 1));
+    EXPECT_EQ(writes_v, std::vector<int>(layout.total_count(), 1));
+    return loaded;
+  }
+
+  std::string load_error(const ParameterLayout& layout) {
+    const auto before = snapshot(dir_.path());
+    const std::string message = error_message([&] {
+      load_training_state_sharded(dir_.path(), layout,
+                                  [](AdamMoment, size_t, size_t, const float*) {});
+    });
+    EXPECT_EQ(snapshot(dir_.path()), before);
+    return message;
+  }
+
+  std::vector<std::string> file_names() {
+    std::vector<std::string> names;
+    for (const auto& [name, contents] : snapshot(dir_.path())) names.push_back(name);
+    return names;
+  }
+
+  TempDir dir_;
+  ParameterLayout layout_{tiny_config()};
+  TrainingState state_;
+  std::string index_path_ = dir_.file("optimizer.safetensors.index.json");
+};
+
+TEST_F(TrainingStateSharded, RoundTripThroughSeveralShardsIsExact) {
+  EXPECT_EQ(save(), kChunkBytes / sizeof(float));
+  const std::vector<std::string> names = file_names();
+  ASSERT_GT(names.size(), 3u);
+  EXPECT_EQ(names.front(), "optimizer-00001-of-" + names.front().substr(19, 5) + ".safetensors");
+  EXPECT_EQ(names.back(), "optimizer.safetensors.index.json");
+  EXPECT_TRUE(has_sharded_training_state(dir_.path()));
+
+  const nlohmann::json index = nlohmann::json::parse(read_text(index_path_));
+  EXPECT_EQ(index["metadata"]["total_size"], 2 * layout_.total_count() * sizeof(float));
+  EXPECT_EQ(index["metadata"]["format"], "layup-training-state");
+  EXPECT_EQ(index["metadata"]["step"], "42");
+  EXPECT_EQ(index["weight_map"].size(), 2 * layout_.tensors().size());
+  EXPECT_EQ(index["weight_map"]["adamw.m.wte.weight"], names.front());
+  EXPECT_EQ(index["weight_map"]["adamw.v.wte.weight"], names[1]);  // larger than a shard: alone
+  const SafetensorsReader first_shard(dir_.file(names.front()));
+  EXPECT_EQ(first_shard.metadata().at("format"), "layup-training-state-shard");
+  EXPECT_EQ(first_shard.tensors()[0].shape, (std::vector<size_t>{128, 8}));  // padded rows too
+
+  const TrainingState loaded = load(layout_);
+  EXPECT_EQ(loaded.step, 42);
+  EXPECT_EQ(loaded.data_rng_state, state_.data_rng_state);
+  EXPECT_EQ(loaded.tokens_seen, 42 * 4096);
+  EXPECT_TRUE(std::isnan(loaded.last_val_loss));
+  EXPECT_EQ(loaded.best_val_loss, 3.14159265358979);
+  EXPECT_EQ(loaded.options, state_.options);
+  EXPECT_TRUE(same_floats(loaded.adam_m, state_.adam_m));
+  EXPECT_TRUE(same_floats(loaded.adam_v, state_.adam_v));
+}
+
+TEST_F(TrainingStateSharded, EachSaveRemovesTheStateItReplaces) {
+  save_training_state(dir_.file("training_state.safetensors"), layout_, state_);
+  const size_t shard_count = file_names().size() - 2;
+  save(1 << 20);  // one shard, and still an index
+  EXPECT_EQ(file_names(), (std::vector<std::string>{"optimizer-00001-of-00001.safetensors",
+                                                    "optimizer.safetensors.index.json"}));
+  EXPECT_GT(shard_count, 1u);
+  EXPECT_TRUE(same_floats(load(layout_).adam_v, state_.adam_v));
+}
+
+TEST_F(TrainingStateSharded, FailedSaveLeavesTheOldStateAsItWas) {
+  const auto before = snapshot(dir_.path());
+  size_t calls = 0;
+  const std::string message = error_message([&] {
+    save_training_state_sharded(
+        dir_.path(), layout_, state_,
+        [&](AdamMoment, size_t, size_t count, float* out) {
+          if (++calls == 40) fail("the disk tier could not be read");
+          std::fill(out, out + count, 0.0f);
+        },
+        kMaxShardBytes, kChunkBytes);
+  });
+  EXPECT_EQ(message, "the disk tier could not be read");
+  EXPECT_EQ(snapshot(dir_.path()), before);
+}
+
+TEST_F(TrainingStateSharded, StateOfAnotherModelNamesBothSizes) {
+  const ParameterLayout bigger(tiny_config(2));
+  const std::string message = load_error(bigger);
+  EXPECT_TRUE(contains(message, index_path_ + " is the state of a model of " +
+                                    std::to_string(layout_.total_count()) + " parameters"));
+  EXPECT_TRUE(contains(message, "the model has " + std::to_string(bigger.total_count())));
+}
+
+TEST_F(TrainingStateSharded, MomentsNoAdamWRunCanProduceNameTheShard) {
+  const TensorSpec& ln_1 =
+      *std::find_if(layout_.tensors().begin(), layout_.tensors().end(),
+                    [](const TensorSpec& spec) { return spec.name == "h.0.ln_1.weight"; });
+  state_.adam_v[ln_1.offset + 3] = -0.25f;
+  save();
+  const std::string shard =
+      nlohmann::json::parse(read_text(index_path_))["weight_map"]["adamw.v.h.0.ln_1.weight"];
+  const std::string message = load_error(layout_);
+  EXPECT_TRUE(contains(message, dir_.file(shard) + ": tensor 'adamw.v.h.0.ln_1.weight' holds "
+                                                   "-0.25 at index 3 (h.0.ln_1.weight, element "
+                                                   "3); AdamW's second moments"));
+}
+
+TEST_F(TrainingStateSharded, DamagedIndexOrMissingShard) {
+  const std::string original = read_text(index_path_);
+  nlohmann::json index = nlohmann::json::parse(original);
+  index["metadata"]["step"] = "12x";
+  write_text(index_path_, index.dump());
+  EXPECT_TRUE(contains(load_error(layout_), index_path_ + ": metadata entry \"step\" is '12x'"));
+  index["metadata"]["step"] = 12;
+  write_text(index_path_, index.dump());
+  EXPECT_TRUE(contains(load_error(layout_), "metadata entry \"step\" is 12 instead of a string"));
+  index["metadata"]["step"] = "12";
+  index["weight_map"].erase("adamw.m.ln_f.bias");
+  write_text(index_path_, index.dump());
+  EXPECT_TRUE(contains(load_error(layout_), "does not list"));  // still in its shard
+
+  write_text(index_path_, original);
+  const std::string shard = dir_.file(file_names()[1]);
+  std::filesystem::remove(shard);
+  EXPECT_TRUE(contains(load_error(layout_), shard + " does not exist"));
 }
 
 }  // namespace

@@ -10,12 +10,17 @@
 //       OUT_DIR/losses.safetensors.
 //   layup_model_tool loss MODEL_DIR TOKENS B T
 //       prints the mean loss of one batch.
+//   layup_model_tool save-sharded MODEL_DIR OUT_DIR MAX_SHARD_BYTES [CHUNK_BYTES]
+//       loads MODEL_DIR (streamed, tensor by tensor) and saves it sharded into OUT_DIR, reading
+//       the parameters back in chunks (default 64 MiB); prints the largest piece the save asked
+//       for and the largest the load handed over, in floats.
 //   layup_model_tool target
 //       prints the compute target the others use, or fails saying why it is not usable.
 //
 // The compute target is --device/--dtype as in `layup train`, taken from the environment:
 // LAYUP_ORACLE_DEVICE (default cpu) and LAYUP_ORACLE_DTYPE (default fp32).
 // TOKENS is raw little-endian int32: for each micro-batch, B*T inputs then B*T targets.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -157,6 +162,33 @@ int loss(char** argv) {
   return 0;
 }
 
+int save_sharded(int argc, char** argv) {
+  const std::string in = argv[2], out = argv[3];
+  const size_t max_shard_bytes = std::strtoull(argv[4], nullptr, 10);
+  const size_t chunk_bytes =
+      argc > 5 ? std::strtoull(argv[5], nullptr, 10) : kDefaultStreamChunkBytes;
+  const Gpt2Config config = read_hf_model_config(in);
+  const ParameterLayout layout(config);
+  std::vector<float> params(layout.total_count());
+  size_t largest_write = 0, largest_read = 0;
+  load_hf_model_streamed(
+      in, config,
+      [&](size_t offset, size_t count, const float* values) {
+        largest_write = std::max(largest_write, count);
+        std::copy_n(values, count, params.data() + offset);
+      },
+      chunk_bytes);
+  save_hf_model_sharded(
+      out, config, layout,
+      [&](size_t offset, size_t count, float* values) {
+        largest_read = std::max(largest_read, count);
+        std::copy_n(params.data() + offset, count, values);
+      },
+      max_shard_bytes, chunk_bytes);
+  std::printf("%zu %zu\n", largest_read, largest_write);
+  return 0;
+}
+
 int target() {
   const ComputeTarget resolved = oracle_target();
   std::printf("%s %s\n", name_of(resolved.device).c_str(), name_of(resolved.dtype).c_str());
@@ -171,6 +203,7 @@ int main(int argc, char** argv) {
     if (command == "grads" && argc == 7) return grads(argv);
     if (command == "train" && argc == 14) return train(argv);
     if (command == "loss" && argc == 6) return loss(argv);
+    if (command == "save-sharded" && (argc == 5 || argc == 6)) return save_sharded(argc, argv);
     if (command == "target" && argc == 2) return target();
     std::fprintf(stderr, "usage: see the comment at the top of tests/oracle/model_tool.cpp\n");
     return 2;
