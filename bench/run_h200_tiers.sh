@@ -21,11 +21,10 @@ export PATH="/usr/local/cuda/bin:$PATH"
 source "$repo/scripts/gpu_cmake_args.sh"
 layup=$build/layup
 
-if [ ! -x "$layup" ] || [ "${PHASE:-build}" = build ]; then
-  cmake -S "$repo" -B "$build" "${cmake_args[@]}" > "$out/configure.log" 2>&1 &&
-    cmake --build "$build" -j16 --target layup layup_cuda_tests > "$out/build.log" 2>&1
-  echo "build: exit $? after ${SECONDS}s"
-fi
+# Incremental where the machine still holds the build folder.
+cmake -S "$repo" -B "$build" "${cmake_args[@]}" > "$out/configure.log" 2>&1 &&
+  cmake --build "$build" -j16 --target layup layup_cuda_tests > "$out/build.log" 2>&1
+echo "build: exit $? after ${SECONDS}s"
 "$layup" --version
 
 # MFU of each step in a train log: the bench's FLOPs per token (6N + 12 L T C) at the H200's dense
@@ -52,7 +51,7 @@ build)
   grep -E "FAILED" "$out/cuda_tests.log" | head -n 20
   ;;
 big)
-  shape=(--layers 40 --heads 40 --dim 5120 --seq-len 1024 --batch "${BATCH:-8}"
+  shape=(--layers 40 --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch "${BATCH:-8}"
     --grad-accum "${ACCUM:-16}" --mode layup --recompute 3 --clip 1.0 --layup-clip deferred)
   "$layup" memory "${shape[@]}" --device cuda > "$out/memory-13b.txt" 2>&1
   grep -E "note: layup keeps|budget|host memory at the peak" "$out/memory-13b.txt"
@@ -73,7 +72,7 @@ big)
 gpu)
   for config in "1 0" "2 2"; do
     set -- $config
-    "$layup" bench --layers 32 --heads 32 --dim 4096 --seq-len 1024 --batch "$1" --recompute "$2" \
+    "$layup" bench --layers 32 --heads 32 --dim 4096 --context 1024 --seq-len 1024 --batch "$1" --recompute "$2" \
       --mode gpu --clip 1.0 --warmup 2 --steps 5 --json "$out/gpu-6.65b-b$1.json" \
       > "$out/gpu-6.65b-b$1.log" 2>&1
     echo "gpu mode 6.65B B=$1 recompute $2: exit $?"

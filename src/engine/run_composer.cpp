@@ -58,10 +58,13 @@ MemoryPlan plan_only(const RunRequest& request) {
   } else if (target.dtype == Dtype::kAuto) {
     target.dtype = Dtype::kBf16;
   }
-  // auto's split against the budget flags alone: this machine may not be the one that runs it.
-  return plan_memory(resolve_optimizer_placement(
-      resolved_request(request, target),
-      parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget)));
+  // auto's split against the budget flags and, where this machine's GPU was queried, its free
+  // memory (the host's limit is left out: the plan may be for another machine).
+  const MemoryPlanRequest resolved = resolved_request(request, target);
+  const MemoryBudgets budgets = with_machine_limit(
+      parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget),
+      HostMemoryLimit{}, /*allow_overcommit=*/true, resolved.attributes);
+  return plan_memory(resolve_optimizer_placement(resolved, budgets));
 }
 
 RunRequest run_request_of(const RunSpec& spec) {
