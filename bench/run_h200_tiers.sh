@@ -59,7 +59,7 @@ big)
   free -g | head -2
   run=/tmp/layup-13b
   rm -rf "$run"
-  /usr/bin/time -v "$layup" train "${shape[@]}" --steps "${STEPS:-6}" --warmup 1 --eval-every 0 \
+  /usr/bin/time -v "$layup" train "${shape[@]}" --steps "${STEPS:-6}" --lr "${LR:-2e-4}" --min-lr 2e-5 --warmup 3 --eval-every 0 \
     --no-checkpoints --sample-tokens 0 --log-every 1 --out "$run" > "$out/train-13b.log" 2>&1
   echo "train: exit $?"
   grep -E "Maximum resident|Elapsed \(wall" "$out/train-13b.log"

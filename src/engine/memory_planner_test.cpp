@@ -613,6 +613,13 @@ TEST(MemoryPlan, OptimizerPlacementSplitsTheBlocksBetweenDeviceAndHost) {
                 host.bytes(MemorySide::kDevice, TensorClass::kWeights),
             4 * block);
 
+  // Every span's weights land through the staging at import, even with every block on the device.
+  request.optimizer_placement = OptimizerPlacement::parse("device:12");
+  bool staged = false;
+  for (const PlannedAllocation& allocation : plan_memory(request).allocations)
+    staged |= allocation.what.find("staging of host-updated weights") != std::string::npos;
+  EXPECT_TRUE(staged);
+
   // auto against a device budget: the most blocks that fit, and one more would not.
   MemoryBudgets budgets;
   budgets.device = four.bytes(MemorySide::kDevice) + block;  // room for the fifth block's weights

@@ -59,10 +59,10 @@ HostOptimizerSchedule::Buffers HostOptimizerSchedule::buffers(const ParameterLay
                                     options.weights_land_in_compute_copy
                                         ? "fp32 weights of the device-updated spans"
                                         : "fp32 copy of the weights the device computes with");
-  if (options.weights_land_in_compute_copy && host.count > 0) {
+  if (options.weights_land_in_compute_copy) {
+    // Every span's weights land through it when they are imported, the device-updated ones too.
     size_t largest = 0;
-    for (size_t index = 0; index < layout.spans().size(); ++index)
-      if (host.holds(index)) largest = std::max(largest, layout.spans()[index].count);
+    for (const Span& span : layout.spans()) largest = std::max(largest, span.count);
     buffers.landing_staging = PlannedAllocation{
         MemorySide::kDevice, TensorClass::kWeights, kinds.own,
         std::min(largest, kLandingStagingFloats) * sizeof(float),
