@@ -67,7 +67,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag(
       "--no-checkpoints{false}", o.checkpoints,
       "Write no checkpoint, not even at the end or on a stop signal: the run then never holds the "
-      "whole model's state on the host (a timing run, or a model whose state the disk cannot take)");
+      "whole model's state on the host (a timing run, or a model whose state the disk cannot "
+      "take)");
   cmd->add_option("--keep-checkpoints", o.keep_checkpoints, "Checkpoints kept in the run folder")
       ->capture_default_str();
   cmd->add_option("--log-every", o.log_every,

@@ -58,9 +58,10 @@ struct OptimizerPlacement {
       }
       if (used == count.size() && blocks >= 0) return {false, blocks, false};
     }
-    fail("--optimizer-placement takes auto, host or device:K (the first K blocks' optimizer "
-         "state on the device, the rest on the host), got '",
-         text, "'");
+    fail(
+        "--optimizer-placement takes auto, host or device:K (the first K blocks' optimizer "
+        "state on the device, the rest on the host), got '",
+        text, "'");
   }
   bool operator==(const OptimizerPlacement&) const = default;
 };

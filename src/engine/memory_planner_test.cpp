@@ -593,8 +593,7 @@ TEST(MemoryPlan, OptimizerPlacementSplitsTheBlocksBetweenDeviceAndHost) {
   const MemoryPlan four = plan_memory(request);
   const ScheduleOptions options = schedule_of(four);
   for (int layer = 0; layer < config.n_layer; ++layer)
-    EXPECT_EQ(options.update_sites[1 + layer],
-              layer < 4 ? UpdateSite::kDevice : UpdateSite::kHost)
+    EXPECT_EQ(options.update_sites[1 + layer], layer < 4 ? UpdateSite::kDevice : UpdateSite::kHost)
         << "block " << layer;
   EXPECT_TRUE(options.weights_land_in_compute_copy) << "bf16 on a discrete GPU";
   // Off the host: master weights, m, v and the accumulated gradient of four blocks.

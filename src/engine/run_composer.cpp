@@ -35,8 +35,8 @@ PlannedRun plan_run(const RunRequest& request) {
   const ComputeTarget target = resolve_compute_target(request.target);
   const MemoryPlanRequest resolved = resolved_request(request, target);
   planned.budgets = run_budgets(request, resolved.attributes);
-  RunMemory memory = plan_run_memory(resolve_optimizer_placement(resolved, planned.budgets),
-                                     request.cpu_workers);
+  RunMemory memory =
+      plan_run_memory(resolve_optimizer_placement(resolved, planned.budgets), request.cpu_workers);
   planned.plan = std::move(memory.plan);
   planned.schedule = std::move(memory.schedule);
   planned.target = placed_target(planned.plan, target);

@@ -109,8 +109,7 @@ const float* DeviceTier::gradient(size_t index) const {
 }
 
 void DeviceTier::update(const AdamWStep& adamw, const std::vector<float*>& weights,
-                        const std::vector<void*>& compute_copies, TraceRecorder* trace,
-                        int track) {
+                        const std::vector<void*>& compute_copies, TraceRecorder* trace, int track) {
   for (const size_t index : spans_) {
     const Span& span = layout_.spans()[index];
     TraceSpan traced(trace, track, adamw_trace_name(span.kind), span.layer);

@@ -33,7 +33,11 @@ HostGradient::Buffers HostGradient::buffers(const ParameterLayout& layout, const
 
 HostGradient::HostGradient(Device& device, const ParameterLayout& layout, const PackedSpans& spans,
                            HostAdamW& workers, SpanSquareSums& device_sums)
-    : device_(device), layout_(layout), spans_(spans), workers_(workers), device_sums_(device_sums) {
+    : device_(device),
+      layout_(layout),
+      spans_(spans),
+      workers_(workers),
+      device_sums_(device_sums) {
   const Buffers listed = buffers(layout, spans, device.kinds());
   grads_ = device.allocate(listed.accumulator);
   staging_ = device.allocate(listed.staging);

@@ -1,8 +1,8 @@
 // HostGradient: the fp32 gradient on the host of the spans the host updates (every span in
 // `offload`; in `layup`, those ScheduleOptions::update_sites leaves on the host), packed in layout
 // order, that `offload` and `layup` (with ScheduleOptions::host_gradient) add each micro-batch's
-// gradient into, span by span, streamed out of device memory. Its buffers come from the device's allocate_host (pinned on CUDA),
-// because the device copies into them.
+// gradient into, span by span, streamed out of device memory. Its buffers come from the device's
+// allocate_host (pinned on CUDA), because the device copies into them.
 //
 // Copies: a span's first micro-batch lands straight in its accumulator in one transfer; later
 // ones go through a staging buffer, a piece at a time, and are added with one float add per

@@ -54,11 +54,10 @@ HostOptimizerSchedule::Buffers HostOptimizerSchedule::buffers(const ParameterLay
   buffers.v = host_state(TensorClass::kOptimizerMoments, "AdamW v");
   buffers.span_sums = SpanSquareSums::buffer(layout.spans().size(), kinds);
   if (device_copy.count > 0)
-    buffers.weights = placed_buffer(options, kinds, device_copy.count, TensorClass::kWeights,
-                                    MemorySide::kDevice,
-                                    options.weights_land_in_compute_copy
-                                        ? "fp32 weights of the device-updated spans"
-                                        : "fp32 copy of the weights the device computes with");
+    buffers.weights = placed_buffer(
+        options, kinds, device_copy.count, TensorClass::kWeights, MemorySide::kDevice,
+        options.weights_land_in_compute_copy ? "fp32 weights of the device-updated spans"
+                                             : "fp32 copy of the weights the device computes with");
   if (options.weights_land_in_compute_copy) {
     // Every span's weights land through it when they are imported, the device-updated ones too.
     size_t largest = 0;
@@ -128,8 +127,8 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
   adamw_options.workers = options.cpu_workers;
   host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
   if (listed.gradient)
-    host_gradient_ = std::make_unique<HostGradient>(*device_, layout_, host_spans_, *host_adamw_,
-                                                    device_sums_);
+    host_gradient_ =
+        std::make_unique<HostGradient>(*device_, layout_, host_spans_, *host_adamw_, device_sums_);
 }
 
 size_t HostOptimizerSchedule::host_at(size_t index) const {
@@ -138,8 +137,7 @@ size_t HostOptimizerSchedule::host_at(size_t index) const {
 }
 
 size_t HostOptimizerSchedule::device_copy_at(size_t index) const {
-  LAYUP_CHECK(device_copy_spans_.holds(index), "span ", index,
-              " has no fp32 copy on the device");
+  LAYUP_CHECK(device_copy_spans_.holds(index), "span ", index, " has no fp32 copy on the device");
   return device_copy_spans_.at[index];
 }
 

@@ -137,7 +137,7 @@ class HostOptimizerSchedule : public Schedule {
   // ScheduleOptions
   const bool weights_in_place_, speculative_clip_, weights_land_in_compute_copy_;
   const PackedSpans host_spans_, device_copy_spans_;
-  DeviceBuffer params_;  // the device's fp32 copy (device_copy_spans_)
+  DeviceBuffer params_;           // the device's fp32 copy (device_copy_spans_)
   DeviceBuffer landing_staging_;  // with weights_land_in_compute_copy
   // fp32 master weights (pinned on CUDA unless placed otherwise) and the AdamW moments (plain
   // host memory unless placed otherwise) of the host-updated spans, packed.

@@ -116,13 +116,22 @@ std::string describe_update_sites(const std::vector<UpdateSite>& sites) {
   std::vector<std::string> on_device;
   for (size_t index = 0; index < sites.size(); ++index) {
     if (sites[index] != UpdateSite::kDevice) continue;
-    std::string name = index == 0 ? "the embeddings" : "the final norm";
-    if (index > 0 && index + 1 < sites.size()) {
-      // Appended piece by piece: `"block " + std::to_string(...)` trips GCC 12's -Wrestrict.
-      name = "block ";
-      name += std::to_string(index - 1);
+    if (index == 0 || index + 1 == sites.size()) {
+      on_device.emplace_back(index == 0 ? "the embeddings" : "the final norm");
+      continue;
+    }
+    // A run of device-updated blocks is named once: "block 3", "blocks 0-18".
+    size_t last = index;
+    while (last + 2 < sites.size() && sites[last + 1] == UpdateSite::kDevice) ++last;
+    // Appended piece by piece: `"block " + std::to_string(...)` trips GCC 12's -Wrestrict.
+    std::string name = last == index ? "block " : "blocks ";
+    name += std::to_string(index - 1);
+    if (last > index) {
+      name += '-';
+      name += std::to_string(last - 1);
     }
     on_device.push_back(std::move(name));
+    index = last;
   }
   if (on_device.empty())
     return "the embeddings and the final norm are updated on the CPU once their gradient is "

@@ -46,8 +46,7 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
               r.optimizer_placement.name(), " asks for more blocks than the model's ", L);
   LAYUP_CHECK(r.mode == Mode::kLayup || device_blocks == 0, "--optimizer-placement ",
               r.optimizer_placement.name(), " places layup's state; ", name_of(r.mode),
-              " mode keeps all of it ",
-              r.mode == Mode::kGpu ? "on the device" : "on the host");
+              " mode keeps all of it ", r.mode == Mode::kGpu ? "on the device" : "on the host");
   LAYUP_CHECK(device_blocks == 0 || !options.weights_in_place, "--optimizer-placement ",
               r.optimizer_placement.name(),
               " updates blocks in the device's copy of the weights, and this run has none: the "

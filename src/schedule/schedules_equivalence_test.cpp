@@ -304,6 +304,12 @@ TEST(SchedulesEquivalence, BlocksUpdatedOnTheDeviceTrainTheSame) {
                           {.update_sites = std::vector<UpdateSite>(spans - 1, UpdateSite::kHost)}),
       Error)
       << "one site per span";
+  std::vector<UpdateSite> blocks_0_to_1 = head_on_device(layout);
+  blocks_0_to_1[1] = blocks_0_to_1[2] = UpdateSite::kDevice;
+  EXPECT_NE(describe_schedule(Mode::kLayup, {.update_sites = blocks_0_to_1}, 1.0f)
+                .find("the embeddings, blocks 0-1 and the final norm are updated on the device"),
+            std::string::npos)
+      << describe_schedule(Mode::kLayup, {.update_sites = blocks_0_to_1}, 1.0f);
   EXPECT_NE(describe_schedule(Mode::kLayup, {.update_sites = block_1_and_head}, 1.0f)
                 .find("the embeddings, block 1 and the final norm are updated on the device"),
             std::string::npos)
@@ -360,9 +366,9 @@ TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
                 .current,
             2 * on_device * sizeof(float))
       << "m and v of the device-updated spans, in device memory";
-  EXPECT_EQ(accountant->cell(MemorySide::kHost, TensorClass::kMasterWeights, MemoryKind::kHost)
-                .current,
-            (layout.total_count() - on_device) * sizeof(float))
+  EXPECT_EQ(
+      accountant->cell(MemorySide::kHost, TensorClass::kMasterWeights, MemoryKind::kHost).current,
+      (layout.total_count() - on_device) * sizeof(float))
       << "the host keeps the master weights of the spans it updates, and no others";
   resumed->import_tensors(checkpoint);
   const OptimizerTensors round_trip = resumed->export_tensors();

@@ -381,11 +381,10 @@ TrainResult train(TrainOptions options) {
     if (stop && !last) {
       result.stopped_by = StopSignals::name(stop);
       log.write({{"step", done}, {"stopped_by", result.stopped_by}});
-      progress.message(std::string("stopped by ") + result.stopped_by + " after step " +
-                       std::to_string(done) +
-                       (options.checkpoints
-                            ? "; continue with: layup train --resume " + options.out_dir
-                            : std::string("; no checkpoint (--no-checkpoints)")));
+      progress.message(
+          std::string("stopped by ") + result.stopped_by + " after step " + std::to_string(done) +
+          (options.checkpoints ? "; continue with: layup train --resume " + options.out_dir
+                               : std::string("; no checkpoint (--no-checkpoints)")));
       result.steps_done = done;
       break;
     }

@@ -569,8 +569,8 @@ void CudaBackend<T>::recompute_block_forward(int layer, const T* p) {
     cuda::matmul_gelu_forward(*blas_, a.fc_gelu, a.fc, a.ln_2, p + o.mlp_fc_weight,
                               p + o.mlp_fc_bias, BT, C, 4 * C, stream_);
   } else {
-    cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C,
-                         4 * C, stream_);
+    cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C, 4 * C,
+                         stream_);
     cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
   }
 }
