@@ -47,9 +47,10 @@ BufferList process_buffers(const MemoryPlanRequest& r, const ParameterLayout& la
   for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
   BufferList list;
   if (r.whole_state_on_host)
-    list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost, all + largest_tensor * f,
+    list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost, all + 2 * largest_tensor * f,
              "parameters in layout order on their way into the schedule (loaded) or out of it (a "
-             "checkpoint), and one tensor of the checkpoint writer's or reader's scratch",
+             "checkpoint), and the checkpoint writer's or reader's scratch: its chunk and a matrix "
+             "it transposes, a tensor each at most",
              false, true},
             {host, TensorClass::kOptimizerMoments, MemoryKind::kHost, 2 * all,
              "AdamW m and v on their way into or out of the schedule (a resume, a checkpoint)",
