@@ -21,15 +21,24 @@ bool on_host(const ScheduleOptions& options, size_t index) {
   return options.update_sites.empty() || options.update_sites[index] == UpdateSite::kHost;
 }
 
+// Before anything reads the sites span by span.
+void check_update_sites(const ParameterLayout& layout, const ScheduleOptions& options) {
+  LAYUP_CHECK(options.update_sites.empty() || options.update_sites.size() == layout.spans().size(),
+              "the update sites name ", options.update_sites.size(), " spans, but the model has ",
+              layout.spans().size(), " (the embeddings, one per block, the final norm)");
+}
+
 }  // namespace
 
 PackedSpans HostOptimizerSchedule::host_spans(const ParameterLayout& layout,
                                               const ScheduleOptions& options) {
+  check_update_sites(layout, options);
   return PackedSpans::of(layout, [&](size_t index) { return on_host(options, index); });
 }
 
 PackedSpans HostOptimizerSchedule::device_copy_spans(const ParameterLayout& layout,
                                                      const ScheduleOptions& options) {
+  check_update_sites(layout, options);
   return PackedSpans::of(layout, [&](size_t index) {
     if (options.weights_in_place) return false;
     return !options.weights_land_in_compute_copy || !on_host(options, index);
