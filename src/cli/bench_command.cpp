@@ -47,7 +47,7 @@ void add_bench_command(CLI::App& app) {
   add_cuda_backend_flags(*cmd, o.recompute, o.algorithms, o.attention);
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
   add_layup_head_flag(*cmd, o.layup_head);
-  add_optimizer_placement_flag(*cmd, o.optimizer_placement);
+  add_optimizer_placement_flags(*cmd, o.optimizer_placement, o.offload_dir);
   cmd->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace (JSON; open in ui.perfetto.dev) of the first " +
                       std::to_string(kMaxTracedSteps) + " timed steps here");

@@ -54,8 +54,10 @@ void add_clip_flags(CLI::App& command, std::string& clip, LayupClip& layup_clip)
 // --layup-head (where layup updates the embeddings and the final norm), for `train`, `bench`,
 // `memory` and `study`.
 void add_layup_head_flag(CLI::App& command, LayupHead& layup_head);
-// --optimizer-placement auto|host|device:K (OptimizerPlacement).
-void add_optimizer_placement_flag(CLI::App& command, OptimizerPlacement& placement);
+// --optimizer-placement auto|host|device:K|disk:D|device:K,disk:D (OptimizerPlacement), and
+// --offload-dir, the directory of the blocks placed on disk.
+void add_optimizer_placement_flags(CLI::App& command, OptimizerPlacement& placement,
+                                   std::string& offload_dir);
 
 // --seed for `train`, `bench`, `study` and `sample`: a whole number from 0 to 2^64 - 1, refused
 // otherwise (CLI11 alone would wrap "-1" to 2^64 - 1 without a word).

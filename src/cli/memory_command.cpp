@@ -14,6 +14,7 @@
 #include "memory/memory_plan.h"
 #include "memory/plan_file.h"
 #include "model/parameter_layout.h"
+#include "tier/disk_space.h"
 #include "train/train_options.h"
 
 namespace layup {
@@ -81,7 +82,7 @@ void add_memory_command(CLI::App& app) {
       ->capture_default_str();
   add_clip_flags(*cmd, flags->clip_text, flags->layup_clip);
   add_layup_head_flag(*cmd, flags->layup_head);
-  add_optimizer_placement_flag(*cmd, flags->optimizer_placement);
+  add_optimizer_placement_flags(*cmd, flags->optimizer_placement, flags->offload_dir);
   add_choice_option(*cmd, "--mode", flags->mode, kModeNames,
                     "Also print this mode's plan allocation by allocation (cuda plans without a "
                     "GPU too, with a discrete GPU's attributes)");
@@ -91,8 +92,13 @@ void add_memory_command(CLI::App& app) {
   cmd->callback([flags, cmd]() {
     flags->mode_given = cmd->count("--mode") > 0;
     const RunRequest asked = run_request(*flags);
-    const MemoryBudgets budgets =
+    MemoryBudgets budgets =
         parse_memory_budgets(flags->memory_budget, flags->device_budget, flags->host_budget);
+    if (!flags->offload_dir.empty()) {
+      const DiskSpace space = read_disk_space(flags->offload_dir);
+      budgets.disk = space.usable_bytes();
+      budgets.disk_source = space.describe();
+    }
     std::vector<std::string> modes;
     std::vector<MemoryPlan> plans;
     for (const auto& [mode, name] : kModeNames) {
@@ -102,6 +108,8 @@ void add_memory_command(CLI::App& app) {
       // A --place is checked in the mode it is asked for; the side-by-side table does not depend
       // on placement.
       if (flags->mode_given && mode != flags->mode) request.plan.place.clear();
+      // The split places layup's state; the other modes keep theirs where they always do.
+      if (mode != Mode::kLayup) request.plan.optimizer_placement = {};
       plans.push_back(plan_only(request));
     }
     const MemoryPlanRequest& base = plans.front().request;
@@ -151,6 +159,19 @@ void add_memory_command(CLI::App& app) {
     for (const MemoryPlan& plan : plans)
       host_memory.push_back(format_bytes(plan.host_memory_bytes()));
     table += row("host memory at the peak", host_memory);
+    std::vector<std::string> on_disk;
+    size_t any_on_disk = 0;
+    for (const MemoryPlan& plan : plans) {
+      on_disk.push_back(plan.disk_bytes > 0 ? format_bytes(plan.disk_bytes) : "-");
+      any_on_disk += plan.disk_bytes;
+    }
+    if (any_on_disk > 0) table += row("on disk (--offload-dir)", on_disk);
+    std::vector<std::string> splits;
+    for (const MemoryPlan& plan : plans)
+      splits.push_back(plan.request.mode == Mode::kLayup
+                           ? plan.request.optimizer_placement.name()
+                           : (plan.request.mode == Mode::kGpu ? "device" : "host"));
+    table += row("optimizer state", splits);
     std::string machine_line;
     if (!flags->allow_overcommit) {
       const HostMemoryLimit machine = read_host_memory_limit();

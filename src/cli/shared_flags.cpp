@@ -127,16 +127,23 @@ void add_layup_head_flag(CLI::App& command, LayupHead& layup_head) {
       "own memory, host elsewhere");
 }
 
-void add_optimizer_placement_flag(CLI::App& command, OptimizerPlacement& placement) {
+void add_optimizer_placement_flags(CLI::App& command, OptimizerPlacement& placement,
+                                   std::string& offload_dir) {
   command
       .add_option_function<std::string>(
           "--optimizer-placement",
           [&placement](const std::string& text) { placement = OptimizerPlacement::parse(text); },
           "Where layup keeps the blocks' fp32 master weights and AdamW moments: device:K (the "
-          "first K blocks on the device, updated there; the rest on the host, updated by the "
-          "CPU), host (device:0), or auto: on a discrete GPU as many blocks on the device as "
-          "its memory (or --device-budget) admits beside everything else, host elsewhere")
+          "first K blocks on the device, updated there), disk:D (the last D blocks in a file "
+          "under --offload-dir, updated by the CPU), device:K,disk:D, the rest on the host "
+          "(updated by the CPU); host (device:0), or auto: on a discrete GPU as many blocks on "
+          "the device as its memory (or --device-budget) admits, then, with --offload-dir, as "
+          "few on disk as the host's memory needs")
       ->default_str("auto");
+  command.add_option("--offload-dir", offload_dir,
+                     "layup: a directory on a local disk for the optimizer state of blocks placed "
+                     "on disk (one file, unlinked at once, removed when the run ends); its free "
+                     "space less a reserve is the disk's budget");
 }
 
 void add_seed_flag(CLI::App& command, uint64_t& seed, const std::string& description) {

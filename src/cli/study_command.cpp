@@ -87,7 +87,7 @@ void add_study_command(CLI::App& app) {
   add_seed_flag(*cmd, o.seed, "Seed of the initialization and the synthetic tokens");
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
   add_layup_head_flag(*cmd, o.layup_head);
-  add_optimizer_placement_flag(*cmd, o.optimizer_placement);
+  add_optimizer_placement_flags(*cmd, o.optimizer_placement, o.offload_dir);
   cmd->add_flag("--no-energy", flags->no_energy,
                 "Do not read energy (by default each run reads the GPU's via NVML and the CPU "
                 "packages' via RAPL, where readable)");

@@ -56,7 +56,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
   add_layup_head_flag(*cmd, o.layup_head);
-  add_optimizer_placement_flag(*cmd, o.optimizer_placement);
+  add_optimizer_placement_flags(*cmd, o.optimizer_placement, o.offload_dir);
   cmd->add_option("--eval-every", o.eval_every, "Validation every N updates (0: never)")
       ->capture_default_str();
   cmd->add_option("--eval-batches", o.eval_batches, "Validation batches per evaluation")

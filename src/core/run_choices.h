@@ -27,40 +27,66 @@ enum class LayupClip { kAuto, kSpeculative, kDeferred };
 // Where layup updates the embeddings and the final norm; auto picks per device.
 enum class LayupHead { kAuto, kDevice, kHost };
 // Where layup keeps the blocks' fp32 master weights and AdamW moments (--optimizer-placement):
-// auto lets the planner choose against the device's budget (engine/memory_planner.h); otherwise
-// the first device_blocks blocks on the device, the rest on the host ("host" is device:0).
+// auto lets the planner choose against each tier's budget (engine/memory_planner.h); otherwise
+// the first device_blocks blocks on the device, the last disk_blocks in a file under
+// --offload-dir, the rest on the host ("host" is device:0).
 struct OptimizerPlacement {
   bool automatic = true;
   int device_blocks = 0;
-  bool resolved = false;  // auto, with device_blocks chosen by the planner
+  bool resolved = false;  // auto, with device_blocks and disk_blocks chosen by the planner
+  int disk_blocks = 0;
 
-  // Blocks on the device: what was asked, or what auto resolved to (0 before).
+  // Blocks on the device and on disk: what was asked, or what auto resolved to (0 before).
   int blocks_on_device() const { return automatic && !resolved ? 0 : device_blocks; }
-  // "auto", "host", "device:12"; "auto (device:12)" once resolved.
+  int blocks_on_disk() const { return automatic && !resolved ? 0 : disk_blocks; }
+  // "auto", "host", "device:12", "disk:4", "device:12,disk:4"; "auto (device:12)" once resolved.
   std::string name() const {
-    const std::string split =
-        device_blocks == 0 ? "host" : "device:" + std::to_string(device_blocks);
+    std::string split;
+    if (device_blocks > 0) split = "device:" + std::to_string(device_blocks);
+    if (disk_blocks > 0)
+      split += (split.empty() ? "disk:" : ",disk:") + std::to_string(disk_blocks);
+    if (split.empty()) split = "host";
     if (!automatic) return split;
     return resolved ? "auto (" + split + ")" : "auto";
   }
   // Throws layup::Error for anything else, saying what it takes.
   static OptimizerPlacement parse(const std::string& text) {
     if (text == "auto") return {};
-    if (text == "host") return {false, 0, false};
-    const std::string prefix = "device:";
-    if (text.rfind(prefix, 0) == 0) {
-      const std::string count = text.substr(prefix.size());
+    OptimizerPlacement placement{false, 0, false, 0};
+    if (text == "host") return placement;
+    // device:K, disk:D, or both joined by a comma, each at most once.
+    bool device = false, disk = false, valid = !text.empty();
+    size_t start = 0;
+    while (valid && start <= text.size()) {
+      const size_t comma = text.find(',', start);
+      const std::string part =
+          text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      const size_t colon = part.find(':');
+      const std::string tier = part.substr(0, colon);
+      const std::string count = colon == std::string::npos ? "" : part.substr(colon + 1);
       size_t used = 0;
       int blocks = -1;
       try {
         blocks = std::stoi(count, &used);
       } catch (const std::exception&) {
       }
-      if (used == count.size() && blocks >= 0) return {false, blocks, false};
+      valid = used == count.size() && blocks >= 0 &&
+              ((tier == "device" && !device) || (tier == "disk" && !disk));
+      if (valid && tier == "device") {
+        device = true;
+        placement.device_blocks = blocks;
+      } else if (valid) {
+        disk = true;
+        placement.disk_blocks = blocks;
+      }
+      if (comma == std::string::npos) break;
+      start = comma + 1;
     }
+    if (valid) return placement;
     fail(
-        "--optimizer-placement takes auto, host or device:K (the first K blocks' optimizer "
-        "state on the device, the rest on the host), got '",
+        "--optimizer-placement takes auto, host, device:K, disk:D or device:K,disk:D (the first K "
+        "blocks' optimizer state on the device, the last D in a file under --offload-dir, the "
+        "rest on the host), got '",
         text, "'");
   }
   bool operator==(const OptimizerPlacement&) const = default;

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "engine/backend_factory.h"
 #include "model/parameter_layout.h"
+#include "schedule/disk_tier.h"
 #include "schedule/schedule_plan.h"
 
 namespace layup {
@@ -81,7 +82,7 @@ std::vector<PlanAlternative> alternatives(const MemoryPlanRequest& r,
     offers.push_back({"--layup-clip deferred", deferred});
   }
   if (r.mode == Mode::kLayup && !r.optimizer_placement.automatic &&
-      r.optimizer_placement.device_blocks > 0) {
+      (r.optimizer_placement.device_blocks > 0 || r.optimizer_placement.disk_blocks > 0)) {
     MemoryPlanRequest automatic = r;
     automatic.optimizer_placement = {};
     offers.push_back({"--optimizer-placement auto", automatic});
@@ -122,6 +123,7 @@ RunMemory plan_run_memory(const MemoryPlanRequest& r, int cpu_workers) {
          schedule_buffers(r.mode, layout, run.schedule, device_kinds_of(r.device), r.grad_accum));
   append(plan.allocations, backend_and_device_buffers(r, plan.placement));
   append(plan.allocations, process_buffers(r, layout));
+  plan.disk_bytes = disk_state_bytes(DiskTier::records(layout, run.schedule.update_sites));
 
   if (cuda) {
     if (r.dtype == Dtype::kBf16)
@@ -151,26 +153,35 @@ MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
   OptimizerPlacement& placement = request.optimizer_placement;
   if (!placement.automatic || placement.resolved) return request;
   placement.resolved = true;
-  placement.device_blocks = 0;
-  const bool discrete_gpu = request.device == DeviceKind::kCuda && !request.attributes.integrated;
-  if (request.mode != Mode::kLayup || !discrete_gpu) return request;
-  // With the weights placed in pinned memory the device computes with the master weights in place
-  // and has no copy to update blocks in.
-  if (resolve_placement(request.mode, request.attributes, request.place)[TensorClass::kWeights] ==
-      MemoryKind::kPinnedMapped)
-    return request;
+  placement.device_blocks = placement.disk_blocks = 0;
+  if (request.mode != Mode::kLayup) return request;
+  // Blocks on the device: on a discrete GPU whose own memory holds the weights (with the weights
+  // placed in pinned memory the device computes with the master weights in place and has no copy
+  // to update blocks in).
+  const bool device_tier =
+      request.device == DeviceKind::kCuda && !request.attributes.integrated &&
+      resolve_placement(request.mode, request.attributes, request.place)[TensorClass::kWeights] !=
+          MemoryKind::kPinnedMapped;
   const auto device_fits = [&budgets](const MemoryPlan& plan) {
     return (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device) &&
            (!budgets.machine_gpu || plan.gpu_memory_bytes() <= *budgets.machine_gpu);
   };
+  // The fastest tier first: as many blocks on the device as fit, then, if the host cannot hold
+  // the rest, as few on disk as it takes (each costs its state's read and write every step).
   std::optional<int> device_admits;
-  for (int blocks = request.config.n_layer; blocks >= 0; --blocks) {
+  for (int blocks = device_tier ? request.config.n_layer : 0; blocks >= 0; --blocks) {
     placement.device_blocks = blocks;
     const MemoryPlan plan = plan_memory(request);
     if (fits(plan, budgets)) return request;
     if (!device_admits && device_fits(plan)) device_admits = blocks;
   }
   placement.device_blocks = device_admits.value_or(0);
+  if (!request.offload_dir.empty())
+    for (int disk = 1; disk <= request.config.n_layer - placement.device_blocks; ++disk) {
+      placement.disk_blocks = disk;
+      if (fits(plan_memory(request), budgets)) return request;
+    }
+  placement.disk_blocks = 0;
   return request;
 }
 

@@ -29,9 +29,11 @@ MemoryPlan plan_memory(const MemoryPlanRequest& request);
 // `budgets`: layup on a discrete GPU keeps the optimizer state of as many blocks on the device as
 // the budgets admit beside everything else the plan holds, the first blocks first (updated last in
 // backward, their update has the least time left to hide under the device's work); where none
-// fits, as many as the device admits, and the budget check then names the host. Elsewhere none:
-// one shared memory gains nothing from the move, and the CPU backend computes in place. An
-// explicit placement comes back as it was.
+// fits, as many as the device admits and, with an --offload-dir, the fewest last blocks on disk
+// that let the host's memory hold the rest (and the disk them); where nothing fits the budget
+// check then names the host. No blocks on the device off a discrete GPU: one shared memory gains
+// nothing from the move, and the CPU backend computes in place. An explicit placement comes back
+// as it was.
 MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
                                               const MemoryBudgets& budgets);
 

@@ -649,5 +649,93 @@ TEST(MemoryPlan, OptimizerPlacementSplitsTheBlocksBetweenDeviceAndHost) {
             std::string::npos);
 }
 
+// The disk tier: disk:D takes the last D blocks' master weights and moments off the host into a
+// file (12 bytes a parameter, in the plan's disk_bytes) for a ring of staging slots; auto places as
+// few there as the host's budget needs once the device is full; the disk's budget refuses what its
+// free space cannot take, naming --offload-dir; the parser and the schedule's rules.
+TEST(MemoryPlan, OptimizerPlacementUsesTheDiskWhenTheHostIsFull) {
+  const Gpt2Config config = named_config("gpt2");
+  const ParameterLayout layout(config);
+  const size_t block = layout.block().count * sizeof(float);
+  MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, "layup", 8, 1024));
+  request.layup_clip = LayupClip::kDeferred;
+  request.offload_dir = "/offload";
+  request.optimizer_placement = OptimizerPlacement::parse("device:2");
+  const MemoryPlan host = plan_memory(request);
+  EXPECT_EQ(host.disk_bytes, 0u);
+  request.optimizer_placement = OptimizerPlacement::parse("device:2,disk:6");
+  const MemoryPlan six = plan_memory(request);
+  const ScheduleOptions options = schedule_of(six);
+  for (int layer = 0; layer < config.n_layer; ++layer)
+    EXPECT_EQ(options.update_sites[1 + layer], layer < 2   ? UpdateSite::kDevice
+                                               : layer < 6 ? UpdateSite::kHost
+                                                           : UpdateSite::kDisk)
+        << "block " << layer;
+  EXPECT_EQ(options.offload_dir, "/offload");
+  EXPECT_GE(six.disk_bytes, 3 * 6 * block);
+  EXPECT_LT(six.disk_bytes, 3 * 6 * block + 3 * 6 * 4096);  // each part padded to 4096 bytes
+  // Off the host: six blocks' master weights and moments; on it: the staging slots (three blocks'
+  // state, each padded for alignment). The accumulated gradient stays.
+  const size_t slots = 3 * (3 * block + 3 * 4096);
+  EXPECT_EQ(host.bytes(MemorySide::kHost, TensorClass::kMasterWeights) -
+                six.bytes(MemorySide::kHost, TensorClass::kMasterWeights),
+            6 * block);
+  EXPECT_NEAR(static_cast<double>(host.bytes(MemorySide::kHost, TensorClass::kOptimizerMoments)) -
+                  static_cast<double>(six.bytes(MemorySide::kHost, TensorClass::kOptimizerMoments)),
+              2.0 * 6 * block - slots, 4.0 * 4096 * 3);
+  EXPECT_EQ(host.bytes(MemorySide::kHost, TensorClass::kWeightGrads),
+            six.bytes(MemorySide::kHost, TensorClass::kWeightGrads));
+  EXPECT_EQ(host.bytes(MemorySide::kDevice), six.bytes(MemorySide::kDevice));
+
+  // auto, a device budget of two blocks and a host budget six disk blocks meet: two, then six.
+  MemoryBudgets budgets;
+  budgets.device = host.bytes(MemorySide::kDevice);
+  budgets.host = six.bytes(MemorySide::kHost);
+  request.optimizer_placement = {};
+  const MemoryPlanRequest resolved = resolve_optimizer_placement(request, budgets);
+  EXPECT_EQ(resolved.optimizer_placement.name(), "auto (device:2,disk:6)");
+  EXPECT_EQ(refusal(plan_memory(resolved), budgets), "");
+  // Without an --offload-dir auto uses no disk, and the plan is refused on the host's budget.
+  request.offload_dir.clear();
+  EXPECT_EQ(resolve_optimizer_placement(request, budgets).optimizer_placement.name(),
+            "auto (device:2)");
+  request.offload_dir = "/offload";
+  // A disk too small for six blocks: refused, naming the directory's flag and the bytes.
+  budgets.disk = six.disk_bytes - 1;
+  budgets.disk_source = "/offload: a test's disk";
+  request.optimizer_placement = OptimizerPlacement::parse("device:2,disk:6");
+  const std::string full = refusal(plan_memory(request), budgets);
+  EXPECT_NE(full.find("on disk for the optimizer state"), std::string::npos) << full;
+  EXPECT_NE(full.find("--offload-dir"), std::string::npos) << full;
+  EXPECT_NE(full.find("/offload: a test's disk"), std::string::npos) << full;
+  // ... and auto finds nothing that fits both: it leaves the disk out.
+  request.optimizer_placement = {};
+  EXPECT_EQ(resolve_optimizer_placement(request, budgets).optimizer_placement.disk_blocks, 0);
+
+  // The rules: a directory is needed; speculative clipping has no second copy on disk (auto
+  // defers); other modes keep no state on disk; the blocks placed must exist.
+  request.optimizer_placement = OptimizerPlacement::parse("disk:2");
+  request.offload_dir.clear();
+  EXPECT_NE(error_of([&] { plan_memory(request); }).find("give --offload-dir"), std::string::npos);
+  request.offload_dir = "/offload";
+  request.layup_clip = LayupClip::kSpeculative;
+  EXPECT_NE(error_of([&] { plan_memory(request); }).find("--layup-clip deferred"),
+            std::string::npos);
+  request.layup_clip = LayupClip::kAuto;
+  EXPECT_FALSE(schedule_of(plan_memory(request)).speculative_clip);
+  request.optimizer_placement = OptimizerPlacement::parse("device:8,disk:5");
+  EXPECT_NE(error_of([&] { plan_memory(request); }).find("places 13 blocks"), std::string::npos);
+  MemoryPlanRequest gpu = request;
+  gpu.mode = Mode::kGpu;
+  gpu.optimizer_placement = OptimizerPlacement::parse("disk:1");
+  EXPECT_NE(error_of([&] { plan_memory(gpu); }).find("gpu mode keeps all of it"),
+            std::string::npos);
+  EXPECT_EQ(OptimizerPlacement::parse("disk:3").name(), "disk:3");
+  EXPECT_EQ(OptimizerPlacement::parse("device:1,disk:3"),
+            OptimizerPlacement::parse("disk:3,device:1"));
+  for (const char* bad : {"disk", "disk:", "disk:-1", "device:1,device:2", "device:1,", "disk:2x"})
+    EXPECT_THROW(OptimizerPlacement::parse(bad), Error) << bad;
+}
+
 }  // namespace
 }  // namespace layup

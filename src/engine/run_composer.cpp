@@ -1,6 +1,8 @@
 // The composition root (run_composer.h): resolve, plan and check, then build.
 #include "engine/run_composer.h"
 
+#include "tier/disk_space.h"
+
 namespace layup {
 
 namespace {
@@ -24,6 +26,15 @@ MemoryPlanRequest resolved_request(const RunRequest& request, const ComputeTarge
   return plan;
 }
 
+// `budgets` with the free space under --offload-dir (less its reserve) as the disk's limit.
+MemoryBudgets with_disk_limit(MemoryBudgets budgets, const std::string& offload_dir) {
+  if (offload_dir.empty()) return budgets;
+  const DiskSpace space = read_disk_space(offload_dir);
+  budgets.disk = space.usable_bytes();
+  budgets.disk_source = space.describe();
+  return budgets;
+}
+
 }  // namespace
 
 std::string PlannedRun::describe_schedule() const {
@@ -45,9 +56,11 @@ PlannedRun plan_run(const RunRequest& request) {
 }
 
 MemoryBudgets run_budgets(const RunRequest& request, const DeviceMemoryAttributes& attributes) {
-  return with_machine_limit(
-      parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget),
-      read_host_memory_limit(), request.allow_overcommit, attributes);
+  return with_disk_limit(
+      with_machine_limit(
+          parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget),
+          read_host_memory_limit(), request.allow_overcommit, attributes),
+      request.plan.offload_dir);
 }
 
 MemoryPlan plan_only(const RunRequest& request) {
@@ -61,9 +74,11 @@ MemoryPlan plan_only(const RunRequest& request) {
   // auto's split against the budget flags and, where this machine's GPU was queried, its free
   // memory (the host's limit is left out: the plan may be for another machine).
   const MemoryPlanRequest resolved = resolved_request(request, target);
-  const MemoryBudgets budgets = with_machine_limit(
-      parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget),
-      HostMemoryLimit{}, /*allow_overcommit=*/true, resolved.attributes);
+  const MemoryBudgets budgets = with_disk_limit(
+      with_machine_limit(
+          parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget),
+          HostMemoryLimit{}, /*allow_overcommit=*/true, resolved.attributes),
+      request.plan.offload_dir);
   return plan_memory(resolve_optimizer_placement(resolved, budgets));
 }
 
@@ -81,6 +96,7 @@ RunRequest run_request_of(const RunSpec& spec) {
   plan.layup_clip = spec.layup_clip;
   plan.layup_head = spec.layup_head;
   plan.optimizer_placement = spec.optimizer_placement;
+  plan.offload_dir = spec.offload_dir;
   plan.mode = spec.mode;
   plan.place = spec.place;
   request.cpu_workers = spec.cpu_workers;

@@ -38,6 +38,7 @@ struct RunSpec {
   LayupClip layup_clip = LayupClip::kAuto;  // how layup clips
   LayupHead layup_head = LayupHead::kAuto;  // where layup updates the head
   OptimizerPlacement optimizer_placement;   // where layup keeps the blocks' optimizer state
+  std::string offload_dir;  // layup: the directory of the blocks placed on disk (--offload-dir)
 
   // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
   // run's memory plan before anything is allocated, and --place CLASS=KIND overrides.

@@ -308,7 +308,8 @@ bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {
          (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device) &&
          (!budgets.host || plan.bytes(MemorySide::kHost) <= *budgets.host) &&
          (!budgets.machine_host || plan.host_memory_bytes() <= *budgets.machine_host) &&
-         (!budgets.machine_gpu || plan.gpu_memory_bytes() <= *budgets.machine_gpu);
+         (!budgets.machine_gpu || plan.gpu_memory_bytes() <= *budgets.machine_gpu) &&
+         (!budgets.disk || plan.disk_bytes <= *budgets.disk);
 }
 
 void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets, const Replan& replan) {
@@ -318,6 +319,7 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets, const Re
     std::optional<MemorySide> side;  // none: both sides together
     bool host_memory = false;        // the plan's bytes in host memory (the machine's limit)
     bool gpu_memory = false;         // the plan's bytes in the GPU's memory (what it has free)
+    bool disk = false;               // the plan's bytes on disk (under --offload-dir)
   };
   const Limit limits[] = {
       {"--memory-budget", budgets.total, std::nullopt},
@@ -326,13 +328,16 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets, const Re
       {"what this machine's host memory can give it, " + budgets.machine_host_source,
        budgets.machine_host, std::nullopt, true},
       {"what the GPU has free, " + budgets.machine_gpu_source, budgets.machine_gpu, std::nullopt,
-       false, true}};
+       false, true},
+      {"what the disk under --offload-dir can take, " + budgets.disk_source, budgets.disk,
+       std::nullopt, false, false, true}};
   for (const Limit& limit : limits) {
     if (!limit.budget) continue;
     // What this limit counts of a plan: the same measure for the plan and every offer below.
     const std::function<size_t(const MemoryPlan&)> need_of = [&](const MemoryPlan& p) {
       return limit.host_memory  ? p.host_memory_bytes()
              : limit.gpu_memory ? p.gpu_memory_bytes()
+             : limit.disk       ? p.disk_bytes
              : limit.side       ? p.bytes(*limit.side)
                                 : p.total_bytes();
     };
@@ -355,16 +360,29 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets, const Re
                  "checkpoint)";
     else if (limit.gpu_memory)
       message += " of the GPU's memory";
+    else if (limit.disk)
+      message +=
+          " on disk for the optimizer state of the blocks placed there (--optimizer-placement " +
+          plan.request.optimizer_placement.name() + ")";
     else if (limit.side)
       message += " on the " + side_word(*limit.side) + " side";
     else
       message += " (device side " + format_bytes(plan.bytes(MemorySide::kDevice)) +
                  " + host side " + format_bytes(plan.bytes(MemorySide::kHost)) + ")";
-    const bool machine = limit.host_memory || limit.gpu_memory;  // the limit's name holds its bytes
+    // The limit's name holds its bytes.
+    const bool machine = limit.host_memory || limit.gpu_memory || limit.disk;
     message += ", over " + limit.name + (machine ? "," : "") + " " +
                (machine ? "" : format_bytes(*limit.budget) + " ") + "by " +
-               format_bytes(need - *limit.budget) + ". The largest class is " +
-               tensor_class_label(largest) + ": " + format_bytes(largest_bytes);
+               format_bytes(need - *limit.budget) + ".";
+    if (limit.disk)
+      fail(message,
+           " Free space there, give --offload-dir a directory on a larger file system, or place "
+           "fewer blocks on disk (--optimizer-placement auto places as few as the memory "
+           "budgets allow).\n",
+           format_memory_plan(plan, budgets));
+    message.pop_back();
+    message += std::string(". The largest class is ") + tensor_class_label(largest) + ": " +
+               format_bytes(largest_bytes);
     if (!limit.side)
       message += " (device side " + format_bytes(plan.bytes(MemorySide::kDevice, largest)) +
                  ", host side " + format_bytes(plan.bytes(MemorySide::kHost, largest)) + ")";
@@ -459,6 +477,12 @@ std::string format_memory_plan(const MemoryPlan& plan, const MemoryBudgets& budg
     text += "  the GPU's free memory: " +
             budget_line("usable", *budgets.machine_gpu, plan.gpu_memory_bytes()) + " (" +
             budgets.machine_gpu_source + ")\n";
+  if (plan.disk_bytes > 0)
+    text += "  on disk under " + r.offload_dir + ": " + format_bytes(plan.disk_bytes) +
+            " (the optimizer state of the blocks placed there)\n";
+  if (budgets.disk)
+    text += "  the disk's free space: " + budget_line("usable", *budgets.disk, plan.disk_bytes) +
+            " (" + budgets.disk_source + ")\n";
   text += "  placement: " + plan.placement.describe() + "\n";
   text += "  device: " + r.attributes.describe() + "\n";
   for (const std::string& note : plan.notes) text += "  note: " + note + "\n";

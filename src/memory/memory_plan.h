@@ -66,6 +66,7 @@ struct MemoryPlanRequest {
   LayupClip layup_clip = LayupClip::kAuto;
   LayupHead layup_head = LayupHead::kAuto;
   OptimizerPlacement optimizer_placement;  // layup; auto is resolved by plan_run
+  std::string offload_dir;                 // layup: where blocks placed on disk keep their state
   Mode mode = Mode::kGpu;
   DeviceKind device = DeviceKind::kCpu;  // resolved: cpu or cuda
   Dtype dtype = Dtype::kFp32;            // resolved: fp32, or bf16 on cuda
@@ -92,6 +93,8 @@ struct MemoryPlan {
   // What the planner would choose instead to need less (layup's deferred clipping, say), offered
   // by check_budget when they fit.
   std::vector<PlanAlternative> alternatives;
+  // The file the disk tier keeps under request.offload_dir (0: no block on disk).
+  size_t disk_bytes = 0;
 
   // A side's and the whole plan's bytes at the peak (transients included); a class's bytes (its
   // steady buffers: transients are not a class's).
@@ -122,6 +125,10 @@ struct MemoryBudgets {
   std::optional<size_t> total, device, host;
   std::optional<size_t> machine_host, machine_gpu;
   std::string machine_host_source, machine_gpu_source;  // where they come from, for messages
+  // What the file system under --offload-dir can take (free less a reserve), checked against the
+  // plan's disk_bytes; disk_source describes it (tier/disk_space.h).
+  std::optional<size_t> disk;
+  std::string disk_source;
   bool any() const { return total || device || host; }
   std::string describe() const;  // "--memory-budget 16.00 GiB" ...
 };

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <future>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -17,8 +18,18 @@ namespace {
 // interconnect's full rate, and small beside the weights they save.
 constexpr size_t kLandingStagingFloats = size_t{16} << 20;
 
+UpdateSite site_of(const ScheduleOptions& options, size_t index) {
+  return options.update_sites.empty() ? UpdateSite::kHost : options.update_sites[index];
+}
 bool on_host(const ScheduleOptions& options, size_t index) {
-  return options.update_sites.empty() || options.update_sites[index] == UpdateSite::kHost;
+  return site_of(options, index) == UpdateSite::kHost;
+}
+bool on_cpu(const ScheduleOptions& options, size_t index) {
+  return site_of(options, index) != UpdateSite::kDevice;
+}
+bool any_on_disk(const ScheduleOptions& options) {
+  return std::find(options.update_sites.begin(), options.update_sites.end(), UpdateSite::kDisk) !=
+         options.update_sites.end();
 }
 
 // Before anything reads the sites span by span.
@@ -36,12 +47,19 @@ PackedSpans HostOptimizerSchedule::host_spans(const ParameterLayout& layout,
   return PackedSpans::of(layout, [&](size_t index) { return on_host(options, index); });
 }
 
+PackedSpans HostOptimizerSchedule::cpu_spans(const ParameterLayout& layout,
+                                             const ScheduleOptions& options) {
+  check_update_sites(layout, options);
+  return PackedSpans::of(layout, [&](size_t index) { return on_cpu(options, index); });
+}
+
 PackedSpans HostOptimizerSchedule::device_copy_spans(const ParameterLayout& layout,
                                                      const ScheduleOptions& options) {
   check_update_sites(layout, options);
   return PackedSpans::of(layout, [&](size_t index) {
-    if (options.weights_in_place) return false;
-    return !options.weights_land_in_compute_copy || !on_host(options, index);
+    // A disk span has no master weights in host memory to compute with in place.
+    if (options.weights_in_place) return site_of(options, index) == UpdateSite::kDisk;
+    return !options.weights_land_in_compute_copy || !on_cpu(options, index);
   });
 }
 
@@ -83,7 +101,11 @@ HostOptimizerSchedule::Buffers HostOptimizerSchedule::buffers(const ParameterLay
     buffers.spare_m = host_state(TensorClass::kOptimizerMoments, "spare AdamW m");
     buffers.spare_v = host_state(TensorClass::kOptimizerMoments, "spare AdamW v");
   }
-  if (options.host_gradient) buffers.gradient = HostGradient::buffers(layout, host, kinds);
+  if (options.host_gradient)
+    buffers.gradient = HostGradient::buffers(layout, cpu_spans(layout, options), kinds);
+  if (any_on_disk(options))
+    buffers.disk_staging = DiskTier::buffers(layout, options.update_sites,
+                                             static_cast<size_t>(options.disk_slots), kinds);
   return buffers;
 }
 
@@ -93,6 +115,7 @@ BufferList HostOptimizerSchedule::Buffers::list() const {
        {weights, landing_staging, spare_master, spare_m, spare_v})
     if (buffer) list.push_back(*buffer);
   if (gradient) append(list, gradient->list());
+  append(list, disk_staging);
   return list;
 }
 
@@ -107,12 +130,16 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
       speculative_clip_(options.speculative_clip),
       weights_land_in_compute_copy_(options.weights_land_in_compute_copy),
       host_spans_(host_spans(layout, options)),
+      cpu_spans_(cpu_spans(layout, options)),
       device_copy_spans_(device_copy_spans(layout, options)),
       device_sums_(*device_, layout.spans().size()) {
   LAYUP_CHECK(options.cpu_workers >= 0, "--cpu-workers must be at least 1 (got ",
               options.cpu_workers, ")");
-  LAYUP_CHECK(!weights_in_place_ || host_spans_.count == layout.total_count(),
+  LAYUP_CHECK(!weights_in_place_ || cpu_spans_.count == layout.total_count(),
               "with the master weights in place every span must be updated on the host");
+  LAYUP_CHECK(!any_on_disk(options) || !speculative_clip_,
+              "speculative clipping keeps a second copy of the optimizer state, which blocks on "
+              "disk do not have; clip with --layup-clip deferred");
   if (weights_land_in_compute_copy_) {
     LAYUP_CHECK(!weights_in_place_, "weights cannot both be in place and land in a compute copy");
     LAYUP_CHECK(backend_->compute_copy(0) != nullptr, "the ", backend_->name(),
@@ -137,7 +164,11 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
   host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
   if (listed.gradient)
     host_gradient_ =
-        std::make_unique<HostGradient>(*device_, layout_, host_spans_, *host_adamw_, device_sums_);
+        std::make_unique<HostGradient>(*device_, layout_, cpu_spans_, *host_adamw_, device_sums_);
+  if (any_on_disk(options))
+    disk_tier_ =
+        std::make_unique<DiskTier>(*device_, layout_, options.update_sites, options.offload_dir,
+                                   static_cast<size_t>(options.disk_slots));
 }
 
 size_t HostOptimizerSchedule::host_at(size_t index) const {
@@ -154,9 +185,11 @@ ParameterPointers HostOptimizerSchedule::device_params() const {
   ParameterPointers pointers;
   for (size_t index = 0; index < layout_.spans().size(); ++index) {
     const Span& span = layout_.spans()[index];
+    // A disk span without a device copy computes with its compute copy only.
     const float* weights = device_copy_spans_.holds(index)
                                ? params_.data() + device_copy_spans_.at[index]
-                               : host_params_.data() + host_spans_.at[index];
+                           : host_spans_.holds(index) ? host_params_.data() + host_spans_.at[index]
+                                                      : nullptr;
     if (span.kind == SpanKind::kEmbeddings)
       pointers.embeddings = weights;
     else if (span.kind == SpanKind::kBlock)
@@ -191,6 +224,7 @@ const float* HostOptimizerSchedule::forward_logits(const TokenBatch& batch) {
 
 void HostOptimizerSchedule::export_span(size_t index, const SpanState& out) const {
   finish_updates();
+  if (disk_tier_ && disk_tier_->holds(index)) return disk_tier_->read_span(index, out);
   const size_t count = layout_.spans()[index].count;
   const size_t at = host_at(index);
   std::copy_n(host_params_.data() + at, count, out.params);
@@ -207,6 +241,7 @@ void HostOptimizerSchedule::import_span(size_t index, const ConstSpanState& in) 
     std::copy_n(in.m, count, host_m_.data() + at);
     std::copy_n(in.v, count, host_v_.data() + at);
   }
+  if (disk_tier_ && disk_tier_->holds(index)) disk_tier_->write_span(index, in);
   send_weights_now(index, in.params);
 }
 
@@ -261,8 +296,20 @@ void HostOptimizerSchedule::update_span(size_t index, const float* grads,
                                         const AdamWStep& adamw, int trace_track,
                                         std::function<void()> landed) {
   const Span& span = layout_.spans()[index];
-  const size_t at = host_at(index);
-  float* master = to.params + at;
+  // Where the state is read and written: the host's packed state, or a disk span's staging slot,
+  // which goes back to disk once updated and is free again when its weights have landed too.
+  std::optional<DiskTier::Lease> lease;
+  AdamWBuffers buffers{};
+  if (disk_tier_ && disk_tier_->holds(index)) {
+    TraceSpan traced(trace_, trace_track, "read from disk", span.layer);
+    lease = disk_tier_->take(index);
+    buffers = {lease->params, grads, lease->m, lease->v, lease->params, lease->m, lease->v};
+  } else {
+    const size_t at = host_at(index);
+    buffers = {from.params + at, grads,     from.m + at, from.v + at,
+               to.params + at,   to.m + at, to.v + at};
+  }
+  const float* master = buffers.params_out;
   TraceRecorder* const trace = trace_ != nullptr && trace_->recording() ? trace_ : nullptr;
   {
     TraceSpan traced(trace_, trace_track, adamw_trace_name(span.kind), span.layer);
@@ -286,29 +333,42 @@ void HostOptimizerSchedule::update_span(size_t index, const float* grads,
         } catch (...) {  // a lost trace span is not worth failing the update for
         }
       };
-    const AdamWBuffers buffers{from.params + at, grads,     from.m + at, from.v + at,
-                               to.params + at,   to.m + at, to.v + at};
     host_adamw_->update_span(layout_, span, buffers, adamw, on_share);
   }
-  if (weights_in_place_) {  // the device reads the master weights: nothing to send
-    landed();
+  std::function<void()> slot_free;
+  if (lease) {
+    // The write-back and the copy to the device only read the slot: they run side by side.
+    slot_free = disk_tier_->put_back(*lease);
+    landed = [slot_free, landed = std::move(landed)] {
+      slot_free();
+      landed();
+    };
+  }
+  const bool to_compute_copy = weights_land_in_compute_copy_ && !device_copy_spans_.holds(index);
+  if (!to_compute_copy && !device_copy_spans_.holds(index)) {
+    landed();  // the device reads the master weights in place: nothing to send
     return;
   }
   // The transfer is traced from its start to its landing on the "to device" track.
   const double start_us = trace != nullptr ? trace->now_us() : 0.0;
   auto traced_landed = [trace, track = to_device_track_, start_us, kind = span.kind,
-                        layer = span.layer, landed = std::move(landed)] {
+                        layer = span.layer, landed] {
     if (trace != nullptr)
       trace->add_span(track, weights_trace_name(kind, layer), start_us, trace->now_us());
     landed();
   };
-  if (weights_land_in_compute_copy_ && !device_copy_spans_.holds(index))
-    device_->copy_to_compute_copy_async(backend_->compute_copy(index), master, span.count,
-                                        landing_staging_.data(), landing_staging_.count(),
-                                        std::move(traced_landed));
-  else
-    device_->copy_to_device_async(params_.data() + device_copy_at(index), master, span.count,
-                                  std::move(traced_landed));
+  try {
+    if (to_compute_copy)
+      device_->copy_to_compute_copy_async(backend_->compute_copy(index), master, span.count,
+                                          landing_staging_.data(), landing_staging_.count(),
+                                          std::move(traced_landed));
+    else
+      device_->copy_to_device_async(params_.data() + device_copy_at(index), master, span.count,
+                                    std::move(traced_landed));
+  } catch (...) {
+    if (slot_free) slot_free();  // no copy reads the slot: the write-back may finish
+    throw;
+  }
 }
 
 }  // namespace layup

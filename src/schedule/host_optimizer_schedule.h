@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "optim/host_adamw.h"
+#include "schedule/disk_tier.h"
 #include "schedule/host_gradient.h"
 #include "schedule/packed_spans.h"
 #include "schedule/schedule.h"
@@ -50,13 +51,16 @@ class HostOptimizerSchedule : public Schedule {
     std::optional<PlannedAllocation> weights, landing_staging;
     std::optional<PlannedAllocation> spare_master, spare_m, spare_v;  // speculative_clip
     std::optional<HostGradient::Buffers> gradient;                    // host_gradient
+    BufferList disk_staging;  // the disk tier's slots (spans at UpdateSite::kDisk)
     BufferList list() const;
   };
   static Buffers buffers(const ParameterLayout& layout, const ScheduleOptions& options,
                          DeviceKinds kinds);
 
-  // The spans whose state the host keeps, and those the device keeps an fp32 copy of.
+  // The spans whose state the host keeps; those the CPU updates (the host's and the disk's),
+  // whose gradient the host accumulates; and those the device keeps an fp32 copy of.
   static PackedSpans host_spans(const ParameterLayout& layout, const ScheduleOptions& options);
+  static PackedSpans cpu_spans(const ParameterLayout& layout, const ScheduleOptions& options);
   static PackedSpans device_copy_spans(const ParameterLayout& layout,
                                        const ScheduleOptions& options);
 
@@ -105,7 +109,8 @@ class HostOptimizerSchedule : public Schedule {
 
   // AdamW on span `index` with its gradient `grads` (host-readable, laid out like the span: the
   // accumulator's HostGradient::span, or the gradient where it lies), reading the state in `from`
-  // and writing the new state into `to` (the same state: in place; or the spare copy), split over
+  // and writing the new state into `to` (the same state: in place; or the spare copy; a disk
+  // span's state comes from the disk tier's staging and goes back to disk instead), split over
   // the HostAdamW workers and traced as "adamw ..." on trace_track; then starts the transfer of the
   // span's new weights (from `to`) to the device and returns. `landed` runs when they are there
   // (on whatever thread Device::copy_to_device_async says; it must not block or throw), or at once
@@ -128,6 +133,9 @@ class HostOptimizerSchedule : public Schedule {
   // has one, and the compute copy where weights land there.
   void send_weights_now(size_t index, const float* weights);
 
+  // Whether span `index` is updated by the CPU (its state on the host or on disk).
+  bool cpu_updated(size_t index) const { return cpu_spans_.holds(index); }
+
   // The span's offset in the host's packed state, and in the device's fp32 copy.
   size_t host_at(size_t index) const;
   size_t device_copy_at(size_t index) const;
@@ -136,7 +144,7 @@ class HostOptimizerSchedule : public Schedule {
   std::unique_ptr<Device> device_;
   // ScheduleOptions
   const bool weights_in_place_, speculative_clip_, weights_land_in_compute_copy_;
-  const PackedSpans host_spans_, device_copy_spans_;
+  const PackedSpans host_spans_, cpu_spans_, device_copy_spans_;
   DeviceBuffer params_;           // the device's fp32 copy (device_copy_spans_)
   DeviceBuffer landing_staging_;  // with weights_land_in_compute_copy
   // fp32 master weights (pinned on CUDA unless placed otherwise) and the AdamW moments (plain
@@ -149,6 +157,8 @@ class HostOptimizerSchedule : public Schedule {
   // The gradient accumulated over micro-batches (null without ScheduleOptions::host_gradient).
   // It reads device_sums_ but does not touch it when it goes.
   std::unique_ptr<HostGradient> host_gradient_;
+  // The spans at UpdateSite::kDisk (null where there are none).
+  std::unique_ptr<DiskTier> disk_tier_;
 
  private:
   // Per span, the sum of squares the device took of its gradient (start_device_sum_of_squares).

@@ -223,6 +223,13 @@ class LayupSchedule final : public HostOptimizerSchedule {
     plan.unclipped = settings.adamw;
     plan.unclipped.grad_scale = 1.0f;
     if (!host_head_spans_.empty()) plan.head = std::make_shared<HeadUpdate>();
+    if (disk_tier_) {
+      // The disk blocks' updates in the order the timing runs them, for the tier to read ahead:
+      // as backward reaches them (top down), or after the norm (bottom up).
+      std::vector<size_t> order = disk_tier_->spans();
+      if (plan.timing->during_backward()) std::reverse(order.begin(), order.end());
+      disk_tier_->expect(order);
+    }
     return plan;
   }
 

@@ -110,19 +110,18 @@ std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend>
 
 namespace {
 
-// Where layup's spans are updated, from ScheduleOptions::update_sites (layout order: the
-// embeddings, the blocks, the final norm).
-std::string describe_update_sites(const std::vector<UpdateSite>& sites) {
-  std::vector<std::string> on_device;
+// The spans at `site` named by runs, in layout order (the embeddings, the blocks, the final
+// norm): "the embeddings", "block 3", "blocks 0-18".
+std::vector<std::string> name_spans_at(const std::vector<UpdateSite>& sites, UpdateSite site) {
+  std::vector<std::string> names;
   for (size_t index = 0; index < sites.size(); ++index) {
-    if (sites[index] != UpdateSite::kDevice) continue;
+    if (sites[index] != site) continue;
     if (index == 0 || index + 1 == sites.size()) {
-      on_device.emplace_back(index == 0 ? "the embeddings" : "the final norm");
+      names.emplace_back(index == 0 ? "the embeddings" : "the final norm");
       continue;
     }
-    // A run of device-updated blocks is named once: "block 3", "blocks 0-18".
     size_t last = index;
-    while (last + 2 < sites.size() && sites[last + 1] == UpdateSite::kDevice) ++last;
+    while (last + 2 < sites.size() && sites[last + 1] == site) ++last;
     // Appended piece by piece: `"block " + std::to_string(...)` trips GCC 12's -Wrestrict.
     std::string name = last == index ? "block " : "blocks ";
     name += std::to_string(index - 1);
@@ -130,25 +129,43 @@ std::string describe_update_sites(const std::vector<UpdateSite>& sites) {
       name += '-';
       name += std::to_string(last - 1);
     }
-    on_device.push_back(std::move(name));
+    names.push_back(std::move(name));
     index = last;
   }
+  return names;
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) text += i + 1 == names.size() ? " and " : ", ";
+    text += names[i];
+  }
+  return text;
+}
+
+// Where layup's spans are updated, from ScheduleOptions::update_sites.
+std::string describe_update_sites(const std::vector<UpdateSite>& sites) {
+  const std::vector<std::string> on_device = name_spans_at(sites, UpdateSite::kDevice);
+  const std::vector<std::string> on_disk = name_spans_at(sites, UpdateSite::kDisk);
+  std::string disk;
+  if (!on_disk.empty())
+    disk = "; " + join_names(on_disk) + " keep their optimizer state on disk (--offload-dir), " +
+           "read ahead and written back around their CPU update";
   if (on_device.empty())
     return "the embeddings and the final norm are updated on the CPU once their gradient is "
-           "complete";
+           "complete" +
+           disk;
   const bool head_only = on_device.size() == 2 && sites.front() == UpdateSite::kDevice &&
                          sites.back() == UpdateSite::kDevice;
   if (head_only)
     return "the embeddings and the final norm are updated on the device, where their gradient "
-           "is (--layup-head host: on the CPU)";
-  std::string text;
-  for (size_t i = 0; i < on_device.size(); ++i) {
-    if (i > 0) text += i + 1 == on_device.size() ? " and " : ", ";
-    text += on_device[i];
-  }
+           "is (--layup-head host: on the CPU)" +
+           disk;
+  std::string text = join_names(on_device);
   text += on_device.size() == 1 ? " is" : " are";
   text += " updated on the device, where its gradient is; the other spans on the CPU";
-  return text;
+  return text + disk;
 }
 
 }  // namespace

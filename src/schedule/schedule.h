@@ -122,8 +122,10 @@ class Schedule {
   int device_track_ = 0;  // "GPU" in trace_
 };
 
-// Where a span's AdamW runs and its AdamW state lives (ScheduleOptions::update_sites).
-enum class UpdateSite { kHost, kDevice };
+// Where a span's AdamW runs and its AdamW state lives (ScheduleOptions::update_sites): the
+// device's memory and AdamW; the host's memory and CPU workers; or a file under
+// ScheduleOptions::offload_dir, staged through host memory for the CPU workers (blocks only).
+enum class UpdateSite { kHost, kDevice, kDisk };
 
 // How `offload` and `layup` keep their host-side state; `gpu` ignores it. A run chooses it with its
 // memory plan (schedule_plan.h), which sums the buffers these options make (schedule_buffers).
@@ -152,6 +154,10 @@ struct ScheduleOptions {
   // (Device::copy_to_compute_copy_async), and device-updated spans write theirs in their AdamW
   // pass, so no forward casts. Saves 4 bytes a host-updated parameter of device memory.
   bool weights_land_in_compute_copy = false;
+  // layup, spans at UpdateSite::kDisk: the directory of their file (DiskTier, disk_tier.h) and
+  // the staging slots in host memory their updates go through (read ahead, written back).
+  std::string offload_dir{};
+  int disk_slots = 3;
   // Where each class's primary tensors live (the run's placement, memory/memory_plan.h, which
   // --place overrides): the master weights, moments and gradients of every mode, and the device
   // copy of the weights in offload and layup. A class without a kind takes the device's default:

@@ -22,8 +22,16 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
   options.host_gradient = r.mode != Mode::kLayup || r.clip > 0.0f || r.grad_accum > 1;
   // auto: where host and device share one memory, the spare copy would come out of what the
   // activations need.
-  const bool speculate = r.layup_clip == LayupClip::kSpeculative ||
-                         (r.layup_clip == LayupClip::kAuto && !(cuda && r.attributes.integrated));
+  const int disk_blocks = r.mode == Mode::kLayup ? r.optimizer_placement.blocks_on_disk() : 0;
+  LAYUP_CHECK(disk_blocks == 0 || r.layup_clip != LayupClip::kSpeculative || r.clip <= 0.0f,
+              "--layup-clip speculative keeps a second copy of the optimizer state, which "
+              "blocks on disk (--optimizer-placement ",
+              r.optimizer_placement.name(), ") do not have; use --layup-clip deferred");
+  // auto: off blocks on disk (they have no second copy), and where host and device share one
+  // memory.
+  const bool speculate =
+      r.layup_clip == LayupClip::kSpeculative ||
+      (r.layup_clip == LayupClip::kAuto && disk_blocks == 0 && !(cuda && r.attributes.integrated));
   options.speculative_clip = r.mode == Mode::kLayup && r.clip > 0.0f && speculate;
   if (r.mode == Mode::kLayup && r.layup_head == LayupHead::kDevice) {
     LAYUP_CHECK(!options.weights_in_place,
@@ -53,13 +61,29 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
               "device computes with the master weights in place (",
               cuda ? "--place weights=pinned" : "always on the CPU backend",
               "); use --optimizer-placement host");
-  if (head_on_the_device || device_blocks > 0) {
+  LAYUP_CHECK(r.mode == Mode::kLayup || r.optimizer_placement.blocks_on_disk() == 0,
+              "--optimizer-placement ", r.optimizer_placement.name(), " places layup's state; ",
+              name_of(r.mode), " mode keeps all of it ",
+              r.mode == Mode::kGpu ? "on the device" : "on the host");
+  LAYUP_CHECK(device_blocks + disk_blocks <= L, "--optimizer-placement ",
+              r.optimizer_placement.name(), " places ", device_blocks + disk_blocks,
+              " blocks, and the model has ", L);
+  LAYUP_CHECK(disk_blocks == 0 || !r.offload_dir.empty(), "--optimizer-placement ",
+              r.optimizer_placement.name(),
+              " keeps blocks' optimizer state on disk: give --offload-dir, a directory on a local "
+              "disk with room for it");
+  if (head_on_the_device || device_blocks > 0 || disk_blocks > 0) {
     const ParameterLayout layout(r.config);
     options.update_sites = head_on_the_device
                                ? head_on_device(layout)
                                : std::vector<UpdateSite>(layout.spans().size(), UpdateSite::kHost);
     for (int layer = 0; layer < device_blocks; ++layer)
       options.update_sites[1 + layer] = UpdateSite::kDevice;
+    // The last blocks: their updates come first in backward (without clipping), or last after
+    // the norm with the most of the next forward to hide under.
+    for (int layer = L - disk_blocks; layer < L; ++layer)
+      options.update_sites[1 + layer] = UpdateSite::kDisk;
+    options.offload_dir = r.offload_dir;
   }
   // A bf16 backend computes with a compute copy of its own: the host-updated spans' weights land
   // there and the device keeps no fp32 copy of them.
@@ -106,11 +130,23 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
   int device_blocks = 0;
   for (int layer = 0; layer < r.config.n_layer && !options.update_sites.empty(); ++layer)
     device_blocks += options.update_sites[1 + layer] == UpdateSite::kDevice;
+  int disk_blocks = 0;
+  for (int layer = 0; layer < r.config.n_layer && !options.update_sites.empty(); ++layer)
+    disk_blocks += options.update_sites[1 + layer] == UpdateSite::kDisk;
   if (r.mode == Mode::kLayup && device_blocks > 0)
     notes.push_back("layup keeps the optimizer state of blocks 0-" +
                     std::to_string(device_blocks - 1) + " of " + std::to_string(r.config.n_layer) +
                     " on the device and updates them there (--optimizer-placement " +
-                    r.optimizer_placement.name() + "); the host keeps the others'");
+                    r.optimizer_placement.name() + "); the CPU updates the others");
+  if (r.mode == Mode::kLayup && disk_blocks > 0)
+    notes.push_back(
+        "layup keeps the optimizer state of blocks " +
+        std::to_string(r.config.n_layer - disk_blocks) + "-" +
+        std::to_string(r.config.n_layer - 1) + " in a file under " + r.offload_dir +
+        " (--optimizer-placement " + r.optimizer_placement.name() + "), " +
+        std::to_string(options.disk_slots) +
+        " blocks' worth of host memory stage them: each step reads and writes 12 bytes a "
+        "parameter of them, which hides under the GPU's work only in steps long enough");
   if (options.weights_land_in_compute_copy)
     notes.push_back(
         "the host-updated spans' new weights land in the backend's bf16 compute copy, cast on "
@@ -121,6 +157,11 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
         format_bytes(3 * all) +
         ") lets blocks update during backward and be redone when the step is clipped; "
         "--layup-clip deferred keeps one copy and updates the blocks after backward");
+  else if (r.mode == Mode::kLayup && r.clip > 0.0f && r.layup_clip == LayupClip::kAuto &&
+           disk_blocks > 0)
+    notes.push_back(
+        "clipping in layup is deferred (--layup-clip auto with blocks on disk, which have no "
+        "second copy of their state to speculate with): the blocks are updated after backward");
   else if (r.mode == Mode::kLayup && r.clip > 0.0f && r.layup_clip == LayupClip::kAuto)
     notes.push_back(
         "clipping in layup is deferred (--layup-clip auto on an integrated GPU: a speculative "

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/test_files.h"
 #include "schedule/schedule.h"
 
 namespace layup {
@@ -316,7 +317,95 @@ TEST(SchedulesEquivalence, BlocksUpdatedOnTheDeviceTrainTheSame) {
       << describe_schedule(Mode::kLayup, {.update_sites = block_1_and_head}, 1.0f);
 }
 
-// A checkpoint of a run with device-updated spans holds their state as the device has it: what
+// Blocks whose optimizer state lives on disk (UpdateSite::kDisk: a file under offload_dir, staged
+// through a ring of host slots), mixed with device- and host-updated spans in one run: the same
+// steps, bit for bit, with and without clipping (deferred), with one micro-batch and two, unclipped
+// from the slots, with one staging slot (every update reads its block again) and with as many as
+// disk blocks (nothing is read twice), and with the master weights in place for the host's spans.
+TEST(SchedulesEquivalence, BlocksOnDiskTrainTheSame) {
+  const ParameterLayout layout(tiny_config());
+  const size_t spans = layout.spans().size();
+  test_files::TempDir dir;
+  std::vector<UpdateSite> mixed = head_on_device(layout);  // embeddings, final norm: device
+  mixed[1 + 0] = UpdateSite::kDisk;
+  mixed[1 + 1] = UpdateSite::kDevice;
+  mixed[1 + 2] = UpdateSite::kDisk;
+  std::vector<UpdateSite> host_and_disk(spans, UpdateSite::kHost);
+  host_and_disk[1 + 1] = host_and_disk[1 + 2] = UpdateSite::kDisk;
+  std::vector<UpdateSite> every_block(spans, UpdateSite::kDisk);
+  every_block.front() = every_block.back() = UpdateSite::kHost;
+  const struct {
+    const char* name;
+    ScheduleOptions options;
+  } placements[] = {
+      {"blocks 0 and 2 on disk, 1 and the head on the device, 1 slot",
+       {.update_sites = mixed, .offload_dir = dir.path(), .disk_slots = 1}},
+      {"blocks 1-2 on disk, the rest on the host, 3 slots",
+       {.update_sites = host_and_disk, .offload_dir = dir.path(), .disk_slots = 3}},
+      {"every block on disk, 2 slots, master weights in place",
+       {.weights_in_place = true,
+        .update_sites = every_block,
+        .offload_dir = dir.path(),
+        .disk_slots = 2}},
+  };
+  for (const int micro_batches : {1, 2})
+    for (const bool clip : {false, true}) {
+      SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
+                   (clip ? "clipped" : "unclipped"));
+      const TrainingRun gpu = train(make_gpu_schedule, micro_batches, clip);
+      EXPECT_NE(gpu.losses.front(), gpu.losses.back());
+      for (const auto& [name, options] : placements)
+        expect_same(gpu, train(with_options("layup", options), micro_batches, clip),
+                    std::string("layup, on disk: ") + name);
+    }
+  const TrainingRun gpu = train(make_gpu_schedule, 1, false);
+  for (const auto& [name, options] : placements) {
+    ScheduleOptions slots_only = options;
+    slots_only.host_gradient = false;
+    expect_same(gpu, train(with_options("layup", slots_only), 1, false),
+                std::string("layup, slots only, on disk: ") + name);
+  }
+  EXPECT_NE(describe_schedule(Mode::kLayup, placements[0].options, 1.0f)
+                .find("block 0 and block 2 keep their optimizer state on disk"),
+            std::string::npos)
+      << describe_schedule(Mode::kLayup, placements[0].options, 1.0f);
+}
+
+// What the disk tier refuses before a step: no directory, speculative clipping (no second copy of
+// the state on disk), a directory that does not exist, the head on disk.
+TEST(SchedulesEquivalence, BlocksOnDiskRefuseWhatTheyCannotDo) {
+  const Gpt2Config config = tiny_config();
+  const ParameterLayout layout(config);
+  test_files::TempDir dir;
+  std::vector<UpdateSite> sites(layout.spans().size(), UpdateSite::kHost);
+  sites[1 + 1] = UpdateSite::kDisk;
+  const auto make = [&](const ScheduleOptions& options) {
+    return make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
+                               options);
+  };
+  const auto message = [&](const ScheduleOptions& options) {
+    try {
+      make(options);
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(message({.update_sites = sites}).find("--offload-dir"), std::string::npos)
+      << message({.update_sites = sites});
+  const std::string speculative =
+      message({.speculative_clip = true, .update_sites = sites, .offload_dir = dir.path()});
+  EXPECT_NE(speculative.find("--layup-clip deferred"), std::string::npos) << speculative;
+  const std::string missing = message({.update_sites = sites, .offload_dir = dir.file("none")});
+  EXPECT_NE(missing.find(dir.file("none")), std::string::npos) << missing;
+  std::vector<UpdateSite> head = sites;
+  head.front() = UpdateSite::kDisk;
+  const std::string embeddings = message({.update_sites = head, .offload_dir = dir.path()});
+  EXPECT_NE(embeddings.find("only blocks"), std::string::npos) << embeddings;
+}
+
+// A checkpoint of a run with device-updated spans (and a block on disk) holds their state as the
+// device (the disk) has it: what
 // export_tensors gives, import_tensors puts back (the moments into device memory, which the
 // accountant sees), and training on from it, in layup with the same sites or in gpu mode, takes
 // the same steps as a run that never stopped.
@@ -325,7 +414,9 @@ TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
   const ParameterLayout layout(config);
   std::vector<UpdateSite> sites = head_on_device(layout);
   sites[1 + 1] = UpdateSite::kDevice;
-  const ScheduleOptions options{.update_sites = sites};
+  sites[1 + 2] = UpdateSite::kDisk;
+  test_files::TempDir dir;
+  const ScheduleOptions options{.update_sites = sites, .offload_dir = dir.path()};
   std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
   const auto steps = [&](Schedule& schedule, int from, int to) {
     for (int step = from; step < to; ++step) {
@@ -368,8 +459,9 @@ TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
       << "m and v of the device-updated spans, in device memory";
   EXPECT_EQ(
       accountant->cell(MemorySide::kHost, TensorClass::kMasterWeights, MemoryKind::kHost).current,
-      (layout.total_count() - on_device) * sizeof(float))
-      << "the host keeps the master weights of the spans it updates, and no others";
+      (layout.total_count() - on_device - layout.block().count) * sizeof(float))
+      << "the host keeps the master weights of the spans it keeps the state of (not those on "
+         "the device or on disk)";
   resumed->import_tensors(checkpoint);
   const OptimizerTensors round_trip = resumed->export_tensors();
   EXPECT_TRUE(bitwise_equal(checkpoint.params, round_trip.params));
@@ -398,11 +490,14 @@ TEST(SchedulesEquivalence, InitializedSpanBySpanAsWhole) {
   const ParameterLayout layout(config);
   std::vector<UpdateSite> sites = head_on_device(layout);
   sites[1 + 1] = UpdateSite::kDevice;
+  sites[1 + 2] = UpdateSite::kDisk;
+  test_files::TempDir dir;
   const OptimizerTensors expected = fresh_optimizer_tensors(layout, 11);
   for (const Mode mode : {Mode::kGpu, Mode::kOffload, Mode::kLayup}) {
     SCOPED_TRACE(name_of(mode));
     const ScheduleOptions options =
-        mode == Mode::kLayup ? ScheduleOptions{.update_sites = sites} : ScheduleOptions{};
+        mode == Mode::kLayup ? ScheduleOptions{.update_sites = sites, .offload_dir = dir.path()}
+                             : ScheduleOptions{};
     std::unique_ptr<Schedule> schedule = make_schedule(
         mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout, options);
     schedule->initialize_fresh(11);

@@ -1,0 +1,343 @@
+// DiskTier: the disk spans' state in a DiskStateStore and its ring of staging slots.
+#include "schedule/disk_tier.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+#include "memory/tensor_class.h"
+
+namespace layup {
+
+namespace {
+
+// How many of the expected spans the ring reads ahead of (at most one slot each).
+size_t read_ahead(size_t slots) {
+  return slots;
+}
+
+std::string span_name(const Span& span) {
+  if (span.kind == SpanKind::kBlock) return "block " + std::to_string(span.layer);
+  return span.kind == SpanKind::kEmbeddings ? "embeddings" : "final norm";
+}
+
+}  // namespace
+
+std::vector<DiskRecord> DiskTier::records(const ParameterLayout& layout,
+                                          const std::vector<UpdateSite>& sites) {
+  std::vector<DiskRecord> records;
+  for (size_t index = 0; index < sites.size(); ++index)
+    if (sites[index] == UpdateSite::kDisk)
+      records.push_back({layout.spans()[index].count, span_name(layout.spans()[index])});
+  return records;
+}
+
+BufferList DiskTier::buffers(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
+                             size_t slots, DeviceKinds kinds) {
+  const std::vector<DiskRecord> disk = records(layout, sites);
+  if (disk.empty()) return {};
+  DiskStagingRing ring = disk_staging_ring(disk, slots);
+  // Room to align each slot inside its buffer: the CPU backend's allocations are only 64-byte
+  // aligned, and direct I/O needs kDiskAlignment.
+  ring.slot_bytes += kDiskAlignment;
+  BufferList list = disk_staging_buffers(ring, kinds.host_copy);
+  append(list, DiskStateStore::buffers());
+  return list;
+}
+
+DiskUsage DiskTier::disk_usage(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
+                               const std::string& dir) {
+  return DiskStateStore::disk_usage(dir, records(layout, sites));
+}
+
+DiskTier::DiskTier(Device& device, const ParameterLayout& layout,
+                   const std::vector<UpdateSite>& sites, const std::string& dir, size_t slots)
+    : device_(device), layout_(layout), record_of_(layout.spans().size(), kNotHere) {
+  LAYUP_CHECK(sites.size() == layout.spans().size(), "the update sites name ", sites.size(),
+              " spans, but the model has ", layout.spans().size());
+  for (size_t index = 0; index < sites.size(); ++index) {
+    if (sites[index] != UpdateSite::kDisk) continue;
+    LAYUP_CHECK(layout.spans()[index].kind == SpanKind::kBlock,
+                "only blocks can keep their optimizer state on disk, not the ",
+                span_name(layout.spans()[index]));
+    record_of_[index] = spans_.size();
+    spans_.push_back(index);
+  }
+  if (spans_.empty()) return;
+  LAYUP_CHECK(!dir.empty(),
+              "blocks placed on disk need a directory for their file: give --offload-dir");
+  LAYUP_CHECK(slots >= 1, "the disk tier needs at least one staging slot");
+  store_ = std::make_unique<DiskStateStore>(dir, records(layout, sites));
+  for (const PlannedAllocation& buffer : disk_staging_buffers(
+           [&] {
+             DiskStagingRing ring = disk_staging_ring(records(layout, sites), slots);
+             ring.slot_bytes += kDiskAlignment;
+             return ring;
+           }(),
+           device.host_memory_kind())) {
+    Slot slot;
+    slot.buffer = device.allocate(buffer);
+    const auto address = reinterpret_cast<uintptr_t>(slot.buffer.data());
+    slot.data =
+        reinterpret_cast<float*>((address + kDiskAlignment - 1) / kDiskAlignment * kDiskAlignment);
+    slots_.push_back(std::move(slot));
+  }
+  ring_ = std::thread([this] { run_ring(); });
+}
+
+DiskTier::~DiskTier() {
+  if (!ring_.joinable()) return;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  ring_.join();
+  if (failure_) {
+    try {
+      std::rethrow_exception(failure_);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "layup: the disk tier's last write-back failed: %s\n", error.what());
+    }
+  }
+}
+
+std::string DiskTier::describe() const {
+  if (spans_.empty()) return "";
+  return std::to_string(spans_.size()) + " block(s) on disk, " + std::to_string(slots_.size()) +
+         " staging slot(s) of " + format_bytes(store_->layout(0).bytes) + "; " + store_->describe();
+}
+
+void DiskTier::expect(const std::vector<size_t>& spans) {
+  if (spans_.empty()) return;
+  {
+    std::lock_guard lock(mutex_);
+    for (const size_t span : spans) {
+      LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
+      expected_.push_back(span);
+    }
+  }
+  changed_.notify_all();
+}
+
+DiskTier::Lease DiskTier::lease_of(size_t slot) {
+  const DiskRecordLayout& layout = store_->layout(record_of_[slots_[slot].span]);
+  float* data = slots_[slot].data;
+  return {slots_[slot].span, slot, data + layout.params_offset(), data + layout.m_offset(),
+          data + layout.v_offset()};
+}
+
+size_t DiskTier::slot_holding(size_t span) const {
+  for (size_t slot = 0; slot < slots_.size(); ++slot)
+    if (slots_[slot].state != SlotState::kFree && slots_[slot].span == span) return slot;
+  return kNotHere;
+}
+
+bool DiskTier::expected_soon(size_t span) const {
+  const size_t ahead = std::min(expected_.size(), read_ahead(slots_.size()));
+  return std::find(expected_.begin(), expected_.begin() + static_cast<std::ptrdiff_t>(ahead),
+                   span) != expected_.begin() + static_cast<std::ptrdiff_t>(ahead);
+}
+
+size_t DiskTier::prefetch_victim() const {
+  for (size_t slot = 0; slot < slots_.size(); ++slot)
+    if (slots_[slot].state == SlotState::kFree) return slot;
+  for (size_t slot = 0; slot < slots_.size(); ++slot)
+    if (slots_[slot].state == SlotState::kReady && !expected_soon(slots_[slot].span)) return slot;
+  return kNotHere;
+}
+
+size_t DiskTier::take_victim(std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    const size_t victim = prefetch_victim();
+    if (victim != kNotHere) return victim;
+    // Every slot is read ahead for later spans, busy, or being written: a ready one is given up
+    // (it is read again when its turn comes), else a read ahead is, else wait for a write-back.
+    for (size_t slot = 0; slot < slots_.size(); ++slot)
+      if (slots_[slot].state == SlotState::kReady) return slot;
+    for (size_t slot = 0; slot < slots_.size(); ++slot) {
+      if (slots_[slot].state != SlotState::kReading) continue;
+      DiskTicket abandoned = std::move(slots_[slot].ticket);
+      slots_[slot].state = SlotState::kInUse;  // nobody else touches it meanwhile
+      lock.unlock();
+      try {
+        abandoned.wait();
+      } catch (...) {  // the span is read again when it is taken
+      }
+      lock.lock();
+      return slot;
+    }
+    rethrow_failure();
+    changed_.wait(lock);
+  }
+}
+
+DiskTier::Lease DiskTier::take(size_t span) {
+  LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
+  std::unique_lock lock(mutex_);
+  rethrow_failure();
+  const auto first = std::find(expected_.begin(), expected_.end(), span);
+  if (first != expected_.end()) expected_.erase(expected_.begin(), first + 1);
+  changed_.notify_all();  // the ring may read further ahead now
+  for (;;) {
+    const size_t slot = slot_holding(span);
+    if (slot == kNotHere) break;
+    Slot& held = slots_[slot];
+    LAYUP_CHECK(held.state != SlotState::kInUse, "span ", span,
+                " of the disk tier is already being updated");
+    if (held.state == SlotState::kReady) {
+      held.state = SlotState::kInUse;
+      return lease_of(slot);
+    }
+    if (held.state == SlotState::kReading) {
+      DiskTicket read = std::move(held.ticket);
+      held.state = SlotState::kInUse;
+      lock.unlock();
+      try {
+        read.wait();
+      } catch (...) {
+        std::lock_guard relock(mutex_);
+        slots_[slot].state = SlotState::kFree;
+        changed_.notify_all();
+        throw;
+      }
+      return lease_of(slot);
+    }
+    changed_.wait(lock);  // kWriting: its last update is still being written back
+    rethrow_failure();
+  }
+  const size_t slot = take_victim(lock);
+  slots_[slot].state = SlotState::kInUse;
+  slots_[slot].span = span;
+  lock.unlock();
+  try {
+    store_->read_now(record_of_[span], slots_[slot].data);
+  } catch (...) {
+    std::lock_guard relock(mutex_);
+    slots_[slot].state = SlotState::kFree;
+    changed_.notify_all();
+    throw;
+  }
+  return lease_of(slot);
+}
+
+std::function<void()> DiskTier::put_back(const Lease& lease) {
+  {
+    std::lock_guard lock(mutex_);
+    Slot& slot = slots_[lease.slot];
+    LAYUP_CHECK(slot.state == SlotState::kInUse && slot.span == lease.span,
+                "a disk tier slot was put back that was not taken");
+    slot.ticket = store_->write(record_of_[lease.span], slot.data);
+    slot.state = SlotState::kWriting;
+    slot.landed = false;
+    writing_.push_back(lease.slot);
+  }
+  changed_.notify_all();
+  return [this, slot = lease.slot] {
+    {
+      std::lock_guard lock(mutex_);
+      slots_[slot].landed = true;
+    }
+    changed_.notify_all();
+  };
+}
+
+void DiskTier::run_ring() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    // Reads first: they are what the next update waits for, and starting one never blocks.
+    bool started = false;
+    for (const size_t span : expected_) {
+      if (!expected_soon(span)) break;
+      if (slot_holding(span) != kNotHere) continue;
+      const size_t slot = prefetch_victim();
+      if (slot == kNotHere) break;
+      try {
+        slots_[slot].ticket = store_->read(record_of_[span], slots_[slot].data);
+      } catch (...) {  // e.g. its write-back still holds the record: read it when it is taken
+        break;
+      }
+      slots_[slot].state = SlotState::kReading;
+      slots_[slot].span = span;
+      started = true;
+      break;
+    }
+    if (started) continue;
+    if (!writing_.empty()) {
+      const size_t slot = writing_.front();
+      DiskTicket write = std::move(slots_[slot].ticket);
+      lock.unlock();
+      std::exception_ptr failed;
+      try {
+        write.wait();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      lock.lock();
+      changed_.wait(lock, [&] { return slots_[slot].landed; });
+      writing_.pop_front();
+      // A failed write leaves the record on disk stale: the slot keeps nothing, and the failure
+      // stops the run at the next take.
+      slots_[slot].state = failed ? SlotState::kFree : SlotState::kReady;
+      if (failed && !failure_) failure_ = failed;
+      changed_.notify_all();
+      continue;
+    }
+    if (stopping_) return;
+    changed_.wait(lock);
+  }
+}
+
+void DiskTier::rethrow_failure() {
+  if (failure_) std::rethrow_exception(failure_);
+}
+
+void DiskTier::finish() {
+  if (spans_.empty()) return;
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return writing_.empty(); });
+  rethrow_failure();
+}
+
+void DiskTier::read_span(size_t span, const SpanState& out) {
+  LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return writing_.empty(); });
+  rethrow_failure();
+  const size_t slot = slot_holding(span);
+  if (slot != kNotHere && slots_[slot].state == SlotState::kReading) {
+    slots_[slot].ticket.wait();
+    slots_[slot].state = SlotState::kReady;
+  }
+  if (slot != kNotHere) {
+    const Lease lease = lease_of(slot);
+    const size_t count = layout_.spans()[span].count;
+    std::copy_n(lease.params, count, out.params);
+    std::copy_n(lease.m, count, out.m);
+    std::copy_n(lease.v, count, out.v);
+    return;
+  }
+  // Under the lock: the ring starts no read of it meanwhile.
+  store_->read_parts(record_of_[span], out.params, out.m, out.v);
+}
+
+void DiskTier::write_span(size_t span, const ConstSpanState& in) {
+  LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return writing_.empty(); });
+  rethrow_failure();
+  const size_t slot = slot_holding(span);
+  if (slot != kNotHere) {  // what the slot holds is old now
+    if (slots_[slot].state == SlotState::kReading) slots_[slot].ticket.wait();
+    LAYUP_CHECK(slots_[slot].state != SlotState::kInUse, "span ", span,
+                " of the disk tier is being updated while it is imported");
+    slots_[slot].state = SlotState::kFree;
+    slots_[slot].span = kNotHere;
+  }
+  store_->write_parts(record_of_[span], in.params, in.m, in.v);
+}
+
+}  // namespace layup

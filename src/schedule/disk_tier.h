@@ -1,0 +1,129 @@
+// DiskTier: the spans the layup schedule keeps on disk (UpdateSite::kDisk): their fp32 master
+// weights and AdamW moments in one DiskStateStore file under ScheduleOptions::offload_dir, and a
+// ring of staging slots in host memory (pinned on CUDA) that an update reads a span into, updates
+// in place, sends to the device from and writes back. See docs/schedules.md ("The disk tier").
+//
+// Read-ahead: the schedule says in which order it will update the disk spans (expect); the ring's
+// thread reads the next ones into free slots before they are asked for, and completes the
+// write-backs. A slot keeps its span after the write-back until the slot is needed again, so
+// with as many slots as disk spans nothing is read twice.
+//
+// Threads: take and put_back from one thread at a time (the schedule's coordinator); the function
+// put_back returns from any thread (a copy's landing); expect, read_span, write_span and finish
+// between or during steps from any thread. A failed read or write is thrown by the next take or
+// finish.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/device.h"
+#include "model/parameter_layout.h"
+#include "schedule/schedule.h"
+#include "tier/disk_state_store.h"
+
+namespace layup {
+
+class DiskTier {
+ public:
+  // `sites`: one per span (the disk spans are those at UpdateSite::kDisk), in `dir`, with `slots`
+  // staging slots. `device` must outlive this.
+  DiskTier(Device& device, const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
+           const std::string& dir, size_t slots);
+  // Finishes the write-backs (an error is printed: nobody is left to throw it to).
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  // The disk spans of `sites` as the store's records, in layout order.
+  static std::vector<DiskRecord> records(const ParameterLayout& layout,
+                                         const std::vector<UpdateSite>& sites);
+  // What it allocates on the host (the slots, each padded to align it for direct I/O, and the
+  // store's bounce buffer), and on disk.
+  static BufferList buffers(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
+                            size_t slots, DeviceKinds kinds);
+  static DiskUsage disk_usage(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
+                              const std::string& dir);
+
+  bool holds(size_t span) const { return record_of_[span] != kNotHere; }
+  const std::vector<size_t>& spans() const { return spans_; }
+  // One line: the spans, the file and its I/O mode, the slots.
+  std::string describe() const;
+
+  // The order of the updates to come (disk spans), appended to what is still expected: the ring
+  // reads ahead in that order. A take consumes the entries up to its span's first, so an update
+  // that never comes (a step abandoned) costs only a read.
+  void expect(const std::vector<size_t>& spans);
+
+  // One span's state in a staging slot, for one update.
+  struct Lease {
+    size_t span = 0;
+    size_t slot = 0;
+    float* params = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+  };
+  // The span's state, read ahead or read now; the slot is the caller's until put_back.
+  Lease take(size_t span);
+  // Starts writing the slot back; returns what to call once nothing else reads the slot (the new
+  // weights' copy to the device has landed); until then, and until the write is done, the slot
+  // stays busy. The returned function neither blocks for long nor throws.
+  std::function<void()> put_back(const Lease& lease);
+
+  // Returns once every write-back is done; throws the first failed transfer.
+  void finish();
+  // A span's state out of (or into) the tier, whole: for export and import. Waits for the
+  // write-backs first.
+  void read_span(size_t span, const SpanState& out);
+  void write_span(size_t span, const ConstSpanState& in);
+
+ private:
+  static constexpr size_t kNotHere = static_cast<size_t>(-1);
+
+  enum class SlotState { kFree, kReading, kReady, kInUse, kWriting };
+  struct Slot {
+    DeviceBuffer buffer;
+    float* data = nullptr;  // aligned to kDiskAlignment inside buffer
+    SlotState state = SlotState::kFree;
+    size_t span = kNotHere;
+    DiskTicket ticket;  // the read (kReading) or the write (kWriting)
+    bool landed = true;
+  };
+
+  Lease lease_of(size_t slot);
+  // Under mutex_: the slot holding `span` (any state), or kNotHere.
+  size_t slot_holding(size_t span) const;
+  // Under mutex_: a slot to read `span` into ahead of its take, or kNotHere: a free one, or one
+  // whose span is not among the next few expected.
+  size_t prefetch_victim() const;
+  bool expected_soon(size_t span) const;
+  // Under mutex_ (the lock is dropped while it waits): a slot to read into now for a take.
+  size_t take_victim(std::unique_lock<std::mutex>& lock);
+  void run_ring();
+  void rethrow_failure();
+
+  Device& device_;
+  const ParameterLayout& layout_;
+  std::vector<size_t> spans_;
+  std::vector<size_t> record_of_;  // per span: its record in the store, or kNotHere
+  std::unique_ptr<DiskStateStore> store_;
+  std::vector<Slot> slots_;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<size_t> expected_;  // spans, in the order of their updates to come
+  std::deque<size_t> writing_;   // slots, in the order their writes started
+  std::exception_ptr failure_;
+  bool stopping_ = false;
+  std::thread ring_;  // last: joined before the slots and the store go
+};
+
+}  // namespace layup
