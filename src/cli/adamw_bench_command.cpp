@@ -21,6 +21,7 @@
 #include "io/atomic_file.h"
 #include "optim/adamw.h"
 #include "optim/adamw_simd.h"
+#include "optim/adamw_timing.h"
 #include "optim/host_adamw.h"
 #include "train/run_info.h"
 
@@ -32,7 +33,7 @@ namespace {
 // params, m and v (12 bytes). The written lines were read just before, so no extra
 // read-for-ownership traffic arises: 28 bytes in all.
 constexpr double kBytesPerParam = 28.0;
-constexpr int kWarmupUpdates = 2;
+constexpr int kWarmupUpdates = kAdamWWarmupUpdates;
 
 struct AdamWBenchFlags {
   size_t params = 124439808;  // gpt2-small (124M, padded vocabulary)
@@ -57,21 +58,6 @@ FloatBuffer allocate_floats(size_t count) {
   return FloatBuffer(data);
 }
 
-struct Timing {
-  std::vector<double> seconds;  // every timed update, in order
-  double median_s = 0.0, best_s = 0.0;
-};
-
-Timing summarize(std::vector<double> seconds) {
-  Timing timing;
-  timing.seconds = seconds;
-  std::sort(seconds.begin(), seconds.end());
-  const size_t n = seconds.size();
-  timing.median_s = n % 2 ? seconds[n / 2] : 0.5 * (seconds[n / 2 - 1] + seconds[n / 2]);
-  timing.best_s = seconds.front();
-  return timing;
-}
-
 // The loop adamw_update ran before the SIMD kernels: one OpenMP parallel for over the elements,
 // vectorized (or not) as the compiler sees fit. The comparison the issue names.
 void plain_openmp_adamw(float* params, const float* grads, float* m, float* v, size_t count,
@@ -94,29 +80,7 @@ void plain_openmp_adamw(float* params, const float* grads, float* m, float* v, s
   }
 }
 
-// Times kWarmupUpdates untimed then `repeats` timed calls of update(step); calls after_warmup in
-// between.
-template <class Update, class AfterWarmup>
-Timing time_updates(int repeats, Update update, AfterWarmup after_warmup) {
-  AdamWStep step;
-  step.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
-  for (int i = 0; i < kWarmupUpdates; ++i) {
-    step.t = i + 1;
-    update(step);
-  }
-  after_warmup();
-  std::vector<double> seconds;
-  for (int i = 0; i < repeats; ++i) {
-    step.t = kWarmupUpdates + i + 1;
-    const auto start = std::chrono::steady_clock::now();
-    update(step);
-    seconds.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  return summarize(seconds);
-}
-
-nlohmann::json timing_json(const Timing& timing, size_t params) {
+nlohmann::json timing_json(const AdamWTiming& timing, size_t params) {
   return {{"seconds", timing.seconds},
           {"median_params_per_s", params / timing.median_s},
           {"best_params_per_s", params / timing.best_s},
@@ -155,7 +119,7 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
     }
   });
 
-  const Timing engine_timing = time_updates(
+  const AdamWTiming engine_timing = time_adamw_updates(
       flags.repeats,
       [&](const AdamWStep& step) {
         engine.update(params.get(), grads.get(), m.get(), v.get(), n, step, true);
@@ -171,7 +135,7 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
     std::fill(v2.get() + begin, v2.get() + end, 0.0f);
   });
   bool forward = true;
-  const Timing out_of_place_timing = time_updates(
+  const AdamWTiming out_of_place_timing = time_adamw_updates(
       flags.repeats,
       [&](const AdamWStep& step) {
         float *p_in = params.get(), *m_in = m.get(), *v_in = v.get();
@@ -191,7 +155,7 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
   // steal the engine's cores. Same thread count, for a like-for-like ratio.
   const int saved_threads = omp_get_max_threads();
   omp_set_num_threads(engine.worker_count());
-  const Timing openmp_timing = time_updates(
+  const AdamWTiming openmp_timing = time_adamw_updates(
       flags.repeats,
       [&](const AdamWStep& step) {
         plain_openmp_adamw(params.get(), grads.get(), m.get(), v.get(), n, step);
@@ -203,7 +167,7 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
   const double ratio = openmp_timing.median_s / engine_timing.median_s;
 
   const auto row = [&](const char* variant, const char* isa, int workers, const char* pinned,
-                       const Timing& timing) {
+                       const AdamWTiming& timing) {
     std::printf("  %-18s %-9s %7d  %-6s %11.3f %9.3f %12.1f %9.1f\n", variant, isa, workers, pinned,
                 n / timing.median_s / 1e9, n / timing.best_s / 1e9,
                 n * kBytesPerParam / timing.median_s / 1e9,

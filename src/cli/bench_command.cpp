@@ -4,9 +4,13 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "engine/calibration.h"
 #include "io/atomic_file.h"
 #include "memory/plan_file.h"
 #include "train/benchmark.h"
@@ -24,7 +28,45 @@ struct BenchFlags {
   std::string json_path;
   std::string plan_path;
   int threads = 0;
+  std::string calibration_path;  // the step-time model's rates (empty: the default cache)
 };
+
+// The step-time model's prediction beside the measured median: from the cached calibration, else
+// from one measured now at this run's shape (a few seconds; not cached, as its FLOP rate is this
+// shape's).
+nlohmann::json print_predicted(const BenchmarkResult& result, const std::string& flag_path) {
+  const std::string path = calibration_path_or_default(flag_path);
+  std::optional<Calibration> calibration = load_calibration(path);
+  if (!calibration) {
+    CalibrationOptions quick;
+    quick.target = {result.device, result.dtype, result.step_time.recompute};
+    quick.config = result.step_time.config;
+    quick.batch = result.step_time.batch;
+    quick.seq_len = result.step_time.seq_len;
+    quick.repeats = 2;
+    quick.link_bytes = size_t{64} << 20;
+    quick.cpu_params = size_t{16} << 20;
+    std::fprintf(stderr,
+                 "layup bench: no calibration in %s (`layup calibrate` writes one); measuring "
+                 "the rates at this run's shape now\n",
+                 path.c_str());
+    calibration = calibrate(quick, stderr);
+  }
+  const std::vector<std::string> missing = missing_rates(result.step_time, calibration->rates);
+  if (!missing.empty()) {
+    std::printf("  %-22s needs %s\n", "predicted", missing.front().c_str());
+    return nullptr;
+  }
+  const StepTimePrediction p = predict_step_time(result.step_time, calibration->rates);
+  std::printf("  %-22s %.2f ms (measured median %.2f ms: %.2fx the prediction); %s\n%s",
+              "predicted", p.step_s * 1e3, result.median_ms, result.median_ms / (p.step_s * 1e3),
+              calibration->describe().c_str(), format_step_time(p).c_str());
+  return {{"predicted_ms", p.step_s * 1e3},
+          {"measured_over_predicted", result.median_ms / (p.step_s * 1e3)},
+          {"bound_by", p.bound_by},
+          {"exposed_ms", p.exposed_s * 1e3},
+          {"calibration", calibration_json(*calibration)}};
+}
 
 }  // namespace
 
@@ -58,6 +100,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
   add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.allow_overcommit,
                    o.place, flags->plan_path);
+  cmd->add_option("--calibration", flags->calibration_path,
+                  "The rates `layup calibrate` cached, for the predicted step time (default: its "
+                  "default file; when absent, measured now at this run's shape)");
 
   cmd->callback([flags]() {
     BenchmarkOptions options = flags->options;
@@ -72,8 +117,11 @@ void add_bench_command(CLI::App& app) {
                  options.steps, name_of(options.mode).c_str());
     const BenchmarkResult result = run_benchmark(options, stderr);
     std::printf("%s", format_benchmark_table(options, result).c_str());
+    const nlohmann::json predicted = print_predicted(result, flags->calibration_path);
     if (!flags->json_path.empty()) {
-      const std::string text = benchmark_json(options, result, own_command_line()).dump(2) + "\n";
+      nlohmann::json json = benchmark_json(options, result, own_command_line());
+      json["predicted"] = predicted;
+      const std::string text = json.dump(2) + "\n";
       write_text_atomically(flags->json_path, text);
       std::printf("  %-22s %s\n", "json", flags->json_path.c_str());
     }

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,10 @@
 
 namespace layup {
 
+struct Calibration;         // engine/calibration.h
+struct CalibrationOptions;  // engine/calibration.h
+struct MemoryPlan;          // memory/memory_plan.h
+
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
@@ -20,6 +25,17 @@ void add_adamw_bench_command(CLI::App& app);
 void add_disk_bench_command(CLI::App& app);
 void add_memory_command(CLI::App& app);
 void add_study_command(CLI::App& app);
+void add_calibrate_command(CLI::App& app);
+
+// The step-time model's side of `calibrate`, `memory` and `bench` (calibrate_command.cpp).
+// --calibration's value, or the default cache file.
+std::string calibration_path_or_default(const std::string& path);
+// Measures the rates (a few seconds), with this machine's name and the date; lines to `log`.
+Calibration calibrate(const CalibrationOptions& options, FILE* log);
+// The predicted step time of each plan from the calibration in `calibration_path` (empty: the
+// default), the parts of `detailed_mode`'s; or how to make a calibration when there is none.
+std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode detailed_mode,
+                                 const std::string& calibration_path);
 
 // The model flags `train`, `bench`, `memory` and `study` share: --model (a named config) or an
 // explicit model (--layers, --heads and --dim together), and --context over either.

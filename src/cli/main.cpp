@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   layup::add_disk_bench_command(app);
   layup::add_memory_command(app);
   layup::add_study_command(app);
+  layup::add_calibrate_command(app);
   // Every failure ends here as one message and exit status 1 (--help and --version exit 0).
   try {
     app.parse(argc, argv);

@@ -31,6 +31,7 @@ struct MemoryFlags : RunSpec {
   bool mode_given = false;
   std::string clip_text = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
   std::string plan_path;
+  std::string calibration_path;  // the step-time model's rates (empty: the default cache)
 };
 
 // The run the flags describe; plan_only resolves auto like `layup train` does, and an explicit
@@ -88,6 +89,9 @@ void add_memory_command(CLI::App& app) {
                     "GPU too, with a discrete GPU's attributes)");
   add_memory_flags(*cmd, flags->memory_budget, flags->device_budget, flags->host_budget,
                    flags->allow_overcommit, flags->place, flags->plan_path);
+  cmd->add_option("--calibration", flags->calibration_path,
+                  "The rates `layup calibrate` cached, for the predicted step time (default: "
+                  "its default file)");
 
   cmd->callback([flags, cmd]() {
     flags->mode_given = cmd->count("--mode") > 0;
@@ -211,6 +215,10 @@ void add_memory_command(CLI::App& app) {
                 chosen->placement.describe().c_str(), base.attributes.describe().c_str(),
                 notes.c_str());
     if (flags->mode_given) std::printf("\n%s", format_memory_plan(*chosen, budgets).c_str());
+
+    // The step-time model (engine/step_time_model.h) on each plan, from the cached calibration.
+    std::printf("\n%s",
+                predicted_step_times(plans, chosen->request.mode, flags->calibration_path).c_str());
   });
 }
 

@@ -98,6 +98,40 @@ TEST(MemoryCli, MemoryCommandComparesTheModes) {
       << bad_place.output;
 }
 
+// With a calibration file `layup memory` predicts each mode's step time (engine/step_time_model.h)
+// and prints the parts of one; without one it says how to make one; a corrupt one is refused.
+TEST(MemoryCli, MemoryCommandPredictsTheStepTimeFromACalibration) {
+  REQUIRE_BINARY();
+  const fs::path dir = fs::temp_directory_path() / ("layup_memory_cal_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const fs::path calibration = dir / "calibration.json";
+  std::ofstream(calibration) << R"({"layup_calibration": 1, "host": "box", "date": "today",
+    "device": "cuda bf16", "gpu_shape": "C=1600, B=4 x T=1024",
+    "rates": {"gpu_flops": 4.8e14, "gpu_adamw_params_per_s": 1.2e11,
+              "cpu_adamw_params_per_s": 3.4e9, "host_add_floats_per_s": 1e10,
+              "d2h_bytes_per_s": 5e10, "h2d_bytes_per_s": 5e10}})";
+  const std::string model = "memory --device cuda --model gpt2-xl --batch 4 --seq-len 1024 ";
+  const Outcome predicted =
+      run_layup(model + "--optimizer-placement host --calibration '" + calibration.string() + "'");
+  ASSERT_EQ(predicted.exit_code, 0) << predicted.output;
+  for (const char* expected :
+       {"predicted step time (calibration", "box, today, cuda bf16", "  gpu  ", "  offload  ",
+        "  layup  ", "bound by CPU", "layup mode:", "predicted step", "gradients to the host"})
+    EXPECT_NE(predicted.output.find(expected), std::string::npos) << expected << "\n"
+                                                                  << predicted.output;
+
+  const Outcome none = run_layup(model + "--calibration '" + (dir / "absent.json").string() + "'");
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_NE(none.output.find("no calibration in"), std::string::npos) << none.output;
+  EXPECT_NE(none.output.find("run `layup calibrate`"), std::string::npos) << none.output;
+
+  std::ofstream(calibration) << "{ not json";
+  const Outcome corrupt = run_layup(model + "--calibration '" + calibration.string() + "'");
+  EXPECT_EQ(corrupt.exit_code, 1) << corrupt.output;
+  EXPECT_NE(corrupt.output.find("is not a layup calibration"), std::string::npos) << corrupt.output;
+  fs::remove_all(dir);
+}
+
 // `layup study` on the CPU backend writes its files and says what it skipped; `memory` and
 // `train` read the plan it recommends (--plan), and a plan's placement is checked like --place.
 TEST(MemoryCli, StudyWritesAPlanThatTrainAndMemoryRead) {

@@ -17,6 +17,7 @@
 #include "core/rng.h"
 #include "data/token_dataset.h"
 #include "engine/backend_factory.h"
+#include "engine/calibration.h"
 #include "engine/run_composer.h"
 #include "memory/memory_plan.h"
 #include "model/init.h"
@@ -105,9 +106,7 @@ std::string format_bytes(long long bytes) {
 }  // namespace
 
 double training_flops_per_token(const Gpt2Config& config, int seq_len) {
-  const double L = config.n_layer, C = config.n_embd, V = config.vocab_size, T = seq_len;
-  const double matmul_weights = 12.0 * L * C * C + V * C;
-  return 6.0 * matmul_weights + 12.0 * L * T * C;
+  return model_flops_per_token(config, seq_len);
 }
 
 double bf16_peak_flops(const std::string& device_name) {
@@ -164,6 +163,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     result.layup_head =
         updates_head_on_device(planned.schedule) ? LayupHead::kDevice : LayupHead::kHost;
   result.memory_plan_bytes = memory_plan.total_bytes();
+  result.step_time = step_time_request(request, planned.schedule);
 
   const ParameterLayout layout(config);
   // Declared before the schedule, which records into it: it must outlive the schedule.

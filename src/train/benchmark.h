@@ -30,6 +30,7 @@
 #include "energy/energy_meter.h"
 #include "energy/gpu_clocks.h"
 #include "engine/run_spec.h"
+#include "engine/step_time_model.h"
 #include "memory/memory_accountant.h"
 #include "model/gpt2_config.h"
 #include "optim/host_adamw.h"
@@ -127,6 +128,9 @@ struct BenchmarkResult {
   // On CUDA (else empty): the GPU's SM clock and what held it down, sampled over the timed steps
   // (a step at the power limit runs at a lower clock: its time follows its energy).
   std::optional<GpuClockReport> clocks;
+  // The run as the step-time model sees it (its placement and clipping, resolved), for the
+  // predicted step time beside the measured one.
+  StepTimeRequest step_time;
 };
 
 // Builds the model, backend and schedule, runs the warm-up then the timed steps. Refuses, before

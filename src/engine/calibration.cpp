@@ -1,0 +1,326 @@
+// Measuring and caching the machine's rates (calibration.h).
+#include "engine/calibration.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "model/init.h"
+#include "model/parameter_layout.h"
+#include "model/token_batch.h"
+#include "optim/adamw_timing.h"
+#include "optim/host_adamw.h"
+#include "tier/disk_throughput.h"
+
+namespace layup {
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+
+// The file's name of each rate, and where it goes.
+struct RateField {
+  const char* key;
+  std::optional<double> MachineRates::*rate;
+};
+constexpr RateField kRateFields[] = {
+    {"gpu_flops", &MachineRates::gpu_flops},
+    {"gpu_adamw_params_per_s", &MachineRates::gpu_adamw_params_per_s},
+    {"cpu_adamw_params_per_s", &MachineRates::cpu_adamw_params_per_s},
+    {"host_add_floats_per_s", &MachineRates::host_add_floats_per_s},
+    {"d2h_bytes_per_s", &MachineRates::d2h_bytes_per_s},
+    {"h2d_bytes_per_s", &MachineRates::h2d_bytes_per_s},
+    {"disk_read_bytes_per_s", &MachineRates::disk_read_bytes_per_s},
+    {"disk_write_bytes_per_s", &MachineRates::disk_write_bytes_per_s},
+};
+
+double median_of(std::vector<double> values) {
+  return summarize_timing(std::move(values)).median_s;
+}
+
+// The median seconds of `repeats` calls of `work` after one untimed.
+template <class Work>
+double median_seconds(int repeats, Work work) {
+  work();
+  std::vector<double> seconds;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    work();
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return median_of(seconds);
+}
+
+void say(FILE* log, const char* what, double value, const char* unit) {
+  if (log) std::fprintf(log, "  %-34s %10.3g %s\n", what, value, unit);
+}
+
+// Forward and backward of the options' model cut to timed_layers blocks, with the whole gradient
+// in device memory: the FLOPs the GPU runs (executed_flops_per_token) over the median time.
+double measure_gpu_flops(const CalibrationOptions& options, BackendAndDevice& compute,
+                         const ParameterLayout& layout) {
+  ModelBackend& backend = *compute.backend;
+  Device& device = *compute.device;
+  const Gpt2Config& config = layout.config();
+  std::vector<float> initial(layout.total_count());
+  init_parameters(layout, initial.data(), 1337);
+  const DeviceBuffer params = device.allocate(layout.total_count(), TensorClass::kWeights);
+  device.copy_to_device(params.data(), initial.data(), initial.size());
+  const DeviceBuffer grads = device.allocate(layout.total_count(), TensorClass::kWeightGrads);
+  const ParameterPointers p = layout.pointers<const float>(params.data());
+  const GradientPointers g = layout.pointers(grads.data());
+  const size_t tokens = static_cast<size_t>(options.batch) * options.seq_len;
+  std::vector<int32_t> ids(tokens);
+  for (size_t i = 0; i < tokens; ++i) ids[i] = static_cast<int32_t>((i * 7919) % config.vocab_size);
+  const TokenBatch batch{ids.data(), ids.data(), options.batch, options.seq_len};
+  const double seconds = median_seconds(options.repeats, [&] {
+    backend.forward(p, batch);
+    backend.backward_head(p, g.final_norm, g.embeddings, 1.0f);
+    for (int layer = config.n_layer - 1; layer >= 0; --layer)
+      backend.backward_block(layer, p, g.blocks[layer]);
+    backend.backward_embeddings(p, g.embeddings);
+    device.wait_for(*device.fence());
+  });
+  return static_cast<double>(tokens) *
+         executed_flops_per_token(config, options.seq_len, options.target.recompute) / seconds;
+}
+
+// The device's AdamW on one block span.
+double measure_gpu_adamw(const CalibrationOptions& options, Device& device,
+                         const ParameterLayout& layout) {
+  const Span& span = layout.spans()[1];
+  DeviceBuffer params = device.allocate(span.count, TensorClass::kMasterWeights);
+  DeviceBuffer grads = device.allocate(span.count, TensorClass::kWeightGrads);
+  DeviceBuffer m = device.allocate(span.count, TensorClass::kOptimizerMoments);
+  DeviceBuffer v = device.allocate(span.count, TensorClass::kOptimizerMoments);
+  AdamWStep step;
+  step.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  const double seconds = median_seconds(options.repeats, [&] {
+    ++step.t;
+    device.adamw_update_span(layout, span, params.data(), grads.data(), m.data(), v.data(), step,
+                             nullptr);
+    device.wait_for(*device.fence());
+  });
+  return static_cast<double>(span.count) / seconds;
+}
+
+}  // namespace
+
+std::string Calibration::describe() const {
+  std::string text = host + ", " + date + ", " + device;
+  if (!gpu_shape.empty()) text += " (FLOP rate at " + gpu_shape + ")";
+  return text;
+}
+
+std::string default_calibration_path() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg != nullptr && *xdg != '\0') return std::string(xdg) + "/layup/calibration.json";
+  const char* home = std::getenv("HOME");
+  LAYUP_CHECK(home != nullptr && *home != '\0',
+              "neither XDG_CACHE_HOME nor HOME is set: give the calibration file with "
+              "--calibration FILE");
+  return std::string(home) + "/.cache/layup/calibration.json";
+}
+
+nlohmann::json calibration_json(const Calibration& calibration) {
+  nlohmann::json rates = nlohmann::json::object();
+  for (const RateField& field : kRateFields)
+    if (const std::optional<double>& rate = calibration.rates.*field.rate; rate)
+      rates[field.key] = *rate;
+  return {{"layup_calibration", kFormatVersion},
+          {"host", calibration.host},
+          {"date", calibration.date},
+          {"device", calibration.device},
+          {"gpu_shape", calibration.gpu_shape},
+          {"disk_dir", calibration.disk_dir},
+          {"rates", rates}};
+}
+
+Calibration parse_calibration(const std::string& text, const std::string& source) {
+  const std::string remedy = "; run `layup calibrate` to write a new one";
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& error) {
+    throw Error(source + " is not a layup calibration: not JSON (" + error.what() + ")" + remedy);
+  }
+  LAYUP_CHECK(json.is_object() && json.contains("layup_calibration"), source,
+              " is not a layup calibration: no \"layup_calibration\" field", remedy);
+  LAYUP_CHECK(json["layup_calibration"] == kFormatVersion, source,
+              " is a layup calibration of "
+              "format ",
+              json["layup_calibration"].dump(), ", this layup reads ", kFormatVersion, remedy);
+  Calibration calibration;
+  const auto text_field = [&](const char* key, std::string& out) {
+    if (!json.contains(key)) return;
+    LAYUP_CHECK(json[key].is_string(), source, ": \"", key, "\" should be a string", remedy);
+    out = json[key].get<std::string>();
+  };
+  text_field("host", calibration.host);
+  text_field("date", calibration.date);
+  text_field("device", calibration.device);
+  text_field("gpu_shape", calibration.gpu_shape);
+  text_field("disk_dir", calibration.disk_dir);
+  LAYUP_CHECK(json.contains("rates") && json["rates"].is_object(), source, ": no \"rates\" object",
+              remedy);
+  for (const auto& [key, value] : json["rates"].items()) {
+    const RateField* field = std::find_if(std::begin(kRateFields), std::end(kRateFields),
+                                          [&](const RateField& f) { return key == f.key; });
+    LAYUP_CHECK(field != std::end(kRateFields), source, ": unknown rate \"", key, "\"", remedy);
+    LAYUP_CHECK(value.is_number() && value.get<double>() > 0.0, source, ": rate \"", key,
+                "\" should be a positive number, not ", value.dump(), remedy);
+    calibration.rates.*field->rate = value.get<double>();
+  }
+  return calibration;
+}
+
+std::optional<Calibration> load_calibration(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    LAYUP_CHECK(!std::filesystem::exists(path), "cannot read the calibration file ", path,
+                "; check its permissions");
+    return std::nullopt;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_calibration(text.str(), path);
+}
+
+void save_calibration(const std::string& path, const Calibration& calibration) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  write_text_atomically(path, calibration_json(calibration).dump(2) + "\n");
+}
+
+MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log) {
+  LAYUP_CHECK(options.repeats > 0, "--repeats must be positive, not ", options.repeats);
+  LAYUP_CHECK(options.timed_layers > 0, "the calibration needs at least one block to time");
+  LAYUP_CHECK(options.batch > 0 && options.seq_len > 0, "--batch and --seq-len must be positive");
+  MachineRates rates;
+  Gpt2Config config = options.config;
+  config.n_layer = std::min(config.n_layer, options.timed_layers);
+  validate_config(config);
+  LAYUP_CHECK(options.seq_len <= config.n_positions, "--seq-len ", options.seq_len,
+              " is longer than the model's context of ", config.n_positions);
+  const ParameterLayout layout(config);
+  {
+    BackendAndDevice compute = make_backend(options.target, config, options.batch, options.seq_len);
+    rates.gpu_flops = measure_gpu_flops(options, compute, layout);
+    say(log, "device training FLOP rate", *rates.gpu_flops / 1e12, "TFLOP/s");
+    rates.gpu_adamw_params_per_s = measure_gpu_adamw(options, *compute.device, layout);
+    say(log, "device AdamW", *rates.gpu_adamw_params_per_s / 1e9, "G params/s");
+
+    Device& device = *compute.device;
+    const size_t floats = std::max<size_t>(1, options.link_bytes / sizeof(float));
+    const DeviceBuffer on_device = device.allocate(floats, TensorClass::kWeightGrads);
+    const DeviceBuffer on_host = device.allocate_host(floats, TensorClass::kWeightGrads);
+    const double bytes = static_cast<double>(floats * sizeof(float));
+    rates.d2h_bytes_per_s = bytes / median_seconds(options.repeats, [&] {
+                              device.copy_to_host(on_host.data(), on_device.data(), floats);
+                            });
+    say(log, "device to host", *rates.d2h_bytes_per_s / 1e9, "GB/s");
+    rates.h2d_bytes_per_s = bytes / median_seconds(options.repeats, [&] {
+                              device.copy_to_device(on_device.data(), on_host.data(), floats);
+                            });
+    say(log, "host to device", *rates.h2d_bytes_per_s / 1e9, "GB/s");
+  }
+  {
+    HostAdamWOptions adamw_options;
+    adamw_options.workers = options.cpu_workers;
+    HostAdamW engine(adamw_options);
+    const size_t n = std::max<size_t>(1, options.cpu_params);
+    std::vector<float> params(n), grads(n), m(n), v(n);
+    engine.for_each_worker_share(n, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        params[i] = 0.02f * static_cast<float>(static_cast<int>(i % 2001) - 1000) * 1e-3f;
+        grads[i] = 1e-3f * params[i];
+      }
+    });
+    const AdamWTiming timing = time_adamw_updates(
+        options.repeats,
+        [&](const AdamWStep& step) {
+          engine.update(params.data(), grads.data(), m.data(), v.data(), n, step, true);
+        },
+        [] {});
+    rates.cpu_adamw_params_per_s = static_cast<double>(n) / timing.median_s;
+    say(log, "CPU AdamW", *rates.cpu_adamw_params_per_s / 1e9, "G params/s");
+    // The host's gradient accumulation: one float add per element, split as the workers split it.
+    const double add_s = median_seconds(options.repeats, [&] {
+      engine.for_each_worker_share(n, [&](size_t begin, size_t end) {
+        for (size_t i = begin; i < end; ++i) m[i] += grads[i];
+      });
+    });
+    rates.host_add_floats_per_s = static_cast<double>(n) / add_s;
+    say(log, "host gradient add", *rates.host_add_floats_per_s / 1e9, "G floats/s");
+  }
+  if (!options.disk_dir.empty()) {
+    // Spans of up to 64 MiB of params, m and v; at least two, so the two slots take turns.
+    const size_t record_bytes =
+        std::min(size_t{64} << 20, std::max<size_t>(options.disk_bytes / 2, 1 << 20));
+    const size_t record_floats = record_bytes / 12;
+    DiskThroughputBench bench(
+        options.disk_dir, record_floats,
+        std::max<size_t>(2, options.disk_bytes / disk_record_layout(record_floats).bytes));
+    const DiskThroughput disk = bench.measure(DiskStateStoreOptions{});
+    rates.disk_read_bytes_per_s = disk.read_bytes_per_s;
+    rates.disk_write_bytes_per_s = disk.write_bytes_per_s;
+    say(log, ("disk read (" + disk.io_mode + ")").c_str(), disk.read_bytes_per_s / 1e9, "GB/s");
+    say(log, "disk write", disk.write_bytes_per_s / 1e9, "GB/s");
+  }
+  return rates;
+}
+
+StepTimeRequest step_time_request(const MemoryPlanRequest& plan, const ScheduleOptions& schedule) {
+  StepTimeRequest request;
+  request.config = plan.config;
+  request.batch = plan.batch;
+  request.seq_len = plan.seq_len;
+  request.micro_batches = plan.grad_accum;
+  request.mode = plan.mode;
+  request.recompute = plan.recompute;
+  // No default: a new site (the disk tier's) warns here (-Wswitch) until it has its tier.
+  for (UpdateSite site : schedule.update_sites) switch (site) {
+      case UpdateSite::kDevice:
+        request.span_tiers.push_back(SpanTier::kDevice);
+        break;
+      case UpdateSite::kHost:
+        request.span_tiers.push_back(SpanTier::kHost);
+        break;
+    }
+  request.timing = plan.clip > 0.0f && !schedule.speculative_clip ? UpdateTiming::kDeferred
+                                                                  : UpdateTiming::kDuringBackward;
+  request.host_gradient = schedule.host_gradient;
+  return request;
+}
+
+std::string format_machine_rates(const MachineRates& r) {
+  std::string text;
+  const auto line = [&](const char* what, const std::optional<double>& rate, double unit,
+                        const char* unit_name) {
+    char row[128];
+    if (rate)
+      std::snprintf(row, sizeof row, "  %-28s %10.2f %s\n", what, *rate / unit, unit_name);
+    else
+      std::snprintf(row, sizeof row, "  %-28s %10s\n", what, "-");
+    text += row;
+  };
+  line("device training FLOP rate", r.gpu_flops, 1e12, "TFLOP/s");
+  line("device AdamW", r.gpu_adamw_params_per_s, 1e9, "G params/s");
+  line("CPU AdamW", r.cpu_adamw_params_per_s, 1e9, "G params/s");
+  line("host gradient add", r.host_add_floats_per_s, 1e9, "G floats/s");
+  line("device to host", r.d2h_bytes_per_s, 1e9, "GB/s");
+  line("host to device", r.h2d_bytes_per_s, 1e9, "GB/s");
+  line("disk read", r.disk_read_bytes_per_s, 1e9, "GB/s");
+  line("disk write", r.disk_write_bytes_per_s, 1e9, "GB/s");
+  return text;
+}
+
+}  // namespace layup

@@ -1,0 +1,66 @@
+// The machine's rates for the step-time model (step_time_model.h): measured in a few seconds by
+// `layup calibrate` through the same Device, ModelBackend, HostAdamW and disk store a run uses
+// (on the CPU backend the "GPU" rates are the CPU's), and cached in a JSON file.
+#pragma once
+
+#include <cstddef>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "engine/backend_factory.h"
+#include "engine/memory_planner.h"
+#include "engine/step_time_model.h"
+#include "model/gpt2_config.h"
+
+namespace layup {
+
+// A calibration as the file keeps it: the rates and where and how they were measured.
+struct Calibration {
+  MachineRates rates;
+  std::string host, date;  // the machine's name, UTC
+  std::string device;      // "cuda bf16", "cpu fp32"
+  std::string gpu_shape;   // what the GPU's FLOP rate was measured on ("C=1600, B=4 x T=1024")
+  std::string disk_dir;    // where the disk was measured; empty: not measured
+  // One line: host, date, device and the shape of the GPU rate.
+  std::string describe() const;
+};
+
+// $XDG_CACHE_HOME/layup/calibration.json, else $HOME/.cache/layup/calibration.json.
+std::string default_calibration_path();
+
+nlohmann::json calibration_json(const Calibration& calibration);
+// Throws layup::Error naming `source` and the field when the text is not a calibration.
+Calibration parse_calibration(const std::string& text, const std::string& source);
+// The calibration in `path`, or none when there is no file; a file that is not one throws.
+std::optional<Calibration> load_calibration(const std::string& path);
+// Writes it atomically, making the directory.
+void save_calibration(const std::string& path, const Calibration& calibration);
+
+struct CalibrationOptions {
+  ComputeTarget target;  // resolved: cpu or cuda
+  // The GPU's FLOP rate is taken from forward and backward of this model's width, head and
+  // sequence, cut to timed_layers blocks.
+  Gpt2Config config;
+  int batch = 1, seq_len = 64, timed_layers = 2;
+  int repeats = 3;                        // timed passes of each measurement (the median counts)
+  size_t link_bytes = size_t{256} << 20;  // one copy each way
+  size_t cpu_params = size_t{32} << 20;   // parameters of the CPU's AdamW and add
+  int cpu_workers = 0;                    // HostAdamW workers (0: one per allowed core)
+  std::string disk_dir;                   // empty: the disk is not measured
+  size_t disk_bytes = size_t{1} << 30;    // written then read
+};
+
+// Measures every rate the options allow, printing one line per rate to `log` (may be null).
+MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log = nullptr);
+
+// The rates named and formatted for a table ("CPU AdamW  3.41 G params/s"), absent ones as "-".
+std::string format_machine_rates(const MachineRates& rates);
+
+// The step-time model's request for a planned run: its model, batch and mode, and from its
+// schedule options where each span is updated and when (speculative clipping is modelled as a
+// step that is not clipped: the updates run during backward).
+StepTimeRequest step_time_request(const MemoryPlanRequest& plan, const ScheduleOptions& schedule);
+
+}  // namespace layup

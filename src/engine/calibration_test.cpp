@@ -1,0 +1,153 @@
+// The calibration file's round trip and its errors, the rates measured on the CPU backend, and
+// the step-time model's request for a planned run.
+#include "engine/calibration.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "core/error.h"
+#include "engine/run_composer.h"
+
+namespace layup {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("layup_calibration_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+void write(const fs::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_calibration(text, "cal.json");
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(Calibration, RoundTripsThroughItsFileAndKeepsAbsentRatesAbsent) {
+  Calibration calibration;
+  calibration.host = "h200-box";
+  calibration.date = "2026-12-03T10:00:00Z";
+  calibration.device = "cuda bf16";
+  calibration.gpu_shape = "C=1600, B=4 x T=1024";
+  calibration.rates.gpu_flops = 4.8e14;
+  calibration.rates.cpu_adamw_params_per_s = 3.4e9;
+  calibration.rates.d2h_bytes_per_s = 5.1e10;
+  const fs::path path = scratch("sub/dir/calibration.json");
+  save_calibration(path.string(), calibration);
+  const std::optional<Calibration> read = load_calibration(path.string());
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->host, "h200-box");
+  EXPECT_EQ(read->date, calibration.date);
+  EXPECT_EQ(read->device, "cuda bf16");
+  EXPECT_EQ(read->gpu_shape, calibration.gpu_shape);
+  EXPECT_EQ(read->rates.gpu_flops, 4.8e14);
+  EXPECT_EQ(read->rates.cpu_adamw_params_per_s, 3.4e9);
+  EXPECT_EQ(read->rates.d2h_bytes_per_s, 5.1e10);
+  EXPECT_FALSE(read->rates.disk_read_bytes_per_s.has_value());
+  EXPECT_FALSE(read->rates.gpu_adamw_params_per_s.has_value());
+  EXPECT_NE(read->describe().find("h200-box"), std::string::npos);
+  fs::remove_all(path.parent_path().parent_path().parent_path());
+}
+
+TEST(Calibration, NoFileIsNoCalibration) {
+  EXPECT_FALSE(load_calibration(scratch("none.json").string()).has_value());
+}
+
+TEST(Calibration, ACorruptFileIsRefusedSayingHowToMakeANewOne) {
+  const fs::path path = scratch("corrupt.json");
+  write(path, "{\"layup_calibration\": 1, \"rates\": {\"gpu_flops\": 1e14,");  // cut short
+  try {
+    load_calibration(path.string());
+    FAIL() << "a corrupt calibration was read";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+    EXPECT_NE(message.find("not JSON"), std::string::npos) << message;
+    EXPECT_NE(message.find("layup calibrate"), std::string::npos) << message;
+  }
+  fs::remove(path);
+  EXPECT_NE(error_of("[1, 2]").find("no \"layup_calibration\""), std::string::npos);
+  EXPECT_NE(error_of("{\"layup_calibration\": 7, \"rates\": {}}").find("format 7"),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"layup_calibration\": 1}").find("no \"rates\""), std::string::npos);
+  EXPECT_NE(error_of("{\"layup_calibration\": 1, \"rates\": {\"gpu_flops\": -1}}")
+                .find("positive number"),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"layup_calibration\": 1, \"rates\": {\"warp_speed\": 1}}")
+                .find("unknown rate \"warp_speed\""),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"layup_calibration\": 1, \"host\": 3, \"rates\": {}}")
+                .find("\"host\" should be a string"),
+            std::string::npos);
+}
+
+TEST(Calibration, MeasuresEveryRateOnTheCpuBackend) {
+  CalibrationOptions options;
+  options.target = resolve_compute_target({DeviceKind::kCpu, Dtype::kAuto});
+  options.config = gpt2_config(2, 2, 64, 64, 512);
+  options.batch = 1;
+  options.seq_len = 32;
+  options.repeats = 1;
+  options.link_bytes = 1 << 20;
+  options.cpu_params = 1 << 18;
+  options.cpu_workers = 1;
+  const fs::path dir = scratch("disk");
+  fs::create_directories(dir);
+  options.disk_dir = dir.string();
+  options.disk_bytes = 8 << 20;
+  const MachineRates rates = measure_machine_rates(options);
+  for (const std::optional<double>& rate :
+       {rates.gpu_flops, rates.gpu_adamw_params_per_s, rates.cpu_adamw_params_per_s,
+        rates.host_add_floats_per_s, rates.d2h_bytes_per_s, rates.h2d_bytes_per_s,
+        rates.disk_read_bytes_per_s, rates.disk_write_bytes_per_s}) {
+    ASSERT_TRUE(rate.has_value());
+    EXPECT_GT(*rate, 0.0);
+  }
+  EXPECT_NE(format_machine_rates(rates).find("CPU AdamW"), std::string::npos);
+  options.disk_dir.clear();
+  EXPECT_FALSE(measure_machine_rates(options).disk_read_bytes_per_s.has_value());
+  fs::remove_all(dir);
+}
+
+TEST(Calibration, TheModelsRequestFollowsThePlannedSchedule) {
+  MemoryPlanRequest plan;
+  plan.config = gpt2_config(4, 2, 64, 64);
+  plan.batch = 2;
+  plan.seq_len = 64;
+  plan.grad_accum = 3;
+  plan.mode = Mode::kLayup;
+  plan.recompute = 3;
+  plan.clip = 1.0f;
+  ScheduleOptions schedule;
+  schedule.update_sites.assign(6, UpdateSite::kHost);
+  schedule.update_sites[0] = schedule.update_sites[1] = UpdateSite::kDevice;
+  StepTimeRequest request = step_time_request(plan, schedule);
+  EXPECT_EQ(request.micro_batches, 3);
+  EXPECT_EQ(request.recompute, 3);
+  ASSERT_EQ(request.span_tiers.size(), 6u);
+  EXPECT_EQ(request.span_tiers[1], SpanTier::kDevice);
+  EXPECT_EQ(request.span_tiers[2], SpanTier::kHost);
+  EXPECT_EQ(request.timing, UpdateTiming::kDeferred);
+  schedule.speculative_clip = true;
+  EXPECT_EQ(step_time_request(plan, schedule).timing, UpdateTiming::kDuringBackward);
+  plan.clip = 0.0f;
+  schedule.speculative_clip = false;
+  EXPECT_EQ(step_time_request(plan, schedule).timing, UpdateTiming::kDuringBackward);
+}
+
+}  // namespace
+}  // namespace layup

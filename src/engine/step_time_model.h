@@ -1,0 +1,91 @@
+// A model of one training step's time from the machine's rates (MachineRates, measured by
+// `layup calibrate`): the GPU's forward and backward at its achieved FLOP rate, and, in layup,
+// the per-block pipeline of gradients to the host, CPU AdamW, weights back and the disk, as the
+// schedules overlap them. Pure arithmetic; the equations are in docs/time_model.md.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/run_choices.h"
+#include "model/gpt2_config.h"
+
+namespace layup {
+
+// Where a span's optimizer state lives and its AdamW runs; the model's own input, so it does not
+// depend on the schedule's UpdateSite.
+enum class SpanTier { kDevice, kHost, kDisk };
+
+// When layup updates the host's spans: as each gradient lands during backward (--clip none, and
+// speculative clipping of a step that is not clipped), or after the norm, overlapped with the
+// next forward (deferred; docs/schedules.md, "Clipping").
+enum class UpdateTiming { kDuringBackward, kDeferred };
+
+// The machine's rates; a rate that was not measured is absent. Bytes and floats per second.
+struct MachineRates {
+  std::optional<double> gpu_flops;               // dense matmul FLOP/s a block's training reached
+  std::optional<double> gpu_adamw_params_per_s;  // the device's AdamW (Device::adamw_update_span)
+  std::optional<double> cpu_adamw_params_per_s;  // HostAdamW over all its workers
+  std::optional<double> host_add_floats_per_s;   // the host's gradient accumulation, dst += src
+  std::optional<double> d2h_bytes_per_s, h2d_bytes_per_s;               // the link, each way
+  std::optional<double> disk_read_bytes_per_s, disk_write_bytes_per_s;  // direct I/O
+};
+
+struct StepTimeRequest {
+  Gpt2Config config;
+  int batch = 1, seq_len = 1, micro_batches = 1;
+  Mode mode = Mode::kGpu;
+  int recompute = 0;  // 3 runs each block's forward again in backward; 1, 2 cost no FLOPs
+  // layup: one tier per span in ParameterLayout::spans() order (embeddings, blocks, final norm);
+  // empty: every span on the host. gpu and offload ignore it.
+  std::vector<SpanTier> span_tiers;
+  UpdateTiming timing = UpdateTiming::kDuringBackward;
+  // layup: the host keeps the whole gradient (clipping or accumulation), so later micro-batches
+  // are added into it on the host.
+  bool host_gradient = true;
+};
+
+// One span's work on each resource in a step, in seconds.
+struct SpanTimes {
+  double forward_s = 0.0, backward_s = 0.0;  // the GPU's, all micro-batches
+  double to_host_s = 0.0;                    // gradient copies (device to host)
+  double add_s = 0.0;                        // host adds of micro-batches after the first
+  double adamw_s = 0.0;                      // CPU or GPU AdamW
+  double to_device_s = 0.0;                  // new weights back
+  double disk_s = 0.0;                       // state read and written
+};
+
+struct StepTimePrediction {
+  double step_s = 0.0;  // the steady-state time from one step() call to the next
+  // Busy time of each resource in one step.
+  double gpu_compute_s = 0.0;  // forward and backward
+  double gpu_adamw_s = 0.0;    // device-updated spans
+  double cpu_adamw_s = 0.0, host_add_s = 0.0, to_host_s = 0.0, to_device_s = 0.0;
+  double disk_read_s = 0.0, disk_write_s = 0.0;
+  // What the GPU waits for in a step (step_s less its own work): the CPU, PCIe and disk side not
+  // hidden under the GPU's work; and that side's busy time that is hidden.
+  double exposed_s = 0.0, hidden_s = 0.0;
+  std::string bound_by;          // "GPU", or the busiest resource when the GPU waits
+  std::vector<SpanTimes> spans;  // per span, layout order
+};
+
+// The rates a request needs that `rates` lacks, each named with how to measure it ("disk read and
+// write (layup calibrate --offload-dir DIR)"); empty when the model can predict.
+std::vector<std::string> missing_rates(const StepTimeRequest& request, const MachineRates& rates);
+
+// The predicted step. Throws layup::Error naming the missing rates, or a request the model does
+// not cover (a tier list of the wrong length, disk spans outside layup).
+StepTimePrediction predict_step_time(const StepTimeRequest& request, const MachineRates& rates);
+
+// Training FLOPs of one token (forward and backward) by the PaLM count: 6 N + 12 L T C, N the
+// matmul weights (12 L C^2 in the blocks, V C for the tied LM head; V the real vocabulary).
+double model_flops_per_token(const Gpt2Config& config, int seq_len);
+// The FLOPs the GPU runs for one token: the PaLM count, plus each block's forward again with
+// --recompute 3.
+double executed_flops_per_token(const Gpt2Config& config, int seq_len, int recompute);
+
+// A few lines: the step, each resource's busy time, what is exposed and what bounds it.
+std::string format_step_time(const StepTimePrediction& prediction);
+
+}  // namespace layup

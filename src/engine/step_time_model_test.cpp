@@ -1,0 +1,185 @@
+// The step-time model's equations (docs/time_model.md) on made-up rates: what overlaps, what is
+// exposed, and what bounds a step.
+#include "engine/step_time_model.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "model/parameter_layout.h"
+
+namespace layup {
+namespace {
+
+// Rates of a made-up machine, round numbers so the expected times are easy to check.
+MachineRates rates() {
+  MachineRates r;
+  r.gpu_flops = 100e12;
+  r.gpu_adamw_params_per_s = 100e9;
+  r.cpu_adamw_params_per_s = 4e9;
+  r.host_add_floats_per_s = 8e9;
+  r.d2h_bytes_per_s = 50e9;
+  r.h2d_bytes_per_s = 50e9;
+  r.disk_read_bytes_per_s = 1.1e9;
+  r.disk_write_bytes_per_s = 1.5e9;
+  return r;
+}
+
+StepTimeRequest request(Mode mode, int micro_batches = 1) {
+  StepTimeRequest r;
+  r.config = gpt2_config(12, 12, 768, 1024);
+  r.batch = 8;
+  r.seq_len = 1024;
+  r.micro_batches = micro_batches;
+  r.mode = mode;
+  return r;
+}
+
+std::vector<SpanTier> tiers(const StepTimeRequest& r, SpanTier blocks, SpanTier head) {
+  std::vector<SpanTier> t(r.config.n_layer + 2, blocks);
+  t.front() = t.back() = head;
+  return t;
+}
+
+TEST(StepTimeModel, GpuModeIsTheFlopsAtTheRatePlusTheDevicesAdamW) {
+  const StepTimeRequest r = request(Mode::kGpu);
+  const StepTimePrediction p = predict_step_time(r, rates());
+  const double tokens = 8.0 * 1024;
+  EXPECT_NEAR(p.gpu_compute_s, tokens * model_flops_per_token(r.config, 1024) / 100e12, 1e-9);
+  EXPECT_NEAR(p.gpu_adamw_s, ParameterLayout(r.config).total_count() / 100e9, 1e-9);
+  EXPECT_NEAR(p.step_s, p.gpu_compute_s + p.gpu_adamw_s, 1e-12);
+  EXPECT_EQ(p.bound_by, "GPU");
+  EXPECT_EQ(p.exposed_s, 0.0);
+}
+
+TEST(StepTimeModel, LayupWithEverySpanOnTheDevicePredictsLikeGpuMode) {
+  StepTimeRequest r = request(Mode::kLayup);
+  r.span_tiers = tiers(r, SpanTier::kDevice, SpanTier::kDevice);
+  const double gpu = predict_step_time(request(Mode::kGpu), rates()).step_s;
+  EXPECT_NEAR(predict_step_time(r, rates()).step_s, gpu, 1e-9 * gpu);
+}
+
+TEST(StepTimeModel, ACpuSlowerThanTheBlocksBackwardIsExposed) {
+  StepTimeRequest r = request(Mode::kLayup);
+  r.span_tiers = tiers(r, SpanTier::kHost, SpanTier::kDevice);
+  MachineRates fast = rates(), slow = rates();
+  fast.cpu_adamw_params_per_s = 1e12;
+  slow.cpu_adamw_params_per_s = 0.2e9;
+  const StepTimePrediction hidden = predict_step_time(r, fast);
+  const StepTimePrediction exposed = predict_step_time(r, slow);
+  // A fast CPU hides under the backward: only the last block's copy, update and weights back
+  // (the drain) can show, as the next forward waits for block 0.
+  EXPECT_EQ(hidden.bound_by, "GPU");
+  EXPECT_LT(hidden.step_s, 1.02 * (hidden.gpu_compute_s + hidden.gpu_adamw_s));
+  // A slow one: the step is at least the CPU's AdamW of every block, plus the forward of block 0.
+  EXPECT_EQ(exposed.bound_by, "CPU (AdamW and gradient adds)");
+  EXPECT_GT(exposed.exposed_s, 0.5 * exposed.cpu_adamw_s);
+  EXPECT_GE(exposed.step_s, exposed.cpu_adamw_s);
+  EXPECT_LT(exposed.step_s, exposed.cpu_adamw_s + exposed.gpu_compute_s + exposed.gpu_adamw_s);
+}
+
+TEST(StepTimeModel, DeferredUpdatesHideUnderTheNextForward) {
+  StepTimeRequest r = request(Mode::kLayup);
+  r.span_tiers = tiers(r, SpanTier::kHost, SpanTier::kDevice);
+  r.timing = UpdateTiming::kDeferred;
+  MachineRates m = rates();
+  // The CPU's AdamW of all blocks about as long as the forward: it runs ahead of the forward,
+  // block by block, so the step stays close to the GPU's own work.
+  const StepTimePrediction gpu_only = predict_step_time(request(Mode::kGpu), m);
+  const double forward_s = gpu_only.gpu_compute_s / 3.0;
+  const double block_floats = ParameterLayout(r.config).block().count * 12.0;
+  m.cpu_adamw_params_per_s = block_floats / (0.8 * forward_s);
+  const StepTimePrediction p = predict_step_time(r, m);
+  EXPECT_LT(p.step_s, p.gpu_compute_s + p.gpu_adamw_s + 0.5 * p.cpu_adamw_s);
+  EXPECT_GT(p.step_s, p.gpu_compute_s + p.gpu_adamw_s);
+}
+
+TEST(StepTimeModel, AccumulationScalesTheComputeAndAddsOnTheHost) {
+  StepTimeRequest one = request(Mode::kLayup, 1), four = request(Mode::kLayup, 4);
+  one.span_tiers = four.span_tiers = tiers(one, SpanTier::kHost, SpanTier::kDevice);
+  const StepTimePrediction p1 = predict_step_time(one, rates());
+  const StepTimePrediction p4 = predict_step_time(four, rates());
+  EXPECT_NEAR(p4.gpu_compute_s, 4.0 * p1.gpu_compute_s, 1e-9);
+  EXPECT_EQ(p1.host_add_s, 0.0);
+  const double block_floats = ParameterLayout(one.config).block().count * 12.0;
+  EXPECT_NEAR(p4.host_add_s, 3.0 * block_floats / 8e9, 1e-9);
+  EXPECT_GT(p4.step_s, 3.5 * p1.step_s);
+  // gpu mode too.
+  EXPECT_NEAR(predict_step_time(request(Mode::kGpu, 4), rates()).gpu_compute_s,
+              4.0 * predict_step_time(request(Mode::kGpu, 1), rates()).gpu_compute_s, 1e-9);
+}
+
+TEST(StepTimeModel, RecomputeThreeRunsTheBlocksForwardAgain) {
+  StepTimeRequest r = request(Mode::kGpu);
+  const double plain = predict_step_time(r, rates()).gpu_compute_s;
+  r.recompute = 3;
+  const double again = predict_step_time(r, rates()).gpu_compute_s;
+  const double tokens = 8.0 * 1024;
+  EXPECT_NEAR(again, tokens * executed_flops_per_token(r.config, 1024, 3) / 100e12, 1e-9);
+  const double block_forward_flops = 24.0 * 768 * 768 + 4.0 * 1024 * 768;
+  EXPECT_NEAR(again - plain, 12 * tokens * block_forward_flops / 100e12, 1e-9);
+}
+
+TEST(StepTimeModel, DiskSpansAreBoundByTheDisksRates) {
+  StepTimeRequest r = request(Mode::kLayup);
+  r.span_tiers = tiers(r, SpanTier::kHost, SpanTier::kDevice);
+  for (int l = 6; l < 12; ++l) r.span_tiers[1 + l] = SpanTier::kDisk;
+  const StepTimePrediction p = predict_step_time(r, rates());
+  const double disk_floats = ParameterLayout(r.config).block().count * 6.0;
+  EXPECT_NEAR(p.disk_read_s, 12.0 * disk_floats / 1.1e9, 1e-9);
+  EXPECT_NEAR(p.disk_write_s, 12.0 * disk_floats / 1.5e9, 1e-9);
+  EXPECT_GE(p.step_s, p.disk_read_s + p.disk_write_s);
+  EXPECT_EQ(p.bound_by, "disk");
+  EXPECT_GT(p.spans[7].disk_s, 0.0);
+  EXPECT_EQ(p.spans[2].disk_s, 0.0);
+}
+
+TEST(StepTimeModel, OffloadOverlapsNothingButTheWeightsGoingBack) {
+  const StepTimeRequest r = request(Mode::kOffload);
+  const StepTimePrediction p = predict_step_time(r, rates());
+  const double serial = p.gpu_compute_s + p.to_host_s + p.cpu_adamw_s;
+  EXPECT_GT(p.step_s, serial);
+  EXPECT_LT(p.step_s, serial + p.to_device_s);
+}
+
+TEST(StepTimeModel, SaysWhichRatesItLacks) {
+  StepTimeRequest r = request(Mode::kLayup);
+  r.span_tiers = tiers(r, SpanTier::kDisk, SpanTier::kDevice);
+  MachineRates m = rates();
+  m.disk_read_bytes_per_s.reset();
+  const std::vector<std::string> missing = missing_rates(r, m);
+  ASSERT_EQ(missing.size(), 1u);
+  EXPECT_NE(missing[0].find("--offload-dir"), std::string::npos);
+  try {
+    predict_step_time(r, m);
+    FAIL() << "a missing disk rate was not refused";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("disk's read and write"), std::string::npos);
+  }
+  MachineRates gpu_only;
+  gpu_only.gpu_flops = 1e12;
+  gpu_only.gpu_adamw_params_per_s = 1e9;
+  EXPECT_TRUE(missing_rates(request(Mode::kGpu), gpu_only).empty());
+}
+
+TEST(StepTimeModel, RefusesATierListOfTheWrongLength) {
+  StepTimeRequest r = request(Mode::kLayup);
+  r.span_tiers.assign(3, SpanTier::kHost);
+  EXPECT_THROW(predict_step_time(r, rates()), Error);
+  r = request(Mode::kOffload);
+  r.span_tiers = tiers(r, SpanTier::kDisk, SpanTier::kHost);
+  EXPECT_THROW(predict_step_time(r, rates()), Error);
+}
+
+TEST(StepTimeModel, FormatsTheParts) {
+  StepTimeRequest r = request(Mode::kLayup);
+  r.span_tiers = tiers(r, SpanTier::kHost, SpanTier::kDevice);
+  const std::string text = format_step_time(predict_step_time(r, rates()));
+  EXPECT_NE(text.find("predicted step"), std::string::npos);
+  EXPECT_NE(text.find("gradients to the host"), std::string::npos);
+  EXPECT_NE(text.find("exposed"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace layup
