@@ -286,13 +286,16 @@ StepTimeRequest step_time_request(const MemoryPlanRequest& plan, const ScheduleO
   request.micro_batches = plan.grad_accum;
   request.mode = plan.mode;
   request.recompute = plan.recompute;
-  // No default: a new site (the disk tier's) warns here (-Wswitch) until it has its tier.
+  // No default: a new site warns here (-Wswitch) until it has its tier.
   for (UpdateSite site : schedule.update_sites) switch (site) {
       case UpdateSite::kDevice:
         request.span_tiers.push_back(SpanTier::kDevice);
         break;
       case UpdateSite::kHost:
         request.span_tiers.push_back(SpanTier::kHost);
+        break;
+      case UpdateSite::kDisk:
+        request.span_tiers.push_back(SpanTier::kDisk);
         break;
     }
   request.timing = plan.clip > 0.0f && !schedule.speculative_clip ? UpdateTiming::kDeferred
