@@ -64,12 +64,17 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--checkpoint-every", o.checkpoint_every,
                   "Checkpoint every N updates (and always at the end; 0: only at the end)")
       ->capture_default_str();
-  cmd->add_flag(
-      "--no-checkpoints{false}", o.checkpoints,
-      "Write no checkpoint, not even at the end or on a stop signal: the run then never holds the "
-      "whole model's state on the host (a timing run, or a model whose state the disk cannot "
-      "take)");
+  cmd->add_flag("--no-checkpoints{false}", o.checkpoints,
+                "Write no checkpoint, not even at the end or on a stop signal (a timing run)");
   cmd->add_option("--keep-checkpoints", o.keep_checkpoints, "Checkpoints kept in the run folder")
+      ->capture_default_str();
+  add_choice_option(*cmd, "--checkpoint-contents", o.checkpoint_contents, kCheckpointContentsNames,
+                    "What checkpoints hold: full (the weights and the optimizer state: resumable) "
+                    "or weights (Hugging Face weights only, a third of the disk: for transformers "
+                    "and `layup sample`, not resumable)");
+  cmd->add_option("--checkpoint-shard-mb", o.checkpoint_shard_mb,
+                  "Split checkpoint files larger than this many MB (10^6 bytes) into shards, as "
+                  "Hugging Face's save_pretrained does")
       ->capture_default_str();
   cmd->add_option("--log-every", o.log_every,
                   "Progress line every N updates when stderr is not a terminal")
@@ -139,7 +144,8 @@ void add_train_command(CLI::App& app) {
     std::printf("\n");
     if (!result.last_checkpoint.empty())
       std::printf("checkpoint: %s\n", result.last_checkpoint.c_str());
-    if (!result.stopped_by.empty())
+    if (!result.stopped_by.empty() && !result.last_checkpoint.empty() &&
+        options.checkpoint_contents == CheckpointContents::kFull)
       std::printf("continue with: layup train --resume %s\n",
                   std::filesystem::path(result.last_checkpoint).parent_path().c_str());
     if (!options.trace_path.empty()) std::printf("trace: %s\n", options.trace_path.c_str());

@@ -1,7 +1,7 @@
-// The choices a run is made of, as types: the schedule's mode, the device, the compute dtype, and
-// the layup schedule's clip and head policies. The command line parses its strings into these once
-// (cli/); below it only the enums travel, and each one's name (for reports, logs and checkpoints'
-// saved settings) comes from the one table here.
+// The choices a run is made of, as types: the schedule's mode, the device, the compute dtype, the
+// layup schedule's clip and head policies, what checkpoints hold. The command line parses its
+// strings into these once (cli/); below it only the enums travel, and each one's name (for reports,
+// logs and checkpoints' saved settings) comes from the one table here.
 #pragma once
 
 #include <array>
@@ -26,6 +26,9 @@ enum class Dtype { kAuto, kFp32, kBf16 };
 enum class LayupClip { kAuto, kSpeculative, kDeferred };
 // Where layup updates the embeddings and the final norm; auto picks per device.
 enum class LayupHead { kAuto, kDevice, kHost };
+// What a training run's checkpoints hold: the weights and the training state (resumable), or the
+// weights only (an export for transformers or `layup sample`, a third of the disk).
+enum class CheckpointContents { kFull, kWeights };
 // Where layup keeps the blocks' fp32 master weights and AdamW moments (--optimizer-placement):
 // auto lets the planner choose against each tier's budget (engine/memory_planner.h); otherwise
 // the first device_blocks blocks on the device, the last disk_blocks in a file under
@@ -109,6 +112,9 @@ inline constexpr EnumNames<LayupClip, 3> kLayupClipNames = {
 inline constexpr EnumNames<LayupHead, 3> kLayupHeadNames = {
     {{LayupHead::kAuto, "auto"}, {LayupHead::kDevice, "device"}, {LayupHead::kHost, "host"}}};
 
+inline constexpr EnumNames<CheckpointContents, 2> kCheckpointContentsNames = {
+    {{CheckpointContents::kFull, "full"}, {CheckpointContents::kWeights, "weights"}}};
+
 template <class Enum, size_t N>
 std::string name_in(const EnumNames<Enum, N>& names, Enum value) {
   for (const auto& [each, name] : names)
@@ -142,6 +148,9 @@ inline std::string name_of(LayupClip clip) {
 }
 inline std::string name_of(LayupHead head) {
   return name_in(kLayupHeadNames, head);
+}
+inline std::string name_of(CheckpointContents contents) {
+  return name_in(kCheckpointContentsNames, contents);
 }
 
 }  // namespace layup

@@ -38,7 +38,6 @@ BufferList backend_and_device_buffers(const MemoryPlanRequest& r, const Placemen
 // What the process holds on the host besides the components' buffers.
 BufferList process_buffers(const MemoryPlanRequest& r, const ParameterLayout& layout) {
   const size_t f = sizeof(float);
-  const size_t all = layout.total_count() * f;
   size_t largest_tensor = 0;
   for (const TensorSpec& tensor : layout.tensors())
     largest_tensor = std::max(largest_tensor, tensor.count);
@@ -47,14 +46,12 @@ BufferList process_buffers(const MemoryPlanRequest& r, const ParameterLayout& la
   size_t largest_span = 0;
   for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
   BufferList list;
-  if (r.whole_state_on_host)
-    list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost, all + 2 * largest_tensor * f,
-             "parameters in layout order on their way into the schedule (loaded) or out of it (a "
-             "checkpoint), and the checkpoint writer's or reader's scratch: its chunk and a matrix "
-             "it transposes, a tensor each at most",
-             false, true},
-            {host, TensorClass::kOptimizerMoments, MemoryKind::kHost, 2 * all,
-             "AdamW m and v on their way into or out of the schedule (a resume, a checkpoint)",
+  if (r.streams_checkpoints)
+    list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost,
+             3 * largest_span * f + 2 * largest_tensor * f,
+             "one span's parameters and moments on their way into the schedule (fresh or resumed) "
+             "or out of it (a checkpoint), and the checkpoint writer's or reader's scratch: its "
+             "chunk and a matrix it transposes, a tensor each at most",
              false, true}};
   else
     list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost, 3 * largest_span * f,

@@ -193,23 +193,24 @@ TEST(MemoryPlan, Gpt2LargeLayupKeepsTwoBlocksOfWeightGradsOnTheDevice) {
 // keeps no whole-model host gradient, so it needs a whole-model copy less than gpu mode (master
 // weights and two moments against weights, gradient and two moments) and two less than offload.
 // A unified-memory board (a Jetson AGX Orin has 32 GB for everything), emulated with
-// --memory-budget: at gpt2-large, B=2, T=1024 only layup fits. Every mode also holds the state on
-// its way into the schedule or out to a checkpoint (12 bytes per parameter, transient).
+// --memory-budget: at gpt2-xl, B=1, T=1024 only layup fits. Every mode also holds one span's state
+// on its way into the schedule or out to a checkpoint, and the checkpoint writer's scratch
+// (transient).
 TEST(MemoryPlan, UnifiedMemoryBoardBudgetOnTheCpuBackend) {
-  const Gpt2Config config = named_config("gpt2-large");
+  const Gpt2Config config = named_config("gpt2-xl");
   const MemoryBudgets budgets = parse_memory_budgets("32G", "", "");
   ASSERT_EQ(*budgets.total, size_t{32} << 30);
   auto plan = [&](const std::string& mode, int batch, int seq_len, float clip) {
     MemoryPlanRequest request = cpu_request(config, mode, batch, seq_len);
-    request.model_name = "gpt2-large";
+    request.model_name = "gpt2-xl";
     request.clip = clip;
     return plan_memory(request);
   };
 
-  // At the full context (the CPU backend keeps every block's B x 20 x T x T attention
-  // probabilities, ~6 GiB at B=1, T=1024) layup fits, computing on the master weights in place and
-  // updating each block straight from its slot.
-  const MemoryPlan layup = plan("layup", 2, 1024, 0.0f);
+  // At the full context (the CPU backend keeps every block's B x 25 x T x T attention
+  // probabilities, ~4.7 GiB at B=1, T=1024) layup fits, computing on the master weights in place
+  // and updating each block straight from its slot.
+  const MemoryPlan layup = plan("layup", 1, 1024, 0.0f);
   EXPECT_TRUE(schedule_of(layup).weights_in_place);
   EXPECT_FALSE(schedule_of(layup).host_gradient);
   EXPECT_EQ(layup.bytes(MemorySide::kDevice, TensorClass::kWeights), 0u);
@@ -218,22 +219,22 @@ TEST(MemoryPlan, UnifiedMemoryBoardBudgetOnTheCpuBackend) {
   EXPECT_EQ(refusal(layup, budgets), "");
 
   // gpu mode at the same batch is refused, naming its largest class (the activations).
-  const MemoryPlan gpu = plan("gpu", 2, 1024, 0.0f);
+  const MemoryPlan gpu = plan("gpu", 1, 1024, 0.0f);
   const std::string gpu_message = refusal(gpu, budgets);
-  EXPECT_NE(gpu_message.find("gpt2-large in gpu mode at B=2, T=1024"), std::string::npos)
+  EXPECT_NE(gpu_message.find("gpt2-xl in gpu mode at B=1, T=1024"), std::string::npos)
       << gpu_message;
   EXPECT_NE(gpu_message.find("over --memory-budget 32.00 GiB"), std::string::npos) << gpu_message;
   EXPECT_NE(gpu_message.find("--mode layup"), std::string::npos) << gpu_message;
 
   // offload too: a whole gradient on the device side and another on the host side.
-  const MemoryPlan offload = plan("offload", 2, 1024, 0.0f);
+  const MemoryPlan offload = plan("offload", 1, 1024, 0.0f);
   const std::string offload_message = refusal(offload, budgets);
-  EXPECT_NE(offload_message.find("gpt2-large in offload mode at B=2, T=1024"), std::string::npos)
+  EXPECT_NE(offload_message.find("gpt2-xl in offload mode at B=1, T=1024"), std::string::npos)
       << offload_message;
   EXPECT_NE(offload_message.find("over --memory-budget 32.00 GiB"), std::string::npos);
 
   // layup with clipping keeps the whole gradient on the host (design (a)): refused here too.
-  const MemoryPlan clipped = plan("layup", 2, 1024, 1.0f);
+  const MemoryPlan clipped = plan("layup", 1, 1024, 1.0f);
   EXPECT_TRUE(schedule_of(clipped).host_gradient);
   EXPECT_FALSE(fits(clipped, budgets));
 
@@ -243,20 +244,22 @@ TEST(MemoryPlan, UnifiedMemoryBoardBudgetOnTheCpuBackend) {
   const size_t slots = 2 * layout.block().count * sizeof(float);
   const size_t head = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
   EXPECT_EQ(gpu.total_bytes() - layup.total_bytes(), model - slots - head);
-  // The transient state is the parameters and both moments, and the checkpoint writer's scratch:
-  // a chunk and a transposed matrix, a tensor each at most.
-  size_t largest_tensor = 0;
+  // The transient state is one span's parameters and both moments, and the checkpoint writer's
+  // scratch: a chunk and a transposed matrix, a tensor each at most.
+  size_t largest_tensor = 0, largest_span = 0;
   for (const TensorSpec& tensor : layout.tensors())
     largest_tensor = std::max(largest_tensor, tensor.count * sizeof(float));
-  EXPECT_EQ(layup.transient_bytes(), 3 * model + 2 * largest_tensor);
+  for (const Span& span : layout.spans())
+    largest_span = std::max(largest_span, span.count * sizeof(float));
+  EXPECT_EQ(layup.transient_bytes(), 3 * largest_span + 2 * largest_tensor);
   for (int seq_len : {1, 128, 1024}) {
     std::printf(
-        "gpt2-large B=2 T=%d on the CPU backend, at the peak: gpu %s, offload %s, layup %s "
+        "gpt2-xl B=1 T=%d on the CPU backend, at the peak: gpu %s, offload %s, layup %s "
         "(--clip none; %s with clipping)\n",
-        seq_len, format_bytes(plan("gpu", 2, seq_len, 0.0f).total_bytes()).c_str(),
-        format_bytes(plan("offload", 2, seq_len, 0.0f).total_bytes()).c_str(),
-        format_bytes(plan("layup", 2, seq_len, 0.0f).total_bytes()).c_str(),
-        format_bytes(plan("layup", 2, seq_len, 1.0f).total_bytes()).c_str());
+        seq_len, format_bytes(plan("gpu", 1, seq_len, 0.0f).total_bytes()).c_str(),
+        format_bytes(plan("offload", 1, seq_len, 0.0f).total_bytes()).c_str(),
+        format_bytes(plan("layup", 1, seq_len, 0.0f).total_bytes()).c_str(),
+        format_bytes(plan("layup", 1, seq_len, 1.0f).total_bytes()).c_str());
   }
 }
 

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -127,24 +128,26 @@ std::string checkpoint_dir_name(int64_t step) {
   return name;
 }
 
-std::string save_checkpoint(const std::string& run_dir, const Gpt2Config& config,
-                            const ParameterLayout& layout, const float* params,
-                            const TrainingState& state, int keep_last) {
+namespace {
+
+// Writes one checkpoint of `step` through `write_files` (which fills the directory it is given),
+// into `.partial`, flushed, published by rename, then rotated; returns the final directory.
+std::string write_checkpoint_dir(const std::string& run_dir, int64_t step, int keep_last,
+                                 const std::function<void(const std::string& dir)>& write_files) {
   LAYUP_CHECK(keep_last >= 0, "the number of checkpoints to keep must be 0 (all) or more, not ",
               keep_last);
-  LAYUP_CHECK(state.step >= 0, "cannot save a checkpoint of negative step ", state.step);
+  LAYUP_CHECK(step >= 0, "cannot save a checkpoint of negative step ", step);
   std::error_code error;
   fs::create_directories(run_dir, error);
   LAYUP_CHECK(!error, "cannot create the run directory ", run_dir, ": ", error.message());
 
-  const fs::path final_dir = fs::path(run_dir) / checkpoint_dir_name(state.step);
+  const fs::path final_dir = fs::path(run_dir) / checkpoint_dir_name(step);
   const fs::path partial = final_dir.string() + kPartialSuffix;
   remove_tree(partial);  // left by an interrupted save of the same step
   try {
     fs::create_directory(partial, error);
     LAYUP_CHECK(!error, "cannot create ", partial.string(), ": ", error.message());
-    save_hf_model(partial.string(), config, layout, params);
-    save_training_state((partial / kTrainingStateFileName).string(), layout, state);
+    write_files(partial.string());
     fsync_directory(partial.string());
     publish_directory(partial, final_dir);
   } catch (...) {
@@ -152,8 +155,84 @@ std::string save_checkpoint(const std::string& run_dir, const Gpt2Config& config
     throw;
   }
   fsync_directory(run_dir);
-  rotate_checkpoints(run_dir, state.step, keep_last);
+  rotate_checkpoints(run_dir, step, keep_last);
   return final_dir.string();
+}
+
+size_t directory_bytes(const fs::path& dir) {
+  size_t bytes = 0;
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error))
+    if (entry.is_regular_file(error)) bytes += entry.file_size(error);
+  return bytes;
+}
+
+// The step-vs-folder check of a loaded state: `state_path` names the file that says the step.
+void check_step_matches_folder(const std::string& checkpoint_path, int64_t step,
+                               const std::string& state_path) {
+  // A folder not named step-N (e.g. one saved by Hugging Face) has no step to compare.
+  const fs::path folder = fs::absolute(checkpoint_path).lexically_normal();
+  const std::string folder_name =
+      (folder.has_filename() ? folder : folder.parent_path()).filename().string();
+  const int64_t folder_step = parse_step_dir_name(folder_name);
+  LAYUP_CHECK(folder_step < 0 || folder_step == step, state_path, " says step ", step,
+              " but its folder ", folder_name, " is named for step ", folder_step,
+              "; the checkpoint's files were mixed up with another checkpoint's, or the folder "
+              "was renamed. Resume from another checkpoint, or name the folder ",
+              checkpoint_dir_name(step), " if its state is the right one");
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& run_dir, const Gpt2Config& config,
+                            const ParameterLayout& layout, const float* params,
+                            const TrainingState& state, int keep_last) {
+  return write_checkpoint_dir(run_dir, state.step, keep_last, [&](const std::string& dir) {
+    save_hf_model(dir, config, layout, params);
+    save_training_state((fs::path(dir) / kTrainingStateFileName).string(), layout, state);
+  });
+}
+
+SavedCheckpoint save_checkpoint_streamed(const std::string& run_dir, const Gpt2Config& config,
+                                         const ParameterLayout& layout,
+                                         const StreamedCheckpoint& checkpoint,
+                                         const CheckpointWriteOptions& options) {
+  SavedCheckpoint saved;
+  saved.path = write_checkpoint_dir(
+      run_dir, checkpoint.progress.step, options.keep_last, [&](const std::string& dir) {
+        save_hf_model_sharded(dir, config, layout, checkpoint.read_params, options.max_shard_bytes,
+                              options.chunk_bytes);
+        if (checkpoint.read_moments)
+          save_training_state_streamed(dir, layout, checkpoint.progress, checkpoint.read_moments,
+                                       options.max_shard_bytes, options.chunk_bytes);
+        saved.bytes = directory_bytes(dir);
+      });
+  return saved;
+}
+
+CheckpointBytes checkpoint_bytes(const ParameterLayout& layout, bool weights_only,
+                                 size_t max_shard_bytes) {
+  // A file's header (its tensors' names, shapes and offsets), an index or config.json: well under
+  // this each.
+  constexpr size_t kFileAllowance = size_t{1} << 20;
+  const Gpt2Config& config = layout.config();
+  const size_t padded_rows =
+      static_cast<size_t>(config.padded_vocab_size - config.vocab_size) * config.n_embd;
+  const auto with_files = [&](size_t data_bytes) {
+    const size_t files =
+        2 + (data_bytes + max_shard_bytes - 1) / std::max<size_t>(1, max_shard_bytes);
+    return data_bytes + files * kFileAllowance;
+  };
+  CheckpointBytes bytes;
+  bytes.weights = with_files((layout.total_count() - padded_rows) * sizeof(float));
+  if (!weights_only) bytes.training_state = with_files(2 * layout.total_count() * sizeof(float));
+  return bytes;
+}
+
+int count_checkpoints(const std::string& run_dir) {
+  std::error_code error;
+  if (!fs::is_directory(run_dir, error)) return 0;
+  return static_cast<int>(list_checkpoints(run_dir).size());
 }
 
 std::string find_latest_checkpoint(const std::string& dir) {
@@ -177,50 +256,64 @@ const TrainingState& Checkpoint::training_state() const {
   return state;
 }
 
-Checkpoint load_checkpoint(const std::string& dir) {
-  Checkpoint checkpoint;
-  checkpoint.path = find_latest_checkpoint(dir);
-  checkpoint.model = load_hf_model(checkpoint.path);
-  const fs::path single_state_path = fs::path(checkpoint.path) / kTrainingStateFileName;
-  const bool sharded_state = has_sharded_training_state(checkpoint.path);
+CheckpointInfo read_checkpoint_info(const std::string& dir) {
+  CheckpointInfo info;
+  info.path = find_latest_checkpoint(dir);
+  info.config = read_hf_model_config(info.path);
+  const fs::path single_state_path = fs::path(info.path) / kTrainingStateFileName;
+  const bool sharded_state = has_sharded_training_state(info.path);
   std::error_code error;
-  if (fs::exists(single_state_path, error) || sharded_state) {
-    // The file that says which step the state is of, named in errors.
-    const fs::path state_path =
-        sharded_state ? fs::path(checkpoint.path) / shard_index_file_name(kOptimizerShardBaseName)
-                      : single_state_path;
-    const ParameterLayout layout(checkpoint.model.config);
-    if (!sharded_state) {
-      checkpoint.state = load_training_state(state_path.string(), layout);
-    } else {
-      LAYUP_CHECK(!fs::exists(single_state_path, error), checkpoint.path, " holds both ",
-                  kTrainingStateFileName, " and ", shard_index_file_name(kOptimizerShardBaseName),
-                  ", two saves of the training state; it is ambiguous which to resume from: "
-                  "remove the older one");
-      TrainingState& state = checkpoint.state;
-      state.adam_m.resize(layout.total_count());
-      state.adam_v.resize(layout.total_count());
-      static_cast<TrainingProgress&>(state) = load_training_state_sharded(
-          checkpoint.path, layout,
-          [&state](AdamMoment moment, size_t offset, size_t count, const float* in) {
-            float* moments =
-                moment == AdamMoment::kFirst ? state.adam_m.data() : state.adam_v.data();
-            std::memcpy(moments + offset, in, count * sizeof(float));
-          });
-    }
-    checkpoint.has_training_state = true;
-    // A folder not named step-N (e.g. one saved by Hugging Face) has no step to compare.
-    const fs::path folder = fs::absolute(checkpoint.path).lexically_normal();
-    const std::string folder_name =
-        (folder.has_filename() ? folder : folder.parent_path()).filename().string();
-    const int64_t folder_step = parse_step_dir_name(folder_name);
-    LAYUP_CHECK(folder_step < 0 || folder_step == checkpoint.state.step, state_path.string(),
-                " says step ", checkpoint.state.step, " but its folder ", folder_name,
-                " is named for step ", folder_step,
-                "; the checkpoint's files were mixed up with another checkpoint's, or the folder "
-                "was renamed. Resume from another checkpoint, or name the folder ",
-                checkpoint_dir_name(checkpoint.state.step), " if its state is the right one");
+  const bool single_state = fs::exists(single_state_path, error);
+  if (!single_state && !sharded_state) return info;
+  LAYUP_CHECK(!(single_state && sharded_state), info.path, " holds both ", kTrainingStateFileName,
+              " and ", shard_index_file_name(kOptimizerShardBaseName),
+              ", two saves of the training state; it is ambiguous which to resume from: remove "
+              "the older one");
+  info.has_training_state = true;
+  info.training_state_path =
+      sharded_state
+          ? (fs::path(info.path) / shard_index_file_name(kOptimizerShardBaseName)).string()
+          : single_state_path.string();
+  info.progress = read_training_progress(info.training_state_path);
+  check_step_matches_folder(info.path, info.progress.step, info.training_state_path);
+  return info;
+}
+
+void load_checkpoint_streamed(const CheckpointInfo& info, const WriteParams& write_params,
+                              const WriteMoments& write_moments, size_t chunk_bytes) {
+  load_hf_model_streamed(info.path, info.config, write_params, chunk_bytes);
+  if (!info.has_training_state) return;
+  const ParameterLayout layout(info.config);
+  if (has_sharded_training_state(info.path))
+    load_training_state_sharded(info.path, layout, write_moments, chunk_bytes);
+  else
+    load_training_state_streamed(info.training_state_path, layout, write_moments, chunk_bytes);
+}
+
+Checkpoint load_checkpoint(const std::string& dir) {
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  Checkpoint checkpoint;
+  checkpoint.path = info.path;
+  checkpoint.model.config = info.config;
+  checkpoint.has_training_state = info.has_training_state;
+  static_cast<TrainingProgress&>(checkpoint.state) = info.progress;
+  const ParameterLayout layout(info.config);
+  checkpoint.model.params.assign(layout.total_count(), 0.0f);
+  if (info.has_training_state) {
+    checkpoint.state.adam_m.resize(layout.total_count());
+    checkpoint.state.adam_v.resize(layout.total_count());
   }
+  TrainingState& state = checkpoint.state;
+  float* params = checkpoint.model.params.data();
+  load_checkpoint_streamed(
+      info,
+      [params](size_t offset, size_t count, const float* in) {
+        std::memcpy(params + offset, in, count * sizeof(float));
+      },
+      [&state](AdamMoment moment, size_t offset, size_t count, const float* in) {
+        float* moments = moment == AdamMoment::kFirst ? state.adam_m.data() : state.adam_v.data();
+        std::memcpy(moments + offset, in, count * sizeof(float));
+      });
   return checkpoint;
 }
 

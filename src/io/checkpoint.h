@@ -1,7 +1,9 @@
 // Checkpoints of a training run: `<run_dir>/step-00000100/` holding model.safetensors and
-// config.json (a Hugging Face GPT-2 directory, see hf_checkpoint.h) and training_state.safetensors.
-// Loading also reads the sharded forms of both (model-*-of-*.safetensors with its index,
-// optimizer-*-of-*.safetensors with its index) wherever they appear instead.
+// config.json (a Hugging Face GPT-2 directory, see hf_checkpoint.h) and training_state.safetensors,
+// or the sharded forms of both (model-*-of-*.safetensors with its index,
+// optimizer-*-of-*.safetensors with its index) where they are larger than a shard. The streamed
+// save and load move the tensors a chunk at a time through callbacks, so a checkpoint never needs
+// the model in memory.
 //
 // A checkpoint appears complete or not at all: it is written into `step-XXXXXXXX.partial/`, every
 // file and the directory are flushed to disk, and only then is the directory renamed to its final
@@ -28,6 +30,50 @@ std::string save_checkpoint(const std::string& run_dir, const Gpt2Config& config
                             const ParameterLayout& layout, const float* params,
                             const TrainingState& state, int keep_last = 2);
 
+inline constexpr size_t kDefaultCheckpointShardBytes = size_t{5000} * 1000 * 1000;  // HF's "5GB"
+
+// What a streamed save writes, read through callbacks in increasing offsets a chunk at a time.
+struct StreamedCheckpoint {
+  TrainingProgress progress;  // progress.step names the directory
+  ReadParams read_params;
+  // Unset: the checkpoint holds the weights only, loadable by transformers or `layup sample`
+  // but not resumable.
+  ReadMoments read_moments;
+};
+
+struct CheckpointWriteOptions {
+  size_t max_shard_bytes = kDefaultCheckpointShardBytes;
+  size_t chunk_bytes = kDefaultStreamChunkBytes;
+  int keep_last = 2;
+};
+
+struct SavedCheckpoint {
+  std::string path;
+  size_t bytes = 0;  // of every file in it
+};
+
+// save_checkpoint from callbacks: the weights as save_hf_model_sharded writes them, the training
+// state as save_training_state_streamed does, each one file where it fits `max_shard_bytes` and
+// shards beyond. Atomic and rotated as save_checkpoint is. Memory held: the writers' chunk and one
+// transposed matrix.
+SavedCheckpoint save_checkpoint_streamed(const std::string& run_dir, const Gpt2Config& config,
+                                         const ParameterLayout& layout,
+                                         const StreamedCheckpoint& checkpoint,
+                                         const CheckpointWriteOptions& options);
+
+// The disk space one checkpoint of `layout` takes, written with shards of `max_shard_bytes`: the
+// tensors' bytes, plus an allowance for their files' headers and the JSON files.
+struct CheckpointBytes {
+  size_t weights = 0;
+  size_t training_state = 0;  // 0 for weights only
+  size_t total() const { return weights + training_state; }
+};
+CheckpointBytes checkpoint_bytes(const ParameterLayout& layout, bool weights_only,
+                                 size_t max_shard_bytes);
+
+// The complete checkpoints in `run_dir` (0 when it does not exist).
+int count_checkpoints(const std::string& run_dir);
+
 // `dir` itself if it is a model directory (holds model.safetensors or its index), else the complete
 // `step-*` directory of the highest step inside it. Throws layup::Error if there is none.
 std::string find_latest_checkpoint(const std::string& dir);
@@ -42,6 +88,27 @@ struct Checkpoint {
   // (e.g. a model downloaded from Hugging Face holds weights only).
   const TrainingState& training_state() const;
 };
+
+// What a checkpoint is, read before its tensors: what a resume plans its run with.
+struct CheckpointInfo {
+  std::string path;  // find_latest_checkpoint's answer
+  Gpt2Config config;
+  bool has_training_state = false;
+  TrainingProgress progress;        // meaningful only when has_training_state
+  std::string training_state_path;  // the single file or the index
+};
+
+// find_latest_checkpoint(dir)'s config and training progress, validated as load_checkpoint
+// validates them (a state both single and sharded is ambiguous; a step that differs from its
+// folder's is refused).
+CheckpointInfo read_checkpoint_info(const std::string& dir);
+
+// The checkpoint's weights to `write_params` (load_hf_model_streamed), then, when it has a
+// training state, its moments to `write_moments` (each parameter tensor's m, then its v), from a
+// single file or shards alike. Memory held: the readers' chunk and one transposed matrix.
+void load_checkpoint_streamed(const CheckpointInfo& info, const WriteParams& write_params,
+                              const WriteMoments& write_moments,
+                              size_t chunk_bytes = kDefaultStreamChunkBytes);
 
 // Loads find_latest_checkpoint(dir): the model always, the training state when it exists (one
 // file or sharded; both at once is refused as ambiguous).

@@ -98,8 +98,9 @@ TrainingProgress parse_progress(const Metadata& metadata, const std::string& pat
   return progress;
 }
 
-std::vector<float> read_moment(const SafetensorsReader& reader, const std::string& name,
-                               const ParameterLayout& layout) {
+// The moment tensor `name` of a single-file state, checked against the model.
+const SafetensorsTensorInfo& find_moment(const SafetensorsReader& reader, const std::string& name,
+                                         const ParameterLayout& layout) {
   const SafetensorsTensorInfo* tensor = reader.find(name);
   LAYUP_CHECK(tensor, reader.path(), " has no tensor '", name, "'; the training state is damaged");
   LAYUP_CHECK(tensor->dtype == "F32", reader.path(), ": tensor '", name, "' is ", tensor->dtype,
@@ -108,6 +109,12 @@ std::vector<float> read_moment(const SafetensorsReader& reader, const std::strin
               reader.path(), ": tensor '", name, "' holds ", tensor->element_count,
               " values but the model has ", layout.total_count(),
               " parameters; this training state belongs to a different model");
+  return *tensor;
+}
+
+std::vector<float> read_moment(const SafetensorsReader& reader, const std::string& name,
+                               const ParameterLayout& layout) {
+  find_moment(reader, name, layout);
   return reader.read_floats(name);
 }
 
@@ -166,6 +173,18 @@ std::vector<MomentTensor> moment_tensors(const ParameterLayout& layout) {
 
 std::string join_path(const std::string& dir, const std::string& name) {
   return (std::filesystem::path(dir) / name).string();
+}
+
+// The index's metadata holds the same strings as the single file's, besides total_size.
+Metadata index_metadata(const SafetensorsFileSet& files) {
+  Metadata metadata;
+  for (const auto& [key, value] : files.index_metadata().items()) {
+    if (key == "total_size") continue;
+    LAYUP_CHECK(value.is_string(), files.path(), ": metadata entry \"", key, "\" is ", value.dump(),
+                " instead of a string; the training state is damaged");
+    metadata[key] = value.get<std::string>();
+  }
+  return metadata;
 }
 
 }  // namespace
@@ -230,6 +249,67 @@ void save_training_state_sharded(const std::string& dir, const ParameterLayout& 
               error.message());
 }
 
+void save_training_state_streamed(const std::string& dir, const ParameterLayout& layout,
+                                  const TrainingProgress& progress, const ReadMoments& read_moments,
+                                  size_t max_shard_bytes, size_t chunk_bytes) {
+  std::vector<SafetensorsTensorShape> per_tensor;
+  for (const MomentTensor& tensor : moment_tensors(layout))
+    per_tensor.push_back({tensor.name, tensor.spec->shape});
+  if (plan_shards(per_tensor, max_shard_bytes, kOptimizerShardBaseName).size() > 1) {
+    save_training_state_sharded(dir, layout, progress, read_moments, max_shard_bytes, chunk_bytes);
+    return;
+  }
+  const std::string path = join_path(dir, kTrainingStateFileName);
+  const size_t count = layout.total_count();
+  const SafetensorsTensorShape flat[] = {{kMomentM, {count}}, {kMomentV, {count}}};
+  write_streamed_safetensors(
+      path, flat,
+      [&](size_t index, size_t first, std::span<float> out) {
+        read_moments(index == 0 ? AdamMoment::kFirst : AdamMoment::kSecond, first, out.size(),
+                     out.data());
+      },
+      progress_metadata(path, layout, progress), chunk_bytes);
+  // A sharded save of an earlier run in `dir`: one state only, the index first.
+  std::error_code error;
+  std::filesystem::remove(join_path(dir, shard_index_file_name(kOptimizerShardBaseName)), error);
+  LAYUP_CHECK(!error, "cannot remove the training state of an earlier save in ", dir, ": ",
+              error.message());
+  remove_stale_shards(dir, kOptimizerShardBaseName, {});
+}
+
+TrainingProgress read_training_progress(const std::string& path) {
+  if (path.ends_with(".index.json")) {
+    const SafetensorsFileSet files = SafetensorsFileSet::open_index(path);
+    return parse_progress(index_metadata(files), path);
+  }
+  return parse_progress(SafetensorsReader(path).metadata(), path);
+}
+
+TrainingProgress load_training_state_streamed(const std::string& path,
+                                              const ParameterLayout& layout,
+                                              const WriteMoments& write_moments,
+                                              size_t chunk_bytes) {
+  const SafetensorsReader reader(path);
+  const TrainingProgress progress = parse_progress(reader.metadata(), path);
+  const SafetensorsTensorInfo& m = find_moment(reader, kMomentM, layout);
+  const SafetensorsTensorInfo& v = find_moment(reader, kMomentV, layout);
+  std::vector<float> chunk(
+      std::max<size_t>(1, std::min(chunk_bytes / sizeof(float), layout.total_count())));
+  for (const TensorSpec& spec : layout.tensors()) {
+    for (const auto& [moment, tensor] :
+         {std::pair{AdamMoment::kFirst, &m}, std::pair{AdamMoment::kSecond, &v}}) {
+      for (size_t start = 0; start < spec.count; start += chunk.size()) {
+        const std::span<float> piece(chunk.data(), std::min(chunk.size(), spec.count - start));
+        const size_t offset = spec.offset + start;
+        reader.read_floats(*tensor, offset, piece);
+        check_moment(piece, offset, moment, tensor->name, offset, path, layout);
+        write_moments(moment, offset, piece.size(), piece.data());
+      }
+    }
+  }
+  return progress;
+}
+
 bool has_sharded_training_state(const std::string& dir) {
   std::error_code error;
   return std::filesystem::is_regular_file(
@@ -242,15 +322,7 @@ TrainingProgress load_training_state_sharded(const std::string& dir, const Param
   const SafetensorsFileSet files = SafetensorsFileSet::open_index(
       join_path(dir, shard_index_file_name(kOptimizerShardBaseName)));
   const std::string& index_path = files.path();
-
-  // The index's metadata holds the same strings as the single file's, besides total_size.
-  Metadata metadata;
-  for (const auto& [key, value] : files.index_metadata().items()) {
-    if (key == "total_size") continue;
-    LAYUP_CHECK(value.is_string(), index_path, ": metadata entry \"", key, "\" is ", value.dump(),
-                " instead of a string; the training state is damaged");
-    metadata[key] = value.get<std::string>();
-  }
+  const Metadata metadata = index_metadata(files);
   const TrainingProgress progress = parse_progress(metadata, index_path);
   const size_t parameter_count =
       parse_metadata_number<size_t>(metadata, index_path, "parameter_count");

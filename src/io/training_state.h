@@ -75,8 +75,29 @@ void save_training_state_sharded(const std::string& dir, const ParameterLayout& 
                                  size_t max_shard_bytes,
                                  size_t chunk_bytes = kDefaultStreamChunkBytes);
 
+// Writes the state into checkpoint directory `dir` as one training_state.safetensors when the
+// moments fit one shard of `max_shard_bytes` (as save_pretrained keeps a small model in one file),
+// else sharded as save_training_state_sharded does. The moments come from `read_moments` a chunk
+// at a time either way; a chunk of the single file may span several parameter tensors.
+void save_training_state_streamed(const std::string& dir, const ParameterLayout& layout,
+                                  const TrainingProgress& progress, const ReadMoments& read_moments,
+                                  size_t max_shard_bytes,
+                                  size_t chunk_bytes = kDefaultStreamChunkBytes);
+
 // Whether `dir` holds optimizer.safetensors.index.json.
 bool has_sharded_training_state(const std::string& dir);
+
+// The counters and options of a training state without its moments: the single file's metadata
+// or the sharded index's (`path` names either), validated as the loaders validate them.
+TrainingProgress read_training_progress(const std::string& path);
+
+// load_training_state without the moments in memory: the single file validated the same way, its
+// moments written to `write_moments` in the order load_training_state_sharded writes them (each
+// parameter tensor's m, then its v), a chunk at a time.
+TrainingProgress load_training_state_streamed(const std::string& path,
+                                              const ParameterLayout& layout,
+                                              const WriteMoments& write_moments,
+                                              size_t chunk_bytes = kDefaultStreamChunkBytes);
 
 // Reads a sharded state of a model of `layout`, validated as load_training_state validates the
 // single file (plus the index against its shards, see SafetensorsFileSet), and writes the moments

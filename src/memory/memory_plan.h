@@ -74,9 +74,10 @@ struct MemoryPlanRequest {
   std::vector<std::string> place;        // --place CLASS=KIND flags, in order
   DeviceMemoryAttributes attributes = cpu_memory_attributes();
   size_t data_bytes = 0;  // the token shards the run reads into memory (0: none or unknown)
-  // The run holds the whole model's state on the host at once, to resume from a checkpoint or to
-  // save one (`train`); else only one span's, on its way in (`bench` initialises span by span).
-  bool whole_state_on_host = true;
+  // The run saves or resumes checkpoints (`train`), which stream one span's state at a time
+  // through the checkpoint writer's or reader's scratch; else only the span's state on its way in
+  // (`bench` initialises span by span and saves nothing).
+  bool streams_checkpoints = true;
 };
 
 // A flag the user could add, and the request it makes.

@@ -132,7 +132,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   // The run resolved and its memory plan checked against the budgets before anything is
   // allocated.
   RunRequest run_request = run_request_of(options);
-  run_request.plan.whole_state_on_host = false;  // initialised span by span, never saved
+  run_request.plan.streams_checkpoints = false;
   const PlannedRun planned = plan_run(run_request);
   const MemoryPlan& memory_plan = planned.plan;
   const MemoryPlanRequest& request = memory_plan.request;

@@ -44,6 +44,8 @@ void validate_train_options(const TrainOptions& o) {
   LAYUP_CHECK(o.log_every >= 1, "--log-every must be at least 1 (got ", o.log_every, ")");
   LAYUP_CHECK(o.checkpoint_every >= 0, "--checkpoint-every must not be negative");
   LAYUP_CHECK(o.keep_checkpoints >= 1, "--keep-checkpoints must be at least 1");
+  LAYUP_CHECK(o.checkpoint_shard_mb >= 1, "--checkpoint-shard-mb must be at least 1 (got ",
+              o.checkpoint_shard_mb, ")");
   LAYUP_CHECK(o.sample_tokens >= 0, "--sample-tokens must not be negative");
   LAYUP_CHECK(o.temperature > 0.0f, "--temperature must be positive (got ", o.temperature, ")");
   LAYUP_CHECK(o.top_k >= 0, "--top-k must not be negative (0 = the whole vocabulary)");
@@ -74,6 +76,7 @@ LAYUP_JSON_ENUM(Dtype, kDtypeNames)
 LAYUP_JSON_ENUM(LayupClip, kLayupClipNames)
 LAYUP_JSON_ENUM(LayupHead, kLayupHeadNames)
 LAYUP_JSON_ENUM(AlgorithmChoice, kAlgorithmChoiceNames)
+LAYUP_JSON_ENUM(CheckpointContents, kCheckpointContentsNames)
 #undef LAYUP_JSON_ENUM
 
 void check_seq_len_fits(int seq_len, const Gpt2Config& model) {
@@ -129,6 +132,8 @@ const std::vector<Setting>& settings() {
       LAYUP_SETTING("eval_batches", "--eval-batches", false, eval_batches),
       LAYUP_SETTING("checkpoint_every", "--checkpoint-every", false, checkpoint_every),
       LAYUP_SETTING("keep_checkpoints", "--keep-checkpoints", false, keep_checkpoints),
+      LAYUP_SETTING("checkpoint_contents", "--checkpoint-contents", false, checkpoint_contents),
+      LAYUP_SETTING("checkpoint_shard_mb", "--checkpoint-shard-mb", false, checkpoint_shard_mb),
       LAYUP_SETTING("log_every", "--log-every", false, log_every),
       LAYUP_SETTING("sample_tokens", "--sample-tokens", false, sample_tokens),
       LAYUP_SETTING("sample_prompt", "--prompt", false, sample_prompt),

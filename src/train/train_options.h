@@ -32,10 +32,10 @@ struct TrainOptions : RunSpec {
   int eval_batches = 8;
   int checkpoint_every = 100;
   int keep_checkpoints = 2;
-  // false (--no-checkpoints): none at all, so the run never holds the whole model's state on the
-  // host (a timing run, or a model whose state the disk could not take).
-  bool checkpoints = true;
-  int log_every = 10;  // progress lines when stderr is not a terminal
+  bool checkpoints = true;  // false: --no-checkpoints
+  CheckpointContents checkpoint_contents = CheckpointContents::kFull;
+  int checkpoint_shard_mb = 5000;  // files of at most this many MB (10^6 bytes) of tensors
+  int log_every = 10;              // progress lines when stderr is not a terminal
   std::string out_dir;
   std::string resume;
 

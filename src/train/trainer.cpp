@@ -26,6 +26,7 @@
 #include "train/corpus_shards.h"
 #include "train/memory_usage.h"
 #include "train/progress_line.h"
+#include "train/schedule_checkpoint.h"
 #include "train/stop_signals.h"
 
 namespace layup {
@@ -136,25 +137,27 @@ TrainResult train(TrainOptions options) {
     options.tokenizer_dir = fs::absolute(options.tokenizer_dir).string();
   // Resuming takes the model and the run's settings from the checkpoint; the command line may
   // change only what leaves the trajectory alone (resume_settings).
-  Checkpoint resumed;
+  CheckpointInfo resumed;
   std::string resumed_from;
   std::vector<std::string> resume_notes;
   bool continues_this_folder = false;
   if (!options.resume.empty()) {
-    resumed_from = find_latest_checkpoint(options.resume);
-    resumed = load_checkpoint(resumed_from);
+    // The weights and moments are read once the schedule exists, span by span into it.
+    resumed = read_checkpoint_info(options.resume);
+    resumed_from = resumed.path;
     LAYUP_CHECK(resumed.has_training_state, "checkpoint '", resumed_from,
-                "' has no training_state.safetensors, so it cannot be resumed; it can still be "
+                "' holds the weights only (no training_state.safetensors or "
+                "optimizer.safetensors.index.json), so it cannot be resumed; it can still be "
                 "used with `layup sample`");
-    options.model = resumed.model.config;
+    options.model = resumed.config;
     options =
-        resume_settings(std::move(options), resumed.state.options, resumed_from, resume_notes);
-    LAYUP_CHECK(options.steps > resumed.state.step, "the checkpoint ", resumed_from, " is at step ",
-                resumed.state.step, " and the run has ", options.steps,
+        resume_settings(std::move(options), resumed.progress.options, resumed_from, resume_notes);
+    LAYUP_CHECK(options.steps > resumed.progress.step, "the checkpoint ", resumed_from,
+                " is at step ", resumed.progress.step, " and the run has ", options.steps,
                 " steps: it is finished; give a larger --steps to train on");
-    LAYUP_CHECK(options.until_step == -1 || options.until_step > resumed.state.step,
+    LAYUP_CHECK(options.until_step == -1 || options.until_step > resumed.progress.step,
                 "--until-step ", options.until_step, " is not after the checkpoint's step ",
-                resumed.state.step);
+                resumed.progress.step);
     const std::string run_folder = fs::path(resumed_from).parent_path().string();
     if (options.out_dir.empty()) options.out_dir = run_folder;
     std::error_code error;
@@ -174,10 +177,22 @@ TrainResult train(TrainOptions options) {
   const std::string data_dir =
       options.data_dir.empty() ? default_shard_dir(tokenizer) : options.data_dir;
   const DataFolderShards shards = find_data_folder_shards(data_dir);
+  const int start_step = resumed_from.empty() ? 0 : static_cast<int>(resumed.progress.step);
+  const int last_step = options.until_step > 0 ? options.until_step : options.steps;
+  const size_t shard_bytes = static_cast<size_t>(options.checkpoint_shard_mb) * 1000 * 1000;
+  if (options.checkpoints) {
+    const int every = options.checkpoint_every;
+    const int saves =
+        every > 0 ? last_step / every - start_step / every + (last_step % every != 0) : 1;
+    check_checkpoint_disk(
+        checkpoint_disk_need(ParameterLayout(options.model), options.checkpoint_contents,
+                             shard_bytes, saves, options.keep_checkpoints,
+                             count_checkpoints(options.out_dir)),
+        read_disk_space(existing_folder_of(options.out_dir)));
+  }
   RunRequest request = run_request_of(options);
   request.plan.data_bytes = token_shard_bytes(shards);
-  // A fresh run without checkpoints is initialised span by span and never exported whole.
-  request.plan.whole_state_on_host = options.checkpoints || !resumed_from.empty();
+  request.plan.streams_checkpoints = options.checkpoints || !resumed_from.empty();
   const PlannedRun planned = plan_run(request);
   const MemoryPlan& memory_plan = planned.plan;
   const MemoryBudgets& budgets = planned.budgets;
@@ -189,7 +204,6 @@ TrainResult train(TrainOptions options) {
   BatchSampler sampler(train_data, options.batch, options.seq_len, options.seed);
   const ValidationBatches val(val_data, options.batch, options.seq_len, options.eval_batches);
 
-  const ParameterLayout layout(config);
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
   BuiltRun built = build_run(planned);
@@ -207,19 +221,15 @@ TrainResult train(TrainOptions options) {
     trace->set_metadata("schedule", schedule_description);
   }
 
-  int start_step = 0;
   long long tokens_seen = 0;
   if (!resumed_from.empty()) {
-    schedule->import_tensors({std::move(resumed.model.params), std::move(resumed.state.adam_m),
-                              std::move(resumed.state.adam_v)});
-    start_step = static_cast<int>(resumed.state.step);
-    tokens_seen = resumed.state.tokens_seen;
-    sampler.set_state(resumed.state.data_rng_state);
+    load_schedule_checkpoint(resumed, *schedule);
+    tokens_seen = resumed.progress.tokens_seen;
+    sampler.set_state(resumed.progress.data_rng_state);
   } else {
     schedule->initialize_fresh(options.seed);
   }
 
-  const int last_step = options.until_step > 0 ? options.until_step : options.steps;
   const LrSchedule lr_schedule{options.lr, options.min_lr, options.warmup_steps, options.steps};
   const long long tokens_per_step =
       static_cast<long long>(options.batch) * options.seq_len * options.grad_accum;
@@ -264,18 +274,44 @@ TrainResult train(TrainOptions options) {
     progress.message(text);
     return loss;
   };
+  // The newest complete checkpoint, which a failed save leaves as it was.
+  std::string intact_checkpoint = resumed_from;
   auto save = [&](int step) {
-    OptimizerTensors tensors = schedule->export_tensors();
-    TrainingState state;
+    TrainingProgress state;
     state.step = step;
-    state.adam_m = std::move(tensors.adam_m);
-    state.adam_v = std::move(tensors.adam_v);
     state.data_rng_state = sampler.state();
     state.tokens_seen = tokens_seen;
     state.options = run_settings(options);
-    result.last_checkpoint = save_checkpoint(options.out_dir, config, layout, tensors.params.data(),
-                                             state, options.keep_checkpoints);
-    progress.message("checkpoint " + result.last_checkpoint);
+    const double save_start_s = progress.elapsed_s();
+    SavedCheckpoint saved;
+    try {
+      saved = save_schedule_checkpoint(
+          options.out_dir, *schedule, state, options.checkpoint_contents,
+          {shard_bytes, kDefaultStreamChunkBytes, options.keep_checkpoints});
+    } catch (const Error& error) {
+      progress.finish();
+      // The cause first: the same words as anywhere else (a full disk, out of memory).
+      fail(error.what(), ". The checkpoint of step ", step, " was not written. ",
+           intact_checkpoint.empty()
+               ? std::string("This run has no earlier checkpoint")
+               : "The last complete checkpoint, " + intact_checkpoint + ", is intact" +
+                     (options.checkpoint_contents == CheckpointContents::kFull
+                          ? " (resume with `layup train --resume " + intact_checkpoint + "`)"
+                          : std::string()),
+           "; if the disk is full, free space in ", options.out_dir,
+           ", give another --out or write less: --checkpoint-contents weights, "
+           "--keep-checkpoints 1 or --no-checkpoints");
+    }
+    const double save_s = progress.elapsed_s() - save_start_s;
+    result.last_checkpoint = intact_checkpoint = saved.path;
+    log.write({{"step", step},
+               {"checkpoint", saved.path},
+               {"checkpoint_bytes", saved.bytes},
+               {"checkpoint_s", save_s}});
+    char text[128];
+    std::snprintf(text, sizeof text, ": %.2f GB in %.1f s (%.2f GB/s)", saved.bytes / 1e9, save_s,
+                  saved.bytes / 1e9 / std::max(save_s, 1e-9));
+    progress.message("checkpoint " + saved.path + text);
   };
 
   if (options.eval_every > 0 && start_step == 0) result.initial_val_loss = evaluate(0);
@@ -383,8 +419,11 @@ TrainResult train(TrainOptions options) {
       log.write({{"step", done}, {"stopped_by", result.stopped_by}});
       progress.message(
           std::string("stopped by ") + result.stopped_by + " after step " + std::to_string(done) +
-          (options.checkpoints ? "; continue with: layup train --resume " + options.out_dir
-                               : std::string("; no checkpoint (--no-checkpoints)")));
+          (!options.checkpoints ? std::string("; no checkpoint (--no-checkpoints)")
+           : options.checkpoint_contents == CheckpointContents::kWeights
+               ? std::string("; its weights are saved (--checkpoint-contents weights: not "
+                             "resumable)")
+               : "; continue with: layup train --resume " + options.out_dir));
       result.steps_done = done;
       break;
     }

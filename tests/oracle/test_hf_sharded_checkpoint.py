@@ -1,12 +1,14 @@
-"""Sharded checkpoints in Hugging Face's layout, both ways: layup's shards load in transformers
-with the same weights, logits and loss, and save_pretrained's shards load in layup."""
+"""Sharded checkpoints in Hugging Face's layout, both ways: layup's shards (the writer's, and a
+training run's) load in transformers with the same weights, logits and loss, and
+save_pretrained's shards load in layup."""
 import json
 
 import torch
 from safetensors.torch import load_file
 from transformers import GPT2LMHeadModel
 
-from oracle_util import (binary, hf_loss, random_hf_model, random_tokens, relative_error, run)
+from oracle_util import (TINY_RUN, binary, hf_loss, random_hf_model, random_tokens, relative_error,
+                         run, tiny_shards)
 
 B, T = 2, 32
 # The 9.6 MB token embedding gets a shard of its own; each block (~112 kB) spans two.
@@ -83,3 +85,27 @@ def test_save_pretrained_shards_load_in_layup_with_the_same_loss(tmp_path):
                  check=False)
     assert result.returncode == 1
     assert f"{missing} does not exist" in result.stderr, result.stderr
+
+
+def test_a_trainers_sharded_checkpoint_loads_in_transformers(tmp_path):
+    """`layup train` writes its checkpoints span by span from the schedule; with 1 MB shards the
+    weights are several files that transformers loads, giving layup's logits."""
+    shards = tiny_shards(tmp_path / "data")
+    run([binary("layup"), "train", *TINY_RUN, "--steps", "2", "--checkpoint-shard-mb", "1",
+         "--data", shards, "--out", tmp_path / "run"])
+    checkpoint = tmp_path / "run" / "step-00000002"
+    assert len(shard_names(checkpoint)) > 1
+    assert not (checkpoint / "model.safetensors").exists()
+
+    model, info = GPT2LMHeadModel.from_pretrained(checkpoint, attn_implementation="eager",
+                                                  dtype=torch.float32, output_loading_info=True)
+    model.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    [(inputs, targets)] = random_tokens(tmp_path / "tokens.bin", 1, B, T)
+    run([binary("layup_model_tool"), "grads", checkpoint, tmp_path / "tokens.bin", B, T,
+         tmp_path / "out"])
+    outputs = load_file(tmp_path / "out" / "outputs.safetensors")
+    with torch.no_grad():
+        loss, logits = hf_loss(model, inputs, targets)
+    assert relative_error(outputs["logits"], logits) < 1e-5
+    assert relative_error(outputs["loss"], loss.reshape(1)) < 1e-5

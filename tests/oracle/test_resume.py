@@ -67,3 +67,42 @@ def test_resume_may_change_the_mode(tmp_path, first_mode, then_mode, clip):
 
     assert losses(tmp_path / "straight") == losses(tmp_path / "split")
     assert len(losses(tmp_path / "straight")) == 4
+
+
+@pytest.mark.parametrize("first, then", [
+    (["--mode", "gpu"], ["--mode", "layup"]),      # the device's memory -> the host's, by span
+    (["--mode", "layup"], ["--mode", "offload"]),
+])
+def test_a_sharded_checkpoint_resumes_into_another_placement(tmp_path, first, then):
+    """Checkpoints are written and read span by span, from and into whichever side holds a span's
+    state: 2 steps in one mode, resumed for 2 in another, give the files and losses of 4 steps
+    straight. 1 MB shards split the weights and the optimizer state into several files each.
+    (The CPU backend takes no --optimizer-placement device:K; ScheduleCheckpoint's C++ tests
+    resume into device-updated spans.)"""
+    shards = tiny_shards(tmp_path / "data")
+    common = [binary("layup"), "train", *TINY_RUN, "--steps", "4", "--device", "cpu",
+              "--checkpoint-shard-mb", "1", "--data", shards]
+    run([*common, *first, "--out", tmp_path / "straight"])
+    run([*common, *first, "--until-step", "2", "--out", tmp_path / "split"])
+    resumed = run([binary("layup"), "train", "--resume", tmp_path / "split", *then])
+    assert "resumed from" in resumed.stderr
+
+    straight = tmp_path / "straight" / "step-00000004"
+    split = tmp_path / "split" / "step-00000004"
+    names = sorted(p.name for p in straight.iterdir())
+    assert names == sorted(p.name for p in split.iterdir())
+    assert len([n for n in names if n.startswith("model-")]) > 1, names
+    assert len([n for n in names if n.startswith("optimizer-")]) > 1, names
+    for name in names:
+        if name == "optimizer.safetensors.index.json":
+            continue  # its metadata names the run's settings, which differ by the placement flags
+        assert (straight / name).read_bytes() == (split / name).read_bytes(), name
+    state = [json.loads((d / "optimizer.safetensors.index.json").read_text())
+             for d in (straight, split)]
+    assert state[0]["weight_map"] == state[1]["weight_map"]
+    assert state[0]["metadata"]["step"] == state[1]["metadata"]["step"] == "4"
+
+    def losses(run_dir):
+        return [(r["step"], r["loss"]) for r in read_log(run_dir) if "loss" in r]
+
+    assert losses(tmp_path / "straight") == losses(tmp_path / "split")

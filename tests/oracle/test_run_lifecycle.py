@@ -253,3 +253,66 @@ def test_a_refused_study_leaves_no_folder(tmp_path):
     assert result.returncode == 1, result.stderr
     assert result.stderr.count("of host memory at its peak") == 1, result.stderr
     assert not (tmp_path / "study").exists()
+
+
+# --- checkpoints and the disk ---
+
+def test_checkpoints_that_do_not_fit_the_disk_are_refused_before_allocating(tmp_path, shards):
+    # ~40 TB of weights and optimizer state a checkpoint: no test machine's disk holds that.
+    args = [binary("layup"), "train", "--layers", "4000", "--heads", "16", "--dim", "8192",
+            "--steps", "1", "--data", shards, "--out", tmp_path / "run"]
+    result = fails_with(args, "do not fit on the disk of its folder", "free",
+                        "--checkpoint-contents weights", "--no-checkpoints", "--out")
+    assert "host memory" not in result.stderr  # refused before the memory plan
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_disk_that_fills_during_a_checkpoint_leaves_the_last_one_intact(tmp_path, shards):
+    """A file-size limit makes every write past it fail (EFBIG, SIGXFSZ ignored) as a full disk
+    makes them fail (ENOSPC): the save of step 4 stops, and step 2 still resumes."""
+    import resource
+
+    run(train(shards, tmp_path / "run", "--until-step", "2", "--checkpoint-every", "2"))
+    before = snapshot(tmp_path / "run" / "step-00000002")
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+    result = run([binary("layup"), "train", "--resume", tmp_path / "run"], check=False,
+                 preexec_fn=limit_file_size)
+    assert result.returncode == 1, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("layup: error:")]
+    assert len(errors) == 1, result.stderr
+    for phrase in ("cannot write", "File too large", "check the free disk space",
+                   "The checkpoint of step 4 was not written",
+                   f"The last complete checkpoint, {tmp_path / 'run' / 'step-00000002'}, is intact",
+                   "--checkpoint-contents weights"):
+        assert phrase in errors[0], errors[0]
+    assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-00000002"]
+    assert snapshot(tmp_path / "run" / "step-00000002") == before
+
+    resumed = run([binary("layup"), "train", "--resume", tmp_path / "run"])
+    assert "resumed from" in resumed.stderr and "step-00000002" in resumed.stderr
+    assert (tmp_path / "run" / "step-00000004").is_dir()
+
+
+def test_the_checkpoint_line_reports_its_size_and_rate(tmp_path, shards):
+    result = run(train(shards, tmp_path / "run", "--checkpoint-every", "2"))
+    assert re.search(r"checkpoint \S+step-00000004: [0-9.]+ GB in [0-9.]+ s \([0-9.]+ GB/s\)",
+                     result.stderr), result.stderr
+    saves = [r for r in read_log(tmp_path / "run") if "checkpoint" in r]
+    assert [r["step"] for r in saves] == [2, 4]
+    assert all(r["checkpoint_bytes"] > 0 and r["checkpoint_s"] >= 0 for r in saves)
+
+
+def test_weights_only_checkpoints_hold_no_optimizer_state_and_do_not_resume(tmp_path, shards):
+    result = run(train(shards, tmp_path / "run", "--checkpoint-contents", "weights",
+                       "--checkpoint-shard-mb", "1"))
+    step = tmp_path / "run" / "step-00000004"
+    assert "checkpoint" in result.stdout
+    assert (step / "model.safetensors.index.json").is_file() and (step / "config.json").is_file()
+    assert not list(step.glob("optimizer*")) and not (step / "training_state.safetensors").exists()
+    fails_with([binary("layup"), "train", "--resume", tmp_path / "run", "--steps", "6"],
+               "holds the weights only", "cannot be resumed", "layup sample")
+    run([binary("layup"), "sample", "--checkpoint", step, "--tokens", "4"])

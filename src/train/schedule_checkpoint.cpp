@@ -1,0 +1,223 @@
+// Checkpoints to and from a schedule through one span of host memory; the disk they need.
+#include "train/schedule_checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "memory/memory_accountant.h"
+
+namespace layup {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kNoSpan = std::numeric_limits<size_t>::max();
+
+enum class Field { kParams, kFirstMoment, kSecondMoment };
+
+Field field_of(AdamMoment moment) {
+  return moment == AdamMoment::kFirst ? Field::kFirstMoment : Field::kSecondMoment;
+}
+
+// The index in layout.spans() of the span holding flat offset `offset`.
+size_t span_of(const std::vector<Span>& spans, size_t offset) {
+  const auto after = std::upper_bound(spans.begin(), spans.end(), offset,
+                                      [](size_t at, const Span& span) { return at < span.offset; });
+  return static_cast<size_t>(after - spans.begin()) - 1;
+}
+
+// One span's parameters and moments, sized for the largest span.
+struct SpanBuffers {
+  std::vector<float> params, m, v;
+
+  explicit SpanBuffers(const ParameterLayout& layout) {
+    size_t largest = 0;
+    for (const Span& span : layout.spans()) largest = std::max(largest, span.count);
+    params.assign(largest, 0.0f);
+    m.assign(largest, 0.0f);
+    v.assign(largest, 0.0f);
+  }
+  float* field(Field which) {
+    return which == Field::kParams ? params.data()
+                                   : (which == Field::kFirstMoment ? m.data() : v.data());
+  }
+  SpanState state() { return {params.data(), m.data(), v.data()}; }
+};
+
+// Answers the writers' reads of the flat layout from the span that holds them, exported whole
+// when a read first reaches it. The writers read each tensor in increasing offsets, so a pass over
+// the model exports every span once.
+class SpanExporter {
+ public:
+  explicit SpanExporter(const Schedule& schedule)
+      : schedule_(schedule), buffers_(schedule.layout()) {}
+
+  void read(Field field, size_t offset, size_t count, float* out) {
+    const std::vector<Span>& spans = schedule_.layout().spans();
+    while (count > 0) {
+      const size_t index = span_of(spans, offset);
+      if (index != exported_) {
+        schedule_.export_span(index, buffers_.state());
+        exported_ = index;
+      }
+      const Span& span = spans[index];
+      const size_t piece = std::min(count, span.offset + span.count - offset);
+      std::memcpy(out, buffers_.field(field) + (offset - span.offset), piece * sizeof(float));
+      offset += piece;
+      out += piece;
+      count -= piece;
+    }
+  }
+
+ private:
+  const Schedule& schedule_;
+  SpanBuffers buffers_;
+  size_t exported_ = kNoSpan;
+};
+
+// Takes one pass of the readers' writes (increasing offsets, each element once) and imports each
+// span as soon as the pass has filled it: the weights pass with zero moments, then the moments
+// pass with those weights, exported back first. import_span takes a span's whole state, and the
+// files hold the weights and the moments apart: two passes keep one span in memory, not the model.
+class SpanImporter {
+ public:
+  SpanImporter(Schedule& schedule, SpanBuffers& buffers, bool moments)
+      : schedule_(schedule), buffers_(buffers), moments_(moments) {}
+
+  void write(Field field, size_t offset, size_t count, const float* in) {
+    const std::vector<Span>& spans = schedule_.layout().spans();
+    while (count > 0) {
+      const size_t index = span_of(spans, offset);
+      if (index != current_) start(index);
+      const Span& span = spans[index];
+      const size_t piece = std::min(count, span.offset + span.count - offset);
+      std::memcpy(buffers_.field(field) + (offset - span.offset), in, piece * sizeof(float));
+      filled_ += piece;
+      if (filled_ == (moments_ ? 2 : 1) * span.count) {
+        schedule_.import_span(index,
+                              {buffers_.params.data(), buffers_.m.data(), buffers_.v.data()});
+        current_ = kNoSpan;
+        ++imported_;
+      }
+      offset += piece;
+      in += piece;
+      count -= piece;
+    }
+  }
+
+  void check_complete() const {
+    LAYUP_CHECK(current_ == kNoSpan && imported_ == schedule_.layout().spans().size(),
+                "internal error: the checkpoint reader left spans of the model unwritten");
+  }
+
+ private:
+  void start(size_t index) {
+    LAYUP_CHECK(current_ == kNoSpan && index == imported_,
+                "internal error: the checkpoint reader wrote span ", index, " out of order");
+    // The weights pass imports the buffers' moments, which only the moments pass writes: zero.
+    if (moments_) schedule_.export_span(index, buffers_.state());
+    current_ = index;
+    filled_ = 0;
+  }
+
+  Schedule& schedule_;
+  SpanBuffers& buffers_;
+  const bool moments_;
+  size_t current_ = kNoSpan;
+  size_t filled_ = 0;
+  size_t imported_ = 0;
+};
+
+}  // namespace
+
+SavedCheckpoint save_schedule_checkpoint(const std::string& run_dir, const Schedule& schedule,
+                                         const TrainingProgress& progress,
+                                         CheckpointContents contents,
+                                         const CheckpointWriteOptions& options) {
+  SpanExporter exporter(schedule);
+  StreamedCheckpoint checkpoint;
+  checkpoint.progress = progress;
+  checkpoint.read_params = [&exporter](size_t offset, size_t count, float* out) {
+    exporter.read(Field::kParams, offset, count, out);
+  };
+  if (contents == CheckpointContents::kFull)
+    checkpoint.read_moments = [&exporter](AdamMoment moment, size_t offset, size_t count,
+                                          float* out) {
+      exporter.read(field_of(moment), offset, count, out);
+    };
+  const ParameterLayout& layout = schedule.layout();
+  return save_checkpoint_streamed(run_dir, layout.config(), layout, checkpoint, options);
+}
+
+void load_schedule_checkpoint(const CheckpointInfo& info, Schedule& schedule) {
+  LAYUP_CHECK(info.has_training_state, info.path,
+              " holds model weights only, so a run cannot resume from it");
+  const ParameterLayout& layout = schedule.layout();
+  LAYUP_CHECK(ParameterLayout(info.config).total_count() == layout.total_count(),
+              "internal error: loading ", info.path, " into a schedule of another model");
+  SpanBuffers buffers(layout);
+  SpanImporter weights(schedule, buffers, false);
+  SpanImporter moments(schedule, buffers, true);
+  load_checkpoint_streamed(
+      info,
+      [&weights](size_t offset, size_t count, const float* in) {
+        weights.write(Field::kParams, offset, count, in);
+      },
+      [&](AdamMoment moment, size_t offset, size_t count, const float* in) {
+        moments.write(field_of(moment), offset, count, in);
+      });
+  weights.check_complete();
+  moments.check_complete();
+}
+
+CheckpointDiskNeed checkpoint_disk_need(const ParameterLayout& layout, CheckpointContents contents,
+                                        size_t max_shard_bytes, int saves, int keep_last,
+                                        int existing) {
+  CheckpointDiskNeed need;
+  need.each = checkpoint_bytes(layout, contents == CheckpointContents::kWeights, max_shard_bytes);
+  need.contents = contents;
+  need.keep_last = keep_last;
+  // Before the i-th save the folder holds min(existing + i - 1, keep_last) checkpoints, during it
+  // one more; the folder's own count as the new ones' size (rotation deletes them as it goes).
+  if (saves > 0) need.checkpoints = std::max(1, std::min(saves, keep_last + 1 - existing));
+  return need;
+}
+
+void check_checkpoint_disk(const CheckpointDiskNeed& need, const DiskSpace& space) {
+  if (need.bytes() <= space.free_bytes) return;
+  const bool full = need.contents == CheckpointContents::kFull;
+  std::string each = format_bytes(need.each.total());
+  if (full)
+    each += " (weights " + format_bytes(need.each.weights) + ", optimizer state " +
+            format_bytes(need.each.training_state) + ")";
+  std::string at_once = "needs room for one";
+  if (need.checkpoints > 1)
+    at_once = "holds " + std::to_string(need.checkpoints) +
+              " more at once (a new one is written before the oldest beyond --keep-checkpoints " +
+              std::to_string(need.keep_last) + " is deleted): " + format_bytes(need.bytes());
+  std::string fixes = "Free space there, choose an --out on a larger disk";
+  if (need.keep_last > 1 && need.checkpoints > 1) fixes += ", keep fewer (--keep-checkpoints 1)";
+  if (full)
+    fixes += ", save the weights only (--checkpoint-contents weights: " +
+             format_bytes(need.each.weights) + " each, not resumable)";
+  fixes += " or train without checkpoints (--no-checkpoints)";
+  fail("the run's checkpoints do not fit on the disk of its folder: one takes ", each,
+       " and the run ", at_once, ", but ", space.dir, " has ", format_bytes(space.free_bytes),
+       " free. ", fixes);
+}
+
+std::string existing_folder_of(const std::string& dir) {
+  fs::path folder = fs::absolute(dir).lexically_normal();
+  std::error_code error;
+  while (!fs::is_directory(folder, error) && folder.has_parent_path() &&
+         folder.parent_path() != folder)
+    folder = folder.parent_path();
+  return folder.string();
+}
+
+}  // namespace layup

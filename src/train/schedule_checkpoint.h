@@ -1,0 +1,51 @@
+// A run's checkpoints written from its schedule and read back into it span by span, and the disk
+// they need (docs/running.md, "Checkpoints"): the host holds one span's state at a time, never the
+// model's, so a checkpoint of a model larger than host memory is written and resumed alike.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/run_choices.h"
+#include "io/checkpoint.h"
+#include "schedule/schedule.h"
+#include "tier/disk_space.h"
+
+namespace layup {
+
+// Writes a checkpoint of `progress.step` into `run_dir` from the schedule's state, exported one
+// span at a time (Schedule::export_span): the weights always, the training state with `contents`
+// full. Memory held: one span's parameters and moments, and the writers' scratch.
+SavedCheckpoint save_schedule_checkpoint(const std::string& run_dir, const Schedule& schedule,
+                                         const TrainingProgress& progress,
+                                         CheckpointContents contents,
+                                         const CheckpointWriteOptions& options);
+
+// Loads the checkpoint `info` describes (it must have a training state) into the schedule, one
+// span at a time, whatever placement the schedule has (Schedule::import_span). Its model must be
+// the schedule's. Memory held: one span's parameters and moments, and the readers' scratch.
+void load_schedule_checkpoint(const CheckpointInfo& info, Schedule& schedule);
+
+// The disk the rest of a run's checkpoints take at once: a new one is written before the oldest
+// beyond --keep-checkpoints is deleted.
+struct CheckpointDiskNeed {
+  CheckpointBytes each;
+  CheckpointContents contents = CheckpointContents::kFull;
+  int keep_last = 1;
+  int checkpoints = 0;  // how many more the file system holds at the peak
+  size_t bytes() const { return checkpoints * each.total(); }
+};
+
+// The need of a run that writes `saves` more checkpoints into a folder holding `existing` ones.
+CheckpointDiskNeed checkpoint_disk_need(const ParameterLayout& layout, CheckpointContents contents,
+                                        size_t max_shard_bytes, int saves, int keep_last,
+                                        int existing);
+
+// Throws layup::Error when `space` has not `need.bytes()` free, naming both and the flags that
+// would need less.
+void check_checkpoint_disk(const CheckpointDiskNeed& need, const DiskSpace& space);
+
+// The run folder `dir`, or its nearest ancestor that exists: where a folder not made yet will be.
+std::string existing_folder_of(const std::string& dir);
+
+}  // namespace layup
