@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 20 on the H200 machine: optimizer state split between the GPU and the host by the planner.
-# One phase per device call (the build folder stays on the machine while it is held):
+# PHASE names one phase or several, comma-separated, run in order in one device call:
 #   PHASE=build  builds layup and the CUDA tests (build-gpu, sm_90) and runs the tests
 #   PHASE=big    the 13B-class GPT (L40 H40 C5120, T=1024) trained by `layup train` on the shipped
 #                corpus in layup mode: the planner's split (`layup memory`), then 6 steps with exact
@@ -9,6 +9,15 @@
 #   PHASE=gpu    gpu mode at the 6.65B model (L32 H32 C4096) for the MFU it reaches, to compare
 #   PHASE=curve  layup at gpt2-xl B=4 with --optimizer-placement device:K for K from 0 to 48: step
 #                time against the device memory the plan needs; gpu mode beside it
+#   PHASE=curve  also calibrates first (layup calibrate at gpt2-xl B=4): each bench prints the
+#                step-time model's prediction beside the measured median
+#   PHASE=ckpt   checkpoints at scale: the 13B model's weights alone (--checkpoint-contents
+#                weights, sharded safetensors) after one step; a 3.88B model's full state written,
+#                then resumed, its next loss beside an uninterrupted run's; resident memory sampled
+#                every 0.5 s during each write
+#   PHASE=disk   the disk tier: calibrate with the disk, then `layup bench` of the largest GPT the
+#                planner admits with blocks on disk (L=$DISK_LAYERS, default 52: 16.6B) at B=16,
+#                --clip none, --optimizer-placement auto --offload-dir; prediction beside measured
 # Logs go to $OUT (the device tool's output folder) or the build folder.
 set -uo pipefail
 
@@ -44,9 +53,10 @@ for line in open(path):
 EOF
 }
 
-case "${PHASE:-build}" in
+for phase in ${PHASE//,/ }; do
+case "$phase" in
 build)
-  timeout 300 "$build/layup_cuda_tests" --gtest_brief=1 > "$out/cuda_tests.log" 2>&1
+  timeout 200 "$build/layup_cuda_tests" --gtest_brief=1 > "$out/cuda_tests.log" 2>&1
   echo "cuda tests: exit $?; $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/cuda_tests.log" | tr '\n' ' ')"
   grep -E "FAILED" "$out/cuda_tests.log" | head -n 20
   ;;
@@ -80,17 +90,85 @@ gpu)
   done
   ;;
 curve)
-  "$layup" bench --model gpt2-xl --batch 4 --mode gpu --warmup 3 --steps 10 \
+  "$layup" calibrate --model gpt2-xl --batch 4 > "$out/calibrate-gpt2-xl.txt" 2>&1
+  echo "calibrate: exit $?"; cat "$out/calibrate-gpt2-xl.txt" | tail -n 12
+  "$layup" bench --model gpt2-xl --batch 4 --mode gpu --warmup 2 --steps 6 \
     --json "$out/curve-gpu.json" > "$out/curve-gpu.log" 2>&1
   echo "gpu: $(grep -E 'ms/step|MFU|memory peak' "$out/curve-gpu.log")"
-  for blocks in 0 8 16 24 32 40 48; do
+  for blocks in 0 12 24 36 48; do
     placement=device:$blocks
     "$layup" memory --model gpt2-xl --batch 4 --seq-len 1024 --device cuda --mode layup \
       --optimizer-placement "$placement" > "$out/curve-memory-$blocks.txt" 2>&1
-    "$layup" bench --model gpt2-xl --batch 4 --mode layup --optimizer-placement "$placement" \
-      --warmup 3 --steps 10 --json "$out/curve-$blocks.json" > "$out/curve-$blocks.log" 2>&1
-    echo "$placement: exit $?; $(grep -E 'ms/step|MFU|memory peak' "$out/curve-$blocks.log");" \
+    "$layup" bench --model gpt2-xl --batch 4 --mode layup --layup-clip deferred \
+      --optimizer-placement "$placement" \
+      --warmup 2 --steps 6 --json "$out/curve-$blocks.json" > "$out/curve-$blocks.log" 2>&1
+    echo "$placement: exit $?; $(grep -E 'ms/step|MFU|memory peak|predicted' "$out/curve-$blocks.log");" \
       "plan: $(grep -E 'total: device side' "$out/curve-memory-$blocks.txt" | head -n 1)"
   done
   ;;
+ckpt)
+  # Resident memory of the newest layup process every 0.5 s, with the time, until it ends.
+  sample_rss() {  # file
+    while sleep 0.5; do
+      pid=$(pgrep -n -x layup) || continue
+      echo "$(date +%s.%N) $(awk '/VmRSS/ {print $2}' "/proc/$pid/status" 2>/dev/null)"
+    done > "$1"
+  }
+  stamp() { while IFS= read -r line; do echo "$(date +%s.%N) $line"; done; }
+  df -h /tmp | tail -n 1
+  run=/tmp/layup-ckpt
+  rm -rf "$run"
+  shape13=(--layers 40 --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch 8 --mode layup
+    --recompute 3 --clip 1.0 --layup-clip deferred)
+  sample_rss "$out/rss-13b.txt" & sampler=$!
+  "$layup" train "${shape13[@]}" --steps 1 --lr 3e-5 --min-lr 3e-6 --warmup 1 --eval-every 0 \
+    --sample-tokens 0 --log-every 1 --checkpoint-contents weights --out "$run" 2>&1 | stamp \
+    > "$out/train-13b-weights.log"
+  echo "13B weights-only: exit ${PIPESTATUS[0]}"
+  kill "$sampler"
+  grep -E "checkpoint|error" "$out/train-13b-weights.log" | tail -n 4
+  ls -la "$run"/step-*/ | head -n 20
+  du -sh "$run"
+  rm -rf "$run"
+
+  shape4=(--layers 24 --heads 28 --dim 3584 --context 1024 --seq-len 1024 --batch 8 --mode layup
+    --clip 1.0 --lr 3e-5 --min-lr 3e-6 --warmup 1 --eval-every 0 --sample-tokens 0 --log-every 1)
+  "$layup" train "${shape4[@]}" --steps 2 --no-checkpoints --out /tmp/layup-straight \
+    > "$out/train-3.9b-straight.log" 2>&1
+  echo "3.9B straight: exit $?; $(grep -E '^step [0-9]+/' "$out/train-3.9b-straight.log" | tr '\n' ' ')"
+  rm -rf /tmp/layup-straight
+  sample_rss "$out/rss-3.9b.txt" & sampler=$!
+  "$layup" train "${shape4[@]}" --steps 2 --until-step 1 --keep-checkpoints 1 --out "$run" 2>&1 |
+    stamp > "$out/train-3.9b-first.log"
+  echo "3.9B first step + full checkpoint: exit ${PIPESTATUS[0]}"
+  kill "$sampler"
+  grep -E "checkpoint|error|^[0-9.]+ step [0-9]+/" "$out/train-3.9b-first.log" | tail -n 4
+  du -sh "$run"/step-*
+  sample_rss "$out/rss-3.9b-resume.txt" & sampler=$!
+  "$layup" train --resume "$run" --no-checkpoints 2>&1 | stamp > "$out/train-3.9b-resumed.log"
+  echo "3.9B resumed: exit ${PIPESTATUS[0]}"
+  kill "$sampler"
+  grep -E "resum|error|^[0-9.]+ step [0-9]+/" "$out/train-3.9b-resumed.log" | tail -n 4
+  rm -rf "$run"
+  ;;
+disk)
+  dir=/tmp/layup-offload
+  mkdir -p "$dir"
+  df -h /tmp | tail -n 1
+  free -g | head -n 2
+  L=${DISK_LAYERS:-52}
+  shape=(--layers "$L" --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch "${BATCH:-16}"
+    --mode layup --recompute 3 --clip none --offload-dir "$dir")
+  "$layup" calibrate --layers "$L" --heads 40 --dim 5120 --context 1024 --batch "${BATCH:-16}" \
+    --recompute 3 --offload-dir "$dir" --disk-gib 8 > "$out/calibrate-disk.txt" 2>&1
+  echo "calibrate: exit $?"; tail -n 12 "$out/calibrate-disk.txt"
+  "$layup" memory "${shape[@]}" --device cuda > "$out/memory-disk.txt" 2>&1
+  grep -E "optimizer state  |on disk|predicted|step" "$out/memory-disk.txt" | head -n 20
+  /usr/bin/time -v "$layup" bench "${shape[@]}" --warmup 1 --steps "${STEPS:-2}" \
+    --json "$out/bench-disk.json" > "$out/bench-disk.log" 2>&1
+  echo "bench: exit $?"
+  grep -E "ms/step|MFU|predicted|memory peak|Maximum resident|disk|error" "$out/bench-disk.log" | head -n 30
+  rm -rf "$dir"
+  ;;
 esac
+done
