@@ -63,10 +63,17 @@ std::pair<double, double> time_device_passes(const ComputeTarget& target,
   BackendAndDevice compute = make_backend(target, layout.config(), options.batch, options.seq_len);
   ModelBackend& backend = *compute.backend;
   Device& device = *compute.device;
-  std::vector<float> initial(layout.total_count());
-  init_parameters(layout, initial.data(), options.seed);
   const DeviceBuffer params = device.allocate(layout.total_count(), TensorClass::kWeights);
-  device.copy_to_device(params.data(), initial.data(), initial.size());
+  // Span by span through one span of host memory: a model larger than the host's memory gets
+  // here too.
+  size_t largest = 0;
+  for (const Span& span : layout.spans()) largest = std::max(largest, span.count);
+  std::vector<float> initial(largest);
+  for (size_t index = 0; index < layout.spans().size(); ++index) {
+    const Span& span = layout.spans()[index];
+    init_span_parameters(layout, index, initial.data(), options.seed);
+    device.copy_to_device(params.data() + span.offset, initial.data(), span.count);
+  }
   const DeviceBuffer grads = device.allocate(layout.total_count(), TensorClass::kWeightGrads);
   const ParameterPointers p = layout.pointers<const float>(params.data());
   const GradientPointers g = layout.pointers(grads.data());
