@@ -18,6 +18,11 @@
 #   PHASE=disk   the disk tier: calibrate with the disk, then `layup bench` of the largest GPT the
 #                planner admits with blocks on disk (L=$DISK_LAYERS, default 52: 16.6B) at B=16,
 #                --clip none, --optimizer-placement auto --offload-dir; prediction beside measured
+#   PHASE=largest  the largest GPT (H40 C5120, T=1024, L descending by 2 from $FROM) each of
+#                $MODES trains on this box: every plan over a limit is refused before allocating,
+#                so the scan costs only the first L that fits, which `layup bench` then times
+#                (1 warm-up + 1 step); modes: gpu, offload, layup, layup-disk (--clip none,
+#                --offload-dir); MFU from the bench
 # Logs go to $OUT (the device tool's output folder) or the build folder.
 set -uo pipefail
 
@@ -169,6 +174,31 @@ disk)
   echo "bench: exit $?"
   grep -E "ms/step|MFU|predicted|memory peak|Maximum resident|disk|error" "$out/bench-disk.log" | head -n 30
   rm -rf "$dir"
+  ;;
+largest)
+  mkdir -p /tmp/layup-offload
+  for mode in ${MODES:-gpu offload layup}; do
+    extra=(--mode "$mode" --clip 1.0 --recompute 3)
+    case $mode in
+    layup) extra+=(--batch 16 --layup-clip deferred) ;;
+    layup-disk) extra=(--mode layup --clip none --recompute 3 --batch 16
+      --offload-dir /tmp/layup-offload) ;;
+    *) extra+=(--batch 4) ;;
+    esac
+    for ((L = ${FROM:-60}; L >= 8; L -= 2)); do
+      timeout 400 "$layup" bench --layers "$L" --heads 40 --dim 5120 --context 1024 --seq-len 1024 \
+        "${extra[@]}" --warmup 1 --steps 1 > "$out/largest-$mode-$L.log" 2>&1
+      status=$?
+      if [ $status -eq 0 ]; then
+        echo "$mode: L=$L $(grep -E 'parameters|MFU|ms/step|optimizer-placement' "$out/largest-$mode-$L.log" | head -n 4 | tr '\n' ' ')"
+        break
+      fi
+      grep -qE "needs .* over|refused|does not fit" "$out/largest-$mode-$L.log" || {
+        echo "$mode: L=$L failed (exit $status), not a refusal:"; tail -n 3 "$out/largest-$mode-$L.log"; break; }
+      rm -f "$out/largest-$mode-$L.log"
+    done
+  done
+  rm -rf /tmp/layup-offload
   ;;
 esac
 done

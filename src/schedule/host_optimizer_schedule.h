@@ -39,6 +39,9 @@ class HostOptimizerSchedule : public Schedule {
   void import_span(size_t index, const ConstSpanState& in) override;
   std::string cpu_adamw_report() const override;
   double cpu_adamw_rate() const override;
+  std::string storage_report() const override {
+    return disk_tier_ ? "disk tier: " + disk_tier_->describe() : "";
+  }
   // Also names the track of the weight copies to the device ("to device") and one track per
   // HostAdamW worker ("cpu worker 0", ...) with its share of every AdamW.
   void set_trace(TraceRecorder* recorder) override;

@@ -113,6 +113,9 @@ class Schedule {
   virtual std::string cpu_adamw_report() const { return ""; }
   // offload, layup: the CPU AdamW rate so far in parameters/s (0 for gpu, or before any update).
   virtual double cpu_adamw_rate() const { return 0.0; }
+  // One line on where state lives outside memory (layup's disk tier: its file, its I/O mode, its
+  // staging slots); "" where nothing does.
+  virtual std::string storage_report() const { return ""; }
 
  protected:
   explicit Schedule(const ParameterLayout& layout) : layout_(layout) {}

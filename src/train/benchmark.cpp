@@ -179,6 +179,8 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   const std::shared_ptr<MemoryAccountant> accountant = built.accountant;
   std::unique_ptr<Schedule> schedule = std::move(built.schedule);
   result.schedule = planned.describe_schedule();
+  if (const std::string storage = schedule->storage_report(); log && !storage.empty())
+    std::fprintf(log, "%s\n", storage.c_str());
   int steps_track = 0;
   if (!options.trace_path.empty()) {
     trace = std::make_unique<TraceRecorder>();

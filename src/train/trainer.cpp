@@ -259,6 +259,8 @@ TrainResult train(TrainOptions options) {
                name_of(options.dtype).c_str(), schedule_description.c_str(),
                options.out_dir.c_str());
   if (trace) std::fprintf(stderr, "  trace: %s (every step)\n", options.trace_path.c_str());
+  if (const std::string storage = schedule->storage_report(); !storage.empty())
+    std::fprintf(stderr, "  %s\n", storage.c_str());
   std::fprintf(stderr, "%s", format_memory_plan(memory_plan, budgets).c_str());
   if (!resumed_from.empty()) progress.message("resumed from " + resumed_from);
   for (const std::string& note : resume_notes) progress.message("note: " + note);
