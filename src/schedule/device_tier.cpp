@@ -122,9 +122,9 @@ void DeviceTier::update(const AdamWStep& adamw, const std::vector<float*>& weigh
 void DeviceTier::read_span(size_t index, const SpanState& out, const float* weights) const {
   LAYUP_CHECK(holds(index), "span ", index, " is not updated on the device");
   const size_t count = layout_.spans()[index].count;
-  device_.copy_to_host(out.params, weights, count);
-  device_.copy_to_host(out.m, m_.data() + at_[index], count);
-  device_.copy_to_host(out.v, v_.data() + at_[index], count);
+  if (out.params) device_.copy_to_host(out.params, weights, count);
+  if (out.m) device_.copy_to_host(out.m, m_.data() + at_[index], count);
+  if (out.v) device_.copy_to_host(out.v, v_.data() + at_[index], count);
 }
 
 void DeviceTier::write_span(size_t index, const float* m, const float* v) {

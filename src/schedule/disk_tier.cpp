@@ -315,9 +315,9 @@ void DiskTier::read_span(size_t span, const SpanState& out) {
   if (slot != kNotHere) {
     const Lease lease = lease_of(slot);
     const size_t count = layout_.spans()[span].count;
-    std::copy_n(lease.params, count, out.params);
-    std::copy_n(lease.m, count, out.m);
-    std::copy_n(lease.v, count, out.v);
+    if (out.params) std::copy_n(lease.params, count, out.params);
+    if (out.m) std::copy_n(lease.m, count, out.m);
+    if (out.v) std::copy_n(lease.v, count, out.v);
     return;
   }
   // Under the lock: the ring starts no read of it meanwhile.

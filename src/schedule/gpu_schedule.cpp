@@ -137,9 +137,9 @@ class GpuSchedule final : public Schedule {
 
   void export_span(size_t index, const SpanState& out) const override {
     const Span& span = layout_.spans()[index];
-    device_->copy_to_host(out.params, params_.data() + span.offset, span.count);
-    device_->copy_to_host(out.m, adam_m_.data() + span.offset, span.count);
-    device_->copy_to_host(out.v, adam_v_.data() + span.offset, span.count);
+    if (out.params) device_->copy_to_host(out.params, params_.data() + span.offset, span.count);
+    if (out.m) device_->copy_to_host(out.m, adam_m_.data() + span.offset, span.count);
+    if (out.v) device_->copy_to_host(out.v, adam_v_.data() + span.offset, span.count);
   }
 
   void import_span(size_t index, const ConstSpanState& in) override {

@@ -227,9 +227,9 @@ void HostOptimizerSchedule::export_span(size_t index, const SpanState& out) cons
   if (disk_tier_ && disk_tier_->holds(index)) return disk_tier_->read_span(index, out);
   const size_t count = layout_.spans()[index].count;
   const size_t at = host_at(index);
-  std::copy_n(host_params_.data() + at, count, out.params);
-  std::copy_n(host_m_.data() + at, count, out.m);
-  std::copy_n(host_v_.data() + at, count, out.v);
+  if (out.params) std::copy_n(host_params_.data() + at, count, out.params);
+  if (out.m) std::copy_n(host_m_.data() + at, count, out.m);
+  if (out.v) std::copy_n(host_v_.data() + at, count, out.v);
 }
 
 void HostOptimizerSchedule::import_span(size_t index, const ConstSpanState& in) {

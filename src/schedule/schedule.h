@@ -90,7 +90,8 @@ class Schedule {
 
   // Span `index`'s state out of wherever this schedule keeps it (the device, the host), and back
   // in. Both wait first for updates still in flight. Span by span, a model's state is never whole
-  // on the host (initialize_fresh, checkpoints of big models).
+  // on the host (initialize_fresh, checkpoints of big models). export_span skips a null part of
+  // `out` (a checkpoint pass that writes only the weights, or only one moment).
   virtual void export_span(size_t index, const SpanState& out) const = 0;
   virtual void import_span(size_t index, const ConstSpanState& in) = 0;
 

@@ -505,6 +505,16 @@ TEST(SchedulesEquivalence, InitializedSpanBySpanAsWhole) {
     EXPECT_TRUE(bitwise_equal(expected.params, got.params));
     EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m));
     EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v));
+    // One part alone (a checkpoint's weights pass): the others are not touched.
+    for (size_t index = 0; index < layout.spans().size(); ++index) {
+      const Span& span = layout.spans()[index];
+      std::vector<float> params(span.count, -1.0f);
+      schedule->export_span(index, {params.data(), nullptr, nullptr});
+      EXPECT_EQ(std::memcmp(params.data(), expected.params.data() + span.offset,
+                            span.count * sizeof(float)),
+                0)
+          << "span " << index;
+    }
   }
 }
 

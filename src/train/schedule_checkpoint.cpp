@@ -2,6 +2,7 @@
 #include "train/schedule_checkpoint.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -46,7 +47,6 @@ struct SpanBuffers {
     return which == Field::kParams ? params.data()
                                    : (which == Field::kFirstMoment ? m.data() : v.data());
   }
-  SpanState state() { return {params.data(), m.data(), v.data()}; }
 };
 
 // Answers the writers' reads of the flat layout from the span that holds them, exported whole
@@ -61,9 +61,15 @@ class SpanExporter {
     const std::vector<Span>& spans = schedule_.layout().spans();
     while (count > 0) {
       const size_t index = span_of(spans, offset);
-      if (index != exported_) {
-        schedule_.export_span(index, buffers_.state());
-        exported_ = index;
+      // Only the field asked for: a pass over the weights (or one moment) moves a third of the
+      // state (export_span skips the null parts).
+      size_t& exported = exported_[static_cast<size_t>(field)];
+      if (index != exported) {
+        float* part = buffers_.field(field);
+        schedule_.export_span(index, {field == Field::kParams ? part : nullptr,
+                                      field == Field::kFirstMoment ? part : nullptr,
+                                      field == Field::kSecondMoment ? part : nullptr});
+        exported = index;
       }
       const Span& span = spans[index];
       const size_t piece = std::min(count, span.offset + span.count - offset);
@@ -77,7 +83,7 @@ class SpanExporter {
  private:
   const Schedule& schedule_;
   SpanBuffers buffers_;
-  size_t exported_ = kNoSpan;
+  std::array<size_t, 3> exported_ = {kNoSpan, kNoSpan, kNoSpan};  // per Field
 };
 
 // Takes one pass of the readers' writes (increasing offsets, each element once) and imports each
@@ -120,7 +126,8 @@ class SpanImporter {
     LAYUP_CHECK(current_ == kNoSpan && index == imported_,
                 "internal error: the checkpoint reader wrote span ", index, " out of order");
     // The weights pass imports the buffers' moments, which only the moments pass writes: zero.
-    if (moments_) schedule_.export_span(index, buffers_.state());
+    // The moments pass needs the span's weights back (the moments come from the file).
+    if (moments_) schedule_.export_span(index, {buffers_.params.data(), nullptr, nullptr});
     current_ = index;
     filled_ = 0;
   }
