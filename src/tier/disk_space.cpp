@@ -50,4 +50,11 @@ size_t disk_free_bytes(const std::string& dir) {
   return read_disk_space(dir).free_bytes;
 }
 
+bool same_file_system(const std::string& a, const std::string& b) {
+  struct stat first {};
+  struct stat second {};
+  return ::stat(a.c_str(), &first) == 0 && ::stat(b.c_str(), &second) == 0 &&
+         first.st_dev == second.st_dev;
+}
+
 }  // namespace layup

@@ -34,4 +34,8 @@ DiskSpace read_disk_space(const std::string& dir);
 // read_disk_space(dir).free_bytes.
 size_t disk_free_bytes(const std::string& dir);
 
+// Whether two existing directories lie on one file system (stat's st_dev); false when either
+// cannot be read.
+bool same_file_system(const std::string& a, const std::string& b);
+
 }  // namespace layup

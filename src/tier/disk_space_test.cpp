@@ -47,5 +47,15 @@ TEST(DiskSpace, AMissingDirectoryOrAFileIsNamed) {
                                    "it is not a directory"));
 }
 
+// The trainer subtracts the disk tier's file from its checkpoints' room only where both share a
+// file system: a directory and its own subdirectory do; /proc (a file system of its own) and the
+// temp directory do not; a missing path is not taken for a match.
+TEST(DiskSpace, SameFileSystemComparesTheDevices) {
+  const std::string temp = std::filesystem::temp_directory_path().string();
+  EXPECT_TRUE(same_file_system(temp, temp));
+  EXPECT_FALSE(same_file_system("/proc", temp));
+  EXPECT_FALSE(same_file_system(temp + "/layup-no-such-directory", temp));
+}
+
 }  // namespace
 }  // namespace layup

@@ -21,6 +21,7 @@
 #include "optim/lr_schedule.h"
 #include "sample/generate.h"
 #include "schedule/schedule.h"
+#include "tier/disk_space.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "trace/trace_recorder.h"
 #include "train/corpus_shards.h"
@@ -180,7 +181,10 @@ TrainResult train(TrainOptions options) {
   const int start_step = resumed_from.empty() ? 0 : static_cast<int>(resumed.progress.step);
   const int last_step = options.until_step > 0 ? options.until_step : options.steps;
   const size_t shard_bytes = static_cast<size_t>(options.checkpoint_shard_mb) * 1000 * 1000;
-  if (options.checkpoints) {
+  const std::string run_disk = existing_folder_of(options.out_dir);
+  // The checkpoints' disk need against `space`, before the plan and again after it when the disk
+  // tier's file (reserved when the schedule is built) shares their file system.
+  const auto check_checkpoints_fit = [&](const DiskSpace& space) {
     const int every = options.checkpoint_every;
     const int saves =
         every > 0 ? last_step / every - start_step / every + (last_step % every != 0) : 1;
@@ -188,13 +192,22 @@ TrainResult train(TrainOptions options) {
         checkpoint_disk_need(ParameterLayout(options.model), options.checkpoint_contents,
                              shard_bytes, saves, options.keep_checkpoints,
                              count_checkpoints(options.out_dir)),
-        read_disk_space(existing_folder_of(options.out_dir)));
-  }
+        space);
+  };
+  if (options.checkpoints) check_checkpoints_fit(read_disk_space(run_disk));
   RunRequest request = run_request_of(options);
   request.plan.data_bytes = token_shard_bytes(shards);
   request.plan.streams_checkpoints = options.checkpoints || !resumed_from.empty();
   const PlannedRun planned = plan_run(request);
   const MemoryPlan& memory_plan = planned.plan;
+  if (options.checkpoints && memory_plan.disk_bytes > 0 &&
+      same_file_system(run_disk, options.offload_dir)) {
+    DiskSpace space = read_disk_space(run_disk);
+    space.free_bytes -= std::min(space.free_bytes, memory_plan.disk_bytes);
+    space.dir += " (less the disk tier's " + format_bytes(memory_plan.disk_bytes) +
+                 " under --offload-dir, on the same file system)";
+    check_checkpoints_fit(space);
+  }
   const MemoryBudgets& budgets = planned.budgets;
   options.device = planned.target.device;
   options.dtype = planned.target.dtype;
