@@ -53,8 +53,8 @@ TEST(MemoryCli, TrainOverTheBudgetIsRefusedBeforeAllocating) {
   const fs::path out = fs::temp_directory_path() / ("layup_budget_run_" + std::to_string(getpid()));
   fs::remove_all(out);
   for (const char* mode_and_batch :
-       {"--mode gpu --batch 8 --seq-len 1024", "--mode offload --batch 2 --seq-len 1024",
-        "--mode layup --batch 2 --seq-len 1024"}) {
+       {"--mode gpu --batch 8 --seq-len 1024", "--mode offload --batch 4 --seq-len 1024",
+        "--mode layup --batch 4 --seq-len 1024"}) {
     SCOPED_TRACE(mode_and_batch);
     // gpt2-large in fp32 would take well over 32 GiB and minutes to allocate and initialize: a
     // quick exit means nothing was.
@@ -81,14 +81,15 @@ TEST(MemoryCli, MemoryCommandComparesTheModes) {
   EXPECT_NE(outcome.output.find("nothing is allocated"), std::string::npos);
   EXPECT_LT(outcome.seconds, 20.0);
 
-  // The unified-memory board: at the full context only layup with --clip none fits 32 GiB.
+  // The unified-memory board: gpt2-xl at the full context fits 32 GiB only in layup with
+  // --clip none.
   const Outcome budget = run_layup(
-      "memory --device cpu --model gpt2-large --batch 2 --seq-len 1024 --memory-budget 32G "
+      "memory --device cpu --model gpt2-xl --batch 1 --seq-len 1024 --memory-budget 32G "
       "--mode layup --clip none");
   ASSERT_EQ(budget.exit_code, 0) << budget.output;
   EXPECT_NE(budget.output.find("REFUSED        REFUSED           fits"), std::string::npos)
       << budget.output;
-  EXPECT_NE(budget.output.find("memory plan for gpt2-large in layup mode"), std::string::npos)
+  EXPECT_NE(budget.output.find("memory plan for gpt2-xl in layup mode"), std::string::npos)
       << budget.output;
 
   const Outcome bad_place =
