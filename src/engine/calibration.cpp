@@ -301,6 +301,7 @@ StepTimeRequest step_time_request(const MemoryPlanRequest& plan, const ScheduleO
   request.timing = plan.clip > 0.0f && !schedule.speculative_clip ? UpdateTiming::kDeferred
                                                                   : UpdateTiming::kDuringBackward;
   request.host_gradient = schedule.host_gradient;
+  request.disk_slots = schedule.disk_slots;
   return request;
 }
 

@@ -63,30 +63,32 @@ Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
   return work;
 }
 
-// The disk's queue in one step: spans are read in the order they are updated, two ahead (two
-// staging slots: a read waits for the write that frees its slot), and written back once updated.
+// The disk's queue in one step: spans are read in the order they are updated, `slots` ahead (a
+// read waits for the write that frees its staging slot), and written back once updated.
 class DiskQueue {
  public:
-  DiskQueue(double& free, std::vector<double> read_s, std::vector<double> write_s)
+  DiskQueue(double& free, size_t slots, std::vector<double> read_s, std::vector<double> write_s)
       : free_(free),
+        slots_(std::max<size_t>(1, slots)),
         read_s_(std::move(read_s)),
         write_s_(std::move(write_s)),
         read_end_(read_s_.size()),
         write_end_(read_s_.size()) {
-    for (size_t j = 0; j < std::min<size_t>(2, read_s_.size()); ++j) issue_read(j);
+    for (size_t j = 0; j < std::min(slots_, read_s_.size()); ++j) issue_read(j);
   }
   double read_end(size_t j) const { return read_end_[j]; }
   void written_after(size_t j, double updated) {
     write_end_[j] = free_ = std::max(free_, updated) + write_s_[j];
-    if (j + 2 < read_s_.size()) issue_read(j + 2);
+    if (j + slots_ < read_s_.size()) issue_read(j + slots_);
   }
 
  private:
   void issue_read(size_t j) {
-    const double slot_free = j >= 2 ? write_end_[j - 2] : 0.0;
+    const double slot_free = j >= slots_ ? write_end_[j - slots_] : 0.0;
     read_end_[j] = free_ = std::max(free_, slot_free) + read_s_[j];
   }
   double& free_;
+  const size_t slots_;
   std::vector<double> read_s_, write_s_;
   std::vector<double> read_end_, write_end_;
 };
@@ -126,7 +128,8 @@ double layup_step(const StepTimeRequest& request, const MachineRates& rates, con
       read_s.push_back(seconds(kStateBytes * work.floats[i], rates.disk_read_bytes_per_s));
       write_s.push_back(seconds(kStateBytes * work.floats[i], rates.disk_write_bytes_per_s));
     }
-  DiskQueue disk(clocks.disk, read_s, write_s);
+  DiskQueue disk(clocks.disk, static_cast<size_t>(std::max(1, request.disk_slots)), read_s,
+                 write_s);
   const auto update = [&](size_t i, double ready) {
     double begin = std::max(clocks.cpu, ready);
     if (work.tiers[i] == SpanTier::kDisk) begin = std::max(begin, disk.read_end(disk_index[i]));

@@ -44,6 +44,9 @@ struct StepTimeRequest {
   // layup: the host keeps the whole gradient (clipping or accumulation), so later micro-batches
   // are added into it on the host.
   bool host_gradient = true;
+  // layup: the disk tier's staging slots (ScheduleOptions::disk_slots): how far its reads run
+  // ahead of the updates.
+  int disk_slots = 3;
 };
 
 // One span's work on each resource in a step, in seconds.
