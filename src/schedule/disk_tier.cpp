@@ -196,15 +196,7 @@ DiskTier::Lease DiskTier::take(size_t span) {
       DiskTicket read = std::move(held.ticket);
       held.state = SlotState::kInUse;
       lock.unlock();
-      try {
-        read.wait();
-      } catch (...) {
-        std::lock_guard relock(mutex_);
-        slots_[slot].state = SlotState::kFree;
-        changed_.notify_all();
-        throw;
-      }
-      return lease_of(slot);
+      return finish_take(slot, [&] { read.wait(); });
     }
     changed_.wait(lock);  // kWriting: its last update is still being written back
     rethrow_failure();
@@ -213,8 +205,12 @@ DiskTier::Lease DiskTier::take(size_t span) {
   slots_[slot].state = SlotState::kInUse;
   slots_[slot].span = span;
   lock.unlock();
+  return finish_take(slot, [&] { store_->read_now(record_of_[span], slots_[slot].data); });
+}
+
+DiskTier::Lease DiskTier::finish_take(size_t slot, const std::function<void()>& read) {
   try {
-    store_->read_now(record_of_[span], slots_[slot].data);
+    read();
   } catch (...) {
     std::lock_guard relock(mutex_);
     slots_[slot].state = SlotState::kFree;

@@ -99,6 +99,9 @@ class DiskTier {
   };
 
   Lease lease_of(size_t slot);
+  // take's end, the lock not held: runs `read` (which fills the slot, taken for the span), and on
+  // its failure frees the slot and rethrows.
+  Lease finish_take(size_t slot, const std::function<void()>& read);
   // Under mutex_: the slot holding `span` (any state), or kNotHere.
   size_t slot_holding(size_t span) const;
   // Under mutex_: a slot to read `span` into ahead of its take, or kNotHere: a free one, or one
