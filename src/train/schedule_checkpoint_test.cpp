@@ -192,9 +192,11 @@ TEST(ScheduleCheckpoint, ARunWhoseCheckpointsDoNotFitTheDiskIsRefusedSayingWhy) 
   EXPECT_NO_THROW(check_checkpoint_disk(need, disk_space("/big", tb, tb)));
   const std::string message = error_message(
       [&] { check_checkpoint_disk(need, disk_space("/data", tb, size_t{30} << 30)); });
+  // Named: a temporary's c_str() in the list would not outlive the list's creation.
+  const std::string bytes = format_bytes(need.bytes());
   for (const char* part : {"/data has 30.00 GiB free", "optimizer state", "--keep-checkpoints 2",
                            "3 more at once", "--checkpoint-contents weights", "--no-checkpoints",
-                           "--out", "--keep-checkpoints 1", format_bytes(need.bytes()).c_str()})
+                           "--out", "--keep-checkpoints 1", bytes.c_str()})
     EXPECT_NE(message.find(part), std::string::npos) << part << " not in: " << message;
 }
 
