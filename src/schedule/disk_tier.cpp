@@ -35,15 +35,20 @@ std::vector<DiskRecord> DiskTier::records(const ParameterLayout& layout,
   return records;
 }
 
+BufferList DiskTier::staging_buffers(const std::vector<DiskRecord>& records, size_t slots,
+                                     MemoryKind kind) {
+  DiskStagingRing ring = disk_staging_ring(records, slots);
+  // Room to align each slot inside its buffer: the CPU backend's allocations are only 64-byte
+  // aligned, and direct I/O needs kDiskAlignment.
+  ring.slot_bytes += kDiskAlignment;
+  return disk_staging_buffers(ring, kind);
+}
+
 BufferList DiskTier::buffers(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
                              size_t slots, DeviceKinds kinds) {
   const std::vector<DiskRecord> disk = records(layout, sites);
   if (disk.empty()) return {};
-  DiskStagingRing ring = disk_staging_ring(disk, slots);
-  // Room to align each slot inside its buffer: the CPU backend's allocations are only 64-byte
-  // aligned, and direct I/O needs kDiskAlignment.
-  ring.slot_bytes += kDiskAlignment;
-  BufferList list = disk_staging_buffers(ring, kinds.host_copy);
+  BufferList list = staging_buffers(disk, slots, kinds.host_copy);
   append(list, DiskStateStore::buffers());
   return list;
 }
@@ -70,14 +75,9 @@ DiskTier::DiskTier(Device& device, const ParameterLayout& layout,
   LAYUP_CHECK(!dir.empty(),
               "blocks placed on disk need a directory for their file: give --offload-dir");
   LAYUP_CHECK(slots >= 1, "the disk tier needs at least one staging slot");
-  store_ = std::make_unique<DiskStateStore>(dir, records(layout, sites));
-  for (const PlannedAllocation& buffer : disk_staging_buffers(
-           [&] {
-             DiskStagingRing ring = disk_staging_ring(records(layout, sites), slots);
-             ring.slot_bytes += kDiskAlignment;
-             return ring;
-           }(),
-           device.host_memory_kind())) {
+  const std::vector<DiskRecord> disk = records(layout, sites);
+  store_ = std::make_unique<DiskStateStore>(dir, disk);
+  for (const PlannedAllocation& buffer : staging_buffers(disk, slots, device.host_memory_kind())) {
     Slot slot;
     slot.buffer = device.allocate(buffer);
     const auto address = reinterpret_cast<uintptr_t>(slot.buffer.data());
@@ -291,9 +291,7 @@ void DiskTier::rethrow_failure() {
   if (failure_) std::rethrow_exception(failure_);
 }
 
-void DiskTier::finish() {
-  if (spans_.empty()) return;
-  std::unique_lock lock(mutex_);
+void DiskTier::wait_for_write_backs(std::unique_lock<std::mutex>& lock) {
   changed_.wait(lock, [&] { return writing_.empty(); });
   rethrow_failure();
 }
@@ -301,8 +299,7 @@ void DiskTier::finish() {
 void DiskTier::read_span(size_t span, const SpanState& out) {
   LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
   std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return writing_.empty(); });
-  rethrow_failure();
+  wait_for_write_backs(lock);
   const size_t slot = slot_holding(span);
   if (slot != kNotHere && slots_[slot].state == SlotState::kReading) {
     slots_[slot].ticket.wait();
@@ -323,8 +320,7 @@ void DiskTier::read_span(size_t span, const SpanState& out) {
 void DiskTier::write_span(size_t span, const ConstSpanState& in) {
   LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
   std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return writing_.empty(); });
-  rethrow_failure();
+  wait_for_write_backs(lock);
   const size_t slot = slot_holding(span);
   if (slot != kNotHere) {  // what the slot holds is old now
     if (slots_[slot].state == SlotState::kReading) slots_[slot].ticket.wait();

@@ -9,9 +9,9 @@
 // with as many slots as disk spans nothing is read twice.
 //
 // Threads: take and put_back from one thread at a time (the schedule's coordinator); the function
-// put_back returns from any thread (a copy's landing); expect, read_span, write_span and finish
-// between or during steps from any thread. A failed read or write is thrown by the next take or
-// finish.
+// put_back returns from any thread (a copy's landing); expect, read_span and write_span between
+// or during steps from any thread. A failed read or write is thrown by the next take, read_span
+// or write_span.
 #pragma once
 
 #include <condition_variable>
@@ -78,8 +78,6 @@ class DiskTier {
   // stays busy. The returned function neither blocks for long nor throws.
   std::function<void()> put_back(const Lease& lease);
 
-  // Returns once every write-back is done; throws the first failed transfer.
-  void finish();
   // A span's state out of (or into) the tier, whole: for export and import. Waits for the
   // write-backs first.
   void read_span(size_t span, const SpanState& out);
@@ -98,7 +96,13 @@ class DiskTier {
     bool landed = true;
   };
 
+  // The staging slots' buffers: `slots` of the largest record, each padded to align it inside.
+  static BufferList staging_buffers(const std::vector<DiskRecord>& records, size_t slots,
+                                    MemoryKind kind);
   Lease lease_of(size_t slot);
+  // Under mutex_ (dropped while waiting): returns once every write-back is done; throws the first
+  // failed transfer.
+  void wait_for_write_backs(std::unique_lock<std::mutex>& lock);
   // take's end, the lock not held: runs `read` (which fills the slot, taken for the span), and on
   // its failure frees the slot and rethrows.
   Lease finish_take(size_t slot, const std::function<void()>& read);

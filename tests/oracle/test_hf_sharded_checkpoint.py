@@ -24,6 +24,24 @@ def small_model(path):
     return random_hf_model(path, n_layer=3, n_head=2, n_embd=48, n_positions=64)
 
 
+def load_in_transformers_matching_layup(checkpoint, tmp_path):
+    """transformers loads `checkpoint` with no key missing or left over, and its logits and loss on
+    random tokens are layup's (layup_model_tool grads on the same directory). Returns the model."""
+    model, info = GPT2LMHeadModel.from_pretrained(checkpoint, attn_implementation="eager",
+                                                  dtype=torch.float32, output_loading_info=True)
+    model.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    [(inputs, targets)] = random_tokens(tmp_path / "tokens.bin", 1, B, T)
+    run([binary("layup_model_tool"), "grads", checkpoint, tmp_path / "tokens.bin", B, T,
+         tmp_path / "out"])
+    outputs = load_file(tmp_path / "out" / "outputs.safetensors")
+    with torch.no_grad():
+        loss, logits = hf_loss(model, inputs, targets)
+    assert relative_error(outputs["logits"], logits) < 1e-5
+    assert relative_error(outputs["loss"], loss.reshape(1)) < 1e-5
+    return model
+
+
 def test_layup_shards_load_in_transformers_with_the_same_logits_and_loss(tmp_path):
     original = small_model(tmp_path / "model")
     sharded = tmp_path / "sharded"
@@ -46,22 +64,10 @@ def test_layup_shards_load_in_transformers_with_the_same_logits_and_loss(tmp_pat
     assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in stored.values())
     assert max((sharded / name).stat().st_size for name in shards[1:]) <= MAX_SHARD_BYTES + 4096
 
-    model, info = GPT2LMHeadModel.from_pretrained(sharded, attn_implementation="eager",
-                                                  dtype=torch.float32, output_loading_info=True)
-    model.eval()
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    model = load_in_transformers_matching_layup(sharded, tmp_path)
     expected_weights = original.state_dict()
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, expected_weights[name]), name
-
-    [(inputs, targets)] = random_tokens(tmp_path / "tokens.bin", 1, B, T)
-    run([binary("layup_model_tool"), "grads", sharded, tmp_path / "tokens.bin", B, T,
-         tmp_path / "out"])
-    outputs = load_file(tmp_path / "out" / "outputs.safetensors")
-    with torch.no_grad():
-        loss, logits = hf_loss(model, inputs, targets)
-    assert relative_error(outputs["logits"], logits) < 1e-5
-    assert relative_error(outputs["loss"], loss.reshape(1)) < 1e-5
 
 
 def test_save_pretrained_shards_load_in_layup_with_the_same_loss(tmp_path):
@@ -97,15 +103,4 @@ def test_a_trainers_sharded_checkpoint_loads_in_transformers(tmp_path):
     assert len(shard_names(checkpoint)) > 1
     assert not (checkpoint / "model.safetensors").exists()
 
-    model, info = GPT2LMHeadModel.from_pretrained(checkpoint, attn_implementation="eager",
-                                                  dtype=torch.float32, output_loading_info=True)
-    model.eval()
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    [(inputs, targets)] = random_tokens(tmp_path / "tokens.bin", 1, B, T)
-    run([binary("layup_model_tool"), "grads", checkpoint, tmp_path / "tokens.bin", B, T,
-         tmp_path / "out"])
-    outputs = load_file(tmp_path / "out" / "outputs.safetensors")
-    with torch.no_grad():
-        loss, logits = hf_loss(model, inputs, targets)
-    assert relative_error(outputs["logits"], logits) < 1e-5
-    assert relative_error(outputs["loss"], loss.reshape(1)) < 1e-5
+    load_in_transformers_matching_layup(checkpoint, tmp_path)
