@@ -22,7 +22,8 @@
 #                $MODES trains on this box: every plan over a limit is refused before allocating,
 #                so the scan costs only the first L that fits, which `layup bench` then times
 #                (1 warm-up + 1 step); modes: gpu, offload, layup, layup-disk (--clip none,
-#                --offload-dir); MFU from the bench
+#                --offload-dir); MFU from the bench. MODES="gpu:26 layup:50" starts each mode's
+#                scan at its own L
 # Logs go to $OUT (the device tool's output folder) or the build folder.
 set -uo pipefail
 
@@ -177,7 +178,9 @@ disk)
   ;;
 largest)
   mkdir -p /tmp/layup-offload
-  for mode in ${MODES:-gpu offload layup}; do
+  for entry in ${MODES:-gpu offload layup}; do
+    mode=${entry%%:*} from=${FROM:-60}
+    [ "$entry" = "$mode" ] || from=${entry#*:}
     extra=(--mode "$mode" --clip 1.0 --recompute 3)
     case $mode in
     layup) extra+=(--batch 16 --layup-clip deferred) ;;
@@ -185,7 +188,7 @@ largest)
       --offload-dir /tmp/layup-offload) ;;
     *) extra+=(--batch 4) ;;
     esac
-    for ((L = ${FROM:-60}; L >= 8; L -= 2)); do
+    for ((L = from; L >= 8; L -= 2)); do
       timeout 400 "$layup" bench --layers "$L" --heads 40 --dim 5120 --context 1024 --seq-len 1024 \
         "${extra[@]}" --warmup 1 --steps 1 > "$out/largest-$mode-$L.log" 2>&1
       status=$?
