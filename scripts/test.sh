@@ -25,7 +25,7 @@ if [ "${1:-}" = "--tsan" ]; then
   # gradients and updates to each other, and the thread pool and ledger they share. OpenMP's
   # runtime is not built with TSan, so its own synchronisation would read as races: one OpenMP
   # thread keeps it out of the way.
-  suites=$(grep -ho '^TEST\w*(\w*' src/schedule/*_test.cpp src/optim/host_adamw_test.cpp \
+  suites=$(grep -ho '^TEST\w*(\w*' src/schedule/*_test.cpp src/optim/host_adamw_test.cpp src/io/streamed_file_writer_test.cpp \
     src/memory/memory_accountant_test.cpp | sed 's/.*(//' | sort -u | sed 's/$/.*/' | paste -sd:)
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 build-tsan/layup_tests --gtest_filter="$suites"
   exit 0

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_backend_buffers.h"
 #include "core/error.h"
 #include "engine/backend_factory.h"
+#include "io/streamed_file_writer.h"
 #include "model/parameter_layout.h"
 #include "schedule/disk_tier.h"
 #include "schedule/schedule_plan.h"
@@ -48,10 +49,11 @@ BufferList process_buffers(const MemoryPlanRequest& r, const ParameterLayout& la
   BufferList list;
   if (r.streams_checkpoints)
     list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost,
-             3 * largest_span * f + 2 * largest_tensor * f,
+             3 * largest_span * f + 2 * largest_tensor * f + 2 * kStreamedWriteBufferBytes,
              "one span's parameters and moments on their way into the schedule (fresh or resumed) "
              "or out of it (a checkpoint), and the checkpoint writer's or reader's scratch: its "
-             "chunk and a matrix it transposes, a tensor each at most",
+             "chunk and a matrix it transposes, a tensor each at most, and the file writer's two "
+             "buffers",
              false, true}};
   else
     list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost, 3 * largest_span * f,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/streamed_file_writer.h"
 #include "model/parameter_layout.h"
 #include "schedule/random_step.h"
 #include "schedule/schedule.h"
@@ -245,13 +246,15 @@ TEST(MemoryPlan, UnifiedMemoryBoardBudgetOnTheCpuBackend) {
   const size_t head = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
   EXPECT_EQ(gpu.total_bytes() - layup.total_bytes(), model - slots - head);
   // The transient state is one span's parameters and both moments, and the checkpoint writer's
-  // scratch: a chunk and a transposed matrix, a tensor each at most.
+  // scratch: a chunk and a transposed matrix, a tensor each at most, and the file writer's two
+  // buffers.
   size_t largest_tensor = 0, largest_span = 0;
   for (const TensorSpec& tensor : layout.tensors())
     largest_tensor = std::max(largest_tensor, tensor.count * sizeof(float));
   for (const Span& span : layout.spans())
     largest_span = std::max(largest_span, span.count * sizeof(float));
-  EXPECT_EQ(layup.transient_bytes(), 3 * largest_span + 2 * largest_tensor);
+  EXPECT_EQ(layup.transient_bytes(),
+            3 * largest_span + 2 * largest_tensor + 2 * kStreamedWriteBufferBytes);
   for (int seq_len : {1, 128, 1024}) {
     std::printf(
         "gpt2-xl B=1 T=%d on the CPU backend, at the peak: gpu %s, offload %s, layup %s "

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "io/streamed_file_writer.h"
 
 namespace layup {
 namespace {
@@ -52,15 +53,8 @@ class BufferedFileWriter {
     while (!bytes.empty()) {
       ssize_t written = ::write(fd_, bytes.data(), std::min(bytes.size(), kMaxWriteBytes));
       if (written < 0 && errno == EINTR) continue;
-      // A full disk shows as a short write followed by ENOSPC (or EFBIG past a file size
-      // limit); a write of 0 bytes would otherwise loop for ever.
-      if (written <= 0) {
-        fail("cannot write ", temp_path_, " (the new contents of ", path_,
-             "): ", written == 0 ? "the file system accepted no more bytes" : std::strerror(errno),
-             " after ", written_bytes_, " bytes, with ", bytes.size(),
-             " bytes of this write left; check the free disk space in ", parent_dir(path_), "; ",
-             path_, " was left unchanged");
-      }
+      if (written <= 0)
+        fail_file_write(temp_path_, path_, written, errno, written_bytes_, bytes.size());
       bytes = bytes.subspan(static_cast<size_t>(written));
       written_bytes_ += static_cast<size_t>(written);
     }
@@ -79,16 +73,23 @@ std::string temp_path_for(const std::string& path) {
 
 // Writes `temp_path` completely and flushes it to disk; on any failure removes it and rethrows.
 void write_temporary(const std::string& temp_path, const std::string& path,
-                     const std::function<void(const AppendBytes& append)>& write_contents) {
+                     const std::function<void(const AppendBytes& append)>& write_contents,
+                     FileWriteMode mode) {
   int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     fail("cannot create ", temp_path, " to write ", path, ": ", std::strerror(errno),
          "; check that the directory ", parent_dir(path), " exists and is writable");
   }
   try {
-    BufferedFileWriter writer(fd, temp_path, path);
-    write_contents([&writer](std::span<const std::byte> bytes) { writer.append(bytes); });
-    writer.flush();
+    if (mode == FileWriteMode::kStreamed) {
+      StreamedFileWriter writer(fd, temp_path, path);
+      write_contents([&writer](std::span<const std::byte> bytes) { writer.append(bytes); });
+      writer.finish();
+    } else {
+      BufferedFileWriter writer(fd, temp_path, path);
+      write_contents([&writer](std::span<const std::byte> bytes) { writer.append(bytes); });
+      writer.flush();
+    }
     // The data must be on disk before the rename makes it visible under the real name;
     // otherwise a crash could leave a complete-looking name over incomplete data.
     if (::fsync(fd) != 0) {
@@ -120,9 +121,10 @@ void rename_over(const std::string& temp_path, const std::string& path) {
 }  // namespace
 
 void write_file_atomically(const std::string& path,
-                           const std::function<void(const AppendBytes& append)>& write_contents) {
+                           const std::function<void(const AppendBytes& append)>& write_contents,
+                           FileWriteMode mode) {
   const std::string temp_path = temp_path_for(path);
-  write_temporary(temp_path, path, write_contents);
+  write_temporary(temp_path, path, write_contents, mode);
   rename_over(temp_path, path);
   fsync_directory(parent_dir(path));
 }
@@ -132,9 +134,10 @@ StagedFiles::~StagedFiles() {
 }
 
 void StagedFiles::stage(const std::string& path,
-                        const std::function<void(const AppendBytes& append)>& write_contents) {
+                        const std::function<void(const AppendBytes& append)>& write_contents,
+                        FileWriteMode mode) {
   const std::string temp_path = temp_path_for(path);
-  write_temporary(temp_path, path, write_contents);
+  write_temporary(temp_path, path, write_contents, mode);
   staged_.push_back({temp_path, path});
 }
 

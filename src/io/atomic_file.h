@@ -21,6 +21,12 @@ namespace layup {
 // to the file, so a writer may hand over anything from one header field to a whole tensor.
 using AppendBytes = std::function<void(std::span<const std::byte>)>;
 
+// How a file's bytes reach the disk before its flush.
+enum class FileWriteMode {
+  kBuffered,  // through the page cache: small files and anything written piece by piece
+  kStreamed,  // large files (checkpoint shards): StreamedFileWriter's thread and direct I/O
+};
+
 // Writes `contents` to `path` atomically.
 void write_file_atomically(const std::string& path, std::span<const std::byte> contents);
 
@@ -35,7 +41,8 @@ void write_file_atomically(const std::string& path,
 // the file. An exception thrown by `write_contents` removes the temporary file and propagates;
 // the old file at `path` is left as it was.
 void write_file_atomically(const std::string& path,
-                           const std::function<void(const AppendBytes& append)>& write_contents);
+                           const std::function<void(const AppendBytes& append)>& write_contents,
+                           FileWriteMode mode = FileWriteMode::kBuffered);
 
 // Several files that appear together, e.g. the shards of a checkpoint and their index. Each file is
 // written and flushed under `<path>.tmp-<pid>`; nothing appears under a final name until commit(),
@@ -54,7 +61,8 @@ class StagedFiles {
 
   // Writes a temporary for `path` as write_file_atomically does, without the rename.
   void stage(const std::string& path,
-             const std::function<void(const AppendBytes& append)>& write_contents);
+             const std::function<void(const AppendBytes& append)>& write_contents,
+             FileWriteMode mode = FileWriteMode::kBuffered);
   void commit();
 
  private:

@@ -160,10 +160,13 @@ std::vector<SafetensorsShard> write_sharded_safetensors(
   size_t total_bytes = 0;
   for (const SafetensorsShard& shard : shards) {
     const std::string path = (fs::path(dir) / shard.file_name).string();
-    files.stage(path, [&](const AppendBytes& append) {
-      append_streamed_safetensors(append, path, tensors, shard.first_tensor, shard.tensor_count,
-                                  options.shard_metadata, source, chunk);
-    });
+    files.stage(
+        path,
+        [&](const AppendBytes& append) {
+          append_streamed_safetensors(append, path, tensors, shard.first_tensor, shard.tensor_count,
+                                      options.shard_metadata, source, chunk);
+        },
+        FileWriteMode::kStreamed);
     for (size_t i = shard.first_tensor; i < shard.first_tensor + shard.tensor_count; ++i) {
       weight_map[tensors[i].name] = shard.file_name;
     }
@@ -186,9 +189,13 @@ void write_streamed_safetensors(const std::string& path,
                                 const std::map<std::string, std::string>& metadata,
                                 size_t chunk_bytes) {
   std::vector<float> chunk = chunk_buffer(tensors, chunk_bytes);
-  write_file_atomically(path, [&](const AppendBytes& append) {
-    append_streamed_safetensors(append, path, tensors, 0, tensors.size(), metadata, source, chunk);
-  });
+  write_file_atomically(
+      path,
+      [&](const AppendBytes& append) {
+        append_streamed_safetensors(append, path, tensors, 0, tensors.size(), metadata, source,
+                                    chunk);
+      },
+      FileWriteMode::kStreamed);
 }
 
 void remove_stale_shards(const std::string& dir, const std::string& base_name,

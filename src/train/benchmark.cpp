@@ -64,6 +64,9 @@ std::pair<double, double> time_device_passes(const ComputeTarget& target,
   ModelBackend& backend = *compute.backend;
   Device& device = *compute.device;
   const DeviceBuffer params = device.allocate(layout.total_count(), TensorClass::kWeights);
+  // Both before the first parameter is drawn: a model the device cannot hold twice fails here at
+  // once, not after minutes of initialisation.
+  const DeviceBuffer grads = device.allocate(layout.total_count(), TensorClass::kWeightGrads);
   // Span by span through one span of host memory: a model larger than the host's memory gets
   // here too.
   size_t largest = 0;
@@ -74,7 +77,6 @@ std::pair<double, double> time_device_passes(const ComputeTarget& target,
     init_span_parameters(layout, index, initial.data(), options.seed);
     device.copy_to_device(params.data() + span.offset, initial.data(), span.count);
   }
-  const DeviceBuffer grads = device.allocate(layout.total_count(), TensorClass::kWeightGrads);
   const ParameterPointers p = layout.pointers<const float>(params.data());
   const GradientPointers g = layout.pointers(grads.data());
   const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
