@@ -11,7 +11,7 @@ float ModelBackend::forward(const ParameterPointers& params, const TokenBatch& b
   return forward(params, batch, no_hooks);
 }
 
-void check_token_batch(const char* backend_name, const Gpt2Config& config, int max_batch,
+void check_token_batch(const char* backend_name, const ModelConfig& config, int max_batch,
                        int max_seq_len, const ParameterPointers& params, const TokenBatch& batch) {
   LAYUP_CHECK(params.embeddings && params.final_norm &&
                   static_cast<int>(params.blocks.size()) == config.n_layer,

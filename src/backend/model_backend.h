@@ -27,7 +27,7 @@
 #include <memory>
 #include <string>
 
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 #include "model/parameter_layout.h"
 #include "model/token_batch.h"
 
@@ -103,13 +103,13 @@ class ModelBackend {
 // The checks every backend makes on a forward's inputs: parameters for every block, B and T within
 // the sizes the backend was made for, every token id inside the vocabulary. Throws layup::Error
 // naming the backend (e.g. "CPU") and the offending value.
-void check_token_batch(const char* backend_name, const Gpt2Config& config, int max_batch,
+void check_token_batch(const char* backend_name, const ModelConfig& config, int max_batch,
                        int max_seq_len, const ParameterPointers& params, const TokenBatch& batch);
 
 // The fp32 CPU backend (OpenMP), sized for batches up to max_batch x max_seq_len. Records its
 // memory (backend/cpu/cpu_backend_buffers.h) in `accountant` while it lives (null: nowhere).
 std::unique_ptr<ModelBackend> make_cpu_backend(
-    const Gpt2Config& config, int max_batch, int max_seq_len,
+    const ModelConfig& config, int max_batch, int max_seq_len,
     std::shared_ptr<MemoryAccountant> accountant = nullptr);
 
 }  // namespace layup

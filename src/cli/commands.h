@@ -9,7 +9,7 @@
 
 #include "backend/algorithm_choice.h"
 #include "core/run_choices.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 
 namespace layup {
 
@@ -49,7 +49,7 @@ struct ModelFlags {
   std::string name() const;
   // The config the flags describe, refusing --model together with sizes, sizes below 1, and a
   // context too short for seq_len tokens.
-  Gpt2Config resolve(int seq_len) const;
+  ModelConfig resolve(int seq_len) const;
 };
 void add_model_flags(CLI::App& command, ModelFlags& flags, const std::string& default_model);
 

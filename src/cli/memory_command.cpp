@@ -117,7 +117,7 @@ void add_memory_command(CLI::App& app) {
       plans.push_back(plan_only(request));
     }
     const MemoryPlanRequest& base = plans.front().request;
-    const Gpt2Config& config = base.config;
+    const ModelConfig& config = base.config;
     std::printf(
         "layup memory: %s (%d layers, %d heads, width %d; %.1fM parameters), B=%d x T=%d%s, %s "
         "on %s\n"

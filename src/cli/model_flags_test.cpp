@@ -44,7 +44,7 @@ TEST(ModelFlags, EveryCommandThatBuildsAModelTakesThem) {
 TEST(ModelFlags, ExplicitSizesAndContext) {
   const ParsedModelFlags parsed(
       {"--layers", "2", "--heads", "2", "--dim", "64", "--context", "64"});
-  const Gpt2Config config = parsed.flags.resolve(64);
+  const ModelConfig config = parsed.flags.resolve(64);
   EXPECT_EQ(config.n_layer, 2);
   EXPECT_EQ(config.n_head, 2);
   EXPECT_EQ(config.n_embd, 64);

@@ -63,7 +63,7 @@ void add_sample_command(CLI::App& app) {
             : flags->tokenizer;
     const BpeTokenizer tokenizer = BpeTokenizer::load_dir(tokenizer_dir);
     const LoadedModel model = load_hf_model(find_latest_checkpoint(flags->checkpoint));
-    const Gpt2Config& config = model.config;
+    const ModelConfig& config = model.config;
     LAYUP_CHECK(config.vocab_size <= tokenizer.vocab_size(), "the model's vocabulary (",
                 config.vocab_size, ") is larger than the tokenizer's (", tokenizer.vocab_size(),
                 ")");

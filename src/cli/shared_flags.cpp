@@ -40,14 +40,14 @@ std::string ModelFlags::name() const {
   return command->count("--layers") > 0 ? "custom" : model;
 }
 
-Gpt2Config ModelFlags::resolve(int seq_len) const {
+ModelConfig ModelFlags::resolve(int seq_len) const {
   const bool model_given = command->count("--model") > 0;
   const bool sizes_given =
       command->count("--layers") || command->count("--heads") || command->count("--dim");
   LAYUP_CHECK(!(model_given && sizes_given),
               "give either --model or --layers/--heads/--dim, not both: --model ", model,
               " already fixes the sizes");
-  Gpt2Config config = named_config(model);
+  ModelConfig config = named_config(model);
   if (sizes_given) {
     LAYUP_CHECK(command->count("--layers") && command->count("--heads") && command->count("--dim"),
                 "an explicit model needs all of --layers, --heads and --dim");

@@ -56,7 +56,7 @@ DeviceMemoryAttributes memory_attributes_of(DeviceKind device) {
 #endif
 }
 
-BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& config, int max_batch,
+BackendAndDevice make_backend(const ComputeTarget& target, const ModelConfig& config, int max_batch,
                               int max_seq_len, std::shared_ptr<MemoryAccountant> accountant) {
   if (!accountant) accountant = std::make_shared<MemoryAccountant>();
 #ifdef LAYUP_HAVE_CUDA

@@ -46,7 +46,7 @@ DeviceMemoryAttributes memory_attributes_of(DeviceKind device);
 // host memory on the CPU backend; device memory and pinned host memory on CUDA.
 DeviceKinds device_kinds_of(DeviceKind device);
 
-BackendAndDevice make_backend(const ComputeTarget& target, const Gpt2Config& config, int max_batch,
+BackendAndDevice make_backend(const ComputeTarget& target, const ModelConfig& config, int max_batch,
                               int max_seq_len,
                               std::shared_ptr<MemoryAccountant> accountant = nullptr);
 

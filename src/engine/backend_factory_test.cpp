@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 
 namespace layup {
 namespace {
@@ -24,7 +24,7 @@ std::string error_of(Make make) {
 }
 
 TEST(BackendFactory, CpuBackendRefusesCudaOnlyOptions) {
-  const Gpt2Config config = gpt2_config(2, 2, 16, 8, 61);
+  const ModelConfig config = gpt2_config(2, 2, 16, 8, 61);
   ComputeTarget timed{DeviceKind::kCpu, Dtype::kFp32};
   timed.algorithms = AlgorithmChoice::kTimed;
   std::string message = error_of([&] { make_backend(timed, config, 1, 4); });

@@ -69,7 +69,7 @@ double measure_gpu_flops(const CalibrationOptions& options, BackendAndDevice& co
                          const ParameterLayout& layout) {
   ModelBackend& backend = *compute.backend;
   Device& device = *compute.device;
-  const Gpt2Config& config = layout.config();
+  const ModelConfig& config = layout.config();
   std::vector<float> initial(layout.total_count());
   init_parameters(layout, initial.data(), 1337);
   const DeviceBuffer params = device.allocate(layout.total_count(), TensorClass::kWeights);
@@ -205,7 +205,7 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
   LAYUP_CHECK(options.timed_layers > 0, "the calibration needs at least one block to time");
   LAYUP_CHECK(options.batch > 0 && options.seq_len > 0, "--batch and --seq-len must be positive");
   MachineRates rates;
-  Gpt2Config config = options.config;
+  ModelConfig config = options.config;
   config.n_layer = std::min(config.n_layer, options.timed_layers);
   validate_config(config);
   LAYUP_CHECK(options.seq_len <= config.n_positions, "--seq-len ", options.seq_len,

@@ -12,7 +12,7 @@
 #include "engine/backend_factory.h"
 #include "engine/memory_planner.h"
 #include "engine/step_time_model.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 
 namespace layup {
 
@@ -42,7 +42,7 @@ struct CalibrationOptions {
   ComputeTarget target;  // resolved: cpu or cuda
   // The GPU's FLOP rate is taken from forward and backward of this model's width, head and
   // sequence, cut to timed_layers blocks.
-  Gpt2Config config;
+  ModelConfig config;
   int batch = 1, seq_len = 64, timed_layers = 2;
   int repeats = 3;                        // timed passes of each measurement (the median counts)
   size_t link_bytes = size_t{256} << 20;  // one copy each way

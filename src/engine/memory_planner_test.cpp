@@ -27,11 +27,11 @@
 namespace layup {
 namespace {
 
-Gpt2Config tiny_config() {
+ModelConfig tiny_config() {
   return gpt2_config(3, 2, 32, 16, 61);
 }
 
-MemoryPlanRequest cpu_request(const Gpt2Config& config, const std::string& mode, int batch,
+MemoryPlanRequest cpu_request(const ModelConfig& config, const std::string& mode, int batch,
                               int seq_len, int grad_accum = 1) {
   MemoryPlanRequest request;
   request.config = config;
@@ -72,7 +72,7 @@ std::string refusal(const MemoryPlan& plan, const MemoryBudgets& budgets) {
 }
 
 TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   constexpr int kBatch = 2, kSeqLen = 8;
   for (const char* mode_name : {"gpu", "offload", "layup"}) {
@@ -153,7 +153,7 @@ TEST(MemoryPlan, BenchReportsThePlanAndTheMeasuredPeaksAndRefusesOverBudget) {
 }
 
 TEST(MemoryPlan, Gpt2LargeLayupKeepsTwoBlocksOfWeightGradsOnTheDevice) {
-  const Gpt2Config config = named_config("gpt2-large");
+  const ModelConfig config = named_config("gpt2-large");
   // gpt2-large: C = 1280, 36 blocks of 12 C^2 + 13 C floats, embeddings (50304 + 1024) C, final
   // norm 2 C.
   const size_t block = 12 * 1280 * 1280 + 13 * 1280;  // 19,677,440
@@ -198,7 +198,7 @@ TEST(MemoryPlan, Gpt2LargeLayupKeepsTwoBlocksOfWeightGradsOnTheDevice) {
 // on its way into the schedule or out to a checkpoint, and the checkpoint writer's scratch
 // (transient).
 TEST(MemoryPlan, UnifiedMemoryBoardBudgetOnTheCpuBackend) {
-  const Gpt2Config config = named_config("gpt2-xl");
+  const ModelConfig config = named_config("gpt2-xl");
   const MemoryBudgets budgets = parse_memory_budgets("32G", "", "");
   ASSERT_EQ(*budgets.total, size_t{32} << 30);
   auto plan = [&](const std::string& mode, int batch, int seq_len, float clip) {
@@ -270,7 +270,7 @@ TEST(MemoryPlan, UnifiedMemoryBoardBudgetOnTheCpuBackend) {
 // three whole-model fp32 copies more than deferred clipping, and a budget between the two is
 // refused with --layup-clip deferred as the first way to fit.
 TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
-  const Gpt2Config config = named_config("gpt2-large");
+  const ModelConfig config = named_config("gpt2-large");
   MemoryPlanRequest request = cpu_request(config, "layup", 1, 128);
   request.model_name = "gpt2-large";
   const MemoryPlan speculative = plan_memory(request);
@@ -317,7 +317,7 @@ TEST(MemoryPlan, SpeculativeClippingPlansItsSpareStateAndDeferredIsOffered) {
 // device is refused where it cannot work, saying what to use; a device budget that the head's
 // moments break offers --layup-head host.
 TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
-  const Gpt2Config config = named_config("gpt2");
+  const ModelConfig config = named_config("gpt2");
   const ParameterLayout layout(config);
   const size_t head = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
   MemoryPlanRequest request = cpu_request(config, "layup", 32, 1024);
@@ -392,7 +392,7 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
 }
 
 TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   MemoryPlanRequest request = cpu_request(config, "layup", 1, 8);
   request.place = {"grads=device"};
   const std::string host_only = error_of([&] { plan_memory(request); });
@@ -494,7 +494,7 @@ TEST(MemoryPlan, ParsesSizes) {
 }
 
 TEST(MemoryPlan, DeviceAndHostBudgetsCountTheirSideOnly) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const MemoryPlan plan = plan_memory(cpu_request(config, "layup", 2, 8));
   MemoryBudgets budgets;
   budgets.device = plan.bytes(MemorySide::kDevice);
@@ -589,7 +589,7 @@ namespace {
 // --optimizer-placement: device:K puts the first K blocks' state on the device and takes it off
 // the host; auto takes as many as the device budget admits and no more; on the CPU backend none.
 TEST(MemoryPlan, OptimizerPlacementSplitsTheBlocksBetweenDeviceAndHost) {
-  const Gpt2Config config = named_config("gpt2");
+  const ModelConfig config = named_config("gpt2");
   const ParameterLayout layout(config);
   const size_t block = layout.block().count * sizeof(float);
   MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, "layup", 8, 1024));
@@ -660,7 +660,7 @@ TEST(MemoryPlan, OptimizerPlacementSplitsTheBlocksBetweenDeviceAndHost) {
 // few there as the host's budget needs once the device is full; the disk's budget refuses what its
 // free space cannot take, naming --offload-dir; the parser and the schedule's rules.
 TEST(MemoryPlan, OptimizerPlacementUsesTheDiskWhenTheHostIsFull) {
-  const Gpt2Config config = named_config("gpt2");
+  const ModelConfig config = named_config("gpt2");
   const ParameterLayout layout(config);
   const size_t block = layout.block().count * sizeof(float);
   MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, "layup", 8, 1024));

@@ -9,7 +9,7 @@
 
 #include "backend/algorithm_choice.h"
 #include "core/run_choices.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 #include "optim/host_adamw.h"
 
 namespace layup {
@@ -17,7 +17,7 @@ namespace layup {
 struct RunSpec {
   // Model: a named config, or explicit sizes (the CLI resolves them into `model`).
   std::string model_name = "small";
-  Gpt2Config model;
+  ModelConfig model;
 
   // Batch: micro-batch B x T, accumulated grad_accum times per update.
   int batch = 8;

@@ -43,7 +43,7 @@ double seconds(double amount, const std::optional<double>& rate) {
 }
 
 Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
-  const Gpt2Config& c = request.config;
+  const ModelConfig& c = request.config;
   const double C = c.n_embd, T = request.seq_len, V = c.vocab_size;
   const double tokens = static_cast<double>(request.batch) * request.seq_len;
   const double block_forward_flops = 24.0 * C * C + 4.0 * T * C;  // per token
@@ -207,12 +207,12 @@ double layup_step(const StepTimeRequest& request, const MachineRates& rates, con
 
 }  // namespace
 
-double model_flops_per_token(const Gpt2Config& config, int seq_len) {
+double model_flops_per_token(const ModelConfig& config, int seq_len) {
   const double L = config.n_layer, C = config.n_embd, V = config.vocab_size, T = seq_len;
   return 6.0 * (12.0 * L * C * C + V * C) + 12.0 * L * T * C;
 }
 
-double executed_flops_per_token(const Gpt2Config& config, int seq_len, int recompute) {
+double executed_flops_per_token(const ModelConfig& config, int seq_len, int recompute) {
   const double C = config.n_embd, T = seq_len;
   const double block_forward = 24.0 * C * C + 4.0 * T * C;
   return model_flops_per_token(config, seq_len) +

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/run_choices.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 
 namespace layup {
 
@@ -33,7 +33,7 @@ struct MachineRates {
 };
 
 struct StepTimeRequest {
-  Gpt2Config config;
+  ModelConfig config;
   int batch = 1, seq_len = 1, micro_batches = 1;
   Mode mode = Mode::kGpu;
   int recompute = 0;  // 3 runs each block's forward again in backward; 1, 2 cost no FLOPs
@@ -83,10 +83,10 @@ StepTimePrediction predict_step_time(const StepTimeRequest& request, const Machi
 
 // Training FLOPs of one token (forward and backward) by the PaLM count: 6 N + 12 L T C, N the
 // matmul weights (12 L C^2 in the blocks, V C for the tied LM head; V the real vocabulary).
-double model_flops_per_token(const Gpt2Config& config, int seq_len);
+double model_flops_per_token(const ModelConfig& config, int seq_len);
 // The FLOPs the GPU runs for one token: the PaLM count, plus each block's forward again with
 // --recompute 3.
-double executed_flops_per_token(const Gpt2Config& config, int seq_len, int recompute);
+double executed_flops_per_token(const ModelConfig& config, int seq_len, int recompute);
 
 // A few lines: the step, each resource's busy time, what is exposed and what bounds it.
 std::string format_step_time(const StepTimePrediction& prediction);

@@ -184,7 +184,7 @@ void check_step_matches_folder(const std::string& checkpoint_path, int64_t step,
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& run_dir, const Gpt2Config& config,
+std::string save_checkpoint(const std::string& run_dir, const ModelConfig& config,
                             const ParameterLayout& layout, const float* params,
                             const TrainingState& state, int keep_last) {
   return write_checkpoint_dir(run_dir, state.step, keep_last, [&](const std::string& dir) {
@@ -193,7 +193,7 @@ std::string save_checkpoint(const std::string& run_dir, const Gpt2Config& config
   });
 }
 
-SavedCheckpoint save_checkpoint_streamed(const std::string& run_dir, const Gpt2Config& config,
+SavedCheckpoint save_checkpoint_streamed(const std::string& run_dir, const ModelConfig& config,
                                          const ParameterLayout& layout,
                                          const StreamedCheckpoint& checkpoint,
                                          const CheckpointWriteOptions& options) {
@@ -215,7 +215,7 @@ CheckpointBytes checkpoint_bytes(const ParameterLayout& layout, bool weights_onl
   // A file's header (its tensors' names, shapes and offsets), an index or config.json: well under
   // this each.
   constexpr size_t kFileAllowance = size_t{1} << 20;
-  const Gpt2Config& config = layout.config();
+  const ModelConfig& config = layout.config();
   const size_t padded_rows =
       static_cast<size_t>(config.padded_vocab_size - config.vocab_size) * config.n_embd;
   const auto with_files = [&](size_t data_bytes) {

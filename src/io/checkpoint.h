@@ -26,7 +26,7 @@ std::string checkpoint_dir_name(int64_t step);
 // An existing checkpoint of the same step is replaced atomically. Afterwards the `keep_last` most
 // recent checkpoints up to this one are kept and older ones deleted; 0 keeps all. Checkpoints of
 // later steps (left by an earlier, longer run) are not touched.
-std::string save_checkpoint(const std::string& run_dir, const Gpt2Config& config,
+std::string save_checkpoint(const std::string& run_dir, const ModelConfig& config,
                             const ParameterLayout& layout, const float* params,
                             const TrainingState& state, int keep_last = 2);
 
@@ -56,7 +56,7 @@ struct SavedCheckpoint {
 // state as save_training_state_streamed does, each one file where it fits `max_shard_bytes` and
 // shards beyond. Atomic and rotated as save_checkpoint is. Memory held: the writers' chunk and one
 // transposed matrix.
-SavedCheckpoint save_checkpoint_streamed(const std::string& run_dir, const Gpt2Config& config,
+SavedCheckpoint save_checkpoint_streamed(const std::string& run_dir, const ModelConfig& config,
                                          const ParameterLayout& layout,
                                          const StreamedCheckpoint& checkpoint,
                                          const CheckpointWriteOptions& options);
@@ -92,7 +92,7 @@ struct Checkpoint {
 // What a checkpoint is, read before its tensors: what a resume plans its run with.
 struct CheckpointInfo {
   std::string path;  // find_latest_checkpoint's answer
-  Gpt2Config config;
+  ModelConfig config;
   bool has_training_state = false;
   TrainingProgress progress;        // meaningful only when has_training_state
   std::string training_state_path;  // the single file or the index

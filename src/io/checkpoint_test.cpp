@@ -22,7 +22,7 @@ using test_files::snapshot;
 using test_files::TempDir;
 using test_files::write_text;
 
-Gpt2Config tiny_config() {
+ModelConfig tiny_config() {
   return gpt2_config(1, 2, 8, 16, 50);
 }
 
@@ -70,7 +70,7 @@ class CheckpointDir : public ::testing::Test {
 
   TempDir dir_;
   std::string run_dir_ = dir_.file("run");
-  Gpt2Config config_ = tiny_config();
+  ModelConfig config_ = tiny_config();
   ParameterLayout layout_{config_};
 };
 

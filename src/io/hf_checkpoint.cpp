@@ -2,7 +2,6 @@
 #include "io/hf_checkpoint.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -15,13 +14,13 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/hf_config.h"
 #include "io/safetensors.h"
 
 namespace layup {
 namespace {
 
 constexpr const char* kHfPrefix = "transformer.";
-constexpr int kGpt2EndOfText = 50256;
 
 std::string join_path(const std::string& dir, const std::string& name) {
   return (std::filesystem::path(dir) / name).string();
@@ -74,44 +73,12 @@ void copy_transposed_range(const float* source, size_t rows, size_t cols, size_t
 }
 
 // The shape Hugging Face stores a layup tensor in.
-std::vector<size_t> hf_shape(const TensorSpec& tensor, const Gpt2Config& config) {
+std::vector<size_t> hf_shape(const TensorSpec& tensor, const ModelConfig& config) {
   if (tensor.name == "wte.weight") {
     return {static_cast<size_t>(config.vocab_size), static_cast<size_t>(config.n_embd)};
   }
   if (tensor.transposed_in_hf) return {tensor.shape[1], tensor.shape[0]};
   return tensor.shape;
-}
-
-// The float's shortest decimal form, as a double: 1e-5f is written "1e-05" as HF writes it,
-// not 9.999999747378752e-06, and reads back as the same float.
-double shortest_double(float value) {
-  char text[64];
-  auto [end, error] = std::to_chars(text, text + sizeof(text) - 1, value);
-  *end = '\0';
-  return std::strtod(text, nullptr);
-}
-
-int read_int_field(const nlohmann::json& json, const std::string& field,
-                   const std::string& source) {
-  LAYUP_CHECK(json.contains(field), source, " has no \"", field,
-              "\"; a GPT-2 config.json needs n_layer, n_head, n_embd, n_positions and vocab_size");
-  const nlohmann::json& value = json[field];
-  LAYUP_CHECK(value.is_number_integer(), source, ": \"", field, "\" is ", value.dump(),
-              ", not an integer");
-  const int64_t number = value.get<int64_t>();
-  LAYUP_CHECK(number >= 0 && number <= (int64_t{1} << 30), source, ": \"", field, "\" is ", number,
-              ", out of range");
-  return static_cast<int>(number);
-}
-
-// Requires an optional boolean field to be absent, null or equal to `supported`.
-void require_flag(const nlohmann::json& json, const std::string& field, bool supported,
-                  const std::string& source, const std::string& why) {
-  if (!json.contains(field) || json[field].is_null()) return;
-  LAYUP_CHECK(json[field].is_boolean(), source, ": \"", field, "\" is ", json[field].dump(),
-              ", not true or false");
-  LAYUP_CHECK(json[field].get<bool>() == supported, source, ": \"", field, "\" is ",
-              json[field].dump(), ", which layup does not support (", why, ")");
 }
 
 // Refuses a tensor holding NaN or infinity, naming the first such element: no trained weight is
@@ -133,13 +100,23 @@ void check_finite(std::span<const float> values, size_t first, const Safetensors
        "diverged; load an earlier checkpoint");
 }
 
-bool same_model_shape(const Gpt2Config& a, const Gpt2Config& b) {
-  return a.n_layer == b.n_layer && a.n_head == b.n_head && a.n_embd == b.n_embd &&
-         a.n_positions == b.n_positions && a.vocab_size == b.vocab_size &&
-         a.padded_vocab_size == b.padded_vocab_size;
+bool same_model_shape(const ModelConfig& a, const ModelConfig& b) {
+  return a.architecture == b.architecture && a.n_layer == b.n_layer && a.n_head == b.n_head &&
+         a.n_embd == b.n_embd && a.n_positions == b.n_positions && a.vocab_size == b.vocab_size &&
+         a.padded_vocab_size == b.padded_vocab_size && a.kv_heads() == b.kv_heads() &&
+         a.head_dim() == b.head_dim() && a.mlp_width() == b.mlp_width() &&
+         a.tie_word_embeddings == b.tie_word_embeddings && a.attention_bias == b.attention_bias;
 }
 
-void check_layout_matches(const Gpt2Config& config, const ParameterLayout& layout) {
+// The weights of the Llama family (names under "model.", an untied lm_head, bf16 files) are not
+// converted here yet: refused by name rather than read as GPT-2's.
+void check_gpt2_weights(const ModelConfig& config, const std::string& what) {
+  LAYUP_CHECK(!config.is_llama(), "layup cannot ", what, " the weights of a ", config.hf_model_type,
+              " model yet (its config.json is read; its tensors are not converted)");
+}
+
+void check_layout_matches(const ModelConfig& config, const ParameterLayout& layout) {
+  check_gpt2_weights(config, "save");
   LAYUP_CHECK(same_model_shape(layout.config(), config),
               "internal error: the parameter layout was built for a different model config than "
               "the one being saved");
@@ -164,117 +141,7 @@ SafetensorsFileSet open_hf_weights(const std::string& dir) {
 
 }  // namespace
 
-nlohmann::ordered_json hf_config_json(const Gpt2Config& config) {
-  const int end_of_text = std::min(kGpt2EndOfText, config.vocab_size - 1);
-  nlohmann::ordered_json json;
-  json["activation_function"] = "gelu_new";  // GELU, tanh approximation
-  json["architectures"] = nlohmann::ordered_json::array({"GPT2LMHeadModel"});
-  // layup trains without dropout, so the model it writes has none either.
-  json["attn_pdrop"] = 0.0;
-  json["bos_token_id"] = end_of_text;
-  json["embd_pdrop"] = 0.0;
-  json["eos_token_id"] = end_of_text;
-  json["initializer_range"] = 0.02;
-  json["layer_norm_epsilon"] = shortest_double(config.layer_norm_epsilon);
-  json["model_type"] = "gpt2";
-  json["n_ctx"] = config.n_positions;
-  json["n_embd"] = config.n_embd;
-  json["n_head"] = config.n_head;
-  json["n_inner"] = nullptr;  // 4 * n_embd
-  json["n_layer"] = config.n_layer;
-  json["n_positions"] = config.n_positions;
-  json["reorder_and_upcast_attn"] = false;
-  json["resid_pdrop"] = 0.0;
-  json["scale_attn_by_inverse_layer_idx"] = false;
-  json["scale_attn_weights"] = true;
-  json["summary_activation"] = nullptr;
-  json["summary_first_dropout"] = 0.0;
-  json["summary_proj_to_labels"] = true;
-  json["summary_type"] = "cls_index";
-  json["summary_use_proj"] = true;
-  json["tie_word_embeddings"] = true;
-  json["torch_dtype"] = "float32";
-  json["use_cache"] = true;
-  json["vocab_size"] = config.vocab_size;
-  // Ignored by transformers; lets layup restore its own layout exactly.
-  json["layup"] = {{"format_version", 1}, {"padded_vocab_size", config.padded_vocab_size}};
-  return json;
-}
-
-Gpt2Config parse_hf_config(const nlohmann::json& json, const std::string& source) {
-  LAYUP_CHECK(json.is_object(), source, " is ", json.type_name(),
-              " instead of a JSON object with the model's configuration");
-  LAYUP_CHECK(json.contains("model_type") && json["model_type"].is_string(), source,
-              " has no \"model_type\"; layup reads GPT-2 checkpoints (model_type \"gpt2\")");
-  const std::string model_type = json["model_type"].get<std::string>();
-  LAYUP_CHECK(model_type == "gpt2", source, " describes a \"", model_type,
-              "\" model; layup reads GPT-2 checkpoints only (model_type \"gpt2\")");
-
-  Gpt2Config config;
-  config.n_layer = read_int_field(json, "n_layer", source);
-  config.n_head = read_int_field(json, "n_head", source);
-  config.n_embd = read_int_field(json, "n_embd", source);
-  config.n_positions = json.contains("n_positions") ? read_int_field(json, "n_positions", source)
-                                                    : read_int_field(json, "n_ctx", source);
-  config.vocab_size = read_int_field(json, "vocab_size", source);
-
-  if (json.contains("layer_norm_epsilon")) {
-    LAYUP_CHECK(json["layer_norm_epsilon"].is_number(), source, ": \"layer_norm_epsilon\" is ",
-                json["layer_norm_epsilon"].dump(), ", not a number");
-    const double epsilon = json["layer_norm_epsilon"].get<double>();
-    LAYUP_CHECK(epsilon > 0 && epsilon < 1, source, ": \"layer_norm_epsilon\" is ", epsilon,
-                ", outside (0, 1)");
-    config.layer_norm_epsilon = static_cast<float>(epsilon);
-  }
-
-  if (json.contains("activation_function")) {
-    const nlohmann::json& activation = json["activation_function"];
-    const bool tanh_gelu = activation == "gelu_new" || activation == "gelu_pytorch_tanh";
-    LAYUP_CHECK(tanh_gelu, source, ": activation_function ", activation.dump(),
-                " is not supported; layup's GPT-2 uses the tanh-approximated GELU (\"gelu_new\" "
-                "or \"gelu_pytorch_tanh\")");
-  }
-  if (json.contains("n_inner") && !json["n_inner"].is_null()) {
-    LAYUP_CHECK(json["n_inner"].is_number_integer() &&
-                    json["n_inner"].get<int64_t>() == 4 * int64_t{config.n_embd},
-                source, ": n_inner is ", json["n_inner"].dump(),
-                "; layup's GPT-2 has an MLP of width 4 * n_embd = ", 4 * int64_t{config.n_embd},
-                " (n_inner null)");
-  }
-  require_flag(json, "tie_word_embeddings", true, source,
-               "the LM head must be tied to the token embedding");
-  require_flag(json, "scale_attn_weights", true, source,
-               "attention scores are always scaled by 1/sqrt(head_dim)");
-  require_flag(json, "scale_attn_by_inverse_layer_idx", false, source,
-               "no per-layer attention scaling");
-  require_flag(json, "add_cross_attention", false, source, "decoder-only GPT-2 has none");
-
-  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
-  if (json.contains("layup") && json["layup"].is_object() &&
-      json["layup"].contains("padded_vocab_size")) {
-    config.padded_vocab_size = read_int_field(json["layup"], "padded_vocab_size", source);
-  }
-  try {
-    validate_config(config);
-  } catch (const Error& error) {
-    fail(source, ": ", error.what());
-  }
-  return config;
-}
-
-Gpt2Config read_hf_config(const std::string& config_path) {
-  const std::vector<std::byte> bytes = read_file_bytes(config_path);
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
-                                 reinterpret_cast<const char*>(bytes.data()) + bytes.size());
-  } catch (const nlohmann::json::exception& error) {
-    fail(config_path, " is not valid JSON (", error.what(), "); the file is damaged");
-  }
-  return parse_hf_config(json, config_path);
-}
-
-void save_hf_model(const std::string& dir, const Gpt2Config& config, const ParameterLayout& layout,
+void save_hf_model(const std::string& dir, const ModelConfig& config, const ParameterLayout& layout,
                    const float* params) {
   const ReadParams read_params = [params](size_t offset, size_t count, float* out) {
     std::memcpy(out, params + offset, count * sizeof(float));
@@ -282,7 +149,7 @@ void save_hf_model(const std::string& dir, const Gpt2Config& config, const Param
   save_hf_model_sharded(dir, config, layout, read_params, std::numeric_limits<size_t>::max());
 }
 
-void save_hf_model_sharded(const std::string& dir, const Gpt2Config& config,
+void save_hf_model_sharded(const std::string& dir, const ModelConfig& config,
                            const ParameterLayout& layout, const ReadParams& read_params,
                            size_t max_shard_bytes, size_t chunk_bytes) {
   validate_config(config);
@@ -354,7 +221,7 @@ bool has_hf_weights(const std::string& dir) {
                                           error);
 }
 
-Gpt2Config read_hf_model_config(const std::string& dir) {
+ModelConfig read_hf_model_config(const std::string& dir) {
   LAYUP_CHECK(std::filesystem::is_directory(dir), "cannot load a model from ", dir,
               ": it is not a directory (expected one holding ", kHfConfigFileName, " and ",
               kHfWeightsFileName, " or ", shard_index_file_name(kHfShardBaseName),
@@ -362,9 +229,10 @@ Gpt2Config read_hf_model_config(const std::string& dir) {
   return read_hf_config(join_path(dir, kHfConfigFileName));
 }
 
-void load_hf_model_streamed(const std::string& dir, const Gpt2Config& config,
+void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
                             const WriteParams& write_params, size_t chunk_bytes) {
-  const Gpt2Config file_config = read_hf_model_config(dir);
+  const ModelConfig file_config = read_hf_model_config(dir);
+  check_gpt2_weights(file_config, "load");
   LAYUP_CHECK(same_model_shape(file_config, config), "internal error: loading ", dir,
               " with a model config other than its ", kHfConfigFileName, " describes");
   const ParameterLayout layout(config);

@@ -20,8 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "io/hf_config.h"  // config.json, read and written
 #include "io/sharded_safetensors.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 #include "model/parameter_layout.h"
 
 namespace layup {
@@ -37,13 +38,13 @@ using ReadParams = std::function<void(size_t offset, size_t count, float* out)>;
 using WriteParams = std::function<void(size_t offset, size_t count, const float* in)>;
 
 struct LoadedModel {
-  Gpt2Config config;
+  ModelConfig config;
   std::vector<float> params;  // laid out as ParameterLayout(config) says, padded rows zero
 };
 
 // Writes `dir`/model.safetensors and `dir`/config.json (each atomically), creating `dir` if
 // needed. `params` is the flat buffer of `layout`, which must have been built from `config`.
-void save_hf_model(const std::string& dir, const Gpt2Config& config, const ParameterLayout& layout,
+void save_hf_model(const std::string& dir, const ModelConfig& config, const ParameterLayout& layout,
                    const float* params);
 
 // The same, sharded as save_pretrained(max_shard_size=...) shards: config.json, shards of at most
@@ -53,7 +54,7 @@ void save_hf_model(const std::string& dir, const Gpt2Config& config, const Param
 // tensor while a Conv1D matrix is transposed (the largest is the MLP's [4C, C]: 420 MB at
 // C = 5120). The shards and index appear together; weight files of an earlier save in `dir` that
 // the new one does not use (model.safetensors, the index, other shards) are removed afterwards.
-void save_hf_model_sharded(const std::string& dir, const Gpt2Config& config,
+void save_hf_model_sharded(const std::string& dir, const ModelConfig& config,
                            const ParameterLayout& layout, const ReadParams& read_params,
                            size_t max_shard_bytes, size_t chunk_bytes = kDefaultStreamChunkBytes);
 
@@ -70,7 +71,7 @@ bool has_hf_weights(const std::string& dir);
 
 // The config.json of checkpoint directory `dir`, validated as load_hf_model does: what a caller
 // reads first to size the memory a streamed load writes into.
-Gpt2Config read_hf_model_config(const std::string& dir);
+ModelConfig read_hf_model_config(const std::string& dir);
 
 // load_hf_model without one whole-model buffer: writes the parameters to `write_params` tensor by
 // tensor, in increasing offsets, each element of the layout exactly once (the padded vocabulary
@@ -79,15 +80,8 @@ Gpt2Config read_hf_model_config(const std::string& dir);
 // LM head is found while streaming, so after such an error part of the caller's memory holds
 // the new weights. Memory held: a chunk or two, plus one whole tensor while a Conv1D matrix is
 // transposed.
-void load_hf_model_streamed(const std::string& dir, const Gpt2Config& config,
+void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
                             const WriteParams& write_params,
                             size_t chunk_bytes = kDefaultStreamChunkBytes);
-
-// config.json alone: the model shape, validated as load_hf_model does.
-Gpt2Config read_hf_config(const std::string& config_path);
-
-// The config.json contents for `config`, and their parser (`source` names the file in errors).
-nlohmann::ordered_json hf_config_json(const Gpt2Config& config);
-Gpt2Config parse_hf_config(const nlohmann::json& json, const std::string& source);
 
 }  // namespace layup

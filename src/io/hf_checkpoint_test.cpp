@@ -23,7 +23,7 @@ using test_files::snapshot;
 using test_files::TempDir;
 using test_files::write_text;
 
-Gpt2Config tiny_config() {
+ModelConfig tiny_config() {
   return gpt2_config(2, 2, 8, 16, 50);
 }
 
@@ -32,7 +32,7 @@ std::vector<float> random_params(const ParameterLayout& layout, uint64_t seed) {
   Rng rng(seed);
   std::vector<float> params(layout.total_count());
   for (float& value : params) value = rng.normal();
-  const Gpt2Config& config = layout.config();
+  const ModelConfig& config = layout.config();
   std::fill(params.begin() + layout.embeddings().wte + config.vocab_size * config.n_embd,
             params.begin() + layout.embeddings().wte + config.padded_vocab_size * config.n_embd,
             0.0f);
@@ -119,7 +119,7 @@ class HfCheckpoint : public ::testing::Test {
   }
 
   TempDir dir_;
-  Gpt2Config config_;
+  ModelConfig config_;
   std::unique_ptr<ParameterLayout> layout_;
   std::vector<float> params_;
   std::string model_dir_;
@@ -374,7 +374,7 @@ TEST_F(HfCheckpointSharded, RoundTripIsBitIdenticalAndStreamsInChunks) {
   EXPECT_TRUE(bit_identical(load_hf_model(sharded_dir_).params, params_));
 
   // The streamed load writes every element once, in order, a chunk at most at a time.
-  const Gpt2Config config = read_hf_model_config(sharded_dir_);
+  const ModelConfig config = read_hf_model_config(sharded_dir_);
   std::vector<float> loaded(layout_->total_count(), -1.0f);
   size_t next_offset = 0;
   load_hf_model_streamed(
@@ -496,7 +496,7 @@ TEST_F(HfCheckpointSharded, FailedSaveLeavesThePreviousCheckpointAsItWas) {
 
 TEST_F(HfCheckpointSharded, StreamedLoadChecksEveryShapeBeforeTheFirstWrite) {
   edit_config([](nlohmann::json& json) { json["n_positions"] = 32; });
-  const Gpt2Config config = read_hf_model_config(model_dir_);
+  const ModelConfig config = read_hf_model_config(model_dir_);
   size_t writes = 0;
   const std::string message = error_message([&] {
     load_hf_model_streamed(model_dir_, config, [&](size_t, size_t, const float*) { ++writes; });

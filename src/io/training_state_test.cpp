@@ -24,7 +24,7 @@ using test_files::snapshot;
 using test_files::TempDir;
 using test_files::write_text;
 
-Gpt2Config tiny_config(int n_layer = 1) {
+ModelConfig tiny_config(int n_layer = 1) {
   return gpt2_config(n_layer, 2, 8, 16, 50);
 }
 

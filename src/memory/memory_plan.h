@@ -29,7 +29,7 @@
 #include "memory/memory_accountant.h"
 #include "memory/planned_allocation.h"
 #include "memory/tensor_class.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 
 namespace layup {
 
@@ -55,7 +55,7 @@ Placement resolve_placement(Mode mode, const DeviceMemoryAttributes& attributes,
                             const std::vector<std::string>& place_flags);
 
 struct MemoryPlanRequest {
-  Gpt2Config config;
+  ModelConfig config;
   std::string model_name = "custom";
   int batch = 1;    // B
   int seq_len = 1;  // T

@@ -11,11 +11,6 @@ namespace layup {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Fills x with N(0, std) in chunks, each drawn from its own stream derived from (seed, tensor,
 // chunk), so the values do not depend on the number of threads.
 void fill_normal(float* x, size_t count, float std, uint64_t seed, size_t tensor_index) {
@@ -33,20 +28,27 @@ void fill_normal(float* x, size_t count, float std, uint64_t seed, size_t tensor
 // Tensor `index` of the layout into `x` (its count floats). Each tensor's values depend only on
 // the seed and the tensor's index, so a span can be initialized alone.
 void init_tensor(const ParameterLayout& layout, size_t index, float* x, uint64_t seed) {
-  const Gpt2Config& config = layout.config();
+  const ModelConfig& config = layout.config();
   const TensorSpec& tensor = layout.tensors()[index];
-  if (ends_with(tensor.name, ".bias")) {
-    std::fill(x, x + tensor.count, 0.0f);
-  } else if (tensor.name.find("ln_") != std::string::npos) {
-    std::fill(x, x + tensor.count, 1.0f);
-  } else if (tensor.name == "wte.weight") {
-    const size_t real_rows = static_cast<size_t>(config.vocab_size) * config.n_embd;
-    fill_normal(x, real_rows, 0.02f, seed, index);
-    std::fill(x + real_rows, x + tensor.count, 0.0f);
-  } else {
-    const bool residual = ends_with(tensor.name, "c_proj.weight");
-    const float residual_std = 0.02f / std::sqrt(2.0f * config.n_layer);
-    fill_normal(x, tensor.count, residual ? residual_std : 0.02f, seed, index);
+  switch (tensor.init) {
+    case TensorInit::kZeros:
+      std::fill(x, x + tensor.count, 0.0f);
+      break;
+    case TensorInit::kOnes:
+      std::fill(x, x + tensor.count, 1.0f);
+      break;
+    case TensorInit::kNormal:
+      fill_normal(x, tensor.count, 0.02f, seed, index);
+      break;
+    case TensorInit::kResidualNormal:
+      fill_normal(x, tensor.count, 0.02f / std::sqrt(2.0f * config.n_layer), seed, index);
+      break;
+    case TensorInit::kVocabularyNormal: {
+      const size_t real_rows = static_cast<size_t>(config.vocab_size) * config.n_embd;
+      fill_normal(x, real_rows, 0.02f, seed, index);
+      std::fill(x + real_rows, x + tensor.count, 0.0f);
+      break;
+    }
   }
 }
 

@@ -1,4 +1,4 @@
-// Where every GPT-2 parameter lives in one flat fp32 buffer: block-contiguous spans.
+// Where every parameter lives in one flat fp32 buffer: block-contiguous spans.
 //
 // The buffer is [embeddings][block 0]...[block L-1][final norm]. Each span is one unit of work
 // for the schedules: one gradient slot, one transfer, one CPU AdamW call. Inside a block the
@@ -7,45 +7,65 @@
 //
 // Matrices are stored [out_features, in_features] row-major (y = x W^T + b). Hugging Face's
 // GPT-2 stores them the other way round (Conv1D, [in, out]); the checkpoint code transposes.
+// The Llama family's tensors are Hugging Face's nn.Linear ones, placed so that what one matmul
+// reads is contiguous: q_proj, k_proj, v_proj one after another are the rows of one [q+2kv, C]
+// matrix (their biases likewise), gate_proj and up_proj those of one [2I, C] matrix.
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <string>
 #include <vector>
 
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 
 namespace layup {
 
-// Offsets of one block's tensors, relative to the start of the block's span.
+// The offset of a tensor the model does not have (GPT-2's biases in a Llama, its positions).
+inline constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
+
+// Offsets of one block's tensors, relative to the start of the block's span. The names are
+// GPT-2's; in the Llama family ln_1 is input_layernorm (RMSNorm: no bias), attn_qkv q/k/v_proj
+// stacked (bias in Qwen2 only), attn_proj o_proj, ln_2 post_attention_layernorm, mlp_fc
+// gate_proj and up_proj stacked, mlp_proj down_proj, none with a bias.
 struct BlockOffsets {
   size_t ln_1_weight, ln_1_bias;
-  size_t attn_qkv_weight, attn_qkv_bias;    // [3C, C], [3C]: q, k, v stacked
-  size_t attn_proj_weight, attn_proj_bias;  // [C, C], [C]
+  size_t attn_qkv_weight, attn_qkv_bias;    // [qkv_width, C], [qkv_width]: q, k, v stacked
+  size_t attn_proj_weight, attn_proj_bias;  // [C, n_head head_dim], [C]
   size_t ln_2_weight, ln_2_bias;
-  size_t mlp_fc_weight, mlp_fc_bias;      // [4C, C], [4C]
-  size_t mlp_proj_weight, mlp_proj_bias;  // [C, 4C], [C]
+  size_t mlp_fc_weight, mlp_fc_bias;      // GPT-2 [4C, C], [4C]; Llama [2I, C]: gate, up
+  size_t mlp_proj_weight, mlp_proj_bias;  // [C, I], [C]
   size_t count;                           // floats in one block
 };
 
 // Offsets inside the embeddings span.
 struct EmbeddingOffsets {
-  size_t wte;  // [padded_vocab, C]; also the (tied) LM head
-  size_t wpe;  // [n_positions, C]
+  size_t wte;  // [padded_vocab, C]; also the LM head when tied
+  size_t wpe;  // [n_positions, C]; kAbsent in the Llama family (rotary positions)
   size_t count;
 };
 
-// Offsets inside the final-norm span.
+// Offsets inside the final-norm span: the norm, and an untied LM head (the head's span).
 struct FinalNormOffsets {
-  size_t weight, bias;
+  size_t weight, bias;  // bias kAbsent under RMSNorm
+  size_t lm_head;       // [padded_vocab, C] when the head is not tied, else kAbsent
   size_t count;
+};
+
+// How a fresh model fills a tensor (model/init.h).
+enum class TensorInit {
+  kZeros,             // biases
+  kOnes,              // norm gains
+  kNormal,            // N(0, 0.02)
+  kResidualNormal,    // GPT-2's residual projections: N(0, 0.02 / sqrt(2 n_layer))
+  kVocabularyNormal,  // N(0, 0.02) on the real vocabulary's rows, zero on the padding
 };
 
 enum class SpanKind { kEmbeddings, kBlock, kFinalNorm };
 
 // One named tensor of the model, placed in the flat buffer.
 struct TensorSpec {
-  std::string name;           // Hugging Face's name without the "transformer." prefix
+  std::string name;           // Hugging Face's name without the "transformer." or "model." prefix
   std::vector<size_t> shape;  // layup's shape (matrices [out, in])
   size_t offset;              // from the start of the whole buffer
   size_t count;
@@ -54,6 +74,7 @@ struct TensorSpec {
   int layer;              // block index, or -1 outside blocks
   bool weight_decay;      // AdamW decays matrices only: not biases, gains or positions
   bool transposed_in_hf;  // stored [in, out] by Hugging Face (Conv1D)
+  TensorInit init;
 };
 
 // A contiguous range of the flat buffer.
@@ -74,9 +95,9 @@ struct SpanPointers {
 
 class ParameterLayout {
  public:
-  explicit ParameterLayout(const Gpt2Config& config);
+  explicit ParameterLayout(const ModelConfig& config);
 
-  const Gpt2Config& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
   const BlockOffsets& block() const { return block_; }
   const EmbeddingOffsets& embeddings() const { return embeddings_; }
   const FinalNormOffsets& final_norm() const { return final_norm_; }
@@ -105,7 +126,7 @@ class ParameterLayout {
   }
 
  private:
-  Gpt2Config config_;
+  ModelConfig config_;
   BlockOffsets block_;
   EmbeddingOffsets embeddings_;
   FinalNormOffsets final_norm_;

@@ -1,8 +1,11 @@
 // Pins the block-contiguous layout: spans tile the buffer, blocks share offsets, counts match
-// GPT-2.
+// GPT-2 and the published Llama models.
 #include "model/parameter_layout.h"
 
 #include <gtest/gtest.h>
+
+#include <map>
+#include <string>
 
 #include "core/error.h"
 
@@ -36,7 +39,7 @@ TEST(ParameterLayout, TensorsTileEachSpan) {
 }
 
 TEST(ParameterLayout, Gpt2SmallHas124MParameters) {
-  const Gpt2Config config = named_config("gpt2");
+  const ModelConfig config = named_config("gpt2");
   EXPECT_EQ(parameter_count(config), 124439808);
   const ParameterLayout layout(config);
   const size_t padding = static_cast<size_t>(config.padded_vocab_size - config.vocab_size) * 768;
@@ -52,8 +55,79 @@ TEST(ParameterLayout, WeightDecayOnlyOnMatricesExceptPositions) {
   }
 }
 
-TEST(Gpt2Config, RejectsBadShapesAndNames) {
-  Gpt2Config config = named_config("small");
+// Llama 3.2 1B (tied, 8 of 32 heads for K/V) and Llama 3 8B (untied) as their config.json gives
+// them, with the parameter counts transformers reports for the published models.
+ModelConfig llama_3_2_1b() {
+  ModelConfig config = llama_config(16, 32, 8, 2048, 8192, 131072, 128256);
+  config.tie_word_embeddings = true;
+  return config;
+}
+
+TEST(ParameterLayout, LlamaFamilyCountsMatchThePublishedModels) {
+  EXPECT_EQ(parameter_count(llama_3_2_1b()), 1235814400);
+  const ModelConfig llama_3_8b = llama_config(32, 32, 8, 4096, 14336, 8192, 128256);
+  EXPECT_EQ(parameter_count(llama_3_8b), 8030261248);
+  for (const ModelConfig& config : {llama_3_2_1b(), llama_3_8b}) {
+    const ParameterLayout layout(config);
+    const size_t padding = static_cast<size_t>(config.padded_vocab_size - config.vocab_size) *
+                           config.n_embd * (config.tie_word_embeddings ? 1 : 2);
+    EXPECT_EQ(layout.total_count(), static_cast<size_t>(parameter_count(config)) + padding);
+  }
+}
+
+TEST(ParameterLayout, LlamaTensorsTileTheirSpansAndStackWhatOneMatmulReads) {
+  ModelConfig config = llama_config(2, 4, 2, 32, 48, 64, 300);  // GQA: 2 K/V heads of 8
+  config.attention_bias = true;                                 // Qwen2's q, k, v biases
+  for (bool tied : {true, false}) {
+    config.tie_word_embeddings = tied;
+    const ParameterLayout layout(config);
+    for (const Span& span : layout.spans()) {
+      size_t next = 0;
+      for (const TensorSpec& tensor : layout.tensors_in(span)) {
+        EXPECT_EQ(tensor.offset_in_span, next) << tensor.name;
+        next += tensor.count;
+      }
+      EXPECT_EQ(next, span.count);
+    }
+    const BlockOffsets& o = layout.block();
+    std::map<std::string, const TensorSpec*> named;
+    for (const TensorSpec& tensor : layout.tensors()) named[tensor.name] = &tensor;
+    // q (32 rows), k and v (16 each) one after another: the rows of one [64, 32] matrix.
+    EXPECT_EQ(named.at("layers.1.self_attn.q_proj.weight")->offset_in_span, o.attn_qkv_weight);
+    EXPECT_EQ(named.at("layers.1.self_attn.k_proj.weight")->offset_in_span,
+              o.attn_qkv_weight + 32 * 32);
+    EXPECT_EQ(named.at("layers.1.self_attn.v_proj.weight")->offset_in_span,
+              o.attn_qkv_weight + 48 * 32);
+    EXPECT_EQ(named.at("layers.1.self_attn.k_proj.bias")->offset_in_span, o.attn_qkv_bias + 32);
+    EXPECT_EQ(named.at("layers.0.mlp.up_proj.weight")->offset_in_span, o.mlp_fc_weight + 48 * 32);
+    EXPECT_EQ(o.ln_1_bias, kAbsent);
+    EXPECT_EQ(o.mlp_proj_bias, kAbsent);
+    EXPECT_EQ(layout.embeddings().wpe, kAbsent);
+    EXPECT_EQ(named.count("lm_head.weight"), tied ? 0u : 1u);
+    EXPECT_EQ(layout.final_norm().lm_head == kAbsent, tied);
+    for (const TensorSpec& tensor : layout.tensors()) {
+      EXPECT_EQ(tensor.weight_decay, tensor.shape.size() == 2) << tensor.name;
+      EXPECT_FALSE(tensor.transposed_in_hf) << tensor.name;
+    }
+  }
+}
+
+TEST(ModelConfig, RefusesLlamaShapesItCannotRun) {
+  ModelConfig config = llama_config(2, 6, 4, 48, 64, 64, 300);  // 4 K/V heads for 6 query heads
+  EXPECT_THROW(validate_config(config), Error);
+  config.n_kv_head = 3;
+  EXPECT_NO_THROW(validate_config(config));
+  config.head_size = 7;  // an odd head width has no rotary pairs
+  EXPECT_THROW(validate_config(config), Error);
+  config.head_size = 0;
+  config.rope_scaling.llama3 = true;
+  config.rope_scaling.factor = 8.0f;
+  config.rope_scaling.high_freq_factor = 0.5f;  // below the low frequency factor
+  EXPECT_THROW(validate_config(config), Error);
+}
+
+TEST(ModelConfig, RejectsBadShapesAndNames) {
+  ModelConfig config = named_config("small");
   config.n_head = 3;  // 128 is not divisible by 3
   EXPECT_THROW(validate_config(config), Error);
   EXPECT_THROW(named_config("gpt5"), Error);

@@ -14,7 +14,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 #include "model/parameter_layout.h"
 #include "optim/adamw.h"
 

@@ -40,7 +40,7 @@ constexpr int kBatch = 4;
 constexpr int kSeqLen = 64;
 constexpr int kCpuWorkers = 2;
 
-Gpt2Config overlap_config() {
+ModelConfig overlap_config() {
   // Width 128 (a block: ~200k parameters, milliseconds of backward at 256 tokens) and a small
   // head (96 tokens), so that the blocks dominate the step.
   return gpt2_config(kLayers, 4, 128, kSeqLen, 96);
@@ -49,7 +49,7 @@ Gpt2Config overlap_config() {
 class LayupOverlap : public ::testing::Test {
  protected:
   LayupOverlap() : layout_(overlap_config()) {
-    const Gpt2Config config = overlap_config();
+    const ModelConfig config = overlap_config();
     fresh_ = fresh_optimizer_tensors(layout_, 11);
     rebuild({.cpu_workers = kCpuWorkers});
 
@@ -290,7 +290,7 @@ TEST_F(LayupOverlap, WithClippingBlockUpdatesOverlapTheNextForward) {
 // still see all of them: evaluate and forward_logits (span by span, through the forward's hooks)
 // and export_tensors (all at once) agree bit for bit with the `gpu` mode after the same step.
 TEST_F(LayupOverlap, ReadsRightAfterAClippedStepSeeItsUpdates) {
-  const Gpt2Config config = overlap_config();
+  const ModelConfig config = overlap_config();
   std::unique_ptr<Schedule> gpu =
       make_gpu_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout_);
   gpu->import_tensors(fresh_);

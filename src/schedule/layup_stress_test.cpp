@@ -29,7 +29,7 @@ constexpr int kSteps = 1000;
 constexpr int kBatch = 2;
 constexpr int kSeqLen = 4;
 
-Gpt2Config tiny_config() {
+ModelConfig tiny_config() {
   return gpt2_config(4, 2, 16, 8, 37);
 }
 
@@ -240,7 +240,7 @@ void expect_same(const Trained& expected, const Trained& got, const char* what) 
 }
 
 TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   RandomDelays delays(2026);
   const auto delayed_layup = [&](const ScheduleOptions& options, bool discrete = false) {
@@ -332,7 +332,7 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
 // device; the current state is left as it was, and the device copy of those blocks is refreshed
 // from it, so the next forward computes what it computed before the step.
 TEST(LayupSpeculation, AStepWithANonFiniteNormChangesNothing) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   RandomDelays delays(11);
   std::mt19937 rng(5);
@@ -390,7 +390,7 @@ TEST(LayupSpeculation, AStepWithANonFiniteNormChangesNothing) {
 // weights have started for the device (bounded: a schedule that waits for the landing first
 // would otherwise never get there). The stress test above checks the values of such steps.
 TEST(LayupHeadLanding, BlockUpdatesOfAClippedStepStartWhileTheHeadGradientLands) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   ASSERT_NE(layout.embeddings().count, layout.block().count);
   ASSERT_NE(layout.embeddings().count, layout.final_norm().count);
@@ -437,7 +437,7 @@ TEST(LayupHeadLanding, BlockUpdatesOfAClippedStepStartWhileTheHeadGradientLands)
 // do not, and its AdamW moments are device memory in the accountant, while the host still keeps its
 // blocks' state. The stress test above checks the values.
 TEST(LayupHeadOnDevice, TheHeadsGradientStaysOnTheDevice) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   ASSERT_NE(layout.embeddings().count, layout.block().count);
   RandomDelays delays(31);

@@ -11,7 +11,7 @@
 namespace layup {
 
 // `micro_batches` micro-batches of batch x seq_len tokens from a fixed seed; clip <= 0: none.
-inline StepStats random_step(Schedule& schedule, const Gpt2Config& config, int batch, int seq_len,
+inline StepStats random_step(Schedule& schedule, const ModelConfig& config, int batch, int seq_len,
                              int micro_batches, float clip) {
   std::mt19937 rng(5);
   std::vector<std::vector<int32_t>> tokens(micro_batches);

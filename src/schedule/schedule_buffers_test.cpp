@@ -26,7 +26,7 @@ std::vector<UpdateSite> block_1_and_head(const ParameterLayout& layout) {
 }
 
 TEST(ScheduleBuffers, EveryCellTheAccountantMeasuresIsListed) {
-  const Gpt2Config config = gpt2_config(3, 2, 32, 16, 61);
+  const ModelConfig config = gpt2_config(3, 2, 32, 16, 61);
   const ParameterLayout layout(config);
   constexpr int kBatch = 2, kSeqLen = 8;
   const std::vector<Case> cases = {

@@ -19,7 +19,7 @@
 namespace layup {
 namespace {
 
-Gpt2Config tiny_config() {
+ModelConfig tiny_config() {
   return gpt2_config(3, 2, 32, 16, 61);
 }
 
@@ -49,7 +49,7 @@ ClipPlan alternating_clip(bool clip) {
 }
 
 TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan& clip_plan) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   std::unique_ptr<Schedule> schedule =
       make(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
@@ -170,7 +170,7 @@ TEST(SchedulesEquivalence, UnifiedMemoryLayoutsTrainTheSame) {
 // no block is speculated on). Bitwise against the gpu mode, with one and two micro-batches, with
 // the weights copied or in place.
 TEST(SchedulesEquivalence, SpeculativeClippingTrainsLikeTheGpuMode) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   for (const int micro_batches : {1, 2}) {
     SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches");
@@ -250,7 +250,7 @@ TEST(SchedulesEquivalence, HeadUpdatedOnTheDeviceTrainsTheSame) {
             1, false),
       "layup, slots only, head on device");
 
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   EXPECT_THROW(
       make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
                           {.weights_in_place = true, .update_sites = head_on_device(layout)}),
@@ -295,7 +295,7 @@ TEST(SchedulesEquivalence, BlocksUpdatedOnTheDeviceTrainTheSame) {
         train(with_options("layup", {.host_gradient = false, .update_sites = sites}), 1, false),
         std::string("layup, slots only, on the device: ") + name);
 
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   EXPECT_THROW(make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
                                    layout, {.weights_in_place = true, .update_sites = block_1}),
                Error)
@@ -374,7 +374,7 @@ TEST(SchedulesEquivalence, BlocksOnDiskTrainTheSame) {
 // What the disk tier refuses before a step: no directory, speculative clipping (no second copy of
 // the state on disk), a directory that does not exist, the head on disk.
 TEST(SchedulesEquivalence, BlocksOnDiskRefuseWhatTheyCannotDo) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   test_files::TempDir dir;
   std::vector<UpdateSite> sites(layout.spans().size(), UpdateSite::kHost);
@@ -410,7 +410,7 @@ TEST(SchedulesEquivalence, BlocksOnDiskRefuseWhatTheyCannotDo) {
 // accountant sees), and training on from it, in layup with the same sites or in gpu mode, takes
 // the same steps as a run that never stopped.
 TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   std::vector<UpdateSite> sites = head_on_device(layout);
   sites[1 + 1] = UpdateSite::kDevice;
@@ -486,7 +486,7 @@ TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
 // A fresh run's state, imported span by span (Schedule::initialize_fresh, one span's worth of host
 // memory), is the whole-model fresh_optimizer_tensors, in every mode and placement.
 TEST(SchedulesEquivalence, InitializedSpanBySpanAsWhole) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   std::vector<UpdateSite> sites = head_on_device(layout);
   sites[1 + 1] = UpdateSite::kDevice;
@@ -519,7 +519,7 @@ TEST(SchedulesEquivalence, InitializedSpanBySpanAsWhole) {
 }
 
 TEST(SchedulesEquivalence, LayupWithoutHostGradientRefusesToClipOrAccumulate) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   std::unique_ptr<Schedule> schedule =
       make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,

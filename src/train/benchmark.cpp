@@ -114,7 +114,7 @@ std::string format_bytes(long long bytes) {
 
 }  // namespace
 
-double training_flops_per_token(const Gpt2Config& config, int seq_len) {
+double training_flops_per_token(const ModelConfig& config, int seq_len) {
   return model_flops_per_token(config, seq_len);
 }
 
@@ -127,7 +127,7 @@ double bf16_peak_flops(const std::string& device_name) {
 }
 
 BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
-  const Gpt2Config& config = options.model;
+  const ModelConfig& config = options.model;
   validate_config(config);
   LAYUP_CHECK(options.batch > 0 && options.seq_len > 0, "--batch and --seq-len must be positive");
   LAYUP_CHECK(options.seq_len <= config.n_positions, "--seq-len ", options.seq_len,

@@ -32,7 +32,7 @@
 #include "engine/run_spec.h"
 #include "engine/step_time_model.h"
 #include "memory/memory_accountant.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 #include "optim/host_adamw.h"
 
 namespace layup {
@@ -74,7 +74,7 @@ struct StepFloor {
 // plus V C for the tied LM head, V the real vocabulary (50257; the padded rows do no useful
 // work). Biases, layer norms and the position embedding are left out. 12 L T C is the attention
 // matmuls (QK^T and AV, forward and backward), counted in full, not halved for the causal mask.
-double training_flops_per_token(const Gpt2Config& config, int seq_len);
+double training_flops_per_token(const ModelConfig& config, int seq_len);
 
 // The dense bf16 peak of a device in FLOP/s by its name, or 0 when layup does not know it
 // (then MFU is not reported). H100/H200 SXM: 989.4 TFLOP/s.

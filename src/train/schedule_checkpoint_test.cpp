@@ -20,7 +20,7 @@ using test_files::TempDir;
 
 constexpr int kBatch = 2, kSeqLen = 8;
 
-Gpt2Config tiny_config() {
+ModelConfig tiny_config() {
   return gpt2_config(3, 2, 16, 16, 50);
 }
 
@@ -156,7 +156,7 @@ TEST(ScheduleCheckpoint, WeightsOnlyHoldsTheWeightsAndIsNotResumable) {
 }
 
 TEST(ScheduleCheckpoint, DiskNeedCountsTheCheckpointsAliveAtOnce) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   const size_t n = layout.total_count();
   const size_t padded_rows = size_t(config.padded_vocab_size - config.vocab_size) * config.n_embd;

@@ -79,7 +79,7 @@ LAYUP_JSON_ENUM(AlgorithmChoice, kAlgorithmChoiceNames)
 LAYUP_JSON_ENUM(CheckpointContents, kCheckpointContentsNames)
 #undef LAYUP_JSON_ENUM
 
-void check_seq_len_fits(int seq_len, const Gpt2Config& model) {
+void check_seq_len_fits(int seq_len, const ModelConfig& model) {
   LAYUP_CHECK(seq_len <= model.n_positions, "--seq-len ", seq_len,
               " is above the model's context of ", model.n_positions, " positions; use --seq-len ",
               model.n_positions, " or less, or a --context of ", seq_len, " or more");

@@ -64,7 +64,7 @@ void validate_train_options(const TrainOptions& options);
 void clamp_default_warmup(TrainOptions& options);
 
 // Throws layup::Error unless a sequence of seq_len tokens fits in the model's context.
-void check_seq_len_fits(int seq_len, const Gpt2Config& model);
+void check_seq_len_fits(int seq_len, const ModelConfig& model);
 
 // Every setting a checkpoint keeps so that `--resume DIR` alone continues the run as it was, as
 // JSON: the model, the batch, the optimizer and the data (what the trajectory depends on), and

@@ -211,7 +211,7 @@ TrainResult train(TrainOptions options) {
   const MemoryBudgets& budgets = planned.budgets;
   options.device = planned.target.device;
   options.dtype = planned.target.dtype;
-  const Gpt2Config& config = options.model;
+  const ModelConfig& config = options.model;
   const TokenDataset train_data(shards.train, config.vocab_size);
   const TokenDataset val_data(shards.val, config.vocab_size);
   BatchSampler sampler(train_data, options.batch, options.seq_len, options.seed);

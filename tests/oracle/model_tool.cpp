@@ -74,7 +74,7 @@ int grads(char** argv) {
   const int B = std::atoi(argv[4]), T = std::atoi(argv[5]);
   const std::string out = argv[6];
   const std::vector<int32_t> tokens = read_tokens(argv[3], 2ull * B * T);
-  const Gpt2Config& config = model.config;
+  const ModelConfig& config = model.config;
   const ParameterLayout layout(config);
   BackendAndDevice compute = make_backend(oracle_target(), config, B, T);
   const size_t n = layout.total_count();
@@ -167,7 +167,7 @@ int save_sharded(int argc, char** argv) {
   const size_t max_shard_bytes = std::strtoull(argv[4], nullptr, 10);
   const size_t chunk_bytes =
       argc > 5 ? std::strtoull(argv[5], nullptr, 10) : kDefaultStreamChunkBytes;
-  const Gpt2Config config = read_hf_model_config(in);
+  const ModelConfig config = read_hf_model_config(in);
   const ParameterLayout layout(config);
   std::vector<float> params(layout.total_count());
   size_t largest_write = 0, largest_read = 0;

@@ -35,7 +35,7 @@
 namespace layup {
 namespace {
 
-const Gpt2Config& validated(const Gpt2Config& config) {
+const ModelConfig& validated(const ModelConfig& config) {
   validate_config(config);
   return config;
 }
@@ -58,7 +58,7 @@ void zero(float* buffer, size_t count) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(const Gpt2Config& config, int max_batch, int max_seq_len,
+CpuBackend::CpuBackend(const ModelConfig& config, int max_batch, int max_seq_len,
                        std::shared_ptr<MemoryAccountant> accountant)
     : config_(validated(config)),
       layout_(config),
@@ -237,7 +237,7 @@ void CpuBackend::backward_embeddings(const ParameterPointers& /*params*/, float*
   next_step_ = BackwardStep::kHead;
 }
 
-std::unique_ptr<ModelBackend> make_cpu_backend(const Gpt2Config& config, int max_batch,
+std::unique_ptr<ModelBackend> make_cpu_backend(const ModelConfig& config, int max_batch,
                                                int max_seq_len,
                                                std::shared_ptr<MemoryAccountant> accountant) {
   return std::make_unique<CpuBackend>(config, max_batch, max_seq_len, std::move(accountant));

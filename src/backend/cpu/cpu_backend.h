@@ -15,7 +15,7 @@
 #include "backend/cpu/cpu_backend_buffers.h"
 #include "backend/model_backend.h"
 #include "memory/memory_accountant.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 #include "model/parameter_layout.h"
 
 namespace layup {
@@ -23,7 +23,7 @@ namespace layup {
 class CpuBackend final : public ModelBackend {
  public:
   // Records its memory in `accountant` while it lives (null: records nowhere).
-  CpuBackend(const Gpt2Config& config, int max_batch, int max_seq_len,
+  CpuBackend(const ModelConfig& config, int max_batch, int max_seq_len,
              std::shared_ptr<MemoryAccountant> accountant = nullptr);
 
   std::string name() const override { return "cpu"; }
@@ -43,7 +43,7 @@ class CpuBackend final : public ModelBackend {
 
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
 
-  Gpt2Config config_;
+  ModelConfig config_;
   ParameterLayout layout_;
   int max_batch_, max_seq_len_;
 

@@ -13,8 +13,10 @@ namespace {
 // The head's backward materializes dlogits this many floats at a time (64 MB), not [BT, Vp].
 constexpr size_t kLogitsChunkFloats = size_t{16} << 20;
 
-void check_shape(const Gpt2Config& config, int max_batch, int max_seq_len) {
+void check_shape(const ModelConfig& config, int max_batch, int max_seq_len) {
   validate_config(config);
+  LAYUP_CHECK(!config.is_llama(), "the CPU backend does not run the Llama family (",
+              config.hf_model_type, ") yet: its forward and backward are being written");
   LAYUP_CHECK(max_batch >= 1 && max_seq_len >= 1, "the CPU backend needs a batch size and a ",
               "sequence length of at least 1 (got ", max_batch, " x ", max_seq_len, ")");
   LAYUP_CHECK(max_seq_len <= config.n_positions, "sequence length ", max_seq_len,
@@ -24,7 +26,7 @@ void check_shape(const Gpt2Config& config, int max_batch, int max_seq_len) {
 
 }  // namespace
 
-CpuRegionBytes carve_cpu_backend(const Gpt2Config& config, int max_batch, int max_seq_len,
+CpuRegionBytes carve_cpu_backend(const ModelConfig& config, int max_batch, int max_seq_len,
                                  char* activations, char* scratch, CpuBackendArena& arena) {
   const size_t BT = static_cast<size_t>(max_batch) * max_seq_len;
   const size_t C = config.n_embd, NH = config.n_head, T = max_seq_len, L = config.n_layer;
@@ -73,7 +75,7 @@ CpuRegionBytes carve_cpu_backend(const Gpt2Config& config, int max_batch, int ma
   return {a.used(), s.used()};
 }
 
-BufferList cpu_backend_buffers(const Gpt2Config& config, int max_batch, int max_seq_len) {
+BufferList cpu_backend_buffers(const ModelConfig& config, int max_batch, int max_seq_len) {
   check_shape(config, max_batch, max_seq_len);
   CpuBackendArena measured;
   const CpuRegionBytes bytes =

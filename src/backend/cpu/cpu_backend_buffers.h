@@ -9,14 +9,14 @@
 #include <vector>
 
 #include "memory/planned_allocation.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 
 namespace layup {
 
 // Every buffer CpuBackend allocates at construction for this shape: its activations and its
 // scratch, host memory on the device side, recorded in the accountant while the backend lives.
 // Throws layup::Error for a shape the backend refuses (B or T below 1, T beyond the context).
-BufferList cpu_backend_buffers(const Gpt2Config& config, int max_batch, int max_seq_len);
+BufferList cpu_backend_buffers(const ModelConfig& config, int max_batch, int max_seq_len);
 
 // What one transformer block saves in its forward for its backward. Rows are the B*T positions.
 struct CpuBlockActivations {
@@ -69,7 +69,7 @@ struct CpuRegionBytes {
 // Cuts every buffer out of the regions at `activations` and `scratch`, in order, and fills `arena`
 // with where each lies; with null bases it only measures (the pointers are then null). Both
 // passes give the same offsets and the returned sizes. Does not check the shape.
-CpuRegionBytes carve_cpu_backend(const Gpt2Config& config, int max_batch, int max_seq_len,
+CpuRegionBytes carve_cpu_backend(const ModelConfig& config, int max_batch, int max_seq_len,
                                  char* activations, char* scratch, CpuBackendArena& arena);
 
 }  // namespace layup

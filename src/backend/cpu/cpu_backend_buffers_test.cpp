@@ -17,7 +17,7 @@ namespace layup {
 namespace {
 
 // Two layers, two heads, width 16, a 61-token vocabulary padded to 128.
-Gpt2Config tiny_config() {
+ModelConfig tiny_config() {
   return gpt2_config(2, 2, 16, 8, 61);
 }
 
@@ -62,7 +62,7 @@ TEST(CpuBackendBuffers, SizesEqualAHandCountWithPadding) {
 }
 
 TEST(CpuBackendBuffers, CarvedPiecesAreAlignedAndInsideTheirRegions) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const int B = 1, T = 3;
   CpuBackendArena measured;
   const CpuRegionBytes bytes = carve_cpu_backend(config, B, T, nullptr, nullptr, measured);
@@ -110,7 +110,7 @@ TEST(CpuBackendBuffers, CarvedPiecesAreAlignedAndInsideTheirRegions) {
 }
 
 TEST(CpuBackendBuffers, TheAccountantHoldsTheListWhileTheBackendLives) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   const BufferList buffers = cpu_backend_buffers(config, 3, 7);
   auto accountant = std::make_shared<MemoryAccountant>();
   size_t total = 0;
@@ -130,7 +130,7 @@ TEST(CpuBackendBuffers, TheAccountantHoldsTheListWhileTheBackendLives) {
 }
 
 TEST(CpuBackendBuffers, RefusesShapesTheBackendRefuses) {
-  const Gpt2Config config = tiny_config();
+  const ModelConfig config = tiny_config();
   EXPECT_THROW(cpu_backend_buffers(config, 0, 4), Error);
   EXPECT_THROW(cpu_backend_buffers(config, 2, 0), Error);
   EXPECT_THROW(cpu_backend_buffers(config, 2, config.n_positions + 1), Error);
@@ -159,7 +159,7 @@ TEST(CpuBackendBuffers, AnAllocationThatFailsIsAClearError) {
 #else
   // About 14 PB of activations (the logits alone): beyond the 48-bit address space a process
   // maps by default, so the allocation fails even where the kernel overcommits without limit.
-  const Gpt2Config config = gpt2_config(1, 1, 64, 1024, 50257);
+  const ModelConfig config = gpt2_config(1, 1, 64, 1024, 50257);
   auto accountant = std::make_shared<MemoryAccountant>();
   try {
     make_cpu_backend(config, 1 << 26, 1024, accountant);

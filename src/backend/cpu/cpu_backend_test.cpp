@@ -23,7 +23,7 @@ namespace {
 using op_test::expect_close;
 
 // Two layers, two heads, width 16, a 61-token vocabulary padded to 128.
-Gpt2Config tiny_config() {
+ModelConfig tiny_config() {
   return gpt2_config(2, 2, 16, 8, 61);
 }
 
@@ -39,7 +39,7 @@ std::vector<float> random_parameters(const ParameterLayout& layout, uint64_t see
     for (size_t i = 0; i < tensor.count; ++i)
       params[tensor.offset + i] = gain ? 1.0f + 0.2f * rng.normal() : 0.3f * rng.normal();
   }
-  const Gpt2Config& config = layout.config();
+  const ModelConfig& config = layout.config();
   for (size_t i = static_cast<size_t>(config.vocab_size) * config.n_embd;
        i < static_cast<size_t>(config.padded_vocab_size) * config.n_embd; ++i)
     params[layout.embeddings().wte + i] = 0.0f;
@@ -66,7 +66,7 @@ Batch random_batch(int B, int T, int vocab_size, uint64_t seed) {
 // logits [B*T, Vp].
 double reference_forward(const ParameterLayout& layout, const std::vector<double>& P,
                          const Batch& batch, std::vector<double>& logits) {
-  const Gpt2Config& cfg = layout.config();
+  const ModelConfig& cfg = layout.config();
   const int C = cfg.n_embd, NH = cfg.n_head, hd = C / NH, BT = batch.B * batch.T;
   const int V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
   using Rows = std::vector<std::vector<double>>;
@@ -167,7 +167,7 @@ class CpuBackendTest : public ::testing::Test {
 
   ParameterPointers param_pointers() const { return layout.pointers<const float>(params.data()); }
 
-  Gpt2Config config;
+  ModelConfig config;
   ParameterLayout layout;
   std::vector<float> params;
   std::unique_ptr<ModelBackend> backend;

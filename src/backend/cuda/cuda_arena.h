@@ -15,7 +15,7 @@
 
 #include "backend/arena_carver.h"
 #include "backend/cuda/ops/scratch_floats.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 #include "model/parameter_layout.h"
 
 namespace layup {
@@ -69,7 +69,7 @@ struct CudaArenaShape {
 };
 
 template <class T>
-CudaArenaShape cuda_arena_shape(const Gpt2Config& config, int max_batch, int max_seq_len,
+CudaArenaShape cuda_arena_shape(const ModelConfig& config, int max_batch, int max_seq_len,
                                 int recompute) {
   CudaArenaShape shape;
   shape.BT = static_cast<size_t>(max_batch) * max_seq_len;

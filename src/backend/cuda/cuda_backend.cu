@@ -56,7 +56,7 @@ namespace {
 template <class T>
 class CudaBackend final : public ModelBackend {
  public:
-  CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute,
+  CudaBackend(const ModelConfig& config, int max_batch, int max_seq_len, int recompute,
               std::shared_ptr<MemoryAccountant> accountant, const CudaArenaKinds& kinds,
               AlgorithmChoice algorithms, AttentionChoice attention);
   ~CudaBackend() override;
@@ -102,7 +102,7 @@ class CudaBackend final : public ModelBackend {
     LAYUP_CUDA_CHECK(cudaMemsetAsync(buffer, 0, count * sizeof(T), stream_));
   }
 
-  Gpt2Config config_;
+  ModelConfig config_;
   ParameterLayout layout_;
   int max_batch_, max_seq_len_;
   int recompute_;  // see cuda_backend.h
@@ -147,7 +147,7 @@ class CudaBackend final : public ModelBackend {
 };
 
 template <class T>
-CudaBackend<T>::CudaBackend(const Gpt2Config& config, int max_batch, int max_seq_len, int recompute,
+CudaBackend<T>::CudaBackend(const ModelConfig& config, int max_batch, int max_seq_len, int recompute,
                             std::shared_ptr<MemoryAccountant> accountant,
                             const CudaArenaKinds& kinds, AlgorithmChoice algorithms,
                             AttentionChoice attention)
@@ -590,7 +590,7 @@ void CudaBackend<T>::backward_embeddings(const ParameterPointers& /*params*/,
 
 }  // namespace
 
-std::unique_ptr<ModelBackend> make_cuda_backend(const Gpt2Config& config, int max_batch,
+std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& config, int max_batch,
                                                 int max_seq_len, ComputeDtype dtype, int recompute,
                                                 std::shared_ptr<MemoryAccountant> accountant,
                                                 const CudaArenaKinds& kinds,

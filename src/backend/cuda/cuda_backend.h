@@ -28,7 +28,7 @@
 #include "backend/cuda/cuda_backend_buffers.h"
 #include "backend/model_backend.h"
 #include "memory/memory_accountant.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 
 namespace layup {
 
@@ -39,7 +39,7 @@ namespace layup {
 // (cuda_backend_buffers.h, which also says what `recompute` and `kinds` choose), allocated as
 // listed, and cuDNN's workspace when cuDNN sizes it.
 std::unique_ptr<ModelBackend> make_cuda_backend(
-    const Gpt2Config& config, int max_batch, int max_seq_len, ComputeDtype dtype, int recompute = 0,
+    const ModelConfig& config, int max_batch, int max_seq_len, ComputeDtype dtype, int recompute = 0,
     std::shared_ptr<MemoryAccountant> accountant = nullptr, const CudaArenaKinds& kinds = {},
     AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic,
     AttentionChoice attention = AttentionChoice::kAuto);

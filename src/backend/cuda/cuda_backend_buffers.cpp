@@ -12,7 +12,7 @@ namespace {
 
 // The regions' bytes as carve() measures them with activations of type T.
 template <class T>
-std::array<size_t, kArenaRegions> measure_regions(const Gpt2Config& config, int max_batch,
+std::array<size_t, kArenaRegions> measure_regions(const ModelConfig& config, int max_batch,
                                                   int max_seq_len, int recompute) {
   CudaArena<T> arena;
   Carver measure;
@@ -41,11 +41,13 @@ BufferList CudaBackendBuffers::list() const {
   return list;
 }
 
-CudaBackendBuffers describe_cuda_backend_buffers(const Gpt2Config& config, int max_batch,
+CudaBackendBuffers describe_cuda_backend_buffers(const ModelConfig& config, int max_batch,
                                                  int max_seq_len, ComputeDtype dtype, int recompute,
                                                  const CudaArenaKinds& kinds) {
   LAYUP_CHECK(recompute >= 0 && recompute <= kMaxRecompute, "--recompute takes 0, 1, 2 or 3, not ",
               recompute);
+  LAYUP_CHECK(!config.is_llama(), "the CUDA backend does not run the Llama family (",
+              config.hf_model_type, ") yet: its forward and backward are being written");
   const std::array<size_t, kArenaRegions> bytes =
       dtype == ComputeDtype::kFloat32
           ? measure_regions<float>(config, max_batch, max_seq_len, recompute)
@@ -71,7 +73,7 @@ CudaBackendBuffers describe_cuda_backend_buffers(const Gpt2Config& config, int m
   return buffers;
 }
 
-BufferList cuda_backend_buffers(const Gpt2Config& config, int max_batch, int max_seq_len,
+BufferList cuda_backend_buffers(const ModelConfig& config, int max_batch, int max_seq_len,
                                 ComputeDtype dtype, int recompute, const CudaArenaKinds& kinds) {
   return describe_cuda_backend_buffers(config, max_batch, max_seq_len, dtype, recompute, kinds)
       .list();

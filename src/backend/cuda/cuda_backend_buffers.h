@@ -9,7 +9,7 @@
 
 #include "memory/planned_allocation.h"
 #include "memory/tensor_class.h"
-#include "model/gpt2_config.h"
+#include "model/model_config.h"
 
 namespace layup {
 
@@ -66,14 +66,14 @@ struct CudaBackendBuffers {
   BufferList list() const;
 };
 
-CudaBackendBuffers describe_cuda_backend_buffers(const Gpt2Config& config, int max_batch,
+CudaBackendBuffers describe_cuda_backend_buffers(const ModelConfig& config, int max_batch,
                                                  int max_seq_len, ComputeDtype dtype, int recompute,
                                                  const CudaArenaKinds& kinds);
 
 // Every buffer CudaBackend<T> allocates at construction for this shape, dtype and --recompute
 // level. cuDNN's attention workspace is not among them: cuDNN sizes it when the first step builds
 // its graphs (the backend records it then).
-BufferList cuda_backend_buffers(const Gpt2Config& config, int max_batch, int max_seq_len,
+BufferList cuda_backend_buffers(const ModelConfig& config, int max_batch, int max_seq_len,
                                 ComputeDtype dtype, int recompute, const CudaArenaKinds& kinds);
 
 // The CUDA device's own buffers: the gradient norm's partial sums.

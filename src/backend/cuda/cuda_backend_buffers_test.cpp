@@ -15,7 +15,7 @@ namespace {
 constexpr int kB = 2, kT = 32;
 constexpr size_t BT = 64, C = 64, L = 2, Vp = 384;
 
-Gpt2Config tiny_config() {
+ModelConfig tiny_config() {
   return gpt2_config(2, 4, 64, 64, 300);
 }
 

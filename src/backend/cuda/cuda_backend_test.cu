@@ -38,7 +38,7 @@ using namespace cuda_test;
 constexpr int kMaxBatch = 4, kMaxSeqLen = 32;
 
 // Two layers of width 64 (two heads of 32) over GPT-2's full, padded vocabulary.
-Gpt2Config small_config() {
+ModelConfig small_config() {
   return gpt2_config(2, 2, 64, 64, 50257);
 }
 
@@ -56,7 +56,7 @@ std::vector<float> random_parameters(const ParameterLayout& layout, uint64_t see
                                   : bias ? 0.05f * rng.normal()
                                          : 0.1f * rng.normal();
   }
-  const Gpt2Config& config = layout.config();
+  const ModelConfig& config = layout.config();
   for (size_t i = static_cast<size_t>(config.vocab_size) * config.n_embd;
        i < static_cast<size_t>(config.padded_vocab_size) * config.n_embd; ++i)
     params[layout.embeddings().wte + i] = 0.0f;
@@ -175,7 +175,7 @@ class CudaBackendTest : public ::testing::TestWithParam<ComputeDtype> {
       ASSERT_EQ(gpu_grads[wte + i], 0.0f) << "padded wte gradient " << i;
   }
 
-  Gpt2Config config = small_config();
+  ModelConfig config = small_config();
   ParameterLayout layout{config};
   std::vector<float> params;
   std::unique_ptr<DeviceArray<float>> d_params;

@@ -24,7 +24,7 @@
 namespace layup {
 namespace {
 
-Gpt2Config small_config() {
+ModelConfig small_config() {
   return gpt2_config(3, 4, 64, 64, 300);
 }
 
@@ -50,7 +50,7 @@ TEST(CudaMemory, TheDeviceRecordsItsBuffers) {
 
 TEST(CudaMemory, TheBackendsArenaIsWhatThePlanSays) {
   LAYUP_REQUIRE_GPU();
-  const Gpt2Config config = small_config();
+  const ModelConfig config = small_config();
   const int B = 3, T = 37;  // sizes that are not multiples of the alignment
   for (ComputeDtype dtype : {ComputeDtype::kFloat32, ComputeDtype::kBFloat16}) {
     for (int recompute = 0; recompute <= kMaxRecompute; ++recompute) {
@@ -107,7 +107,7 @@ struct PlacedRun {
 // Three steps of `mode` on the GPU with the placement `place`, as the trainer builds them.
 PlacedRun train_placed(const std::string& mode, const std::vector<std::string>& place, float clip,
                        ComputeDtype dtype) {
-  const Gpt2Config config = small_config();
+  const ModelConfig config = small_config();
   const ParameterLayout layout(config);
   const int B = 2, T = 16;
   MemoryPlanRequest request;

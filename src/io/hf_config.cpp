@@ -1,0 +1,330 @@
+// config.json for GPT-2 and the Llama family: parsed, checked, written.
+#include "io/hf_config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <vector>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+namespace layup {
+namespace {
+
+constexpr int kGpt2EndOfText = 50256;
+constexpr const char* kGpt2Needs =
+    "a GPT-2 config.json needs n_layer, n_head, n_embd, n_positions and vocab_size";
+
+// The float's shortest decimal form, as a double: 1e-5f is written "1e-05" as HF writes it,
+// not 9.999999747378752e-06, and reads back as the same float.
+double shortest_double(float value) {
+  char text[64];
+  auto [end, error] = std::to_chars(text, text + sizeof(text) - 1, value);
+  *end = '\0';
+  return std::strtod(text, nullptr);
+}
+
+// `needs` lists the fields the config's family requires, for the message when one is missing.
+int read_int_field(const nlohmann::json& json, const std::string& field, const std::string& source,
+                   const char* needs) {
+  LAYUP_CHECK(json.contains(field), source, " has no \"", field, "\"; ", needs);
+  const nlohmann::json& value = json[field];
+  LAYUP_CHECK(value.is_number_integer(), source, ": \"", field, "\" is ", value.dump(),
+              ", not an integer");
+  const int64_t number = value.get<int64_t>();
+  LAYUP_CHECK(number >= 0 && number <= (int64_t{1} << 30), source, ": \"", field, "\" is ", number,
+              ", out of range");
+  return static_cast<int>(number);
+}
+
+// Requires an optional boolean field to be absent, null or equal to `supported`.
+void require_flag(const nlohmann::json& json, const std::string& field, bool supported,
+                  const std::string& source, const std::string& why) {
+  if (!json.contains(field) || json[field].is_null()) return;
+  LAYUP_CHECK(json[field].is_boolean(), source, ": \"", field, "\" is ", json[field].dump(),
+              ", not true or false");
+  LAYUP_CHECK(json[field].get<bool>() == supported, source, ": \"", field, "\" is ",
+              json[field].dump(), ", which layup does not support (", why, ")");
+}
+
+nlohmann::ordered_json gpt2_config_json(const ModelConfig& config) {
+  const int end_of_text = std::min(kGpt2EndOfText, config.vocab_size - 1);
+  nlohmann::ordered_json json;
+  json["activation_function"] = "gelu_new";  // GELU, tanh approximation
+  json["architectures"] = nlohmann::ordered_json::array({"GPT2LMHeadModel"});
+  // layup trains without dropout, so the model it writes has none either.
+  json["attn_pdrop"] = 0.0;
+  json["bos_token_id"] = end_of_text;
+  json["embd_pdrop"] = 0.0;
+  json["eos_token_id"] = end_of_text;
+  json["initializer_range"] = 0.02;
+  json["layer_norm_epsilon"] = shortest_double(config.layer_norm_epsilon);
+  json["model_type"] = "gpt2";
+  json["n_ctx"] = config.n_positions;
+  json["n_embd"] = config.n_embd;
+  json["n_head"] = config.n_head;
+  json["n_inner"] = nullptr;  // 4 * n_embd
+  json["n_layer"] = config.n_layer;
+  json["n_positions"] = config.n_positions;
+  json["reorder_and_upcast_attn"] = false;
+  json["resid_pdrop"] = 0.0;
+  json["scale_attn_by_inverse_layer_idx"] = false;
+  json["scale_attn_weights"] = true;
+  json["summary_activation"] = nullptr;
+  json["summary_first_dropout"] = 0.0;
+  json["summary_proj_to_labels"] = true;
+  json["summary_type"] = "cls_index";
+  json["summary_use_proj"] = true;
+  json["tie_word_embeddings"] = true;
+  json["torch_dtype"] = "float32";
+  json["use_cache"] = true;
+  json["vocab_size"] = config.vocab_size;
+  // Ignored by transformers; lets layup restore its own layout exactly.
+  json["layup"] = {{"format_version", 1}, {"padded_vocab_size", config.padded_vocab_size}};
+  return json;
+}
+
+ModelConfig parse_gpt2_config(const nlohmann::json& json, const std::string& source) {
+  ModelConfig config;
+  config.n_layer = read_int_field(json, "n_layer", source, kGpt2Needs);
+  config.n_head = read_int_field(json, "n_head", source, kGpt2Needs);
+  config.n_embd = read_int_field(json, "n_embd", source, kGpt2Needs);
+  config.n_positions = json.contains("n_positions")
+                           ? read_int_field(json, "n_positions", source, kGpt2Needs)
+                           : read_int_field(json, "n_ctx", source, kGpt2Needs);
+  config.vocab_size = read_int_field(json, "vocab_size", source, kGpt2Needs);
+
+  if (json.contains("layer_norm_epsilon")) {
+    LAYUP_CHECK(json["layer_norm_epsilon"].is_number(), source, ": \"layer_norm_epsilon\" is ",
+                json["layer_norm_epsilon"].dump(), ", not a number");
+    const double epsilon = json["layer_norm_epsilon"].get<double>();
+    LAYUP_CHECK(epsilon > 0 && epsilon < 1, source, ": \"layer_norm_epsilon\" is ", epsilon,
+                ", outside (0, 1)");
+    config.layer_norm_epsilon = static_cast<float>(epsilon);
+  }
+
+  if (json.contains("activation_function")) {
+    const nlohmann::json& activation = json["activation_function"];
+    const bool tanh_gelu = activation == "gelu_new" || activation == "gelu_pytorch_tanh";
+    LAYUP_CHECK(tanh_gelu, source, ": activation_function ", activation.dump(),
+                " is not supported; layup's GPT-2 uses the tanh-approximated GELU (\"gelu_new\" "
+                "or \"gelu_pytorch_tanh\")");
+  }
+  if (json.contains("n_inner") && !json["n_inner"].is_null()) {
+    LAYUP_CHECK(json["n_inner"].is_number_integer() &&
+                    json["n_inner"].get<int64_t>() == 4 * int64_t{config.n_embd},
+                source, ": n_inner is ", json["n_inner"].dump(),
+                "; layup's GPT-2 has an MLP of width 4 * n_embd = ", 4 * int64_t{config.n_embd},
+                " (n_inner null)");
+  }
+  require_flag(json, "tie_word_embeddings", true, source,
+               "the LM head must be tied to the token embedding");
+  require_flag(json, "scale_attn_weights", true, source,
+               "attention scores are always scaled by 1/sqrt(head_dim)");
+  require_flag(json, "scale_attn_by_inverse_layer_idx", false, source,
+               "no per-layer attention scaling");
+  require_flag(json, "add_cross_attention", false, source, "decoder-only GPT-2 has none");
+
+  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
+  if (json.contains("layup") && json["layup"].is_object() &&
+      json["layup"].contains("padded_vocab_size")) {
+    config.padded_vocab_size =
+        read_int_field(json["layup"], "padded_vocab_size", source, kGpt2Needs);
+  }
+  try {
+    validate_config(config);
+  } catch (const Error& error) {
+    fail(source, ": ", error.what());
+  }
+  return config;
+}
+
+constexpr const char* kLlamaNeeds =
+    "a Llama, Qwen2 or Mistral config.json needs hidden_size, intermediate_size, "
+    "num_hidden_layers, num_attention_heads, max_position_embeddings and vocab_size";
+
+// An optional number: absent or null gives `fallback`.
+double read_number_field(const nlohmann::json& json, const std::string& field, double fallback,
+                         const std::string& source) {
+  if (!json.contains(field) || json[field].is_null()) return fallback;
+  LAYUP_CHECK(json[field].is_number(), source, ": \"", field, "\" is ", json[field].dump(),
+              ", not a number");
+  return json[field].get<double>();
+}
+
+bool read_bool_field(const nlohmann::json& json, const std::string& field, bool fallback,
+                     const std::string& source) {
+  if (!json.contains(field) || json[field].is_null()) return fallback;
+  LAYUP_CHECK(json[field].is_boolean(), source, ": \"", field, "\" is ", json[field].dump(),
+              ", not true or false");
+  return json[field].get<bool>();
+}
+
+// The Hugging Face class of each model_type layup runs in the Llama family.
+const char* llama_family_class(const std::string& model_type) {
+  if (model_type == "llama") return "LlamaForCausalLM";
+  if (model_type == "qwen2") return "Qwen2ForCausalLM";
+  if (model_type == "mistral") return "MistralForCausalLM";
+  return nullptr;
+}
+
+RopeScaling parse_rope_scaling(const nlohmann::json& json, const std::string& source) {
+  RopeScaling scaling;
+  if (!json.contains("rope_scaling") || json["rope_scaling"].is_null()) return scaling;
+  const nlohmann::json& r = json["rope_scaling"];
+  LAYUP_CHECK(r.is_object(), source, ": \"rope_scaling\" is ", r.dump(), ", not an object");
+  // transformers writes "rope_type"; older files "type".
+  const nlohmann::json& type = r.contains("rope_type") ? r["rope_type"] : r["type"];
+  LAYUP_CHECK(type.is_string(), source, ": rope_scaling ", r.dump(), " names no rope_type");
+  if (type == "default") return scaling;
+  LAYUP_CHECK(type == "llama3", source, ": rope_scaling of type ", type.dump(),
+              " is not supported; layup implements Llama 3's (\"llama3\") and none");
+  scaling.llama3 = true;
+  scaling.factor = static_cast<float>(read_number_field(r, "factor", 0.0, source));
+  scaling.low_freq_factor =
+      static_cast<float>(read_number_field(r, "low_freq_factor", 0.0, source));
+  scaling.high_freq_factor =
+      static_cast<float>(read_number_field(r, "high_freq_factor", 0.0, source));
+  scaling.original_max_position_embeddings =
+      read_int_field(r, "original_max_position_embeddings", source,
+                     "a llama3 rope_scaling needs factor, low_freq_factor, high_freq_factor and "
+                     "original_max_position_embeddings");
+  return scaling;
+}
+
+ModelConfig parse_llama_config(const nlohmann::json& json, const std::string& source,
+                               const std::string& model_type) {
+  ModelConfig config;
+  config.architecture = Architecture::kLlama;
+  config.hf_model_type = model_type;
+  config.n_embd = read_int_field(json, "hidden_size", source, kLlamaNeeds);
+  config.intermediate_size = read_int_field(json, "intermediate_size", source, kLlamaNeeds);
+  config.n_layer = read_int_field(json, "num_hidden_layers", source, kLlamaNeeds);
+  config.n_head = read_int_field(json, "num_attention_heads", source, kLlamaNeeds);
+  config.n_kv_head = json.contains("num_key_value_heads") && !json["num_key_value_heads"].is_null()
+                         ? read_int_field(json, "num_key_value_heads", source, kLlamaNeeds)
+                         : config.n_head;
+  config.n_positions = read_int_field(json, "max_position_embeddings", source, kLlamaNeeds);
+  config.vocab_size = read_int_field(json, "vocab_size", source, kLlamaNeeds);
+  if (json.contains("head_dim") && !json["head_dim"].is_null())
+    config.head_size = read_int_field(json, "head_dim", source, kLlamaNeeds);
+  config.layer_norm_epsilon =
+      static_cast<float>(read_number_field(json, "rms_norm_eps", 1e-6, source));
+  config.rope_theta = static_cast<float>(read_number_field(json, "rope_theta", 10000.0, source));
+  config.rope_scaling = parse_rope_scaling(json, source);
+  config.tie_word_embeddings = read_bool_field(json, "tie_word_embeddings", false, source);
+  // Qwen2's q, k and v projections always have biases; Llama's when attention_bias says so.
+  config.attention_bias =
+      model_type == "qwen2" ||
+      (model_type == "llama" && read_bool_field(json, "attention_bias", false, source));
+
+  if (json.contains("hidden_act")) {
+    LAYUP_CHECK(json["hidden_act"] == "silu", source, ": hidden_act ", json["hidden_act"].dump(),
+                " is not supported; layup's SwiGLU MLP uses \"silu\"");
+  }
+  require_flag(json, "mlp_bias", false, source, "the MLP's projections have no biases");
+  LAYUP_CHECK(read_number_field(json, "attention_dropout", 0.0, source) == 0.0, source,
+              ": attention_dropout is ", json["attention_dropout"].dump(),
+              "; layup trains without dropout, so it refuses a model that asks for it");
+  LAYUP_CHECK(read_number_field(json, "pretraining_tp", 1.0, source) == 1.0, source,
+              ": pretraining_tp is ", json["pretraining_tp"].dump(),
+              "; layup runs the exact projections (pretraining_tp 1)");
+  if (model_type == "mistral" && json.contains("sliding_window") &&
+      !json["sliding_window"].is_null())
+    config.sliding_window = read_int_field(json, "sliding_window", source, kLlamaNeeds);
+  // Qwen2 applies its window to some layers only, when use_sliding_window is set.
+  require_flag(json, "use_sliding_window", false, source,
+               "its attention sees every earlier position in every layer");
+
+  config.padded_vocab_size = pad_vocab_size(config.vocab_size);
+  if (json.contains("layup") && json["layup"].is_object() &&
+      json["layup"].contains("padded_vocab_size")) {
+    config.padded_vocab_size =
+        read_int_field(json["layup"], "padded_vocab_size", source, kLlamaNeeds);
+  }
+  try {
+    validate_config(config);
+  } catch (const Error& error) {
+    fail(source, ": ", error.what());
+  }
+  return config;
+}
+
+nlohmann::ordered_json llama_config_json(const ModelConfig& config) {
+  const std::string& type = config.hf_model_type;
+  nlohmann::ordered_json json;
+  json["architectures"] = nlohmann::ordered_json::array({llama_family_class(type)});
+  if (type == "llama") json["attention_bias"] = config.attention_bias;
+  json["attention_dropout"] = 0.0;
+  if (type != "qwen2") json["head_dim"] = config.head_dim();
+  json["hidden_act"] = "silu";
+  json["hidden_size"] = config.n_embd;
+  json["initializer_range"] = 0.02;
+  json["intermediate_size"] = config.mlp_width();
+  json["max_position_embeddings"] = config.n_positions;
+  if (type == "llama") json["mlp_bias"] = false;
+  json["model_type"] = type;
+  json["num_attention_heads"] = config.n_head;
+  json["num_hidden_layers"] = config.n_layer;
+  json["num_key_value_heads"] = config.kv_heads();
+  json["rms_norm_eps"] = shortest_double(config.layer_norm_epsilon);
+  if (config.rope_scaling.llama3) {
+    const RopeScaling& r = config.rope_scaling;
+    json["rope_scaling"] = {
+        {"factor", shortest_double(r.factor)},
+        {"high_freq_factor", shortest_double(r.high_freq_factor)},
+        {"low_freq_factor", shortest_double(r.low_freq_factor)},
+        {"original_max_position_embeddings", r.original_max_position_embeddings},
+        {"rope_type", "llama3"}};
+  } else {
+    json["rope_scaling"] = nullptr;
+  }
+  json["rope_theta"] = shortest_double(config.rope_theta);
+  if (type == "mistral")
+    json["sliding_window"] =
+        config.sliding_window > 0 ? nlohmann::ordered_json(config.sliding_window) : nullptr;
+  if (type == "qwen2") json["use_sliding_window"] = false;
+  json["tie_word_embeddings"] = config.tie_word_embeddings;
+  json["torch_dtype"] = "float32";
+  json["use_cache"] = true;
+  json["vocab_size"] = config.vocab_size;
+  // Ignored by transformers; lets layup restore its own layout exactly.
+  json["layup"] = {{"format_version", 1}, {"padded_vocab_size", config.padded_vocab_size}};
+  return json;
+}
+
+}  // namespace
+
+nlohmann::ordered_json hf_config_json(const ModelConfig& config) {
+  return config.is_llama() ? llama_config_json(config) : gpt2_config_json(config);
+}
+
+ModelConfig parse_hf_config(const nlohmann::json& json, const std::string& source) {
+  LAYUP_CHECK(json.is_object(), source, " is ", json.type_name(),
+              " instead of a JSON object with the model's configuration");
+  constexpr const char* kKnown =
+      "layup reads GPT-2 (model_type \"gpt2\") and the Llama family (\"llama\", \"qwen2\", "
+      "\"mistral\")";
+  LAYUP_CHECK(json.contains("model_type") && json["model_type"].is_string(), source,
+              " has no \"model_type\"; ", kKnown);
+  const std::string model_type = json["model_type"].get<std::string>();
+  if (model_type == "gpt2") return parse_gpt2_config(json, source);
+  LAYUP_CHECK(llama_family_class(model_type) != nullptr, source, " describes a \"", model_type,
+              "\" model; ", kKnown);
+  return parse_llama_config(json, source, model_type);
+}
+
+ModelConfig read_hf_config(const std::string& config_path) {
+  const std::vector<std::byte> bytes = read_file_bytes(config_path);
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
+                                 reinterpret_cast<const char*>(bytes.data()) + bytes.size());
+  } catch (const nlohmann::json::exception& error) {
+    fail(config_path, " is not valid JSON (", error.what(), "); the file is damaged");
+  }
+  return parse_hf_config(json, config_path);
+}
+
+}  // namespace layup

@@ -1,0 +1,155 @@
+// The Llama family's config.json: the published models' files read into the shape they describe,
+// written back and read again unchanged, and every field layup cannot run refused by name.
+#include "io/hf_config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+
+namespace layup {
+namespace {
+
+// The architecture fields of Llama 3.2 1B's config.json as published.
+nlohmann::json llama_3_2_1b() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "use_cache": true, "vocab_size": 128256})");
+}
+
+// Qwen2.5 0.5B's: q, k and v biases without a field saying so, a tied head.
+nlohmann::json qwen2_5_0_5b() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "hidden_act": "silu",
+    "hidden_size": 896, "intermediate_size": 4864, "max_position_embeddings": 32768,
+    "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+    "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+// Mistral 7B v0.1's: a 4096-position attention window, no head_dim field.
+nlohmann::json mistral_7b() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["MistralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+    "tie_word_embeddings": false, "vocab_size": 32000})");
+}
+
+TEST(HfConfig, ReadsTheLlamaFamilyAsPublished) {
+  const ModelConfig llama = parse_hf_config(llama_3_2_1b(), "llama/config.json");
+  EXPECT_TRUE(llama.is_llama());
+  EXPECT_EQ(llama.hf_model_type, "llama");
+  EXPECT_EQ(llama.n_layer, 16);
+  EXPECT_EQ(llama.n_head, 32);
+  EXPECT_EQ(llama.kv_heads(), 8);
+  EXPECT_EQ(llama.head_dim(), 64);
+  EXPECT_EQ(llama.mlp_width(), 8192);
+  EXPECT_EQ(llama.n_positions, 131072);
+  EXPECT_EQ(llama.vocab_size, 128256);
+  EXPECT_EQ(llama.padded_vocab_size, 128256);  // already a multiple of 128
+  EXPECT_FLOAT_EQ(llama.layer_norm_epsilon, 1e-5f);
+  EXPECT_FLOAT_EQ(llama.rope_theta, 500000.0f);
+  EXPECT_TRUE(llama.rope_scaling.llama3);
+  EXPECT_FLOAT_EQ(llama.rope_scaling.factor, 32.0f);
+  EXPECT_EQ(llama.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_TRUE(llama.tie_word_embeddings);
+  EXPECT_FALSE(llama.attention_bias);
+  EXPECT_EQ(parameter_count(llama), 1235814400);
+
+  const ModelConfig qwen = parse_hf_config(qwen2_5_0_5b(), "qwen/config.json");
+  EXPECT_TRUE(qwen.attention_bias);
+  EXPECT_EQ(qwen.head_dim(), 64);
+  EXPECT_EQ(qwen.sliding_window, 0);  // use_sliding_window false: every position
+  EXPECT_FALSE(qwen.rope_scaling.llama3);
+  EXPECT_EQ(parameter_count(qwen), 494032768);  // Qwen2.5-0.5B's count
+
+  const ModelConfig mistral = parse_hf_config(mistral_7b(), "mistral/config.json");
+  EXPECT_EQ(mistral.sliding_window, 4096);
+  EXPECT_FALSE(mistral.tie_word_embeddings);
+  EXPECT_FALSE(mistral.attention_bias);
+  EXPECT_EQ(parameter_count(mistral), 7241732096);  // Mistral 7B's count
+}
+
+TEST(HfConfig, WritesWhatItReadsBack) {
+  for (const nlohmann::json& file : {llama_3_2_1b(), qwen2_5_0_5b(), mistral_7b()}) {
+    const ModelConfig config = parse_hf_config(file, "config.json");
+    const nlohmann::ordered_json written = hf_config_json(config);
+    EXPECT_EQ(written["architectures"][0], file["architectures"][0]);
+    const ModelConfig again = parse_hf_config(nlohmann::json::parse(written.dump()), "again");
+    EXPECT_EQ(again.hf_model_type, config.hf_model_type);
+    EXPECT_EQ(again.n_layer, config.n_layer);
+    EXPECT_EQ(again.n_head, config.n_head);
+    EXPECT_EQ(again.kv_heads(), config.kv_heads());
+    EXPECT_EQ(again.head_dim(), config.head_dim());
+    EXPECT_EQ(again.mlp_width(), config.mlp_width());
+    EXPECT_EQ(again.n_positions, config.n_positions);
+    EXPECT_EQ(again.vocab_size, config.vocab_size);
+    EXPECT_EQ(again.padded_vocab_size, config.padded_vocab_size);
+    EXPECT_EQ(again.layer_norm_epsilon, config.layer_norm_epsilon);
+    EXPECT_EQ(again.rope_theta, config.rope_theta);
+    EXPECT_EQ(again.rope_scaling.llama3, config.rope_scaling.llama3);
+    EXPECT_EQ(again.rope_scaling.factor, config.rope_scaling.factor);
+    EXPECT_EQ(again.rope_scaling.low_freq_factor, config.rope_scaling.low_freq_factor);
+    EXPECT_EQ(again.rope_scaling.high_freq_factor, config.rope_scaling.high_freq_factor);
+    EXPECT_EQ(again.tie_word_embeddings, config.tie_word_embeddings);
+    EXPECT_EQ(again.attention_bias, config.attention_bias);
+    EXPECT_EQ(again.sliding_window, config.sliding_window);
+  }
+}
+
+std::string error_of(const nlohmann::json& file) {
+  try {
+    parse_hf_config(file, "m/config.json");
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(HfConfig, RefusesWhatLayupCannotRunNamingTheField) {
+  struct Case {
+    const char* field;
+    nlohmann::json value;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {"model_type", "phi3", "describes a \"phi3\" model; layup reads GPT-2"},
+      {"hidden_act", "gelu", "hidden_act \"gelu\" is not supported"},
+      {"mlp_bias", true, "\"mlp_bias\" is true, which layup does not support"},
+      {"attention_dropout", 0.1, "attention_dropout is 0.1; layup trains without dropout"},
+      {"pretraining_tp", 2, "pretraining_tp is 2"},
+      {"use_sliding_window", true, "\"use_sliding_window\" is true"},
+      {"rope_scaling", nlohmann::json{{"rope_type", "yarn"}, {"factor", 4.0}},
+       "rope_scaling of type \"yarn\" is not supported"},
+      {"num_key_value_heads", 5, "num_key_value_heads 5 must divide num_attention_heads 32"},
+      {"hidden_size", "2048", "\"hidden_size\" is \"2048\", not an integer"},
+      {"rms_norm_eps", "small", "\"rms_norm_eps\" is \"small\", not a number"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json file = llama_3_2_1b();
+    file[c.field] = c.value;
+    const std::string message = error_of(file);
+    EXPECT_NE(message.find(c.expected), std::string::npos) << c.field << ": " << message;
+    EXPECT_NE(message.find("m/config.json"), std::string::npos) << message;
+  }
+  nlohmann::json missing = llama_3_2_1b();
+  missing.erase("intermediate_size");
+  EXPECT_NE(error_of(missing).find("has no \"intermediate_size\"; a Llama, Qwen2 or Mistral"),
+            std::string::npos)
+      << error_of(missing);
+}
+
+}  // namespace
+}  // namespace layup

@@ -1,0 +1,135 @@
+// Named GPT-2 configs, Llama-family shapes, and their validation.
+#include "model/model_config.h"
+
+#include "core/error.h"
+
+namespace layup {
+
+int pad_vocab_size(int vocab_size) {
+  return (vocab_size + 127) / 128 * 128;
+}
+
+ModelConfig gpt2_config(int n_layer, int n_head, int n_embd, int n_positions, int vocab_size) {
+  ModelConfig config;
+  config.n_layer = n_layer;
+  config.n_head = n_head;
+  config.n_embd = n_embd;
+  config.n_positions = n_positions;
+  config.vocab_size = vocab_size;
+  config.padded_vocab_size = pad_vocab_size(vocab_size);
+  return config;
+}
+
+ModelConfig llama_config(int n_layer, int n_head, int n_kv_head, int n_embd, int intermediate_size,
+                         int n_positions, int vocab_size) {
+  ModelConfig config = gpt2_config(n_layer, n_head, n_embd, n_positions, vocab_size);
+  config.architecture = Architecture::kLlama;
+  config.n_kv_head = n_kv_head;
+  config.intermediate_size = intermediate_size;
+  config.layer_norm_epsilon = 1e-6f;
+  config.tie_word_embeddings = false;
+  config.hf_model_type = "llama";
+  return config;
+}
+
+namespace {
+
+struct NamedConfig {
+  const char* name;
+  int n_layer, n_head, n_embd, n_positions;
+};
+
+// The published GPT-2 sizes, plus "small": 4 layers of width 128 over a 256-token context, sized
+// so that a 2-core CPU trains it visibly in about ten minutes (most of its 7M parameters are the
+// token embedding, which the full GPT-2 vocabulary makes unavoidable).
+constexpr NamedConfig kNamedConfigs[] = {
+    {"small", 4, 4, 128, 256},           {"gpt2", 12, 12, 768, 1024},
+    {"gpt2-medium", 24, 16, 1024, 1024}, {"gpt2-large", 36, 20, 1280, 1024},
+    {"gpt2-xl", 48, 25, 1600, 1024},
+};
+
+}  // namespace
+
+ModelConfig named_config(std::string_view name) {
+  for (const NamedConfig& named : kNamedConfigs) {
+    if (name == named.name)
+      return gpt2_config(named.n_layer, named.n_head, named.n_embd, named.n_positions);
+  }
+  std::string known;
+  for (const NamedConfig& named : kNamedConfigs)
+    known += std::string(known.empty() ? "" : ", ") + named.name;
+  fail("unknown model config '", name, "'; known configs: ", known,
+       " (or give --layers, --heads and --dim)");
+}
+
+std::vector<std::string> named_config_names() {
+  std::vector<std::string> names;
+  for (const NamedConfig& named : kNamedConfigs) names.emplace_back(named.name);
+  return names;
+}
+
+void validate_config(const ModelConfig& config) {
+  LAYUP_CHECK(config.n_layer >= 1, "the model needs at least 1 layer (got ", config.n_layer, ")");
+  LAYUP_CHECK(config.n_head >= 1, "the model needs at least 1 attention head (got ", config.n_head,
+              ")");
+  LAYUP_CHECK(config.n_embd >= 1, "the model width must be positive (got ", config.n_embd, ")");
+  LAYUP_CHECK(config.n_positions >= 1, "the model context must be positive (got ",
+              config.n_positions, ")");
+  LAYUP_CHECK(config.vocab_size >= 1, "the vocabulary size must be positive (got ",
+              config.vocab_size, ")");
+  LAYUP_CHECK(config.is_llama() || config.vocab_size <= 65536, "vocabulary size ",
+              config.vocab_size, " is out of range 1..65536 (GPT-2's tokens are stored as uint16)");
+  LAYUP_CHECK(config.padded_vocab_size >= config.vocab_size, "padded vocabulary ",
+              config.padded_vocab_size, " is smaller than the vocabulary ", config.vocab_size);
+  if (!config.is_llama()) {
+    LAYUP_CHECK(config.n_embd % config.n_head == 0, "the model width ", config.n_embd,
+                " is not divisible by the number of heads ", config.n_head);
+    LAYUP_CHECK(config.n_kv_head == 0 && config.head_size == 0 && config.intermediate_size == 0 &&
+                    config.tie_word_embeddings && !config.attention_bias &&
+                    config.sliding_window == 0,
+                "internal error: a GPT-2 config with fields of the Llama family set");
+    return;
+  }
+  LAYUP_CHECK(config.kv_heads() >= 1 && config.n_head % config.kv_heads() == 0,
+              "num_key_value_heads ", config.kv_heads(), " must divide num_attention_heads ",
+              config.n_head, " (each key/value head serves the same number of query heads)");
+  LAYUP_CHECK(config.head_size > 0 || config.n_embd % config.n_head == 0, "hidden_size ",
+              config.n_embd, " is not divisible by num_attention_heads ", config.n_head,
+              "; give head_dim");
+  LAYUP_CHECK(config.head_dim() % 2 == 0, "the head width ", config.head_dim(),
+              " must be even: rotary embeddings turn its two halves as pairs");
+  LAYUP_CHECK(config.mlp_width() >= 1, "intermediate_size must be positive (got ",
+              config.intermediate_size, ")");
+  LAYUP_CHECK(config.rope_theta > 0.0f, "rope_theta must be positive (got ", config.rope_theta,
+              ")");
+  LAYUP_CHECK(config.layer_norm_epsilon > 0.0f, "rms_norm_eps must be positive (got ",
+              config.layer_norm_epsilon, ")");
+  LAYUP_CHECK(config.sliding_window >= 0, "sliding_window must not be negative (got ",
+              config.sliding_window, ")");
+  if (config.rope_scaling.llama3) {
+    const RopeScaling& r = config.rope_scaling;
+    LAYUP_CHECK(r.factor >= 1.0f && r.low_freq_factor > 0.0f &&
+                    r.high_freq_factor > r.low_freq_factor &&
+                    r.original_max_position_embeddings >= 1,
+                "rope_scaling (llama3) needs factor >= 1, 0 < low_freq_factor < "
+                "high_freq_factor and original_max_position_embeddings >= 1 (got factor ",
+                r.factor, ", low_freq_factor ", r.low_freq_factor, ", high_freq_factor ",
+                r.high_freq_factor, ", original_max_position_embeddings ",
+                r.original_max_position_embeddings, ")");
+  }
+}
+
+long long parameter_count(const ModelConfig& config) {
+  const long long C = config.n_embd, V = config.vocab_size;
+  if (!config.is_llama()) {
+    const long long per_block = 12 * C * C + 13 * C;
+    return V * C + config.n_positions * C + config.n_layer * per_block + 2 * C;
+  }
+  const long long qkv = config.qkv_width(), attention = config.n_head * config.head_dim();
+  const long long I = config.mlp_width();
+  const long long per_block =
+      2 * C + qkv * C + (config.attention_bias ? qkv : 0) + attention * C + 3 * I * C;
+  return V * C * (config.tie_word_embeddings ? 1 : 2) + config.n_layer * per_block + C;
+}
+
+}  // namespace layup
