@@ -14,7 +14,9 @@ from transformers.models.llama.modeling_llama import (LlamaRMSNorm, LlamaRotaryE
 
 from oracle_util import binary, relative_error, run
 
-TOLERANCE = 1e-5  # relative, over the whole tensor
+# Relative, over the whole tensor. The errors seen are 4e-8 to 2.4e-7 (fp32 rounding); a RoPE
+# frequency one ulp off from transformers' at T = 2048 showed as 1.1e-5.
+TOLERANCE = 1e-6
 
 
 def run_op(tmp_path, op, tensors, **settings):

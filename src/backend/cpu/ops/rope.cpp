@@ -45,10 +45,16 @@ void rope_inverse_frequencies(float* inv_freq, int head_dim, float theta,
                 llama3->low_freq_factor, ", high_freq_factor ", llama3->high_freq_factor);
   }
   for (int i = 0; i < head_dim / 2; ++i) {
-    // The exponent 2i/D rounded to float, as transformers computes it; the power and the
-    // reciprocal in double, rounded once.
+    // The float steps of transformers (and Meta's reference): the exponent 2i/D, the power and
+    // the reciprocal each rounded to float. A frequency one ulp off turns the fastest pairs by
+    // t * 6e-8 rad more at position t, visible at t in the thousands; these steps give
+    // transformers' bits for nearly every i (its float pow is not always correctly rounded).
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
-    double frequency = 1.0 / std::pow(static_cast<double>(theta), static_cast<double>(exponent));
+    const float power =
+        static_cast<float>(std::pow(static_cast<double>(theta), static_cast<double>(exponent)));
+    double frequency = 1.0f / power;
+    // The Llama 3 rescaling may run in double: it moves only slow pairs (wavelength >= w_high),
+    // whose ulp is small enough not to matter at any position.
     if (llama3) {
       const double context = llama3->original_max_position_embeddings;
       const double wavelength = 2.0 * std::numbers::pi / frequency;

@@ -23,7 +23,8 @@ TEST(RopeFrequencies, PlainAreThetaToTheMinusTwoIOverD) {
     rope_inverse_frequencies(inv_freq.data(), D, 10000.0f, nullptr);
     std::vector<double> expected(D / 2);
     for (int i = 0; i < D / 2; ++i) expected[i] = std::pow(10000.0, -2.0 * i / D);
-    expect_close(inv_freq, expected, 0, 2e-7, "inv_freq, D " + std::to_string(D));
+    // Three float roundings (exponent, power, reciprocal), as transformers computes them.
+    expect_close(inv_freq, expected, 0, 4e-7, "inv_freq, D " + std::to_string(D));
   }
 }
 
