@@ -79,17 +79,15 @@ std::vector<Output> rope(const Inputs& in) {
   const int B = in.dim("qkv", 0), T = in.dim("qkv", 1), row = in.dim("qkv", 2);
   const int Hq = static_cast<int>(in.number("Hq")), Hkv = static_cast<int>(in.number("Hkv"));
   const int D = row / (Hq + 2 * Hkv);
-  Llama3RopeScaling scaling{};
-  const bool llama3 = in.has("factor");
-  if (llama3) {
-    scaling = {static_cast<float>(in.number("factor")),
+  RopeScaling scaling;
+  if (in.has("factor")) {
+    scaling = {true, static_cast<float>(in.number("factor")),
                static_cast<float>(in.number("low_freq_factor")),
                static_cast<float>(in.number("high_freq_factor")),
                static_cast<int>(in.number("original_max_position_embeddings"))};
   }
   std::vector<float> inv_freq(D / 2), cos(static_cast<size_t>(T) * D / 2), sin(cos.size());
-  rope_inverse_frequencies(inv_freq.data(), D, static_cast<float>(in.number("theta")),
-                           llama3 ? &scaling : nullptr);
+  rope_inverse_frequencies(inv_freq.data(), D, static_cast<float>(in.number("theta")), scaling);
   rope_cos_sin(cos.data(), sin.data(), inv_freq.data(), T, D);
   // In place on the fused buffer, q and k heads in one call, as the model will run it.
   std::vector<float> qkv = in.tensor("qkv"), dqkv = in.tensor("dout");

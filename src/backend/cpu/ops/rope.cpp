@@ -30,7 +30,8 @@
 namespace layup {
 
 void rope_inverse_frequencies(float* inv_freq, int head_dim, float theta,
-                              const Llama3RopeScaling* llama3) {
+                              const RopeScaling& scaling) {
+  const RopeScaling* llama3 = scaling.llama3 ? &scaling : nullptr;
   LAYUP_CHECK(head_dim > 0 && head_dim % 2 == 0, "rotary embeddings need an even head_dim, not ",
               head_dim);
   LAYUP_CHECK(theta > 1.0f, "rope_theta must be > 1, not ", theta);

@@ -2,22 +2,15 @@
 // pairs with channel i + D/2, not with its neighbour), and the frequencies they rotate by.
 #pragma once
 
+#include "model/model_config.h"  // RopeScaling
+
 namespace layup {
 
-// rope_scaling of rope_type "llama3" (Llama 3.1 and later): frequencies whose wavelength exceeds
-// original_max_position_embeddings / low_freq_factor are divided by factor, those below
-// original_max_position_embeddings / high_freq_factor are kept, and the band between is blended.
-struct Llama3RopeScaling {
-  float factor;
-  float low_freq_factor;
-  float high_freq_factor;
-  int original_max_position_embeddings;
-};
-
-// inv_freq [D/2]: theta^(-2i/D) for i in [0, D/2), then rescaled by `llama3` where it is not
-// null. Throws layup::Error for an odd or non-positive head_dim or invalid scaling values.
+// inv_freq [D/2]: theta^(-2i/D) for i in [0, D/2), then rescaled by Llama 3's rule where
+// `scaling.llama3` (model_config.h). Throws layup::Error for an odd or non-positive head_dim or
+// invalid scaling values.
 void rope_inverse_frequencies(float* inv_freq, int head_dim, float theta,
-                              const Llama3RopeScaling* llama3);
+                              const RopeScaling& scaling);
 
 // cos, sin [T, D/2]: of the angle t * inv_freq[i] (rounded to float first, as transformers does),
 // for positions t in [0, T). Built once; a table of T rows serves every sequence up to T long.

@@ -20,7 +20,7 @@ using namespace op_test;
 TEST(RopeFrequencies, PlainAreThetaToTheMinusTwoIOverD) {
   for (const int D : {2, 6, 64, 128}) {
     std::vector<float> inv_freq(D / 2);
-    rope_inverse_frequencies(inv_freq.data(), D, 10000.0f, nullptr);
+    rope_inverse_frequencies(inv_freq.data(), D, 10000.0f, RopeScaling{});
     std::vector<double> expected(D / 2);
     for (int i = 0; i < D / 2; ++i) expected[i] = std::pow(10000.0, -2.0 * i / D);
     // Three float roundings (exponent, power, reciprocal), as transformers computes them.
@@ -31,10 +31,10 @@ TEST(RopeFrequencies, PlainAreThetaToTheMinusTwoIOverD) {
 // Llama 3.1's values: theta 500000, D 128, factor 8, low 1, high 4, original context 8192.
 TEST(RopeFrequencies, Llama3ScalingKeepsFastStretchesSlowAndBlendsBetween) {
   const int D = 128;
-  const Llama3RopeScaling scaling{8.0f, 1.0f, 4.0f, 8192};
+  const RopeScaling scaling{true, 8.0f, 1.0f, 4.0f, 8192};
   std::vector<float> plain(D / 2), scaled(D / 2);
-  rope_inverse_frequencies(plain.data(), D, 500000.0f, nullptr);
-  rope_inverse_frequencies(scaled.data(), D, 500000.0f, &scaling);
+  rope_inverse_frequencies(plain.data(), D, 500000.0f, RopeScaling{});
+  rope_inverse_frequencies(scaled.data(), D, 500000.0f, scaling);
   int kept = 0, stretched = 0, blended = 0;
   for (int i = 0; i < D / 2; ++i) {
     const double wavelength = 2 * std::numbers::pi / plain[i];
@@ -63,15 +63,15 @@ TEST(RopeFrequencies, Llama3ScalingKeepsFastStretchesSlowAndBlendsBetween) {
 
 TEST(RopeFrequencies, RejectsWhatCannotRotate) {
   std::vector<float> inv_freq(8);
-  EXPECT_THROW(rope_inverse_frequencies(inv_freq.data(), 7, 10000.0f, nullptr), Error);
-  const Llama3RopeScaling equal_factors{8.0f, 2.0f, 2.0f, 8192};
-  EXPECT_THROW(rope_inverse_frequencies(inv_freq.data(), 16, 10000.0f, &equal_factors), Error);
+  EXPECT_THROW(rope_inverse_frequencies(inv_freq.data(), 7, 10000.0f, RopeScaling{}), Error);
+  const RopeScaling equal_factors{true, 8.0f, 2.0f, 2.0f, 8192};
+  EXPECT_THROW(rope_inverse_frequencies(inv_freq.data(), 16, 10000.0f, equal_factors), Error);
 }
 
 TEST(RopeCosSin, MatchesDoubleAnglesOfTheFloatFrequencies) {
   const int T = 37, D = 10;
   std::vector<float> inv_freq(D / 2), cos(T * D / 2), sin(T * D / 2);
-  rope_inverse_frequencies(inv_freq.data(), D, 10000.0f, nullptr);
+  rope_inverse_frequencies(inv_freq.data(), D, 10000.0f, RopeScaling{});
   rope_cos_sin(cos.data(), sin.data(), inv_freq.data(), T, D);
   std::vector<double> cos_expected, sin_expected;
   for (int t = 0; t < T; ++t)
@@ -117,7 +117,7 @@ class RopeOp : public ::testing::TestWithParam<RopeCase> {
   void SetUp() override {
     const RopeCase shape = GetParam();
     std::vector<float> inv_freq(shape.D / 2);
-    rope_inverse_frequencies(inv_freq.data(), shape.D, 10000.0f, nullptr);
+    rope_inverse_frequencies(inv_freq.data(), shape.D, 10000.0f, RopeScaling{});
     cos.resize(shape.T * shape.D / 2);
     sin.resize(shape.T * shape.D / 2);
     rope_cos_sin(cos.data(), sin.data(), inv_freq.data(), shape.T, shape.D);
