@@ -147,8 +147,8 @@ class CudaBackend final : public ModelBackend {
 };
 
 template <class T>
-CudaBackend<T>::CudaBackend(const ModelConfig& config, int max_batch, int max_seq_len, int recompute,
-                            std::shared_ptr<MemoryAccountant> accountant,
+CudaBackend<T>::CudaBackend(const ModelConfig& config, int max_batch, int max_seq_len,
+                            int recompute, std::shared_ptr<MemoryAccountant> accountant,
                             const CudaArenaKinds& kinds, AlgorithmChoice algorithms,
                             AttentionChoice attention)
     : config_(config),

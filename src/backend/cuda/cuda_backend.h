@@ -39,9 +39,9 @@ namespace layup {
 // (cuda_backend_buffers.h, which also says what `recompute` and `kinds` choose), allocated as
 // listed, and cuDNN's workspace when cuDNN sizes it.
 std::unique_ptr<ModelBackend> make_cuda_backend(
-    const ModelConfig& config, int max_batch, int max_seq_len, ComputeDtype dtype, int recompute = 0,
-    std::shared_ptr<MemoryAccountant> accountant = nullptr, const CudaArenaKinds& kinds = {},
-    AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic,
+    const ModelConfig& config, int max_batch, int max_seq_len, ComputeDtype dtype,
+    int recompute = 0, std::shared_ptr<MemoryAccountant> accountant = nullptr,
+    const CudaArenaKinds& kinds = {}, AlgorithmChoice algorithms = AlgorithmChoice::kHeuristic,
     AttentionChoice attention = AttentionChoice::kAuto);
 
 }  // namespace layup
