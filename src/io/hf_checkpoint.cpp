@@ -21,6 +21,7 @@ namespace layup {
 namespace {
 
 constexpr const char* kHfPrefix = "transformer.";
+constexpr const char* kHfLlamaPrefix = "model.";
 
 std::string join_path(const std::string& dir, const std::string& name) {
   return (std::filesystem::path(dir) / name).string();
@@ -72,9 +73,21 @@ void copy_transposed_range(const float* source, size_t rows, size_t cols, size_t
   while (d < end) *next++ = element(d++);
 }
 
+// The tensors with a row per token: HF keeps vocab_size rows, layup padded_vocab_size.
+bool has_vocabulary_rows(const TensorSpec& tensor) {
+  return tensor.init == TensorInit::kVocabularyNormal;
+}
+
+// The name Hugging Face gives a layup tensor: GPT2LMHeadModel's under "transformer.", the Llama
+// family's under "model." except its untied head, which sits beside the model.
+std::string hf_name(const ModelConfig& config, const std::string& name) {
+  if (!config.is_llama()) return kHfPrefix + name;
+  return name == "lm_head.weight" ? name : kHfLlamaPrefix + name;
+}
+
 // The shape Hugging Face stores a layup tensor in.
 std::vector<size_t> hf_shape(const TensorSpec& tensor, const ModelConfig& config) {
-  if (tensor.name == "wte.weight") {
+  if (has_vocabulary_rows(tensor)) {
     return {static_cast<size_t>(config.vocab_size), static_cast<size_t>(config.n_embd)};
   }
   if (tensor.transposed_in_hf) return {tensor.shape[1], tensor.shape[0]};
@@ -108,15 +121,7 @@ bool same_model_shape(const ModelConfig& a, const ModelConfig& b) {
          a.tie_word_embeddings == b.tie_word_embeddings && a.attention_bias == b.attention_bias;
 }
 
-// The weights of the Llama family (names under "model.", an untied lm_head, bf16 files) are not
-// converted here yet: refused by name rather than read as GPT-2's.
-void check_gpt2_weights(const ModelConfig& config, const std::string& what) {
-  LAYUP_CHECK(!config.is_llama(), "layup cannot ", what, " the weights of a ", config.hf_model_type,
-              " model yet (its config.json is read; its tensors are not converted)");
-}
-
 void check_layout_matches(const ModelConfig& config, const ParameterLayout& layout) {
-  check_gpt2_weights(config, "save");
   LAYUP_CHECK(same_model_shape(layout.config(), config),
               "internal error: the parameter layout was built for a different model config than "
               "the one being saved");
@@ -161,7 +166,7 @@ void save_hf_model_sharded(const std::string& dir, const ModelConfig& config,
   const std::vector<TensorSpec>& specs = layout.tensors();
   std::vector<SafetensorsTensorShape> tensors;
   for (const TensorSpec& spec : specs)
-    tensors.push_back({kHfPrefix + spec.name, hf_shape(spec, config)});
+    tensors.push_back({hf_name(config, spec.name), hf_shape(spec, config)});
 
   const size_t chunk_floats = std::max<size_t>(1, chunk_bytes / sizeof(float));
   // Each element of a transposed matrix comes from a different row of layup's, so the matrix is
@@ -171,7 +176,8 @@ void save_hf_model_sharded(const std::string& dir, const ModelConfig& config,
   const TensorRangeSource source = [&](size_t index, size_t first, std::span<float> out) {
     const TensorSpec& spec = specs[index];
     if (!spec.transposed_in_hf) {
-      // For wte these are the first vocab_size rows: the padded rows are simply not written.
+      // For the token embedding (and an untied head) these are the first vocab_size rows: the
+      // padded rows are simply not written.
       read_params(spec.offset + first, out.size(), out.data());
       return;
     }
@@ -232,7 +238,6 @@ ModelConfig read_hf_model_config(const std::string& dir) {
 void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
                             const WriteParams& write_params, size_t chunk_bytes) {
   const ModelConfig file_config = read_hf_model_config(dir);
-  check_gpt2_weights(file_config, "load");
   LAYUP_CHECK(same_model_shape(file_config, config), "internal error: loading ", dir,
               " with a model config other than its ", kHfConfigFileName, " describes");
   const ParameterLayout layout(config);
@@ -243,18 +248,25 @@ void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
   std::set<std::string> expected;
   for (const TensorSpec& spec : layout.tensors()) expected.insert(spec.name);
   SafetensorsFileSet::Located lm_head;
+  const std::string prefix = config.is_llama() ? kHfLlamaPrefix : kHfPrefix;
   for (const SafetensorsFileSet::Located& located : weights.tensors()) {
     std::string name = located.tensor->name;
-    if (name.starts_with(kHfPrefix)) name = name.substr(std::strlen(kHfPrefix));
+    if (name.starts_with(prefix)) name = name.substr(prefix.size());
     if (expected.count(name)) continue;
-    // The causal-mask buffers older transformers versions saved; layup builds its own mask.
-    if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")) continue;
-    if (located.tensor->name == "lm_head.weight") {
+    // The causal-mask buffers older transformers versions saved for GPT-2, and the rotary
+    // frequencies older Llama files carry: layup builds its own.
+    if (!config.is_llama() && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")))
+      continue;
+    if (config.is_llama() && name.ends_with(".self_attn.rotary_emb.inv_freq")) continue;
+    // A tied head saved anyway: accepted if it is the embedding, checked while streaming.
+    if (located.tensor->name == "lm_head.weight" && config.tie_word_embeddings) {
       lm_head = located;
       continue;
     }
-    fail(located.file->path(), " has a tensor '", located.tensor->name,
-         "' that a GPT-2 with the shape in ", kHfConfigFileName, " (n_layer=", config.n_layer,
+    fail(located.file->path(), " has a tensor '", located.tensor->name, "' that a ",
+         config.hf_model_type, " model with the shape in ", kHfConfigFileName,
+         " (layers=", config.n_layer,
+         ", tie_word_embeddings=", config.tie_word_embeddings ? "true" : "false",
          ") does not have; the weights do not match their config.json");
   }
 
@@ -264,15 +276,17 @@ void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
   std::string first_missing;
   size_t largest_transposed = 0;
   for (const TensorSpec& spec : layout.tensors()) {
-    const SafetensorsFileSet::Located prefixed = weights.find(kHfPrefix + spec.name);
-    const SafetensorsFileSet::Located bare = weights.find(spec.name);
+    const SafetensorsFileSet::Located prefixed = weights.find(hf_name(config, spec.name));
+    const SafetensorsFileSet::Located bare = hf_name(config, spec.name) == spec.name
+                                                 ? SafetensorsFileSet::Located{}
+                                                 : weights.find(spec.name);
     LAYUP_CHECK(!(prefixed.tensor && bare.tensor), path, " has both '",
                 prefixed.tensor ? prefixed.tensor->name : "", "' and '", spec.name,
                 "'; it is ambiguous which one to load");
     const SafetensorsFileSet::Located located = prefixed.tensor ? prefixed : bare;
     sources.push_back(located);
     if (!located.tensor) {
-      if (missing++ == 0) first_missing = kHfPrefix + spec.name;
+      if (missing++ == 0) first_missing = spec.name;
       continue;
     }
     const std::vector<size_t> shape = hf_shape(spec, config);
@@ -283,10 +297,9 @@ void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
                 ") needs ", shape_text(shape));
     if (spec.transposed_in_hf) largest_transposed = std::max(largest_transposed, spec.count);
   }
-  LAYUP_CHECK(missing == 0, path, " has no tensor '", first_missing, "' (nor '",
-              first_missing.substr(std::strlen(kHfPrefix)), "'); ", missing, " of ",
-              layout.tensors().size(), " tensors that the model in ", kHfConfigFileName,
-              " needs are missing");
+  LAYUP_CHECK(missing == 0, path, " has no tensor '", hf_name(config, first_missing), "' (nor '",
+              first_missing, "'); ", missing, " of ", layout.tensors().size(),
+              " tensors that the model in ", kHfConfigFileName, " needs are missing");
   const size_t rows = config.vocab_size, cols = config.n_embd;
   if (lm_head.tensor) {
     LAYUP_CHECK(lm_head.tensor->shape == std::vector<size_t>({rows, cols}), lm_head.file->path(),
@@ -315,8 +328,10 @@ void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
       }
       continue;
     }
-    // For wte this is the first vocab_size rows; the padded rows follow as zeros.
-    const bool is_wte = spec.name == "wte.weight";
+    // For the token embedding (and an untied head) this is the first vocab_size rows; the
+    // padded rows follow as zeros.
+    const bool vocabulary_rows = has_vocabulary_rows(spec);
+    const bool is_wte = vocabulary_rows && spec.span == SpanKind::kEmbeddings;
     for (size_t start = 0; start < tensor.element_count; start += chunk.size()) {
       const std::span<float> piece(chunk.data(),
                                    std::min(chunk.size(), tensor.element_count - start));
@@ -330,15 +345,14 @@ void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
           while (std::memcmp(&head[first], &piece[first], sizeof(float)) == 0) ++first;
           first += start;
           fail(lm_head.file->path(),
-               ": lm_head.weight differs from the token embedding wte (first "
-               "at row ",
-               first / cols, ", column ", first % cols,
-               "); layup supports only GPT-2's tied LM head, not a separately trained one");
+               ": lm_head.weight differs from the token embedding (first at row ", first / cols,
+               ", column ", first % cols, ") although ", kHfConfigFileName,
+               " ties them (tie_word_embeddings); the weights do not match their config");
         }
       }
       write_params(spec.offset + start, piece.size(), piece.data());
     }
-    if (is_wte) {
+    if (vocabulary_rows) {
       std::fill(chunk.begin(), chunk.end(), 0.0f);
       for (size_t start = tensor.element_count; start < spec.count; start += chunk.size()) {
         write_params(spec.offset + start, std::min(chunk.size(), spec.count - start), chunk.data());

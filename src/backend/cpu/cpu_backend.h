@@ -1,4 +1,5 @@
-// The fp32 CPU backend: GPT-2 forward and block-wise backward on the ops in ops/, OpenMP-parallel.
+// The fp32 CPU backend: GPT-2's and the Llama family's forward and block-wise backward on the ops
+// in ops/, OpenMP-parallel.
 //
 // It is the reference every other backend is compared with, and the "device" the schedules drive
 // in CI. It owns every activation the backward needs, sized once for max_batch x max_seq_len, and
@@ -42,6 +43,11 @@ class CpuBackend final : public ModelBackend {
   enum class BackwardStep { kNeedsForwardWithTargets, kHead, kBlock, kEmbeddings };
 
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
+  // One block each way; `x` is the block's input, the output goes to residual[layer + 1].
+  void gpt2_block_forward(int layer, const float* p, const float* x);
+  void llama_block_forward(int layer, const float* p, const float* x);
+  void gpt2_block_backward(int layer, const float* p, float* g);
+  void llama_block_backward(int layer, const float* p, float* g);
 
   ModelConfig config_;
   ParameterLayout layout_;

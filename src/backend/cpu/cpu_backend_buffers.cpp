@@ -15,13 +15,17 @@ constexpr size_t kLogitsChunkFloats = size_t{16} << 20;
 
 void check_shape(const ModelConfig& config, int max_batch, int max_seq_len) {
   validate_config(config);
-  LAYUP_CHECK(!config.is_llama(), "the CPU backend does not run the Llama family (",
-              config.hf_model_type, ") yet: its forward and backward are being written");
   LAYUP_CHECK(max_batch >= 1 && max_seq_len >= 1, "the CPU backend needs a batch size and a ",
               "sequence length of at least 1 (got ", max_batch, " x ", max_seq_len, ")");
   LAYUP_CHECK(max_seq_len <= config.n_positions, "sequence length ", max_seq_len,
               " exceeds the model's context of ", config.n_positions, " positions; use --seq-len ",
               config.n_positions, " or less, or a model with a longer --context");
+  LAYUP_CHECK(config.sliding_window == 0 || max_seq_len <= config.sliding_window,
+              "sequence length ", max_seq_len, " exceeds the model's attention window of ",
+              config.sliding_window,
+              " positions (sliding_window), which layup does not implement: ",
+              "its attention sees every earlier position; use --seq-len ", config.sliding_window,
+              " or less, where both are the same");
 }
 
 }  // namespace
@@ -31,6 +35,9 @@ CpuRegionBytes carve_cpu_backend(const ModelConfig& config, int max_batch, int m
   const size_t BT = static_cast<size_t>(max_batch) * max_seq_len;
   const size_t C = config.n_embd, NH = config.n_head, T = max_seq_len, L = config.n_layer;
   const size_t Vp = config.padded_vocab_size;
+  const bool llama = config.is_llama();
+  const size_t Q = config.qkv_width(), A = NH * config.head_dim();
+  const size_t M = config.mlp_width(), F = (llama ? 2 : 1) * M;
 
   const std::string owner = "the CPU backend's buffers for batch " + std::to_string(max_batch) +
                             " x sequence length " + std::to_string(max_seq_len);
@@ -42,33 +49,37 @@ CpuRegionBytes carve_cpu_backend(const ModelConfig& config, int max_batch, int m
   arena.blocks.assign(L, CpuBlockActivations{});
   for (CpuBlockActivations& block : arena.blocks) {
     a.take(block.ln_1, BT, C);
-    a.take(block.ln_1_mean, BT);
+    if (!llama) a.take(block.ln_1_mean, BT);
     a.take(block.ln_1_rstd, BT);
-    a.take(block.qkv, BT, 3 * C);
+    a.take(block.qkv, BT, Q);
     a.take(block.att, max_batch * NH, T * T);
-    a.take(block.att_out, BT, C);
+    a.take(block.att_out, BT, A);
     a.take(block.residual_mid, BT, C);
     a.take(block.ln_2, BT, C);
-    a.take(block.ln_2_mean, BT);
+    if (!llama) a.take(block.ln_2_mean, BT);
     a.take(block.ln_2_rstd, BT);
-    a.take(block.fc, BT, 4 * C);
-    a.take(block.fc_gelu, BT, 4 * C);
+    a.take(block.fc, BT, F);
+    a.take(block.fc_gelu, BT, M);
   }
   a.take(arena.ln_f, BT, C);
-  a.take(arena.ln_f_mean, BT);
+  if (!llama) a.take(arena.ln_f_mean, BT);
   a.take(arena.ln_f_rstd, BT);
   a.take(arena.logits, BT, Vp);
   a.take(arena.losses, BT);
   a.take(arena.logsumexp, BT);
+  if (llama) {
+    a.take(arena.rope_cos, T, config.head_dim() / 2);
+    a.take(arena.rope_sin, T, config.head_dim() / 2);
+  }
 
   ArenaCarver s(scratch, kCpuArenaAlignBytes, owner);
   s.take(arena.branch_out, BT, C);
   s.take(arena.d_residual, BT, C);
   s.take(arena.d_ln, BT, C);
-  s.take(arena.d_att_out, BT, C);
-  s.take(arena.d_qkv, BT, 3 * C);
-  s.take(arena.d_fc_gelu, BT, 4 * C);
-  s.take(arena.d_fc, BT, 4 * C);
+  s.take(arena.d_att_out, BT, A);
+  s.take(arena.d_qkv, BT, Q);
+  s.take(arena.d_fc_gelu, BT, M);
+  s.take(arena.d_fc, BT, F);
   const size_t chunk_rows = std::clamp<size_t>(kLogitsChunkFloats / Vp, 1, BT);
   arena.logits_chunk_rows = static_cast<int>(chunk_rows);
   s.take(arena.d_logits_chunk, chunk_rows, Vp);

@@ -19,15 +19,17 @@ namespace layup {
 BufferList cpu_backend_buffers(const ModelConfig& config, int max_batch, int max_seq_len);
 
 // What one transformer block saves in its forward for its backward. Rows are the B*T positions.
+// Widths as in GPT-2 (Q = 3C, A = C, F = M = 4C) or the Llama family (Q = (NH + 2 KVH) D,
+// A = NH D, F = 2I: gate and up, M = I); the norms' means are GPT-2's only (RMSNorm has none).
 struct CpuBlockActivations {
   float *ln_1, *ln_1_mean, *ln_1_rstd;  // [BT,C], [BT], [BT]
-  float* qkv;                           // [BT,3C]
+  float* qkv;                           // [BT,Q] (rotary positions applied, in the Llama family)
   float* att;                           // [B,NH,T,T] softmax probabilities
-  float* att_out;                       // [BT,C] heads merged, before c_proj
+  float* att_out;                       // [BT,A] heads merged, before c_proj / o_proj
   float* residual_mid;                  // [BT,C] x + attention branch
   float *ln_2, *ln_2_mean, *ln_2_rstd;  // [BT,C], [BT], [BT]
-  float* fc;                            // [BT,4C] before GELU
-  float* fc_gelu;                       // [BT,4C] after GELU
+  float* fc;                            // [BT,F] before GELU / SwiGLU
+  float* fc_gelu;                       // [BT,M] after GELU / SwiGLU
 };
 
 // Where each of the backend's buffers lies inside its two regions.
@@ -41,6 +43,8 @@ struct CpuBackendArena {
   float* logits;                        // [BT,Vp]
   float* losses;                        // [BT]
   float* logsumexp;                     // [BT] of the real-vocabulary logits
+  float* rope_cos = nullptr;            // [T, D/2]: the Llama family's rotary table
+  float* rope_sin = nullptr;            // [T, D/2]
 
   // In the scratch region. branch_out holds a branch before its residual add; d_residual is
   // dL/d(residual stream) where backward has reached; the rest are gradients of one block's
@@ -48,10 +52,10 @@ struct CpuBackendArena {
   float* branch_out;      // [BT,C]
   float* d_residual;      // [BT,C]
   float* d_ln;            // [BT,C] gradient of a layer norm's output
-  float* d_att_out;       // [BT,C]
-  float* d_qkv;           // [BT,3C]
-  float* d_fc_gelu;       // [BT,4C]
-  float* d_fc;            // [BT,4C]
+  float* d_att_out;       // [BT,A]
+  float* d_qkv;           // [BT,Q]
+  float* d_fc_gelu;       // [BT,M]
+  float* d_fc;            // [BT,F]
   float* d_logits_chunk;  // [logits_chunk_rows, Vp]
   int logits_chunk_rows;  // rows of dlogits the head's backward materializes at a time
 };

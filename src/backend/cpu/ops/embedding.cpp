@@ -22,8 +22,12 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
   for (int position = 0; position < B * T; ++position) {
     const int t = position % T;
     const float* token_row = wte + static_cast<size_t>(tokens[position]) * C;
-    const float* position_row = wpe + static_cast<size_t>(t) * C;
     float* out_row = out + static_cast<size_t>(position) * C;
+    if (!wpe) {
+      std::copy_n(token_row, C, out_row);
+      continue;
+    }
+    const float* position_row = wpe + static_cast<size_t>(t) * C;
     for (int c = 0; c < C; ++c) out_row[c] = token_row[c] + position_row[c];
   }
 }
@@ -55,7 +59,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
         add_row(dout + static_cast<size_t>(by_token[i]) * C);
       flush_into(dwte + static_cast<size_t>(token) * C);
     }
-    for (int t = 0; t < T; ++t) {
+    for (int t = 0; dwpe && t < T; ++t) {
       for (int b = 0; b < B; ++b) add_row(dout + (static_cast<size_t>(b) * T + t) * C);
       flush_into(dwpe + static_cast<size_t>(t) * C);
     }

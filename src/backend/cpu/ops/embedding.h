@@ -1,4 +1,5 @@
-// Token + position embedding: the first op of GPT-2's forward and the last of its backward.
+// Token (+ position) embedding: the first op of the forward and the last of the backward. The
+// Llama family has no position table (its positions are rotary): wpe and dwpe are then null.
 #pragma once
 
 #include <cstdint>
