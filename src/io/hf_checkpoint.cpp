@@ -118,7 +118,8 @@ bool same_model_shape(const ModelConfig& a, const ModelConfig& b) {
          a.n_embd == b.n_embd && a.n_positions == b.n_positions && a.vocab_size == b.vocab_size &&
          a.padded_vocab_size == b.padded_vocab_size && a.kv_heads() == b.kv_heads() &&
          a.head_dim() == b.head_dim() && a.mlp_width() == b.mlp_width() &&
-         a.tie_word_embeddings == b.tie_word_embeddings && a.attention_bias == b.attention_bias;
+         a.tie_word_embeddings == b.tie_word_embeddings && a.attention_bias == b.attention_bias &&
+         a.attention_output_bias == b.attention_output_bias;
 }
 
 void check_layout_matches(const ModelConfig& config, const ParameterLayout& layout) {

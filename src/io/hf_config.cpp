@@ -169,16 +169,19 @@ const char* llama_family_class(const std::string& model_type) {
   return nullptr;
 }
 
-RopeScaling parse_rope_scaling(const nlohmann::json& json, const std::string& source) {
+// `field` is "rope_scaling" (transformers 4: beside rope_theta) or "rope_parameters"
+// (transformers 5: rope_theta inside, rope_type "default" for none).
+RopeScaling parse_rope_scaling(const nlohmann::json& json, const std::string& field,
+                               const std::string& source) {
   RopeScaling scaling;
-  if (!json.contains("rope_scaling") || json["rope_scaling"].is_null()) return scaling;
-  const nlohmann::json& r = json["rope_scaling"];
-  LAYUP_CHECK(r.is_object(), source, ": \"rope_scaling\" is ", r.dump(), ", not an object");
+  if (!json.contains(field) || json[field].is_null()) return scaling;
+  const nlohmann::json& r = json[field];
+  LAYUP_CHECK(r.is_object(), source, ": \"", field, "\" is ", r.dump(), ", not an object");
   // transformers writes "rope_type"; older files "type".
   const nlohmann::json& type = r.contains("rope_type") ? r["rope_type"] : r["type"];
-  LAYUP_CHECK(type.is_string(), source, ": rope_scaling ", r.dump(), " names no rope_type");
+  LAYUP_CHECK(type.is_string(), source, ": ", field, " ", r.dump(), " names no rope_type");
   if (type == "default") return scaling;
-  LAYUP_CHECK(type == "llama3", source, ": rope_scaling of type ", type.dump(),
+  LAYUP_CHECK(type == "llama3", source, ": ", field, " of type ", type.dump(),
               " is not supported; layup implements Llama 3's (\"llama3\") and none");
   scaling.llama3 = true;
   scaling.factor = static_cast<float>(read_number_field(r, "factor", 0.0, source));
@@ -211,13 +214,21 @@ ModelConfig parse_llama_config(const nlohmann::json& json, const std::string& so
     config.head_size = read_int_field(json, "head_dim", source, kLlamaNeeds);
   config.layer_norm_epsilon =
       static_cast<float>(read_number_field(json, "rms_norm_eps", 1e-6, source));
-  config.rope_theta = static_cast<float>(read_number_field(json, "rope_theta", 10000.0, source));
-  config.rope_scaling = parse_rope_scaling(json, source);
+  if (json.contains("rope_parameters") && !json["rope_parameters"].is_null()) {
+    config.rope_scaling = parse_rope_scaling(json, "rope_parameters", source);
+    config.rope_theta = static_cast<float>(
+        read_number_field(json["rope_parameters"], "rope_theta", 10000.0, source));
+  } else {
+    config.rope_scaling = parse_rope_scaling(json, "rope_scaling", source);
+    config.rope_theta = static_cast<float>(read_number_field(json, "rope_theta", 10000.0, source));
+  }
   config.tie_word_embeddings = read_bool_field(json, "tie_word_embeddings", false, source);
-  // Qwen2's q, k and v projections always have biases; Llama's when attention_bias says so.
-  config.attention_bias =
-      model_type == "qwen2" ||
-      (model_type == "llama" && read_bool_field(json, "attention_bias", false, source));
+  // Qwen2's q, k and v projections always have biases; Llama's attention_bias gives all four
+  // projections one, o_proj included.
+  const bool llama_bias =
+      model_type == "llama" && read_bool_field(json, "attention_bias", false, source);
+  config.attention_bias = model_type == "qwen2" || llama_bias;
+  config.attention_output_bias = llama_bias;
 
   if (json.contains("hidden_act")) {
     LAYUP_CHECK(json["hidden_act"] == "silu", source, ": hidden_act ", json["hidden_act"].dump(),
@@ -236,6 +247,11 @@ ModelConfig parse_llama_config(const nlohmann::json& json, const std::string& so
   // Qwen2 applies its window to some layers only, when use_sliding_window is set.
   require_flag(json, "use_sliding_window", false, source,
                "its attention sees every earlier position in every layer");
+  if (json.contains("layer_types") && json["layer_types"].is_array())
+    for (const nlohmann::json& layer : json["layer_types"])
+      LAYUP_CHECK(layer == "full_attention", source, ": layer_types holds ", layer.dump(),
+                  "; layup's attention sees every earlier position in every layer "
+                  "(\"full_attention\")");
 
   config.padded_vocab_size = pad_vocab_size(config.vocab_size);
   if (json.contains("layup") && json["layup"].is_object() &&

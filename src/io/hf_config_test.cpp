@@ -70,6 +70,7 @@ TEST(HfConfig, ReadsTheLlamaFamilyAsPublished) {
 
   const ModelConfig qwen = parse_hf_config(qwen2_5_0_5b(), "qwen/config.json");
   EXPECT_TRUE(qwen.attention_bias);
+  EXPECT_FALSE(qwen.attention_output_bias);  // o_proj has none in Qwen2
   EXPECT_EQ(qwen.head_dim(), 64);
   EXPECT_EQ(qwen.sliding_window, 0);  // use_sliding_window false: every position
   EXPECT_FALSE(qwen.rope_scaling.llama3);
@@ -80,6 +81,23 @@ TEST(HfConfig, ReadsTheLlamaFamilyAsPublished) {
   EXPECT_FALSE(mistral.tie_word_embeddings);
   EXPECT_FALSE(mistral.attention_bias);
   EXPECT_EQ(parameter_count(mistral), 7241732096);  // Mistral 7B's count
+}
+
+// transformers 5 writes rope_theta and the scaling inside one rope_parameters object.
+TEST(HfConfig, ReadsRopeParametersAsTransformers5WritesThem) {
+  nlohmann::json file = llama_3_2_1b();
+  file["rope_parameters"] = file["rope_scaling"];
+  file["rope_parameters"]["rope_theta"] = 500000.0;
+  file.erase("rope_scaling");
+  file.erase("rope_theta");
+  const ModelConfig config = parse_hf_config(file, "config.json");
+  EXPECT_FLOAT_EQ(config.rope_theta, 500000.0f);
+  EXPECT_TRUE(config.rope_scaling.llama3);
+  EXPECT_FLOAT_EQ(config.rope_scaling.factor, 32.0f);
+  file["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "default"}};
+  const ModelConfig plain = parse_hf_config(file, "config.json");
+  EXPECT_FLOAT_EQ(plain.rope_theta, 1e6f);
+  EXPECT_FALSE(plain.rope_scaling.llama3);
 }
 
 TEST(HfConfig, WritesWhatItReadsBack) {
@@ -105,6 +123,7 @@ TEST(HfConfig, WritesWhatItReadsBack) {
     EXPECT_EQ(again.rope_scaling.high_freq_factor, config.rope_scaling.high_freq_factor);
     EXPECT_EQ(again.tie_word_embeddings, config.tie_word_embeddings);
     EXPECT_EQ(again.attention_bias, config.attention_bias);
+    EXPECT_EQ(again.attention_output_bias, config.attention_output_bias);
     EXPECT_EQ(again.sliding_window, config.sliding_window);
   }
 }
@@ -131,6 +150,8 @@ TEST(HfConfig, RefusesWhatLayupCannotRunNamingTheField) {
       {"attention_dropout", 0.1, "attention_dropout is 0.1; layup trains without dropout"},
       {"pretraining_tp", 2, "pretraining_tp is 2"},
       {"use_sliding_window", true, "\"use_sliding_window\" is true"},
+      {"layer_types", nlohmann::json::array({"full_attention", "sliding_attention"}),
+       "layer_types holds \"sliding_attention\""},
       {"rope_scaling", nlohmann::json{{"rope_type", "yarn"}, {"factor", 4.0}},
        "rope_scaling of type \"yarn\" is not supported"},
       {"num_key_value_heads", 5, "num_key_value_heads 5 must divide num_attention_heads 32"},

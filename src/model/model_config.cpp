@@ -86,7 +86,7 @@ void validate_config(const ModelConfig& config) {
                 " is not divisible by the number of heads ", config.n_head);
     LAYUP_CHECK(config.n_kv_head == 0 && config.head_size == 0 && config.intermediate_size == 0 &&
                     config.tie_word_embeddings && !config.attention_bias &&
-                    config.sliding_window == 0,
+                    !config.attention_output_bias && config.sliding_window == 0,
                 "internal error: a GPT-2 config with fields of the Llama family set");
     return;
   }
@@ -127,8 +127,8 @@ long long parameter_count(const ModelConfig& config) {
   }
   const long long qkv = config.qkv_width(), attention = config.n_head * config.head_dim();
   const long long I = config.mlp_width();
-  const long long per_block =
-      2 * C + qkv * C + (config.attention_bias ? qkv : 0) + attention * C + 3 * I * C;
+  const long long per_block = 2 * C + qkv * C + (config.attention_bias ? qkv : 0) + attention * C +
+                              (config.attention_output_bias ? C : 0) + 3 * I * C;
   return V * C * (config.tie_word_embeddings ? 1 : 2) + config.n_layer * per_block + C;
 }
 

@@ -44,7 +44,8 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = true;     // the LM head is the token embedding (GPT-2: always)
-  bool attention_bias = false;         // q, k and v projections have biases (Qwen2)
+  bool attention_bias = false;         // q, k and v projections have biases (Qwen2; Llama's flag)
+  bool attention_output_bias = false;  // o_proj has one too (Llama's attention_bias; not Qwen2)
   int sliding_window = 0;              // attention sees at most this many positions back (0: all)
   std::string hf_model_type = "gpt2";  // config.json's model_type: gpt2, llama, qwen2, mistral
 

@@ -38,7 +38,7 @@ ParameterLayout::ParameterLayout(const ModelConfig& config) : config_(config) {
   block_.attn_qkv_weight = b.place(qkv * C);
   block_.attn_qkv_bias = llama && !config.attention_bias ? kAbsent : b.place(qkv);
   block_.attn_proj_weight = b.place(C * attention);
-  block_.attn_proj_bias = llama ? kAbsent : b.place(C);
+  block_.attn_proj_bias = llama && !config.attention_output_bias ? kAbsent : b.place(C);
   block_.ln_2_weight = b.place(C);
   block_.ln_2_bias = llama ? kAbsent : b.place(C);
   block_.mlp_fc_weight = b.place((llama ? 2 : 1) * I * C);
@@ -87,6 +87,8 @@ ParameterLayout::ParameterLayout(const ModelConfig& config) : config_(config) {
       }
       add(h + "self_attn.o_proj.weight", {C, q}, block, block_.attn_proj_weight, true, false,
           kNormal);
+      if (config.attention_output_bias)
+        add(h + "self_attn.o_proj.bias", {C}, block, block_.attn_proj_bias, false, false, kZeros);
       add(h + "post_attention_layernorm.weight", {C}, block, block_.ln_2_weight, false, false,
           kOnes);
       add(h + "mlp.gate_proj.weight", {I, C}, block, block_.mlp_fc_weight, true, false, kNormal);

@@ -26,8 +26,9 @@ inline constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 
 // Offsets of one block's tensors, relative to the start of the block's span. The names are
 // GPT-2's; in the Llama family ln_1 is input_layernorm (RMSNorm: no bias), attn_qkv q/k/v_proj
-// stacked (bias in Qwen2 only), attn_proj o_proj, ln_2 post_attention_layernorm, mlp_fc
-// gate_proj and up_proj stacked, mlp_proj down_proj, none with a bias.
+// stacked (biases in Qwen2 and with Llama's attention_bias), attn_proj o_proj (a bias with Llama's
+// attention_bias), ln_2 post_attention_layernorm, mlp_fc gate_proj and up_proj stacked, mlp_proj
+// down_proj, these without biases.
 struct BlockOffsets {
   size_t ln_1_weight, ln_1_bias;
   size_t attn_qkv_weight, attn_qkv_bias;    // [qkv_width, C], [qkv_width]: q, k, v stacked

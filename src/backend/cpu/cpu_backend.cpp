@@ -196,7 +196,8 @@ void CpuBackend::llama_block_forward(int layer, const float* p, const float* x) 
   // q's and k's heads are adjacent in each row: one rotation covers both, v is left alone.
   rope_forward(a.qkv, a.qkv, arena_.rope_cos, arena_.rope_sin, B, T, NH + KVH, D, Q);
   grouped_query_attention_forward(a.att_out, a.att, a.qkv, B, T, NH, KVH, D);
-  matmul_forward(arena_.branch_out, a.att_out, p + o.attn_proj_weight, nullptr, BT, A, C);
+  matmul_forward(arena_.branch_out, a.att_out, p + o.attn_proj_weight,
+                 tensor_at(p, o.attn_proj_bias), BT, A, C);
   residual_forward(a.residual_mid, x, arena_.branch_out, BT * C);
 
   rmsnorm_forward(a.ln_2, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight, BT, C, eps);
@@ -328,8 +329,8 @@ void CpuBackend::llama_block_backward(int layer, const float* p, float* g) {
 
   // Attention branch.
   zero(arena_.d_att_out, static_cast<size_t>(BT) * A);
-  matmul_backward(arena_.d_att_out, g + o.attn_proj_weight, nullptr, arena_.d_residual, a.att_out,
-                  p + o.attn_proj_weight, BT, A, C);
+  matmul_backward(arena_.d_att_out, g + o.attn_proj_weight, tensor_at(g, o.attn_proj_bias),
+                  arena_.d_residual, a.att_out, p + o.attn_proj_weight, BT, A, C);
   zero(arena_.d_qkv, static_cast<size_t>(BT) * Q);
   grouped_query_attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att, B, T, NH, KVH, D);
   // From the rotated q and k back to the projections' outputs, in place.

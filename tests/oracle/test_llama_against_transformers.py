@@ -1,0 +1,74 @@
+"""The Llama family (Llama, Qwen2, Mistral) on layup's CPU backend against transformers in fp32:
+tiny random models made and saved here (grouped-query attention, tied and untied heads, Qwen2's
+q/k/v biases, Llama 3's rope scaling), loaded by layup; logits, loss and every gradient compared;
+layup's save of the gradients loaded back by transformers."""
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+
+from oracle_util import VOCAB, binary, hf_loss, random_tokens, relative_error, run, target_env
+
+B, T = 2, 24
+SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+
+FAMILIES = {
+    "llama-untied": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, tie_word_embeddings=False)),
+    # Llama 3's stretch of the slow frequencies, with an original context short enough that all
+    # three bands of the rule occur at head_dim 16.
+    "llama3-scaled-tied": lambda: LlamaForCausalLM(LlamaConfig(
+        **SHAPE, tie_word_embeddings=True, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    "llama-bias-mha": lambda: LlamaForCausalLM(LlamaConfig(
+        **{**SHAPE, "num_key_value_heads": 4}, attention_bias=True)),
+    "qwen2-tied": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE, tie_word_embeddings=True)),
+    "mistral": lambda: MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=None)),
+}
+
+
+def random_model(path, family, seed=0):
+    """The family's model with every parameter away from its init (norm gains 1, biases 0), so
+    each takes part in the check, saved with save_pretrained in fp32."""
+    torch.manual_seed(seed)
+    model = FAMILIES[family]()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_logits_loss_and_every_gradient_match_transformers(tmp_path, family):
+    env = target_env("cpu", "fp32")
+    model = random_model(tmp_path / "model", family)
+    [(inputs, targets)] = random_tokens(tmp_path / "tokens.bin", 1, B, T)
+    run([binary("layup_model_tool"), "grads", tmp_path / "model", tmp_path / "tokens.bin", B, T,
+         tmp_path / "out"], env=env)
+
+    loss, logits = hf_loss(model, inputs, targets)
+    loss.backward()
+    outputs = load_file(tmp_path / "out" / "outputs.safetensors")
+    assert relative_error(outputs["logits"], logits.detach()) < 1e-5
+    assert relative_error(outputs["loss"], loss.detach().reshape(1)) < 1e-5
+
+    grads = load_file(tmp_path / "out" / "grads" / "model.safetensors")
+    expected = {name: p.grad for name, p in model.named_parameters()}
+    assert set(grads) == set(expected), set(grads) ^ set(expected)
+    for name, grad in expected.items():
+        assert grads[name].shape == grad.shape, name
+        error = relative_error(grads[name], grad)
+        assert error < 1e-5, f"{name}: relative error {error:.3e}"
+
+    # What layup saved (here the gradients, in the model's layout and config) is a model
+    # transformers loads as the same architecture and shape.
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "grads")
+    assert type(saved) is type(model)
+    assert saved.config.num_key_value_heads == model.config.num_key_value_heads
+    assert saved.config.tie_word_embeddings == model.config.tie_word_embeddings
+    for name, param in saved.named_parameters():
+        assert torch.equal(param.detach(), grads[name]), name
