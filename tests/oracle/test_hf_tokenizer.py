@@ -66,7 +66,8 @@ MORE_STRINGS = [
 
 
 def train(tmp_path, name, pre_tokenizer, *, ignore_merges, template, reserved=0, corpus):
-    special = SPECIALS + [f"<|reserved_special_token_{i}|>" for i in range(reserved)]
+    # Reserved tokens first, so that with many of them the named ones get large ids.
+    special = [f"<|reserved_special_token_{i}|>" for i in range(reserved)] + SPECIALS
     tokenizer = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.decoder = decoders.ByteLevel()
