@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -239,6 +240,25 @@ TEST(HfTokenizer, LoadsFromAFile) {
   EXPECT_EQ(HfTokenizer::from_file(dir.file("tokenizer.json")).encode("ab"), (Ids{256}));
   EXPECT_TRUE(contains(error_message([&] { HfTokenizer::from_file(dir.file("missing.json")); }),
                        "cannot open tokenizer file " + dir.file("missing.json")));
+}
+
+TEST(HfTokenizer, LoadTokenizerPicksTheClassFromTheFiles) {
+  TempDir dir;
+  write_text(dir.file("tokenizer.json"), tokenizer_json({"ab"}, {"a b"}).dump());
+  EXPECT_EQ(load_tokenizer(dir.path())->vocab_size(), 257);
+  EXPECT_EQ(load_tokenizer(dir.file("tokenizer.json"))->encode("ab"), (Ids{256}));
+  EXPECT_EQ(load_tokenizer(LAYUP_DATA_DIR "/gpt2-tokenizer")->vocab_size(), 50257);
+  // GPT-2's own files win over a tokenizer.json beside them, as before tokenizer.json was read.
+  std::filesystem::copy_file(LAYUP_DATA_DIR "/gpt2-tokenizer/gpt2.tiktoken",
+                             dir.file("gpt2.tiktoken"));
+  EXPECT_EQ(load_tokenizer(dir.path())->document_separator(), 50256);
+
+  TempDir empty;
+  const std::string message = error_message([&] { load_tokenizer(empty.path()); });
+  EXPECT_TRUE(contains(message, "no tokenizer in " + empty.path() + ": expected " +
+                                    empty.file("tokenizer.json") + " (Hugging Face)"));
+  EXPECT_TRUE(contains(error_message([&] { load_tokenizer(empty.file("nothing")); }),
+                       "it is neither a tokenizer.json file nor a folder"));
 }
 
 // Every file layup cannot encode faithfully is refused, the message naming the field.
