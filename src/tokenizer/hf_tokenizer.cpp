@@ -124,11 +124,20 @@ HfTokenizer HfTokenizer::from_json(std::string_view json_text, const std::string
   fields.require("truncation", nullptr, "truncation cuts the ids of long texts");
   fields.require("padding", nullptr, "padding adds ids to short texts");
   if (const Json* normalizer = fields.find("normalizer")) {
-    const std::string type = normalizer->is_object() && normalizer->contains("type")
-                                 ? normalizer->at("type").dump()
-                                 : describe(*normalizer);
-    fail(source, ": normalizer is ", type,
-         "; layup implements no normalizer, and encoding without it would give other ids");
+    const Fields normalizer_fields(*normalizer, "normalizer", source);
+    const std::string type = normalizer_fields.string("type");
+    normalizer_fields.allow_only({"type"});
+    const std::pair<std::string_view, NormalizationForm> kForms[] = {
+        {"NFC", NormalizationForm::kNfc},
+        {"NFD", NormalizationForm::kNfd},
+        {"NFKC", NormalizationForm::kNfkc},
+        {"NFKD", NormalizationForm::kNfkd}};
+    for (const auto& [name, form] : kForms) {
+      if (type == name) tokenizer.normalizer_ = form;
+    }
+    LAYUP_CHECK(tokenizer.normalizer_.has_value(), source, ": normalizer.type is \"", type,
+                "\"; layup implements the normalizers NFC, NFD, NFKC and NFKD, and encoding "
+                "without this one would give other ids");
   }
 
   if (const Json* added = fields.find("added_tokens")) {
@@ -460,27 +469,28 @@ int32_t HfTokenizer::document_separator() const {
 }
 
 std::vector<int32_t> HfTokenizer::encode(std::string_view text, EncodeOptions options) const {
-  std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3);
-  if (options.add_post_processor_tokens) ids = template_before_;
-  // Pieces repeat (words, mostly): a piece seen before copies its ids from where they were first
-  // written. The cache belongs to this call, so concurrent calls share nothing mutable.
-  PieceCache cache;
-  encode_around_added_tokens(text, 0, options.recognize_special_tokens, cache, ids);
+  // The state belongs to this call, so concurrent calls share nothing mutable.
+  EncodeState state;
+  state.recognize_special = options.recognize_special_tokens;
+  state.ids.reserve(text.size() / 3);
+  if (options.add_post_processor_tokens) state.ids = template_before_;
+  encode_around_added_tokens(text, 0, state);
   if (options.add_post_processor_tokens) {
-    ids.insert(ids.end(), template_after_.begin(), template_after_.end());
+    state.ids.insert(state.ids.end(), template_after_.begin(), template_after_.end());
   }
-  return ids;
+  return std::move(state.ids);
 }
 
 void HfTokenizer::encode_around_added_tokens(std::string_view text, int pass,
-                                             bool recognize_special, PieceCache& cache,
-                                             std::vector<int32_t>& ids) const {
+                                             EncodeState& state) const {
   const auto encode_stretch = [&](std::string_view stretch) {
-    if (pass == 0) {
-      encode_around_added_tokens(stretch, 1, recognize_special, cache, ids);
+    if (pass == 1) {
+      encode_text(stretch, state);
+    } else if (normalizer_ && !stretch.empty()) {
+      encode_around_added_tokens(
+          state.normalized.emplace_back(normalize_unicode(stretch, *normalizer_)), 1, state);
     } else {
-      encode_text(stretch, cache, ids);
+      encode_around_added_tokens(stretch, 1, state);
     }
   };
   const AddedTokenPass& tokens = added_token_passes_[pass];
@@ -492,7 +502,7 @@ void HfTokenizer::encode_around_added_tokens(std::string_view text, int pass,
       const auto found = tokens.index_of_content.find(text.substr(position, length));
       if (found == tokens.index_of_content.end()) continue;
       const AddedToken& token = added_tokens_[found->second];
-      if (recognize_special || !token.special) return &token;
+      if (state.recognize_special || !token.special) return &token;
     }
     return nullptr;
   };
@@ -504,15 +514,14 @@ void HfTokenizer::encode_around_added_tokens(std::string_view text, int pass,
       continue;
     }
     encode_stretch(text.substr(stretch_start, position - stretch_start));
-    ids.push_back(found->id);
+    state.ids.push_back(found->id);
     position += found->content.size();
     stretch_start = position;
   }
   encode_stretch(text.substr(stretch_start));
 }
 
-void HfTokenizer::encode_text(std::string_view text, PieceCache& cache,
-                              std::vector<int32_t>& ids) const {
+void HfTokenizer::encode_text(std::string_view text, EncodeState& state) const {
   if (text.empty()) return;
   std::vector<std::string_view> pieces{text}, next;
   for (const PreTokenizerStep& step : pre_tokenizer_) {
@@ -521,8 +530,9 @@ void HfTokenizer::encode_text(std::string_view text, PieceCache& cache,
     for (std::string_view piece : pieces) step.pattern->split(piece, next);
     pieces.swap(next);
   }
+  std::vector<int32_t>& ids = state.ids;
   for (std::string_view piece : pieces) {
-    const auto [cached, inserted] = cache.try_emplace(piece, ids.size(), 0);
+    const auto [cached, inserted] = state.cache.try_emplace(piece, ids.size(), 0);
     if (!inserted) {
       const auto [begin, end] = cached->second;
       for (size_t i = begin; i < end; ++i) {

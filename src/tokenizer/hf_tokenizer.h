@@ -8,14 +8,17 @@
 //
 // Encoding runs what the file describes, in the order tokenizers runs it:
 //   1. added tokens: text equal to an added token's content becomes that token (the leftmost, and
-//      of those the longest); see EncodeOptions for which are looked for;
+//      of those the longest); see EncodeOptions for which are looked for. Tokens marked
+//      "normalized": false are looked for first, in the text as it is; the normalizer (if any)
+//      then runs on the text between them, and the other added tokens are looked for in that;
 //   2. the pre-tokenizer cuts the text between them into pieces: Split steps (a regular
 //      expression, split_pattern.h), then ByteLevel (GPT-2's pattern, when its use_regex is on);
 //   3. the BPE model: a piece that is a token is that token when the model has ignore_merges;
 //      else its bytes merge pairwise, always the pair that comes first in model.merges (its rank is
 //      its line there, not the id of the token it makes), the leftmost of equals (bpe_merge.h);
 //   4. the post-processor's tokens around the result, when asked (EncodeOptions).
-// Decoding concatenates the tokens' bytes (the ByteLevel decoder), added tokens included.
+// Decoding concatenates the tokens' bytes (the ByteLevel decoder), added tokens included; with a
+// normalizer, that is the normalized text.
 //
 // What is read, and what is refused. Everything that would change the ids is either implemented
 // or refused with a layup::Error naming the file and the field, never skipped:
@@ -24,7 +27,7 @@
 //                    byte_fallback, continuing_subword_prefix, end_of_word_suffix. Every one of the
 //                    256 bytes must be a token (so unk_token is never needed, and is not used).
 //   added_tokens     id, content, special, normalized. Refused: lstrip, rstrip, single_word.
-//   normalizer       null only.
+//   normalizer       null, NFC (Qwen2's), NFD, NFKC or NFKD (unicode_normalization.h).
 //   pre_tokenizer    ByteLevel, or Sequence of Split steps (pattern Regex or String, behavior
 //                    Isolated, invert false) ending in one ByteLevel; ByteLevel's add_prefix_space
 //                    must be false.
@@ -38,6 +41,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
@@ -52,6 +56,7 @@
 #include "tokenizer/bpe_merge.h"
 #include "tokenizer/split_pattern.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode_normalization.h"
 
 namespace layup {
 
@@ -75,8 +80,9 @@ class HfTokenizer final : public Tokenizer {
     bool add_post_processor_tokens = false;
   };
 
-  // decode(encode(text)) == text whenever add_post_processor_tokens is off. Any bytes, valid
-  // UTF-8 or not (tokenizers itself takes only valid UTF-8). Safe to call concurrently.
+  // decode(encode(text)) == text whenever add_post_processor_tokens is off and the file has no
+  // normalizer (with one, decoding gives the normalized text). Any bytes, valid UTF-8 or not
+  // (tokenizers itself takes only valid UTF-8). Safe to call concurrently.
   std::vector<int32_t> encode(std::string_view text, EncodeOptions options) const;
   std::vector<int32_t> encode(std::string_view text) const override { return encode(text, {}); }
   std::string decode(std::span<const int32_t> ids) const override;
@@ -107,8 +113,15 @@ class HfTokenizer final : public Tokenizer {
     std::optional<SplitPattern> pattern;  // none: ByteLevel with use_regex false
   };
 
-  // Where each piece's ids were first written in this encode() call: [begin, end) of the ids.
-  using PieceCache = std::unordered_map<std::string_view, std::pair<size_t, size_t>>;
+  // What one encode() call keeps while it runs.
+  struct EncodeState {
+    bool recognize_special = false;
+    // Where each piece's ids were first written in this call: [begin, end) of the ids. Pieces
+    // repeat (words, mostly); a piece seen before copies its ids from there.
+    std::unordered_map<std::string_view, std::pair<size_t, size_t>> cache;
+    std::deque<std::string> normalized;  // normalized text, which the cache's keys point into
+    std::vector<int32_t> ids;
+  };
 
   HfTokenizer() = default;
   void read_model(const nlohmann::json& model);
@@ -118,9 +131,8 @@ class HfTokenizer final : public Tokenizer {
 
   // Encodes text around the added tokens of `pass` (0: those with normalized false, 1: the rest,
   // in tokenizers' order), handing the stretches between them to the next pass.
-  void encode_around_added_tokens(std::string_view text, int pass, bool recognize_special,
-                                  PieceCache& cache, std::vector<int32_t>& ids) const;
-  void encode_text(std::string_view text, PieceCache& cache, std::vector<int32_t>& ids) const;
+  void encode_around_added_tokens(std::string_view text, int pass, EncodeState& state) const;
+  void encode_text(std::string_view text, EncodeState& state) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& ids) const;
 
   std::vector<std::string> token_bytes_;  // by id: model.vocab and added tokens
@@ -129,6 +141,7 @@ class HfTokenizer final : public Tokenizer {
   std::unordered_map<uint64_t, BpeMerge> merges_;  // (left id << 32 | right id) -> merge
   int32_t byte_id_[256];
   bool ignore_merges_ = false;
+  std::optional<NormalizationForm> normalizer_;
   std::vector<AddedToken> added_tokens_;
   // The added tokens looked for in one pass over the text.
   struct AddedTokenPass {

@@ -234,6 +234,25 @@ TEST(HfTokenizer, SplitStepsRunBeforeByteLevel) {
   EXPECT_EQ(load(json).encode("55 5"), (Ids{byte_id('5'), 257, byte_id('5')}));
 }
 
+TEST(HfTokenizer, NormalizerRunsBetweenTheAddedTokensOfTheRawText) {
+  Json json = tokenizer_json({"\u00E9"}, {"\xC3 \xA9"});  // é
+  json["normalizer"] = {{"type", "NFC"}};
+  // One added token is matched in the raw text, the other in the normalized text.
+  json["added_tokens"] =
+      Json::array({added_token(257, "e\u0301!", true), added_token(258, "\u00E9?", false)});
+  const HfTokenizer tokenizer = load(json);
+  EXPECT_EQ(tokenizer.encode("e\u0301"), (Ids{256}));
+  EXPECT_EQ(tokenizer.decode(tokenizer.encode("e\u0301")), "\u00E9");
+  EXPECT_EQ(tokenizer.encode("e\u0301!", {.recognize_special_tokens = true}), (Ids{257}));
+  EXPECT_EQ(tokenizer.encode("e\u0301!"), (Ids{256, byte_id('!')}));
+  EXPECT_EQ(tokenizer.encode("e\u0301?"), (Ids{258}));
+  // Invalid bytes stay, and stop composition across them.
+  EXPECT_EQ(tokenizer.encode("e\xFF\u0301"),
+            (Ids{byte_id('e'), byte_id('\xFF'), byte_id('\xCC'), byte_id('\x81')}));
+  json["normalizer"] = {{"type", "NFKC"}};
+  EXPECT_EQ(load(json).decode(load(json).encode("\uFB01 \u2460")), "fi 1");
+}
+
 TEST(HfTokenizer, LoadsFromAFile) {
   TempDir dir;
   write_text(dir.file("tokenizer.json"), tokenizer_json({"ab"}, {"a b"}).dump(2));
@@ -281,9 +300,10 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
   EXPECT_TRUE(contains(refused([](Json& j) { j["extra"] = 1; }),
                        "tokenizer.json: extra is a field layup does not know"));
   EXPECT_TRUE(contains(refused([](Json& j) {
-                         j["normalizer"] = {{"type", "NFC"}};
+                         j["normalizer"] = {{"type", "Lowercase"}};
                        }),
-                       "normalizer is \"NFC\"; layup implements no normalizer"));
+                       "normalizer.type is \"Lowercase\"; layup implements the normalizers NFC, "
+                       "NFD, NFKC and NFKD"));
   EXPECT_TRUE(contains(refused([](Json& j) {
                          j["truncation"] = {{"max_length", 8}};
                        }),
