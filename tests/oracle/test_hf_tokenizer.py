@@ -10,6 +10,8 @@ side runs through layup_hf_encode_tool (bytes in, little-endian int32 ids out; -
   - llama3-shuffled: the same file with its merged tokens' ids shuffled, so that a merge's rank
     (its line) is no longer its token's id;
   - gpt2: ByteLevel with GPT-2's regex, merges saved as "a b" strings (the older serialisation);
+  - qwen2: Qwen2's split pattern (single digits) and its NFC normalizer; nfkc: GPT-2's ByteLevel
+    with an NFKC normalizer;
   - big: llama3 with 70,000 reserved special tokens, so <|begin_of_text|> gets an id above 65,535
     and `layup tokenize` writes uint32 shards.
 Special tokens: layup's default (text is text) is compared with tokenizers' encode_special_tokens
@@ -25,7 +27,7 @@ import pytest
 
 try:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers import processors, trainers
+    from tokenizers import normalizers, processors, trainers
 except ImportError as error:
     raise ImportError(
         f"the tokenizer.json oracle needs Hugging Face's tokenizers: pip install tokenizers ({error})"
@@ -37,6 +39,7 @@ LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"]
 NOT_SPECIAL = "<tool_call>"
 VOCAB_SIZE = 3000
@@ -65,10 +68,12 @@ MORE_STRINGS = [
 ]
 
 
-def train(tmp_path, name, pre_tokenizer, *, ignore_merges, template, reserved=0, corpus):
+def train(tmp_path, name, pre_tokenizer, *, ignore_merges, template, corpus, reserved=0,
+          specials=SPECIALS, normalizer=None):
     # Reserved tokens first, so that with many of them the named ones get large ids.
-    special = [f"<|reserved_special_token_{i}|>" for i in range(reserved)] + SPECIALS
+    special = [f"<|reserved_special_token_{i}|>" for i in range(reserved)] + specials
     tokenizer = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    tokenizer.normalizer = normalizer
     tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -148,10 +153,36 @@ def tokenizer_files(tmp_path_factory, corpus):
         tmp, "big", llama3_steps, ignore_merges=True, template=True, reserved=RESERVED,
         corpus=corpus,
     )
+    qwen2 = train(
+        tmp,
+        "qwen2",
+        pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        ),
+        ignore_merges=False,
+        template=False,
+        corpus=corpus,
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        normalizer=normalizers.NFC(),
+    )
+    nfkc = train(
+        tmp,
+        "nfkc",
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ignore_merges=False,
+        template=False,
+        corpus=corpus,
+        normalizer=normalizers.NFKC(),
+    )
     return {
         "llama3": llama3,
         "llama3-shuffled": shuffled_ids(llama3, seed=3),
         "gpt2": as_string_merges(gpt2),
+        "qwen2": qwen2,
+        "nfkc": nfkc,
         "big": big,
     }
 
@@ -209,7 +240,16 @@ def assert_same_ids(actual, expected, what):
     )
 
 
-KINDS = ["llama3", "llama3-shuffled", "gpt2"]
+KINDS = ["llama3", "llama3-shuffled", "gpt2", "qwen2", "nfkc"]
+NORMALIZED = {"qwen2", "nfkc"}  # these decode to the normalized text
+
+
+def assert_decodes(tool, tokenizer_files, kind, ids, data):
+    decoded = tool.decode(tokenizer_files[kind], ids)
+    reference = Tokenizer.from_file(str(tokenizer_files[kind]))
+    assert decoded == reference.decode(ids, skip_special_tokens=False).encode("utf-8")
+    if kind not in NORMALIZED:
+        assert decoded == data
 
 
 def test_shuffled_ids_change_the_ids_not_the_text(tokenizer_files):
@@ -227,7 +267,7 @@ def test_corpus_matches_tokenizers(tool, tokenizer_files, corpus, kind):
         data = path.read_bytes()
         ids = tool.encode(tokenizer_files[kind], data)
         assert_same_ids(ids, reference_ids(tokenizer_files[kind], data.decode("utf-8")), path.name)
-        assert tool.decode(tokenizer_files[kind], ids) == data
+        assert_decodes(tool, tokenizer_files, kind, ids, data)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -238,13 +278,14 @@ def test_hard_strings_match_tokenizers(tool, tokenizer_files, kind, special):
         data = text.encode("utf-8")
         ids = tool.encode(path, data, special=special)
         assert_same_ids(ids, reference_ids(path, text, special=special), repr(text[:40]))
-        assert tool.decode(path, ids) == data
+        assert_decodes(tool, tokenizer_files, kind, ids, data)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_random_text_matches_tokenizers(tool, tokenizer_files, kind):
     rng = random.Random(5)
-    fragments = FRAGMENTS + SPECIALS + [NOT_SPECIAL, "\u180e", "\u0085", "ſ", "K", "'K"]
+    fragments = FRAGMENTS + SPECIALS + [NOT_SPECIAL, "<|endoftext|>", "\u180e", "\u0085", "ſ"]
+    fragments += ["K", "'K", "e\u0301", "\u0301", "Å", "ﬁ", "①", "Ⅻ", "\u1100\u1161", "ｶ"]
     text = "".join(rng.choice(fragments) for _ in range(40000))
     path = tokenizer_files[kind]
     for special in (False, True):
@@ -311,11 +352,13 @@ def test_tokenize_command_keeps_uint16_for_small_vocabularies(build_dir, tokeniz
 
 def test_unsupported_file_is_refused(tool, tokenizer_files, tmp_path):
     data = json.loads(tokenizer_files["gpt2"].read_text())
-    data["normalizer"] = {"type": "NFKC"}
+    data["normalizer"] = {"type": "Lowercase"}
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps(data))
     finished = subprocess.run(
         [str(tool.path), str(path), str(path), str(tmp_path / "out")], capture_output=True, text=True
     )
     assert finished.returncode == 1
-    assert f"{path}: normalizer is \"NFKC\"; layup implements no normalizer" in finished.stderr
+    assert f"{path}: normalizer.type is \"Lowercase\"; layup implements the normalizers" in (
+        finished.stderr
+    )
