@@ -2,9 +2,9 @@
 // Llama 3's, Qwen2's, SmolLM's, GPT-2's as the Hub ships it, or one trained with tokenizers.
 //
 //   HfTokenizer tokenizer = HfTokenizer::from_file("Llama-3.2-1B/tokenizer.json");
-//   tokenizer.encode("hello world");                         // {15339, 1917}
-//   tokenizer.encode("<|begin_of_text|>hi", {.recognize_special_tokens = true});
-//   tokenizer.encode("hi", {.add_post_processor_tokens = true});  // {128000, 6151}
+//   tokenizer.encode("hello world");  // the ids of "hello" and " world"
+//   tokenizer.encode("<|begin_of_text|>hi", {.recognize_special_tokens = true});  // 128000, "hi"
+//   tokenizer.encode("hi", {.add_post_processor_tokens = true});                   // the same
 //
 // Encoding runs what the file describes, in the order tokenizers runs it:
 //   1. added tokens: text equal to an added token's content becomes that token (the leftmost, and

@@ -18,9 +18,11 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  // The ids of any bytes, valid UTF-8 or not, every byte taken as text: a special token's
-  // spelling in the text ("<|endoftext|>") is encoded like any other text, and nothing is added
-  // before or after it. decode(encode(text)) == text. Safe to call concurrently.
+  // The ids of any bytes, valid UTF-8 or not, taken as text: a special token's spelling in the
+  // text ("<|endoftext|>") is encoded like any other text, and nothing is added before or after
+  // it. (A tokenizer.json's added tokens that are not special are still found, as tokenizers
+  // always finds them: HfTokenizer::EncodeOptions.) decode(encode(text)) == text, but for a
+  // tokenizer.json normalizer. Safe to call concurrently.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // The concatenated bytes of the tokens. Throws layup::Error for an id out of range.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
