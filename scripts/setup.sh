@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(g++ cmake make libeigen3-dev nlohmann-json3-dev libcli11-dev libgtest-dev libomp-dev)
+packages=(g++ cmake make libeigen3-dev nlohmann-json3-dev libcli11-dev libgtest-dev libomp-dev
+  libpcre2-dev libutf8proc-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||

@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "train/corpus_shards.h"
 
 namespace layup {
@@ -24,7 +24,8 @@ void add_tokenize_command(CLI::App& app) {
   auto flags = std::make_shared<TokenizeFlags>();
   CLI::App* cmd = app.add_subcommand(
       "tokenize",
-      "Turn UTF-8 text files into token shards (llm.c's layout: 256 int32 header, uint16 tokens)");
+      "Turn UTF-8 text files into token shards (llm.c's layouts: 256 int32 header, then uint16 "
+      "token ids, or uint32 for a vocabulary over 65,536)");
   cmd->add_option("files", flags->files,
                   "Text files; each is one document. A file that looks binary (a NUL byte, or "
                   "more than 10% of its bytes outside valid UTF-8) is tokenized with a warning")
@@ -36,16 +37,21 @@ void add_tokenize_command(CLI::App& app) {
   cmd->add_option("--val-fraction", flags->val_fraction,
                   "Share of each document (its end, rounded down) kept for validation, in (0, 1)")
       ->capture_default_str();
-  cmd->add_option("--tokenizer", flags->tokenizer,
-                  "Folder with gpt2.tiktoken or encoder.json + vocab.bpe (default: shipped)");
+  cmd->add_option(
+      "--tokenizer", flags->tokenizer,
+      "Folder with GPT-2's gpt2.tiktoken or encoder.json + vocab.bpe, or with a Hugging "
+      "Face tokenizer.json (byte-level BPE: Llama 3, Qwen2, SmolLM...), or that "
+      "tokenizer.json itself (default: the shipped GPT-2 tokenizer). Special-token "
+      "text in the files is encoded as ordinary text; each file starts with the "
+      "tokenizer's document separator (<|endoftext|>, or Llama 3's <|begin_of_text|>)");
   cmd->callback([flags]() {
     const std::string tokenizer_dir =
         flags->tokenizer.empty()
             ? (std::filesystem::path(shipped_data_dir()) / "gpt2-tokenizer").string()
             : flags->tokenizer;
-    const BpeTokenizer tokenizer = BpeTokenizer::load_dir(tokenizer_dir);
+    const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(tokenizer_dir);
     const ShardSummary summary =
-        write_corpus_shards(tokenizer, flags->files, flags->out, flags->val_fraction);
+        write_corpus_shards(*tokenizer, flags->files, flags->out, flags->val_fraction);
     std::printf("%zu training tokens, %zu validation tokens\n", summary.train_tokens,
                 summary.val_tokens);
     for (const std::string& file : summary.files) std::printf("  %s\n", file.c_str());

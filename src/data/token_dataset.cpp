@@ -51,11 +51,12 @@ std::string found_text(const std::vector<std::string>& names) {
   return text;
 }
 
-void copy_window(std::span<const uint16_t> tokens, size_t start, int seq_len, int32_t* inputs,
-                 int32_t* targets) {
+template <class TokenId>
+void copy_ids(const std::vector<TokenId>& tokens, size_t start, int seq_len, int32_t* inputs,
+              int32_t* targets) {
   for (int t = 0; t < seq_len; ++t) {
-    inputs[t] = tokens[start + t];
-    targets[t] = tokens[start + t + 1];
+    inputs[t] = static_cast<int32_t>(tokens[start + t]);
+    targets[t] = static_cast<int32_t>(tokens[start + t + 1]);
   }
 }
 
@@ -134,9 +135,23 @@ DataFolderShards find_data_folder_shards(const std::string& data_dir) {
 TokenDataset::TokenDataset(const std::vector<std::string>& shard_paths, int vocab_size)
     : shard_paths_(shard_paths) {
   LAYUP_CHECK(!shard_paths.empty(), "a token dataset needs at least one shard");
+  wide_ = vocab_size > 65536;
   for (const std::string& path : shard_paths) {
-    const std::vector<uint16_t> shard = read_token_shard(path, vocab_size);
-    tokens_.insert(tokens_.end(), shard.begin(), shard.end());
+    if (wide_) {
+      const std::vector<uint32_t> shard = read_token_shard_as_uint32(path, vocab_size);
+      tokens32_.insert(tokens32_.end(), shard.begin(), shard.end());
+    } else {
+      const std::vector<uint16_t> shard = read_token_shard(path, vocab_size);
+      tokens16_.insert(tokens16_.end(), shard.begin(), shard.end());
+    }
+  }
+}
+
+void TokenDataset::copy_window(size_t start, int seq_len, int32_t* inputs, int32_t* targets) const {
+  if (wide_) {
+    copy_ids(tokens32_, start, seq_len, inputs, targets);
+  } else {
+    copy_ids(tokens16_, start, seq_len, inputs, targets);
   }
 }
 
@@ -149,10 +164,10 @@ TokenDataset TokenDataset::open(const std::string& data_dir, const std::string& 
 }
 
 BatchSampler::BatchSampler(const TokenDataset& dataset, int batch, int seq_len, uint64_t seed)
-    : tokens_(dataset.tokens()), batch_(batch), seq_len_(seq_len), rng_(seed) {
+    : dataset_(&dataset), batch_(batch), seq_len_(seq_len), rng_(seed) {
   check_batch_shape(batch, seq_len);
-  LAYUP_CHECK(tokens_.size() >= static_cast<size_t>(seq_len) + 1, "the training data has ",
-              tokens_.size(), " tokens, too few for one sequence of T=", seq_len,
+  LAYUP_CHECK(dataset_->size() >= static_cast<size_t>(seq_len) + 1, "the training data has ",
+              dataset_->size(), " tokens, too few for one sequence of T=", seq_len,
               " (T+1 tokens are needed for inputs and targets); use more data or a shorter "
               "sequence length");
 }
@@ -160,11 +175,11 @@ BatchSampler::BatchSampler(const TokenDataset& dataset, int batch, int seq_len, 
 void BatchSampler::next(TokenBatchBuffer& out) {
   resize_batch(out, batch_, seq_len_);
   // Starts in [0, size - T - 1], so the window's last token (the last target) is in range.
-  const uint64_t start_count = tokens_.size() - static_cast<size_t>(seq_len_);
+  const uint64_t start_count = dataset_->size() - static_cast<size_t>(seq_len_);
   for (int b = 0; b < batch_; ++b) {
     const size_t start = static_cast<size_t>(rng_.below(start_count));
     const size_t row = static_cast<size_t>(b) * seq_len_;
-    copy_window(tokens_, start, seq_len_, out.inputs.data() + row, out.targets.data() + row);
+    dataset_->copy_window(start, seq_len_, out.inputs.data() + row, out.targets.data() + row);
   }
 }
 
@@ -176,17 +191,17 @@ TokenBatchBuffer BatchSampler::next() {
 
 ValidationBatches::ValidationBatches(const TokenDataset& dataset, int batch, int seq_len,
                                      int max_batches)
-    : tokens_(dataset.tokens()), batch_(batch), seq_len_(seq_len), count_(0) {
+    : dataset_(&dataset), batch_(batch), seq_len_(seq_len), count_(0) {
   check_batch_shape(batch, seq_len);
-  LAYUP_CHECK(tokens_.size() >= static_cast<size_t>(seq_len) + 1, "the validation data has ",
-              tokens_.size(), " tokens, too few for one sequence of T=", seq_len,
+  LAYUP_CHECK(dataset_->size() >= static_cast<size_t>(seq_len) + 1, "the validation data has ",
+              dataset_->size(), " tokens, too few for one sequence of T=", seq_len,
               " (T+1 tokens are needed for inputs and targets); use more data or a shorter "
               "sequence length");
   // Windows of T inputs overlap their neighbours only in the one token that is the last target
   // of one window and the first input of the next.
-  const size_t windows = (tokens_.size() - 1) / static_cast<size_t>(seq_len);
+  const size_t windows = (dataset_->size() - 1) / static_cast<size_t>(seq_len);
   const size_t whole_batches = windows / static_cast<size_t>(batch);
-  LAYUP_CHECK(whole_batches >= 1, "the validation data has ", tokens_.size(),
+  LAYUP_CHECK(whole_batches >= 1, "the validation data has ", dataset_->size(),
               " tokens, which make ", windows, " sequences of T=", seq_len,
               ", fewer than one batch of B=", batch, " (", static_cast<size_t>(batch) * seq_len + 1,
               " tokens are needed); use more validation data or a smaller batch");
@@ -202,8 +217,8 @@ void ValidationBatches::get(int index, TokenBatchBuffer& out) const {
   for (int b = 0; b < batch_; ++b) {
     const size_t window = static_cast<size_t>(index) * batch_ + b;
     const size_t row = static_cast<size_t>(b) * seq_len_;
-    copy_window(tokens_, window * seq_len_, seq_len_, out.inputs.data() + row,
-                out.targets.data() + row);
+    dataset_->copy_window(window * seq_len_, seq_len_, out.inputs.data() + row,
+                          out.targets.data() + row);
   }
 }
 

@@ -48,13 +48,21 @@ class TokenDataset {
   // find_token_shards.
   static TokenDataset open(const std::string& data_dir, const std::string& split, int vocab_size);
 
-  std::span<const uint16_t> tokens() const { return tokens_; }
-  size_t size() const { return tokens_.size(); }
+  size_t size() const { return wide_ ? tokens32_.size() : tokens16_.size(); }
+  uint32_t token(size_t position) const {
+    return wide_ ? tokens32_[position] : tokens16_[position];
+  }
+  // inputs[t] = token(start + t), targets[t] = token(start + t + 1), for t < seq_len.
+  void copy_window(size_t start, int seq_len, int32_t* inputs, int32_t* targets) const;
   const std::vector<std::string>& shard_paths() const { return shard_paths_; }
 
  private:
   std::vector<std::string> shard_paths_;
-  std::vector<uint16_t> tokens_;
+  // The ids are held as uint16 when the vocabulary allows it (any shard layout reads so), as
+  // uint32 otherwise: a GPT-2 dataset takes the memory its files take.
+  bool wide_ = false;
+  std::vector<uint16_t> tokens16_;
+  std::vector<uint32_t> tokens32_;
 };
 
 // The token ids of one batch, owned; view() is what a ModelBackend takes.
@@ -67,7 +75,7 @@ struct TokenBatchBuffer {
   TokenBatch view() const { return {inputs.data(), targets.data(), batch, seq_len}; }
 };
 
-// Random training batches. Holds a view of the dataset's tokens: the dataset must outlive it.
+// Random training batches. Holds a pointer to the dataset: the dataset must outlive it.
 class BatchSampler {
  public:
   // Throws layup::Error when the dataset has fewer than seq_len + 1 tokens.
@@ -85,14 +93,14 @@ class BatchSampler {
   int seq_len() const { return seq_len_; }
 
  private:
-  std::span<const uint16_t> tokens_;
+  const TokenDataset* dataset_;
   int batch_;
   int seq_len_;
   Rng rng_;
 };
 
 // A fixed list of validation batches: window w covers tokens [w*T, w*T + T] (inputs and shifted
-// targets), batch i holds windows i*B .. i*B + B-1. Holds a view of the dataset's tokens.
+// targets), batch i holds windows i*B .. i*B + B-1. Holds a pointer to the dataset.
 class ValidationBatches {
  public:
   // max_batches <= 0 takes every whole batch that fits. Throws layup::Error when not even one
@@ -104,7 +112,7 @@ class ValidationBatches {
   TokenBatchBuffer get(int index) const;
 
  private:
-  std::span<const uint16_t> tokens_;
+  const TokenDataset* dataset_;
   int batch_;
   int seq_len_;
   int count_;

@@ -1,10 +1,11 @@
-// Reading and writing llm.c-style token shards.
+// Reading and writing llm.c-style token shards, uint16 and uint32.
 #include "data/token_shard.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -49,26 +50,57 @@ class ScopedFd {
   int fd_;
 };
 
-}  // namespace
-
-void write_token_shard(const std::string& path, std::span<const uint16_t> tokens) {
+template <class TokenId>
+void write_shard(const std::string& path, int32_t magic, int32_t version,
+                 std::span<const TokenId> tokens) {
   LAYUP_CHECK(!tokens.empty(), "cannot write token shard ", path,
               ": there are no tokens to write (a shard holds at least one)");
   LAYUP_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
               "cannot write token shard ", path, ": ", tokens.size(),
               " tokens do not fit one shard (at most 2147483647); split them over several");
   std::array<int32_t, kTokenShardHeaderInts> header{};
-  header[0] = kTokenShardMagic;
-  header[1] = kTokenShardVersion;
+  header[0] = magic;
+  header[1] = version;
   header[2] = static_cast<int32_t>(tokens.size());
   const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(header)),
                                                std::as_bytes(tokens)};
   write_file_atomically(path, pieces);
 }
 
-std::vector<uint16_t> read_token_shard(const std::string& path, int vocab_size) {
-  LAYUP_CHECK(vocab_size >= 1 && vocab_size <= 65536, "cannot check token shard ", path,
-              " against a vocabulary of ", vocab_size, " tokens (expected 1..65536)");
+// Reads the `out.size()` ids of the shard's body, stored as FileId, into `out`, checking each
+// against the vocabulary.
+template <class FileId, class TokenId>
+void read_ids(int fd, const std::string& path, int64_t vocab_size, std::vector<TokenId>& out) {
+  const auto check = [&](size_t position, uint32_t id) {
+    if (id >= vocab_size) {
+      fail("token shard ", path, " has token id ", id, " at position ", position,
+           ", outside the vocabulary of ", vocab_size,
+           " tokens; the shard was made with another tokenizer or is damaged");
+    }
+  };
+  if constexpr (sizeof(FileId) == sizeof(TokenId)) {
+    read_exactly(fd, kTokenShardHeaderBytes, std::as_writable_bytes(std::span(out)), path);
+    for (size_t position = 0; position < out.size(); ++position) check(position, out[position]);
+  } else {
+    // Through a buffer of the file's width, a chunk at a time.
+    std::vector<FileId> chunk(std::min<size_t>(out.size(), size_t{1} << 20));
+    for (size_t done = 0; done < out.size(); done += chunk.size()) {
+      chunk.resize(std::min(chunk.size(), out.size() - done));
+      read_exactly(fd, kTokenShardHeaderBytes + done * sizeof(FileId),
+                   std::as_writable_bytes(std::span(chunk)), path);
+      for (size_t i = 0; i < chunk.size(); ++i) {
+        check(done + i, chunk[i]);
+        out[done + i] = static_cast<TokenId>(chunk[i]);  // fits: below vocab_size
+      }
+    }
+  }
+}
+
+template <class TokenId>
+std::vector<TokenId> read_shard(const std::string& path, int64_t vocab_size) {
+  constexpr int64_t kMaxVocab = int64_t{std::numeric_limits<TokenId>::max()} + 1;
+  LAYUP_CHECK(vocab_size >= 1 && vocab_size <= kMaxVocab, "cannot check token shard ", path,
+              " against a vocabulary of ", vocab_size, " tokens (expected 1..", kMaxVocab, ")");
   ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   LAYUP_CHECK(fd.get() >= 0, "cannot open token shard ", path, ": ", std::strerror(errno));
   struct stat info;
@@ -84,37 +116,58 @@ std::vector<uint16_t> read_token_shard(const std::string& path, int vocab_size) 
 
   std::array<int32_t, kTokenShardHeaderInts> header{};
   read_exactly(fd.get(), 0, std::as_writable_bytes(std::span(header)), path);
-  LAYUP_CHECK(header[0] == kTokenShardMagic, path,
+  const bool wide = header[0] == kWideTokenShardMagic;
+  LAYUP_CHECK(header[0] == kTokenShardMagic || wide, path,
               " is not a layup/llm.c token shard: it starts with the number ", header[0],
-              " where a shard has the magic number ", kTokenShardMagic,
-              "; token shards are made by layup's data preparation or llm.c's data scripts");
-  LAYUP_CHECK(header[1] == kTokenShardVersion, "token shard ", path, " has version ", header[1],
-              "; layup reads version ", kTokenShardVersion,
-              " (uint16 token ids; llm.c's version 2 holds uint32 ids of other tokenizers)");
+              " where a shard has the magic number ", kTokenShardMagic, " (uint16 ids) or ",
+              kWideTokenShardMagic,
+              " (uint32 ids); token shards are made by `layup tokenize` or llm.c's data scripts");
+  const int32_t expected_version = wide ? kWideTokenShardVersion : kTokenShardVersion;
+  LAYUP_CHECK(header[1] == expected_version, "token shard ", path, " has version ", header[1],
+              "; layup reads version ", expected_version, " under the magic number ", header[0],
+              " (llm.c's layouts: version ", kTokenShardVersion, " of ", kTokenShardMagic,
+              " holds uint16 ids, version ", kWideTokenShardVersion, " of ", kWideTokenShardMagic,
+              " uint32 ids)");
   const int64_t declared = header[2];
   LAYUP_CHECK(declared > 0, "token shard ", path, " declares ", declared,
               " tokens in its header; a shard holds at least one");
 
+  const size_t id_bytes = wide ? sizeof(uint32_t) : sizeof(uint16_t);
   const size_t body_bytes = file_bytes - kTokenShardHeaderBytes;
-  const size_t expected_bytes = static_cast<size_t>(declared) * sizeof(uint16_t);
+  const size_t expected_bytes = static_cast<size_t>(declared) * id_bytes;
   LAYUP_CHECK(body_bytes >= expected_bytes, "token shard ", path,
               " is truncated: its header declares ", declared, " tokens but the file holds only ",
-              body_bytes / sizeof(uint16_t), " (", body_bytes,
-              " bytes after the header); make the shard again");
+              body_bytes / id_bytes, " (", body_bytes, " bytes after the header, ", id_bytes,
+              " per token); make the shard again");
   LAYUP_CHECK(body_bytes == expected_bytes, "token shard ", path, " has ",
               body_bytes - expected_bytes, " bytes after the ", declared,
               " tokens its header declares; the header's count is wrong or the file is damaged");
 
-  std::vector<uint16_t> tokens(static_cast<size_t>(declared));
-  read_exactly(fd.get(), kTokenShardHeaderBytes, std::as_writable_bytes(std::span(tokens)), path);
-  for (size_t position = 0; position < tokens.size(); ++position) {
-    if (tokens[position] >= vocab_size) {
-      fail("token shard ", path, " has token id ", tokens[position], " at position ", position,
-           ", outside the vocabulary of ", vocab_size,
-           " tokens; the shard was made with another tokenizer or is damaged");
-    }
+  std::vector<TokenId> tokens(static_cast<size_t>(declared));
+  if (wide) {
+    read_ids<uint32_t>(fd.get(), path, vocab_size, tokens);
+  } else {
+    read_ids<uint16_t>(fd.get(), path, vocab_size, tokens);
   }
   return tokens;
+}
+
+}  // namespace
+
+void write_token_shard(const std::string& path, std::span<const uint16_t> tokens) {
+  write_shard(path, kTokenShardMagic, kTokenShardVersion, tokens);
+}
+
+void write_token_shard(const std::string& path, std::span<const uint32_t> tokens) {
+  write_shard(path, kWideTokenShardMagic, kWideTokenShardVersion, tokens);
+}
+
+std::vector<uint16_t> read_token_shard(const std::string& path, int64_t vocab_size) {
+  return read_shard<uint16_t>(path, vocab_size);
+}
+
+std::vector<uint32_t> read_token_shard_as_uint32(const std::string& path, int64_t vocab_size) {
+  return read_shard<uint32_t>(path, vocab_size);
 }
 
 }  // namespace layup

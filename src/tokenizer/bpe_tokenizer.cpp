@@ -16,49 +16,15 @@
 #include <utility>
 
 #include "core/error.h"
+#include "tokenizer/bpe_merge.h"
 #include "tokenizer/gpt2_pretokenizer.h"
-#include "tokenizer/utf8.h"
+#include "tokenizer/tokenizer_files.h"
 
 namespace layup {
 namespace {
 
 constexpr std::string_view kEndOfText = "<|endoftext|>";
 constexpr int kSingleByteTokens = 256;
-
-std::string read_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) fail("cannot open tokenizer file ", path, ": ", std::strerror(errno));
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  LAYUP_CHECK(!file.bad(), "cannot read tokenizer file ", path);
-  return std::move(contents).str();
-}
-
-// Text from a file, quoted for an error message: control bytes escaped, long text cut short.
-// With escape_non_ascii, bytes >= 0x80 are escaped too (for raw token bytes, which need not be
-// UTF-8).
-std::string quoted(std::string_view text, bool escape_non_ascii = false) {
-  constexpr size_t kMaxBytes = 60;
-  std::string result = "\"";
-  for (size_t i = 0; i < std::min(text.size(), kMaxBytes); ++i) {
-    const auto byte = static_cast<unsigned char>(text[i]);
-    if (byte < 0x20 || byte == 0x7F || (escape_non_ascii && byte >= 0x80)) {
-      constexpr char kHex[] = "0123456789ABCDEF";
-      result += {'\\', 'x', kHex[byte >> 4], kHex[byte & 15]};
-    } else {
-      if (byte == '"' || byte == '\\') result += '\\';
-      result += static_cast<char>(byte);
-    }
-  }
-  if (text.size() > kMaxBytes) result += "...";
-  return result + "\"";
-}
-
-std::string hex_code_point(char32_t code_point) {
-  std::ostringstream text;
-  text << "U+" << std::hex << std::uppercase << static_cast<uint32_t>(code_point);
-  return text.str();
-}
 
 // Calls visit(line_number, line) for each line, line numbers from 1, without its "\n" or
 // "\r\n". A final line without a newline is visited too.
@@ -109,37 +75,6 @@ std::optional<std::string> decode_base64(std::string_view text) {
   return bytes;
 }
 
-// GPT-2's encoder.json and vocab.bpe spell each byte as a printable character: the printable
-// Latin-1 bytes as themselves, the other 68 bytes (controls, space, 0x7F..0xA0, 0xAD) as U+0100
-// onwards in byte order. Returns the bytes a spelling stands for; where names the file (and line)
-// for the error if a character is outside the alphabet.
-std::string bytes_of_spelling(std::string_view spelling, const std::string& where) {
-  static const std::array<int, 324> kByteOfCharacter = [] {
-    std::array<int, 324> byte_of_character;
-    byte_of_character.fill(-1);
-    int next_unprintable = 256;
-    for (int byte = 0; byte < 256; ++byte) {
-      const bool printable =
-          (byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE;
-      byte_of_character[printable ? byte : next_unprintable++] = byte;
-    }
-    return byte_of_character;
-  }();
-
-  std::string bytes;
-  for (size_t position = 0; position < spelling.size();) {
-    const Utf8CodePoint decoded = decode_utf8_at(spelling, position);
-    LAYUP_CHECK(decoded.valid, where, ": token ", quoted(spelling), " is not valid UTF-8");
-    const char32_t character = decoded.code_point;
-    LAYUP_CHECK(character < kByteOfCharacter.size() && kByteOfCharacter[character] >= 0, where,
-                ": token ", quoted(spelling), " has the character ", hex_code_point(character),
-                ", which is not in GPT-2's byte alphabet");
-    bytes += static_cast<char>(kByteOfCharacter[character]);
-    position += decoded.byte_count;
-  }
-  return bytes;
-}
-
 }  // namespace
 
 BpeTokenizer::BpeTokenizer(std::vector<std::string> tokens, const std::string& source) {
@@ -165,7 +100,7 @@ BpeTokenizer::BpeTokenizer(std::vector<std::string> tokens, const std::string& s
 }
 
 BpeTokenizer BpeTokenizer::from_tiktoken_file(const std::string& path) {
-  const std::string contents = read_file(path);
+  const std::string contents = read_tokenizer_file(path);
   LAYUP_CHECK(!contents.empty(), path, ": the file is empty; expected lines \"<base64> <rank>\"");
 
   size_t token_count = 0;
@@ -206,7 +141,7 @@ BpeTokenizer BpeTokenizer::from_tiktoken_file(const std::string& path) {
 BpeTokenizer BpeTokenizer::from_encoder_files(const std::string& encoder_json_path,
                                               const std::string& vocab_bpe_path) {
   const std::string& json_path = encoder_json_path;
-  const std::string json_text = read_file(json_path);
+  const std::string json_text = read_tokenizer_file(json_path);
   LAYUP_CHECK(!json_text.empty(), json_path, ": the file is empty; expected a JSON object");
   nlohmann::json encoder;
   try {
@@ -249,7 +184,7 @@ BpeTokenizer BpeTokenizer::from_encoder_files(const std::string& encoder_json_pa
   // tiktoken merges by the rank of the merged token, GPT-2's original encoder by the line of the
   // merge in vocab.bpe. The two agree because merge k (from 0) makes the token with id 256 + k,
   // which is checked here, so vocab.bpe adds no information beyond this check.
-  const std::string merges_text = read_file(vocab_bpe_path);
+  const std::string merges_text = read_tokenizer_file(vocab_bpe_path);
   LAYUP_CHECK(!merges_text.empty(), vocab_bpe_path,
               ": the file is empty; expected \"#version\" and one merge a line");
   const int merged_count = static_cast<int>(token_count) - 1 - kSingleByteTokens;
@@ -334,52 +269,17 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   return ids;
 }
 
-// Merges the piece's bytes, always the adjacent pair whose concatenation has the lowest rank, the
-// leftmost of equals. That is tiktoken's rule; a heap of candidate pairs makes it O(n log n) in
-// the piece length instead of tiktoken's O(n^2), which matters for long runs without spaces.
+// tiktoken's rule: a pair of parts merges if its bytes are a token, whose id is its rank.
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ids) const {
-  const size_t n = piece.size();
-  // Parts are named by their first byte. part_end[start] is 0 once the part was merged into the
-  // one on its left (a live part always ends after 0).
-  std::vector<size_t> part_end(n), part_before(n);
-  std::vector<int32_t> part_rank(n);
-  for (size_t i = 0; i < n; ++i) {
-    part_end[i] = i + 1;
-    part_before[i] = i - 1;  // unused for i == 0
-    part_rank[i] = byte_rank_[static_cast<unsigned char>(piece[i])];
+  std::vector<int32_t> byte_ids(piece.size());
+  for (size_t i = 0; i < piece.size(); ++i) {
+    byte_ids[i] = byte_rank_[static_cast<unsigned char>(piece[i])];
   }
-
-  struct Candidate {  // merging the part at start with the next one, ending at end
-    int32_t rank;
-    size_t start;
-    size_t end;
-    auto operator<=>(const Candidate&) const = default;
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> candidates;
-  const auto consider = [&](size_t start, size_t end) {
+  const auto merge_of = [&](size_t start, size_t end, int32_t, int32_t) {
     const int32_t rank = rank_of(piece.substr(start, end - start));
-    if (rank >= 0) candidates.push({rank, start, end});
+    return BpeMerge{rank, rank};
   };
-  for (size_t i = 0; i + 1 < n; ++i) consider(i, i + 2);
-
-  while (!candidates.empty()) {
-    const Candidate best = candidates.top();
-    candidates.pop();
-    // Parts only grow, so the pair is unchanged iff the left part is live, still ends where the
-    // right one starts, and the right one still ends at best.end.
-    const size_t middle = part_end[best.start];
-    if (middle == 0 || middle >= n || part_end[middle] != best.end) continue;
-
-    part_end[best.start] = best.end;
-    part_rank[best.start] = best.rank;
-    part_end[middle] = 0;
-    if (best.end < n) {
-      part_before[best.end] = best.start;
-      consider(best.start, part_end[best.end]);
-    }
-    if (best.start > 0) consider(part_before[best.start], best.end);
-  }
-  for (size_t start = 0; start < n; start = part_end[start]) ids.push_back(part_rank[start]);
+  merge_bpe_parts(std::move(byte_ids), merge_of, ids);
 }
 
 std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {

@@ -6,8 +6,9 @@
 //
 // Encoding cuts the text into pieces (gpt2_pretokenizer.h), then merges the bytes of each piece:
 // repeatedly the adjacent pair whose concatenation is the lowest-ranked token, leftmost first,
-// as tiktoken does. A token's rank is its id. The vocabulary is read from either of the two
-// forms GPT-2's is published in, which load to the same tokenizer:
+// as tiktoken does (bpe_merge.h). A token's rank is its id. (A Hugging Face tokenizer.json ranks
+// merges by their order in its merge list instead: hf_tokenizer.h.) The vocabulary is read from
+// either of the two forms GPT-2's is published in, which load to the same tokenizer:
 //   - tiktoken's file: one line per token, "<base64 bytes> <rank>";
 //   - OpenAI's encoder.json (token -> id, with bytes spelled through GPT-2's printable byte
 //     alphabet) and vocab.bpe (the merges, in rank order).
@@ -27,10 +28,11 @@
 #include <vector>
 
 #include "core/error.h"  // what loading and decoding throw
+#include "tokenizer/tokenizer.h"
 
 namespace layup {
 
-class BpeTokenizer {
+class BpeTokenizer final : public Tokenizer {
  public:
   static BpeTokenizer from_encoder_files(const std::string& encoder_json_path,
                                          const std::string& vocab_bpe_path);
@@ -39,13 +41,14 @@ class BpeTokenizer {
   static BpeTokenizer load_dir(const std::string& dir);
 
   // Any bytes, valid UTF-8 or not; decode(encode(text)) == text. Safe to call concurrently.
-  std::vector<int32_t> encode(std::string_view text) const;
+  std::vector<int32_t> encode(std::string_view text) const override;
   // The concatenated bytes of the tokens. Throws layup::Error for an id out of range.
-  std::string decode(std::span<const int32_t> ids) const;
+  std::string decode(std::span<const int32_t> ids) const override;
   std::string decode_token(int32_t id) const;
 
   int32_t eot_token() const { return eot_token_; }  // <|endoftext|>: 50256 for GPT-2
-  int vocab_size() const { return static_cast<int>(token_bytes_.size()); }  // 50257 for GPT-2
+  int32_t document_separator() const override { return eot_token_; }
+  int vocab_size() const override { return static_cast<int>(token_bytes_.size()); }  // 50257
 
  private:
   struct StringHash {

@@ -170,27 +170,40 @@ class OutputFolder {
 };
 
 // Appends tokens to shards named <prefix>_NNNNNN.bin, starting a new shard when one is full.
+// The ids are written as uint16 when every id of the vocabulary fits, else as uint32.
 class ShardWriter {
  public:
-  ShardWriter(std::string out_dir, std::string prefix, size_t tokens_per_shard)
-      : out_dir_(std::move(out_dir)), prefix_(std::move(prefix)), limit_(tokens_per_shard) {}
+  ShardWriter(std::string out_dir, std::string prefix, size_t tokens_per_shard, int vocab_size)
+      : out_dir_(std::move(out_dir)),
+        prefix_(std::move(prefix)),
+        limit_(tokens_per_shard),
+        wide_(vocab_size > 65536) {}
 
   void append(std::span<const int32_t> ids) {
     for (int32_t id : ids) {
-      pending_.push_back(static_cast<uint16_t>(id));
-      if (pending_.size() == limit_) flush();
+      if (wide_) {
+        pending32_.push_back(static_cast<uint32_t>(id));
+      } else {
+        pending16_.push_back(static_cast<uint16_t>(id));
+      }
+      if (pending16_.size() + pending32_.size() == limit_) flush();
     }
     total_ += ids.size();
   }
 
   void flush() {
-    if (pending_.empty()) return;
+    if (pending16_.empty() && pending32_.empty()) return;
     char name[64];
     std::snprintf(name, sizeof name, "%s_%06zu.bin", prefix_.c_str(), written_.size());
     const std::string path = (fs::path(out_dir_) / name).string();
-    write_token_shard(path, pending_);
+    if (wide_) {
+      write_token_shard(path, std::span<const uint32_t>(pending32_));
+    } else {
+      write_token_shard(path, std::span<const uint16_t>(pending16_));
+    }
     written_.push_back(path);
-    pending_.clear();
+    pending16_.clear();
+    pending32_.clear();
   }
 
   size_t total() const { return total_; }
@@ -199,14 +212,16 @@ class ShardWriter {
  private:
   std::string out_dir_, prefix_;
   size_t limit_;
+  bool wide_;
   size_t total_ = 0;
-  std::vector<uint16_t> pending_;
+  std::vector<uint16_t> pending16_;
+  std::vector<uint32_t> pending32_;
   std::vector<std::string> written_;
 };
 
 }  // namespace
 
-ShardSummary write_corpus_shards(const BpeTokenizer& tokenizer,
+ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
                                  const std::vector<std::string>& text_files,
                                  const std::string& out_dir, double val_fraction,
                                  size_t tokens_per_shard) {
@@ -215,13 +230,12 @@ ShardSummary write_corpus_shards(const BpeTokenizer& tokenizer,
               val_fraction,
               ": it is the share of each file kept for validation, and training needs both a "
               "training and a validation split");
-  LAYUP_CHECK(tokenizer.vocab_size() <= 65536, "a vocabulary of ", tokenizer.vocab_size(),
-              " ids does not fit the uint16 token shards");
   for (const std::string& file : text_files) check_text_file(file);
+  const int32_t separator = tokenizer.document_separator();  // throws if the tokenizer has none
 
   OutputFolder out(out_dir);
-  ShardWriter train(out.staging(), "train", tokens_per_shard);
-  ShardWriter val(out.staging(), "val", tokens_per_shard);
+  ShardWriter train(out.staging(), "train", tokens_per_shard, tokenizer.vocab_size());
+  ShardWriter val(out.staging(), "val", tokens_per_shard, tokenizer.vocab_size());
   size_t longest_file_tokens = 0;
   for (const std::string& file : text_files) {
     const std::string text = read_text_file(file);
@@ -231,7 +245,7 @@ ShardSummary write_corpus_shards(const BpeTokenizer& tokenizer,
                    "is text you meant to train on\n",
                    file.c_str(), evidence.c_str());
     }
-    std::vector<int32_t> ids{tokenizer.eot_token()};
+    std::vector<int32_t> ids{separator};
     const std::vector<int32_t> text_ids = tokenizer.encode(text);
     ids.insert(ids.end(), text_ids.begin(), text_ids.end());
     longest_file_tokens = std::max(longest_file_tokens, ids.size());
@@ -259,7 +273,7 @@ std::string shipped_data_dir() {
   return LAYUP_DATA_DIR;
 }
 
-std::string default_shard_dir(const BpeTokenizer& tokenizer) {
+std::string default_shard_dir(const Tokenizer& tokenizer) {
   const char* cache = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
   fs::path base = cache && *cache ? fs::path(cache) : fs::path(home ? home : ".") / ".cache";

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace layup {
 
@@ -14,23 +14,25 @@ struct ShardSummary {
   std::vector<std::string> files;  // the shards written
 };
 
-// Each text file is one document: <|endoftext|> followed by its tokens. The last val_fraction
+// Each text file is one document: the tokenizer's document separator (GPT-2's <|endoftext|>)
+// followed by its tokens, the text all taken as text (Tokenizer::encode). The last val_fraction
 // (rounded down) of every document's tokens goes to validation, the rest to training, so both
 // splits sample every source. Shards are written as <out_dir>/train_000000.bin, val_000000.bin,
-// ... with at most tokens_per_shard tokens each.
+// ... with at most tokens_per_shard tokens each: uint16 ids for a vocabulary of up to 65,536
+// tokens, uint32 ids for a larger one (data/token_shard.h).
 //
 // Bad input is refused with a layup::Error before any tokenizing: a path that is missing, a
 // directory or unreadable, a file with no text (empty or whitespace), val_fraction outside (0, 1),
 // an out_dir that is a file or cannot be made. A file that looks binary (a NUL byte, or more than
 // 10% of its bytes outside valid UTF-8) is tokenized with a warning on stderr. A result without a
 // single validation token is refused too. Nothing is written unless all shards are.
-ShardSummary write_corpus_shards(const BpeTokenizer& tokenizer,
+ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
                                  const std::vector<std::string>& text_files,
                                  const std::string& out_dir, double val_fraction,
                                  size_t tokens_per_shard = 100'000'000);
 
 // The shipped corpus tokenized into a cache folder (made on first use), for the default run.
-std::string default_shard_dir(const BpeTokenizer& tokenizer);
+std::string default_shard_dir(const Tokenizer& tokenizer);
 
 // Where the shipped data lives: $LAYUP_DATA_DIR, else the data/ folder of the source tree.
 std::string shipped_data_dir();

@@ -13,6 +13,7 @@
 
 #include "data/token_shard.h"
 #include "io/test_files.h"
+#include "tokenizer/bpe_tokenizer.h"
 
 namespace layup {
 namespace {
