@@ -48,8 +48,8 @@ ClipPlan alternating_clip(bool clip) {
   };
 }
 
-TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan& clip_plan) {
-  const ModelConfig config = tiny_config();
+TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan& clip_plan,
+                  const ModelConfig& config = tiny_config()) {
   const ParameterLayout layout(config);
   std::unique_ptr<Schedule> schedule =
       make(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
@@ -86,8 +86,9 @@ TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan
   return run;
 }
 
-TrainingRun train(const ScheduleFactory& make, int micro_batches, bool clip) {
-  return train(make, micro_batches, alternating_clip(clip));
+TrainingRun train(const ScheduleFactory& make, int micro_batches, bool clip,
+                  const ModelConfig& config = tiny_config()) {
+  return train(make, micro_batches, alternating_clip(clip), config);
 }
 
 // The schedule of `mode` with `options`.
@@ -113,15 +114,15 @@ void expect_same(const TrainingRun& expected, const TrainingRun& actual, const s
   EXPECT_TRUE(bitwise_equal(expected.tensors.adam_v, actual.tensors.adam_v)) << mode << ": v";
 }
 
-void check_modes_agree(int micro_batches, bool clip) {
-  const TrainingRun gpu = train(make_gpu_schedule, micro_batches, clip);
-  const TrainingRun offload = train(make_offload_schedule, micro_batches, clip);
+void check_modes_agree(int micro_batches, bool clip, const ModelConfig& config = tiny_config()) {
+  const TrainingRun gpu = train(make_gpu_schedule, micro_batches, clip, config);
+  const TrainingRun offload = train(make_offload_schedule, micro_batches, clip, config);
   const TrainingRun layup = train(
       [](std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
          const ParameterLayout& layout) {
         return make_layup_schedule(std::move(backend), std::move(device), layout);
       },
-      micro_batches, clip);
+      micro_batches, clip, config);
   // The run must actually train, and clip where asked to.
   EXPECT_NE(gpu.losses.front(), gpu.losses.back());
   int clipped = 0;
@@ -139,6 +140,17 @@ TEST(SchedulesEquivalence, UnclippedWithTwoMicroBatches) {
 }
 TEST(SchedulesEquivalence, ClippedWithOneMicroBatch) {
   check_modes_agree(1, true);
+}
+
+// The Llama family through the same three schedules: grouped-query attention, q/k/v and o_proj
+// biases, an untied head in the final norm's span (llama_config's default), then a tied one.
+TEST(SchedulesEquivalence, TheLlamaFamilyTrainsTheSameInEveryMode) {
+  ModelConfig config = llama_config(3, 4, 2, 32, 48, 16, 61);
+  config.attention_bias = config.attention_output_bias = true;
+  check_modes_agree(2, true, config);
+  config.tie_word_embeddings = true;
+  config.attention_output_bias = false;
+  check_modes_agree(1, false, config);
 }
 
 // What a unified-memory device runs (ScheduleOptions): offload and layup computing with the
