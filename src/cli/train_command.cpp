@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/hf_checkpoint.h"
 #include "memory/plan_file.h"
 #include "train/progress_line.h"
 #include "train/trainer.h"
@@ -83,7 +84,13 @@ void add_train_command(CLI::App& app) {
                   "Folder of train_*.bin / val_*.bin token shards (default: the shipped corpus, "
                   "tokenized once into ~/.cache/layup)");
   cmd->add_option("--tokenizer", o.tokenizer_dir,
-                  "Folder with gpt2.tiktoken or encoder.json + vocab.bpe (default: shipped)");
+                  "A tokenizer.json, or a folder with one or with GPT-2's gpt2.tiktoken or "
+                  "encoder.json + vocab.bpe (default: --init-from's folder if it has a "
+                  "tokenizer.json, else the shipped GPT-2 one)");
+  cmd->add_option("--init-from", o.init_from,
+                  "Start from a Hugging Face model folder (GPT-2, Llama, Qwen2, Mistral: "
+                  "config.json and safetensors weights): its shape and weights, fresh AdamW "
+                  "moments");
   cmd->add_option("--out", o.out_dir,
                   "Run folder for checkpoints and log.jsonl (default: "
                   "runs/train-DATE-TIME, or the resumed run's folder)");
@@ -121,7 +128,16 @@ void add_train_command(CLI::App& app) {
     LAYUP_CHECK(options.resume.empty() || !flags->model.any_given(),
                 "--resume takes the model from the checkpoint; drop --model, --layers, --heads, "
                 "--dim and --context");
-    if (options.resume.empty()) {
+    LAYUP_CHECK(options.init_from.empty() || !flags->model.any_given(),
+                "--init-from takes the model from ", options.init_from,
+                "/config.json; drop --model, --layers, --heads, --dim and --context");
+    LAYUP_CHECK(options.init_from.empty() || options.resume.empty(),
+                "--init-from starts a new run from a model's weights and --resume continues a "
+                "run from its checkpoint; give one of them");
+    if (!options.init_from.empty()) {
+      options.model = read_hf_model_config(options.init_from);
+      options.model_name = options.init_from;
+    } else if (options.resume.empty()) {
       options.model = flags->model.resolve(options.seq_len);
       options.model_name = flags->model.name();
     }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/hf_checkpoint.h"
 #include "memory/memory_accountant.h"
 
 namespace layup {
@@ -180,6 +181,17 @@ void load_schedule_checkpoint(const CheckpointInfo& info, Schedule& schedule) {
       });
   weights.check_complete();
   moments.check_complete();
+}
+
+void load_schedule_weights(const std::string& hf_dir, Schedule& schedule) {
+  const ParameterLayout& layout = schedule.layout();
+  SpanBuffers buffers(layout);
+  SpanImporter weights(schedule, buffers, false);
+  load_hf_model_streamed(hf_dir, layout.config(),
+                         [&weights](size_t offset, size_t count, const float* in) {
+                           weights.write(Field::kParams, offset, count, in);
+                         });
+  weights.check_complete();
 }
 
 CheckpointDiskNeed checkpoint_disk_need(const ParameterLayout& layout, CheckpointContents contents,

@@ -26,6 +26,11 @@ SavedCheckpoint save_schedule_checkpoint(const std::string& run_dir, const Sched
 // the schedule's. Memory held: one span's parameters and moments, and the readers' scratch.
 void load_schedule_checkpoint(const CheckpointInfo& info, Schedule& schedule);
 
+// Starts `schedule` from the weights of the Hugging Face model folder `hf_dir` (whose config.json
+// must describe the schedule's model), span by span, with zero moments: `layup train
+// --init-from`. Memory held as load_schedule_checkpoint's.
+void load_schedule_weights(const std::string& hf_dir, Schedule& schedule);
+
 // The disk the rest of a run's checkpoints take at once: a new one is written before the oldest
 // beyond --keep-checkpoints is deleted.
 struct CheckpointDiskNeed {

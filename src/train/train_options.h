@@ -38,6 +38,9 @@ struct TrainOptions : RunSpec {
   int log_every = 10;              // progress lines when stderr is not a terminal
   std::string out_dir;
   std::string resume;
+  // A Hugging Face model folder (config.json, weights; tokenizer.json for the data and sample
+  // unless --tokenizer says otherwise): the run starts from its weights, with fresh moments.
+  std::string init_from;
 
   // The sample printed at the end.
   int sample_tokens = 64;

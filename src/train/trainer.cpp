@@ -22,7 +22,7 @@
 #include "sample/generate.h"
 #include "schedule/schedule.h"
 #include "tier/disk_space.h"
-#include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "trace/trace_recorder.h"
 #include "train/corpus_shards.h"
 #include "train/memory_usage.h"
@@ -134,6 +134,12 @@ float mean_validation_loss(Schedule& schedule, const ValidationBatches& val) {
 TrainResult train(TrainOptions options) {
   // Saved in checkpoints: a resume from another working folder finds them.
   if (!options.data_dir.empty()) options.data_dir = fs::absolute(options.data_dir).string();
+  if (!options.init_from.empty()) {
+    options.init_from = fs::absolute(options.init_from).string();
+    // A model folder from the hub carries its tokenizer: the data and the sample use it.
+    if (options.tokenizer_dir.empty() && fs::exists(fs::path(options.init_from) / "tokenizer.json"))
+      options.tokenizer_dir = options.init_from;
+  }
   if (!options.tokenizer_dir.empty())
     options.tokenizer_dir = fs::absolute(options.tokenizer_dir).string();
   // Resuming takes the model and the run's settings from the checkpoint; the command line may
@@ -174,7 +180,12 @@ TrainResult train(TrainOptions options) {
   const std::string tokenizer_dir = options.tokenizer_dir.empty()
                                         ? (fs::path(shipped_data_dir()) / "gpt2-tokenizer").string()
                                         : options.tokenizer_dir;
-  const BpeTokenizer tokenizer = BpeTokenizer::load_dir(tokenizer_dir);
+  const std::unique_ptr<Tokenizer> tokenizer_owner = load_tokenizer(tokenizer_dir);
+  const Tokenizer& tokenizer = *tokenizer_owner;
+  LAYUP_CHECK(tokenizer.vocab_size() <= options.model.vocab_size, "the tokenizer in ",
+              tokenizer_dir, " has ", tokenizer.vocab_size(), " tokens but the model's vocabulary ",
+              options.model.vocab_size,
+              "; give --tokenizer the model's own tokenizer (or a model with a larger vocab_size)");
   const std::string data_dir =
       options.data_dir.empty() ? default_shard_dir(tokenizer) : options.data_dir;
   const DataFolderShards shards = find_data_folder_shards(data_dir);
@@ -240,7 +251,10 @@ TrainResult train(TrainOptions options) {
     tokens_seen = resumed.progress.tokens_seen;
     sampler.set_state(resumed.progress.data_rng_state);
   } else {
-    schedule->initialize_fresh(options.seed);
+    if (options.init_from.empty())
+      schedule->initialize_fresh(options.seed);
+    else
+      load_schedule_weights(options.init_from, *schedule);
   }
 
   const LrSchedule lr_schedule{options.lr, options.min_lr, options.warmup_steps, options.steps};
@@ -467,7 +481,7 @@ TrainResult train(TrainOptions options) {
   if (options.sample_tokens > 0 && result.steps_done == options.steps) {
     Rng rng(options.seed + 1);
     std::vector<int32_t> prompt = tokenizer.encode(options.sample_prompt);
-    if (prompt.empty()) prompt.push_back(tokenizer.eot_token());
+    if (prompt.empty()) prompt.push_back(tokenizer.document_separator());
     const std::vector<int32_t> tokens =
         generate([&](const TokenBatch& batch) { return schedule->forward_logits(batch); }, prompt,
                  options.seq_len, config.vocab_size, config.padded_vocab_size,

@@ -72,3 +72,20 @@ def test_logits_loss_and_every_gradient_match_transformers(tmp_path, family):
     assert saved.config.tie_word_embeddings == model.config.tie_word_embeddings
     for name, param in saved.named_parameters():
         assert torch.equal(param.detach(), grads[name]), name
+
+
+@pytest.mark.parametrize("family", ["llama-untied", "qwen2-tied"])
+def test_train_init_from_starts_at_the_models_weights_and_saves_what_transformers_loads(
+        tmp_path, family):
+    """`layup train --init-from` with a learning rate too small to move any weight: the run's
+    checkpoint holds the model's weights bit for bit (so they were loaded, not initialized), in
+    files transformers loads as the same model."""
+    model = random_model(tmp_path / "model", family)
+    run([binary("layup"), "train", "--init-from", tmp_path / "model", "--steps", "1",
+         "--lr", "1e-30", "--min-lr", "1e-30", "--warmup", "0", "--batch", "2", "--seq-len", "16",
+         "--eval-every", "0", "--sample-tokens", "0", "--out", tmp_path / "run"])
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "step-00000001")
+    assert type(saved) is type(model)
+    expected = dict(model.named_parameters())
+    for name, param in saved.named_parameters():
+        assert torch.equal(param, expected[name]), name
