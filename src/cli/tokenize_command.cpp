@@ -27,8 +27,9 @@ void add_tokenize_command(CLI::App& app) {
       "Turn UTF-8 text files into token shards (llm.c's layouts: 256 int32 header, then uint16 "
       "token ids, or uint32 for a vocabulary over 65,536)");
   cmd->add_option("files", flags->files,
-                  "Text files; each is one document. A file that looks binary (a NUL byte, or "
-                  "more than 10% of its bytes outside valid UTF-8) is tokenized with a warning")
+                  "Text files, each one document, or JSON Lines files (.jsonl), a document per "
+                  "line in its \"text\" field. A file that looks binary (a NUL byte, or more than "
+                  "10% of its bytes outside valid UTF-8) is tokenized with a warning")
       ->required();
   cmd->add_option("--out", flags->out,
                   "Folder for train_*.bin and val_*.bin (made if missing; nothing is written "

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <sstream>
 #include <string_view>
@@ -86,6 +87,33 @@ std::string binary_evidence(std::string_view text) {
   char percent[32];
   std::snprintf(percent, sizeof percent, "%.0f%%", 100.0 * invalid / text.size());
   return std::string(percent) + " of its bytes are not valid UTF-8";
+}
+
+// The documents of one input file: a text file is one; a JSON Lines file (.jsonl) is one per
+// line, each an object whose "text" string is the document (other fields are ignored; blank lines
+// are skipped).
+std::vector<std::string> documents_of(const std::string& path, std::string text) {
+  if (fs::path(path).extension() != ".jsonl") return {std::move(text)};
+  std::vector<std::string> documents;
+  std::istringstream lines(text);
+  std::string line;
+  for (size_t number = 1; std::getline(lines, line); ++number) {
+    if (std::all_of(line.begin(), line.end(), is_ascii_space)) continue;
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& error) {
+      fail("cannot tokenize ", path, ": line ", number, " is not valid JSON (", error.what(),
+           "); a .jsonl file holds one JSON object per line, its document in \"text\"");
+    }
+    LAYUP_CHECK(record.is_object() && record.contains("text") && record["text"].is_string(),
+                "cannot tokenize ", path, ": line ", number, " has no \"text\" string (",
+                line.size() > 80 ? line.substr(0, 77) + "..." : line,
+                "); a .jsonl file holds one JSON object per line, its document in \"text\"");
+    documents.push_back(record["text"].get<std::string>());
+  }
+  LAYUP_CHECK(!documents.empty(), "cannot tokenize ", path, ": it has no JSON lines");
+  return documents;
 }
 
 // The folder the shards go to. Made if missing; until commit(), shards are written to a staging
@@ -245,9 +273,12 @@ ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
                    "is text you meant to train on\n",
                    file.c_str(), evidence.c_str());
     }
-    std::vector<int32_t> ids{separator};
-    const std::vector<int32_t> text_ids = tokenizer.encode(text);
-    ids.insert(ids.end(), text_ids.begin(), text_ids.end());
+    std::vector<int32_t> ids;
+    for (const std::string& document : documents_of(file, text)) {
+      ids.push_back(separator);
+      const std::vector<int32_t> text_ids = tokenizer.encode(document);
+      ids.insert(ids.end(), text_ids.begin(), text_ids.end());
+    }
     longest_file_tokens = std::max(longest_file_tokens, ids.size());
     // Rounded down, and val_fraction < 1, so every file keeps at least one training token.
     const size_t val_count = static_cast<size_t>(std::floor(ids.size() * val_fraction));

@@ -14,10 +14,12 @@ struct ShardSummary {
   std::vector<std::string> files;  // the shards written
 };
 
-// Each text file is one document: the tokenizer's document separator (GPT-2's <|endoftext|>)
-// followed by its tokens, the text all taken as text (Tokenizer::encode). The last val_fraction
-// (rounded down) of every document's tokens goes to validation, the rest to training, so both
-// splits sample every source. Shards are written as <out_dir>/train_000000.bin, val_000000.bin,
+// Each text file is one document, and each line of a JSON Lines file (.jsonl) one: its "text"
+// string, as fine-tuning sets are published. A document is the tokenizer's document separator
+// (GPT-2's <|endoftext|>) followed by its tokens, the text all taken as text (Tokenizer::encode).
+// The last val_fraction (rounded down) of every file's tokens goes to validation, the rest to
+// training, so both splits sample every source. Shards are written as <out_dir>/train_000000.bin,
+// val_000000.bin,
 // ... with at most tokens_per_shard tokens each: uint16 ids for a vocabulary of up to 65,536
 // tokens, uint32 ids for a larger one (data/token_shard.h).
 //

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "data/token_shard.h"
 #include "io/test_files.h"
@@ -81,6 +82,35 @@ TEST_F(CorpusShards, KeepsTheEndOfEveryFileForValidation) {
   EXPECT_EQ(read_token_shard(out + "/train_000000.bin", 50257), train);
   EXPECT_EQ(read_token_shard(out + "/val_000000.bin", 50257), val);
   EXPECT_EQ(snapshot(out).size(), 2u);  // no staging folder left behind
+}
+
+// A .jsonl file is a document per line (its "text"), each after the separator, split as one file.
+TEST_F(CorpusShards, JsonLinesAreADocumentPerLine) {
+  const std::string first = prose(9), second = "Call me \"Ishmael\".\nSome years ago.";
+  const std::string file =
+      text_file("set.jsonl", nlohmann::json({{"text", first}, {"id", 1}}).dump() + "\n\n" +
+                                 nlohmann::json({{"text", second}}).dump() + "\n");
+  const ShardSummary summary = write_corpus_shards(gpt2_tokenizer(), {file}, out_, 0.1);
+
+  std::vector<uint16_t> ids;
+  for (const std::string& document : {first, second}) {
+    ids.push_back(static_cast<uint16_t>(gpt2_tokenizer().eot_token()));
+    for (int32_t id : gpt2_tokenizer().encode(document)) ids.push_back(static_cast<uint16_t>(id));
+  }
+  const size_t val_count = static_cast<size_t>(std::floor(ids.size() * 0.1));
+  EXPECT_EQ(summary.val_tokens, val_count);
+  EXPECT_EQ(read_token_shard(out_ + "/train_000000.bin", 50257),
+            std::vector<uint16_t>(ids.begin(), ids.end() - val_count));
+  EXPECT_EQ(read_token_shard(out_ + "/val_000000.bin", 50257),
+            std::vector<uint16_t>(ids.end() - val_count, ids.end()));
+}
+
+TEST_F(CorpusShards, JsonLinesWithoutTextAreRefusedByLine) {
+  const std::string text = "{\"text\": \"" + prose(5) + "\"}\n";
+  EXPECT_TRUE(contains(refused({text_file("a.jsonl", text + "{\"text\": 3}\n")}),
+                       "a.jsonl: line 2 has no \"text\" string ({\"text\": 3})"));
+  EXPECT_TRUE(contains(refused({text_file("b.jsonl", text + text + "not json\n")}),
+                       "b.jsonl: line 3 is not valid JSON"));
 }
 
 TEST_F(CorpusShards, InputThatIsNotATextFileIsNamed) {
