@@ -1,4 +1,5 @@
 // `layup sample`: generate text from a checkpoint.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -9,7 +10,7 @@
 #include "core/rng.h"
 #include "io/checkpoint.h"
 #include "sample/generate.h"
-#include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "train/corpus_shards.h"
 
 namespace layup {
@@ -42,7 +43,9 @@ void add_sample_command(CLI::App& app) {
       ->capture_default_str();
   add_seed_flag(*cmd, flags->seed, "Sampling seed");
   cmd->add_option("--tokenizer", flags->tokenizer,
-                  "Folder with gpt2.tiktoken or encoder.json + vocab.bpe (default: shipped)");
+                  "A tokenizer.json, or a folder with one or with GPT-2's gpt2.tiktoken or "
+                  "encoder.json + vocab.bpe (default: the checkpoint's tokenizer.json if it has "
+                  "one, else the shipped GPT-2 one)");
   cmd->callback([flags]() {
     const uint64_t seed = flags->seed;
     const SamplingOptions& sampling = flags->sampling;
@@ -57,18 +60,19 @@ void add_sample_command(CLI::App& app) {
                 "--top-k must be 0 (sample from the whole vocabulary) or a positive number of "
                 "likeliest tokens, got ",
                 sampling.top_k);
-    const std::string tokenizer_dir =
-        flags->tokenizer.empty()
-            ? (std::filesystem::path(shipped_data_dir()) / "gpt2-tokenizer").string()
-            : flags->tokenizer;
-    const BpeTokenizer tokenizer = BpeTokenizer::load_dir(tokenizer_dir);
-    const LoadedModel model = load_hf_model(find_latest_checkpoint(flags->checkpoint));
+    const std::string checkpoint = find_latest_checkpoint(flags->checkpoint);
+    namespace fs = std::filesystem;
+    std::string tokenizer_dir = flags->tokenizer;
+    if (tokenizer_dir.empty())
+      tokenizer_dir = fs::exists(fs::path(checkpoint) / "tokenizer.json")
+                          ? checkpoint
+                          : (fs::path(shipped_data_dir()) / "gpt2-tokenizer").string();
+    const std::unique_ptr<Tokenizer> tokenizer_owner = load_tokenizer(tokenizer_dir);
+    const Tokenizer& tokenizer = *tokenizer_owner;
+    const LoadedModel model = load_hf_model(checkpoint);
     const ModelConfig& config = model.config;
-    LAYUP_CHECK(config.vocab_size <= tokenizer.vocab_size(), "the model's vocabulary (",
-                config.vocab_size, ") is larger than the tokenizer's (", tokenizer.vocab_size(),
-                ")");
     std::vector<int32_t> prompt = tokenizer.encode(flags->prompt);
-    if (prompt.empty()) prompt.push_back(tokenizer.eot_token());
+    if (prompt.empty()) prompt.push_back(tokenizer.document_separator());
     // A model may have fewer tokens than its tokenizer; an id beyond them has no embedding row.
     for (size_t i = 0; i < prompt.size(); ++i) {
       LAYUP_CHECK(prompt[i] < config.vocab_size, "--prompt: its token ", i, " (id ", prompt[i],
@@ -78,7 +82,13 @@ void add_sample_command(CLI::App& app) {
     }
 
     const ParameterLayout layout(config);
-    std::unique_ptr<ModelBackend> backend = make_cpu_backend(config, 1, config.n_positions);
+    // The backend holds activations for the longest sequence it will see, not for the whole
+    // context of a model made for 128k positions.
+    const int context =
+        static_cast<int>(std::min<size_t>(config.n_positions, prompt.size() + sampling.new_tokens));
+    // Ids the tokenizer can spell: a model's vocabulary may be padded beyond its tokenizer's.
+    const int vocab = std::min(config.vocab_size, tokenizer.vocab_size());
+    std::unique_ptr<ModelBackend> backend = make_cpu_backend(config, 1, context);
     const ParameterPointers params = layout.pointers<const float>(model.params.data());
     Rng rng(seed);
     const std::vector<int32_t> tokens = generate(
@@ -86,8 +96,7 @@ void add_sample_command(CLI::App& app) {
           backend->forward(params, batch);
           return backend->logits();
         },
-        prompt, config.n_positions, config.vocab_size, config.padded_vocab_size, flags->sampling,
-        rng);
+        prompt, context, vocab, config.padded_vocab_size, flags->sampling, rng);
     std::printf("%s\n", tokenizer.decode(tokens).c_str());
   });
 }

@@ -1,4 +1,5 @@
 """Helpers shared by the oracle tests: paths to layup's binaries, random GPT-2 models, tokens."""
+import base64
 import subprocess
 
 import numpy as np
@@ -107,3 +108,19 @@ def target_env(device, dtype="fp32"):
     if probe.returncode != 0:
         pytest.skip(f"{device}/{dtype} is not usable here: {probe.stderr.strip()}")
     return env
+
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+EOT_TOKEN = 50256
+
+
+def local_gpt2_encoding():
+    """tiktoken's GPT-2 encoding, made from the shipped gpt2.tiktoken rather than downloaded."""
+    import tiktoken
+    ranks = {}
+    for line in (DATA_DIR / "gpt2-tokenizer" / "gpt2.tiktoken").read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+    return tiktoken.Encoding(name="gpt2_local", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT_TOKEN})

@@ -2,13 +2,16 @@
 tiny random models made and saved here (grouped-query attention, tied and untied heads, Qwen2's
 q/k/v biases, Llama 3's rope scaling), loaded by layup; logits, loss and every gradient compared;
 layup's save of the gradients loaded back by transformers."""
+import subprocess
+
 import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
-from oracle_util import VOCAB, binary, hf_loss, random_tokens, relative_error, run, target_env
+from oracle_util import (VOCAB, binary, hf_loss, local_gpt2_encoding, random_tokens,
+                         relative_error, run, target_env)
 
 B, T = 2, 24
 SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -89,3 +92,25 @@ def test_train_init_from_starts_at_the_models_weights_and_saves_what_transformer
     expected = dict(model.named_parameters())
     for name, param in saved.named_parameters():
         assert torch.equal(param, expected[name]), name
+
+
+@pytest.mark.parametrize("family", ["llama-untied", "mistral"])
+def test_greedy_sample_decodes_what_transformers_generates(tmp_path, family):
+    """`layup sample --top-k 1` continues a prompt with the tokens transformers' greedy generate
+    picks. The head's weights are scaled up so that the likeliest token leads the next by far more
+    than the two engines' rounding differences."""
+    torch.manual_seed(1)
+    model = FAMILIES[family]()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(50.0)
+    model.save_pretrained(tmp_path / "model")
+    model.eval()
+    encoding = local_gpt2_encoding()
+    prompt = "It was the best of times"
+    ids = torch.tensor([encoding.encode(prompt)])
+    expected = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
+    result = subprocess.run([str(binary("layup")), "sample", "--checkpoint", str(tmp_path / "model"),
+                             "--prompt", prompt, "--tokens", "12", "--top-k", "1"],
+                            capture_output=True, check=True)
+    # Bytes: twelve random tokens need not end on a UTF-8 boundary.
+    assert result.stdout == encoding.decode_bytes(expected) + b"\n"

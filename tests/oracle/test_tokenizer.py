@@ -6,7 +6,6 @@ file forms), hand-picked hard strings, bytes that are not UTF-8, and long random
 of these.
 """
 
-import base64
 import random
 import subprocess
 
@@ -21,8 +20,8 @@ except ImportError as error:
         f"the tokenizer oracle needs tiktoken and regex: pip install tiktoken regex ({error})"
     ) from error
 
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-EOT_TOKEN = 50256
+from oracle_util import EOT_TOKEN, GPT2_PATTERN, local_gpt2_encoding
+
 
 HARD_STRINGS = [
     "",
@@ -122,19 +121,8 @@ def tokenizer_dir(data_dir):
 
 
 @pytest.fixture(scope="session")
-def reference(tokenizer_dir):
-    """tiktoken's GPT-2 encoding, made from the local gpt2.tiktoken rather than downloaded."""
-    ranks = {}
-    for line in (tokenizer_dir / "gpt2.tiktoken").read_bytes().splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token, validate=True)] = int(rank)
-    return tiktoken.Encoding(
-        name="gpt2_local",
-        pat_str=GPT2_PATTERN,
-        mergeable_ranks=ranks,
-        special_tokens={"<|endoftext|>": EOT_TOKEN},
-    )
+def reference():
+    return local_gpt2_encoding()
 
 
 class EncodeTool:
