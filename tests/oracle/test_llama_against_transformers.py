@@ -114,3 +114,48 @@ def test_greedy_sample_decodes_what_transformers_generates(tmp_path, family):
                             capture_output=True, check=True)
     # Bytes: twelve random tokens need not end on a UTF-8 boundary.
     assert result.stdout == encoding.decode_bytes(expected) + b"\n"
+
+
+@pytest.mark.parametrize("family", ["llama-untied", "qwen2-tied"])
+def test_ten_adamw_steps_match_torch(tmp_path, family):
+    """Ten AdamW updates from the same weights and batches (warmup + cosine, clipping, two
+    micro-batches a step) in layup and in torch.optim: the same losses and parameters. The clip
+    is half the first gradient norm, so every step clips on both sides, far from the threshold.
+    The learning rate is small for the reason test_adamw_against_torch.py gives."""
+    from test_adamw_against_torch import ACCUM, LR, MIN_LR, STEPS, WARMUP, WD, lr_at
+    model = random_model(tmp_path / "model", family)
+    batches = random_tokens(tmp_path / "tokens.bin", STEPS * ACCUM, B, T)
+    inputs, targets = batches[0]
+    first, _ = hf_loss(model, inputs, targets)
+    first.backward()
+    clip = 0.5 * torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")).item()
+    run([binary("layup_model_tool"), "train", tmp_path / "model", tmp_path / "tokens.bin", B, T,
+         STEPS, ACCUM, LR, MIN_LR, WARMUP, WD, clip, tmp_path / "out"])
+
+    decay = [p for p in model.parameters() if p.dim() == 2]  # matrices; not norms or biases
+    no_decay = [p for p in model.parameters() if p.dim() != 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WD},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=LR, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    losses = []
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        total = 0.0
+        for inputs, targets in batches[step * ACCUM:(step + 1) * ACCUM]:
+            loss, _ = hf_loss(model, inputs, targets)
+            (loss / ACCUM).backward()
+            total += loss.item() / ACCUM
+        assert torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item() > 1.2 * clip
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        optimizer.step()
+        losses.append(total)
+
+    result = load_file(tmp_path / "out" / "losses.safetensors")
+    assert relative_error(result["loss"], torch.tensor(losses)) < 1e-5
+    assert all(factor < 1.0 for factor in result["clip_factor"])
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "model")
+    reference = dict(model.named_parameters())
+    for name, param in trained.named_parameters():
+        error = relative_error(param.detach(), reference[name].detach())
+        assert error < 1e-5, f"{name}: relative error {error:.3e}"
