@@ -1,4 +1,4 @@
-// Conversion between layup's flat parameter buffer and Hugging Face's GPT-2 checkpoint files.
+// Conversion between layup's flat parameter buffer and Hugging Face's checkpoint files.
 #include "io/hf_checkpoint.h"
 
 #include <algorithm>

@@ -1,17 +1,20 @@
-// Hugging Face GPT-2 checkpoints: a directory holding config.json and the weights, either in
-// model.safetensors or in shards model-0000k-of-0000n.safetensors listed by
-// model.safetensors.index.json (see sharded_safetensors.h).
+// Hugging Face checkpoints of GPT-2 and the Llama family: a directory holding config.json
+// (io/hf_config.h) and the weights, either in model.safetensors or in shards
+// model-0000k-of-0000n.safetensors listed by model.safetensors.index.json (see
+// sharded_safetensors.h).
 //
-// save_hf_model writes what transformers' GPT2LMHeadModel.save_pretrained writes, so
-// `GPT2LMHeadModel.from_pretrained(dir)` loads a layup model, and load_hf_model reads both layup's
-// directories and the ones on the Hugging Face hub (gpt2, gpt2-medium, ...). What differs between
-// the two sides, and is converted here:
-//   - names: HF prefixes every tensor with "transformer." (older files do not; both are read);
-//   - Conv1D matrices (attention and MLP weights) are stored [in, out] by HF, [out, in] by layup;
-//   - the token embedding has vocab_size rows in HF, padded_vocab_size in layup: the extra rows are
-//     dropped on save and zero-filled on load;
-//   - the LM head is tied to the token embedding, so HF files carry no "lm_head.weight"; a file
-//     that has one is accepted only if it equals the embedding.
+// save_hf_model writes what transformers' save_pretrained writes (GPT2LMHeadModel,
+// LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM), so `from_pretrained(dir)` loads a layup
+// model, and load_hf_model reads both layup's directories and the ones on the Hugging Face hub.
+// What differs between the two sides, and is converted here:
+//   - names: HF prefixes GPT-2's tensors with "transformer." and the Llama family's with "model."
+//     (except lm_head); unprefixed names are read too;
+//   - GPT-2's Conv1D matrices (attention and MLP weights) are stored [in, out] by HF, [out, in] by
+//     layup (the Llama family's nn.Linear ones are [out, in] on both sides);
+//   - the token embedding (and an untied LM head) has vocab_size rows in HF, padded_vocab_size in
+//     layup: the extra rows are dropped on save and zero-filled on load;
+//   - a tied LM head is not written (as save_pretrained does); a file that has one anyway is
+//     accepted only if it equals the embedding.
 #pragma once
 
 #include <cstddef>
@@ -58,10 +61,10 @@ void save_hf_model_sharded(const std::string& dir, const ModelConfig& config,
                            const ParameterLayout& layout, const ReadParams& read_params,
                            size_t max_shard_bytes, size_t chunk_bytes = kDefaultStreamChunkBytes);
 
-// Reads a GPT-2 checkpoint directory, single-file or sharded (a directory holding both
+// Reads a checkpoint directory, single-file or sharded (a directory holding both
 // model.safetensors and the index is refused as ambiguous). Throws layup::Error naming the file and
-// the first problem: a config this engine cannot run (not gpt2, another activation, untied head,
-// ...), a missing tensor, a tensor of the wrong shape, a tensor no GPT-2 of that config has, a
+// the first problem: a config this engine cannot run (another model type or activation, ...), a
+// missing tensor, a tensor of the wrong shape, a tensor no model of that config has, a
 // weight that is NaN or infinite (the first one, by tensor and index), an index that does not
 // match its shards (see SafetensorsFileSet).
 LoadedModel load_hf_model(const std::string& dir);
