@@ -1,17 +1,18 @@
-// The interface every backend (CPU, CUDA) offers to the schedules: GPT-2's forward pass,
-// and its backward pass cut at block boundaries.
+// The interface every backend (CPU, CUDA) offers to the schedules: the model's forward pass
+// (GPT-2 or the Llama family, model_config.h), and its backward pass cut at block boundaries.
 //
 // Backward is split so that a schedule can decide, block by block, where each gradient goes:
 // the whole-model gradient buffer (gpu mode), or one of two gradient slots handed to CPU workers
 // (layup mode). The order a schedule must call is the order of backpropagation:
 //
 //   forward(params, batch)                     loss of the batch
-//   backward_head(params, grads...)            classifier + final layer norm
+//   backward_head(params, grads...)            classifier + final norm
 //   backward_block(L-1 ... 0, params, slot)    each transformer block
 //   backward_embeddings(params, grads)         token and position embeddings
 //
-// Gradient memory: backward_head OVERWRITES the final norm's gradient and the whole embeddings
-// span's (wte with the LM head's part, wpe with zeros); backward_block OVERWRITES its block's;
+// Gradient memory: backward_head OVERWRITES the final norm's span's gradient (an untied LM head's
+// included) and the whole embeddings span's (wte with a tied LM head's part, else zeros, wpe with
+// zeros); backward_block OVERWRITES its block's;
 // backward_embeddings ADDS the input embedding's part to the span the head wrote (the tied token
 // embedding receives gradient from the head first and from the input embedding last). So one
 // backward pass leaves one micro-batch's complete gradient in the memory it was given, which
