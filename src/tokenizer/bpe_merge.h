@@ -14,6 +14,9 @@
 #include <cstdint>
 #include <functional>
 #include <queue>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace layup {
@@ -73,6 +76,27 @@ void merge_bpe_parts(std::vector<int32_t> part_ids, MergeOf merge_of, std::vecto
     if (best.start > 0) consider(part_before[best.start]);
   }
   for (size_t start = 0; start < n; start = part_end[start]) ids.push_back(part_ids[start]);
+}
+
+// Where each piece's ids were first appended to a text's ids: [begin, end).
+using PieceIdRanges = std::unordered_map<std::string_view, std::pair<size_t, size_t>>;
+
+// Appends the ids of `piece` to `ids`: a copy of its ids where the text had it before (most
+// pieces of a long text repeat), else encode_piece(piece, ids), remembered in `seen`.
+template <class EncodePiece>
+void append_piece_ids(std::string_view piece, PieceIdRanges& seen, std::vector<int32_t>& ids,
+                      EncodePiece encode_piece) {
+  const auto [cached, inserted] = seen.try_emplace(piece, ids.size(), 0);
+  if (!inserted) {
+    const auto [begin, end] = cached->second;
+    for (size_t i = begin; i < end; ++i) {
+      const int32_t id = ids[i];  // a copy: push_back may reallocate
+      ids.push_back(id);
+    }
+    return;
+  }
+  encode_piece(piece, ids);
+  cached->second.second = ids.size();
 }
 
 }  // namespace layup

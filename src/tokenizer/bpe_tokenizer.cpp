@@ -247,24 +247,16 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   ids.reserve(text.size() / 3);
   // Pieces repeat (words, mostly): a piece seen before copies its ids from where they were first
   // written. The cache belongs to this call, so concurrent calls share nothing mutable.
-  std::unordered_map<std::string_view, std::pair<size_t, size_t>> first_ids;  // [begin, end)
+  PieceIdRanges first_ids;
   for (std::string_view piece : split_gpt2_pieces(text)) {
     // As tiktoken does, a piece that is a token is that token, without merging.
     if (const int32_t rank = rank_of(piece); rank >= 0) {
       ids.push_back(rank);
       continue;
     }
-    const auto [cached, inserted] = first_ids.try_emplace(piece, ids.size(), 0);
-    if (!inserted) {
-      const auto [begin, end] = cached->second;
-      for (size_t i = begin; i < end; ++i) {
-        const int32_t id = ids[i];  // a copy: push_back may reallocate
-        ids.push_back(id);
-      }
-      continue;
-    }
-    encode_piece(piece, ids);
-    cached->second.second = ids.size();
+    append_piece_ids(piece, first_ids, ids, [this](std::string_view p, std::vector<int32_t>& out) {
+      encode_piece(p, out);
+    });
   }
   return ids;
 }

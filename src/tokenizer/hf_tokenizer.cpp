@@ -531,19 +531,10 @@ void HfTokenizer::encode_text(std::string_view text, EncodeState& state) const {
     pieces.swap(next);
   }
   std::vector<int32_t>& ids = state.ids;
-  for (std::string_view piece : pieces) {
-    const auto [cached, inserted] = state.cache.try_emplace(piece, ids.size(), 0);
-    if (!inserted) {
-      const auto [begin, end] = cached->second;
-      for (size_t i = begin; i < end; ++i) {
-        const int32_t id = ids[i];  // a copy: push_back may reallocate
-        ids.push_back(id);
-      }
-      continue;
-    }
-    encode_piece(piece, ids);
-    cached->second.second = ids.size();
-  }
+  for (std::string_view piece : pieces)
+    append_piece_ids(
+        piece, state.cache, ids,
+        [this](std::string_view p, std::vector<int32_t>& out) { encode_piece(p, out); });
 }
 
 // tokenizers' rule: a pair of parts merges if the pair of their ids is in model.merges.

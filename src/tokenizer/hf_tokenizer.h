@@ -118,7 +118,7 @@ class HfTokenizer final : public Tokenizer {
     bool recognize_special = false;
     // Where each piece's ids were first written in this call: [begin, end) of the ids. Pieces
     // repeat (words, mostly); a piece seen before copies its ids from there.
-    std::unordered_map<std::string_view, std::pair<size_t, size_t>> cache;
+    PieceIdRanges cache;
     std::deque<std::string> normalized;  // normalized text, which the cache's keys point into
     std::vector<int32_t> ids;
   };

@@ -27,18 +27,6 @@ using op_test::random_vector;
 
 constexpr cudaStream_t kStream = nullptr;
 
-#define LAYUP_FOR_EACH_DTYPE(check, ...) \
-  do {                                   \
-    {                                    \
-      SCOPED_TRACE("fp32");              \
-      check<float>(__VA_ARGS__);         \
-    }                                    \
-    {                                    \
-      SCOPED_TRACE("bf16");              \
-      check<__nv_bfloat16>(__VA_ARGS__); \
-    }                                    \
-  } while (0)
-
 struct RowsCase {
   int N, C;
 };

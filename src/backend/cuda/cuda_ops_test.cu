@@ -46,19 +46,6 @@ using op_test::random_vector;
 // The ops run on the legacy default stream; every download is a synchronizing cudaMemcpy.
 constexpr cudaStream_t kStream = nullptr;
 
-// Runs check<float>(args...) and check<__nv_bfloat16>(args...), each under a trace naming it.
-#define LAYUP_FOR_EACH_DTYPE(check, ...) \
-  do {                                   \
-    {                                    \
-      SCOPED_TRACE("fp32");              \
-      check<float>(__VA_ARGS__);         \
-    }                                    \
-    {                                    \
-      SCOPED_TRACE("bf16");              \
-      check<__nv_bfloat16>(__VA_ARGS__); \
-    }                                    \
-  } while (0)
-
 std::vector<int32_t> random_tokens(Rng& rng, int count, int vocabulary) {
   std::vector<int32_t> tokens(count);
   for (int32_t& token : tokens) token = static_cast<int32_t>(rng.below(vocabulary));

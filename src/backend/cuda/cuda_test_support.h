@@ -148,6 +148,19 @@ const char* dtype_name() {
   return std::is_same_v<T, float> ? "fp32" : "bf16";
 }
 
+// Runs check<float>(args...) and check<__nv_bfloat16>(args...), each under a trace naming it.
+#define LAYUP_FOR_EACH_DTYPE(check, ...) \
+  do {                                   \
+    {                                    \
+      SCOPED_TRACE("fp32");              \
+      check<float>(__VA_ARGS__);         \
+    }                                    \
+    {                                    \
+      SCOPED_TRACE("bf16");              \
+      check<__nv_bfloat16>(__VA_ARGS__); \
+    }                                    \
+  } while (0)
+
 // Expects relative_error(actual, expected, baseline) <= tol, naming the tensor and the error. A
 // NaN anywhere (an element left poisoned) makes the error NaN, which fails.
 #define LAYUP_EXPECT_RELATIVE(actual, expected, baseline, tol, what)                            \

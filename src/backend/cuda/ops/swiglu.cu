@@ -19,6 +19,11 @@ __device__ inline float sigmoid(float g) {
   return g >= 0.0f ? inv : e * inv;
 }
 
+// Output element i = (n, c) of [N, I]: its gate's index in gate_up [N, 2I]; its up is I further.
+__device__ inline size_t gate_index(size_t i, int I) {
+  return i / I * 2 * I + i % I;
+}
+
 template <class T>
 struct SwigluForward {
   T* out;
@@ -27,8 +32,8 @@ struct SwigluForward {
   template <int K>
   __device__ void apply(size_t i) const {
     static_assert(K == 1, "rows of I elements need not align to packs");
-    const size_t n = i / I, c = i % I;
-    const float g = to_float(gate_up[n * 2 * I + c]), u = to_float(gate_up[n * 2 * I + I + c]);
+    const size_t gate = gate_index(i, I);
+    const float g = to_float(gate_up[gate]), u = to_float(gate_up[gate + I]);
     out[i] = from_float<T>(g * sigmoid(g) * u);
   }
 };
@@ -42,8 +47,7 @@ struct SwigluBackward {
   template <int K>
   __device__ void apply(size_t i) const {
     static_assert(K == 1, "rows of I elements need not align to packs");
-    const size_t n = i / I, c = i % I;
-    const size_t gate = n * 2 * I + c, up = gate + I;
+    const size_t gate = gate_index(i, I), up = gate + I;
     const float g = to_float(gate_up[gate]), u = to_float(gate_up[up]), dy = to_float(dout[i]);
     const float s = sigmoid(g);
     dgate_up[gate] = from_float<T>(to_float(dgate_up[gate]) + dy * u * s * (1.0f + g * (1.0f - s)));
