@@ -25,20 +25,17 @@ def lr_at(step):
     return MIN_LR + 0.5 * (1 + math.cos(math.pi * progress)) * (LR - MIN_LR)
 
 
-def test_ten_adamw_steps_match_torch(tmp_path):
-    model = random_hf_model(tmp_path / "model", n_layer=2, n_head=2, n_embd=32, n_positions=T)
-    batches = random_tokens(tmp_path / "tokens.bin", STEPS * ACCUM, B, T)
-    run([binary("layup_model_tool"), "train", tmp_path / "model", tmp_path / "tokens.bin", B, T,
-         STEPS, ACCUM, LR, MIN_LR, WARMUP, WD, CLIP, tmp_path / "out"])
-
-    # Decay on matrices only: not biases, layer-norm gains, or the position embedding.
+def torch_adamw_steps(model, batches, clip, decays):
+    """STEPS AdamW updates of `model` in torch.optim, as layup runs them: ACCUM micro-batches a
+    step, the gradient clipped at `clip`, weight decay WD on the parameters `decays(name, param)`
+    picks, the learning rate of lr_at. Returns each step's mean loss and gradient norm."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
-        (decay if param.dim() == 2 and "wpe" not in name else no_decay).append(param)
+        (decay if decays(name, param) else no_decay).append(param)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WD},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=LR, betas=(0.9, 0.95), eps=1e-8, foreach=False)
-    losses, clipped = [], []
+    losses, norms = [], []
     for step in range(STEPS):
         optimizer.zero_grad()
         total = 0.0
@@ -46,12 +43,24 @@ def test_ten_adamw_steps_match_torch(tmp_path):
             loss, _ = hf_loss(model, inputs, targets)
             (loss / ACCUM).backward()
             total += loss.item() / ACCUM
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        clipped.append(norm.item() > CLIP)
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
         optimizer.step()
         losses.append(total)
+    return losses, norms
+
+
+def test_ten_adamw_steps_match_torch(tmp_path):
+    model = random_hf_model(tmp_path / "model", n_layer=2, n_head=2, n_embd=32, n_positions=T)
+    batches = random_tokens(tmp_path / "tokens.bin", STEPS * ACCUM, B, T)
+    run([binary("layup_model_tool"), "train", tmp_path / "model", tmp_path / "tokens.bin", B, T,
+         STEPS, ACCUM, LR, MIN_LR, WARMUP, WD, CLIP, tmp_path / "out"])
+
+    # Decay on matrices only: not biases, layer-norm gains, or the position embedding.
+    losses, norms = torch_adamw_steps(model, batches, CLIP,
+                                      lambda name, param: param.dim() == 2 and "wpe" not in name)
+    clipped = [norm > CLIP for norm in norms]
 
     assert any(clipped) and not all(clipped), "the clip must trigger on some steps, not all"
     result = load_file(tmp_path / "out" / "losses.safetensors")

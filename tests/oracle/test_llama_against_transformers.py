@@ -122,7 +122,7 @@ def test_ten_adamw_steps_match_torch(tmp_path, family):
     micro-batches a step) in layup and in torch.optim: the same losses and parameters. The clip
     is half the first gradient norm, so every step clips on both sides, far from the threshold.
     The learning rate is small for the reason test_adamw_against_torch.py gives."""
-    from test_adamw_against_torch import ACCUM, LR, MIN_LR, STEPS, WARMUP, WD, lr_at
+    from test_adamw_against_torch import ACCUM, LR, MIN_LR, STEPS, WARMUP, WD, torch_adamw_steps
     model = random_model(tmp_path / "model", family)
     batches = random_tokens(tmp_path / "tokens.bin", STEPS * ACCUM, B, T)
     inputs, targets = batches[0]
@@ -132,24 +132,9 @@ def test_ten_adamw_steps_match_torch(tmp_path, family):
     run([binary("layup_model_tool"), "train", tmp_path / "model", tmp_path / "tokens.bin", B, T,
          STEPS, ACCUM, LR, MIN_LR, WARMUP, WD, clip, tmp_path / "out"])
 
-    decay = [p for p in model.parameters() if p.dim() == 2]  # matrices; not norms or biases
-    no_decay = [p for p in model.parameters() if p.dim() != 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WD},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=LR, betas=(0.9, 0.95), eps=1e-8, foreach=False)
-    losses = []
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        total = 0.0
-        for inputs, targets in batches[step * ACCUM:(step + 1) * ACCUM]:
-            loss, _ = hf_loss(model, inputs, targets)
-            (loss / ACCUM).backward()
-            total += loss.item() / ACCUM
-        assert torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item() > 1.2 * clip
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
-        optimizer.step()
-        losses.append(total)
+    # Decay on matrices only: not norms or biases.
+    losses, norms = torch_adamw_steps(model, batches, clip, lambda name, param: param.dim() == 2)
+    assert all(norm > 1.2 * clip for norm in norms)
 
     result = load_file(tmp_path / "out" / "losses.safetensors")
     assert relative_error(result["loss"], torch.tensor(losses)) < 1e-5
