@@ -124,3 +124,22 @@ def local_gpt2_encoding():
             ranks[base64.b64decode(token, validate=True)] = int(rank)
     return tiktoken.Encoding(name="gpt2_local", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT_TOKEN})
+
+
+def check_grads_tool_output(out_dir, model, inputs, targets):
+    """What `layup_model_tool grads` wrote to out_dir against `model` on the same batch: logits,
+    loss and every parameter's gradient within 1e-5. Returns layup's gradients by HF name."""
+    from safetensors.torch import load_file
+    loss, logits = hf_loss(model, inputs, targets)
+    loss.backward()
+    outputs = load_file(out_dir / "outputs.safetensors")
+    assert relative_error(outputs["logits"], logits.detach()) < 1e-5
+    assert relative_error(outputs["loss"], loss.detach().reshape(1)) < 1e-5
+    grads = load_file(out_dir / "grads" / "model.safetensors")
+    expected = {name: p.grad for name, p in model.named_parameters()}
+    assert set(grads) == set(expected), set(grads) ^ set(expected)
+    for name, grad in expected.items():
+        assert grads[name].shape == grad.shape, name
+        error = relative_error(grads[name], grad)
+        assert error < 1e-5, f"{name}: relative error {error:.3e}"
+    return grads

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
-from oracle_util import (VOCAB, binary, hf_loss, local_gpt2_encoding, random_tokens,
-                         relative_error, run, target_env)
+from oracle_util import (VOCAB, binary, check_grads_tool_output, hf_loss, local_gpt2_encoding,
+                         random_tokens, relative_error, run, target_env)
 
 B, T = 2, 24
 SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -53,19 +53,7 @@ def test_logits_loss_and_every_gradient_match_transformers(tmp_path, family):
     run([binary("layup_model_tool"), "grads", tmp_path / "model", tmp_path / "tokens.bin", B, T,
          tmp_path / "out"], env=env)
 
-    loss, logits = hf_loss(model, inputs, targets)
-    loss.backward()
-    outputs = load_file(tmp_path / "out" / "outputs.safetensors")
-    assert relative_error(outputs["logits"], logits.detach()) < 1e-5
-    assert relative_error(outputs["loss"], loss.detach().reshape(1)) < 1e-5
-
-    grads = load_file(tmp_path / "out" / "grads" / "model.safetensors")
-    expected = {name: p.grad for name, p in model.named_parameters()}
-    assert set(grads) == set(expected), set(grads) ^ set(expected)
-    for name, grad in expected.items():
-        assert grads[name].shape == grad.shape, name
-        error = relative_error(grads[name], grad)
-        assert error < 1e-5, f"{name}: relative error {error:.3e}"
+    grads = check_grads_tool_output(tmp_path / "out", model, inputs, targets)
 
     # What layup saved (here the gradients, in the model's layout and config) is a model
     # transformers loads as the same architecture and shape.
