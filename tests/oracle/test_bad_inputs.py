@@ -167,3 +167,15 @@ def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, shard
     for name, tensor in load_file(checkpoints[0] / "model.safetensors").items():
         assert torch.isfinite(tensor).all(), name
     run([binary("layup"), "sample", "--checkpoint", checkpoints[0], "--tokens", "2"])
+
+
+def test_init_from_refuses_what_it_cannot_start_from(tmp_path, shards):
+    """`--init-from` needs a model folder, takes the model's shape from it, and is not a resume."""
+    init = [binary("layup"), "train", *TINY_TRAINING, "--steps", "2", "--data", shards]
+    fails_with(init + ["--init-from", tmp_path / "nowhere", "--out", tmp_path / "run"],
+               "cannot load a model from", "it is not a directory")
+    fails_with(init + ["--init-from", tmp_path, "--layers", "2", "--out", tmp_path / "run"],
+               "--init-from takes the model from", "drop --model, --layers")
+    fails_with(init + ["--init-from", tmp_path, "--resume", tmp_path, "--out", tmp_path / "run"],
+               "give one of them")
+    assert not (tmp_path / "run").exists(), "a failed start must not leave a run folder"
