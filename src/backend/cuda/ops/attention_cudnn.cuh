@@ -1,13 +1,13 @@
 // Causal self-attention through cuDNN's fused flash attention (its SDPA graph, built with the
 // cuDNN frontend), for the bf16 mode: tensor cores, and no T x T matrix in device memory.
 //
-// Same contract as attention.cuh on GPT-2's fused qkv layout: q, k and v are read in place from
-// qkv [B,T,3C] through strides, the output is out [B,T,C] with heads merged, and the saved
-// statistic is the natural-log log-sum-exp of each row of scaled scores, lse [B,NH,T] -- the same
+// Same contract as attention.cuh (AttentionShape, grouped key/value heads included): q, k and v
+// are read in place from the fused qkv through strides, the output has its heads merged, and the
+// saved statistic is the natural-log log-sum-exp of each row of scaled scores, lse [B,heads,T] -- the same
 // quantity the layup kernel saves, so the two share their activation memory. Unlike the layup
 // kernel, backward OVERWRITES dqkv (cuDNN writes dq, dk and dv, which together cover all of it).
 //
-// Graphs are built once per shape (B, T, C, NH) and cached: building takes milliseconds to
+// Graphs are built once per shape (AttentionShape) and cached: building takes milliseconds to
 // seconds, executing microseconds. The workspace cuDNN asks for is the caller's GrowableWorkspace,
 // grown when a larger shape needs more.
 //
@@ -23,6 +23,7 @@
 
 #include "backend/algorithm_choice.h"
 #include "backend/cuda/growable_workspace.h"
+#include "backend/cuda/ops/attention.cuh"
 
 namespace layup::cuda {
 
@@ -41,10 +42,10 @@ class CudnnAttention {
 
   // Throws layup::Error with cuDNN's message when cuDNN cannot run this shape (checked when the
   // shape's graph is first built).
-  void forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T_, int C,
-               int NH);
+  void forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
+               const AttentionShape& shape);
   void backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
-                const __nv_bfloat16* out, const float* lse, int B, int T_, int C, int NH);
+                const __nv_bfloat16* out, const float* lse, const AttentionShape& shape);
 
  private:
   struct State;
