@@ -68,6 +68,17 @@ std::vector<std::string> named_config_names() {
   return names;
 }
 
+void check_sequence_length(const ModelConfig& config, int seq_len) {
+  LAYUP_CHECK(seq_len <= config.n_positions, "sequence length ", seq_len,
+              " exceeds the model's context of ", config.n_positions, " positions; use --seq-len ",
+              config.n_positions, " or less, or a model with a longer --context");
+  LAYUP_CHECK(config.sliding_window == 0 || seq_len <= config.sliding_window, "sequence length ",
+              seq_len, " exceeds the model's attention window of ", config.sliding_window,
+              " positions (sliding_window), which layup does not implement: ",
+              "its attention sees every earlier position; use --seq-len ", config.sliding_window,
+              " or less, where both are the same");
+}
+
 void validate_config(const ModelConfig& config) {
   LAYUP_CHECK(config.n_layer >= 1, "the model needs at least 1 layer (got ", config.n_layer, ")");
   LAYUP_CHECK(config.n_head >= 1, "the model needs at least 1 attention head (got ", config.n_head,

@@ -79,6 +79,10 @@ ModelConfig llama_config(int n_layer, int n_head, int n_kv_head, int n_embd, int
 // Throws layup::Error naming the first field that is out of range or inconsistent.
 void validate_config(const ModelConfig& config);
 
+// Throws layup::Error where sequences of seq_len tokens exceed the model's context, or its
+// attention window (Mistral's sliding_window, which layup does not implement). Both backends ask.
+void check_sequence_length(const ModelConfig& config, int seq_len);
+
 // Number of trainable parameters as Hugging Face counts them (unpadded vocabulary; a tied head
 // counted once).
 long long parameter_count(const ModelConfig& config);

@@ -17,15 +17,7 @@ void check_shape(const ModelConfig& config, int max_batch, int max_seq_len) {
   validate_config(config);
   LAYUP_CHECK(max_batch >= 1 && max_seq_len >= 1, "the CPU backend needs a batch size and a ",
               "sequence length of at least 1 (got ", max_batch, " x ", max_seq_len, ")");
-  LAYUP_CHECK(max_seq_len <= config.n_positions, "sequence length ", max_seq_len,
-              " exceeds the model's context of ", config.n_positions, " positions; use --seq-len ",
-              config.n_positions, " or less, or a model with a longer --context");
-  LAYUP_CHECK(config.sliding_window == 0 || max_seq_len <= config.sliding_window,
-              "sequence length ", max_seq_len, " exceeds the model's attention window of ",
-              config.sliding_window,
-              " positions (sliding_window), which layup does not implement: ",
-              "its attention sees every earlier position; use --seq-len ", config.sliding_window,
-              " or less, where both are the same");
+  check_sequence_length(config, max_seq_len);
 }
 
 }  // namespace

@@ -53,11 +53,20 @@ class Carver {
 
 // What carve() cuts by, for one model, batch shape, --recompute level and activation type.
 struct CudaArenaShape {
-  // Positions (max_batch x max_seq_len), width, heads, layers, padded vocabulary.
+  // Positions (max_batch x max_seq_len), width, query heads, layers, padded vocabulary.
   size_t BT = 0, C = 0, NH = 0, L = 0, Vp = 0;
+  // Widths per position of the fused q,k,v projection, of the attention's output (the heads
+  // merged), of the MLP's first matmul (GPT-2's fc; the Llama family's gate and up together), and
+  // of the MLP's activation (GELU's output; SwiGLU's): GPT-2 3C, C, 4C, 4C; the Llama family
+  // (NH + 2 KVH) D, NH D, 2I, I.
+  size_t qkv = 0, att = 0, fc = 0, act = 0;
+  // The Llama family: RMSNorm (no means saved) and rotary tables, rope_rows x rope_half floats
+  // each (max_seq_len x head_dim / 2); 0 for GPT-2.
+  bool llama = false;
+  size_t rope_rows = 0, rope_half = 0;
   int recompute = 0;  // the --recompute level (cuda_backend_buffers.h)
-  // bf16: the MLP's GELU runs in the matmuls' epilogues (matmul.cuh), and its backward needs no
-  // buffer for GELU's output gradient. fp32, the mode that must match the CPU to 1e-5, keeps the
+  // bf16 GPT-2: the MLP's GELU runs in the matmuls' epilogues (matmul.cuh), and its backward needs
+  // no buffer for GELU's output gradient. fp32, the mode that must match the CPU to 1e-5, keeps the
   // separate GELU op, which computes exactly as the CPU's.
   bool fuse_gelu = false;
   // The ops' scratch: the largest any backward op asks for (scratch_floats.h).
@@ -77,15 +86,27 @@ CudaArenaShape cuda_arena_shape(const ModelConfig& config, int max_batch, int ma
   shape.NH = config.n_head;
   shape.L = config.n_layer;
   shape.Vp = config.padded_vocab_size;
+  shape.qkv = config.qkv_width();
+  shape.att = static_cast<size_t>(config.n_head) * config.head_dim();
+  shape.llama = config.is_llama();
+  shape.fc = shape.llama ? 2 * static_cast<size_t>(config.mlp_width()) : 4 * shape.C;
+  shape.act = shape.llama ? config.mlp_width() : 4 * shape.C;
+  if (shape.llama) {
+    shape.rope_rows = max_seq_len;
+    shape.rope_half = config.head_dim() / 2;
+  }
   shape.recompute = recompute;
   const int BT = static_cast<int>(shape.BT), C = config.n_embd;
+  // The widest matmul output whose bias gradient is reduced (GPT-2's fc; a Qwen2 q,k,v), and the
+  // norms' weight gradients (a layer norm's two columns sums cover an RMSNorm's one).
+  const int widest_bias = static_cast<int>(std::max({shape.fc, shape.qkv, shape.C}));
   shape.scratch_floats =
-      std::max({cuda::matmul_backward_scratch_floats(BT, 4 * C),
+      std::max({cuda::matmul_backward_scratch_floats(BT, widest_bias),
                 cuda::layernorm_backward_scratch_floats(BT, C),
                 cuda::attention_backward_scratch_floats(max_batch, max_seq_len, config.n_head)});
   if constexpr (!std::is_same_v<T, float>) {
     // Every buffer is 256-byte aligned, so only the width decides (matmul_gelu_fusable).
-    shape.fuse_gelu = (4 * C) % 8 == 0;
+    shape.fuse_gelu = !shape.llama && (4 * C) % 8 == 0;
     const ParameterLayout layout(config);
     size_t offset = 0;
     for (const Span& span : layout.spans()) {
@@ -100,18 +121,19 @@ CudaArenaShape cuda_arena_shape(const ModelConfig& config, int max_batch, int ma
 // Every buffer of the three regions. Rows are the B*T positions.
 template <class T>
 struct CudaArena {
-  // What one transformer block saves in its forward for its backward.
+  // What one transformer block saves in its forward for its backward (the widths are
+  // CudaArenaShape's; the means are GPT-2's layer norms' only).
   struct BlockActivations {
     T* ln_1;                       // [BT,C]
     float *ln_1_mean, *ln_1_rstd;  // [BT]
-    T* qkv;                        // [BT,3C]
-    T* att_out;                    // [BT,C] heads merged, before c_proj
+    T* qkv;                        // [BT,qkv]; the Llama family's q and k rotated
+    T* att_out;                    // [BT,att] heads merged, before the output projection
     float* att_lse;                // [B,NH,T] log-sum-exp of each score row
     T* residual_mid;               // [BT,C] x + attention branch
     T* ln_2;                       // [BT,C]
     float *ln_2_mean, *ln_2_rstd;  // [BT]
-    T* fc;                         // [BT,4C] before GELU
-    T* fc_gelu;                    // [BT,4C] after GELU
+    T* fc;                         // [BT,fc] before the activation
+    T* fc_gelu;                    // [BT,act] after it (GELU's or SwiGLU's output)
   };
 
   // Weights region (bf16 only): the compute copy, spans at CudaArenaShape::compute_span_offsets.
@@ -121,6 +143,8 @@ struct CudaArena {
   // backward's grouping.
   int32_t *tokens = nullptr, *targets = nullptr;
   int32_t *positions = nullptr, *segment_start = nullptr, *segment_token = nullptr;
+  // The Llama family's rotary tables [max_seq_len, head_dim/2], written once at construction.
+  float *rope_cos = nullptr, *rope_sin = nullptr;
   // residual[l] is block l's input; residual[L] is the input of ln_f.
   std::vector<T*> residual;
   std::vector<BlockActivations> blocks;
@@ -135,14 +159,15 @@ struct CudaArena {
   T* branch_out = nullptr;   // [BT,C]
   T* d_residual = nullptr;   // [BT,C]
   T* d_ln = nullptr;         // [BT,C]
-  T* d_att_out = nullptr;    // [BT,C]
-  T* d_qkv = nullptr;        // [BT,3C]
-  T* d_fc_gelu = nullptr;    // [BT,4C]; none when the GELU is fused
-  T* d_fc = nullptr;         // [BT,4C]
+  T* d_att_out = nullptr;    // [BT,att]
+  T* d_qkv = nullptr;        // [BT,qkv]
+  T* d_fc_gelu = nullptr;    // [BT,act]; none when the GELU is fused
+  T* d_fc = nullptr;         // [BT,fc]
   float* scratch = nullptr;  // [scratch_floats]
 
   void carve(Carver& carver, const CudaArenaShape& shape) {
     const size_t BT = shape.BT, C = shape.C, NH = shape.NH, L = shape.L, Vp = shape.Vp;
+    const bool means = !shape.llama;  // RMSNorm saves no mean
     if (shape.compute_weights_count > 0) {
       carver.region(ArenaRegion::kWeights);
       carver.take(compute_weights, shape.compute_weights_count);
@@ -153,6 +178,10 @@ struct CudaArena {
     carver.take(positions, BT);
     carver.take(segment_start, BT + 1);
     carver.take(segment_token, BT);
+    if (shape.rope_rows > 0) {
+      carver.take(rope_cos, shape.rope_rows * shape.rope_half);
+      carver.take(rope_sin, shape.rope_rows * shape.rope_half);
+    }
 
     residual.resize(L + 1);
     for (T*& r : residual) carver.take(r, BT * C);
@@ -162,37 +191,38 @@ struct CudaArena {
     const bool one_set = shape.recompute >= 3;
     if (one_set) blocks.resize(1);
     // Recomputed activations live in one buffer that every block's forward writes and its own
-    // backward rewrites just before reading (recompute >= 1: GELU's output; >= 2: both layer
-    // norms' outputs, which are never needed at the same time).
-    T *shared_gelu = nullptr, *shared_ln = nullptr;
-    if (shape.recompute >= 1) carver.take(shared_gelu, BT * 4 * C);
+    // backward rewrites just before reading (recompute >= 1: the MLP activation's output; >= 2:
+    // both norms' outputs, which are never needed at the same time).
+    T *shared_act = nullptr, *shared_ln = nullptr;
+    if (shape.recompute >= 1) carver.take(shared_act, BT * shape.act);
     if (shape.recompute >= 2) carver.take(shared_ln, BT * C);
     for (BlockActivations& a : blocks) {
+      a = {};
       if (shape.recompute >= 2)
         a.ln_1 = shared_ln;
       else
         carver.take(a.ln_1, BT * C);
-      carver.take(a.ln_1_mean, BT);
+      if (means) carver.take(a.ln_1_mean, BT);
       carver.take(a.ln_1_rstd, BT);
-      carver.take(a.qkv, BT * 3 * C);
-      carver.take(a.att_out, BT * C);
+      carver.take(a.qkv, BT * shape.qkv);
+      carver.take(a.att_out, BT * shape.att);
       carver.take(a.att_lse, BT * NH);
       carver.take(a.residual_mid, BT * C);
       if (shape.recompute >= 2)
         a.ln_2 = shared_ln;
       else
         carver.take(a.ln_2, BT * C);
-      carver.take(a.ln_2_mean, BT);
+      if (means) carver.take(a.ln_2_mean, BT);
       carver.take(a.ln_2_rstd, BT);
-      carver.take(a.fc, BT * 4 * C);
+      carver.take(a.fc, BT * shape.fc);
       if (shape.recompute >= 1)
-        a.fc_gelu = shared_gelu;
+        a.fc_gelu = shared_act;
       else
-        carver.take(a.fc_gelu, BT * 4 * C);
+        carver.take(a.fc_gelu, BT * shape.act);
     }
     if (one_set) blocks.assign(L, blocks.front());
     carver.take(ln_f, BT * C);
-    carver.take(ln_f_mean, BT);
+    if (means) carver.take(ln_f_mean, BT);
     carver.take(ln_f_rstd, BT);
     carver.take(logits, BT * Vp);
     carver.take(losses, BT);
@@ -202,10 +232,10 @@ struct CudaArena {
     carver.take(branch_out, BT * C);
     carver.take(d_residual, BT * C);
     carver.take(d_ln, BT * C);
-    carver.take(d_att_out, BT * C);
-    carver.take(d_qkv, BT * 3 * C);
-    if (!shape.fuse_gelu) carver.take(d_fc_gelu, BT * 4 * C);  // the fused backward needs none
-    carver.take(d_fc, BT * 4 * C);
+    carver.take(d_att_out, BT * shape.att);
+    carver.take(d_qkv, BT * shape.qkv);
+    if (!shape.fuse_gelu) carver.take(d_fc_gelu, BT * shape.act);  // the fused backward needs none
+    carver.take(d_fc, BT * shape.fc);
     carver.take(scratch, shape.scratch_floats);
   }
 };

@@ -46,12 +46,22 @@
 #include "backend/cuda/ops/layernorm.cuh"
 #include "backend/cuda/ops/matmul.cuh"
 #include "backend/cuda/ops/residual.cuh"
+#include "backend/cuda/ops/rmsnorm.cuh"
+#include "backend/cuda/ops/rope.cuh"
+#include "backend/cuda/ops/swiglu.cuh"
 #include "core/error.h"
 #include "memory/memory_accountant.h"
 #include "model/parameter_layout.h"
+#include "model/rope_tables.h"
 
 namespace layup {
 namespace {
+
+// A tensor of the span at `base`, or null where the model has none (kAbsent).
+template <class T>
+T* tensor_at(T* base, size_t offset) {
+  return offset == kAbsent ? nullptr : base + offset;
+}
 
 template <class T>
 class CudaBackend final : public ModelBackend {
@@ -93,9 +103,25 @@ class CudaBackend final : public ModelBackend {
   // bf16 mode: casts span `index` (layout order) of the fp32 weights into the compute copy,
   // unless the schedule wrote the copies with the update (compute_copies_current_).
   void refresh_compute_span(size_t index, const ParameterPointers& params);
-  // --recompute 3: block `layer`'s saved activations again, from its input residual[layer] and
-  // its weights `p`, in the stream's order before its backward.
-  void recompute_block_forward(int layer, const T* p);
+  // The blocks and the final norm of each architecture's forward, residual[0] to ln_f.
+  void gpt2_forward_blocks(const ParameterPointers& params, ForwardHooks& hooks);
+  void llama_forward_blocks(const ParameterPointers& params, ForwardHooks& hooks);
+  void llama_block_forward(int layer, const T* p, bool through_mlp);
+  // One block's backward, from dL/d(its output) in d_residual to dL/d(its input) there, writing
+  // its weights' gradient g.
+  void gpt2_block_backward(int layer, const T* p, float* g);
+  void llama_block_backward(int layer, const T* p, float* g);
+  // --recompute 3: GPT-2's block `layer`'s saved activations again, from its input
+  // residual[layer] and its weights `p`, in the stream's order before its backward (the Llama
+  // family's is llama_block_forward without the MLP's output).
+  void gpt2_recompute_block(int layer, const T* p);
+  // Span indices in layout order: embeddings, blocks 0..L-1, final norm.
+  static size_t block_span(int layer) { return static_cast<size_t>(1 + layer); }
+  size_t final_norm_span() const { return static_cast<size_t>(1 + config_.n_layer); }
+  // The attention of the last forward's batch shape.
+  cuda::AttentionShape attention_shape() const {
+    return {batch_, seq_len_, config_.n_head, config_.kv_heads(), config_.head_dim()};
+  }
   // cuDNN attention where present, except for single-position sequences, which it rejects.
   bool use_cudnn_attention(int seq_len) const { return cudnn_attention_ && seq_len > 1; }
   void zero(T* buffer, size_t count) {
@@ -168,12 +194,10 @@ CudaBackend<T>::CudaBackend(const ModelConfig& config, int max_batch, int max_se
               recompute);
   LAYUP_CHECK(max_batch >= 1 && max_seq_len >= 1, "the CUDA backend needs a batch size and a ",
               "sequence length of at least 1 (got ", max_batch, " x ", max_seq_len, ")");
-  LAYUP_CHECK(max_seq_len <= config.n_positions, "sequence length ", max_seq_len,
-              " exceeds the model's context of ", config.n_positions, " positions; use --seq-len ",
-              config.n_positions, " or less");
+  check_sequence_length(config, max_seq_len);
   LAYUP_CHECK(config.head_dim() <= cuda::kMaxAttentionHeadDim, "the CUDA attention kernels take ",
               "head dimensions up to ", cuda::kMaxAttentionHeadDim, "; this model has ",
-              config.head_dim(), " (width ", config.n_embd, " over ", config.n_head, " heads)");
+              config.head_dim());
   LAYUP_CHECK(static_cast<long long>(max_batch) * config.n_head <= 65535, "batch ", max_batch,
               " x ", config.n_head,
               " heads exceeds the 65535 attention blocks of one grid "
@@ -216,6 +240,20 @@ CudaBackend<T>::CudaBackend(const ModelConfig& config, int max_batch, int max_se
                 "internal error: the CUDA backend's ", buffers_.regions[r].what, " took ",
                 place.used(static_cast<ArenaRegion>(r)), " bytes, cuda_backend_buffers listed ",
                 buffers_.regions[r].bytes);
+  if (config.is_llama()) {
+    // Positions are 0..T-1 in every sequence, so one table of max_seq_len rows serves them all;
+    // made on the host with the CPU backend's steps (model/rope_tables.h), so both rotate alike.
+    const int half = config.head_dim() / 2;
+    std::vector<float> inv_freq(half), cos(static_cast<size_t>(max_seq_len) * half),
+        sin(cos.size());
+    rope_inverse_frequencies(inv_freq.data(), config.head_dim(), config.rope_theta,
+                             config.rope_scaling);
+    rope_cos_sin(cos.data(), sin.data(), inv_freq.data(), max_seq_len, config.head_dim());
+    LAYUP_CUDA_CHECK(cudaMemcpy(arena_.rope_cos, cos.data(), cos.size() * sizeof(float),
+                                cudaMemcpyHostToDevice));
+    LAYUP_CUDA_CHECK(cudaMemcpy(arena_.rope_sin, sin.data(), sin.size() * sizeof(float),
+                                cudaMemcpyHostToDevice));
+  }
   const PinnedStagingLayout staging = pinned_staging_layout(max_batch, max_seq_len);
   host_ints_ = static_cast<int32_t*>(pinned_staging_.get());
   host_losses_ = reinterpret_cast<float*>(host_ints_ + staging.ints);
@@ -292,10 +330,8 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   batch_ = batch.batch;
   seq_len_ = batch.seq_len;
   const int B = batch_, T_ = seq_len_, BT = B * T_;
-  const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
+  const int C = config_.n_embd;
   const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
-  const float eps = config_.layer_norm_epsilon;
-  const BlockOffsets& o = layout_.block();
   const EmbeddingOffsets& e = layout_.embeddings();
   const FinalNormOffsets& f = layout_.final_norm();
 
@@ -306,67 +342,19 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.tokens, host_inputs, BT * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));
   const SpanPointers<const T> w = weights(params);
-  // Span indices in layout order: embeddings, blocks 0..L-1, final norm.
-  const auto block_span = [](int layer) { return static_cast<size_t>(1 + layer); };
-  const size_t final_norm_span = static_cast<size_t>(1 + L);
 
   hooks.before_embeddings();
   refresh_compute_span(0, params);
   cuda::embedding_forward(arena_.residual[0], arena_.tokens, w.embeddings + e.wte,
-                          w.embeddings + e.wpe, B, T_, C, stream_);
-  // Every layer norm after the first is fused with the residual add before it: block l's ln_2
-  // with its attention branch's add, block l+1's ln_1 (or ln_f) with block l's MLP branch's add.
-  hooks.before_block(0);
-  refresh_compute_span(block_span(0), params);
-  cuda::layernorm_forward(arena_.blocks[0].ln_1, arena_.blocks[0].ln_1_mean,
-                          arena_.blocks[0].ln_1_rstd, arena_.residual[0],
-                          w.blocks[0] + o.ln_1_weight, w.blocks[0] + o.ln_1_bias, BT, C, eps,
-                          stream_);
-  for (int l = 0; l < L; ++l) {
-    const T* p = w.blocks[l];
-    BlockActivations& a = arena_.blocks[l];
-    const T* x = arena_.residual[l];
-    cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
-                         3 * C, stream_);
-    if (use_cudnn_attention(T_)) {
-      if constexpr (!std::is_same_v<T, float>)
-        cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, B, T_, C, NH);
-    } else {
-      cuda::attention_forward(a.att_out, a.att_lse, a.qkv, B, T_, C, NH, stream_);
-    }
-    cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
-                         p + o.attn_proj_bias, BT, C, C, stream_);
-    cuda::residual_layernorm_forward(a.residual_mid, a.ln_2, a.ln_2_mean, a.ln_2_rstd, x,
-                                     arena_.branch_out, p + o.ln_2_weight, p + o.ln_2_bias, BT, C,
-                                     eps, stream_);
-    if (shape_.fuse_gelu) {
-      cuda::matmul_gelu_forward(*blas_, a.fc_gelu, a.fc, a.ln_2, p + o.mlp_fc_weight,
-                                p + o.mlp_fc_bias, BT, C, 4 * C, stream_);
-    } else {
-      cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C,
-                           4 * C, stream_);
-      cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
-    }
-    cuda::matmul_forward(*blas_, arena_.branch_out, a.fc_gelu, p + o.mlp_proj_weight,
-                         p + o.mlp_proj_bias, BT, 4 * C, C, stream_);
-    if (l + 1 < L) {
-      hooks.before_block(l + 1);
-      refresh_compute_span(block_span(l + 1), params);
-      BlockActivations& next = arena_.blocks[l + 1];
-      const T* next_p = w.blocks[l + 1];
-      cuda::residual_layernorm_forward(
-          arena_.residual[l + 1], next.ln_1, next.ln_1_mean, next.ln_1_rstd, a.residual_mid,
-          arena_.branch_out, next_p + o.ln_1_weight, next_p + o.ln_1_bias, BT, C, eps, stream_);
-    } else {
-      hooks.before_head();
-      refresh_compute_span(final_norm_span, params);
-      cuda::residual_layernorm_forward(
-          arena_.residual[L], arena_.ln_f, arena_.ln_f_mean, arena_.ln_f_rstd, a.residual_mid,
-          arena_.branch_out, w.final_norm + f.weight, w.final_norm + f.bias, BT, C, eps, stream_);
-    }
-  }
-  cuda::matmul_forward(*blas_, arena_.logits, arena_.ln_f, w.embeddings + e.wte,
-                       static_cast<const T*>(nullptr), BT, C, Vp, stream_);
+                          tensor_at(w.embeddings, e.wpe), B, T_, C, stream_);
+  if (config_.is_llama())
+    llama_forward_blocks(params, hooks);
+  else
+    gpt2_forward_blocks(params, hooks);
+  // The head: the token embedding when tied (GPT-2 always), else lm_head in the final norm's span.
+  const T* head = config_.tie_word_embeddings ? w.embeddings + e.wte : w.final_norm + f.lm_head;
+  cuda::matmul_forward(*blas_, arena_.logits, arena_.ln_f, head, static_cast<const T*>(nullptr), BT,
+                       C, Vp, stream_);
   logits_valid_ = true;
 
   if (!batch.targets) {
@@ -404,6 +392,125 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   for (int n = 0; n < BT; ++n) total += host_losses_[n];
   next_step_ = BackwardStep::kHead;
   return static_cast<float>(total / BT);
+}
+
+// GPT-2's blocks and final layer norm, residual[0] to ln_f. Every layer norm after the first is
+// fused with the residual add before it: block l's ln_2 with its attention branch's add, block
+// l+1's ln_1 (or ln_f) with block l's MLP branch's add.
+template <class T>
+void CudaBackend<T>::gpt2_forward_blocks(const ParameterPointers& params, ForwardHooks& hooks) {
+  const int B = batch_, T_ = seq_len_, BT = B * T_;
+  const int C = config_.n_embd, L = config_.n_layer;
+  const float eps = config_.layer_norm_epsilon;
+  const BlockOffsets& o = layout_.block();
+  const FinalNormOffsets& f = layout_.final_norm();
+  const SpanPointers<const T> w = weights(params);
+  hooks.before_block(0);
+  refresh_compute_span(block_span(0), params);
+  cuda::layernorm_forward(arena_.blocks[0].ln_1, arena_.blocks[0].ln_1_mean,
+                          arena_.blocks[0].ln_1_rstd, arena_.residual[0],
+                          w.blocks[0] + o.ln_1_weight, w.blocks[0] + o.ln_1_bias, BT, C, eps,
+                          stream_);
+  for (int l = 0; l < L; ++l) {
+    const T* p = w.blocks[l];
+    BlockActivations& a = arena_.blocks[l];
+    const T* x = arena_.residual[l];
+    cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
+                         3 * C, stream_);
+    if (use_cudnn_attention(T_)) {
+      if constexpr (!std::is_same_v<T, float>)
+        cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, attention_shape());
+    } else {
+      cuda::attention_forward(a.att_out, a.att_lse, a.qkv, attention_shape(), stream_);
+    }
+    cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
+                         p + o.attn_proj_bias, BT, C, C, stream_);
+    cuda::residual_layernorm_forward(a.residual_mid, a.ln_2, a.ln_2_mean, a.ln_2_rstd, x,
+                                     arena_.branch_out, p + o.ln_2_weight, p + o.ln_2_bias, BT, C,
+                                     eps, stream_);
+    if (shape_.fuse_gelu) {
+      cuda::matmul_gelu_forward(*blas_, a.fc_gelu, a.fc, a.ln_2, p + o.mlp_fc_weight,
+                                p + o.mlp_fc_bias, BT, C, 4 * C, stream_);
+    } else {
+      cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C,
+                           4 * C, stream_);
+      cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
+    }
+    cuda::matmul_forward(*blas_, arena_.branch_out, a.fc_gelu, p + o.mlp_proj_weight,
+                         p + o.mlp_proj_bias, BT, 4 * C, C, stream_);
+    if (l + 1 < L) {
+      hooks.before_block(l + 1);
+      refresh_compute_span(block_span(l + 1), params);
+      BlockActivations& next = arena_.blocks[l + 1];
+      const T* next_p = w.blocks[l + 1];
+      cuda::residual_layernorm_forward(
+          arena_.residual[l + 1], next.ln_1, next.ln_1_mean, next.ln_1_rstd, a.residual_mid,
+          arena_.branch_out, next_p + o.ln_1_weight, next_p + o.ln_1_bias, BT, C, eps, stream_);
+    } else {
+      hooks.before_head();
+      refresh_compute_span(final_norm_span(), params);
+      cuda::residual_layernorm_forward(
+          arena_.residual[L], arena_.ln_f, arena_.ln_f_mean, arena_.ln_f_rstd, a.residual_mid,
+          arena_.branch_out, w.final_norm + f.weight, w.final_norm + f.bias, BT, C, eps, stream_);
+    }
+  }
+}
+
+// The Llama family's blocks and final RMSNorm, residual[0] to ln_f (llama_block_forward).
+template <class T>
+void CudaBackend<T>::llama_forward_blocks(const ParameterPointers& params, ForwardHooks& hooks) {
+  const int BT = batch_ * seq_len_, C = config_.n_embd, L = config_.n_layer;
+  const SpanPointers<const T> w = weights(params);
+  for (int l = 0; l < L; ++l) {
+    hooks.before_block(l);
+    refresh_compute_span(block_span(l), params);
+    llama_block_forward(l, w.blocks[l], /*through_mlp=*/true);
+  }
+  hooks.before_head();
+  refresh_compute_span(final_norm_span(), params);
+  cuda::rmsnorm_forward(arena_.ln_f, arena_.ln_f_rstd, arena_.residual[L],
+                        w.final_norm + layout_.final_norm().weight, BT, C,
+                        config_.layer_norm_epsilon, stream_);
+}
+
+// One Llama-family block from its input residual[layer]: RMSNorm, q,k,v (rotated in place),
+// grouped-query attention, o_proj and the residual add, RMSNorm, gate and up, SwiGLU; then, with
+// through_mlp, down_proj and the add into residual[layer + 1] (--recompute 3 stops before them:
+// the backward needs neither).
+template <class T>
+void CudaBackend<T>::llama_block_forward(int layer, const T* p, bool through_mlp) {
+  const int B = batch_, T_ = seq_len_, BT = B * T_;
+  const int C = config_.n_embd, I = config_.mlp_width(), Q = config_.qkv_width();
+  const int A = config_.n_head * config_.head_dim();
+  const float eps = config_.layer_norm_epsilon;
+  const BlockOffsets& o = layout_.block();
+  BlockActivations& a = arena_.blocks[layer];
+  const T* x = arena_.residual[layer];
+  cuda::rmsnorm_forward(a.ln_1, a.ln_1_rstd, x, p + o.ln_1_weight, BT, C, eps, stream_);
+  cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, tensor_at(p, o.attn_qkv_bias),
+                       BT, C, Q, stream_);
+  // q's and k's heads are adjacent in each row: one rotation covers both, v is left alone.
+  cuda::rope_forward(a.qkv, arena_.rope_cos, arena_.rope_sin, B, T_,
+                     config_.n_head + config_.kv_heads(), config_.head_dim(), Q, stream_);
+  if (use_cudnn_attention(T_)) {
+    if constexpr (!std::is_same_v<T, float>)
+      cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, attention_shape());
+  } else {
+    cuda::attention_forward(a.att_out, a.att_lse, a.qkv, attention_shape(), stream_);
+  }
+  cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
+                       tensor_at(p, o.attn_proj_bias), BT, A, C, stream_);
+  cuda::residual_forward(a.residual_mid, x, arena_.branch_out, BT * C, stream_);
+  cuda::rmsnorm_forward(a.ln_2, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight, BT, C, eps,
+                        stream_);
+  cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, static_cast<const T*>(nullptr),
+                       BT, C, 2 * I, stream_);
+  cuda::swiglu_forward(a.fc_gelu, a.fc, BT, I, stream_);
+  if (!through_mlp) return;
+  cuda::matmul_forward(*blas_, arena_.branch_out, a.fc_gelu, p + o.mlp_proj_weight,
+                       static_cast<const T*>(nullptr), BT, I, C, stream_);
+  cuda::residual_forward(arena_.residual[layer + 1], a.residual_mid, arena_.branch_out, BT * C,
+                         stream_);
 }
 
 template <class T>
@@ -445,19 +552,31 @@ void CudaBackend<T>::backward_head(const ParameterPointers& params, float* final
   cuda::classifier_backward(arena_.logits, arena_.logits, arena_.logsumexp, arena_.targets, BT, V,
                             Vp, dloss, stream_);
   logits_valid_ = false;
-  // The head writes the whole embeddings span's gradient (ModelBackend): wte's part here, wpe's
-  // zeros below; backward_embeddings adds the input embedding's part to both.
-  cuda::matmul_backward(*blas_, arena_.d_ln, embeddings_grad + e.wte, nullptr, arena_.logits,
-                        arena_.ln_f, w.embeddings + e.wte, BT, C, Vp, arena_.scratch,
-                        cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite, stream_);
-  LAYUP_CUDA_CHECK(cudaMemsetAsync(embeddings_grad + e.wpe, 0,
-                                   static_cast<size_t>(config_.n_positions) * C * sizeof(float),
-                                   stream_));
+  // The head writes the whole embeddings span's gradient (ModelBackend): when tied, wte's part
+  // here and the rest (GPT-2's wpe) zeroed; untied, the head's own gradient goes into the final
+  // norm's span and all of the embeddings' is zeroed. backward_embeddings adds the input
+  // embedding's part.
+  const bool tied = config_.tie_word_embeddings;
+  const T* head = tied ? w.embeddings + e.wte : w.final_norm + f.lm_head;
+  float* head_grad = tied ? embeddings_grad + e.wte : final_norm_grad + f.lm_head;
+  cuda::matmul_backward(*blas_, arena_.d_ln, head_grad, nullptr, arena_.logits, arena_.ln_f, head,
+                        BT, C, Vp, arena_.scratch, cuda::InputGradient::kOverwrite,
+                        cuda::WeightGradient::kOverwrite, stream_);
+  const size_t written = tied ? static_cast<size_t>(Vp) * C : 0;  // wte comes first in the span
+  LAYUP_CUDA_CHECK(
+      cudaMemsetAsync(embeddings_grad + written, 0, (e.count - written) * sizeof(float), stream_));
   zero(arena_.d_residual, static_cast<size_t>(BT) * C);
-  cuda::layernorm_backward(arena_.d_residual, final_norm_grad + f.weight, final_norm_grad + f.bias,
-                           arena_.d_ln, arena_.residual[config_.n_layer], w.final_norm + f.weight,
-                           arena_.ln_f_mean, arena_.ln_f_rstd, BT, C,
-                           cuda::WeightGradient::kOverwrite, arena_.scratch, stream_);
+  if (config_.is_llama()) {
+    cuda::rmsnorm_backward(arena_.d_residual, final_norm_grad + f.weight, arena_.d_ln,
+                           arena_.residual[config_.n_layer], w.final_norm + f.weight,
+                           arena_.ln_f_rstd, BT, C, cuda::WeightGradient::kOverwrite,
+                           arena_.scratch, stream_);
+  } else {
+    cuda::layernorm_backward(
+        arena_.d_residual, final_norm_grad + f.weight, final_norm_grad + f.bias, arena_.d_ln,
+        arena_.residual[config_.n_layer], w.final_norm + f.weight, arena_.ln_f_mean,
+        arena_.ln_f_rstd, BT, C, cuda::WeightGradient::kOverwrite, arena_.scratch, stream_);
+  }
   next_step_ = BackwardStep::kBlock;
   next_layer_ = config_.n_layer - 1;
 }
@@ -469,15 +588,24 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
               " down to 0, then backward_embeddings",
               next_step_ == BackwardStep::kBlock ? "; the next block is " : "",
               next_step_ == BackwardStep::kBlock ? std::to_string(next_layer_) : "");
-  const int B = batch_, T_ = seq_len_, BT = B * T_;
-  const int C = config_.n_embd, NH = config_.n_head;
-  const BlockOffsets& o = layout_.block();
   const T* p = weights(params).blocks[layer];
-  float* g = block_grad;
+  if (config_.is_llama())
+    llama_block_backward(layer, p, block_grad);
+  else
+    gpt2_block_backward(layer, p, block_grad);
+  next_layer_ = layer - 1;
+  if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
+}
+
+template <class T>
+void CudaBackend<T>::gpt2_block_backward(int layer, const T* p, float* g) {
+  const int B = batch_, T_ = seq_len_, BT = B * T_;
+  const int C = config_.n_embd;
+  const BlockOffsets& o = layout_.block();
   const BlockActivations& a = arena_.blocks[layer];
   // --recompute 3: the block's activations again from its input; the last block's are still
   // there from the forward.
-  if (recompute_ >= 3 && layer + 1 < config_.n_layer) recompute_block_forward(layer, p);
+  if (recompute_ >= 3 && layer + 1 < config_.n_layer) gpt2_recompute_block(layer, p);
 
   // MLP branch. arena_.d_residual holds dL/d(block output) = dL/d(MLP output).
   // --recompute: GELU's output (and the layer norms' below) back into the shared buffers. The
@@ -517,12 +645,12 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
   if (use_cudnn_attention(T_)) {
     // cuDNN overwrites all of arena_.d_qkv (dq, dk and dv), so it needs no zeroing.
     if constexpr (!std::is_same_v<T, float>)
-      cudnn_attention_->backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse, B, T_,
-                                 C, NH);
+      cudnn_attention_->backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
+                                 attention_shape());
   } else {
     zero(arena_.d_qkv, static_cast<size_t>(BT) * 3 * C);
-    cuda::attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse, B, T_, C,
-                             NH, arena_.scratch, stream_);
+    cuda::attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
+                             attention_shape(), arena_.scratch, stream_);
   }
   if (recompute_ >= 2) {
     cuda::layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, arena_.residual[layer],
@@ -536,15 +664,76 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
   cuda::layernorm_backward(arena_.d_residual, g + o.ln_1_weight, g + o.ln_1_bias, arena_.d_ln,
                            arena_.residual[layer], p + o.ln_1_weight, a.ln_1_mean, a.ln_1_rstd, BT,
                            C, cuda::WeightGradient::kOverwrite, arena_.scratch, stream_);
+}
 
-  next_layer_ = layer - 1;
-  if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
+// The transpose of llama_block_forward, as the CPU backend's llama_block_backward, with the
+// --recompute levels of GPT-2's: 1 SwiGLU's output again, 2 the norms' outputs too, 3 the block's
+// forward up to SwiGLU.
+template <class T>
+void CudaBackend<T>::llama_block_backward(int layer, const T* p, float* g) {
+  const int B = batch_, T_ = seq_len_, BT = B * T_;
+  const int C = config_.n_embd, I = config_.mlp_width(), Q = config_.qkv_width();
+  const int A = config_.n_head * config_.head_dim();
+  const float eps = config_.layer_norm_epsilon;
+  const BlockOffsets& o = layout_.block();
+  const BlockActivations& a = arena_.blocks[layer];
+  constexpr auto kOverwriteInput = cuda::InputGradient::kOverwrite;
+  constexpr auto kOverwriteWeight = cuda::WeightGradient::kOverwrite;
+  // The last block's activations are still there from the forward.
+  if (recompute_ >= 3 && layer + 1 < config_.n_layer) llama_block_forward(layer, p, false);
+
+  // MLP branch. arena_.d_residual holds dL/d(block output) = dL/d(MLP output).
+  if (recompute_ >= 1) cuda::swiglu_forward(a.fc_gelu, a.fc, BT, I, stream_);
+  cuda::matmul_backward(*blas_, arena_.d_fc_gelu, g + o.mlp_proj_weight, nullptr, arena_.d_residual,
+                        a.fc_gelu, p + o.mlp_proj_weight, BT, I, C, arena_.scratch, kOverwriteInput,
+                        kOverwriteWeight, stream_);
+  zero(arena_.d_fc, static_cast<size_t>(BT) * 2 * I);  // SwiGLU's backward accumulates
+  cuda::swiglu_backward(arena_.d_fc, arena_.d_fc_gelu, a.fc, BT, I, stream_);
+  if (recompute_ >= 2)
+    cuda::rmsnorm_forward(a.ln_2, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight, BT, C, eps,
+                          stream_);
+  cuda::matmul_backward(*blas_, arena_.d_ln, g + o.mlp_fc_weight, nullptr, arena_.d_fc, a.ln_2,
+                        p + o.mlp_fc_weight, BT, C, 2 * I, arena_.scratch, kOverwriteInput,
+                        kOverwriteWeight, stream_);
+  // Adding the norm's input gradient turns arena_.d_residual into dL/d(residual_mid).
+  cuda::rmsnorm_backward(arena_.d_residual, g + o.ln_2_weight, arena_.d_ln, a.residual_mid,
+                         p + o.ln_2_weight, a.ln_2_rstd, BT, C, kOverwriteWeight, arena_.scratch,
+                         stream_);
+
+  // Attention branch. arena_.d_residual holds dL/d(residual_mid) = dL/d(attention branch output).
+  cuda::matmul_backward(*blas_, arena_.d_att_out, g + o.attn_proj_weight,
+                        tensor_at(g, o.attn_proj_bias), arena_.d_residual, a.att_out,
+                        p + o.attn_proj_weight, BT, A, C, arena_.scratch, kOverwriteInput,
+                        kOverwriteWeight, stream_);
+  if (use_cudnn_attention(T_)) {
+    // cuDNN overwrites all of arena_.d_qkv (dq, dk and dv), so it needs no zeroing.
+    if constexpr (!std::is_same_v<T, float>)
+      cudnn_attention_->backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
+                                 attention_shape());
+  } else {
+    zero(arena_.d_qkv, static_cast<size_t>(BT) * Q);
+    cuda::attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
+                             attention_shape(), arena_.scratch, stream_);
+  }
+  // From the rotated q and k back to the projection's outputs, in place.
+  cuda::rope_backward(arena_.d_qkv, arena_.rope_cos, arena_.rope_sin, B, T_,
+                      config_.n_head + config_.kv_heads(), config_.head_dim(), Q, stream_);
+  if (recompute_ >= 2)
+    cuda::rmsnorm_forward(a.ln_1, a.ln_1_rstd, arena_.residual[layer], p + o.ln_1_weight, BT, C,
+                          eps, stream_);
+  cuda::matmul_backward(*blas_, arena_.d_ln, g + o.attn_qkv_weight, tensor_at(g, o.attn_qkv_bias),
+                        arena_.d_qkv, a.ln_1, p + o.attn_qkv_weight, BT, C, Q, arena_.scratch,
+                        kOverwriteInput, kOverwriteWeight, stream_);
+  // Adding the norm's input gradient turns arena_.d_residual into dL/d(block input).
+  cuda::rmsnorm_backward(arena_.d_residual, g + o.ln_1_weight, arena_.d_ln, arena_.residual[layer],
+                         p + o.ln_1_weight, a.ln_1_rstd, BT, C, kOverwriteWeight, arena_.scratch,
+                         stream_);
 }
 
 template <class T>
-void CudaBackend<T>::recompute_block_forward(int layer, const T* p) {
+void CudaBackend<T>::gpt2_recompute_block(int layer, const T* p) {
   const int B = batch_, T_ = seq_len_, BT = B * T_;
-  const int C = config_.n_embd, NH = config_.n_head;
+  const int C = config_.n_embd;
   const float eps = config_.layer_norm_epsilon;
   const BlockOffsets& o = layout_.block();
   BlockActivations& a = arena_.blocks[layer];
@@ -556,9 +745,9 @@ void CudaBackend<T>::recompute_block_forward(int layer, const T* p) {
                        3 * C, stream_);
   if (use_cudnn_attention(T_)) {
     if constexpr (!std::is_same_v<T, float>)
-      cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, B, T_, C, NH);
+      cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, attention_shape());
   } else {
-    cuda::attention_forward(a.att_out, a.att_lse, a.qkv, B, T_, C, NH, stream_);
+    cuda::attention_forward(a.att_out, a.att_lse, a.qkv, attention_shape(), stream_);
   }
   cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
                        p + o.attn_proj_bias, BT, C, C, stream_);
@@ -581,9 +770,10 @@ void CudaBackend<T>::backward_embeddings(const ParameterPointers& /*params*/,
   LAYUP_CHECK(next_step_ == BackwardStep::kEmbeddings,
               "backward_embeddings called before the backward of block 0");
   const EmbeddingOffsets& e = layout_.embeddings();
-  cuda::embedding_backward(embeddings_grad + e.wte, embeddings_grad + e.wpe, arena_.d_residual,
-                           arena_.positions, arena_.segment_start, arena_.segment_token, segments_,
-                           batch_, seq_len_, config_.n_embd, stream_);
+  cuda::embedding_backward(embeddings_grad + e.wte, tensor_at(embeddings_grad, e.wpe),
+                           arena_.d_residual, arena_.positions, arena_.segment_start,
+                           arena_.segment_token, segments_, batch_, seq_len_, config_.n_embd,
+                           stream_);
   // The logits were consumed by backward_head: another backward needs another forward.
   next_step_ = BackwardStep::kNeedsForwardWithTargets;
 }

@@ -46,8 +46,6 @@ CudaBackendBuffers describe_cuda_backend_buffers(const ModelConfig& config, int 
                                                  const CudaArenaKinds& kinds) {
   LAYUP_CHECK(recompute >= 0 && recompute <= kMaxRecompute, "--recompute takes 0, 1, 2 or 3, not ",
               recompute);
-  LAYUP_CHECK(!config.is_llama(), "the CUDA backend does not run the Llama family (",
-              config.hf_model_type, ") yet: its forward and backward are being written");
   const std::array<size_t, kArenaRegions> bytes =
       dtype == ComputeDtype::kFloat32
           ? measure_regions<float>(config, max_batch, max_seq_len, recompute)

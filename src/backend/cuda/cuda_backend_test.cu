@@ -1,5 +1,6 @@
 // The CUDA backend against the CPU backend on a small GPT-2 with the full vocabulary (50257 tokens
-// padded to 50304): loss, logits and every gradient tensor, in fp32 and bf16; the backward
+// padded to 50304) and three small models of the Llama family (case_config): loss, logits and
+// every gradient tensor, in fp32 and bf16; the backward
 // contract (accumulation, slots, order, one forward per backward); and five training steps of the
 // gpu schedule on each backend.
 //
@@ -37,29 +38,67 @@ using namespace cuda_test;
 
 constexpr int kMaxBatch = 4, kMaxSeqLen = 32;
 
-// Two layers of width 64 (two heads of 32) over GPT-2's full, padded vocabulary.
-ModelConfig small_config() {
-  return gpt2_config(2, 2, 64, 64, 50257);
+// The models the backend is checked on, each in fp32 and bf16.
+struct BackendCase {
+  ComputeDtype dtype;
+  const char* model;
+};
+
+// gpt2: two layers of width 64 (two heads of 32) over GPT-2's full, padded vocabulary. The Llama
+// family: two layers of width 128 (heads of 32, a width cuDNN and cuBLASLt take in bf16) over 5000
+// tokens: llama3 with grouped-query attention (4 query heads, 2 K/V), Llama 3's rope scaling
+// (stretching the rotations slower than 16 positions) and an untied head; qwen2 with one K/V head,
+// q/k/v biases and a tied head; llama_biases with as many K/V heads as query heads and every
+// attention bias.
+ModelConfig case_config(const std::string& model) {
+  if (model == "gpt2") return gpt2_config(2, 2, 64, 64, 50257);
+  ModelConfig config = llama_config(2, 4, 2, 128, 192, 64, 5000);
+  if (model == "llama3") {
+    config.rope_scaling = {.llama3 = true,
+                           .factor = 8.0f,
+                           .low_freq_factor = 1.0f,
+                           .high_freq_factor = 4.0f,
+                           .original_max_position_embeddings = 16};
+  } else if (model == "qwen2") {
+    config.n_kv_head = 1;
+    config.tie_word_embeddings = true;
+    config.attention_bias = true;
+    config.hf_model_type = "qwen2";
+  } else if (model == "llama_biases") {
+    config.n_kv_head = 4;
+    config.attention_bias = config.attention_output_bias = true;
+  } else {
+    fail("no test model named ", model);
+  }
+  return config;
 }
 
-// Weights large enough that attention is far from uniform and every GELU is off its linear
-// regime; padded wte rows zero, as the layout requires.
+// Weights large enough that attention is far from uniform and every GELU or SwiGLU is off its
+// linear regime; the padded vocabulary rows (of the embedding and an untied head) zero, as the
+// layout requires.
 std::vector<float> random_parameters(const ParameterLayout& layout, uint64_t seed) {
   Rng rng(seed);
   std::vector<float> params(layout.total_count());
-  for (const TensorSpec& tensor : layout.tensors()) {
-    const bool gain = tensor.name.find("ln") != std::string::npos &&
-                      tensor.name.find("weight") != std::string::npos;
-    const bool bias = tensor.name.find("bias") != std::string::npos;
-    for (size_t i = 0; i < tensor.count; ++i)
-      params[tensor.offset + i] = gain   ? 1.0f + 0.1f * rng.normal()
-                                  : bias ? 0.05f * rng.normal()
-                                         : 0.1f * rng.normal();
-  }
   const ModelConfig& config = layout.config();
-  for (size_t i = static_cast<size_t>(config.vocab_size) * config.n_embd;
-       i < static_cast<size_t>(config.padded_vocab_size) * config.n_embd; ++i)
-    params[layout.embeddings().wte + i] = 0.0f;
+  const size_t real_rows = static_cast<size_t>(config.vocab_size) * config.n_embd;
+  for (const TensorSpec& tensor : layout.tensors()) {
+    for (size_t i = 0; i < tensor.count; ++i) {
+      float& value = params[tensor.offset + i];
+      switch (tensor.init) {
+        case TensorInit::kOnes:
+          value = 1.0f + 0.1f * rng.normal();
+          break;
+        case TensorInit::kZeros:
+          value = 0.05f * rng.normal();
+          break;
+        case TensorInit::kVocabularyNormal:
+          value = i < real_rows ? 0.1f * rng.normal() : 0.0f;
+          break;
+        default:
+          value = 0.1f * rng.normal();
+      }
+    }
+  }
   return params;
 }
 
@@ -101,7 +140,7 @@ struct ModeRun {
   OptimizerTensors state;
 };
 
-class CudaBackendTest : public ::testing::TestWithParam<ComputeDtype> {
+class CudaBackendTest : public ::testing::TestWithParam<BackendCase> {
  protected:
   // One mode's 5 steps from the fixture's parameters.
   ModeRun run_mode(const std::string& mode, const ScheduleOptions& options, float clip,
@@ -109,17 +148,19 @@ class CudaBackendTest : public ::testing::TestWithParam<ComputeDtype> {
   // `run` against gpu mode's: losses and every parameter tensor within the dtype's tolerance.
   void expect_agrees(const ModeRun& run, const ModeRun& gpu, const std::string& name);
 
+  ComputeDtype dtype() const { return GetParam().dtype; }
+
   void SetUp() override {
     LAYUP_REQUIRE_GPU();
     params = random_parameters(layout, 7);
     d_params = std::make_unique<DeviceArray<float>>(params);
     cpu = make_cpu_backend(config, kMaxBatch, kMaxSeqLen);
-    gpu = make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam());
+    gpu = make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype());
   }
 
   Tolerances tolerances() const {
-    return GetParam() == ComputeDtype::kFloat32 ? Tolerances{1e-5, 1e-5, 1e-5}
-                                                : Tolerances{1e-2, 3e-2, 6e-2};
+    return dtype() == ComputeDtype::kFloat32 ? Tolerances{1e-5, 1e-5, 1e-5}
+                                             : Tolerances{1e-2, 3e-2, 6e-2};
   }
   ParameterPointers host_params() const { return layout.pointers<const float>(params.data()); }
   ParameterPointers device_params() const { return layout.pointers<const float>(d_params->get()); }
@@ -132,7 +173,7 @@ class CudaBackendTest : public ::testing::TestWithParam<ComputeDtype> {
 
   // Loss, logits and every gradient tensor of one batch, GPU against CPU.
   void compare_with_cpu(const Batch& batch) {
-    const std::string where = std::string(compute_dtype_name(GetParam())) +
+    const std::string where = std::string(GetParam().model) + " " + compute_dtype_name(dtype()) +
                               " B=" + std::to_string(batch.B) + " T=" + std::to_string(batch.T);
     SCOPED_TRACE(where);
     const Tolerances tol = tolerances();
@@ -162,20 +203,23 @@ class CudaBackendTest : public ::testing::TestWithParam<ComputeDtype> {
 
     double worst = 0.0;
     for (const TensorSpec& tensor : layout.tensors()) {
-      // wte: the real rows are compared; the padded rows must get exactly nothing.
-      const size_t count = tensor.name == "wte.weight" ? static_cast<size_t>(V) * C : tensor.count;
+      // The embedding and an untied head: the real rows are compared; the padded rows must get
+      // exactly nothing.
+      const bool vocabulary = tensor.init == TensorInit::kVocabularyNormal;
+      const size_t count = vocabulary ? static_cast<size_t>(V) * C : tensor.count;
       const double error = relative_error(slice(gpu_grads, tensor.offset, count),
                                           slice(cpu_grads, tensor.offset, count));
       worst = std::max(worst, error);
       EXPECT_LE(error, tol.gradients) << "gradient of " << tensor.name;
+      if (!vocabulary) continue;
+      for (size_t i = count; i < static_cast<size_t>(Vp) * C; ++i)
+        ASSERT_EQ(gpu_grads[tensor.offset + i], 0.0f)
+            << "padded row of " << tensor.name << " " << i;
     }
     std::printf("[ %s ] gradients: worst relative error %.2e\n", where.c_str(), worst);
-    const size_t wte = layout.embeddings().wte;
-    for (size_t i = static_cast<size_t>(V) * C; i < static_cast<size_t>(Vp) * C; ++i)
-      ASSERT_EQ(gpu_grads[wte + i], 0.0f) << "padded wte gradient " << i;
   }
 
-  ModelConfig config = small_config();
+  ModelConfig config = case_config(GetParam().model);
   ParameterLayout layout{config};
   std::vector<float> params;
   std::unique_ptr<DeviceArray<float>> d_params;
@@ -233,19 +277,18 @@ TEST_P(CudaBackendTest, RecomputeKeepsLossAndGradients) {
   const std::vector<float> expected = reference->download();
   for (int level = 1; level <= kMaxRecompute; ++level) {
     SCOPED_TRACE("recompute " + std::to_string(level));
-    auto backend = make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam(), level);
+    auto backend = make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype(), level);
     auto grads = device_gradients();
     EXPECT_EQ(backend->forward(device_params(), batch.view()), loss);
     run_backward(*backend, device_params(), layout.pointers(grads->get()), config.n_layer);
     const std::vector<float> actual = grads->download();
-    if (GetParam() == ComputeDtype::kFloat32) {
+    if (dtype() == ComputeDtype::kFloat32) {
       EXPECT_EQ(std::memcmp(actual.data(), expected.data(), actual.size() * sizeof(float)), 0);
     } else {
       EXPECT_LE(relative_error(actual, expected), 1e-2);
     }
   }
-  EXPECT_THROW(make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam(), kMaxRecompute + 1),
-               Error);
+  EXPECT_THROW(make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype(), kMaxRecompute + 1), Error);
 }
 
 // Each backward call writes only into the gradient memory it is handed: a block's gradient lands
@@ -300,7 +343,7 @@ TEST_P(CudaBackendTest, RejectsBatchesAndCallsThatDoNotFit) {
   Batch bad_target = random_batch(1, 3, config.vocab_size, 1);
   bad_target.targets[0] = -1;
   EXPECT_THROW(gpu->forward(device_params(), bad_target.view()), Error);
-  EXPECT_THROW(make_cuda_backend(config, 2, config.n_positions + 1, GetParam()), Error);
+  EXPECT_THROW(make_cuda_backend(config, 2, config.n_positions + 1, dtype()), Error);
 
   // Backward in order, once per forward; logits only until the head's backward.
   auto grads = device_gradients();
@@ -325,11 +368,11 @@ TEST_P(CudaBackendTest, GpuScheduleTrainsLikeTheCpu) {
   std::unique_ptr<Schedule> cpu_schedule =
       make_gpu_schedule(make_cpu_backend(config, kMaxBatch, kMaxSeqLen), make_cpu_device(), layout);
   std::unique_ptr<Schedule> gpu_schedule = make_gpu_schedule(
-      make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam()), make_cuda_device(), layout);
+      make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype()), make_cuda_device(), layout);
   cpu_schedule->import_tensors(initial);
   gpu_schedule->import_tensors(initial);
 
-  const bool fp32 = GetParam() == ComputeDtype::kFloat32;
+  const bool fp32 = dtype() == ComputeDtype::kFloat32;
   UpdateSettings settings;
   settings.adamw.hyper.lr = 1e-3f;
   settings.adamw.hyper.weight_decay = 0.1f;
@@ -351,7 +394,7 @@ TEST_P(CudaBackendTest, GpuScheduleTrainsLikeTheCpu) {
     const double norm_error =
         std::fabs(gpu_stats.grad_norm - cpu_stats.grad_norm) / cpu_stats.grad_norm;
     std::printf("[ %s ] step %d: loss %.6f vs cpu %.6f (%.2e), grad norm %.6f vs %.6f (%.2e)\n",
-                compute_dtype_name(GetParam()), step, gpu_stats.loss, cpu_stats.loss, loss_error,
+                compute_dtype_name(dtype()), step, gpu_stats.loss, cpu_stats.loss, loss_error,
                 gpu_stats.grad_norm, cpu_stats.grad_norm, norm_error);
     EXPECT_LE(loss_error, fp32 ? 1e-4 : 2e-2) << "step " << step;
     EXPECT_LE(norm_error, fp32 ? 1e-4 : 1e-1) << "step " << step;
@@ -367,7 +410,7 @@ TEST_P(CudaBackendTest, GpuScheduleTrainsLikeTheCpu) {
     if (fp32) EXPECT_LE(error, 1e-4) << "parameters of " << tensor.name << " after 5 steps";
   }
   std::printf("[ %s ] parameters after 5 steps: worst relative error %.2e\n",
-              compute_dtype_name(GetParam()), worst);
+              compute_dtype_name(dtype()), worst);
   // In bf16 the gradients differ by a few percent, so AdamW's normalized steps differ too; the
   // parameters still move by at most 5 lr per element from values of size ~0.1.
   if (!fp32) EXPECT_LE(worst, 5e-2);
@@ -382,7 +425,7 @@ TEST_P(CudaBackendTest, GpuScheduleForwardReadsTheWeightsItUpdated) {
                                  std::vector<float>(params.size(), 0.0f)};
   auto make = [&] {
     std::unique_ptr<Schedule> schedule = make_gpu_schedule(
-        make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam()), make_cuda_device(), layout);
+        make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype()), make_cuda_device(), layout);
     schedule->import_tensors(initial);
     return schedule;
   };
@@ -416,10 +459,9 @@ TEST_P(CudaBackendTest, GpuScheduleForwardReadsTheWeightsItUpdated) {
 ModeRun CudaBackendTest::run_mode(const std::string& mode, const ScheduleOptions& options,
                                   float clip, bool two_micro_batches) {
   ModeRun run;
-  std::unique_ptr<Schedule> schedule =
-      make_schedule(parse_in(kModeNames, mode, "mode"),
-                    make_cuda_backend(config, kMaxBatch, kMaxSeqLen, GetParam()),
-                    make_cuda_device(), layout, options);
+  std::unique_ptr<Schedule> schedule = make_schedule(
+      parse_in(kModeNames, mode, "mode"), make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype()),
+      make_cuda_device(), layout, options);
   schedule->import_tensors(
       {params, std::vector<float>(params.size(), 0.0f), std::vector<float>(params.size(), 0.0f)});
   UpdateSettings settings;
@@ -454,8 +496,8 @@ void CudaBackendTest::expect_agrees(const ModeRun& run, const ModeRun& gpu,
         std::max(worst_param, relative_error(slice(run.state.params, tensor.offset, tensor.count),
                                              slice(gpu.state.params, tensor.offset, tensor.count)));
   std::printf("[ %s ] %s vs gpu: losses within %.2e, parameters within %.2e\n",
-              compute_dtype_name(GetParam()), name.c_str(), worst_loss, worst_param);
-  const double tolerance = GetParam() == ComputeDtype::kFloat32 ? 1e-5 : 1e-2;
+              compute_dtype_name(dtype()), name.c_str(), worst_loss, worst_param);
+  const double tolerance = dtype() == ComputeDtype::kFloat32 ? 1e-5 : 1e-2;
   EXPECT_LE(worst_loss, tolerance) << name;
   EXPECT_LE(worst_param, tolerance) << name;
 }
@@ -552,10 +594,18 @@ TEST_P(CudaBackendTest, LayupHeadOnDeviceAgrees) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, CudaBackendTest,
-                         ::testing::Values(ComputeDtype::kFloat32, ComputeDtype::kBFloat16),
-                         [](const ::testing::TestParamInfo<ComputeDtype>& info) {
-                           return std::string(compute_dtype_name(info.param));
+INSTANTIATE_TEST_SUITE_P(Models, CudaBackendTest,
+                         ::testing::Values(BackendCase{ComputeDtype::kFloat32, "gpt2"},
+                                           BackendCase{ComputeDtype::kBFloat16, "gpt2"},
+                                           BackendCase{ComputeDtype::kFloat32, "llama3"},
+                                           BackendCase{ComputeDtype::kBFloat16, "llama3"},
+                                           BackendCase{ComputeDtype::kFloat32, "qwen2"},
+                                           BackendCase{ComputeDtype::kBFloat16, "qwen2"},
+                                           BackendCase{ComputeDtype::kFloat32, "llama_biases"},
+                                           BackendCase{ComputeDtype::kBFloat16, "llama_biases"}),
+                         [](const ::testing::TestParamInfo<BackendCase>& info) {
+                           return std::string(info.param.model) + "_" +
+                                  compute_dtype_name(info.param.dtype);
                          });
 
 }  // namespace

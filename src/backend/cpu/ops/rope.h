@@ -1,20 +1,11 @@
 // Rotary position embeddings as Hugging Face Llama applies them (rotate_half: channel i of a head
-// pairs with channel i + D/2, not with its neighbour), and the frequencies they rotate by.
+// pairs with channel i + D/2, not with its neighbour), on the CPU; the angles are
+// model/rope_tables.h's.
 #pragma once
 
-#include "model/model_config.h"  // RopeScaling
+#include "model/rope_tables.h"  // the angles the rotations turn by
 
 namespace layup {
-
-// inv_freq [D/2]: theta^(-2i/D) for i in [0, D/2), then rescaled by Llama 3's rule where
-// `scaling.llama3` (model_config.h). Throws layup::Error for an odd or non-positive head_dim or
-// invalid scaling values.
-void rope_inverse_frequencies(float* inv_freq, int head_dim, float theta,
-                              const RopeScaling& scaling);
-
-// cos, sin [T, D/2]: of the angle t * inv_freq[i] (rounded to float first, as transformers does),
-// for positions t in [0, T). Built once; a table of T rows serves every sequence up to T long.
-void rope_cos_sin(float* cos, float* sin, const float* inv_freq, int T, int head_dim);
 
 // Where the heads are: each of the B*T rows of inp and out holds row_stride floats, and the
 // `heads` heads to rotate, D floats each, are the first heads * D of them. Position t of row (b,t)

@@ -1,4 +1,4 @@
-// Token + position embedding, forward and backward.
+// Token + position embedding (token alone where there is no position table), forward and backward.
 //
 // Forward: one thread per (position, 16-byte pack of channels) where C and the buffers allow it.
 // Backward: one block per distinct token (its positions come from the host-built plan) and one
@@ -29,9 +29,11 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
     const int t = position % T_;
     float token_part[K], position_part[K];
     load_floats<K>(wte + static_cast<size_t>(tokens[position]) * C + c, token_part);
-    load_floats<K>(wpe + static_cast<size_t>(t) * C + c, position_part);
+    if (wpe) {  // the Llama family has no position table (rotary positions instead)
+      load_floats<K>(wpe + static_cast<size_t>(t) * C + c, position_part);
 #pragma unroll
-    for (int i = 0; i < K; ++i) token_part[i] += position_part[i];
+      for (int i = 0; i < K; ++i) token_part[i] += position_part[i];
+    }
     store_floats<K>(out + static_cast<size_t>(position) * C + c, token_part);
   }
 }
@@ -104,7 +106,8 @@ void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* 
                         const int32_t* segment_start, const int32_t* segment_token, int segments,
                         int B, int T_, int C, cudaStream_t stream) {
   const int threads = std::min(kThreads, ceil_div(C, 32) * 32);
-  embedding_backward_kernel<<<segments + T_, threads, 0, stream>>>(
+  const int position_blocks = dwpe ? T_ : 0;
+  embedding_backward_kernel<<<segments + position_blocks, threads, 0, stream>>>(
       dwte, dwpe, dout, positions, segment_start, segment_token, segments, B, T_, C);
   LAYUP_CUDA_CHECK_LAUNCH();
 }

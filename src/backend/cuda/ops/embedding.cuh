@@ -26,12 +26,14 @@ struct EmbeddingBackwardPlan {
 // Groups the B*T tokens (host memory) by id. O(BT log BT).
 EmbeddingBackwardPlan make_embedding_backward_plan(const int32_t* tokens, int count);
 
-// out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :]. tokens in device memory.
+// out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :]; wpe may be null (no position table: the Llama
+// family). tokens in device memory.
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
                        int C, cudaStream_t stream);
 
-// dwte[tokens[b,t], :] += dout[b,t,:];  dwpe[t, :] += sum_b dout[b,t,:]   (accumulates)
+// dwte[tokens[b,t], :] += dout[b,t,:];  dwpe[t, :] += sum_b dout[b,t,:]   (accumulates; dwpe
+// may be null)
 // The plan's three arrays, uploaded to device memory: positions [B*T], segment_start
 // [segments + 1], segment_token [segments]. Each gradient row is summed in fp32 in a fixed order
 // and added once: the result is bitwise reproducible.
