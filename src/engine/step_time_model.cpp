@@ -207,14 +207,31 @@ double layup_step(const StepTimeRequest& request, const MachineRates& rates, con
 
 }  // namespace
 
+namespace {
+
+// One block's matmul weights: q,k,v and the output projection, then the MLP's two matrices
+// (GPT-2: 12 C^2) or three (the Llama family's gate, up and down).
+double block_matmul_weights(const ModelConfig& config) {
+  const double C = config.n_embd, Q = config.qkv_width(), I = config.mlp_width();
+  const double A = static_cast<double>(config.n_head) * config.head_dim();
+  return C * Q + A * C + (config.is_llama() ? 3.0 : 2.0) * I * C;
+}
+
+// The attention's width (the query heads merged): C for GPT-2.
+double attention_width(const ModelConfig& config) {
+  return static_cast<double>(config.n_head) * config.head_dim();
+}
+
+}  // namespace
+
 double model_flops_per_token(const ModelConfig& config, int seq_len) {
   const double L = config.n_layer, C = config.n_embd, V = config.vocab_size, T = seq_len;
-  return 6.0 * (12.0 * L * C * C + V * C) + 12.0 * L * T * C;
+  return 6.0 * (L * block_matmul_weights(config) + V * C) + 12.0 * L * T * attention_width(config);
 }
 
 double executed_flops_per_token(const ModelConfig& config, int seq_len, int recompute) {
-  const double C = config.n_embd, T = seq_len;
-  const double block_forward = 24.0 * C * C + 4.0 * T * C;
+  const double block_forward =
+      2.0 * block_matmul_weights(config) + 4.0 * seq_len * attention_width(config);
   return model_flops_per_token(config, seq_len) +
          (recompute >= 3 ? config.n_layer * block_forward : 0.0);
 }

@@ -28,6 +28,17 @@ TEST(Benchmark, FlopsPerTokenOfGpt2) {
   EXPECT_DOUBLE_EQ(training_flops_per_token(named_config("gpt2"), 1024), 854438400.0);
 }
 
+TEST(Benchmark, FlopsPerTokenOfLlama3_8B) {
+  // Llama 3 8B: L = 32, C = 4096, 32 query heads and 8 K/V heads of 128, I = 14336, V = 128256.
+  //   a block's matmul weights: 4096 * 6144 (q,k,v) + 4096 * 4096 (o_proj)
+  //   + 3 * 14336 * 4096 (gate, up, down) = 218,103,808
+  //   N = 32 * 218,103,808 + 128256 * 4096 (untied head) = 7,504,658,432
+  //   (with the embedding and the norms: 8,030,261,248, the published count)
+  //   6N = 45,027,950,592;  12 L T C at T = 2048: 3,221,225,472
+  const ModelConfig config = llama_config(32, 32, 8, 4096, 14336, 8192, 128256);
+  EXPECT_DOUBLE_EQ(training_flops_per_token(config, 2048), 48249176064.0);
+}
+
 TEST(Benchmark, KnownPeaks) {
   EXPECT_DOUBLE_EQ(bf16_peak_flops("NVIDIA H200"), 989.4e12);
   EXPECT_DOUBLE_EQ(bf16_peak_flops("NVIDIA H100 80GB HBM3"), 989.4e12);
