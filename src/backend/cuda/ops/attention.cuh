@@ -1,7 +1,8 @@
 // Causal self-attention on a fused q,k,v projection (GPT-2's multi-head and the Llama family's
-// grouped-query), on the GPU, flash-attention style: the T x T scores are never stored. Same math as the CPU op (backend/cpu/ops/attention.h),
-// but what the forward saves for the backward is the log-sum-exp of each score row, not the
-// probabilities. T is float or __nv_bfloat16; all arithmetic is fp32.
+// grouped-query), on the GPU, flash-attention style: the T x T scores are never stored. Same math
+// as the CPU op (backend/cpu/ops/attention.h), but what the forward saves for the backward is the
+// log-sum-exp of each score row, not the probabilities. T is float or __nv_bfloat16; all arithmetic
+// is fp32.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,7 +13,7 @@
 
 namespace layup::cuda {
 
-// The largest head dimension (C / NH) the kernels take. GPT-2 uses 64 at every size.
+// The largest head_dim the kernels take. GPT-2 uses 64 at every size.
 constexpr int kMaxAttentionHeadDim = 128;
 
 // The shape of one attention call: B sequences of T positions, `heads` query heads and

@@ -3,9 +3,10 @@
 //
 // Same contract as attention.cuh (AttentionShape, grouped key/value heads included): q, k and v
 // are read in place from the fused qkv through strides, the output has its heads merged, and the
-// saved statistic is the natural-log log-sum-exp of each row of scaled scores, lse [B,heads,T] -- the same
-// quantity the layup kernel saves, so the two share their activation memory. Unlike the layup
-// kernel, backward OVERWRITES dqkv (cuDNN writes dq, dk and dv, which together cover all of it).
+// saved statistic is the natural-log log-sum-exp of each row of scaled scores, lse [B,heads,T] --
+// the same quantity the layup kernel saves, so the two share their activation memory. Unlike the
+// layup kernel, backward OVERWRITES dqkv (cuDNN writes dq, dk and dv, which together cover all of
+// it).
 //
 // Graphs are built once per shape (AttentionShape) and cached: building takes milliseconds to
 // seconds, executing microseconds. The workspace cuDNN asks for is the caller's GrowableWorkspace,
