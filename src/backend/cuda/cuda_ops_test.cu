@@ -546,72 +546,84 @@ INSTANTIATE_TEST_SUITE_P(Sizes, GeluMatmulOp,
 
 // ---- Attention --------------------------------------------------------------------------------
 
+// heads == kv_heads is GPT-2's multi-head attention; fewer kv_heads, the Llama family's grouped
+// query attention.
 struct AttentionCase {
-  int B, T, C, NH;
+  int B, T, heads, kv_heads, head_dim;
+  cuda::AttentionShape shape() const { return {B, T, heads, kv_heads, head_dim}; }
 };
 
 void PrintTo(const AttentionCase& c, std::ostream* os) {
-  *os << "B" << c.B << "_T" << c.T << "_C" << c.C << "_NH" << c.NH;
+  *os << "B" << c.B << "_T" << c.T << "_heads" << c.heads << "_kv" << c.kv_heads << "_hd"
+      << c.head_dim;
 }
 
 class AttentionOp : public ::testing::TestWithParam<AttentionCase> {};
 
-// lse [B,NH,T] of the causal score rows, in double.
-std::vector<float> attention_lse_reference(const std::vector<float>& qkv, int B, int T_, int C,
-                                           int NH) {
-  const int hd = C / NH;
+// lse [B,heads,T] of the causal score rows, in double; query head h reads key head
+// h / (heads / kv_heads).
+std::vector<float> attention_lse_reference(const std::vector<float>& qkv,
+                                           const cuda::AttentionShape& shape) {
+  const auto [B, T_, heads, kv_heads, hd] = shape;
+  const size_t width = shape.qkv_width();
+  const int group = heads / kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  std::vector<float> lse(static_cast<size_t>(B) * NH * T_);
+  std::vector<float> lse(static_cast<size_t>(B) * heads * T_);
   for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
+    for (int h = 0; h < heads; ++h)
       for (int t = 0; t < T_; ++t) {
+        const float* q = &qkv[(static_cast<size_t>(b) * T_ + t) * width + h * hd];
         std::vector<double> scores(t + 1);
         double max = -INFINITY, sum = 0.0;
         for (int u = 0; u <= t; ++u) {
+          const float* k =
+              &qkv[(static_cast<size_t>(b) * T_ + u) * width + (heads + h / group) * hd];
           double dot = 0.0;
-          for (int i = 0; i < hd; ++i)
-            dot +=
-                static_cast<double>(qkv[(static_cast<size_t>(b) * T_ + t) * 3 * C + h * hd + i]) *
-                qkv[(static_cast<size_t>(b) * T_ + u) * 3 * C + C + h * hd + i];
+          for (int i = 0; i < hd; ++i) dot += static_cast<double>(q[i]) * k[i];
           scores[u] = dot * scale;
           max = std::max(max, scores[u]);
         }
         for (double score : scores) sum += std::exp(score - max);
-        lse[(static_cast<size_t>(b) * NH + h) * T_ + t] = static_cast<float>(max + std::log(sum));
+        lse[(static_cast<size_t>(b) * heads + h) * T_ + t] =
+            static_cast<float>(max + std::log(sum));
       }
   return lse;
 }
 
 template <class T>
-void check_attention(const AttentionCase& shape) {
-  const auto [B, T_, C, NH] = shape;
-  Rng rng(B * 1000 + T_ * 10 + C);
+void check_attention(const AttentionCase& c) {
+  const cuda::AttentionShape shape = c.shape();
+  const auto [B, T_, heads, kv_heads, hd] = shape;
+  Rng rng(B * 1000 + T_ * 10 + heads * hd + kv_heads);
   const size_t BT = static_cast<size_t>(B) * T_;
-  const std::vector<float> qkv = rounded<T>(random_vector(rng, BT * 3 * C));
-  std::vector<float> out_expected(BT * C), att(static_cast<size_t>(B) * NH * T_ * T_);
-  attention_forward(out_expected.data(), att.data(), qkv.data(), B, T_, C, NH);
+  const size_t qkv_size = BT * shape.qkv_width(), out_size = BT * shape.out_width();
+  const std::vector<float> qkv = rounded<T>(random_vector(rng, qkv_size));
+  std::vector<float> out_expected(out_size), att(static_cast<size_t>(B) * heads * T_ * T_);
+  grouped_query_attention_forward(out_expected.data(), att.data(), qkv.data(), B, T_, heads,
+                                  kv_heads, hd);
 
-  DeviceTensor<T> d_qkv(qkv), out(BT * C);
-  DeviceArray<float> lse(static_cast<size_t>(B) * NH * T_);
+  DeviceTensor<T> d_qkv(qkv), out(out_size);
+  DeviceArray<float> lse(static_cast<size_t>(B) * heads * T_);
   out.array.poison();
   lse.poison();
-  cuda::attention_forward(out.get(), lse.get(), d_qkv.get(), B, T_, C, NH, kStream);
+  cuda::attention_forward(out.get(), lse.get(), d_qkv.get(), shape, kStream);
   LAYUP_EXPECT_RELATIVE(out.floats(), out_expected, {}, tolerance<T>(), "attention out");
-  LAYUP_EXPECT_RELATIVE(lse.download(), attention_lse_reference(qkv, B, T_, C, NH), {},
-                        tolerance<T>(), "attention lse");
+  LAYUP_EXPECT_RELATIVE(lse.download(), attention_lse_reference(qkv, shape), {}, tolerance<T>(),
+                        "attention lse");
 
-  const std::vector<float> dout = rounded<T>(random_vector(rng, BT * C));
-  const std::vector<float> dqkv_initial = rounded<T>(random_vector(rng, BT * 3 * C));
+  const std::vector<float> dout = rounded<T>(random_vector(rng, out_size));
+  const std::vector<float> dqkv_initial = rounded<T>(random_vector(rng, qkv_size));
   std::vector<float> dqkv_expected = dqkv_initial;
-  attention_backward(dqkv_expected.data(), dout.data(), qkv.data(), att.data(), B, T_, C, NH);
+  grouped_query_attention_backward(dqkv_expected.data(), dout.data(), qkv.data(), att.data(), B, T_,
+                                   heads, kv_heads, hd);
 
   DeviceTensor<T> d_dout(dout);
-  DeviceArray<float> scratch(cuda::attention_backward_scratch_floats(B, T_, NH));
+  DeviceArray<float> scratch(cuda::attention_backward_scratch_floats(B, T_, heads));
   std::vector<T> first_dqkv;
   for (int run = 0; run < 2; ++run) {
     DeviceTensor<T> dqkv(dqkv_initial);
-    cuda::attention_backward(dqkv.get(), d_dout.get(), d_qkv.get(), out.get(), lse.get(), B, T_, C,
-                             NH, scratch.get(), kStream);
+    cuda::attention_backward(dqkv.get(), d_dout.get(), d_qkv.get(), out.get(), lse.get(), shape,
+                             scratch.get(), kStream);
     const std::vector<T> result = dqkv.array.download();
     LAYUP_EXPECT_RELATIVE(to_floats(result), dqkv_expected, accumulator_baseline<T>(dqkv_initial),
                           tolerance<T>(), "attention dqkv");
@@ -629,49 +641,77 @@ TEST_P(AttentionOp, MatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(
     Sizes, AttentionOp,
-    ::testing::Values(AttentionCase{1, 1, 4, 2}, AttentionCase{1, 6, 5, 1},
-                      AttentionCase{2, 5, 6, 3}, AttentionCase{3, 7, 10, 2},
-                      AttentionCase{2, 17, 24, 3},
-                      AttentionCase{2, 70, 96, 3},     // head dim 32, partial last tile
-                      AttentionCase{2, 64, 128, 2},    // head dim 64, two whole tiles
-                      AttentionCase{1, 33, 192, 3},    // head dim 64, one row past a tile
-                      AttentionCase{1, 256, 64, 1},    // head dim 64, eight tiles
-                      AttentionCase{1, 100, 256, 2},   // head dim 128
-                      AttentionCase{2, 40, 120, 1}));  // head dim 120 (padded to 128)
+    ::testing::Values(AttentionCase{1, 1, 2, 2, 2}, AttentionCase{1, 6, 1, 1, 5},
+                      AttentionCase{2, 5, 3, 3, 2}, AttentionCase{3, 7, 2, 2, 5},
+                      AttentionCase{2, 17, 3, 3, 8},
+                      AttentionCase{2, 70, 3, 3, 32},    // head dim 32, partial last tile
+                      AttentionCase{2, 64, 2, 2, 64},    // head dim 64, two whole tiles
+                      AttentionCase{1, 33, 3, 3, 64},    // head dim 64, one row past a tile
+                      AttentionCase{1, 256, 1, 1, 64},   // head dim 64, eight tiles
+                      AttentionCase{1, 100, 2, 2, 128},  // head dim 128
+                      AttentionCase{2, 40, 1, 1, 120},   // head dim 120 (padded to 128)
+                      // Grouped query heads: each key/value head serves 4, 2, 4 or 3 of them.
+                      AttentionCase{2, 37, 8, 2, 64}, AttentionCase{1, 1, 8, 2, 64},
+                      AttentionCase{2, 37, 6, 3, 32}, AttentionCase{1, 1, 6, 3, 32},
+                      AttentionCase{1, 70, 4, 1, 128},  // one key/value head for all
+                      AttentionCase{1, 1, 4, 1, 128},
+                      AttentionCase{2, 45, 6, 2, 40}));  // head dim 40 (padded to 64)
+
+// Shapes the kernels cannot take are refused before anything runs, with the numbers in the
+// message.
+TEST(AttentionShapeCheck, RejectsBadShapes) {
+  const cuda::AttentionShape bad_shapes[] = {
+      {1, 8, 6, 4, 32},      // 4 key/value heads do not divide 6 query heads
+      {1, 8, 4, 0, 32},      // no key/value heads
+      {1, 8, 4, 4, 256},     // head dimension above kMaxAttentionHeadDim
+      {65536, 8, 1, 1, 32},  // B * heads above one grid dimension
+      {1, 0, 4, 4, 32},      // empty sequence
+  };
+  for (const cuda::AttentionShape& shape : bad_shapes) {
+    EXPECT_THROW(cuda::attention_forward<float>(nullptr, nullptr, nullptr, shape, kStream), Error);
+    EXPECT_THROW(cuda::attention_backward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, shape,
+                                                 nullptr, kStream),
+                 Error);
+  }
+}
 
 // cuDNN's fused attention (the bf16 mode's default where cuDNN is built in) against the same CPU
 // op. cuDNN takes head dimensions that are multiples of 8; it overwrites dqkv. Its backward may
 // sum dq in a different order run to run, so reproducibility is not asserted here.
 class CudnnAttentionOp : public ::testing::TestWithParam<AttentionCase> {};
 
-void check_cudnn_attention(const AttentionCase& shape, AlgorithmChoice choice) {
+void check_cudnn_attention(const AttentionCase& c, AlgorithmChoice choice) {
   std::string why;
   if (!cuda::CudnnAttention::available(&why)) GTEST_SKIP() << why;
   using T = __nv_bfloat16;
-  const auto [B, T_, C, NH] = shape;
-  Rng rng(B * 1000 + T_ * 10 + C + 7);
+  const cuda::AttentionShape shape = c.shape();
+  const auto [B, T_, heads, kv_heads, hd] = shape;
+  Rng rng(B * 1000 + T_ * 10 + heads * hd + kv_heads + 7);
   const size_t BT = static_cast<size_t>(B) * T_;
-  const std::vector<float> qkv = rounded<T>(random_vector(rng, BT * 3 * C));
-  std::vector<float> out_expected(BT * C), att(static_cast<size_t>(B) * NH * T_ * T_);
-  attention_forward(out_expected.data(), att.data(), qkv.data(), B, T_, C, NH);
+  const size_t qkv_size = BT * shape.qkv_width(), out_size = BT * shape.out_width();
+  const std::vector<float> qkv = rounded<T>(random_vector(rng, qkv_size));
+  std::vector<float> out_expected(out_size), att(static_cast<size_t>(B) * heads * T_ * T_);
+  grouped_query_attention_forward(out_expected.data(), att.data(), qkv.data(), B, T_, heads,
+                                  kv_heads, hd);
 
   cuda::GrowableWorkspace workspace;
   cuda::CudnnAttention attention(kStream, workspace, choice);
-  DeviceTensor<T> d_qkv(qkv), out(BT * C);
-  DeviceArray<float> lse(static_cast<size_t>(B) * NH * T_);
+  DeviceTensor<T> d_qkv(qkv), out(out_size);
+  DeviceArray<float> lse(static_cast<size_t>(B) * heads * T_);
   out.array.poison();
   lse.poison();
-  attention.forward(out.get(), lse.get(), d_qkv.get(), B, T_, C, NH);
+  attention.forward(out.get(), lse.get(), d_qkv.get(), shape);
   LAYUP_EXPECT_RELATIVE(out.floats(), out_expected, {}, tolerance<T>(), "cuDNN attention out");
-  LAYUP_EXPECT_RELATIVE(lse.download(), attention_lse_reference(qkv, B, T_, C, NH), {},
-                        tolerance<T>(), "cuDNN attention lse");
+  LAYUP_EXPECT_RELATIVE(lse.download(), attention_lse_reference(qkv, shape), {}, tolerance<T>(),
+                        "cuDNN attention lse");
 
-  const std::vector<float> dout = rounded<T>(random_vector(rng, BT * C));
-  std::vector<float> dqkv_expected(BT * 3 * C, 0.0f);
-  attention_backward(dqkv_expected.data(), dout.data(), qkv.data(), att.data(), B, T_, C, NH);
-  DeviceTensor<T> d_dout(dout), dqkv(BT * 3 * C);
-  dqkv.array.poison();
-  attention.backward(dqkv.get(), d_dout.get(), d_qkv.get(), out.get(), lse.get(), B, T_, C, NH);
+  const std::vector<float> dout = rounded<T>(random_vector(rng, out_size));
+  std::vector<float> dqkv_expected(qkv_size, 0.0f);
+  grouped_query_attention_backward(dqkv_expected.data(), dout.data(), qkv.data(), att.data(), B, T_,
+                                   heads, kv_heads, hd);
+  DeviceTensor<T> d_dout(dout), dqkv(qkv_size);
+  dqkv.array.poison();  // dq, dk and dv must cover all of it, kv heads included
+  attention.backward(dqkv.get(), d_dout.get(), d_qkv.get(), out.get(), lse.get(), shape);
   LAYUP_EXPECT_RELATIVE(dqkv.floats(), dqkv_expected, {}, tolerance<T>(), "cuDNN attention dqkv");
 }
 
@@ -686,15 +726,19 @@ TEST_P(CudnnAttentionOp, TimedPlansMatchCpu) {
   check_cudnn_attention(GetParam(), AlgorithmChoice::kTimed);
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, CudnnAttentionOp,
-                         ::testing::Values(AttentionCase{1, 2, 64,
-                                                         2},  // T = 2 (cuDNN rejects T = 1)
-                                           AttentionCase{2, 17, 128, 2},   // head dim 64, odd T
-                                           AttentionCase{2, 70, 96, 3},    // head dim 32
-                                           AttentionCase{3, 33, 192, 3},   // B = 3, one row past 32
-                                           AttentionCase{1, 100, 256, 2},  // head dim 128
-                                           AttentionCase{1, 1024, 64, 1},  // GPT-2's context
-                                           AttentionCase{2, 256, 768, 12}));  // GPT-2's heads
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, CudnnAttentionOp,
+    ::testing::Values(AttentionCase{1, 2, 2, 2, 32},      // T = 2 (cuDNN rejects T = 1)
+                      AttentionCase{2, 17, 2, 2, 64},     // head dim 64, odd T
+                      AttentionCase{2, 70, 3, 3, 32},     // head dim 32
+                      AttentionCase{3, 33, 3, 3, 64},     // B = 3, one row past 32
+                      AttentionCase{1, 100, 2, 2, 128},   // head dim 128
+                      AttentionCase{1, 1024, 1, 1, 64},   // GPT-2's context
+                      AttentionCase{2, 256, 12, 12, 64},  // GPT-2's heads
+                      // Grouped query heads.
+                      AttentionCase{2, 37, 8, 2, 64}, AttentionCase{1, 2, 8, 2, 64},
+                      AttentionCase{2, 37, 6, 3, 32}, AttentionCase{1, 70, 4, 1, 128},
+                      AttentionCase{1, 256, 32, 8, 64}));  // Llama 3's 8B head layout
 
 // ---- Classifier -------------------------------------------------------------------------------
 

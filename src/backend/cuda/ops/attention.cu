@@ -1,10 +1,15 @@
 // Causal self-attention, forward and backward, flash-attention style (Dao et al., FlashAttention
-// and FlashAttention-2), on the CUDA cores in fp32.
+// and FlashAttention-2), on the CUDA cores in fp32, with grouped key/value heads.
 //
-// For one batch row and head (dropping b, h), with Q, K, V the [T, hd] slices of qkv and
-// scale = 1/sqrt(hd):
+// For one batch row and query head (dropping b, h), with Q the head's [T, hd] slice of qkv, K and
+// V the slices of the key/value head it reads, and scale = 1/sqrt(hd):
 //
 //   S = scale Q K^T,  P = softmax over each row of S restricted to u <= t,  O = P V
+//
+// Grouped heads. Query head h reads key/value head h / group, group = heads / kv_heads (GPT-2:
+// group 1). The forward and the dQ kernel work per query head and only point at that head's K and
+// V. A key/value head's dK and dV sum over its group's query heads, so the dK/dV kernel works per
+// key/value head and loops over the group inside.
 //
 // Forward. The T x T matrices are never stored. A block owns 32 query rows and walks the key tiles
 // up to the diagonal; for each row it keeps a running max m, a running sum l of exp(S - m) and an
@@ -16,8 +21,9 @@
 //   dV = P^T dO      dP = dO V^T      dS = P o (dP - D),  D[t] = sum_u P[t,u] dP[t,u] = dO[t] .
 //   O[t] dQ = scale dS K  dK = scale dS^T Q
 //
-// D comes first from one small kernel. Then two kernels recompute P: one owns 32 key rows and
-// walks the query tiles at or below the diagonal (accumulating dK and dV in registers), the other
+// D comes first from one small kernel. Then two kernels recompute P: one owns 32 key rows of a
+// key/value head and, for each query head of the group in increasing order, walks the query tiles
+// at or below the diagonal (accumulating dK and dV in registers across the whole group); the other
 // owns 32 query rows and walks the key tiles (accumulating dQ). Computing P twice costs some
 // arithmetic but no atomics: every element of dqkv is summed by one thread in a fixed order, so the
 // result is deterministic.
@@ -56,6 +62,41 @@ struct TileShape {
   static constexpr int kFloats = kTile * kStride;
   static_assert(HD % 32 == 0, "the padded head dimension is a multiple of 32");
 };
+
+// What the kernels need of an AttentionShape, in the units they index with.
+struct HeadLayout {
+  int seq_len;
+  int heads, kv_heads;
+  int group;       // query heads per key/value head: query head h reads key/value head h / group
+  int hd;          // head_dim
+  int qkv_stride;  // elements from one position to the next in qkv and dqkv
+  int out_stride;  // ... in out and dout
+  int k_offset;    // channel of key head 0 in a qkv row
+  int v_offset;    // channel of value head 0
+  float scale;     // 1 / sqrt(hd)
+};
+
+HeadLayout head_layout(const AttentionShape& shape) {
+  HeadLayout layout;
+  layout.seq_len = shape.T;
+  layout.heads = shape.heads;
+  layout.kv_heads = shape.kv_heads;
+  layout.group = shape.heads / shape.kv_heads;
+  layout.hd = shape.head_dim;
+  layout.qkv_stride = shape.qkv_width();
+  layout.out_stride = shape.out_width();
+  layout.k_offset = shape.heads * shape.head_dim;
+  layout.v_offset = (shape.heads + shape.kv_heads) * shape.head_dim;
+  layout.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  return layout;
+}
+
+// Position 0 of sequence b of the head whose channels start at `channel`, in a [B, T, stride]
+// tensor.
+template <class T>
+__device__ inline T* head_start(T* tensor, int b, int T_, int stride, int channel) {
+  return tensor + static_cast<size_t>(b) * T_ * stride + channel;
+}
 
 __device__ inline int tile_count(int T_) {
   return (T_ + kTile - 1) / kTile;
@@ -102,10 +143,10 @@ __device__ inline void row_dots(const float* a_row, const float* b_tile, int sub
   }
 }
 
+// 32 query rows of one query head: blockIdx.y = b * heads + h.
 template <class T, int HD>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(T* out, float* lse, const T* qkv, int T_, int C, int NH, int hd,
-                             float scale) {
+    attention_forward_kernel(T* out, float* lse, const T* qkv, HeadLayout layout) {
   using Shape = TileShape<HD>;
   constexpr int S = Shape::kStride;
   extern __shared__ float shared[];
@@ -114,21 +155,24 @@ __global__ void __launch_bounds__(kThreads)
   float* v_tile = k_tile + Shape::kFloats;
   float* p_tile = v_tile + Shape::kFloats;  // [kTile][kPStride]
 
+  const int T_ = layout.seq_len, hd = layout.hd;
   const int q_block = tile_count(T_) - 1 - blockIdx.x;  // the longest rows start first
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
-  const size_t qkv_stride = 3 * static_cast<size_t>(C);
-  const T* head = qkv + static_cast<size_t>(b) * T_ * qkv_stride + h * hd;
+  const int b = blockIdx.y / layout.heads, h = blockIdx.y % layout.heads;
+  const int kv = h / layout.group;
+  const T* q_head = head_start(qkv, b, T_, layout.qkv_stride, h * hd);
+  const T* k_head = head_start(qkv, b, T_, layout.qkv_stride, layout.k_offset + kv * hd);
+  const T* v_head = head_start(qkv, b, T_, layout.qkv_stride, layout.v_offset + kv * hd);
   const int row = threadIdx.x / kRowThreads, sub = threadIdx.x % kRowThreads;
   const int q0 = q_block * kTile, q = q0 + row;
 
-  load_tile<HD>(q_tile, head, q0, T_, qkv_stride, hd);
+  load_tile<HD>(q_tile, q_head, q0, T_, layout.qkv_stride, hd);
   float o[Shape::kChannels] = {};
   float m = -INFINITY, l = 0.0f;
   for (int k_block = 0; k_block <= q_block; ++k_block) {
     const int k0 = k_block * kTile;
     __syncthreads();  // the previous step's readers are done with k_tile, v_tile and p_tile
-    load_tile<HD>(k_tile, head + C, k0, T_, qkv_stride, hd);
-    load_tile<HD>(v_tile, head + 2 * C, k0, T_, qkv_stride, hd);
+    load_tile<HD>(k_tile, k_head, k0, T_, layout.qkv_stride, hd);
+    load_tile<HD>(v_tile, v_head, k0, T_, layout.qkv_stride, hd);
     __syncthreads();
 
     float s[kColumnsPerThread];
@@ -137,7 +181,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kColumnsPerThread; ++j) {
       const int key = k0 + sub + kRowThreads * j;
-      s[j] = (key <= q && key < T_) ? s[j] * scale : -INFINITY;
+      s[j] = (key <= q && key < T_) ? s[j] * layout.scale : -INFINITY;
       tile_max = fmaxf(tile_max, s[j]);
     }
     // Key k0 is visible to every row of this tile (k0 <= q0 <= q), so the new max is finite and
@@ -166,7 +210,8 @@ __global__ void __launch_bounds__(kThreads)
 
   if (q < T_) {
     const float inv_l = 1.0f / l;
-    T* out_row = out + (static_cast<size_t>(b) * T_ + q) * C + h * hd;
+    T* out_row = head_start(out, b, T_, layout.out_stride, h * hd) +
+                 static_cast<size_t>(q) * layout.out_stride;
 #pragma unroll
     for (int i = 0; i < Shape::kChannels; ++i) {
       const int d = sub + kRowThreads * i;
@@ -178,26 +223,28 @@ __global__ void __launch_bounds__(kThreads)
 
 // delta[b,h,t] = dout[b,t,head h] . out[b,t,head h]: one warp per (b, t, h).
 template <class T>
-__global__ void attention_delta_kernel(float* delta, const T* dout, const T* out, int B, int T_,
-                                       int C, int NH, int hd) {
+__global__ void attention_delta_kernel(float* delta, const T* dout, const T* out, int B,
+                                       HeadLayout layout) {
   const size_t warp = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (warp >= static_cast<size_t>(B) * T_ * NH) return;
-  const int h = static_cast<int>(warp % NH);
-  const size_t bt = warp / NH;
-  const size_t base = bt * C + h * hd;
+  const int T_ = layout.seq_len, heads = layout.heads, hd = layout.hd;
+  if (warp >= static_cast<size_t>(B) * T_ * heads) return;
+  const int h = static_cast<int>(warp % heads);
+  const size_t bt = warp / heads;
+  const size_t base = bt * layout.out_stride + h * hd;
   float sum = 0.0f;
   for (int d = lane; d < hd; d += 32) sum += to_float(dout[base + d]) * to_float(out[base + d]);
   sum = warp_sum(sum);
   const size_t b = bt / T_, t = bt % T_;
-  if (lane == 0) delta[(b * NH + h) * T_ + t] = sum;
+  if (lane == 0) delta[(b * heads + h) * T_ + t] = sum;
 }
 
-// dK and dV of 32 key rows, walking the query tiles from the diagonal down.
+// dK and dV of 32 key rows of one key/value head (blockIdx.y = b * kv_heads + kv): for each query
+// head of its group, walks the query tiles from the diagonal down.
 template <class T, int HD>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_kv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
-                                 const float* delta, int T_, int C, int NH, int hd, float scale) {
+                                 const float* delta, HeadLayout layout) {
   using Shape = TileShape<HD>;
   constexpr int S = Shape::kStride;
   extern __shared__ float shared[];
@@ -210,75 +257,84 @@ __global__ void __launch_bounds__(kThreads)
   float* lse_tile = ds_tile + kTile * kPStride;
   float* delta_tile = lse_tile + kTile;
 
+  const int T_ = layout.seq_len, hd = layout.hd;
   const int tiles = tile_count(T_);
   const int k_block = blockIdx.x;  // block 0 has the most query tiles and starts first
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
-  const size_t qkv_stride = 3 * static_cast<size_t>(C);
-  const T* head = qkv + static_cast<size_t>(b) * T_ * qkv_stride + h * hd;
-  const T* dout_head = dout + static_cast<size_t>(b) * T_ * C + h * hd;
-  const float* lse_row = lse + static_cast<size_t>(blockIdx.y) * T_;
-  const float* delta_row = delta + static_cast<size_t>(blockIdx.y) * T_;
+  const int b = blockIdx.y / layout.kv_heads, kv = blockIdx.y % layout.kv_heads;
+  const int k_channel = layout.k_offset + kv * hd, v_channel = layout.v_offset + kv * hd;
   const int row = threadIdx.x / kRowThreads, sub = threadIdx.x % kRowThreads;
   const int k0 = k_block * kTile, key = k0 + row;
 
-  load_tile<HD>(k_tile, head + C, k0, T_, qkv_stride, hd);
-  load_tile<HD>(v_tile, head + 2 * C, k0, T_, qkv_stride, hd);
+  load_tile<HD>(k_tile, head_start(qkv, b, T_, layout.qkv_stride, k_channel), k0, T_,
+                layout.qkv_stride, hd);
+  load_tile<HD>(v_tile, head_start(qkv, b, T_, layout.qkv_stride, v_channel), k0, T_,
+                layout.qkv_stride, hd);
   float dk[Shape::kChannels] = {}, dv[Shape::kChannels] = {};
-  for (int q_block = k_block; q_block < tiles; ++q_block) {
-    const int q0 = q_block * kTile;
-    __syncthreads();  // the previous step's readers are done with the query-side tiles
-    load_tile<HD>(q_tile, head, q0, T_, qkv_stride, hd);
-    load_tile<HD>(do_tile, dout_head, q0, T_, C, hd);
-    for (int i = threadIdx.x; i < kTile; i += kThreads) {
-      const bool inside = q0 + i < T_;
-      lse_tile[i] = inside ? lse_row[q0 + i] : 0.0f;
-      delta_tile[i] = inside ? delta_row[q0 + i] : 0.0f;
-    }
-    __syncthreads();
+  // The group's query heads one after the other, in increasing order, into the same registers:
+  // the one fixed summation order that keeps dK and dV deterministic without atomics.
+  for (int h = kv * layout.group; h < (kv + 1) * layout.group; ++h) {
+    const T* q_head = head_start(qkv, b, T_, layout.qkv_stride, h * hd);
+    const T* dout_head = head_start(dout, b, T_, layout.out_stride, h * hd);
+    const float* lse_row = lse + (static_cast<size_t>(b) * layout.heads + h) * T_;
+    const float* delta_row = delta + (static_cast<size_t>(b) * layout.heads + h) * T_;
+    for (int q_block = k_block; q_block < tiles; ++q_block) {
+      const int q0 = q_block * kTile;
+      __syncthreads();  // the previous step's readers are done with the query-side tiles
+      load_tile<HD>(q_tile, q_head, q0, T_, layout.qkv_stride, hd);
+      load_tile<HD>(do_tile, dout_head, q0, T_, layout.out_stride, hd);
+      for (int i = threadIdx.x; i < kTile; i += kThreads) {
+        const bool inside = q0 + i < T_;
+        lse_tile[i] = inside ? lse_row[q0 + i] : 0.0f;
+        delta_tile[i] = inside ? delta_row[q0 + i] : 0.0f;
+      }
+      __syncthreads();
 
-    float s[kColumnsPerThread], dp[kColumnsPerThread];
-    row_dots<HD>(k_tile + row * S, q_tile, sub, s);
-    row_dots<HD>(v_tile + row * S, do_tile, sub, dp);
+      float s[kColumnsPerThread], dp[kColumnsPerThread];
+      row_dots<HD>(k_tile + row * S, q_tile, sub, s);
+      row_dots<HD>(v_tile + row * S, do_tile, sub, dp);
 #pragma unroll
-    for (int j = 0; j < kColumnsPerThread; ++j) {
-      const int c = sub + kRowThreads * j, query = q0 + c;
-      const bool visible = key <= query && query < T_ && key < T_;
-      const float p = visible ? expf(s[j] * scale - lse_tile[c]) : 0.0f;
-      p_tile[row * kPStride + c] = p;
-      ds_tile[row * kPStride + c] = p * (dp[j] - delta_tile[c]);
-    }
-    __syncwarp();
+      for (int j = 0; j < kColumnsPerThread; ++j) {
+        const int c = sub + kRowThreads * j, query = q0 + c;
+        const bool visible = key <= query && query < T_ && key < T_;
+        const float p = visible ? expf(s[j] * layout.scale - lse_tile[c]) : 0.0f;
+        p_tile[row * kPStride + c] = p;
+        ds_tile[row * kPStride + c] = p * (dp[j] - delta_tile[c]);
+      }
+      __syncwarp();
 
-    for (int c = 0; c < kTile; ++c) {
-      const float p = p_tile[row * kPStride + c], ds = ds_tile[row * kPStride + c];
+      for (int c = 0; c < kTile; ++c) {
+        const float p = p_tile[row * kPStride + c], ds = ds_tile[row * kPStride + c];
 #pragma unroll
-      for (int i = 0; i < Shape::kChannels; ++i) {
-        const int d = sub + kRowThreads * i;
-        dv[i] += p * do_tile[c * S + d];
-        dk[i] += ds * q_tile[c * S + d];
+        for (int i = 0; i < Shape::kChannels; ++i) {
+          const int d = sub + kRowThreads * i;
+          dv[i] += p * do_tile[c * S + d];
+          dk[i] += ds * q_tile[c * S + d];
+        }
       }
     }
   }
 
   if (key < T_) {
-    T* dk_row = dqkv + (static_cast<size_t>(b) * T_ + key) * qkv_stride + C + h * hd;
-    T* dv_row = dk_row + C;
+    const size_t key_row = static_cast<size_t>(key) * layout.qkv_stride;
+    T* dk_row = head_start(dqkv, b, T_, layout.qkv_stride, k_channel) + key_row;
+    T* dv_row = head_start(dqkv, b, T_, layout.qkv_stride, v_channel) + key_row;
 #pragma unroll
     for (int i = 0; i < Shape::kChannels; ++i) {
       const int d = sub + kRowThreads * i;
       if (d < hd) {
-        dk_row[d] = from_float<T>(to_float(dk_row[d]) + scale * dk[i]);
+        dk_row[d] = from_float<T>(to_float(dk_row[d]) + layout.scale * dk[i]);
         dv_row[d] = from_float<T>(to_float(dv_row[d]) + dv[i]);
       }
     }
   }
 }
 
-// dQ of 32 query rows, walking the key tiles up to the diagonal.
+// dQ of 32 query rows of one query head (blockIdx.y = b * heads + h), walking the key tiles up to
+// the diagonal.
 template <class T, int HD>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_q_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
-                                const float* delta, int T_, int C, int NH, int hd, float scale) {
+                                const float* delta, HeadLayout layout) {
   using Shape = TileShape<HD>;
   constexpr int S = Shape::kStride;
   extern __shared__ float shared[];
@@ -288,24 +344,27 @@ __global__ void __launch_bounds__(kThreads)
   float* v_tile = k_tile + Shape::kFloats;
   float* ds_tile = v_tile + Shape::kFloats;  // [query row][key column]
 
+  const int T_ = layout.seq_len, hd = layout.hd;
   const int q_block = tile_count(T_) - 1 - blockIdx.x;  // the longest rows start first
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
-  const size_t qkv_stride = 3 * static_cast<size_t>(C);
-  const T* head = qkv + static_cast<size_t>(b) * T_ * qkv_stride + h * hd;
-  const T* dout_head = dout + static_cast<size_t>(b) * T_ * C + h * hd;
+  const int b = blockIdx.y / layout.heads, h = blockIdx.y % layout.heads;
+  const int kv = h / layout.group;
+  const T* q_head = head_start(qkv, b, T_, layout.qkv_stride, h * hd);
+  const T* k_head = head_start(qkv, b, T_, layout.qkv_stride, layout.k_offset + kv * hd);
+  const T* v_head = head_start(qkv, b, T_, layout.qkv_stride, layout.v_offset + kv * hd);
+  const T* dout_head = head_start(dout, b, T_, layout.out_stride, h * hd);
   const int row = threadIdx.x / kRowThreads, sub = threadIdx.x % kRowThreads;
   const int q0 = q_block * kTile, q = q0 + row;
   const float row_lse = q < T_ ? lse[static_cast<size_t>(blockIdx.y) * T_ + q] : 0.0f;
   const float row_delta = q < T_ ? delta[static_cast<size_t>(blockIdx.y) * T_ + q] : 0.0f;
 
-  load_tile<HD>(q_tile, head, q0, T_, qkv_stride, hd);
-  load_tile<HD>(do_tile, dout_head, q0, T_, C, hd);
+  load_tile<HD>(q_tile, q_head, q0, T_, layout.qkv_stride, hd);
+  load_tile<HD>(do_tile, dout_head, q0, T_, layout.out_stride, hd);
   float dq[Shape::kChannels] = {};
   for (int k_block = 0; k_block <= q_block; ++k_block) {
     const int k0 = k_block * kTile;
     __syncthreads();  // the previous step's readers are done with k_tile, v_tile and ds_tile
-    load_tile<HD>(k_tile, head + C, k0, T_, qkv_stride, hd);
-    load_tile<HD>(v_tile, head + 2 * C, k0, T_, qkv_stride, hd);
+    load_tile<HD>(k_tile, k_head, k0, T_, layout.qkv_stride, hd);
+    load_tile<HD>(v_tile, v_head, k0, T_, layout.qkv_stride, hd);
     __syncthreads();
 
     float s[kColumnsPerThread], dp[kColumnsPerThread];
@@ -315,7 +374,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kColumnsPerThread; ++j) {
       const int c = sub + kRowThreads * j, key = k0 + c;
       const bool visible = key <= q && q < T_ && key < T_;
-      const float p = visible ? expf(s[j] * scale - row_lse) : 0.0f;
+      const float p = visible ? expf(s[j] * layout.scale - row_lse) : 0.0f;
       ds_tile[row * kPStride + c] = p * (dp[j] - row_delta);
     }
     __syncwarp();
@@ -329,11 +388,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   if (q < T_) {
-    T* dq_row = dqkv + (static_cast<size_t>(b) * T_ + q) * qkv_stride + h * hd;
+    T* dq_row = head_start(dqkv, b, T_, layout.qkv_stride, h * hd) +
+                static_cast<size_t>(q) * layout.qkv_stride;
 #pragma unroll
     for (int i = 0; i < Shape::kChannels; ++i) {
       const int d = sub + kRowThreads * i;
-      if (d < hd) dq_row[d] = from_float<T>(to_float(dq_row[d]) + scale * dq[i]);
+      if (d < hd) dq_row[d] = from_float<T>(to_float(dq_row[d]) + layout.scale * dq[i]);
     }
   }
 }
@@ -354,85 +414,81 @@ void launch_with_shared(dim3 grid, size_t shared_bytes, cudaStream_t stream, Arg
   LAYUP_CUDA_CHECK_LAUNCH();
 }
 
-void check_shape(int B, int T_, int C, int NH) {
-  LAYUP_CHECK(NH >= 1 && C % NH == 0, "attention: width ", C, " is not divisible by ", NH,
-              " heads");
-  LAYUP_CHECK(C / NH <= kMaxAttentionHeadDim, "attention: head dimension ", C / NH, " exceeds the ",
-              kMaxAttentionHeadDim, " the CUDA kernels support");
-  LAYUP_CHECK(static_cast<long long>(B) * NH <= 65535,
-              "attention: B * heads = ", static_cast<long long>(B) * NH,
+void check_shape(const AttentionShape& shape) {
+  const auto [B, T_, heads, kv_heads, hd] = shape;
+  LAYUP_CHECK(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0, "attention: kv_heads ",
+              kv_heads, " does not divide heads ", heads);
+  LAYUP_CHECK(hd >= 1 && hd <= kMaxAttentionHeadDim, "attention: head dimension ", hd,
+              " is outside the 1 to ", kMaxAttentionHeadDim, " the CUDA kernels support");
+  LAYUP_CHECK(static_cast<long long>(B) * heads <= 65535, "attention: B * heads = ", B, " * ",
+              heads, " = ", static_cast<long long>(B) * heads,
               " exceeds the 65535 blocks of one grid dimension");
-  LAYUP_CHECK(T_ >= 1, "attention: empty sequence");
+  LAYUP_CHECK(B >= 1 && T_ >= 1, "attention: empty batch (B=", B, ", T=", T_, ")");
 }
 
 template <class T, int HD>
-void attention_forward_for(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH,
+void attention_forward_for(T* out, float* lse, const T* qkv, const AttentionShape& shape,
                            cudaStream_t stream) {
-  const int hd = C / NH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t shared_bytes = (3 * TileShape<HD>::kFloats + kTile * kPStride) * sizeof(float);
-  const dim3 grid(ceil_div(T_, kTile), B * NH);
-  launch_with_shared<attention_forward_kernel<T, HD>>(grid, shared_bytes, stream, out, lse, qkv, T_,
-                                                      C, NH, hd, scale);
+  const dim3 grid(ceil_div(shape.T, kTile), shape.B * shape.heads);
+  launch_with_shared<attention_forward_kernel<T, HD>>(grid, shared_bytes, stream, out, lse, qkv,
+                                                      head_layout(shape));
 }
 
 template <class T, int HD>
 void attention_backward_for(T* dqkv, const T* dout, const T* qkv, const float* lse,
-                            const float* delta, int B, int T_, int C, int NH, cudaStream_t stream) {
-  const int hd = C / NH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const dim3 grid(ceil_div(T_, kTile), B * NH);
+                            const float* delta, const AttentionShape& shape, cudaStream_t stream) {
+  const HeadLayout layout = head_layout(shape);
+  const int tiles = ceil_div(shape.T, kTile);
   const size_t kv_bytes =
       (4 * TileShape<HD>::kFloats + 2 * kTile * kPStride + 2 * kTile) * sizeof(float);
-  launch_with_shared<attention_backward_kv_kernel<T, HD>>(grid, kv_bytes, stream, dqkv, dout, qkv,
-                                                          lse, delta, T_, C, NH, hd, scale);
+  launch_with_shared<attention_backward_kv_kernel<T, HD>>(
+      dim3(tiles, shape.B * shape.kv_heads), kv_bytes, stream, dqkv, dout, qkv, lse, delta, layout);
   const size_t q_bytes = (4 * TileShape<HD>::kFloats + kTile * kPStride) * sizeof(float);
-  launch_with_shared<attention_backward_q_kernel<T, HD>>(grid, q_bytes, stream, dqkv, dout, qkv,
-                                                         lse, delta, T_, C, NH, hd, scale);
+  launch_with_shared<attention_backward_q_kernel<T, HD>>(
+      dim3(tiles, shape.B * shape.heads), q_bytes, stream, dqkv, dout, qkv, lse, delta, layout);
 }
 
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH,
+void attention_forward(T* out, float* lse, const T* qkv, const AttentionShape& shape,
                        cudaStream_t stream) {
-  check_shape(B, T_, C, NH);
-  const int hd = C / NH;
-  if (hd <= 32)
-    attention_forward_for<T, 32>(out, lse, qkv, B, T_, C, NH, stream);
-  else if (hd <= 64)
-    attention_forward_for<T, 64>(out, lse, qkv, B, T_, C, NH, stream);
+  check_shape(shape);
+  if (shape.head_dim <= 32)
+    attention_forward_for<T, 32>(out, lse, qkv, shape, stream);
+  else if (shape.head_dim <= 64)
+    attention_forward_for<T, 64>(out, lse, qkv, shape, stream);
   else
-    attention_forward_for<T, 128>(out, lse, qkv, B, T_, C, NH, stream);
+    attention_forward_for<T, 128>(out, lse, qkv, shape, stream);
 }
 
 template <class T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B,
-                        int T_, int C, int NH, float* scratch, cudaStream_t stream) {
-  check_shape(B, T_, C, NH);
-  const int hd = C / NH;
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                        const AttentionShape& shape, float* scratch, cudaStream_t stream) {
+  check_shape(shape);
   float* delta = scratch;
-  const size_t warps = static_cast<size_t>(B) * T_ * NH;
+  const size_t warps = static_cast<size_t>(shape.B) * shape.T * shape.heads;
   attention_delta_kernel<<<static_cast<unsigned>(ceil_div(warps, size_t{8})), 256, 0, stream>>>(
-      delta, dout, out, B, T_, C, NH, hd);
+      delta, dout, out, shape.B, head_layout(shape));
   LAYUP_CUDA_CHECK_LAUNCH();
-  if (hd <= 32)
-    attention_backward_for<T, 32>(dqkv, dout, qkv, lse, delta, B, T_, C, NH, stream);
-  else if (hd <= 64)
-    attention_backward_for<T, 64>(dqkv, dout, qkv, lse, delta, B, T_, C, NH, stream);
+  if (shape.head_dim <= 32)
+    attention_backward_for<T, 32>(dqkv, dout, qkv, lse, delta, shape, stream);
+  else if (shape.head_dim <= 64)
+    attention_backward_for<T, 64>(dqkv, dout, qkv, lse, delta, shape, stream);
   else
-    attention_backward_for<T, 128>(dqkv, dout, qkv, lse, delta, B, T_, C, NH, stream);
+    attention_backward_for<T, 128>(dqkv, dout, qkv, lse, delta, shape, stream);
 }
 
-template void attention_forward<float>(float*, float*, const float*, int, int, int, int,
+template void attention_forward<float>(float*, float*, const float*, const AttentionShape&,
                                        cudaStream_t);
-template void attention_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, int,
-                                               int, int, int, cudaStream_t);
+template void attention_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*,
+                                               const AttentionShape&, cudaStream_t);
 template void attention_backward<float>(float*, const float*, const float*, const float*,
-                                        const float*, int, int, int, int, float*, cudaStream_t);
+                                        const float*, const AttentionShape&, float*, cudaStream_t);
 template void attention_backward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*,
                                                 const __nv_bfloat16*, const __nv_bfloat16*,
-                                                const float*, int, int, int, int, float*,
+                                                const float*, const AttentionShape&, float*,
                                                 cudaStream_t);
 
 }  // namespace layup::cuda

@@ -13,7 +13,7 @@
 
 namespace layup::cuda {
 
-// The largest head dimension (C / NH) the kernels take. GPT-2 uses 64 at every size.
+// The largest head_dim the kernels take. GPT-2 uses 64 at every size.
 constexpr int kMaxAttentionHeadDim = 128;
 
 // The shape of one attention call: B sequences of T positions, `heads` query heads and

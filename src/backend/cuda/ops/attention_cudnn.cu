@@ -1,4 +1,6 @@
 // CudnnAttention: the SDPA forward and backward graphs of the cuDNN frontend, cached by shape.
+// Grouped-query attention needs nothing special: k and v are given kv_heads heads, and cuDNN
+// maps query head h to key/value head h / (heads / kv_heads) (the repeat_kv order) itself.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -28,35 +30,49 @@ void check_cudnn_status(cudnnStatus_t status, const char* call) {
   if (status != CUDNN_STATUS_SUCCESS) fail(call, " failed: ", cudnnGetErrorString(status));
 }
 
-void check_frontend(fe::error_object status, const char* what, int B, int T_, int C, int NH) {
+void check_frontend(fe::error_object status, const char* what, const AttentionShape& shape) {
   if (status.is_bad()) {
-    fail("cuDNN attention: ", what, " failed for B=", B, " T=", T_, " C=", C, " heads=", NH, ": ",
+    fail("cuDNN attention: ", what, " failed for B=", shape.B, " T=", shape.T,
+         " heads=", shape.heads, " kv_heads=", shape.kv_heads, " head_dim=", shape.head_dim, ": ",
          status.get_message(), " (--attention layup runs layup's own kernel)");
   }
 }
 
-// q, k or v of head h, position t, sequence b inside qkv [B,T,3C]: dims [B,NH,T,hd] in the order
-// cuDNN expects, strides that walk the fused layout without a copy.
-std::shared_ptr<fe::graph::Tensor_attributes> qkv_part(fe::graph::Graph& graph, const char* name,
-                                                       int64_t id, int B, int T_, int C, int NH) {
-  const int64_t hd = C / NH;
+// A [B, T, row_width] tensor whose rows hold `heads` heads side by side, seen as [B, heads, T, hd]
+// (cuDNN's order) through strides, without a copy: q, k and v in qkv, dq, dk and dv in dqkv, out
+// and dout. Giving k and v kv_heads heads is all cuDNN needs to know the attention is grouped.
+std::vector<int64_t> split_heads_dim(const AttentionShape& shape, int heads) {
+  return {shape.B, heads, shape.T, shape.head_dim};
+}
+std::vector<int64_t> split_heads_stride(const AttentionShape& shape, int row_width) {
+  return {int64_t{shape.T} * row_width, shape.head_dim, row_width, 1};
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> heads_tensor(fe::graph::Graph& graph,
+                                                           const char* name, int64_t id,
+                                                           const AttentionShape& shape, int heads,
+                                                           int row_width) {
   return graph.tensor(fe::graph::Tensor_attributes()
                           .set_name(name)
                           .set_uid(id)
-                          .set_dim({B, NH, T_, hd})
-                          .set_stride({int64_t{T_} * 3 * C, hd, 3 * int64_t{C}, 1}));
+                          .set_dim(split_heads_dim(shape, heads))
+                          .set_stride(split_heads_stride(shape, row_width)));
 }
 
-// out and dout [B,T,C] with heads merged, seen as [B,NH,T,hd].
-std::vector<int64_t> merged_stride(int T_, int C, int NH) {
-  return {int64_t{T_} * C, C / NH, C, 1};
+// lse [B, heads, T] as the [B, heads, T, 1] cuDNN calls its stats.
+std::vector<int64_t> lse_dim(const AttentionShape& shape) {
+  return {shape.B, shape.heads, shape.T, 1};
+}
+std::vector<int64_t> lse_stride(const AttentionShape& shape) {
+  return {int64_t{shape.heads} * shape.T, shape.T, 1, 1};
 }
 
-std::vector<int64_t> lse_dim(int B, int T_, int NH) {
-  return {B, NH, T_, 1};
+// Element offsets of the key and value heads inside a row of qkv (and of dqkv); q is at 0.
+size_t k_offset(const AttentionShape& shape) {
+  return static_cast<size_t>(shape.heads) * shape.head_dim;
 }
-std::vector<int64_t> lse_stride(int T_, int NH) {
-  return {int64_t{NH} * T_, T_, 1, 1};
+size_t v_offset(const AttentionShape& shape) {
+  return static_cast<size_t>(shape.heads + shape.kv_heads) * shape.head_dim;
 }
 
 }  // namespace
@@ -66,27 +82,30 @@ struct CudnnAttention::State {
     std::shared_ptr<fe::graph::Graph> graph;
     bool tuned = false;  // AlgorithmChoice::kTimed: its plans were timed on a first execution
   };
+  // The whole AttentionShape (B, T, heads, kv_heads, head_dim), and whether the graph is the
+  // backward.
+  using Key = std::tuple<int, int, int, int, int, bool>;
+
   cudaStream_t stream = nullptr;
   cudnnHandle_t handle = nullptr;
   AlgorithmChoice choice = AlgorithmChoice::kHeuristic;
-  // key: (B, T, C, NH, backward?)
-  std::map<std::tuple<int, int, int, int, bool>, Built> graphs;
+  std::map<Key, Built> graphs;
   GrowableWorkspace* workspace = nullptr;
 
-  Built& graph(int B, int T_, int C, int NH, bool backward) {
-    auto key = std::make_tuple(B, T_, C, NH, backward);
+  Built& graph(const AttentionShape& shape, bool backward) {
+    const Key key{shape.B, shape.T, shape.heads, shape.kv_heads, shape.head_dim, backward};
     auto found = graphs.find(key);
     if (found != graphs.end()) return found->second;
 
+    const int qkv_width = shape.qkv_width(), out_width = shape.out_width();
     auto graph = std::make_shared<fe::graph::Graph>();
     graph->set_io_data_type(fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto q = qkv_part(*graph, "q", kQ, B, T_, C, NH);
-    auto k = qkv_part(*graph, "k", kK, B, T_, C, NH);
-    auto v = qkv_part(*graph, "v", kV, B, T_, C, NH);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(C / NH));
-    const int64_t hd = C / NH;
+    auto q = heads_tensor(*graph, "q", kQ, shape, shape.heads, qkv_width);
+    auto k = heads_tensor(*graph, "k", kK, shape, shape.kv_heads, qkv_width);
+    auto v = heads_tensor(*graph, "v", kV, shape, shape.kv_heads, qkv_width);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
     if (!backward) {
       auto options = fe::graph::SDPA_attributes()
                          .set_name("attention_forward")
@@ -94,52 +113,55 @@ struct CudnnAttention::State {
                          .set_causal_mask(true)
                          .set_attn_scale(scale);
       auto [o, stats] = graph->sdpa(q, k, v, options);
-      o->set_output(true).set_uid(kO).set_dim({B, NH, T_, hd}).set_stride(merged_stride(T_, C, NH));
+      o->set_output(true)
+          .set_uid(kO)
+          .set_dim(split_heads_dim(shape, shape.heads))
+          .set_stride(split_heads_stride(shape, out_width));
       stats->set_output(true)
           .set_uid(kStats)
           .set_data_type(fe::DataType_t::FLOAT)
-          .set_dim(lse_dim(B, T_, NH))
-          .set_stride(lse_stride(T_, NH));
+          .set_dim(lse_dim(shape))
+          .set_stride(lse_stride(shape));
     } else {
-      auto o = graph->tensor(fe::graph::Tensor_attributes()
-                                 .set_name("o")
-                                 .set_uid(kO)
-                                 .set_dim({B, NH, T_, hd})
-                                 .set_stride(merged_stride(T_, C, NH)));
-      auto d_o = graph->tensor(fe::graph::Tensor_attributes()
-                                   .set_name("d_o")
-                                   .set_uid(kDO)
-                                   .set_dim({B, NH, T_, hd})
-                                   .set_stride(merged_stride(T_, C, NH)));
+      auto o = heads_tensor(*graph, "o", kO, shape, shape.heads, out_width);
+      auto d_o = heads_tensor(*graph, "d_o", kDO, shape, shape.heads, out_width);
       auto stats = graph->tensor(fe::graph::Tensor_attributes()
                                      .set_name("stats")
                                      .set_uid(kStats)
-                                     .set_dim(lse_dim(B, T_, NH))
-                                     .set_stride(lse_stride(T_, NH))
+                                     .set_dim(lse_dim(shape))
+                                     .set_stride(lse_stride(shape))
                                      .set_data_type(fe::DataType_t::FLOAT));
       auto options = fe::graph::SDPA_backward_attributes()
                          .set_name("attention_backward")
                          .set_causal_mask(true)
                          .set_attn_scale(scale);
+      // With fewer key/value heads, cuDNN sums dk and dv over each group's query heads itself.
       auto [d_q, d_k, d_v] = graph->sdpa_backward(q, k, v, o, d_o, stats, options);
-      const std::vector<int64_t> fused = {int64_t{T_} * 3 * C, hd, 3 * int64_t{C}, 1};
-      d_q->set_output(true).set_uid(kDQ).set_dim({B, NH, T_, hd}).set_stride(fused);
-      d_k->set_output(true).set_uid(kDK).set_dim({B, NH, T_, hd}).set_stride(fused);
-      d_v->set_output(true).set_uid(kDV).set_dim({B, NH, T_, hd}).set_stride(fused);
+      d_q->set_output(true)
+          .set_uid(kDQ)
+          .set_dim(split_heads_dim(shape, shape.heads))
+          .set_stride(split_heads_stride(shape, qkv_width));
+      d_k->set_output(true)
+          .set_uid(kDK)
+          .set_dim(split_heads_dim(shape, shape.kv_heads))
+          .set_stride(split_heads_stride(shape, qkv_width));
+      d_v->set_output(true)
+          .set_uid(kDV)
+          .set_dim(split_heads_dim(shape, shape.kv_heads))
+          .set_stride(split_heads_stride(shape, qkv_width));
     }
-    check_frontend(graph->validate(), "validating the graph", B, T_, C, NH);
-    check_frontend(graph->build_operation_graph(handle), "building the operation graph", B, T_, C,
-                   NH);
-    check_frontend(graph->create_execution_plans({fe::HeurMode_t::A}), "finding execution plans", B,
-                   T_, C, NH);
-    check_frontend(graph->check_support(handle), "checking support", B, T_, C, NH);
+    check_frontend(graph->validate(), "validating the graph", shape);
+    check_frontend(graph->build_operation_graph(handle), "building the operation graph", shape);
+    check_frontend(graph->create_execution_plans({fe::HeurMode_t::A}), "finding execution plans",
+                   shape);
+    check_frontend(graph->check_support(handle), "checking support", shape);
     const bool timed = choice == AlgorithmChoice::kTimed;
     check_frontend(graph->build_plans(handle, timed ? fe::BuildPlanPolicy_t::ALL
                                                     : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
-                   "building the plan", B, T_, C, NH);
+                   "building the plan", shape);
 
     int64_t needed = 0;
-    check_frontend(graph->get_workspace_size(needed), "sizing the workspace", B, T_, C, NH);
+    check_frontend(graph->get_workspace_size(needed), "sizing the workspace", shape);
     if (timed) {
       // Room for every plan the timing may try (a plan cuDNN could not build has no size).
       for (int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
@@ -154,17 +176,16 @@ struct CudnnAttention::State {
     return graphs.emplace(key, Built{graph}).first->second;
   }
 
-  void execute(Built& built, std::unordered_map<int64_t, void*>& pointers, int B, int T_, int C,
-               int NH) {
+  void execute(Built& built, std::unordered_map<int64_t, void*>& pointers,
+               const AttentionShape& shape) {
     if (choice == AlgorithmChoice::kTimed && !built.tuned) {
       // Runs every plan on these operands (the outputs are written, never read) and makes the
       // fastest the one execute runs.
       check_frontend(built.graph->autotune(handle, pointers, workspace->data()), "timing the plans",
-                     B, T_, C, NH);
+                     shape);
       built.tuned = true;
     }
-    check_frontend(built.graph->execute(handle, pointers, workspace->data()), "executing", B, T_, C,
-                   NH);
+    check_frontend(built.graph->execute(handle, pointers, workspace->data()), "executing", shape);
   }
 };
 
@@ -194,30 +215,33 @@ CudnnAttention::~CudnnAttention() {
   if (state_->handle) cudnnDestroy(state_->handle);
 }
 
-void CudnnAttention::forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B,
-                             int T_, int C, int NH) {
-  State::Built& graph = state_->graph(B, T_, C, NH, false);
+void CudnnAttention::forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
+                             const AttentionShape& shape) {
+  State::Built& graph = state_->graph(shape, false);
   auto* base = const_cast<__nv_bfloat16*>(qkv);  // cuDNN's variant pack takes void*
-  std::unordered_map<int64_t, void*> pointers = {
-      {kQ, base}, {kK, base + C}, {kV, base + 2 * C}, {kO, out}, {kStats, lse}};
-  state_->execute(graph, pointers, B, T_, C, NH);
+  std::unordered_map<int64_t, void*> pointers = {{kQ, base},
+                                                 {kK, base + k_offset(shape)},
+                                                 {kV, base + v_offset(shape)},
+                                                 {kO, out},
+                                                 {kStats, lse}};
+  state_->execute(graph, pointers, shape);
 }
 
 void CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                               const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
-                              int B, int T_, int C, int NH) {
-  State::Built& graph = state_->graph(B, T_, C, NH, true);
+                              const AttentionShape& shape) {
+  State::Built& graph = state_->graph(shape, true);
   auto* base = const_cast<__nv_bfloat16*>(qkv);
   std::unordered_map<int64_t, void*> pointers = {{kQ, base},
-                                                 {kK, base + C},
-                                                 {kV, base + 2 * C},
+                                                 {kK, base + k_offset(shape)},
+                                                 {kV, base + v_offset(shape)},
                                                  {kO, const_cast<__nv_bfloat16*>(out)},
                                                  {kDO, const_cast<__nv_bfloat16*>(dout)},
                                                  {kStats, const_cast<float*>(lse)},
                                                  {kDQ, dqkv},
-                                                 {kDK, dqkv + C},
-                                                 {kDV, dqkv + 2 * C}};
-  state_->execute(graph, pointers, B, T_, C, NH);
+                                                 {kDK, dqkv + k_offset(shape)},
+                                                 {kDV, dqkv + v_offset(shape)}};
+  state_->execute(graph, pointers, shape);
 }
 
 #else  // built without cuDNN
@@ -233,9 +257,9 @@ CudnnAttention::CudnnAttention(cudaStream_t, GrowableWorkspace&, AlgorithmChoice
   fail("layup was built without cuDNN; rebuild with the cuDNN frontend headers to use it");
 }
 CudnnAttention::~CudnnAttention() = default;
-void CudnnAttention::forward(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int) {}
+void CudnnAttention::forward(__nv_bfloat16*, float*, const __nv_bfloat16*, const AttentionShape&) {}
 void CudnnAttention::backward(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                              const __nv_bfloat16*, const float*, int, int, int, int) {}
+                              const __nv_bfloat16*, const float*, const AttentionShape&) {}
 
 #endif
 
