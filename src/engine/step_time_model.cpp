@@ -205,16 +205,24 @@ double layup_step(const StepTimeRequest& request, const MachineRates& rates, con
   return returns;
 }
 
+// One block's matmul weights: q, k, v and the output projection, and the MLP's (GPT-2: fc and
+// proj, 8 C^2; the Llama family: gate, up and down, 3 I C). GPT-2's total is 12 C^2.
+double block_matmul_weights(const ModelConfig& config) {
+  const double C = config.n_embd, attention = double{1} * config.n_head * config.head_dim();
+  const double mlp = (config.is_llama() ? 3.0 : 2.0) * config.mlp_width() * C;
+  return config.qkv_width() * C + attention * C + mlp;
+}
+
 }  // namespace
 
 double model_flops_per_token(const ModelConfig& config, int seq_len) {
   const double L = config.n_layer, C = config.n_embd, V = config.vocab_size, T = seq_len;
-  return 6.0 * (12.0 * L * C * C + V * C) + 12.0 * L * T * C;
+  return 6.0 * (L * block_matmul_weights(config) + V * C) + 12.0 * L * T * C;
 }
 
 double executed_flops_per_token(const ModelConfig& config, int seq_len, int recompute) {
   const double C = config.n_embd, T = seq_len;
-  const double block_forward = 24.0 * C * C + 4.0 * T * C;
+  const double block_forward = 2.0 * block_matmul_weights(config) + 4.0 * T * C;
   return model_flops_per_token(config, seq_len) +
          (recompute >= 3 ? config.n_layer * block_forward : 0.0);
 }

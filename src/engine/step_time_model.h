@@ -82,7 +82,8 @@ std::vector<std::string> missing_rates(const StepTimeRequest& request, const Mac
 StepTimePrediction predict_step_time(const StepTimeRequest& request, const MachineRates& rates);
 
 // Training FLOPs of one token (forward and backward) by the PaLM count: 6 N + 12 L T C, N the
-// matmul weights (12 L C^2 in the blocks, V C for the tied LM head; V the real vocabulary).
+// matmul weights (the blocks' projections: 12 L C^2 in GPT-2, L (q/k/v + o + 3 I C) in the Llama
+// family; V C for the LM head, tied or not; V the real vocabulary).
 double model_flops_per_token(const ModelConfig& config, int seq_len);
 // The FLOPs the GPU runs for one token: the PaLM count, plus each block's forward again with
 // --recompute 3.
