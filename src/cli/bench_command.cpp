@@ -75,8 +75,8 @@ void add_bench_command(CLI::App& app) {
   BenchmarkOptions& o = flags->options;
   CLI::App* cmd = app.add_subcommand(
       "bench",
-      "Time training steps (forward, backward, AdamW) of a freshly initialized GPT-2 on synthetic "
-      "tokens: tokens/s, ms/step, MFU and device memory.");
+      "Time training steps (forward, backward, AdamW) of a freshly initialized model (GPT-2 or "
+      "the Llama family) on synthetic tokens: tokens/s, ms/step, MFU and device memory.");
   add_model_flags(*cmd, flags->model, o.model_name);
   cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
   cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();

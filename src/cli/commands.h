@@ -37,15 +37,16 @@ Calibration calibrate(const CalibrationOptions& options, FILE* log);
 std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode detailed_mode,
                                  const std::string& calibration_path);
 
-// The model flags `train`, `bench`, `memory` and `study` share: --model (a named config) or an
-// explicit model (--layers, --heads and --dim together), and --context over either.
+// The model flags `train`, `bench`, `memory` and `study` share: --model (a named config, or a
+// Hugging Face model folder or config.json) or an explicit model (--layers, --heads and --dim
+// together), and --context over either.
 struct ModelFlags {
-  std::string model;  // the named config
+  std::string model;  // the named config, or the folder or config.json
   int layers = 0, heads = 0, dim = 0, context = 0;
   const CLI::App* command = nullptr;  // set by add_model_flags: where to count what was given
 
   bool any_given() const;
-  // The named config, or "custom" for an explicit model.
+  // --model's value, or "custom" for an explicit model.
   std::string name() const;
   // The config the flags describe, refusing --model together with sizes, sizes below 1, and a
   // context too short for seq_len tokens.

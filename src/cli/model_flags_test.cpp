@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,6 +63,60 @@ TEST(ModelFlags, NamedConfigByDefaultWithItsContextReplaced) {
   EXPECT_EQ(longer.flags.resolve(512).n_positions, 512);
   EXPECT_EQ(longer.flags.resolve(512).n_embd, named_config("small").n_embd);
   EXPECT_EQ(longer.flags.name(), "small");
+}
+
+TEST(ModelFlags, NamedLlamaConfigsTakeTheContextAsked) {
+  const ParsedModelFlags named({"--model", "llama-3.2-1b"});
+  const ModelConfig config = named.flags.resolve(2048);
+  EXPECT_TRUE(config.is_llama());
+  EXPECT_EQ(parameter_count(config), 1235814400);
+  EXPECT_EQ(config.n_positions, 131072);
+  EXPECT_EQ(named.flags.name(), "llama-3.2-1b");
+  const ParsedModelFlags shorter({"--model", "llama-3-8b", "--context", "4096"});
+  EXPECT_EQ(shorter.flags.resolve(4096).n_positions, 4096);
+  EXPECT_TRUE(contains(error_message([&] { shorter.flags.resolve(8192); }),
+                       "--seq-len 8192 is above the model's context of 4096 positions"));
+}
+
+// --model takes a Hugging Face model folder or its config.json: the shape that file describes.
+TEST(ModelFlags, ModelFolderOrConfigJson) {
+  const test_files::TempDir dir;
+  test_files::write_text(dir.file("config.json"), R"({
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+    "vocab_size": 300, "tie_word_embeddings": true})");
+  for (const std::string& path : {dir.path(), dir.file("config.json")}) {
+    const ParsedModelFlags parsed({"--model", path});
+    const ModelConfig config = parsed.flags.resolve(64);
+    EXPECT_TRUE(config.is_llama()) << path;
+    EXPECT_EQ(config.n_layer, 2);
+    EXPECT_EQ(config.kv_heads(), 2);
+    EXPECT_EQ(config.mlp_width(), 96);
+    EXPECT_EQ(config.n_positions, 128);
+    EXPECT_TRUE(config.tie_word_embeddings);
+    EXPECT_EQ(parsed.flags.name(), path);
+    const ParsedModelFlags longer({"--model", path, "--context", "256"});
+    EXPECT_EQ(longer.flags.resolve(256).n_positions, 256);
+  }
+  const ParsedModelFlags too_long({"--model", dir.path()});
+  EXPECT_TRUE(contains(error_message([&] { too_long.flags.resolve(512); }),
+                       "--seq-len 512 is above the model's context of 128 positions"));
+}
+
+TEST(ModelFlags, BadModelPathsAreRefusedNamingThePath) {
+  const test_files::TempDir dir;
+  std::filesystem::create_directory(dir.file("empty"));
+  test_files::write_text(dir.file("broken.json"), "{\"model_type\": ");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {dir.file("missing"), dir.file("missing") + ": no such file or folder"},
+      {"missing.json", "--model missing.json: no such file or folder"},
+      {dir.file("empty"), dir.file("empty") + " is a folder without a config.json"},
+      {dir.file("broken.json"), dir.file("broken.json") + " is not valid JSON"},
+  };
+  for (const auto& [path, message] : cases) {
+    const ParsedModelFlags parsed({"--model", path});
+    EXPECT_TRUE(contains(error_message([&] { parsed.flags.resolve(64); }), message));
+  }
 }
 
 TEST(ModelFlags, RefusalsNameTheFlag) {

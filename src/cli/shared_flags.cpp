@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -11,17 +12,48 @@
 #include "backend/cuda/cuda_backend_buffers.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/hf_config.h"
 #include "optim/host_adamw.h"
 #include "train/train_options.h"
 
 namespace layup {
 
+namespace {
+
+// --model's value: a named config; else a Hugging Face model folder (its config.json) or a
+// config.json file, read for the shape alone. A name wins over a folder of the same name in the
+// working directory (./NAME reads the folder).
+ModelConfig model_flag_config(const std::string& model) {
+  for (const std::string& name : named_config_names())
+    if (model == name) return named_config(model);
+  const std::filesystem::path path(model);
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    const std::filesystem::path config_json = path / "config.json";
+    LAYUP_CHECK(std::filesystem::is_regular_file(config_json, error), "--model ", model,
+                " is a folder without a config.json; give a Hugging Face model folder, its "
+                "config.json, or a named config");
+    return read_hf_config(config_json.string());
+  }
+  if (std::filesystem::exists(path, error)) return read_hf_config(model);
+  LAYUP_CHECK(model.find('/') == std::string::npos && !model.ends_with(".json"), "--model ", model,
+              ": no such file or folder (give a Hugging Face model folder, its config.json, "
+              "or a named config)");
+  return named_config(model);  // refuses the unknown name, listing the known ones
+}
+
+}  // namespace
+
 void add_model_flags(CLI::App& command, ModelFlags& flags, const std::string& default_model) {
   flags.model = default_model;
   flags.command = &command;
+  std::string names;
+  for (const std::string& name : named_config_names()) names += (names.empty() ? "" : ", ") + name;
   command
       .add_option("--model", flags.model,
-                  "Named config: small, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
+                  "Named config (" + names +
+                      "), or a Hugging Face model folder or its config.json (the shape only: "
+                      "random weights)")
       ->capture_default_str();
   command.add_option("--layers", flags.layers, "Explicit model: number of blocks");
   command.add_option("--heads", flags.heads, "Explicit model: attention heads");
@@ -47,7 +79,7 @@ ModelConfig ModelFlags::resolve(int seq_len) const {
   LAYUP_CHECK(!(model_given && sizes_given),
               "give either --model or --layers/--heads/--dim, not both: --model ", model,
               " already fixes the sizes");
-  ModelConfig config = named_config(model);
+  ModelConfig config = model_flag_config(model);
   if (sizes_given) {
     LAYUP_CHECK(command->count("--layers") && command->count("--heads") && command->count("--dim"),
                 "an explicit model needs all of --layers, --heads and --dim");

@@ -110,6 +110,23 @@ TEST(StepTimeModel, AccumulationScalesTheComputeAndAddsOnTheHost) {
               4.0 * predict_step_time(request(Mode::kGpu, 1), rates()).gpu_compute_s, 1e-9);
 }
 
+// N of the PaLM count is the matmul weights: GPT-2's 12 L C^2 + V C; in the Llama family every
+// parameter but the norms' gains and, with an untied head, the input embedding.
+TEST(StepTimeModel, FlopsPerTokenCountTheMatmulWeights) {
+  EXPECT_DOUBLE_EQ(model_flops_per_token(gpt2_config(12, 12, 768, 1024), 1024),
+                   6.0 * (12.0 * 12 * 768 * 768 + 50257.0 * 768) + 12.0 * 12 * 1024 * 768);
+  for (const char* name : {"llama-3.2-1b", "llama-3-8b", "qwen2.5-0.5b"}) {
+    const ModelConfig config = named_config(name);
+    const double C = config.n_embd, L = config.n_layer;
+    // The norms' gains and the q/k/v biases.
+    const double vectors =
+        (2.0 * L + 1.0) * C + (config.attention_bias ? L * config.qkv_width() : 0);
+    const double input_embedding = config.tie_word_embeddings ? 0.0 : 1.0 * config.vocab_size * C;
+    const double N = static_cast<double>(parameter_count(config)) - vectors - input_embedding;
+    EXPECT_DOUBLE_EQ(model_flops_per_token(config, 2048), 6.0 * N + 12.0 * L * 2048 * C) << name;
+  }
+}
+
 TEST(StepTimeModel, RecomputeThreeRunsTheBlocksForwardAgain) {
   StepTimeRequest r = request(Mode::kGpu);
   const double plain = predict_step_time(r, rates()).gpu_compute_s;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -45,6 +46,28 @@ nlohmann::json mistral_7b() {
     "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
     "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
     "tie_word_embeddings": false, "vocab_size": 32000})");
+}
+
+// Llama 3.2 3B's: 1B's rope and tied head at width 3072, 24 heads of 128.
+nlohmann::json llama_3_2_3b() {
+  nlohmann::json file = llama_3_2_1b();
+  file["hidden_size"] = 3072;
+  file["num_attention_heads"] = 24;
+  file["num_hidden_layers"] = 28;
+  file["head_dim"] = 128;
+  return file;
+}
+
+// Llama 3 8B's: no rope_scaling, an 8192-position context, an untied head.
+nlohmann::json llama_3_8b() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+    "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "use_cache": true, "vocab_size": 128256})");
 }
 
 TEST(HfConfig, ReadsTheLlamaFamilyAsPublished) {
@@ -125,6 +148,23 @@ TEST(HfConfig, WritesWhatItReadsBack) {
     EXPECT_EQ(again.attention_bias, config.attention_bias);
     EXPECT_EQ(again.attention_output_bias, config.attention_output_bias);
     EXPECT_EQ(again.sliding_window, config.sliding_window);
+  }
+}
+
+// `--model llama-3.2-1b` and the model's own config.json describe the same model: every field
+// hf_config_json writes agrees.
+TEST(HfConfig, NamedLlamaConfigsAreThePublishedFiles) {
+  const std::pair<const char*, nlohmann::json> published[] = {
+      {"llama-3.2-1b", llama_3_2_1b()}, {"llama-3.2-3b", llama_3_2_3b()},
+      {"llama-3-8b", llama_3_8b()},     {"qwen2.5-0.5b", qwen2_5_0_5b()},
+      {"mistral-7b", mistral_7b()},
+  };
+  for (const auto& [name, file] : published) {
+    const ModelConfig named = named_config(name);
+    const ModelConfig read = parse_hf_config(file, std::string(name) + "/config.json");
+    EXPECT_EQ(hf_config_json(named).dump(), hf_config_json(read).dump()) << name;
+    EXPECT_EQ(named.padded_vocab_size, read.padded_vocab_size) << name;
+    EXPECT_EQ(parameter_count(named), parameter_count(read)) << name;
   }
 }
 

@@ -1,4 +1,4 @@
-// Named GPT-2 configs, Llama-family shapes, and their validation.
+// Named GPT-2 and Llama-family configs, Llama-family shapes, and their validation.
 #include "model/model_config.h"
 
 #include "core/error.h"
@@ -48,6 +48,66 @@ constexpr NamedConfig kNamedConfigs[] = {
     {"gpt2-xl", 48, 25, 1600, 1024},
 };
 
+// Llama 3's rope_scaling as Llama 3.1 and 3.2 publish it (rope_type "llama3").
+RopeScaling llama3_rope_scaling() {
+  RopeScaling scaling;
+  scaling.llama3 = true;
+  scaling.factor = 32.0f;
+  scaling.low_freq_factor = 1.0f;
+  scaling.high_freq_factor = 4.0f;
+  scaling.original_max_position_embeddings = 8192;
+  return scaling;
+}
+
+// The published Llama-family models: the fields of their config.json, set as read_hf_config
+// sets them (io/hf_config.cpp), so that a named config and the model's own file agree.
+ModelConfig llama_3_2(int n_layer, int n_head, int n_embd) {
+  ModelConfig config = llama_config(n_layer, n_head, 8, n_embd, 8192, 131072, 128256);
+  config.layer_norm_epsilon = 1e-5f;
+  config.rope_theta = 500000.0f;
+  config.rope_scaling = llama3_rope_scaling();
+  config.tie_word_embeddings = true;
+  return config;
+}
+
+ModelConfig llama_3_8b() {
+  ModelConfig config = llama_config(32, 32, 8, 4096, 14336, 8192, 128256);
+  config.layer_norm_epsilon = 1e-5f;
+  config.rope_theta = 500000.0f;
+  return config;
+}
+
+ModelConfig qwen2_5_0_5b() {
+  ModelConfig config = llama_config(24, 14, 2, 896, 4864, 32768, 151936);
+  config.hf_model_type = "qwen2";
+  config.attention_bias = true;  // Qwen2's q, k and v projections; o_proj has none
+  config.rope_theta = 1000000.0f;
+  config.tie_word_embeddings = true;
+  return config;
+}
+
+// Mistral 7B v0.1: attention sees the last 4096 positions (longer sequences are refused).
+ModelConfig mistral_7b() {
+  ModelConfig config = llama_config(32, 32, 8, 4096, 14336, 32768, 32000);
+  config.hf_model_type = "mistral";
+  config.layer_norm_epsilon = 1e-5f;
+  config.sliding_window = 4096;
+  return config;
+}
+
+struct NamedLlamaConfig {
+  const char* name;
+  ModelConfig (*make)();
+};
+
+constexpr NamedLlamaConfig kNamedLlamaConfigs[] = {
+    {"llama-3.2-1b", [] { return llama_3_2(16, 32, 2048); }},
+    {"llama-3.2-3b", [] { return llama_3_2(28, 24, 3072); }},
+    {"llama-3-8b", llama_3_8b},
+    {"qwen2.5-0.5b", qwen2_5_0_5b},
+    {"mistral-7b", mistral_7b},
+};
+
 }  // namespace
 
 ModelConfig named_config(std::string_view name) {
@@ -55,16 +115,19 @@ ModelConfig named_config(std::string_view name) {
     if (name == named.name)
       return gpt2_config(named.n_layer, named.n_head, named.n_embd, named.n_positions);
   }
+  for (const NamedLlamaConfig& named : kNamedLlamaConfigs)
+    if (name == named.name) return named.make();
   std::string known;
-  for (const NamedConfig& named : kNamedConfigs)
-    known += std::string(known.empty() ? "" : ", ") + named.name;
+  for (const std::string& each : named_config_names()) known += (known.empty() ? "" : ", ") + each;
   fail("unknown model config '", name, "'; known configs: ", known,
-       " (or give --layers, --heads and --dim)");
+       " (or give a Hugging Face model folder or its config.json, or --layers, --heads and "
+       "--dim)");
 }
 
 std::vector<std::string> named_config_names() {
   std::vector<std::string> names;
   for (const NamedConfig& named : kNamedConfigs) names.emplace_back(named.name);
+  for (const NamedLlamaConfig& named : kNamedLlamaConfigs) names.emplace_back(named.name);
   return names;
 }
 

@@ -1,6 +1,6 @@
 // The shape of a model: GPT-2 (named configs gpt2 .. gpt2-xl and the small default) or the Llama
-// family (Llama, Qwen2, Mistral: RMSNorm, rotary positions, SwiGLU, grouped-query attention),
-// and the checks every config passes.
+// family (Llama, Qwen2, Mistral: RMSNorm, rotary positions, SwiGLU, grouped-query attention;
+// named configs of the published models), and the checks every config passes.
 #pragma once
 
 #include <string>
@@ -60,13 +60,15 @@ struct ModelConfig {
 // Rounds a vocabulary size up to the next multiple of 128.
 int pad_vocab_size(int vocab_size);
 
-// A GPT-2 of this shape, its vocabulary padded by pad_vocab_size: what the named configs are made
-// of, and the small models of the tests.
+// A GPT-2 of this shape, its vocabulary padded by pad_vocab_size: what the named GPT-2 configs are
+// made of, and the small models of the tests.
 ModelConfig gpt2_config(int n_layer, int n_head, int n_embd, int n_positions,
                         int vocab_size = 50257);
 
 // gpt2 (124M), gpt2-medium (350M), gpt2-large (774M), gpt2-xl (1.5B), and "small", the default
-// that shows learning within minutes on a 2-core CPU. Throws layup::Error for other names.
+// that shows learning within minutes on a 2-core CPU; the Llama family's published shapes:
+// llama-3.2-1b, llama-3.2-3b, llama-3-8b, qwen2.5-0.5b, mistral-7b (v0.1), each as its
+// config.json reads (context: its max_position_embeddings). Throws layup::Error for other names.
 ModelConfig named_config(std::string_view name);
 std::vector<std::string> named_config_names();
 

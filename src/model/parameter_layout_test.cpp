@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -75,6 +78,31 @@ TEST(ParameterLayout, LlamaFamilyCountsMatchThePublishedModels) {
   }
 }
 
+// The named Llama-family configs: the counts transformers reports for the published models, and
+// a layout with no per-position tensor however long their context (131072 for Llama 3.2).
+TEST(ParameterLayout, NamedLlamaConfigsHaveThePublishedCounts) {
+  const std::pair<const char*, long long> published[] = {
+      {"llama-3.2-1b", 1235814400}, {"llama-3.2-3b", 3212749824}, {"llama-3-8b", 8030261248},
+      {"qwen2.5-0.5b", 494032768},  {"mistral-7b", 7241732096},
+  };
+  for (const auto& [name, count] : published) {
+    const ModelConfig config = named_config(name);
+    EXPECT_TRUE(config.is_llama()) << name;
+    EXPECT_NO_THROW(validate_config(config)) << name;
+    EXPECT_EQ(parameter_count(config), count) << name;
+    const ParameterLayout layout(config);
+    EXPECT_EQ(layout.embeddings().wpe, kAbsent) << name;
+    const size_t padding = static_cast<size_t>(config.padded_vocab_size - config.vocab_size) *
+                           config.n_embd * (config.tie_word_embeddings ? 1 : 2);
+    EXPECT_EQ(layout.total_count(), static_cast<size_t>(count) + padding) << name;
+  }
+  EXPECT_EQ(named_config("llama-3.2-1b").n_positions, 131072);
+  EXPECT_EQ(named_config("llama-3-8b").n_positions, 8192);
+  const std::vector<std::string> names = named_config_names();
+  for (const char* name : {"gpt2-xl", "llama-3.2-1b", "llama-3-8b", "qwen2.5-0.5b", "mistral-7b"})
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+}
+
 TEST(ParameterLayout, LlamaTensorsTileTheirSpansAndStackWhatOneMatmulReads) {
   ModelConfig config = llama_config(2, 4, 2, 32, 48, 64, 300);  // GQA: 2 K/V heads of 8
   config.attention_bias = true;                                 // Qwen2's q, k, v biases
@@ -134,7 +162,10 @@ TEST(ModelConfig, RejectsBadShapesAndNames) {
   try {
     named_config("gpt5");
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("gpt2-medium"), std::string::npos);
+    const std::string message = error.what();
+    for (const char* name : {"gpt2-medium", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b",
+                             "qwen2.5-0.5b", "mistral-7b", "a Hugging Face model folder"})
+      EXPECT_NE(message.find(name), std::string::npos) << message;
   }
 }
 
