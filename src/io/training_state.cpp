@@ -291,8 +291,10 @@ TrainingProgress load_training_state_streamed(const std::string& path,
                                               size_t chunk_bytes) {
   const SafetensorsReader reader(path);
   const TrainingProgress progress = parse_progress(reader.metadata(), path);
-  const SafetensorsTensorInfo& m = find_moment(reader, kMomentM, layout);
-  const SafetensorsTensorInfo& v = find_moment(reader, kMomentV, layout);
+  // Copies (a few fields each): GCC 13 takes a reference returned here for one into the
+  // temporary std::string argument (-Wdangling-reference).
+  const SafetensorsTensorInfo m = find_moment(reader, kMomentM, layout);
+  const SafetensorsTensorInfo v = find_moment(reader, kMomentV, layout);
   std::vector<float> chunk(
       std::max<size_t>(1, std::min(chunk_bytes / sizeof(float), layout.total_count())));
   for (const TensorSpec& spec : layout.tensors()) {
