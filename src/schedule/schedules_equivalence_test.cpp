@@ -383,6 +383,30 @@ TEST(SchedulesEquivalence, BlocksOnDiskTrainTheSame) {
       << describe_schedule(Mode::kLayup, placements[0].options, 1.0f);
 }
 
+// The Llama family across the three tiers in one run: block 0's optimizer state on disk, block 1
+// on the host, block 2, the embeddings and the untied head (in the final norm's span) on the
+// device; bit for bit with gpu mode, clipped and not, with one micro-batch and two.
+TEST(SchedulesEquivalence, TheLlamaFamilyTrainsTheSameAcrossTiers) {
+  ModelConfig config = llama_config(3, 4, 2, 32, 48, 16, 61);
+  config.attention_bias = true;
+  const ParameterLayout layout(config);
+  test_files::TempDir dir;
+  std::vector<UpdateSite> sites = head_on_device(layout);
+  sites[1 + 0] = UpdateSite::kDisk;
+  sites[1 + 1] = UpdateSite::kHost;
+  sites[1 + 2] = UpdateSite::kDevice;
+  const ScheduleOptions tiers{.update_sites = sites, .offload_dir = dir.path(), .disk_slots = 1};
+  for (const int micro_batches : {1, 2})
+    for (const bool clip : {false, true}) {
+      SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
+                   (clip ? "clipped" : "unclipped"));
+      const TrainingRun gpu = train(make_gpu_schedule, micro_batches, clip, config);
+      EXPECT_NE(gpu.losses.front(), gpu.losses.back());
+      expect_same(gpu, train(with_options("layup", tiers), micro_batches, clip, config),
+                  "layup, Llama, disk/host/device");
+    }
+}
+
 // What the disk tier refuses before a step: no directory, speculative clipping (no second copy of
 // the state on disk), a directory that does not exist, the head on disk.
 TEST(SchedulesEquivalence, BlocksOnDiskRefuseWhatTheyCannotDo) {
