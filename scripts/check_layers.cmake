@@ -17,6 +17,7 @@ set(layer_data 3)
 set(layer_memory 4)
 set(layer_backend 5)            # the interface: Device, ModelBackend
 set(layer_tier 5)               # where optimizer state lives beyond memory: the disk tier's file
+set(layer_comm 5)               # the ranks of a data-parallel run and their collectives
 set(layer_backend/cpu 6)        # the implementations
 set(layer_backend/cuda 6)
 set(layer_schedule 7)

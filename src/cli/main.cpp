@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "cli/commands.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "train/run_info.h"
 
@@ -12,6 +13,8 @@ namespace {
 
 int report(const std::string& message) {
   std::fprintf(stderr, "\nlayup: error: %s\n", message.c_str());
+  std::fflush(stderr);
+  layup::abort_other_ranks(1);  // where mpirun started several ranks, none is left waiting
   return 1;
 }
 
@@ -21,8 +24,9 @@ int main(int argc, char** argv) {
   CLI::App app{
       "layup trains GPT-2-family language models, with a layer-wise split between GPU and CPU.\n"
       "Run `layup train` with no arguments to train a small GPT-2 on the shipped corpus."};
-  app.set_version_flag("--version",
-                       "layup " + layup::layup_version() + " (commit " + layup::git_commit() + ")");
+  app.set_version_flag("--version", "layup " + layup::layup_version() + " (commit " +
+                                        layup::git_commit() + ", " +
+                                        (layup::built_with_mpi() ? "with" : "without") + " MPI)");
   app.require_subcommand(1);
   // A flag given twice takes its last value, so a command line can override a shared prefix.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -59,5 +63,6 @@ int main(int argc, char** argv) {
     return report(std::string("unexpected failure: ") + error.what() +
                   " (this is a bug in layup: please report it with the command line)");
   }
+  layup::finish_ranks();
   return 0;
 }

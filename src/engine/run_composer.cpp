@@ -107,12 +107,14 @@ RunRequest run_request_of(const RunSpec& spec) {
   return request;
 }
 
-BuiltRun build_run(const PlannedRun& planned) {
+BuiltRun build_run(const PlannedRun& planned, Communicator* ranks) {
   const MemoryPlanRequest& r = planned.plan.request;
   BackendAndDevice compute = make_backend(planned.target, r.config, r.batch, r.seq_len);
+  ScheduleOptions options = planned.schedule;
+  options.ranks = ranks;
   return {compute.accountant,
           make_schedule(r.mode, std::move(compute.backend), std::move(compute.device),
-                        ParameterLayout(r.config), planned.schedule)};
+                        ParameterLayout(r.config), options)};
 }
 
 }  // namespace layup

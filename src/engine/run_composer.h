@@ -57,8 +57,9 @@ struct BuiltRun {
   std::unique_ptr<Schedule> schedule;
 };
 
-// Builds the backend, device and schedule of a planned run, sized for its batch.
-BuiltRun build_run(const PlannedRun& planned);
+// Builds the backend, device and schedule of a planned run, sized for its batch; its gradients
+// summed over `ranks` where several train (ScheduleOptions::ranks).
+BuiltRun build_run(const PlannedRun& planned, Communicator* ranks = nullptr);
 
 // The request of a run the CLI described.
 RunRequest run_request_of(const RunSpec& spec);

@@ -49,7 +49,13 @@ class GpuSchedule final : public Schedule {
         grads_(device_->allocate(buffers_.grads)),
         adam_m_(device_->allocate(buffers_.m)),
         adam_v_(device_->allocate(buffers_.v)),
-        span_sums_(*device_, layout.spans().size()) {}
+        span_sums_(*device_, layout.spans().size()),
+        ranks_(options.ranks) {
+    LAYUP_CHECK(rank_count() == 1 || device_->kinds().own == MemoryKind::kHost,
+                "several ranks (mpirun) train on the CPU backend only for now: the gradients are "
+                "summed over MPI in host memory (NCCL for GPUs is to come); use --device cpu or "
+                "one rank");
+  }
 
   std::string name() const override { return "gpu"; }
 
@@ -64,7 +70,9 @@ class GpuSchedule final : public Schedule {
       device_->fill_zero(accumulated_.data(), accumulated_.count());
     }
 
-    const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
+    // The global batch is every rank's micro-batches: each one's share of the mean loss.
+    const size_t global_micro_batches = micro_batches.size() * rank_count();
+    const float loss_scale = 1.0f / static_cast<float>(global_micro_batches);
     double loss_sum = 0.0;
     for (const TokenBatch& batch : micro_batches) {
       // The backward overwrites grads_ (ModelBackend): no zeroing.
@@ -88,9 +96,18 @@ class GpuSchedule final : public Schedule {
     }
     // The update reads the gradient from grads_; swapping the buffers avoids a copy.
     if (accumulate) std::swap(grads_, accumulated_);
+    if (rank_count() > 1) {
+      // Every rank's gradient summed in rank order, as one process accumulating the ranks'
+      // micro-batches in that order would (bitwise where each rank has one); the losses alike.
+      TraceSpan traced(trace_, device_track_, "sum_over_ranks");
+      ranks_->sum_in_rank_order(grads_.data(), grads_.count());
+      const std::vector<double> rank_losses = ranks_->gather(loss_sum);
+      loss_sum = 0.0;
+      for (double rank_loss : rank_losses) loss_sum += rank_loss;
+    }
 
     StepStats stats;
-    stats.loss = static_cast<float>(loss_sum / micro_batches.size());
+    stats.loss = static_cast<float>(loss_sum / global_micro_batches);
     // Per-span sums added in layout order: the fixed order every mode uses. All spans' sums are
     // started, then read after one wait: reading each at once would leave the GPU idle while the
     // host reads it and launches the next (50 times a step at gpt2-xl).
@@ -158,6 +175,9 @@ class GpuSchedule final : public Schedule {
   SpanSquareSums span_sums_;  // each span's gradient sum of squares
   // The sum over micro-batches, allocated on the first step that accumulates.
   DeviceBuffer accumulated_;
+  Communicator* ranks_;  // data parallel; null: this process alone
+
+  int rank_count() const { return ranks_ ? ranks_->size() : 1; }
 };
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "backend/device.h"
 #include "backend/model_backend.h"
+#include "comm/communicator.h"
 #include "core/run_choices.h"
 #include "model/parameter_layout.h"
 #include "optim/adamw.h"
@@ -168,6 +169,10 @@ struct ScheduleOptions {
   // its own memory on the device side, pinned master weights and plain host moments on the host
   // side (the CPU backend: host memory throughout).
   std::array<std::optional<MemoryKind>, kTensorClassCount> placement{};
+  // Data parallel (docs/parallel.md): the ranks whose gradients each step sums, every rank
+  // stepping on its own micro-batches of the global batch; null or one rank: this process alone.
+  // gpu mode on the CPU backend only, for now. Not owned.
+  Communicator* ranks = nullptr;
 
   // The kind placement gives `tensor_class`, else `fallback`.
   MemoryKind kind_of(TensorClass tensor_class, MemoryKind fallback) const {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/token_dataset.h"
@@ -171,8 +172,32 @@ TrainResult train(TrainOptions options) {
     continues_this_folder = fs::equivalent(options.out_dir, run_folder, error);
   }
   validate_train_options(options);
+  // Data parallel (docs/parallel.md): the ranks mpirun started share each step's global batch of
+  // --grad-accum micro-batches, and rank 0 alone writes the run folder, the log and checkpoints
+  // and prints; the others train in step with it.
+  const std::unique_ptr<Communicator> world = make_world_communicator();
+  const int rank = world->rank(), ranks = world->size();
+  const bool leader = rank == 0;
+  LAYUP_CHECK(options.grad_accum % ranks == 0, "--grad-accum ", options.grad_accum,
+              " micro-batches do not split evenly over ", ranks,
+              " ranks: give a multiple of the rank count (each rank takes --grad-accum / ranks of "
+              "every step's micro-batches)");
+  LAYUP_CHECK(ranks == 1 || options.mode == Mode::kGpu, "several ranks (mpirun) train in gpu mode ",
+              "only for now; use --mode gpu or one rank");
+  if (!leader) {
+    options.checkpoints = false;
+    options.eval_every = 0;
+    options.sample_tokens = 0;
+    options.trace_path.clear();
+  }
+  // What rank 0 prints; the other ranks' lines go nowhere.
+  const std::unique_ptr<FILE, int (*)(FILE*)> silent(
+      leader ? nullptr : std::fopen("/dev/null", "w"), &std::fclose);
+  FILE* const out = leader ? stderr : silent.get();
+  LAYUP_CHECK(out != nullptr, "cannot open /dev/null for rank ", rank, "'s output");
   if (options.out_dir.empty()) options.out_dir = timestamped_run_dir();
-  check_run_folder(options, continues_this_folder);
+  // Rank 0 alone makes the run folder, so it alone checks it: another rank could find it made.
+  if (leader) check_run_folder(options, continues_this_folder);
   if (!options.trace_path.empty()) check_trace_path(options.trace_path);
 
   // The run resolved and its memory plan checked against the budgets and this machine before
@@ -222,6 +247,9 @@ TrainResult train(TrainOptions options) {
   const MemoryBudgets& budgets = planned.budgets;
   options.device = planned.target.device;
   options.dtype = planned.target.dtype;
+  LAYUP_CHECK(ranks == 1 || options.device == DeviceKind::kCpu,
+              "several ranks (mpirun) train on the CPU backend only for now (NCCL for GPUs is to "
+              "come); add --device cpu or run one rank");
   const ModelConfig& config = options.model;
   const TokenDataset train_data(shards.train, config.vocab_size);
   const TokenDataset val_data(shards.val, config.vocab_size);
@@ -230,7 +258,7 @@ TrainResult train(TrainOptions options) {
 
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
-  BuiltRun built = build_run(planned);
+  BuiltRun built = build_run(planned, world.get());
   const std::shared_ptr<MemoryAccountant> accountant = built.accountant;
   std::unique_ptr<Schedule> schedule = std::move(built.schedule);
   const std::string schedule_description = planned.describe_schedule();
@@ -263,21 +291,21 @@ TrainResult train(TrainOptions options) {
 
   // The run folder is made only once everything it depends on has loaded, so a command that
   // fails on bad input leaves nothing behind.
-  if (options.overwrite && !continues_this_folder)
+  if (leader && options.overwrite && !continues_this_folder)
     for (const fs::path& path : other_runs_files(options.out_dir)) {
       std::error_code error;
       fs::remove_all(path, error);
       LAYUP_CHECK(!error, "--overwrite: cannot remove ", path.string(), ": ", error.message());
     }
-  {
+  if (leader) {
     std::error_code error;
     fs::create_directories(options.out_dir, error);
     LAYUP_CHECK(!error, "cannot create the run folder ", options.out_dir, ": ", error.message(),
                 "; choose another --out");
   }
-  JsonLinesLog log((fs::path(options.out_dir) / "log.jsonl").string());
-  ProgressLine progress(stderr, last_step, options.log_every);
-  std::fprintf(stderr,
+  JsonLinesLog log(leader ? (fs::path(options.out_dir) / "log.jsonl").string() : "/dev/null");
+  ProgressLine progress(out, last_step, options.log_every);
+  std::fprintf(out,
                "layup train: %s (%d layers, %d heads, width %d, %.1fM parameters), batch %dx%d x%d "
                "accumulation, %d steps, mode %s on %s (%s)\n  schedule: %s\n  run folder: %s\n",
                options.model_name.c_str(), config.n_layer, config.n_head, config.n_embd,
@@ -285,10 +313,13 @@ TrainResult train(TrainOptions options) {
                options.steps, name_of(options.mode).c_str(), name_of(options.device).c_str(),
                name_of(options.dtype).c_str(), schedule_description.c_str(),
                options.out_dir.c_str());
-  if (trace) std::fprintf(stderr, "  trace: %s (every step)\n", options.trace_path.c_str());
+  if (ranks > 1)
+    std::fprintf(out, "  %d ranks (mpirun), %d micro-batches of each step on each\n", ranks,
+                 options.grad_accum / ranks);
+  if (trace) std::fprintf(out, "  trace: %s (every step)\n", options.trace_path.c_str());
   if (const std::string storage = schedule->storage_report(); !storage.empty())
-    std::fprintf(stderr, "  %s\n", storage.c_str());
-  std::fprintf(stderr, "%s", format_memory_plan(memory_plan, budgets).c_str());
+    std::fprintf(out, "  %s\n", storage.c_str());
+  std::fprintf(out, "%s", format_memory_plan(memory_plan, budgets).c_str());
   if (!resumed_from.empty()) progress.message("resumed from " + resumed_from);
   for (const std::string& note : resume_notes) progress.message("note: " + note);
 
@@ -345,8 +376,13 @@ TrainResult train(TrainOptions options) {
 
   if (options.eval_every > 0 && start_step == 0) result.initial_val_loss = evaluate(0);
 
-  std::vector<TokenBatchBuffer> buffers(options.grad_accum);
-  std::vector<TokenBatch> micro_batches(options.grad_accum);
+  // This rank's micro-batches of each step: every rank draws the whole global batch, so the data
+  // stream (and a checkpoint's position in it) is the same whatever the rank count, and keeps
+  // its own consecutive share.
+  const int local_micro_batches = options.grad_accum / ranks;
+  std::vector<TokenBatchBuffer> buffers(local_micro_batches);
+  std::vector<TokenBatch> micro_batches(local_micro_batches);
+  TokenBatchBuffer other_ranks_batch;
   const double start_s = progress.elapsed_s();
   // Peak memory for the progress line: the GPU's (cudaMemGetInfo, all processes, read after each
   // step) on cuda, the process's peak resident set on the cpu.
@@ -370,8 +406,13 @@ TrainResult train(TrainOptions options) {
   result.steps_done = start_step;
   for (int step = start_step; step < last_step; ++step) {
     for (int i = 0; i < options.grad_accum; ++i) {
-      sampler.next(buffers[i]);
-      micro_batches[i] = buffers[i].view();
+      if (i / local_micro_batches != rank) {
+        sampler.next(other_ranks_batch);
+        continue;
+      }
+      TokenBatchBuffer& mine = buffers[i % local_micro_batches];
+      sampler.next(mine);
+      micro_batches[i % local_micro_batches] = mine.view();
     }
 
     UpdateSettings settings;
@@ -439,7 +480,11 @@ TrainResult train(TrainOptions options) {
     const bool last = done == last_step;
     if (options.eval_every > 0 && (done % options.eval_every == 0 || last))
       result.final_val_loss = evaluate(done);
-    const int stop = StopSignals::requested();
+    // A signal reaches the ranks at different moments: they stop together after the step one of
+    // them saw it in.
+    int stop = StopSignals::requested();
+    if (ranks > 1)
+      for (double seen : world->gather(stop)) stop = std::max(stop, static_cast<int>(seen));
     if (options.checkpoints &&
         ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) || last || stop))
       save(done);
@@ -464,7 +509,7 @@ TrainResult train(TrainOptions options) {
     result.energy_steps = result.steps_done - start_step;
   }
   if (const std::string cpu_adamw = schedule->cpu_adamw_report(); !cpu_adamw.empty())
-    std::fprintf(stderr, "  %s\n", cpu_adamw.c_str());
+    std::fprintf(out, "  %s\n", cpu_adamw.c_str());
   if (trace) trace->write(options.trace_path);
   // Measured beside planned, and the process-wide reading as a cross-check of both.
   std::string process_memory =
@@ -475,7 +520,7 @@ TrainResult train(TrainOptions options) {
   if (on_cuda)
     process_memory += "\n  GPU memory in use, all processes (cudaMemGetInfo): " +
                       format_bytes(static_cast<size_t>(std::max(0LL, device_memory_used_bytes())));
-  std::fprintf(stderr, "%s  %s\n", format_memory_report(memory_plan, *accountant).c_str(),
+  std::fprintf(out, "%s  %s\n", format_memory_report(memory_plan, *accountant).c_str(),
                process_memory.c_str());
 
   if (options.sample_tokens > 0 && result.steps_done == options.steps) {

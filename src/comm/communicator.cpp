@@ -1,0 +1,162 @@
+// Communicator over MPI, or over nothing (one process); see communicator.h.
+//
+// sum_in_rank_order cuts the floats into one shard per rank. Each rank sends shard j of its data
+// to rank j (MPI_Alltoallv), sums the shards it received in rank order, and the sums go back to
+// every rank (MPI_Allgatherv): every float crosses the network twice, as in a ring all-reduce, and
+// no reduction order is left to MPI's choice.
+#include "comm/communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+
+#if LAYUP_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace layup {
+namespace {
+
+class SingleProcess final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void sum_in_rank_order(float*, size_t) override {}
+  std::vector<double> gather(double value) override { return {value}; }
+};
+
+// The ranks a launcher announced in the environment (Open MPI; MPICH and Slurm through PMI), or 1.
+int launched_ranks() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (const char* value = std::getenv(name)) return std::max(1, std::atoi(value));
+  }
+  return 1;
+}
+
+#if LAYUP_HAVE_MPI
+
+void check_mpi(int status, const char* call) {
+  if (status == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(status, text, &length);
+  fail(call, " failed: ", std::string(text, length));
+}
+
+class MpiWorld final : public Communicator {
+ public:
+  MpiWorld() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      // Only the thread that trains calls MPI; the schedules' worker threads never do.
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided),
+                "MPI_Init_thread");
+    }
+    check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void sum_in_rank_order(float* data, size_t count) override {
+    if (size_ == 1) return;
+    // Shard j: [start[j], start[j] + length[j]), as even as the count allows.
+    std::vector<int> start(size_), length(size_);
+    for (int j = 0; j < size_; ++j) {
+      const size_t begin = count * j / size_, end = count * (j + 1) / size_;
+      LAYUP_CHECK(end - begin <= static_cast<size_t>(INT_MAX), "a gradient shard of ", end - begin,
+                  " floats exceeds what one MPI call moves");
+      start[j] = static_cast<int>(begin);
+      length[j] = static_cast<int>(end - begin);
+    }
+    LAYUP_CHECK(count <= static_cast<size_t>(INT_MAX), "a gradient of ", count,
+                " floats exceeds what one MPI call addresses; use fewer parameters per rank");
+    const int mine = length[rank_];
+    // Rank j's copy of my shard at received[j * mine].
+    received_.resize(static_cast<size_t>(mine) * size_);
+    std::vector<int> receive_lengths(size_, mine), receive_starts(size_);
+    for (int j = 0; j < size_; ++j) receive_starts[j] = j * mine;
+    check_mpi(
+        MPI_Alltoallv(data, length.data(), start.data(), MPI_FLOAT, received_.data(),
+                      receive_lengths.data(), receive_starts.data(), MPI_FLOAT, MPI_COMM_WORLD),
+        "MPI_Alltoallv");
+    float* shard = data + start[rank_];
+    for (int i = 0; i < mine; ++i) {
+      float sum = 0.0f;  // +0, as a fresh accumulator is: 0 + (-0) is +0
+      for (int j = 0; j < size_; ++j) sum += received_[static_cast<size_t>(j) * mine + i];
+      shard[i] = sum;
+    }
+    check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, length.data(), start.data(),
+                             MPI_FLOAT, MPI_COMM_WORLD),
+              "MPI_Allgatherv");
+  }
+
+  std::vector<double> gather(double value) override {
+    std::vector<double> values(size_);
+    check_mpi(MPI_Allgather(&value, 1, MPI_DOUBLE, values.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD),
+              "MPI_Allgather");
+    return values;
+  }
+
+ private:
+  int rank_ = 0, size_ = 1;
+  std::vector<float> received_;
+};
+
+#endif
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_single_process_communicator() {
+  return std::make_unique<SingleProcess>();
+}
+
+std::unique_ptr<Communicator> make_world_communicator() {
+  const int launched = launched_ranks();
+#if LAYUP_HAVE_MPI
+  if (launched > 1) return std::make_unique<MpiWorld>();
+#else
+  LAYUP_CHECK(launched == 1, "a launcher started ", launched,
+              " ranks, but this layup was built without MPI: install libopenmpi-dev and rebuild "
+              "(CMake finds it), or run one process");
+#endif
+  return make_single_process_communicator();
+}
+
+void abort_other_ranks(int exit_code) {
+#if LAYUP_HAVE_MPI
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  int size = 1;
+  if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
+#else
+  (void)exit_code;
+#endif
+}
+
+void finish_ranks() {
+#if LAYUP_HAVE_MPI
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Finalize();
+#endif
+}
+
+bool built_with_mpi() {
+#if LAYUP_HAVE_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace layup

@@ -1,0 +1,45 @@
+// The ranks of a data-parallel run and the collectives the schedules need from them: one process
+// (every run without a launcher) or the processes `mpirun` started (MPI_COMM_WORLD, CPU memory).
+// docs/parallel.md says how a step splits across ranks and why the sums keep it bitwise.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+namespace layup {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank's `count` floats summed element by element, into every rank's `data` (host
+  // memory), starting from +0 and adding rank 0's, then rank 1's, ...: the float additions one
+  // process makes summing the same values in that order, so the result is the same bits on every
+  // rank and the same as that process's.
+  virtual void sum_in_rank_order(float* data, size_t count) = 0;
+  // Every rank's `value`, indexed by rank.
+  virtual std::vector<double> gather(double value) = 0;
+};
+
+// A run of one process: rank 0 of 1; the sums leave the data as it is.
+std::unique_ptr<Communicator> make_single_process_communicator();
+
+// The ranks an MPI launcher started (MPI_COMM_WORLD), initialising MPI on first use; one process
+// when none did (no launcher in the environment). Throws layup::Error where a launcher started
+// several ranks but this build has no MPI.
+std::unique_ptr<Communicator> make_world_communicator();
+
+// The end of a command that succeeded: MPI finalised if it was started (every rank calls it).
+void finish_ranks();
+
+// The end of a command that failed: where several ranks run, the others would wait in a
+// collective for ever, so the failing one ends them all (MPI_Abort). Nothing without MPI running.
+void abort_other_ranks(int exit_code);
+
+// Whether this build can run several ranks (it was built with MPI).
+bool built_with_mpi();
+
+}  // namespace layup

@@ -1,0 +1,103 @@
+"""Data parallel on the CPU backend (docs/parallel.md): `mpirun -np 2 layup train` trains bit for
+bit like one process with the same global batch (each rank one of the step's two micro-batches),
+to fp32 rounding with two micro-batches a rank (another order of additions), and a checkpoint
+resumes with another rank count. Skipped where mpirun or an MPI build is missing."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from oracle_util import TINY_MODEL, binary, read_log, run, tiny_shards
+
+# One OpenMP thread a process: the CPU backend's sums are bitwise for a fixed thread count, and
+# mpirun binds each rank to a core.
+COMMON = [*TINY_MODEL, "--seq-len", "32", "--batch", "2", "--eval-every", "0", "--sample-tokens",
+          "0", "--warmup", "2", "--lr", "1e-3", "--min-lr", "1e-4", "--mode", "gpu", "--device",
+          "cpu", "--threads", "1", "--log-every", "1"]
+# Open MPI refuses root without these (CI runs as root); --oversubscribe: CI has two cores.
+MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def mpi_missing():
+    if shutil.which("mpirun") is None:
+        return "mpirun is not installed (Debian: openmpi-bin)"
+    if "without MPI" in run([binary("layup"), "--version"]).stdout:
+        return "this layup was built without MPI (Debian: libopenmpi-dev, then rebuild)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(mpi_missing() is not None, reason=str(mpi_missing()))
+
+
+def ranks(n, args, check=True):
+    return run(["mpirun", "--oversubscribe", "-np", str(n), binary("layup"), *args], check=check,
+               env=MPI_ENV)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return tiny_shards(tmp_path_factory.mktemp("data"))
+
+
+def files(step_dir):
+    return {name: (step_dir / name).read_bytes()
+            for name in ("model.safetensors", "training_state.safetensors")}
+
+
+def losses(run_dir):
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in read_log(run_dir) if "loss" in r]
+
+
+def test_two_ranks_train_bitwise_like_one_process(tmp_path, shards):
+    args = ["train", *COMMON, "--steps", "4", "--grad-accum", "2", "--data", shards]
+    run([binary("layup"), *args, "--out", tmp_path / "one"])
+    result = ranks(2, [*args, "--out", tmp_path / "two"])
+    assert "2 ranks (mpirun), 1 micro-batches of each step on each" in result.stderr
+    # Rank 0 alone prints and writes: one progress line per step, one run folder.
+    assert result.stderr.count("step 4/4") == 1, result.stderr
+    assert losses(tmp_path / "one") == losses(tmp_path / "two")
+    assert any(norm > 1.0 for _, _, norm in losses(tmp_path / "one")), "clipping was not exercised"
+    assert files(tmp_path / "one" / "step-00000004") == files(tmp_path / "two" / "step-00000004")
+
+
+def test_two_micro_batches_a_rank_agree_to_rounding(tmp_path, shards):
+    """Four micro-batches: one process adds them in turn, two ranks add pairs then the pairs, so
+    the gradients differ in the last bits; the trajectories agree to fp32 rounding."""
+    args = ["train", *COMMON, "--steps", "4", "--grad-accum", "4", "--data", shards]
+    run([binary("layup"), *args, "--out", tmp_path / "one"])
+    ranks(2, [*args, "--out", tmp_path / "two"])
+    for (step, loss_one, _), (_, loss_two, _) in zip(losses(tmp_path / "one"),
+                                                      losses(tmp_path / "two")):
+        assert loss_two == pytest.approx(loss_one, rel=1e-5), f"step {step}"
+    one = load_file(str(tmp_path / "one" / "step-00000004" / "model.safetensors"))
+    two = load_file(str(tmp_path / "two" / "step-00000004" / "model.safetensors"))
+    for name, expected in one.items():
+        error = np.linalg.norm(two[name] - expected) / max(np.linalg.norm(expected), 1e-30)
+        assert error < 1e-4, f"{name}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("first, then", [(2, 1), (1, 2)])
+def test_a_checkpoint_resumes_with_another_rank_count(tmp_path, shards, first, then):
+    args = ["train", *COMMON, "--steps", "4", "--grad-accum", "2", "--data", shards]
+    run([binary("layup"), *args, "--out", tmp_path / "straight"])
+    split = ["train", *COMMON, "--steps", "4", "--grad-accum", "2", "--data", shards,
+             "--until-step", "2", "--out", tmp_path / "split"]
+    ranks(first, split) if first > 1 else run([binary("layup"), *split])
+    resume = ["train", "--resume", tmp_path / "split", "--threads", "1", "--data", shards]
+    ranks(then, resume) if then > 1 else run([binary("layup"), *resume])
+    assert files(tmp_path / "straight" / "step-00000004") == \
+        files(tmp_path / "split" / "step-00000004")
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--grad-accum", "3"], "do not split evenly over 2 ranks"),
+    (["--grad-accum", "2", "--mode", "layup"], "gpu mode only for now"),
+])
+def test_what_several_ranks_cannot_do_is_refused(tmp_path, shards, extra, words):
+    args = ["train", *COMMON, "--steps", "2", "--data", shards, *extra, "--out", tmp_path / "run"]
+    result = ranks(2, args, check=False)
+    assert result.returncode != 0
+    assert words in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
