@@ -122,6 +122,30 @@ class CudaBackend final : public ModelBackend {
   cuda::AttentionShape attention_shape() const {
     return {batch_, seq_len_, config_.n_head, config_.kv_heads(), config_.head_dim()};
   }
+  // Block activations a's attention, by cuDNN where it runs, else by layup's kernel: the forward
+  // from a.qkv into a.att_out and a.att_lse; the backward from arena_.d_att_out into
+  // arena_.d_qkv, which it overwrites.
+  void attention_forward(BlockActivations& a) {
+    if (use_cudnn_attention(seq_len_)) {
+      if constexpr (!std::is_same_v<T, float>)
+        cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, attention_shape());
+    } else {
+      cuda::attention_forward(a.att_out, a.att_lse, a.qkv, attention_shape(), stream_);
+    }
+  }
+  void attention_backward(const BlockActivations& a) {
+    if (use_cudnn_attention(seq_len_)) {
+      // cuDNN writes all of dq, dk and dv.
+      if constexpr (!std::is_same_v<T, float>)
+        cudnn_attention_->backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
+                                   attention_shape());
+    } else {
+      // layup's kernel accumulates.
+      zero(arena_.d_qkv, static_cast<size_t>(batch_) * seq_len_ * config_.qkv_width());
+      cuda::attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
+                               attention_shape(), arena_.scratch, stream_);
+    }
+  }
   // cuDNN attention where present, except for single-position sequences, which it rejects.
   bool use_cudnn_attention(int seq_len) const { return cudnn_attention_ && seq_len > 1; }
   void zero(T* buffer, size_t count) {
@@ -417,12 +441,7 @@ void CudaBackend<T>::gpt2_forward_blocks(const ParameterPointers& params, Forwar
     const T* x = arena_.residual[l];
     cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
                          3 * C, stream_);
-    if (use_cudnn_attention(T_)) {
-      if constexpr (!std::is_same_v<T, float>)
-        cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, attention_shape());
-    } else {
-      cuda::attention_forward(a.att_out, a.att_lse, a.qkv, attention_shape(), stream_);
-    }
+    attention_forward(a);
     cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
                          p + o.attn_proj_bias, BT, C, C, stream_);
     cuda::residual_layernorm_forward(a.residual_mid, a.ln_2, a.ln_2_mean, a.ln_2_rstd, x,
@@ -492,12 +511,7 @@ void CudaBackend<T>::llama_block_forward(int layer, const T* p, bool through_mlp
   // q's and k's heads are adjacent in each row: one rotation covers both, v is left alone.
   cuda::rope_forward(a.qkv, arena_.rope_cos, arena_.rope_sin, B, T_,
                      config_.n_head + config_.kv_heads(), config_.head_dim(), Q, stream_);
-  if (use_cudnn_attention(T_)) {
-    if constexpr (!std::is_same_v<T, float>)
-      cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, attention_shape());
-  } else {
-    cuda::attention_forward(a.att_out, a.att_lse, a.qkv, attention_shape(), stream_);
-  }
+  attention_forward(a);
   cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
                        tensor_at(p, o.attn_proj_bias), BT, A, C, stream_);
   cuda::residual_forward(a.residual_mid, x, arena_.branch_out, BT * C, stream_);
@@ -642,16 +656,7 @@ void CudaBackend<T>::gpt2_block_backward(int layer, const T* p, float* g) {
                         arena_.d_residual, a.att_out, p + o.attn_proj_weight, BT, C, C,
                         arena_.scratch, cuda::InputGradient::kOverwrite,
                         cuda::WeightGradient::kOverwrite, stream_);
-  if (use_cudnn_attention(T_)) {
-    // cuDNN overwrites all of arena_.d_qkv (dq, dk and dv), so it needs no zeroing.
-    if constexpr (!std::is_same_v<T, float>)
-      cudnn_attention_->backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
-                                 attention_shape());
-  } else {
-    zero(arena_.d_qkv, static_cast<size_t>(BT) * 3 * C);
-    cuda::attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
-                             attention_shape(), arena_.scratch, stream_);
-  }
+  attention_backward(a);
   if (recompute_ >= 2) {
     cuda::layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, arena_.residual[layer],
                             p + o.ln_1_weight, p + o.ln_1_bias, BT, C, config_.layer_norm_epsilon,
@@ -705,16 +710,7 @@ void CudaBackend<T>::llama_block_backward(int layer, const T* p, float* g) {
                         tensor_at(g, o.attn_proj_bias), arena_.d_residual, a.att_out,
                         p + o.attn_proj_weight, BT, A, C, arena_.scratch, kOverwriteInput,
                         kOverwriteWeight, stream_);
-  if (use_cudnn_attention(T_)) {
-    // cuDNN overwrites all of arena_.d_qkv (dq, dk and dv), so it needs no zeroing.
-    if constexpr (!std::is_same_v<T, float>)
-      cudnn_attention_->backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
-                                 attention_shape());
-  } else {
-    zero(arena_.d_qkv, static_cast<size_t>(BT) * Q);
-    cuda::attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
-                             attention_shape(), arena_.scratch, stream_);
-  }
+  attention_backward(a);
   // From the rotated q and k back to the projection's outputs, in place.
   cuda::rope_backward(arena_.d_qkv, arena_.rope_cos, arena_.rope_sin, B, T_,
                       config_.n_head + config_.kv_heads(), config_.head_dim(), Q, stream_);
@@ -743,12 +739,7 @@ void CudaBackend<T>::gpt2_recompute_block(int layer, const T* p) {
                           p + o.ln_1_weight, p + o.ln_1_bias, BT, C, eps, stream_);
   cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
                        3 * C, stream_);
-  if (use_cudnn_attention(T_)) {
-    if constexpr (!std::is_same_v<T, float>)
-      cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, attention_shape());
-  } else {
-    cuda::attention_forward(a.att_out, a.att_lse, a.qkv, attention_shape(), stream_);
-  }
+  attention_forward(a);
   cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
                        p + o.attn_proj_bias, BT, C, C, stream_);
   cuda::residual_layernorm_forward(a.residual_mid, a.ln_2, a.ln_2_mean, a.ln_2_rstd,
