@@ -150,6 +150,7 @@ void add_train_command(CLI::App& app) {
     apply_threads_flag(flags->threads);
 
     const TrainResult result = train(options);
+    if (!result.reports) return;  // another rank of mpirun's: rank 0 reports
     if (!result.stopped_by.empty()) std::printf("stopped by %s: ", result.stopped_by.c_str());
     std::printf("trained to step %d in %s", result.steps_done,
                 ProgressLine::format_duration(result.wall_s).c_str());

@@ -324,6 +324,7 @@ TrainResult train(TrainOptions options) {
   for (const std::string& note : resume_notes) progress.message("note: " + note);
 
   TrainResult result;
+  result.reports = leader;
   result.initial_val_loss = NAN;
   result.final_val_loss = NAN;
   auto evaluate = [&](int step) {

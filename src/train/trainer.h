@@ -21,6 +21,8 @@ struct TrainResult {
   // between them included), and how many steps that was.
   std::vector<EnergyReading> energy;
   int energy_steps = 0;
+  // Under mpirun: whether this is rank 0, the one that reports (docs/parallel.md).
+  bool reports = true;
 };
 
 // Runs (or resumes) training as the options say. Throws layup::Error for bad input and when

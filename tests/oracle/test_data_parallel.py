@@ -55,8 +55,9 @@ def test_two_ranks_train_bitwise_like_one_process(tmp_path, shards):
     run([binary("layup"), *args, "--out", tmp_path / "one"])
     result = ranks(2, [*args, "--out", tmp_path / "two"])
     assert "2 ranks (mpirun), 1 micro-batches of each step on each" in result.stderr
-    # Rank 0 alone prints and writes: one progress line per step, one run folder.
+    # Rank 0 alone prints and writes: one progress line per step, one summary, one run folder.
     assert result.stderr.count("step 4/4") == 1, result.stderr
+    assert result.stdout.count("trained to step 4") == 1, result.stdout
     assert losses(tmp_path / "one") == losses(tmp_path / "two")
     assert any(norm > 1.0 for _, _, norm in losses(tmp_path / "one")), "clipping was not exercised"
     assert files(tmp_path / "one" / "step-00000004") == files(tmp_path / "two" / "step-00000004")
