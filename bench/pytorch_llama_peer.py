@@ -18,9 +18,7 @@ down of every block, and V C for the head). llama-3-8b in fp32 with AdamW needs 
 weights, gradients and moments alone: more than one H200 holds beside the activations.
 """
 import argparse
-import datetime
 import os
-import statistics
 import sys
 
 import torch
@@ -83,47 +81,20 @@ def synthetic_tokens(batch, seq_len, vocab, seed, device):
 
 
 def make_result(engine, args, device, step_ms, loss, device_used_peak, n_params):
-    on_cuda = device == "cuda"
+    """The JSON object of one run (pytorch_peer.timing_result), with the Llama shape's fields."""
     shape = CONFIGS[args.model]
-    tokens_per_step = args.batch * args.seq_len
-    tokens_per_s = tokens_per_step * len(step_ms) / (sum(step_ms) / 1e3)
-    fpt = flops_per_token(shape, args.seq_len)
-    device_name = torch.cuda.get_device_name() if on_cuda else pytorch_peer.cpu_model()
-    hopper = on_cuda and ("H100" in device_name or "H200" in device_name)
-    peak = pytorch_peer.H100_BF16_DENSE_FLOPS if hopper else 0.0
-    memory = {
-        "memory_source": "torch.cuda.max_memory_allocated (this process's tensors)" if on_cuda
-        else "none",
-        "memory_peak_bytes": torch.cuda.max_memory_allocated() if on_cuda else 0,
-        "memory_reserved_peak_bytes": torch.cuda.max_memory_reserved() if on_cuda else 0,
-        "memory_device_used_peak_bytes": device_used_peak,
-    }
-    return {
-        "engine": engine,
-        "command_line": " ".join([sys.executable] + sys.argv),
+    model = {
         "model": args.model, "n_layer": shape["num_hidden_layers"],
         "n_head": shape["num_attention_heads"], "n_kv_head": shape["num_key_value_heads"],
         "n_embd": shape["hidden_size"], "intermediate_size": shape["intermediate_size"],
         "vocab_size": shape["vocab_size"], "n_params": n_params,
-        "batch": args.batch, "seq_len": args.seq_len, "grad_accum": 1,
-        "warmup_steps": args.warmup, "steps": args.steps, "seed": args.seed,
-        "device": device, "dtype": "bf16" if on_cuda else "fp32", "device_name": device_name,
-        "tokens_per_step": tokens_per_step, "step_ms": step_ms,
-        "median_ms": statistics.median(step_ms), "min_ms": min(step_ms), "max_ms": max(step_ms),
-        "tokens_per_s": tokens_per_s, "flops_per_token": fpt,
-        "flops_formula": "6N + 12LTC, N = matmul weights: L (q/k/v + o + 3IC) + VC",
-        "achieved_tflops": fpt * tokens_per_s / 1e12,
-        "peak_tflops": peak / 1e12 if peak else None,
-        "mfu": fpt * tokens_per_s / peak if peak else None,
-        **memory,
-        "last_loss": loss,
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-        "machine": {"hostname": os.uname().nodename, "cpu": pytorch_peer.cpu_model(),
-                    "gpu": device_name if on_cuda else "none"},
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "git_commit": pytorch_peer.git_commit(),
     }
+    result = pytorch_peer.timing_result(
+        engine, args, device, step_ms, loss, device_used_peak, model,
+        flops_per_token(shape, args.seq_len),
+        "6N + 12LTC, N = matmul weights: L (q/k/v + o + 3IC) + VC")
+    result["transformers_version"] = transformers.__version__
+    return result
 
 
 def main():

@@ -168,28 +168,26 @@ def time_steps(train_step, warmup, steps, on_cuda):
     return step_ms, loss, device_used_peak
 
 
-def make_result(engine, args, device, step_ms, loss, device_used_peak):
-    """The JSON object of one run; args carries model, batch, seq_len, warmup, steps and seed;
-    the rest is what time_steps returned."""
+def timing_result(engine, args, device, step_ms, loss, device_used_peak, model, fpt, formula):
+    """The JSON object of one run, as both peers write it: args carries batch, seq_len, warmup,
+    steps and seed; `model` the model's own fields (its name and sizes), fpt its FLOPs per token
+    by `formula`; the rest is what time_steps returned."""
     on_cuda = device == "cuda"
-    n_layer, n_head, n_embd = CONFIGS[args.model]
     tokens_per_step = args.batch * args.seq_len
     tokens_per_s = tokens_per_step * len(step_ms) / (sum(step_ms) / 1e3)
-    fpt = flops_per_token(n_layer, n_embd, args.seq_len)
     device_name = torch.cuda.get_device_name() if on_cuda else cpu_model()
     hopper = on_cuda and ("H100" in device_name or "H200" in device_name)
     peak = H100_BF16_DENSE_FLOPS if hopper else 0.0
     return {
         "engine": engine,
         "command_line": " ".join([sys.executable] + sys.argv),
-        "model": args.model, "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
+        **model,
         "batch": args.batch, "seq_len": args.seq_len, "grad_accum": 1,
         "warmup_steps": args.warmup, "steps": args.steps, "seed": args.seed,
         "device": device, "dtype": "bf16" if on_cuda else "fp32", "device_name": device_name,
         "tokens_per_step": tokens_per_step, "step_ms": step_ms,
         "median_ms": statistics.median(step_ms), "min_ms": min(step_ms), "max_ms": max(step_ms),
-        "tokens_per_s": tokens_per_s, "flops_per_token": fpt,
-        "flops_formula": "6N + 12LTC, N = 12LC^2 + VC (matmul weights, V = 50257, tied head)",
+        "tokens_per_s": tokens_per_s, "flops_per_token": fpt, "flops_formula": formula,
         "achieved_tflops": fpt * tokens_per_s / 1e12,
         "peak_tflops": peak / 1e12 if peak else None,
         "mfu": fpt * tokens_per_s / peak if peak else None,
@@ -205,6 +203,16 @@ def make_result(engine, args, device, step_ms, loss, device_used_peak):
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "git_commit": git_commit(),
     }
+
+
+def make_result(engine, args, device, step_ms, loss, device_used_peak):
+    """The JSON object of one GPT-2 run (timing_result)."""
+    n_layer, n_head, n_embd = CONFIGS[args.model]
+    return timing_result(
+        engine, args, device, step_ms, loss, device_used_peak,
+        {"model": args.model, "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd},
+        flops_per_token(n_layer, n_embd, args.seq_len),
+        "6N + 12LTC, N = 12LC^2 + VC (matmul weights, V = 50257, tied head)")
 
 
 def report(result, json_path=None, extra_rows=()):
