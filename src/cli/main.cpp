@@ -1,4 +1,4 @@
-// layup: train GPT-2-family models. `layup --help` lists the commands.
+// layup: train GPT-2 and Llama-family models. `layup --help` lists the commands.
 #include <cstdio>
 #include <filesystem>
 #include <new>
@@ -22,7 +22,8 @@ int report(const std::string& message) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "layup trains GPT-2-family language models, with a layer-wise split between GPU and CPU.\n"
+      "layup trains GPT-2 and Llama-family language models, with a layer-wise split between GPU "
+      "and CPU.\n"
       "Run `layup train` with no arguments to train a small GPT-2 on the shipped corpus."};
   app.set_version_flag("--version", "layup " + layup::layup_version() + " (commit " +
                                         layup::git_commit() + ", " +
