@@ -528,9 +528,12 @@ TrainResult train(TrainOptions options) {
     Rng rng(options.seed + 1);
     std::vector<int32_t> prompt = tokenizer.encode(options.sample_prompt);
     if (prompt.empty()) prompt.push_back(tokenizer.document_separator());
+    // Ids the tokenizer can spell: a model's vocabulary may be larger than its tokenizer's (a
+    // Llama-family shape trained on the shipped GPT-2 tokens).
+    const int vocab = std::min(config.vocab_size, tokenizer.vocab_size());
     const std::vector<int32_t> tokens =
         generate([&](const TokenBatch& batch) { return schedule->forward_logits(batch); }, prompt,
-                 options.seq_len, config.vocab_size, config.padded_vocab_size,
+                 options.seq_len, vocab, config.padded_vocab_size,
                  {options.sample_tokens, options.temperature, options.top_k}, rng);
     result.sample = tokenizer.decode(tokens);
     log.write({{"sample", result.sample}});

@@ -316,3 +316,21 @@ def test_weights_only_checkpoints_hold_no_optimizer_state_and_do_not_resume(tmp_
     fails_with([binary("layup"), "train", "--resume", tmp_path / "run", "--steps", "6"],
                "holds the weights only", "cannot be resumed", "layup sample")
     run([binary("layup"), "sample", "--checkpoint", step, "--tokens", "4"])
+
+
+def test_the_final_sample_draws_only_ids_the_tokenizer_spells(tmp_path, shards):
+    """A model whose vocabulary is larger than the tokenizer's (a Llama-family shape trained on the
+    shipped GPT-2 tokens): the sample at the end of the run stays inside GPT-2's 50,257 ids, which
+    a hot temperature over a fresh model's near-uniform logits would otherwise leave."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,
+        "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "vocab_size": 60000, "max_position_embeddings": 64,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "hidden_act": "silu"}))
+    result = run([binary("layup"), "train", "--model", model, "--steps", "1", "--batch", "2",
+                  "--seq-len", "32", "--eval-every", "0", "--sample-tokens", "200",
+                  "--temperature", "2.0", "--data", shards, "--out", tmp_path / "run"])
+    assert "\nsample:\n" in result.stdout, result.stdout
