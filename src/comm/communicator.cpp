@@ -3,11 +3,12 @@
 // sum_in_rank_order cuts the floats into one shard per rank. Each rank sends shard j of its data
 // to rank j (MPI_Alltoallv), sums the shards it received in rank order, and the sums go back to
 // every rank (MPI_Allgatherv): every float crosses the network twice, as in a ring all-reduce, and
-// no reduction order is left to MPI's choice.
+// no reduction order is left to MPI's choice. It goes in rounds of 4 MiB, so its one buffer is that
+// size, not the model's: like MPI's own buffers, it is part of the process's allowance in the
+// memory plan rather than a planned tensor.
 #include "comm/communicator.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstdlib>
 #include <string>
 
@@ -66,17 +67,30 @@ class MpiWorld final : public Communicator {
 
   void sum_in_rank_order(float* data, size_t count) override {
     if (size_ == 1) return;
+    // In rounds of at most kRoundFloats: the receive buffer stays that size whatever the model.
+    // The sums are element by element, so the rounds do not change a bit.
+    for (size_t first = 0; first < count; first += kRoundFloats)
+      sum_round(data + first, std::min(kRoundFloats, count - first));
+  }
+
+  std::vector<double> gather(double value) override {
+    std::vector<double> values(size_);
+    check_mpi(MPI_Allgather(&value, 1, MPI_DOUBLE, values.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD),
+              "MPI_Allgather");
+    return values;
+  }
+
+ private:
+  // 4 MiB of floats: what one round of sum_in_rank_order exchanges.
+  static constexpr size_t kRoundFloats = size_t{1} << 20;
+
+  void sum_round(float* data, size_t count) {
     // Shard j: [start[j], start[j] + length[j]), as even as the count allows.
     std::vector<int> start(size_), length(size_);
     for (int j = 0; j < size_; ++j) {
-      const size_t begin = count * j / size_, end = count * (j + 1) / size_;
-      LAYUP_CHECK(end - begin <= static_cast<size_t>(INT_MAX), "a gradient shard of ", end - begin,
-                  " floats exceeds what one MPI call moves");
-      start[j] = static_cast<int>(begin);
-      length[j] = static_cast<int>(end - begin);
+      start[j] = static_cast<int>(count * j / size_);
+      length[j] = static_cast<int>(count * (j + 1) / size_) - start[j];
     }
-    LAYUP_CHECK(count <= static_cast<size_t>(INT_MAX), "a gradient of ", count,
-                " floats exceeds what one MPI call addresses; use fewer parameters per rank");
     const int mine = length[rank_];
     // Rank j's copy of my shard at received[j * mine].
     received_.resize(static_cast<size_t>(mine) * size_);
@@ -97,16 +111,8 @@ class MpiWorld final : public Communicator {
               "MPI_Allgatherv");
   }
 
-  std::vector<double> gather(double value) override {
-    std::vector<double> values(size_);
-    check_mpi(MPI_Allgather(&value, 1, MPI_DOUBLE, values.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD),
-              "MPI_Allgather");
-    return values;
-  }
-
- private:
   int rank_ = 0, size_ = 1;
-  std::vector<float> received_;
+  std::vector<float> received_;  // at most kRoundFloats
 };
 
 #endif
