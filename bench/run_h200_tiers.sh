@@ -24,13 +24,15 @@
 #                (1 warm-up + 1 step); modes: gpu, offload, layup, layup-disk (--clip none,
 #                --offload-dir); MFU from the bench. MODES="gpu:26 layup:50" starts each mode's
 #                scan at its own L
-# Logs go to $OUT (the device tool's output folder) or the build folder.
+# Logs go to build-gpu/logs; after each phase they are packed into $OUT/logs.tar.gz where $OUT is set
+# (the device tool's output folder brings back at most 8 files).
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build=$repo/build-gpu
-out=${OUT:-$build}
+out=$build/logs
 mkdir -p "$out"
+pack_logs() { [ -z "${OUT:-}" ] || tar -C "$out" -czf "$OUT/logs.tar.gz" .; }
 export PATH="/usr/local/cuda/bin:$PATH"
 # shellcheck source=scripts/gpu_cmake_args.sh
 source "$repo/scripts/gpu_cmake_args.sh"
@@ -204,4 +206,5 @@ largest)
   rm -rf /tmp/layup-offload
   ;;
 esac
+pack_logs
 done
