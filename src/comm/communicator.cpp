@@ -54,9 +54,13 @@ class MpiWorld final : public Communicator {
     MPI_Initialized(&initialized);
     if (!initialized) {
       int provided = 0;
-      // Only the thread that trains calls MPI; the schedules' worker threads never do.
-      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided),
+      // One thread at a time calls MPI, but not always the same one: layup's gradient consumer
+      // sums each block's gradient during backward, the training thread the rest between steps.
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided),
                 "MPI_Init_thread");
+      LAYUP_CHECK(provided >= MPI_THREAD_SERIALIZED,
+                  "this MPI library cannot be called from more than one thread "
+                  "(MPI_THREAD_SERIALIZED), which layup's schedules need; use another MPI build");
     }
     check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");

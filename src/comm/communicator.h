@@ -22,6 +22,12 @@ class Communicator {
   virtual void sum_in_rank_order(float* data, size_t count) = 0;
   // Every rank's `value`, indexed by rank.
   virtual std::vector<double> gather(double value) = 0;
+  // Every rank's `value` added from +0 in rank order (the same on every rank).
+  double sum_in_rank_order(double value) {
+    double sum = 0.0;
+    for (const double rank_value : gather(value)) sum += rank_value;
+    return sum;
+  }
 };
 
 // A run of one process: rank 0 of 1; the sums leave the data as it is.

@@ -101,9 +101,7 @@ class GpuSchedule final : public Schedule {
       // micro-batches in that order would (bitwise where each rank has one); the losses alike.
       TraceSpan traced(trace_, device_track_, "sum_over_ranks");
       ranks_->sum_in_rank_order(grads_.data(), grads_.count());
-      const std::vector<double> rank_losses = ranks_->gather(loss_sum);
-      loss_sum = 0.0;
-      for (double rank_loss : rank_losses) loss_sum += rank_loss;
+      loss_sum = ranks_->sum_in_rank_order(loss_sum);
     }
 
     StepStats stats;

@@ -92,6 +92,16 @@ void HostGradient::land(const DeviceFence& written, const float* device_grad, si
   device_.copy_to_host_after(written, span(index), device_grad, layout_.spans()[index].count);
 }
 
+double HostGradient::sum_over_ranks(size_t index, Communicator& ranks) {
+  const size_t count = layout_.spans()[index].count;
+  float* summed = span(index);
+  ranks.sum_in_rank_order(summed, count);
+  const size_t chunks = sum_of_squares_chunks(count);
+  std::vector<double> chunk_sums(chunks, 0.0);
+  chunked_pass(summed, count, 0, chunks, {}, chunk_sums.data());
+  return add_chunk_sums(chunk_sums.data(), chunks);
+}
+
 void HostGradient::chunked_pass(const float* squared, size_t count, size_t first_chunk,
                                 size_t end_chunk,
                                 const std::function<void(size_t, size_t)>& combine,

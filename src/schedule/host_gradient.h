@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "backend/device.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "model/parameter_layout.h"
 #include "optim/host_adamw.h"
@@ -62,6 +63,13 @@ class HostGradient {
   // (accumulate's first and last), for a caller that reads the span's sum of squares from the
   // device itself. Any thread may call it.
   void land(const DeviceFence& written, const float* device_grad, size_t index);
+
+  // Data parallel: span `index`'s accumulated gradient (complete on this rank) replaced by every
+  // rank's summed in rank order (Communicator::sum_in_rank_order), and the sum of squares of the
+  // result, grouped as accumulate groups it, so that N ranks of one micro-batch give the bits
+  // one process of N micro-batches gives. Every rank calls it for the same spans in the same
+  // order, from one thread at a time.
+  double sum_over_ranks(size_t index, Communicator& ranks);
 
  private:
   // Chunks [first_chunk, end_chunk) of a span of `count` floats over the workers, whole chunks

@@ -132,7 +132,20 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
       host_spans_(host_spans(layout, options)),
       cpu_spans_(cpu_spans(layout, options)),
       device_copy_spans_(device_copy_spans(layout, options)),
+      ranks_(options.ranks != nullptr && options.ranks->size() > 1 ? options.ranks : nullptr),
       device_sums_(*device_, layout.spans().size()) {
+  LAYUP_CHECK(ranks_ == nullptr || device_->kinds().own == MemoryKind::kHost,
+              "several ranks (mpirun) train on the CPU backend only for now: the gradients are "
+              "summed over MPI in host memory (NCCL for GPUs is to come); use --device cpu or "
+              "one rank");
+  LAYUP_CHECK(ranks_ == nullptr || options.host_gradient,
+              "several ranks sum each span's gradient on the host, and this schedule keeps none "
+              "there (layup with --clip none and one micro-batch a rank); clip, or give each "
+              "rank two micro-batches");
+  LAYUP_CHECK(ranks_ == nullptr || !any_on_disk(options),
+              "several ranks (mpirun) with blocks' state on disk (--offload-dir) are not "
+              "supported yet: each rank would need a disk tier of its own; keep the state on the "
+              "host or run one rank");
   LAYUP_CHECK(options.cpu_workers >= 0, "--cpu-workers must be at least 1 (got ",
               options.cpu_workers, ")");
   LAYUP_CHECK(!weights_in_place_ || cpu_spans_.count == layout.total_count(),

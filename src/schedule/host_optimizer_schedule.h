@@ -136,6 +136,17 @@ class HostOptimizerSchedule : public Schedule {
   // has one, and the compute copy where weights land there.
   void send_weights_now(size_t index, const float* weights);
 
+  // Data parallel: the ranks this step's gradients are summed over (null: this process alone),
+  // and their count.
+  Communicator* ranks() const { return ranks_; }
+  int rank_count() const { return ranks_ != nullptr ? ranks_->size() : 1; }
+  // Span `index`'s gradient in the host accumulator, complete on this rank, summed over the ranks
+  // (HostGradient::sum_over_ranks); returns the sum's sum of squares. Every rank calls it for the
+  // same spans in the same order, one thread at a time.
+  double sum_gradient_over_ranks(size_t index) {
+    return host_gradient_->sum_over_ranks(index, *ranks_);
+  }
+
   // Whether span `index` is updated by the CPU (its state on the host or on disk).
   bool cpu_updated(size_t index) const { return cpu_spans_.holds(index); }
 
@@ -164,6 +175,7 @@ class HostOptimizerSchedule : public Schedule {
   std::unique_ptr<DiskTier> disk_tier_;
 
  private:
+  Communicator* const ranks_;  // ScheduleOptions::ranks where several train; else null
   // Per span, the sum of squares the device took of its gradient (start_device_sum_of_squares).
   SpanSquareSums device_sums_;
   int to_device_track_ = 0;         // "to device" in trace_

@@ -84,6 +84,10 @@ class LayupSchedule final : public HostOptimizerSchedule {
     LAYUP_CHECK(host_gradient_ || !speculative_clip_,
                 "speculative clipping needs the whole-model gradient on the host (it may redo "
                 "every block's update once the norm is known)");
+    LAYUP_CHECK(ranks() == nullptr || device_tier_.spans().empty(),
+                "several ranks (mpirun) sum the gradients of spans the CPU updates only, and this "
+                "run updates some on the device (--optimizer-placement device:K or --layup-head "
+                "device); keep every span's state on the host or run one rank");
     LAYUP_CHECK(device_tier_.spans().empty() || !weights_in_place_,
                 "updating spans on the device (the head, or blocks) needs the device's own copy of "
                 "the weights, and here the device computes with the master weights in place; "
@@ -135,9 +139,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
       wait_for_cpu_side();
       throw;
     }
+    // The consumer has summed every span's gradient over the ranks: MPI is this thread's again.
+    if (ranks() != nullptr) loss_sum = ranks()->sum_in_rank_order(loss_sum);
 
     StepStats stats;
-    stats.loss = static_cast<float>(loss_sum / micro_batches.size());
+    stats.loss = static_cast<float>(loss_sum / global_micro_batches(micro_batches.size()));
     // Per-span sums added in layout order: the fixed order every mode uses.
     double sum_sq = 0.0;
     for (const double span_sum : span_sum_sq_) sum_sq += span_sum;
@@ -199,6 +205,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
     std::shared_ptr<HeadUpdate> head;  // null where no head span is updated on the host
   };
 
+  // This rank's micro-batches and every other rank's: the step's global batch.
+  size_t global_micro_batches(size_t micro_batches) const {
+    return micro_batches * static_cast<size_t>(rank_count());
+  }
+
   void check_step(size_t micro_batches, float clip_max_norm) const {
     LAYUP_CHECK(micro_batches > 0, "a training step needs at least one micro-batch");
     LAYUP_CHECK(!broken_, "the layup schedule failed in an earlier step and cannot continue");
@@ -237,7 +248,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
   void device_step(std::span<const TokenBatch> micro_batches, const StepPlan& plan,
                    double& loss_sum) {
     const ParameterPointers params = device_params();
-    const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
+    const float loss_scale = 1.0f / static_cast<float>(global_micro_batches(micro_batches.size()));
     for (size_t k = 0; k < micro_batches.size(); ++k) {
       const bool first = k == 0;
       const bool last = k + 1 == micro_batches.size();
@@ -332,6 +343,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
                             last);
       if (!last) return;
       span_sum_sq_[index] = first ? device_sum_of_squares(index) : routed.host_sum_sq;
+      // Before any update reads it: the block's gradient over every rank, in the accumulator.
+      if (ranks() != nullptr) span_sum_sq_[index] = sum_gradient_over_ranks(index);
     }
     if (update != nullptr && update->timing->update_now(span_sum_sq_[index])) {
       block_updated_[lease.layer] = 1;  // before this consume reports done, so step() sees it
@@ -389,9 +402,17 @@ class LayupSchedule final : public HostOptimizerSchedule {
         if (one_micro_batch)
           for (const size_t index : host_head_spans_)
             span_sum_sq_[index] = device_sum_of_squares(index);
+        if (ranks() != nullptr) {
+          // The norm needs the head's gradient summed over the ranks: it lands first.
+          if (one_micro_batch)
+            for (const size_t index : host_head_spans_)
+              routed.push_back(route_->take(head_source(index, written), first, last));
+          for (const size_t index : host_head_spans_)
+            span_sum_sq_[index] = sum_gradient_over_ranks(index);
+        }
       }
       progress_.consume_done();
-      if (one_micro_batch)
+      if (one_micro_batch && ranks() == nullptr)
         for (const size_t index : host_head_spans_)
           routed.push_back(route_->take(head_source(index, written), first, last));
     }

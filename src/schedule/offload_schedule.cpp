@@ -58,7 +58,9 @@ class OffloadSchedule final : public HostOptimizerSchedule {
     // Per span: the sum of squares of its accumulated gradient, known after the last micro-batch.
     std::vector<double> span_sum_sq(spans.size(), 0.0);
 
-    const float loss_scale = 1.0f / static_cast<float>(micro_batches.size());
+    // The global batch is every rank's micro-batches: each one's share of the mean loss.
+    const size_t global_micro_batches = micro_batches.size() * rank_count();
+    const float loss_scale = 1.0f / static_cast<float>(global_micro_batches);
     double loss_sum = 0.0;
     for (size_t k = 0; k < micro_batches.size(); ++k) {
       // The backward overwrites grads_ (ModelBackend): no zeroing.
@@ -91,8 +93,16 @@ class OffloadSchedule final : public HostOptimizerSchedule {
       }
     }
 
+    if (ranks() != nullptr) {
+      // Every rank's gradient summed in rank order, span by span, and the sums of squares taken
+      // again of the sums (docs/parallel.md); the losses alike.
+      TraceSpan traced(trace_, host_track_, "sum_over_ranks");
+      for (size_t s = 0; s < spans.size(); ++s) span_sum_sq[s] = sum_gradient_over_ranks(s);
+      loss_sum = ranks()->sum_in_rank_order(loss_sum);
+    }
+
     StepStats stats;
-    stats.loss = static_cast<float>(loss_sum / micro_batches.size());
+    stats.loss = static_cast<float>(loss_sum / global_micro_batches);
     // Per-span sums added in layout order: the fixed order every mode uses.
     double sum_sq = 0.0;
     for (double span_sum : span_sum_sq) sum_sq += span_sum;

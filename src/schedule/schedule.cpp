@@ -97,9 +97,6 @@ std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend>
                                         std::unique_ptr<Device> device,
                                         const ParameterLayout& layout,
                                         const ScheduleOptions& options) {
-  LAYUP_CHECK(mode == Mode::kGpu || !options.ranks || options.ranks->size() == 1,
-              "several ranks (mpirun) train in gpu mode only for now (offload and layup shard "
-              "their CPU updates across ranks later); use --mode gpu or one rank");
   switch (mode) {
     case Mode::kGpu:
       return make_gpu_schedule_with(std::move(backend), std::move(device), layout, options);

@@ -171,7 +171,8 @@ struct ScheduleOptions {
   std::array<std::optional<MemoryKind>, kTensorClassCount> placement{};
   // Data parallel (docs/parallel.md): the ranks whose gradients each step sums, every rank
   // stepping on its own micro-batches of the global batch; null or one rank: this process alone.
-  // gpu mode on the CPU backend only, for now. Not owned.
+  // Every mode, on the CPU backend only for now; offload and layup sum span by span on the host
+  // (layup: as each block's backward ends, on its gradient consumer). Not owned.
   Communicator* ranks = nullptr;
 
   // The kind placement gives `tensor_class`, else `fallback`.

@@ -182,8 +182,11 @@ TrainResult train(TrainOptions options) {
               " micro-batches do not split evenly over ", ranks,
               " ranks: give a multiple of the rank count (each rank takes --grad-accum / ranks of "
               "every step's micro-batches)");
-  LAYUP_CHECK(ranks == 1 || options.mode == Mode::kGpu, "several ranks (mpirun) train in gpu mode ",
-              "only for now; use --mode gpu or one rank");
+  LAYUP_CHECK(ranks == 1 || options.optimizer_placement.blocks_on_disk() == 0,
+              "several ranks (mpirun) with blocks' state on disk (--optimizer-placement ",
+              options.optimizer_placement.name(),
+              ") are not supported yet: each rank would need a disk tier of its own; keep the "
+              "state on the host or run one rank");
   if (!leader) {
     options.checkpoints = false;
     options.eval_every = 0;

@@ -1,7 +1,7 @@
 """Data parallel on the CPU backend (docs/parallel.md): `mpirun -np 2 layup train` trains bit for
-bit like one process with the same global batch (each rank one of the step's two micro-batches),
-to fp32 rounding with two micro-batches a rank (another order of additions), and a checkpoint
-resumes with another rank count. Skipped where mpirun or an MPI build is missing."""
+bit like one process with the same global batch (each rank one of the step's two micro-batches)
+in every mode, to fp32 rounding with two micro-batches a rank (another order of additions), and a
+checkpoint resumes with another rank count. Skipped where mpirun or an MPI build is missing."""
 import os
 import shutil
 
@@ -14,8 +14,17 @@ from oracle_util import TINY_MODEL, binary, read_log, run, tiny_shards
 # One OpenMP thread a process: the CPU backend's sums are bitwise for a fixed thread count, and
 # mpirun binds each rank to a core.
 COMMON = [*TINY_MODEL, "--seq-len", "32", "--batch", "2", "--eval-every", "0", "--sample-tokens",
-          "0", "--warmup", "2", "--lr", "1e-3", "--min-lr", "1e-4", "--mode", "gpu", "--device",
-          "cpu", "--threads", "1", "--log-every", "1"]
+          "0", "--warmup", "2", "--lr", "1e-3", "--min-lr", "1e-4", "--device", "cpu", "--threads",
+          "1", "--log-every", "1"]
+# Every mode, and each way layup updates a block: as its gradient arrives (no clipping),
+# speculatively before the norm is known, or after it (deferred). Clipping at 1 is active.
+MODES = {
+    "gpu": ["--mode", "gpu"],
+    "offload": ["--mode", "offload"],
+    "layup-speculative": ["--mode", "layup", "--layup-clip", "speculative"],
+    "layup-deferred": ["--mode", "layup", "--layup-clip", "deferred"],
+    "layup-no-clip": ["--mode", "layup", "--clip", "none"],
+}
 # Open MPI refuses root without these (CI runs as root); --oversubscribe: CI has two cores.
 MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -50,8 +59,9 @@ def losses(run_dir):
     return [(r["step"], r["loss"], r["grad_norm"]) for r in read_log(run_dir) if "loss" in r]
 
 
-def test_two_ranks_train_bitwise_like_one_process(tmp_path, shards):
-    args = ["train", *COMMON, "--steps", "4", "--grad-accum", "2", "--data", shards]
+@pytest.mark.parametrize("mode", MODES)
+def test_two_ranks_train_bitwise_like_one_process(tmp_path, shards, mode):
+    args = ["train", *COMMON, *MODES[mode], "--steps", "4", "--grad-accum", "2", "--data", shards]
     run([binary("layup"), *args, "--out", tmp_path / "one"])
     result = ranks(2, [*args, "--out", tmp_path / "two"])
     assert "2 ranks (mpirun), 1 micro-batches of each step on each" in result.stderr
@@ -59,14 +69,16 @@ def test_two_ranks_train_bitwise_like_one_process(tmp_path, shards):
     assert result.stderr.count("step 4/4") == 1, result.stderr
     assert result.stdout.count("trained to step 4") == 1, result.stdout
     assert losses(tmp_path / "one") == losses(tmp_path / "two")
-    assert any(norm > 1.0 for _, _, norm in losses(tmp_path / "one")), "clipping was not exercised"
+    if "none" not in MODES[mode]:
+        assert any(norm > 1.0 for _, _, norm in losses(tmp_path / "one")), "no clipping exercised"
     assert files(tmp_path / "one" / "step-00000004") == files(tmp_path / "two" / "step-00000004")
 
 
-def test_two_micro_batches_a_rank_agree_to_rounding(tmp_path, shards):
+@pytest.mark.parametrize("mode", ["gpu", "layup-deferred"])
+def test_two_micro_batches_a_rank_agree_to_rounding(tmp_path, shards, mode):
     """Four micro-batches: one process adds them in turn, two ranks add pairs then the pairs, so
     the gradients differ in the last bits; the trajectories agree to fp32 rounding."""
-    args = ["train", *COMMON, "--steps", "4", "--grad-accum", "4", "--data", shards]
+    args = ["train", *COMMON, *MODES[mode], "--steps", "4", "--grad-accum", "4", "--data", shards]
     run([binary("layup"), *args, "--out", tmp_path / "one"])
     ranks(2, [*args, "--out", tmp_path / "two"])
     for (step, loss_one, _), (_, loss_two, _) in zip(losses(tmp_path / "one"),
@@ -79,12 +91,12 @@ def test_two_micro_batches_a_rank_agree_to_rounding(tmp_path, shards):
         assert error < 1e-4, f"{name}: relative error {error:.2e}"
 
 
-@pytest.mark.parametrize("first, then", [(2, 1), (1, 2)])
-def test_a_checkpoint_resumes_with_another_rank_count(tmp_path, shards, first, then):
-    args = ["train", *COMMON, "--steps", "4", "--grad-accum", "2", "--data", shards]
+@pytest.mark.parametrize("first, then, mode", [(2, 1, "gpu"), (1, 2, "gpu"), (2, 1, "layup-deferred"),
+                                              (1, 2, "offload")])
+def test_a_checkpoint_resumes_with_another_rank_count(tmp_path, shards, first, then, mode):
+    args = ["train", *COMMON, *MODES[mode], "--steps", "4", "--grad-accum", "2", "--data", shards]
     run([binary("layup"), *args, "--out", tmp_path / "straight"])
-    split = ["train", *COMMON, "--steps", "4", "--grad-accum", "2", "--data", shards,
-             "--until-step", "2", "--out", tmp_path / "split"]
+    split = [*args, "--until-step", "2", "--out", tmp_path / "split"]
     ranks(first, split) if first > 1 else run([binary("layup"), *split])
     resume = ["train", "--resume", tmp_path / "split", "--threads", "1", "--data", shards]
     ranks(then, resume) if then > 1 else run([binary("layup"), *resume])
@@ -94,10 +106,13 @@ def test_a_checkpoint_resumes_with_another_rank_count(tmp_path, shards, first, t
 
 @pytest.mark.parametrize("extra, words", [
     (["--grad-accum", "3"], "do not split evenly over 2 ranks"),
-    (["--grad-accum", "2", "--mode", "layup"], "gpu mode only for now"),
+    (["--grad-accum", "2", "--mode", "layup", "--clip", "none", "--offload-dir", "{tmp}",
+      "--optimizer-placement", "disk:1"], "blocks' state on disk"),
 ])
 def test_what_several_ranks_cannot_do_is_refused(tmp_path, shards, extra, words):
-    args = ["train", *COMMON, "--steps", "2", "--data", shards, *extra, "--out", tmp_path / "run"]
+    extra = [str(tmp_path) if arg == "{tmp}" else arg for arg in extra]
+    args = ["train", *COMMON, "--steps", "2", "--data", shards, *extra,
+            "--out", tmp_path / "run"]
     result = ranks(2, args, check=False)
     assert result.returncode != 0
     assert words in result.stderr, result.stderr
