@@ -1,6 +1,8 @@
 // DeviceBuffer: ownership of device memory, whatever the device.
 #include "backend/device.h"
 
+#include "core/error.h"
+
 namespace layup {
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
@@ -24,6 +26,13 @@ DeviceBuffer::~DeviceBuffer() {
 
 Device::Device(std::shared_ptr<MemoryAccountant> accountant)
     : accountant_(accountant ? std::move(accountant) : std::make_shared<MemoryAccountant>()) {}
+
+void Device::adamw_update_span_part(const ParameterLayout&, const Span&, size_t, size_t, float*,
+                                    const float*, float*, float*, const AdamWStep&) {
+  fail("the ", name(),
+       " device cannot update part of a span: the optimizer state is sharded "
+       "across ranks on the CPU backend only for now");
+}
 
 MemoryRecord Device::record(size_t count, TensorClass tensor_class, MemorySide side,
                             MemoryKind kind) const {

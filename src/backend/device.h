@@ -162,6 +162,12 @@ class Device {
   virtual void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
                                  const float* grads, float* m, float* v, const AdamWStep& step,
                                  void* bf16_weights) = 0;
+  // AdamW on elements [first, first + count) of one span, the buffers starting at element
+  // `first` (optim/adamw.h's adamw_update_span_part): a rank's part of the optimizer state. The
+  // base refuses: only the CPU device implements it for now.
+  virtual void adamw_update_span_part(const ParameterLayout& layout, const Span& span, size_t first,
+                                      size_t count, float* params, const float* grads, float* m,
+                                      float* v, const AdamWStep& step);
 
  protected:
   // A null accountant gives the device a ledger of its own.

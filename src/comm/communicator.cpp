@@ -27,6 +27,18 @@ class SingleProcess final : public Communicator {
   int size() const override { return 1; }
   void sum_in_rank_order(float*, size_t) override {}
   std::vector<double> gather(double value) override { return {value}; }
+  void reduce_scatter_in_rank_order(float*, std::span<const size_t>) override {}
+  void all_gather(float*, std::span<const size_t>) override {}
+  void all_gather(double*, std::span<const size_t>) override {}
+  void send(const uint64_t*, size_t, int to) override { no_rank(to); }
+  void receive(uint64_t*, size_t, int from) override { no_rank(from); }
+  void send(const float*, size_t, int to) override { no_rank(to); }
+  void receive(float*, size_t, int from) override { no_rank(from); }
+
+ private:
+  [[noreturn]] static void no_rank(int rank) {
+    fail("internal error: rank ", rank, " addressed in a run of one process");
+  }
 };
 
 // The ranks a launcher announced in the environment (Open MPI; MPICH and Slurm through PMI), or 1.
@@ -84,9 +96,104 @@ class MpiWorld final : public Communicator {
     return values;
   }
 
+  void reduce_scatter_in_rank_order(float* data, std::span<const size_t> bounds) override {
+    check_bounds(bounds);
+    // Round by round, each rank's next window of at most `window` floats of every shard: packed
+    // into one send buffer so that MPI's int displacements stay small whatever the model.
+    const size_t window = std::max<size_t>(1, kRoundFloats / size_);
+    const size_t mine_at = bounds[rank_];
+    packed_.resize(window * size_);
+    received_.resize(window * size_);
+    for (size_t at = 0; at < longest_shard(bounds); at += window) {
+      std::vector<int> lengths(size_), starts(size_);
+      for (int r = 0; r < size_; ++r) {
+        const size_t shard = bounds[r + 1] - bounds[r];
+        lengths[r] = static_cast<int>(at < shard ? std::min(window, shard - at) : 0);
+        starts[r] = static_cast<int>(window * r);
+        std::copy_n(data + bounds[r] + at, lengths[r], packed_.data() + window * r);
+      }
+      const int length = lengths[rank_];
+      std::vector<int> receive_lengths(size_, length);
+      check_mpi(
+          MPI_Alltoallv(packed_.data(), lengths.data(), starts.data(), MPI_FLOAT, received_.data(),
+                        receive_lengths.data(), starts.data(), MPI_FLOAT, MPI_COMM_WORLD),
+          "MPI_Alltoallv");
+      for (int i = 0; i < length; ++i) {
+        float sum = 0.0f;  // +0, as in sum_round
+        for (int r = 0; r < size_; ++r) sum += received_[window * r + i];
+        data[mine_at + at + i] = sum;
+      }
+    }
+  }
+
+  void all_gather(float* data, std::span<const size_t> bounds) override {
+    gather_shards(data, bounds, MPI_FLOAT);
+  }
+  void all_gather(double* data, std::span<const size_t> bounds) override {
+    gather_shards(data, bounds, MPI_DOUBLE);
+  }
+
+  void send(const uint64_t* words, size_t count, int to) override {
+    check_mpi(MPI_Send(words, static_cast<int>(count), MPI_UINT64_T, to, kWordsTag, MPI_COMM_WORLD),
+              "MPI_Send");
+  }
+  void receive(uint64_t* words, size_t count, int from) override {
+    check_mpi(MPI_Recv(words, static_cast<int>(count), MPI_UINT64_T, from, kWordsTag,
+                       MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+              "MPI_Recv");
+  }
+  void send(const float* data, size_t count, int to) override {
+    for (size_t at = 0; at < count; at += kRoundFloats)
+      check_mpi(MPI_Send(data + at, static_cast<int>(std::min(kRoundFloats, count - at)), MPI_FLOAT,
+                         to, kFloatsTag, MPI_COMM_WORLD),
+                "MPI_Send");
+  }
+  void receive(float* data, size_t count, int from) override {
+    for (size_t at = 0; at < count; at += kRoundFloats)
+      check_mpi(MPI_Recv(data + at, static_cast<int>(std::min(kRoundFloats, count - at)), MPI_FLOAT,
+                         from, kFloatsTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+                "MPI_Recv");
+  }
+
  private:
   // 4 MiB of floats: what one round of sum_in_rank_order exchanges.
   static constexpr size_t kRoundFloats = size_t{1} << 20;
+  static constexpr int kWordsTag = 1, kFloatsTag = 2;
+
+  void check_bounds(std::span<const size_t> bounds) const {
+    LAYUP_CHECK(bounds.size() == static_cast<size_t>(size_) + 1 && bounds.front() == 0,
+                "internal error: shard bounds for ", bounds.size() - 1, " ranks, not ", size_);
+  }
+
+  static size_t longest_shard(std::span<const size_t> bounds) {
+    size_t longest = 0;
+    for (size_t r = 0; r + 1 < bounds.size(); ++r)
+      longest = std::max(longest, bounds[r + 1] - bounds[r]);
+    return longest;
+  }
+
+  // all_gather for floats or doubles, in rounds of at most kRoundFloats elements a rank, through
+  // a packed buffer as in reduce_scatter_in_rank_order.
+  template <class T>
+  void gather_shards(T* data, std::span<const size_t> bounds, MPI_Datatype type) {
+    check_bounds(bounds);
+    const size_t window = std::max<size_t>(1, kRoundFloats / size_);
+    std::vector<T> mine(window), all(window * size_);
+    for (size_t at = 0; at < longest_shard(bounds); at += window) {
+      std::vector<int> lengths(size_), starts(size_);
+      for (int r = 0; r < size_; ++r) {
+        const size_t shard = bounds[r + 1] - bounds[r];
+        lengths[r] = static_cast<int>(at < shard ? std::min(window, shard - at) : 0);
+        starts[r] = static_cast<int>(window * r);
+      }
+      std::copy_n(data + bounds[rank_] + at, lengths[rank_], mine.data());
+      check_mpi(MPI_Allgatherv(mine.data(), lengths[rank_], type, all.data(), lengths.data(),
+                               starts.data(), type, MPI_COMM_WORLD),
+                "MPI_Allgatherv");
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_) std::copy_n(all.data() + window * r, lengths[r], data + bounds[r] + at);
+    }
+  }
 
   void sum_round(float* data, size_t count) {
     // Shard j: [start[j], start[j] + length[j]), as even as the count allows.
@@ -117,6 +224,7 @@ class MpiWorld final : public Communicator {
 
   int rank_ = 0, size_ = 1;
   std::vector<float> received_;  // at most kRoundFloats
+  std::vector<float> packed_;    // reduce_scatter_in_rank_order's send buffer, as large
 };
 
 #endif

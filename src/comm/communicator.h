@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 namespace layup {
@@ -22,6 +24,20 @@ class Communicator {
   virtual void sum_in_rank_order(float* data, size_t count) = 0;
   // Every rank's `value`, indexed by rank.
   virtual std::vector<double> gather(double value) = 0;
+
+  // Sharded vectors (ZeRO-1, docs/parallel.md): rank r owns elements [bounds[r], bounds[r + 1])
+  // of a vector; `bounds` has size() + 1 entries, from 0 to the vector's length, non-decreasing.
+  // Every rank's `data` summed as sum_in_rank_order sums it, into the shard this rank owns only;
+  // the rest of this rank's `data` is left as it was.
+  virtual void reduce_scatter_in_rank_order(float* data, std::span<const size_t> bounds) = 0;
+  // Every rank's own shard of `data` copied into the others' `data`.
+  virtual void all_gather(float* data, std::span<const size_t> bounds) = 0;
+  virtual void all_gather(double* data, std::span<const size_t> bounds) = 0;
+  // Point to point, in order between two ranks: a rank asking another for part of what it owns.
+  virtual void send(const uint64_t* words, size_t count, int to) = 0;
+  virtual void receive(uint64_t* words, size_t count, int from) = 0;
+  virtual void send(const float* data, size_t count, int to) = 0;
+  virtual void receive(float* data, size_t count, int from) = 0;
   // Every rank's `value` added from +0 in rank order (the same on every rank).
   double sum_in_rank_order(double value) {
     double sum = 0.0;

@@ -78,6 +78,8 @@ struct MemoryPlanRequest {
   // through the checkpoint writer's or reader's scratch; else only the span's state on its way in
   // (`bench` initialises span by span and saves nothing).
   bool streams_checkpoints = true;
+  // The ranks `mpirun` started: gpu mode splits the AdamW moments across them (ZeRO-1).
+  int ranks = 1;
 };
 
 // A flag the user could add, and the request it makes.

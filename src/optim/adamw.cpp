@@ -36,4 +36,17 @@ void adamw_update_span(const ParameterLayout& layout, const Span& span, float* p
   }
 }
 
+void adamw_update_span_part(const ParameterLayout& layout, const Span& span, size_t first,
+                            size_t count, float* params, const float* grads, float* m, float* v,
+                            const AdamWStep& step) {
+  const size_t end = first + count;
+  for (const TensorSpec& tensor : layout.tensors_in(span)) {
+    const size_t begin = std::max(first, tensor.offset_in_span);
+    const size_t stop = std::min(end, tensor.offset_in_span + tensor.count);
+    if (begin >= stop) continue;
+    const size_t at = begin - first;
+    adamw_update(params + at, grads + at, m + at, v + at, stop - begin, step, tensor.weight_decay);
+  }
+}
+
 }  // namespace layup

@@ -37,4 +37,11 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
 void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
                        const float* grads, float* m, float* v, const AdamWStep& step);
 
+// Updates elements [first, first + count) of a span, the buffers starting at element `first`:
+// the same bits adamw_update_span gives those elements (each element's update is its own), for a
+// rank that owns part of the optimizer state (docs/parallel.md).
+void adamw_update_span_part(const ParameterLayout& layout, const Span& span, size_t first,
+                            size_t count, float* params, const float* grads, float* m, float* v,
+                            const AdamWStep& step);
+
 }  // namespace layup

@@ -95,6 +95,12 @@ class Schedule {
   // `out` (a checkpoint pass that writes only the weights, or only one moment).
   virtual void export_span(size_t index, const SpanState& out) const = 0;
   virtual void import_span(size_t index, const ConstSpanState& in) = 0;
+  // Where the optimizer state is split across ranks (ZeRO-1), rank 0's export_span asks the
+  // other ranks for what they own: while rank 0 exports (a checkpoint), every other rank calls
+  // serve_exports, which answers until rank 0 calls end_exports. Every rank imports every span
+  // and keeps its part. Nothing to do where each rank holds the whole state.
+  virtual void serve_exports() {}
+  virtual void end_exports() {}
 
   // The whole model's state, through export_span and import_span: 12 bytes a parameter on the
   // host, for models that fit there.
@@ -174,6 +180,10 @@ struct ScheduleOptions {
   // Every mode, on the CPU backend only for now; offload and layup sum span by span on the host
   // (layup: as each block's backward ends, on its gradient consumer). Not owned.
   Communicator* ranks = nullptr;
+  // gpu mode: the ranks its AdamW moments are split across (ZeRO-1: each rank keeps and updates
+  // its shard, schedule/optimizer_shards.h); 1: every rank keeps them whole. The count is known
+  // when the run is planned, the communicator only when it is built: both must agree.
+  int optimizer_shards = 1;
 
   // The kind placement gives `tensor_class`, else `fallback`.
   MemoryKind kind_of(TensorClass tensor_class, MemoryKind fallback) const {

@@ -187,6 +187,9 @@ TrainResult train(TrainOptions options) {
               options.optimizer_placement.name(),
               ") are not supported yet: each rank would need a disk tier of its own; keep the "
               "state on the host or run one rank");
+  // Every rank takes part in a checkpoint (the optimizer state may be split across them); rank 0
+  // alone writes it.
+  const bool run_checkpoints = options.checkpoints;
   if (!leader) {
     options.checkpoints = false;
     options.eval_every = 0;
@@ -237,6 +240,7 @@ TrainResult train(TrainOptions options) {
   RunRequest request = run_request_of(options);
   request.plan.data_bytes = token_shard_bytes(shards);
   request.plan.streams_checkpoints = options.checkpoints || !resumed_from.empty();
+  request.plan.ranks = ranks;
   const PlannedRun planned = plan_run(request);
   const MemoryPlan& memory_plan = planned.plan;
   if (options.checkpoints && memory_plan.disk_bytes > 0 &&
@@ -489,9 +493,11 @@ TrainResult train(TrainOptions options) {
     int stop = StopSignals::requested();
     if (ranks > 1)
       for (double seen : world->gather(stop)) stop = std::max(stop, static_cast<int>(seen));
-    if (options.checkpoints &&
-        ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) || last || stop))
-      save(done);
+    if (run_checkpoints &&
+        ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) || last || stop)) {
+      if (leader) save(done);
+      if (ranks > 1) leader ? schedule->end_exports() : schedule->serve_exports();
+    }
     if (stop && !last) {
       result.stopped_by = StopSignals::name(stop);
       log.write({{"step", done}, {"stopped_by", result.stopped_by}});

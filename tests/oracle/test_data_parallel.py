@@ -75,6 +75,29 @@ def test_two_ranks_train_bitwise_like_one_process(tmp_path, shards, mode):
 
 
 @pytest.mark.parametrize("mode", ["gpu", "layup-deferred"])
+def moments_bytes(stderr):
+    """The plan's bytes of AdamW m on this rank (the line `layup train` prints)."""
+    units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    for line in stderr.splitlines():
+        if "AdamW m" in line and "optimizer moments" in line:
+            words = line.split()
+            at = words.index("moments") + 2  # class, kind, then the size and its unit
+            return float(words[at]) * units[words[at + 1]]
+    raise AssertionError("no AdamW m line in the plan:\n" + stderr)
+
+
+def test_three_ranks_split_the_moments_and_train_bitwise(tmp_path, shards):
+    """ZeRO-1: each of three ranks keeps a third of the moments (the shards cut the embeddings'
+    span), and the run's losses and checkpoint are still those of one process."""
+    args = ["train", *COMMON, *MODES["gpu"], "--steps", "3", "--grad-accum", "3", "--data", shards]
+    one = run([binary("layup"), *args, "--out", tmp_path / "one"])
+    three = ranks(3, [*args, "--out", tmp_path / "three"])
+    assert "this rank's shard of 3 (ZeRO-1)" in three.stderr, three.stderr
+    assert moments_bytes(three.stderr) < 0.4 * moments_bytes(one.stderr)
+    assert losses(tmp_path / "one") == losses(tmp_path / "three")
+    assert files(tmp_path / "one" / "step-00000003") == files(tmp_path / "three" / "step-00000003")
+
+
 def test_two_micro_batches_a_rank_agree_to_rounding(tmp_path, shards, mode):
     """Four micro-batches: one process adds them in turn, two ranks add pairs then the pairs, so
     the gradients differ in the last bits; the trajectories agree to fp32 rounding."""

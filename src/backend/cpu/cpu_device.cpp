@@ -76,6 +76,12 @@ class CpuDevice final : public Device {
     layup::adamw_update_span(layout, span, params, grads, m, v, step);
   }
 
+  void adamw_update_span_part(const ParameterLayout& layout, const Span& span, size_t first,
+                              size_t count, float* params, const float* grads, float* m, float* v,
+                              const AdamWStep& step) override {
+    layup::adamw_update_span_part(layout, span, first, count, params, grads, m, v, step);
+  }
+
  private:
   static float* zeroed_floats(size_t count) {
     // 64-byte alignment: whole cache lines and aligned AVX-512 loads.
