@@ -27,6 +27,14 @@ DeviceBuffer::~DeviceBuffer() {
 Device::Device(std::shared_ptr<MemoryAccountant> accountant)
     : accountant_(accountant ? std::move(accountant) : std::make_shared<MemoryAccountant>()) {}
 
+std::vector<uint8_t> Device::new_collectives_id() {
+  fail("the ", name(), " device has no collectives of its own (several ranks sum in host memory)");
+}
+
+std::unique_ptr<DeviceCollectives> Device::join_collectives(const std::vector<uint8_t>&, int, int) {
+  fail("the ", name(), " device has no collectives of its own (several ranks sum in host memory)");
+}
+
 void Device::adamw_update_span_part(const ParameterLayout&, const Span&, size_t, size_t, float*,
                                     const float*, float*, float*, const AdamWStep&) {
   fail("the ", name(),

@@ -17,9 +17,11 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "memory/memory_accountant.h"
 #include "memory/planned_allocation.h"
@@ -71,6 +73,16 @@ class DeviceFence {
 struct DeviceKinds {
   MemoryKind own = MemoryKind::kHost;
   MemoryKind host_copy = MemoryKind::kHost;
+};
+
+// Collectives across the ranks of a data-parallel run over buffers in a device's memory (NCCL on
+// CUDA), issued in order with the device's other work.
+class DeviceCollectives {
+ public:
+  virtual ~DeviceCollectives() = default;
+  // Every rank's `count` floats (device memory) summed element by element from +0 in rank order,
+  // into every rank's `data`: the bits Communicator::sum_in_rank_order gives in host memory.
+  virtual void sum_in_rank_order(float* data, size_t count) = 0;
 };
 
 class Device {
@@ -165,6 +177,12 @@ class Device {
   // AdamW on elements [first, first + count) of one span, the buffers starting at element
   // `first` (optim/adamw.h's adamw_update_span_part): a rank's part of the optimizer state. The
   // base refuses: only the CPU device implements it for now.
+  // Data parallel on this device's memory (docs/parallel.md): rank 0 makes an id and hands it to
+  // every rank, which then joins the others with it (all at once). The base has no collectives of
+  // its own: the CPU backend sums in host memory, through comm/.
+  virtual std::vector<uint8_t> new_collectives_id();
+  virtual std::unique_ptr<DeviceCollectives> join_collectives(const std::vector<uint8_t>& id,
+                                                              int rank, int ranks);
   virtual void adamw_update_span_part(const ParameterLayout& layout, const Span& span, size_t first,
                                       size_t count, float* params, const float* grads, float* m,
                                       float* v, const AdamWStep& step);

@@ -25,6 +25,8 @@ class SingleProcess final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  void broadcast(std::vector<uint8_t>&, int) override {}
   void sum_in_rank_order(float*, size_t) override {}
   std::vector<double> gather(double value) override { return {value}; }
   void reduce_scatter_in_rank_order(float*, std::span<const size_t>) override {}
@@ -76,10 +78,24 @@ class MpiWorld final : public Communicator {
     }
     check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+    // The ranks that share this host's memory: this rank's place among them.
+    MPI_Comm host = MPI_COMM_NULL;
+    check_mpi(
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host),
+        "MPI_Comm_split_type");
+    check_mpi(MPI_Comm_rank(host, &local_rank_), "MPI_Comm_rank");
+    MPI_Comm_free(&host);
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+
+  void broadcast(std::vector<uint8_t>& bytes, int root) override {
+    check_mpi(
+        MPI_Bcast(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, root, MPI_COMM_WORLD),
+        "MPI_Bcast");
+  }
 
   void sum_in_rank_order(float* data, size_t count) override {
     if (size_ == 1) return;
@@ -222,7 +238,7 @@ class MpiWorld final : public Communicator {
               "MPI_Allgatherv");
   }
 
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
   std::vector<float> received_;  // at most kRoundFloats
   std::vector<float> packed_;    // reduce_scatter_in_rank_order's send buffer, as large
 };

@@ -17,6 +17,10 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // This rank's index among the ranks on its host (0 ..): which of the host's GPUs it takes.
+  virtual int local_rank() const = 0;
+  // `bytes` of rank `root` copied into every other rank's (the same size on every rank).
+  virtual void broadcast(std::vector<uint8_t>& bytes, int root) = 0;
   // Every rank's `count` floats summed element by element, into every rank's `data` (host
   // memory), starting from +0 and adding rank 0's, then rank 1's, ...: the float additions one
   // process makes summing the same values in that order, so the result is the same bits on every

@@ -26,6 +26,14 @@ bool cuda_usable(std::string* why) {
 
 }  // namespace
 
+void use_gpu_of_local_rank(int local_rank) {
+#ifdef LAYUP_HAVE_CUDA
+  use_cuda_device_of_local_rank(local_rank);
+#else
+  (void)local_rank;
+#endif
+}
+
 ComputeTarget resolve_compute_target(const ComputeTarget& requested) {
   ComputeTarget target = requested;
   std::string why;

@@ -29,6 +29,10 @@ struct ComputeTarget {
 // saying why and what to use instead.
 ComputeTarget resolve_compute_target(const ComputeTarget& requested);
 
+// Data parallel: this process takes GPU `local_rank` of its host for the rest of the run (where a
+// GPU is usable; nothing otherwise). Call it before anything else touches CUDA.
+void use_gpu_of_local_rank(int local_rank);
+
 struct BackendAndDevice {
   std::unique_ptr<ModelBackend> backend;
   std::unique_ptr<Device> device;

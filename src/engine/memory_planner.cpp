@@ -33,6 +33,7 @@ BufferList backend_and_device_buffers(const MemoryPlanRequest& r, const Placemen
       r.config, r.batch, r.seq_len, dtype, r.recompute,
       {placement[TensorClass::kActivations], placement[TensorClass::kScratch]});
   append(list, cuda_device_buffers());
+  if (r.ranks > 1) append(list, cuda_collectives_buffers());
   return list;
 }
 

@@ -78,10 +78,16 @@ class GpuSchedule final : public Schedule {
         adam_v_(device_->allocate(buffers_.v)),
         span_sums_(*device_, layout.spans().size()),
         ranks_(options.ranks) {
-    LAYUP_CHECK(rank_count() == 1 || device_->kinds().own == MemoryKind::kHost,
-                "several ranks (mpirun) train on the CPU backend only for now: the gradients are "
-                "summed over MPI in host memory (NCCL for GPUs is to come); use --device cpu or "
-                "one rank");
+    if (rank_count() > 1 && device_->kinds().own != MemoryKind::kHost) {
+      // The gradients stay in device memory: summed by the device's collectives (NCCL), whose id
+      // rank 0 makes and MPI hands on.
+      std::vector<uint8_t> id = ranks_->rank() == 0 ? device_->new_collectives_id()
+                                                    : std::vector<uint8_t>(kCollectivesIdBytes);
+      LAYUP_CHECK(id.size() == kCollectivesIdBytes, "internal error: a collectives id of ",
+                  id.size(), " bytes");
+      ranks_->broadcast(id, 0);
+      collectives_ = device_->join_collectives(id, ranks_->rank(), rank_count());
+    }
     LAYUP_CHECK(options.optimizer_shards == 1 || options.optimizer_shards == rank_count(),
                 "internal error: the run was planned for ", options.optimizer_shards, " ranks but ",
                 rank_count(), " run it");
@@ -132,7 +138,10 @@ class GpuSchedule final : public Schedule {
       // Every rank's gradient summed in rank order, as one process accumulating the ranks'
       // micro-batches in that order would (bitwise where each rank has one); the losses alike.
       TraceSpan traced(trace_, device_track_, "sum_over_ranks");
-      ranks_->sum_in_rank_order(grads_.data(), grads_.count());
+      if (collectives_)
+        collectives_->sum_in_rank_order(grads_.data(), grads_.count());
+      else
+        ranks_->sum_in_rank_order(grads_.data(), grads_.count());
       loss_sum = ranks_->sum_in_rank_order(loss_sum);
     }
 
@@ -329,6 +338,10 @@ class GpuSchedule final : public Schedule {
   DeviceBuffer accumulated_;
   Communicator* ranks_;                    // data parallel; null: this process alone
   std::optional<OptimizerShards> shards_;  // ZeRO-1: the moments split across the ranks
+  // Where several ranks train on GPUs: their sums in device memory (NCCL).
+  std::unique_ptr<DeviceCollectives> collectives_;
+  // NCCL's unique id: 128 bytes (ncclUniqueId), the size every rank receives it in.
+  static constexpr size_t kCollectivesIdBytes = 128;
 
   int rank_count() const { return ranks_ ? ranks_->size() : 1; }
 };

@@ -20,7 +20,8 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
               "lie, and --place master=host puts them where the GPU cannot read; use "
               "master=pinned (the default) or leave the weights on the device");
   options.host_gradient = r.mode != Mode::kLayup || r.clip > 0.0f || r.grad_accum > 1;
-  options.optimizer_shards = r.mode == Mode::kGpu ? r.ranks : 1;
+  // ZeRO-1 on the CPU backend for now; on GPUs every rank keeps the whole state.
+  options.optimizer_shards = r.mode == Mode::kGpu && !cuda ? r.ranks : 1;
   // auto: where host and device share one memory, the spare copy would come out of what the
   // activations need.
   const int disk_blocks = r.mode == Mode::kLayup ? r.optimizer_placement.blocks_on_disk() : 0;

@@ -178,6 +178,8 @@ TrainResult train(TrainOptions options) {
   const std::unique_ptr<Communicator> world = make_world_communicator();
   const int rank = world->rank(), ranks = world->size();
   const bool leader = rank == 0;
+  // One GPU a rank, before anything else touches CUDA.
+  if (ranks > 1 && options.device != DeviceKind::kCpu) use_gpu_of_local_rank(world->local_rank());
   LAYUP_CHECK(options.grad_accum % ranks == 0, "--grad-accum ", options.grad_accum,
               " micro-batches do not split evenly over ", ranks,
               " ranks: give a multiple of the rank count (each rank takes --grad-accum / ranks of "
@@ -254,9 +256,10 @@ TrainResult train(TrainOptions options) {
   const MemoryBudgets& budgets = planned.budgets;
   options.device = planned.target.device;
   options.dtype = planned.target.dtype;
-  LAYUP_CHECK(ranks == 1 || options.device == DeviceKind::kCpu,
-              "several ranks (mpirun) train on the CPU backend only for now (NCCL for GPUs is to "
-              "come); add --device cpu or run one rank");
+  LAYUP_CHECK(ranks == 1 || options.device == DeviceKind::kCpu || options.mode == Mode::kGpu,
+              "several ranks (mpirun) on GPUs train in gpu mode only for now (offload and layup "
+              "sum on the host, which the CPU backend alone does yet); use --mode gpu, --device "
+              "cpu or one rank");
   const ModelConfig& config = options.model;
   const TokenDataset train_data(shards.train, config.vocab_size);
   const TokenDataset val_data(shards.val, config.vocab_size);

@@ -74,7 +74,6 @@ def test_two_ranks_train_bitwise_like_one_process(tmp_path, shards, mode):
     assert files(tmp_path / "one" / "step-00000004") == files(tmp_path / "two" / "step-00000004")
 
 
-@pytest.mark.parametrize("mode", ["gpu", "layup-deferred"])
 def moments_bytes(stderr):
     """The plan's bytes of AdamW m on this rank (the line `layup train` prints)."""
     units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
@@ -98,6 +97,7 @@ def test_three_ranks_split_the_moments_and_train_bitwise(tmp_path, shards):
     assert files(tmp_path / "one" / "step-00000003") == files(tmp_path / "three" / "step-00000003")
 
 
+@pytest.mark.parametrize("mode", ["gpu", "layup-deferred"])
 def test_two_micro_batches_a_rank_agree_to_rounding(tmp_path, shards, mode):
     """Four micro-batches: one process adds them in turn, two ranks add pairs then the pairs, so
     the gradients differ in the last bits; the trajectories agree to fp32 rounding."""

@@ -77,6 +77,13 @@ BufferList cuda_backend_buffers(const ModelConfig& config, int max_batch, int ma
       .list();
 }
 
+BufferList cuda_collectives_buffers() {
+  // 64 MiB: long enough for NVLink's bandwidth, small beside a model.
+  return {{MemorySide::kDevice, TensorClass::kScratch, MemoryKind::kDevice,
+           kNcclRoundFloats * sizeof(float),
+           "the ranks' pieces of the gradient being summed, one round (NCCL)"}};
+}
+
 BufferList cuda_device_buffers() {
   return {{MemorySide::kDevice, TensorClass::kScratch, MemoryKind::kDevice,
            kCudaDeviceNormPartials * sizeof(double), "gradient-norm partial sums"}};

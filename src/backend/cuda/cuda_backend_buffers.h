@@ -79,4 +79,10 @@ BufferList cuda_backend_buffers(const ModelConfig& config, int max_batch, int ma
 // The CUDA device's own buffers: the gradient norm's partial sums.
 BufferList cuda_device_buffers();
 
+// What the CUDA device's collectives (NCCL, several ranks) allocate: one round's receive buffer,
+// whatever the model.
+BufferList cuda_collectives_buffers();
+// The floats of that round.
+constexpr size_t kNcclRoundFloats = size_t{1} << 24;
+
 }  // namespace layup

@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_memory.h"
+#include "backend/cuda/nccl_collectives.h"
 #include "backend/cuda/ops/cast.cuh"
 #include "backend/cuda/ops/common.cuh"
 #include "optim/adamw_simd.h"
@@ -242,6 +243,12 @@ class CudaDevice final : public Device {
   MemoryKind memory_kind() const override { return MemoryKind::kDevice; }
   MemoryKind host_memory_kind() const override { return MemoryKind::kPinnedMapped; }
 
+  std::vector<uint8_t> new_collectives_id() override { return new_nccl_id(); }
+  std::unique_ptr<DeviceCollectives> join_collectives(const std::vector<uint8_t>& id, int rank,
+                                                      int ranks) override {
+    return make_nccl_collectives(*this, id, rank, ranks);
+  }
+
   DeviceBuffer allocate_kind(size_t count, TensorClass tensor_class, MemorySide side,
                              MemoryKind kind) override {
     auto* data = static_cast<float*>(
@@ -361,6 +368,18 @@ class CudaDevice final : public Device {
 };
 
 }  // namespace
+
+void use_cuda_device_of_local_rank(int local_rank) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();  // no GPU: the run resolves to the CPU, or says why it cannot
+    return;
+  }
+  LAYUP_CHECK(local_rank < count, "rank ", local_rank,
+              " of this host has no GPU of its own: ", count,
+              " visible (CUDA_VISIBLE_DEVICES); start at most ", count, " ranks a host");
+  LAYUP_CUDA_CHECK(cudaSetDevice(local_rank));
+}
 
 bool cuda_device_available(std::string* why) {
   // Asked once: the answer cannot change within a process.

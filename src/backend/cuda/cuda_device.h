@@ -25,6 +25,11 @@ namespace layup {
 // (when not null) says what is missing, e.g. for a test's skip message.
 bool cuda_device_available(std::string* why);
 
+// Makes GPU `local_rank` (of those visible) this process's for every CUDA call after it: one GPU
+// per rank of a data-parallel run on a host; nothing where no GPU is visible. Throws layup::Error
+// where the host has fewer GPUs than ranks. Call it before any other CUDA call.
+void use_cuda_device_of_local_rank(int local_rank);
+
 // CUDA device 0's memory attributes as the driver reports them (the first GPU
 // CUDA_VISIBLE_DEVICES leaves); without a usable GPU, assumed_cuda_memory_attributes().
 DeviceMemoryAttributes read_cuda_memory_attributes();
