@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "engine/calibration.h"
 #include "io/atomic_file.h"
@@ -112,12 +113,18 @@ void add_bench_command(CLI::App& app) {
     options.place = place_flags_with_plan(flags->plan_path, options.place);
     apply_threads_flag(flags->threads);
 
-    std::fprintf(stderr, "layup bench: %s, batch %dx%d, %d warm-up + %d timed steps, mode %s\n",
-                 options.model_name.c_str(), options.batch, options.seq_len, options.warmup_steps,
-                 options.steps, name_of(options.mode).c_str());
+    // Under mpirun rank 0 alone prints; the others time their share of the batch along with it.
+    const bool prints = launched_rank() == 0;
+    if (prints)
+      std::fprintf(stderr, "layup bench: %s, batch %dx%d, %d warm-up + %d timed steps, mode %s\n",
+                   options.model_name.c_str(), options.batch, options.seq_len, options.warmup_steps,
+                   options.steps, name_of(options.mode).c_str());
     const BenchmarkResult result = run_benchmark(options, stderr);
+    if (!prints) return;
     std::printf("%s", format_benchmark_table(options, result).c_str());
-    const nlohmann::json predicted = print_predicted(result, flags->calibration_path);
+    // The step-time model knows one rank: no prediction for several.
+    const nlohmann::json predicted =
+        result.ranks > 1 ? nlohmann::json() : print_predicted(result, flags->calibration_path);
     if (!flags->json_path.empty()) {
       nlohmann::json json = benchmark_json(options, result, own_command_line());
       json["predicted"] = predicted;

@@ -51,6 +51,17 @@ int launched_ranks() {
   return 1;
 }
 
+}  // namespace
+
+int launched_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+    if (const char* value = std::getenv(name)) return std::max(0, std::atoi(value));
+  }
+  return 0;
+}
+
+namespace {
+
 #if LAYUP_HAVE_MPI
 
 void check_mpi(int status, const char* call) {

@@ -58,6 +58,10 @@ std::unique_ptr<Communicator> make_single_process_communicator();
 // several ranks but this build has no MPI.
 std::unique_ptr<Communicator> make_world_communicator();
 
+// This process's rank as the launcher announced it in the environment (0 without a launcher),
+// readable before MPI starts: whether it is the rank that prints.
+int launched_rank();
+
 // The end of a command that succeeded: MPI finalised if it was started (every rank calls it).
 void finish_ranks();
 

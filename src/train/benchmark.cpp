@@ -13,6 +13,7 @@
 #include <span>
 #include <utility>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/token_dataset.h"
@@ -137,11 +138,21 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
               "--steps must be positive and --warmup not negative");
   check_thread_count("--cpu-workers", options.cpu_workers);
   if (!options.trace_path.empty()) check_trace_path(options.trace_path);
+  // Several ranks (mpirun, docs/parallel.md): --grad-accum is the global batch, each rank times
+  // its share of it, and rank 0 alone reports (log is null on the others).
+  const std::unique_ptr<Communicator> world = make_world_communicator();
+  const int ranks = world->size();
+  LAYUP_CHECK(options.grad_accum % ranks == 0, "--grad-accum ", options.grad_accum,
+              " micro-batches do not split evenly over ", ranks,
+              " ranks: give a multiple of the rank count");
+  if (ranks > 1 && options.device != DeviceKind::kCpu) use_gpu_of_local_rank(world->local_rank());
+  if (world->rank() != 0) log = nullptr;
 
   // The run resolved and its memory plan checked against the budgets before anything is
   // allocated.
   RunRequest run_request = run_request_of(options);
   run_request.plan.streams_checkpoints = false;
+  run_request.plan.ranks = ranks;
   const PlannedRun planned = plan_run(run_request);
   const MemoryPlan& memory_plan = planned.plan;
   const MemoryPlanRequest& request = memory_plan.request;
@@ -177,7 +188,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   const ParameterLayout layout(config);
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
-  BuiltRun built = build_run(planned);
+  BuiltRun built = build_run(planned, world.get());
   const std::shared_ptr<MemoryAccountant> accountant = built.accountant;
   std::unique_ptr<Schedule> schedule = std::move(built.schedule);
   result.schedule = planned.describe_schedule();
@@ -196,8 +207,8 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   schedule->initialize_fresh(options.seed);
 
   // Uniform random token ids, the same for every step: the timing does not depend on the values.
-  Rng rng(options.seed);
-  std::vector<TokenBatchBuffer> buffers(options.grad_accum);
+  Rng rng(options.seed + static_cast<uint64_t>(world->rank()));
+  std::vector<TokenBatchBuffer> buffers(options.grad_accum / ranks);
   std::vector<TokenBatch> micro_batches;
   const size_t tokens = static_cast<size_t>(options.batch) * options.seq_len;
   for (TokenBatchBuffer& buffer : buffers) {
@@ -272,7 +283,8 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     trace->write(options.trace_path);
   }
 
-  if (cpu_adamw_rate > 0.0 && options.measure_floor) {
+  result.ranks = ranks;
+  if (cpu_adamw_rate > 0.0 && options.measure_floor && ranks == 1) {
     schedule.reset();  // its device memory goes before the floor's backend takes its own
     try {
       const auto [forward_ms, backward_ms] =
@@ -338,6 +350,8 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
                    (static_cast<int>(result.step_ms.size()) < options.steps
                         ? " (of " + std::to_string(options.steps) + ": out of time)"
                         : std::string()));
+  if (result.ranks > 1)
+    row("ranks", std::to_string(result.ranks) + " (mpirun): tokens/s of all; memory, rank 0's");
   row("tokens/s", number("%.0f", result.tokens_per_s));
   row("ms/step", number("median %.2f", result.median_ms) + number(", min %.2f", result.min_ms) +
                      number(", max %.2f", result.max_ms));
@@ -400,6 +414,7 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"batch", options.batch},
       {"seq_len", options.seq_len},
       {"grad_accum", options.grad_accum},
+      {"ranks", result.ranks},
       {"warmup_steps", options.warmup_steps},
       {"steps", options.steps},
       {"warmup_steps_run", result.warmup_steps_run},

@@ -84,7 +84,8 @@ struct BenchmarkResult {
   DeviceKind device = DeviceKind::kCpu;  // resolved
   Dtype dtype = Dtype::kFp32;            // resolved
   std::string device_name;               // the GPU's name, or the CPU model
-  long long tokens_per_step = 0;
+  long long tokens_per_step = 0;         // the global batch: every rank's
+  int ranks = 1;                         // the ranks mpirun started; rank 0's figures are reported
   std::vector<double> step_ms;  // every timed step, in order (fewer than asked when time-limited)
   int warmup_steps_run = 0;     // warm-up steps run (fewer than asked when time-limited)
   double median_ms = 0.0, min_ms = 0.0, max_ms = 0.0;

@@ -2,6 +2,7 @@
 bit like one process with the same global batch (each rank one of the step's two micro-batches)
 in every mode, to fp32 rounding with two micro-batches a rank (another order of additions), and a
 checkpoint resumes with another rank count. Skipped where mpirun or an MPI build is missing."""
+import json
 import os
 import shutil
 
@@ -95,6 +96,19 @@ def test_three_ranks_split_the_moments_and_train_bitwise(tmp_path, shards):
     assert moments_bytes(three.stderr) < 0.4 * moments_bytes(one.stderr)
     assert losses(tmp_path / "one") == losses(tmp_path / "three")
     assert files(tmp_path / "one" / "step-00000003") == files(tmp_path / "three" / "step-00000003")
+
+
+def test_bench_under_two_ranks_reports_once_for_the_global_batch(tmp_path):
+    args = ["bench", *TINY_MODEL, "--seq-len", "32", "--batch", "2", "--grad-accum", "2",
+            "--device", "cpu", "--mode", "gpu", "--threads", "1", "--warmup", "1", "--steps", "2",
+            "--json", tmp_path / "bench.json"]
+    result = ranks(2, args)
+    lines = result.stdout.splitlines()
+    assert sum(line.split()[:1] == ["tokens/s"] for line in lines) == 1, result.stdout
+    assert "2 (mpirun)" in result.stdout
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert record["ranks"] == 2
+    assert record["tokens_per_step"] == 2 * 2 * 32  # the global batch: both ranks' micro-batches
 
 
 @pytest.mark.parametrize("mode", ["gpu", "layup-deferred"])
