@@ -168,14 +168,15 @@ disk)
   shape=(--layers "$L" --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch "${BATCH:-16}"
     --mode layup --recompute 3 --clip none --offload-dir "$dir")
   "$layup" calibrate --layers "$L" --heads 40 --dim 5120 --context 1024 --batch "${BATCH:-16}" \
-    --recompute 3 --offload-dir "$dir" --disk-gib 8 > "$out/calibrate-disk.txt" 2>&1
+    --recompute 3 --offload-dir "$dir" --disk-gib "${DISK_GIB:-8}" > "$out/calibrate-disk.txt" 2>&1
   echo "calibrate: exit $?"; tail -n 12 "$out/calibrate-disk.txt"
   "$layup" memory "${shape[@]}" --device cuda > "$out/memory-disk.txt" 2>&1
   grep -E "optimizer state  |on disk|predicted|step" "$out/memory-disk.txt" | head -n 20
   /usr/bin/time -v "$layup" bench "${shape[@]}" --warmup 1 --steps "${STEPS:-2}" \
     --json "$out/bench-disk.json" > "$out/bench-disk.log" 2>&1
   echo "bench: exit $?"
-  grep -E "ms/step|MFU|predicted|memory peak|Maximum resident|disk|error" "$out/bench-disk.log" | head -n 30
+  grep -E "set-up: (alloc|fresh)|ms/step|MFU|predicted|memory peak|Maximum resident|disk|error" \
+    "$out/bench-disk.log" | head -n 30
   rm -rf "$dir"
   ;;
 largest)

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "memory/parallel_pages.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
@@ -240,9 +241,9 @@ void HostOptimizerSchedule::export_span(size_t index, const SpanState& out) cons
   if (disk_tier_ && disk_tier_->holds(index)) return disk_tier_->read_span(index, out);
   const size_t count = layout_.spans()[index].count;
   const size_t at = host_at(index);
-  if (out.params) std::copy_n(host_params_.data() + at, count, out.params);
-  if (out.m) std::copy_n(host_m_.data() + at, count, out.m);
-  if (out.v) std::copy_n(host_v_.data() + at, count, out.v);
+  if (out.params) copy_in_parallel(out.params, host_params_.data() + at, count);
+  if (out.m) copy_in_parallel(out.m, host_m_.data() + at, count);
+  if (out.v) copy_in_parallel(out.v, host_v_.data() + at, count);
 }
 
 void HostOptimizerSchedule::import_span(size_t index, const ConstSpanState& in) {
@@ -250,9 +251,9 @@ void HostOptimizerSchedule::import_span(size_t index, const ConstSpanState& in) 
   const size_t count = layout_.spans()[index].count;
   if (host_spans_.holds(index)) {
     const size_t at = host_spans_.at[index];
-    std::copy_n(in.params, count, host_params_.data() + at);
-    std::copy_n(in.m, count, host_m_.data() + at);
-    std::copy_n(in.v, count, host_v_.data() + at);
+    copy_in_parallel(host_params_.data() + at, in.params, count);
+    copy_in_parallel(host_m_.data() + at, in.m, count);
+    copy_in_parallel(host_v_.data() + at, in.v, count);
   }
   if (disk_tier_ && disk_tier_->holds(index)) disk_tier_->write_span(index, in);
   send_weights_now(index, in.params);

@@ -51,7 +51,7 @@ void Schedule::import_tensors(const OptimizerTensors& tensors) {
   }
 }
 
-void Schedule::initialize_fresh(uint64_t seed) {
+void Schedule::initialize_fresh(uint64_t seed, const std::function<void(size_t)>& spans_done) {
   size_t largest = 0;
   for (const Span& span : layout_.spans()) largest = std::max(largest, span.count);
   std::vector<float> params(largest);
@@ -59,6 +59,7 @@ void Schedule::initialize_fresh(uint64_t seed) {
   for (size_t index = 0; index < layout_.spans().size(); ++index) {
     init_span_parameters(layout_, index, params.data(), seed);
     import_span(index, {params.data(), zeros.data(), zeros.data()});
+    if (spans_done) spans_done(index + 1);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -107,8 +108,9 @@ class Schedule {
   OptimizerTensors export_tensors() const;
   void import_tensors(const OptimizerTensors& tensors);
   // The state a run starts from (fresh_optimizer_tensors), span by span: one span's worth of host
-  // memory.
-  void initialize_fresh(uint64_t seed);
+  // memory. `spans_done` (may be empty) hears after each span how many are in: a 13B model's fresh
+  // state takes a minute or more.
+  void initialize_fresh(uint64_t seed, const std::function<void(size_t)>& spans_done = {});
 
   // Records the spans of every later step into `recorder` (null: stop). Call between steps; the
   // recorder must outlive the steps it records (a schedule whose updates run past the end of a

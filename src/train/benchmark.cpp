@@ -28,6 +28,7 @@
 #include "trace/trace_recorder.h"
 #include "train/memory_usage.h"
 #include "train/run_info.h"
+#include "train/setup_progress.h"
 
 #ifdef LAYUP_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -188,7 +189,10 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   const ParameterLayout layout(config);
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
+  SetupProgress setup(log, memory_plan);
+  setup.allocating();
   BuiltRun built = build_run(planned, world.get());
+  setup.allocated();
   const std::shared_ptr<MemoryAccountant> accountant = built.accountant;
   std::unique_ptr<Schedule> schedule = std::move(built.schedule);
   result.schedule = planned.describe_schedule();
@@ -204,7 +208,9 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     trace->set_metadata("model", options.model_name);
     trace->set_metadata("schedule", result.schedule);
   }
-  schedule->initialize_fresh(options.seed);
+  schedule->initialize_fresh(options.seed,
+                             setup.initializing(layout.spans().size(), parameter_count(config)));
+  setup.initialized();
 
   // Uniform random token ids, the same for every step: the timing does not depend on the values.
   Rng rng(options.seed + static_cast<uint64_t>(world->rank()));

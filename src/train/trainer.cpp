@@ -29,6 +29,7 @@
 #include "train/memory_usage.h"
 #include "train/progress_line.h"
 #include "train/schedule_checkpoint.h"
+#include "train/setup_progress.h"
 #include "train/stop_signals.h"
 
 namespace layup {
@@ -268,7 +269,10 @@ TrainResult train(TrainOptions options) {
 
   // Declared before the schedule, which records into it: it must outlive the schedule.
   std::unique_ptr<TraceRecorder> trace;
+  SetupProgress setup(out, memory_plan);
+  setup.allocating();
   BuiltRun built = build_run(planned, world.get());
+  setup.allocated();
   const std::shared_ptr<MemoryAccountant> accountant = built.accountant;
   std::unique_ptr<Schedule> schedule = std::move(built.schedule);
   const std::string schedule_description = planned.describe_schedule();
@@ -289,10 +293,14 @@ TrainResult train(TrainOptions options) {
     tokens_seen = resumed.progress.tokens_seen;
     sampler.set_state(resumed.progress.data_rng_state);
   } else {
-    if (options.init_from.empty())
-      schedule->initialize_fresh(options.seed);
-    else
+    if (options.init_from.empty()) {
+      const ParameterLayout layout(config);
+      schedule->initialize_fresh(
+          options.seed, setup.initializing(layout.spans().size(), parameter_count(config)));
+      setup.initialized();
+    } else {
       load_schedule_weights(options.init_from, *schedule);
+    }
   }
 
   const LrSchedule lr_schedule{options.lr, options.min_lr, options.warmup_steps, options.steps};

@@ -45,6 +45,7 @@
 #include "backend/cpu/ops/rope.h"
 #include "backend/cpu/ops/swiglu.h"
 #include "core/error.h"
+#include "memory/parallel_pages.h"
 
 namespace layup {
 namespace {
@@ -62,7 +63,7 @@ char* allocate_zeroed(const PlannedAllocation& buffer, int max_batch, int max_se
               ", although the memory plan fitted: something else may hold the memory (or a limit "
               "the plan cannot see, such as ulimit -v). Try a smaller --batch or --seq-len, or "
               "see what the run needs with `layup memory`");
-  std::memset(data, 0, buffer.bytes);
+  zero_in_parallel(data, buffer.bytes);
   return static_cast<char*>(data);
 }
 

@@ -4,6 +4,7 @@
 
 #include "backend/device.h"
 #include "core/error.h"
+#include "memory/parallel_pages.h"
 #include "optim/grad_norm.h"
 
 namespace layup {
@@ -92,7 +93,7 @@ class CpuDevice final : public Device {
                 " GB, although the memory plan fitted: something else may hold the memory (or a "
                 "limit the plan cannot see, such as ulimit -v). Try a smaller --batch or "
                 "--seq-len, or see what the run needs with `layup memory`");
-    std::memset(data, 0, count * sizeof(float));
+    zero_in_parallel(data, count * sizeof(float));
     return data;
   }
 

@@ -2,12 +2,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cstring>
 #include <new>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_memory.h"
 #include "core/error.h"
+#include "memory/parallel_pages.h"
 
 namespace layup {
 
@@ -38,7 +38,7 @@ void* cuda_allocate(size_t bytes, MemoryKind kind, const std::string& what) {
              cudaGetErrorString(status),
              "; the host may be short of memory (or of locked-memory allowance: ulimit -l)");
       }
-      std::memset(data, 0, bytes);
+      zero_in_parallel(data, bytes);
       return data;
     }
     case MemoryKind::kManaged: {
@@ -59,7 +59,7 @@ void* cuda_allocate(size_t bytes, MemoryKind kind, const std::string& what) {
     case MemoryKind::kPageable:
     case MemoryKind::kHost:
       data = ::operator new[](bytes, std::align_val_t(64));
-      std::memset(data, 0, bytes);
+      zero_in_parallel(data, bytes);
       return data;
   }
   fail("unknown memory kind for the ", what);

@@ -7,23 +7,12 @@
 #include "backend/cuda/cuda_backend_buffers.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/nccl_collectives.h"
+#include "backend/cuda/nccl_library.h"
 #include "core/error.h"
-
-#if LAYUP_HAVE_NCCL
-#include <nccl.h>
-#endif
 
 namespace layup {
 
-#if LAYUP_HAVE_NCCL
-
 namespace {
-
-void check_nccl(ncclResult_t status, const char* call) {
-  if (status != ncclSuccess)
-    fail(call, " failed: ", ncclGetErrorString(status),
-         " (NCCL_DEBUG=INFO in the environment says more)");
-}
 
 // out[i] = +0 + received[0 * stride + i] + received[1 * stride + i] + ...: the ranks' copies of
 // this rank's piece, added in rank order, as the host's sum does.
@@ -40,16 +29,16 @@ __global__ void add_in_rank_order(float* out, const float* received, int ranks, 
 class NcclCollectives final : public DeviceCollectives {
  public:
   NcclCollectives(Device& device, const std::vector<uint8_t>& id, int rank, int ranks)
-      : rank_(rank), ranks_(ranks) {
-    ncclUniqueId unique{};
+      : nccl_(nccl::Library::get()), rank_(rank), ranks_(ranks) {
+    nccl::UniqueId unique{};
     LAYUP_CHECK(id.size() == sizeof unique, "internal error: an NCCL id of ", id.size(),
                 " bytes, not ", sizeof unique);
     std::memcpy(&unique, id.data(), sizeof unique);
-    check_nccl(ncclCommInitRank(&comm_, ranks, unique, rank), "ncclCommInitRank");
+    nccl_.check(nccl_.comm_init_rank(&comm_, ranks, unique, rank), "ncclCommInitRank");
     // A round's pieces from every rank: kNcclRoundFloats in all, whatever the model.
     received_ = device.allocate(cuda_collectives_buffers().at(0));
   }
-  ~NcclCollectives() override { ncclCommDestroy(comm_); }
+  ~NcclCollectives() override { nccl_.comm_destroy(comm_); }
 
   void sum_in_rank_order(float* data, size_t count) override {
     // On the legacy default stream, where the device's other work runs: ordered with it both ways.
@@ -62,13 +51,15 @@ class NcclCollectives final : public DeviceCollectives {
       const auto length = [&](int r) { return begin(r + 1) - begin(r); };
       const size_t mine = length(rank_);
       // Every rank's copy of my piece, rank r's at received_[r * stride].
-      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      nccl_.check(nccl_.group_start(), "ncclGroupStart");
       for (int r = 0; r < ranks_; ++r) {
-        check_nccl(ncclSend(data + begin(r), length(r), ncclFloat, r, comm_, stream), "ncclSend");
-        check_nccl(ncclRecv(received_.data() + r * stride, mine, ncclFloat, r, comm_, stream),
-                   "ncclRecv");
+        nccl_.check(nccl_.send(data + begin(r), length(r), nccl::kFloat32, r, comm_, stream),
+                    "ncclSend");
+        nccl_.check(
+            nccl_.recv(received_.data() + r * stride, mine, nccl::kFloat32, r, comm_, stream),
+            "ncclRecv");
       }
-      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+      nccl_.check(nccl_.group_end(), "ncclGroupEnd");
       if (mine > 0) {
         const int threads = 256;
         const int blocks = static_cast<int>(std::min<size_t>((mine + threads - 1) / threads, 4096));
@@ -77,27 +68,31 @@ class NcclCollectives final : public DeviceCollectives {
         LAYUP_CUDA_CHECK_LAUNCH();
       }
       // The sums back to every rank.
-      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      nccl_.check(nccl_.group_start(), "ncclGroupStart");
       for (int r = 0; r < ranks_; ++r) {
         if (r == rank_) continue;
-        check_nccl(ncclSend(data + begin(rank_), mine, ncclFloat, r, comm_, stream), "ncclSend");
-        check_nccl(ncclRecv(data + begin(r), length(r), ncclFloat, r, comm_, stream), "ncclRecv");
+        nccl_.check(nccl_.send(data + begin(rank_), mine, nccl::kFloat32, r, comm_, stream),
+                    "ncclSend");
+        nccl_.check(nccl_.recv(data + begin(r), length(r), nccl::kFloat32, r, comm_, stream),
+                    "ncclRecv");
       }
-      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+      nccl_.check(nccl_.group_end(), "ncclGroupEnd");
     }
   }
 
  private:
+  const nccl::Library& nccl_;
   int rank_ = 0, ranks_ = 1;
-  ncclComm_t comm_ = nullptr;
+  nccl::Comm comm_ = nullptr;
   DeviceBuffer received_;
 };
 
 }  // namespace
 
 std::vector<uint8_t> new_nccl_id() {
-  ncclUniqueId unique{};
-  check_nccl(ncclGetUniqueId(&unique), "ncclGetUniqueId");
+  const nccl::Library& nccl = nccl::Library::get();
+  nccl::UniqueId unique{};
+  nccl.check(nccl.get_unique_id(&unique), "ncclGetUniqueId");
   std::vector<uint8_t> id(sizeof unique);
   std::memcpy(id.data(), &unique, sizeof unique);
   return id;
@@ -108,32 +103,5 @@ std::unique_ptr<DeviceCollectives> make_nccl_collectives(Device& device,
                                                          int ranks) {
   return std::make_unique<NcclCollectives>(device, id, rank, ranks);
 }
-
-bool built_with_nccl() {
-  return true;
-}
-
-#else
-
-namespace {
-[[noreturn]] void no_nccl() {
-  fail(
-      "several ranks on GPUs need NCCL, and this build has none: install it (the CUDA "
-      "toolkit's, or pip's nvidia-nccl-cu*) and rebuild, or run one rank");
-}
-}  // namespace
-
-std::vector<uint8_t> new_nccl_id() {
-  no_nccl();
-}
-std::unique_ptr<DeviceCollectives> make_nccl_collectives(Device&, const std::vector<uint8_t>&, int,
-                                                         int) {
-  no_nccl();
-}
-bool built_with_nccl() {
-  return false;
-}
-
-#endif
 
 }  // namespace layup

@@ -18,13 +18,10 @@ namespace layup {
 std::vector<uint8_t> new_nccl_id();
 
 // This rank's NCCL communicator among `ranks` (ncclCommInitRank with rank 0's id) on the current
-// GPU, its receive buffer allocated from `device`. Throws layup::Error where this build has no
-// NCCL, naming what to install.
+// GPU, its receive buffer allocated from `device`. Both load NCCL on first use (nccl_library.h)
+// and throw layup::Error where it cannot be loaded, naming what to install.
 std::unique_ptr<DeviceCollectives> make_nccl_collectives(Device& device,
                                                          const std::vector<uint8_t>& id, int rank,
                                                          int ranks);
-
-// Whether this build links NCCL.
-bool built_with_nccl();
 
 }  // namespace layup
