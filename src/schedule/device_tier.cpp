@@ -47,7 +47,7 @@ BufferList DeviceTier::Buffers::list(bool several_micro_batches) const {
 
 DeviceTier::DeviceTier(Device& device, const ParameterLayout& layout,
                        const std::vector<UpdateSite>& sites, MemoryKind grads_kind,
-                       const float* embeddings_grad, const float* final_norm_grad)
+                       float* embeddings_grad, float* final_norm_grad)
     : device_(device),
       layout_(layout),
       buffers_(buffers(layout, sites, grads_kind, device.kinds())),
@@ -101,7 +101,7 @@ void DeviceTier::add(size_t index, const float* micro_batch, bool first) {
   device_.add(sum, micro_batch, count);
 }
 
-const float* DeviceTier::gradient(size_t index) const {
+float* DeviceTier::gradient(size_t index) const {
   const Span& span = layout_.spans()[index];
   LAYUP_CHECK(holds(index), "span ", index, " is not updated on the device");
   if (span.kind == SpanKind::kBlock || summed_) return own_gradient(index);

@@ -31,7 +31,7 @@ class DeviceTier {
   // `sites`: one per span, or empty (no span on the device). The head spans' gradients of one
   // micro-batch lie at embeddings_grad and final_norm_grad. `device` must outlive this.
   DeviceTier(Device& device, const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
-             MemoryKind grads_kind, const float* embeddings_grad, const float* final_norm_grad);
+             MemoryKind grads_kind, float* embeddings_grad, float* final_norm_grad);
 
   // What it allocates for `sites` (none where no span is on the device): the packed moments and
   // block gradients at construction, the head spans' sum at the first step of several
@@ -58,8 +58,8 @@ class DeviceTier {
   // span's sum (zeroed at the first), one float add per element, as every mode sums.
   void add(size_t index, const float* micro_batch, bool first);
   // Device thread: span `index`'s gradient this step, once its backward is done: the sum, or the
-  // only micro-batch's.
-  const float* gradient(size_t index) const;
+  // only micro-batch's (which a data-parallel run sums over the ranks in place).
+  float* gradient(size_t index) const;
   // Device thread: AdamW on every device-updated span, span `index` in weights[index] (its fp32
   // weights in the device copy) and, where compute_copies[index] is not null, writing the
   // backend's bf16 compute copy in the same pass; traced as "adamw ..." on `track`.
@@ -85,7 +85,7 @@ class DeviceTier {
   std::vector<size_t> block_at_;     // per block: its offset in block_grads_, or kNotHere
   std::vector<size_t> head_sum_at_;  // per span: a head span's offset in head_sums_, or kNotHere
   size_t head_sum_count_ = 0;
-  const float* head_grads_[2];  // one micro-batch's: the embeddings', the final norm's
+  float* head_grads_[2];  // one micro-batch's: the embeddings', the final norm's
   DeviceBuffer m_, v_;
   DeviceBuffer block_grads_;
   DeviceBuffer head_sums_;  // at the first step with several micro-batches

@@ -78,16 +78,9 @@ class GpuSchedule final : public Schedule {
         adam_v_(device_->allocate(buffers_.v)),
         span_sums_(*device_, layout.spans().size()),
         ranks_(options.ranks) {
-    if (rank_count() > 1 && device_->kinds().own != MemoryKind::kHost) {
-      // The gradients stay in device memory: summed by the device's collectives (NCCL), whose id
-      // rank 0 makes and MPI hands on.
-      std::vector<uint8_t> id = ranks_->rank() == 0 ? device_->new_collectives_id()
-                                                    : std::vector<uint8_t>(kCollectivesIdBytes);
-      LAYUP_CHECK(id.size() == kCollectivesIdBytes, "internal error: a collectives id of ",
-                  id.size(), " bytes");
-      ranks_->broadcast(id, 0);
-      collectives_ = device_->join_collectives(id, ranks_->rank(), rank_count());
-    }
+    // The gradients stay in device memory: summed there (NCCL).
+    if (rank_count() > 1 && device_->kinds().own != MemoryKind::kHost)
+      collectives_ = join_device_collectives(*device_, *ranks_);
     LAYUP_CHECK(options.optimizer_shards == 1 || options.optimizer_shards == rank_count(),
                 "internal error: the run was planned for ", options.optimizer_shards, " ranks but ",
                 rank_count(), " run it");
@@ -340,8 +333,6 @@ class GpuSchedule final : public Schedule {
   std::optional<OptimizerShards> shards_;  // ZeRO-1: the moments split across the ranks
   // Where several ranks train on GPUs: their sums in device memory (NCCL).
   std::unique_ptr<DeviceCollectives> collectives_;
-  // NCCL's unique id: 128 bytes (ncclUniqueId), the size every rank receives it in.
-  static constexpr size_t kCollectivesIdBytes = 128;
 
   int rank_count() const { return ranks_ ? ranks_->size() : 1; }
 };

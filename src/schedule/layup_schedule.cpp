@@ -84,10 +84,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
     LAYUP_CHECK(host_gradient_ || !speculative_clip_,
                 "speculative clipping needs the whole-model gradient on the host (it may redo "
                 "every block's update once the norm is known)");
-    LAYUP_CHECK(ranks() == nullptr || device_tier_.spans().empty(),
-                "several ranks (mpirun) sum the gradients of spans the CPU updates only, and this "
-                "run updates some on the device (--optimizer-placement device:K or --layup-head "
-                "device); keep every span's state on the host or run one rank");
+    // The device-updated spans' gradients are summed over the ranks where they are: by the
+    // device's collectives (NCCL) in a GPU's own memory, by MPI where device memory is the host's.
+    if (ranks() != nullptr && !device_tier_.spans().empty() &&
+        device_->kinds().own != MemoryKind::kHost)
+      collectives_ = join_device_collectives(*device_, *ranks());
     LAYUP_CHECK(device_tier_.spans().empty() || !weights_in_place_,
                 "updating spans on the device (the head, or blocks) needs the device's own copy of "
                 "the weights, and here the device computes with the master weights in place; "
@@ -354,6 +355,19 @@ class LayupSchedule final : public HostOptimizerSchedule {
     }
   }
 
+  // Consumer, after the step's device work: device-updated span `index`'s gradient summed over the
+  // ranks in place (rank order, from +0, as the host's sums) and the sum's sum of squares.
+  double sum_device_gradient_over_ranks(size_t index) {
+    float* gradient = device_tier_.gradient(index);
+    const size_t count = layout_.spans()[index].count;
+    if (collectives_)
+      collectives_->sum_in_rank_order(gradient, count);
+    else
+      ranks()->sum_in_rank_order(gradient, count);
+    start_device_sum_of_squares(index, gradient);
+    return device_sum_of_squares(index);
+  }
+
   // Device thread: the embeddings' backward (tied wte's second part), the device-updated head
   // spans' gradients summed over micro-batches, the device's sums of squares, and the head's
   // consume.
@@ -397,8 +411,11 @@ class LayupSchedule final : public HostOptimizerSchedule {
         }
       if (last) {
         device_->wait_for(written);
-        for (const size_t index : device_tier_.spans())
+        for (const size_t index : device_tier_.spans()) {
           span_sum_sq_[index] = device_sum_of_squares(index);
+          // The device is idle until step() returns: the sums go in its order from here.
+          if (ranks() != nullptr) span_sum_sq_[index] = sum_device_gradient_over_ranks(index);
+        }
         if (one_micro_batch)
           for (const size_t index : host_head_spans_)
             span_sum_sq_[index] = device_sum_of_squares(index);
@@ -624,6 +641,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
   int consumer_track_ = 0;  // "gradients to host" in trace_
   bool broken_ = false;
   CpuProgress progress_;
+  // Where several ranks keep device-updated spans in a GPU's own memory: their sums (NCCL).
+  std::unique_ptr<DeviceCollectives> collectives_;
   // Last: threads stop (joined in their destructors) before the state they use goes away.
   CpuUpdatePool coordinator_{1};
   CpuUpdatePool consumer_{1};  // after the coordinator: it submits to it, so it stops first

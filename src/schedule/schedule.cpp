@@ -69,6 +69,16 @@ std::vector<UpdateSite> head_on_device(const ParameterLayout& layout) {
   return sites;
 }
 
+std::unique_ptr<DeviceCollectives> join_device_collectives(Device& device, Communicator& ranks) {
+  // NCCL's unique id: 128 bytes (ncclUniqueId), the size every rank receives it in.
+  constexpr size_t kIdBytes = 128;
+  std::vector<uint8_t> id =
+      ranks.rank() == 0 ? device.new_collectives_id() : std::vector<uint8_t>(kIdBytes);
+  LAYUP_CHECK(id.size() == kIdBytes, "internal error: a collectives id of ", id.size(), " bytes");
+  ranks.broadcast(id, 0);
+  return device.join_collectives(id, ranks.rank(), ranks.size());
+}
+
 PlannedAllocation placed_buffer(const ScheduleOptions& options, DeviceKinds kinds, size_t count,
                                 TensorClass tensor_class, MemorySide side, std::string what) {
   // Device side: the device's own memory. Host side: the master weights where the device copies

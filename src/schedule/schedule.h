@@ -209,6 +209,10 @@ BufferList schedule_buffers(Mode mode, const ParameterLayout& layout,
 // the final norm on the device, every block on the host.
 std::vector<UpdateSite> head_on_device(const ParameterLayout& layout);
 
+// Where several ranks keep gradients in a GPU's own memory: the device's collectives (NCCL) among
+// `ranks`, rank 0's id handed on by MPI. Every rank calls it at the same point.
+std::unique_ptr<DeviceCollectives> join_device_collectives(Device& device, Communicator& ranks);
+
 // The schedule of a mode; `options` is used by `offload` and `layup`.
 std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend> backend,
                                         std::unique_ptr<Device> device,

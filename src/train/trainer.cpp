@@ -257,10 +257,6 @@ TrainResult train(TrainOptions options) {
   const MemoryBudgets& budgets = planned.budgets;
   options.device = planned.target.device;
   options.dtype = planned.target.dtype;
-  LAYUP_CHECK(ranks == 1 || options.device == DeviceKind::kCpu || options.mode == Mode::kGpu,
-              "several ranks (mpirun) on GPUs train in gpu mode only for now (offload and layup "
-              "sum on the host, which the CPU backend alone does yet); use --mode gpu, --device "
-              "cpu or one rank");
   const ModelConfig& config = options.model;
   const TokenDataset train_data(shards.train, config.vocab_size);
   const TokenDataset val_data(shards.val, config.vocab_size);
