@@ -135,10 +135,6 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
       device_copy_spans_(device_copy_spans(layout, options)),
       ranks_(options.ranks != nullptr && options.ranks->size() > 1 ? options.ranks : nullptr),
       device_sums_(*device_, layout.spans().size()) {
-  LAYUP_CHECK(ranks_ == nullptr || device_->kinds().own == MemoryKind::kHost,
-              "several ranks (mpirun) train on the CPU backend only for now: the gradients are "
-              "summed over MPI in host memory (NCCL for GPUs is to come); use --device cpu or "
-              "one rank");
   LAYUP_CHECK(ranks_ == nullptr || options.host_gradient,
               "several ranks sum each span's gradient on the host, and this schedule keeps none "
               "there (layup with --clip none and one micro-batch a rank); clip, or give each "

@@ -179,8 +179,9 @@ struct ScheduleOptions {
   std::array<std::optional<MemoryKind>, kTensorClassCount> placement{};
   // Data parallel (docs/parallel.md): the ranks whose gradients each step sums, every rank
   // stepping on its own micro-batches of the global batch; null or one rank: this process alone.
-  // Every mode, on the CPU backend only for now; offload and layup sum span by span on the host
-  // (layup: as each block's backward ends, on its gradient consumer). Not owned.
+  // Every mode; offload and layup sum the CPU-updated spans span by span on the host (layup: as
+  // each block's backward ends, on its gradient consumer), layup's device-updated spans where they
+  // are. Not owned.
   Communicator* ranks = nullptr;
   // gpu mode: the ranks its AdamW moments are split across (ZeRO-1: each rank keeps and updates
   // its shard, schedule/optimizer_shards.h); 1: every rank keeps them whole. The count is known
