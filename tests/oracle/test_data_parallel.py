@@ -166,3 +166,17 @@ def test_spans_updated_on_the_device_side_are_summed_over_the_ranks():
                   "--gtest_filter=RanksEquivalence.*", "--gtest_color=no"], env=MPI_ENV)
     assert result.stdout.count("[  PASSED  ] 1 test.") == 2, result.stdout
     assert "SKIPPED" not in result.stdout, result.stdout
+
+
+def test_ranks_started_from_a_hostfile_train_like_one_process(tmp_path, shards):
+    """The several-hosts path (docs/parallel.md) with one host: Open MPI places the ranks by the
+    hostfile's slots instead of --oversubscribe."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    args = ["train", *COMMON, *MODES["layup-deferred"], "--steps", "3", "--grad-accum", "2",
+            "--data", shards]
+    run([binary("layup"), *args, "--out", tmp_path / "one"])
+    run(["mpirun", "--hostfile", hostfile, "-np", "2", binary("layup"), *args,
+         "--out", tmp_path / "two"], env=MPI_ENV)
+    assert losses(tmp_path / "one") == losses(tmp_path / "two")
+    assert files(tmp_path / "one" / "step-00000003") == files(tmp_path / "two" / "step-00000003")
