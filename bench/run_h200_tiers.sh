@@ -3,7 +3,7 @@
 # PHASE names one phase or several, comma-separated, run in order in one device call:
 #   PHASE=build  builds layup and the CUDA tests (build-gpu, sm_90) and runs the tests
 #   PHASE=big    the 13B-class GPT (L40 H40 C5120, T=1024) trained by `layup train` on the shipped
-#                corpus in layup mode: the planner's split (`layup memory`), then 6 steps with exact
+#                corpus in layup mode, B=16 x 8 and lr 3e-5 (the headline's; BATCH, ACCUM, LR): the planner's split (`layup memory`), then 6 steps with exact
 #                clipping, --recompute 3, no checkpoints; MFU per step from log.jsonl (6N + 12 L T C
 #                FLOPs a token, the bench's count; recomputation not counted), peak host memory
 #   PHASE=gpu    gpu mode at the 6.65B model (L32 H32 C4096) for the MFU it reaches, to compare
@@ -69,21 +69,21 @@ build)
   grep -E "FAILED" "$out/cuda_tests.log" | head -n 20
   ;;
 big)
-  shape=(--layers 40 --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch "${BATCH:-8}"
-    --grad-accum "${ACCUM:-16}" --mode layup --recompute 3 --clip 1.0 --layup-clip deferred)
+  shape=(--layers 40 --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch "${BATCH:-16}"
+    --grad-accum "${ACCUM:-8}" --mode layup --recompute 3 --clip 1.0 --layup-clip deferred)
   "$layup" memory "${shape[@]}" --device cuda > "$out/memory-13b.txt" 2>&1
   grep -E "note: layup keeps|budget|host memory at the peak" "$out/memory-13b.txt"
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
   free -g | head -2
   run=/tmp/layup-13b
   rm -rf "$run"
-  /usr/bin/time -v "$layup" train "${shape[@]}" --steps "${STEPS:-6}" --lr "${LR:-2e-4}" --min-lr 2e-5 --warmup 3 --eval-every 0 \
+  /usr/bin/time -v "$layup" train "${shape[@]}" --steps "${STEPS:-6}" --lr "${LR:-3e-5}" --min-lr 2e-5 --warmup 3 --eval-every 0 \
     --no-checkpoints --sample-tokens 0 --log-every 1 --out "$run" > "$out/train-13b.log" 2>&1
   echo "train: exit $?"
   grep -E "Maximum resident|Elapsed \(wall" "$out/train-13b.log"
   head -n 30 "$out/train-13b.log"
   cp "$run/log.jsonl" "$out/train-13b.jsonl"
-  tokens=$((1024 * ${BATCH:-8} * ${ACCUM:-16}))
+  tokens=$((1024 * ${BATCH:-16} * ${ACCUM:-8}))
   mfu_of_log "$run/log.jsonl" 12848143360 40 1024 5120 "$tokens" | tee "$out/mfu-13b.txt"
   rm -rf "$run"
   ;;
