@@ -3,9 +3,10 @@
 # PHASE names one phase or several, comma-separated, run in order in one device call:
 #   PHASE=build  builds layup and the CUDA tests (build-gpu, sm_90) and runs the tests
 #   PHASE=big    the 13B-class GPT (L40 H40 C5120, T=1024) trained by `layup train` on the shipped
-#                corpus in layup mode, B=16 x 8 and lr 3e-5 (the headline's; BATCH, ACCUM, LR): the planner's split (`layup memory`), then 6 steps with exact
-#                clipping, --recompute 3, no checkpoints; MFU per step from log.jsonl (6N + 12 L T C
-#                FLOPs a token, the bench's count; recomputation not counted), peak host memory
+#                corpus in layup mode, B=16 x 8 and lr 3e-5 (the headline's; BATCH, ACCUM, LR):
+#                the planner's split (`layup memory`), then 6 steps with exact clipping,
+#                --recompute 3, no checkpoints; MFU per step from log.jsonl (6N + 12 L T C FLOPs a
+#                token, the bench's count; recomputation not counted), peak host memory
 #   PHASE=gpu    gpu mode at the 6.65B model (L32 H32 C4096) for the MFU it reaches, to compare
 #   PHASE=curve  layup at gpt2-xl B=4 with --optimizer-placement device:K for K from 0 to 48: step
 #                time against the device memory the plan needs; gpu mode beside it
