@@ -24,14 +24,7 @@ import pytorch_peer as peer
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="gpt2", choices=sorted(peer.CONFIGS))
-    parser.add_argument("--batch", type=int, default=32, help="sequences per rank")
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--json", help="rank 0 writes the result as one JSON object here")
+    peer.add_run_arguments(parser, batch_help="sequences per rank")
     args = parser.parse_args()
 
     device = args.device

@@ -249,17 +249,23 @@ def report(result, json_path=None, extra_rows=()):
         print(f"  {'json':<22} {json_path}")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_run_arguments(parser, batch_help=None):
+    """The flags every GPT-2 peer takes: the model, the shape, the steps, the device, the seed and
+    the JSON file."""
     parser.add_argument("--model", default="gpt2", choices=sorted(CONFIGS))
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=32, help=batch_help)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--json", help="write the result as one JSON object here")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_run_arguments(parser)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     args = parser.parse_args()
 
     device = args.device
