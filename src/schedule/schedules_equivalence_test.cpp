@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "io/test_files.h"
 #include "schedule/schedule.h"
@@ -48,8 +49,15 @@ ClipPlan alternating_clip(bool clip) {
   };
 }
 
+// The micro-batches of each step this process takes: `taken` from `first` (-1: all of them), as a
+// rank of several takes its share.
+struct Share {
+  int first = 0;
+  int taken = -1;
+};
+
 TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan& clip_plan,
-                  const ModelConfig& config = tiny_config()) {
+                  const ModelConfig& config = tiny_config(), Share share = {}) {
   const ParameterLayout layout(config);
   std::unique_ptr<Schedule> schedule =
       make(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
@@ -58,6 +66,7 @@ TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan
   std::mt19937 rng(2024);
   const size_t tokens = static_cast<size_t>(kBatch) * kSeqLen;
   std::vector<std::vector<int32_t>> inputs(micro_batches), targets(micro_batches);
+  const int end = share.taken < 0 ? micro_batches : share.first + share.taken;
   TrainingRun run;
   for (int step = 0; step < kSteps; ++step) {
     std::vector<TokenBatch> batches;
@@ -68,7 +77,8 @@ TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan
         inputs[k][i] = static_cast<int32_t>(rng() % config.vocab_size);
         targets[k][i] = static_cast<int32_t>(rng() % config.vocab_size);
       }
-      batches.push_back({inputs[k].data(), targets[k].data(), kBatch, kSeqLen});
+      if (k >= share.first && k < end)
+        batches.push_back({inputs[k].data(), targets[k].data(), kBatch, kSeqLen});
     }
     UpdateSettings settings;
     settings.adamw.hyper.lr = 1e-2f;
@@ -575,6 +585,51 @@ TEST(SchedulesEquivalence, LayupWithoutHostGradientRefusesToClipOrAccumulate) {
   settings.clip_max_norm = 0.0f;
   EXPECT_THROW(schedule->step(two, settings), Error);
   EXPECT_TRUE(schedule->step(std::span(two, 1), settings).applied);
+}
+
+// Several ranks, started by mpirun (tests/oracle/test_data_parallel.py runs this suite as two
+// ranks; as one process it skips): each rank takes one micro-batch of a step of N, and every mode
+// and placement, layup's device-updated spans among them (summed over the ranks where they are,
+// not in the host accumulator), ends bitwise like one process taking all N. Steps clip, do not
+// clip, and have no clipping (layup then updates blocks during backward).
+TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
+  std::unique_ptr<Communicator> world = make_world_communicator();
+  if (world->size() < 2)
+    GTEST_SKIP() << "one process: mpirun -np 2 runs this (test_data_parallel.py)";
+  const ParameterLayout layout(tiny_config());
+  std::vector<UpdateSite> head_and_block_0 = head_on_device(layout);
+  head_and_block_0[1] = UpdateSite::kDevice;
+  struct Case {
+    std::string name, mode;
+    ScheduleOptions options;
+  };
+  const std::vector<Case> cases = {
+      {"gpu", "gpu", {}},
+      {"offload", "offload", {}},
+      {"layup, head on the device, deferred", "layup", {.update_sites = head_on_device(layout)}},
+      {"layup, head and block 0 on the device, speculative",
+       "layup",
+       {.speculative_clip = true, .update_sites = head_and_block_0}},
+      {"layup, head and block 0 on the device, deferred",
+       "layup",
+       {.update_sites = head_and_block_0}},
+  };
+  const ClipPlan clip_plan = [](int step, std::span<const TokenBatch>) {
+    return step % 3 == 2 ? 0.0f : step % 3 == 0 ? 1e-3f : 1e6f;
+  };
+  const int ranks = world->size();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const TrainingRun one = train(with_options(c.mode, c.options), ranks, clip_plan);
+    ScheduleOptions ranked = c.options;
+    ranked.ranks = world.get();
+    const TrainingRun mine =
+        train(with_options(c.mode, ranked), ranks, clip_plan, tiny_config(), {world->rank(), 1});
+    EXPECT_NE(one.losses.front(), one.losses.back());
+    expect_same(one, mine, c.name);
+  }
+  world.reset();
+  finish_ranks();
 }
 
 }  // namespace

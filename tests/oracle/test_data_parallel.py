@@ -161,7 +161,7 @@ def test_spans_updated_on_the_device_side_are_summed_over_the_ranks():
     they are updated; on the CPU backend the command line cannot place them there (the device
     computes with the master weights in place), so the C++ suite builds such schedules and runs as
     two ranks: every mode and placement bitwise like one process
-    (src/schedule/ranks_equivalence_test.cpp)."""
+    (src/schedule/schedules_equivalence_test.cpp)."""
     result = run(["mpirun", "--oversubscribe", "-np", "2", binary("layup_tests"),
                   "--gtest_filter=RanksEquivalence.*", "--gtest_color=no"], env=MPI_ENV)
     assert result.stdout.count("[  PASSED  ] 1 test.") == 2, result.stdout
