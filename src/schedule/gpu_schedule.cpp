@@ -78,9 +78,8 @@ class GpuSchedule final : public Schedule {
         adam_v_(device_->allocate(buffers_.v)),
         span_sums_(*device_, layout.spans().size()),
         ranks_(options.ranks) {
-    // The gradients stay in device memory: summed there (NCCL).
-    if (rank_count() > 1 && device_->kinds().own != MemoryKind::kHost)
-      collectives_ = join_device_collectives(*device_, *ranks_);
+    // The gradients stay in device memory: summed there.
+    if (rank_count() > 1) collectives_ = join_device_collectives(*device_, *ranks_);
     LAYUP_CHECK(options.optimizer_shards == 1 || options.optimizer_shards == rank_count(),
                 "internal error: the run was planned for ", options.optimizer_shards, " ranks but ",
                 rank_count(), " run it");
@@ -131,10 +130,7 @@ class GpuSchedule final : public Schedule {
       // Every rank's gradient summed in rank order, as one process accumulating the ranks'
       // micro-batches in that order would (bitwise where each rank has one); the losses alike.
       TraceSpan traced(trace_, device_track_, "sum_over_ranks");
-      if (collectives_)
-        collectives_->sum_in_rank_order(grads_.data(), grads_.count());
-      else
-        ranks_->sum_in_rank_order(grads_.data(), grads_.count());
+      collectives_->sum_in_rank_order(grads_.data(), grads_.count());
       loss_sum = ranks_->sum_in_rank_order(loss_sum);
     }
 
@@ -331,7 +327,7 @@ class GpuSchedule final : public Schedule {
   DeviceBuffer accumulated_;
   Communicator* ranks_;                    // data parallel; null: this process alone
   std::optional<OptimizerShards> shards_;  // ZeRO-1: the moments split across the ranks
-  // Where several ranks train on GPUs: their sums in device memory (NCCL).
+  // Where several ranks train: their sums in device memory.
   std::unique_ptr<DeviceCollectives> collectives_;
 
   int rank_count() const { return ranks_ ? ranks_->size() : 1; }

@@ -84,10 +84,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
     LAYUP_CHECK(host_gradient_ || !speculative_clip_,
                 "speculative clipping needs the whole-model gradient on the host (it may redo "
                 "every block's update once the norm is known)");
-    // The device-updated spans' gradients are summed over the ranks where they are: by the
-    // device's collectives (NCCL) in a GPU's own memory, by MPI where device memory is the host's.
-    if (ranks() != nullptr && !device_tier_.spans().empty() &&
-        device_->kinds().own != MemoryKind::kHost)
+    // The device-updated spans' gradients are summed over the ranks where they are.
+    if (ranks() != nullptr && !device_tier_.spans().empty())
       collectives_ = join_device_collectives(*device_, *ranks());
     LAYUP_CHECK(device_tier_.spans().empty() || !weights_in_place_,
                 "updating spans on the device (the head, or blocks) needs the device's own copy of "
@@ -359,11 +357,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
   // ranks in place (rank order, from +0, as the host's sums) and the sum's sum of squares.
   double sum_device_gradient_over_ranks(size_t index) {
     float* gradient = device_tier_.gradient(index);
-    const size_t count = layout_.spans()[index].count;
-    if (collectives_)
-      collectives_->sum_in_rank_order(gradient, count);
-    else
-      ranks()->sum_in_rank_order(gradient, count);
+    collectives_->sum_in_rank_order(gradient, layout_.spans()[index].count);
     start_device_sum_of_squares(index, gradient);
     return device_sum_of_squares(index);
   }
@@ -641,7 +635,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
   int consumer_track_ = 0;  // "gradients to host" in trace_
   bool broken_ = false;
   CpuProgress progress_;
-  // Where several ranks keep device-updated spans in a GPU's own memory: their sums (NCCL).
+  // Where several ranks update spans on the device: those spans' sums over the ranks.
   std::unique_ptr<DeviceCollectives> collectives_;
   // Last: threads stop (joined in their destructors) before the state they use goes away.
   CpuUpdatePool coordinator_{1};

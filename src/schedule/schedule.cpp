@@ -51,7 +51,8 @@ void Schedule::import_tensors(const OptimizerTensors& tensors) {
   }
 }
 
-void Schedule::initialize_fresh(uint64_t seed, const std::function<void(size_t)>& spans_done) {
+void Schedule::initialize_fresh(uint64_t seed,
+                                const std::function<void(size_t, size_t)>& spans_done) {
   size_t largest = 0;
   for (const Span& span : layout_.spans()) largest = std::max(largest, span.count);
   std::vector<float> params(largest);
@@ -59,7 +60,7 @@ void Schedule::initialize_fresh(uint64_t seed, const std::function<void(size_t)>
   for (size_t index = 0; index < layout_.spans().size(); ++index) {
     init_span_parameters(layout_, index, params.data(), seed);
     import_span(index, {params.data(), zeros.data(), zeros.data()});
-    if (spans_done) spans_done(index + 1);
+    if (spans_done) spans_done(index + 1, layout_.spans().size());
   }
 }
 
@@ -69,7 +70,25 @@ std::vector<UpdateSite> head_on_device(const ParameterLayout& layout) {
   return sites;
 }
 
+namespace {
+
+// Device memory that is host memory (the CPU backend): the communicator sums it where it is.
+class HostMemoryCollectives final : public DeviceCollectives {
+ public:
+  explicit HostMemoryCollectives(Communicator& ranks) : ranks_(ranks) {}
+  void sum_in_rank_order(float* data, size_t count) override {
+    ranks_.sum_in_rank_order(data, count);
+  }
+
+ private:
+  Communicator& ranks_;
+};
+
+}  // namespace
+
 std::unique_ptr<DeviceCollectives> join_device_collectives(Device& device, Communicator& ranks) {
+  if (device.kinds().own == MemoryKind::kHost)
+    return std::make_unique<HostMemoryCollectives>(ranks);
   // NCCL's unique id: 128 bytes (ncclUniqueId), the size every rank receives it in.
   constexpr size_t kIdBytes = 128;
   std::vector<uint8_t> id =

@@ -108,9 +108,9 @@ class Schedule {
   OptimizerTensors export_tensors() const;
   void import_tensors(const OptimizerTensors& tensors);
   // The state a run starts from (fresh_optimizer_tensors), span by span: one span's worth of host
-  // memory. `spans_done` (may be empty) hears after each span how many are in: a 13B model's fresh
-  // state takes a minute or more.
-  void initialize_fresh(uint64_t seed, const std::function<void(size_t)>& spans_done = {});
+  // memory. `spans_done` (may be empty) hears after each span how many of how many are in: a 13B
+  // model's fresh state takes a minute or more.
+  void initialize_fresh(uint64_t seed, const std::function<void(size_t, size_t)>& spans_done = {});
 
   // Records the spans of every later step into `recorder` (null: stop). Call between steps; the
   // recorder must outlive the steps it records (a schedule whose updates run past the end of a
@@ -210,8 +210,9 @@ BufferList schedule_buffers(Mode mode, const ParameterLayout& layout,
 // the final norm on the device, every block on the host.
 std::vector<UpdateSite> head_on_device(const ParameterLayout& layout);
 
-// Where several ranks keep gradients in a GPU's own memory: the device's collectives (NCCL) among
-// `ranks`, rank 0's id handed on by MPI. Every rank calls it at the same point.
+// The sums over `ranks` of gradients in the device's memory: in a GPU's own memory the device's
+// collectives (NCCL), rank 0's id handed on by MPI; where the device's memory is the host's, the
+// communicator itself. Every rank calls it at the same point.
 std::unique_ptr<DeviceCollectives> join_device_collectives(Device& device, Communicator& ranks);
 
 // The schedule of a mode; `options` is used by `offload` and `layup`.

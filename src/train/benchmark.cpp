@@ -208,8 +208,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     trace->set_metadata("model", options.model_name);
     trace->set_metadata("schedule", result.schedule);
   }
-  schedule->initialize_fresh(options.seed,
-                             setup.initializing(layout.spans().size(), parameter_count(config)));
+  schedule->initialize_fresh(options.seed, setup.initializing(parameter_count(config)));
   setup.initialized();
 
   // Uniform random token ids, the same for every step: the timing does not depend on the values.

@@ -14,10 +14,13 @@ SetupProgress::SetupProgress(std::FILE* out, const MemoryPlan& plan)
       started_(std::chrono::steady_clock::now()),
       lap_started_(started_) {}
 
+double SetupProgress::since_lap_s() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - lap_started_).count();
+}
+
 double SetupProgress::lap_s() {
-  const auto now = std::chrono::steady_clock::now();
-  const double seconds = std::chrono::duration<double>(now - lap_started_).count();
-  lap_started_ = now;
+  const double seconds = since_lap_s();
+  lap_started_ = std::chrono::steady_clock::now();
   return seconds;
 }
 
@@ -42,20 +45,20 @@ void SetupProgress::allocated() {
   if (out_) std::fprintf(out_, "set-up: allocated in %.1f s\n", seconds);
 }
 
-std::function<void(size_t)> SetupProgress::initializing(size_t spans, long long parameters) {
+std::function<void(size_t, size_t)> SetupProgress::initializing(long long parameters) {
   lap_s();
   if (!out_) return {};
-  spans_ = spans;
   std::fprintf(out_, "set-up: filling a fresh model of %.2fB parameters, span by span\n",
                parameters / 1e9);
   std::fflush(out_);
-  // About ten lines where the output is not a terminal (a log); one line redrawn where it is.
-  const int total = static_cast<int>(spans);
-  spans_line_ = std::make_unique<ProgressLine>(out_, total, std::max(1, total / 10));
-  return [this, total](size_t done) {
-    spans_line_->update(static_cast<int>(done),
-                        "set-up: span " + std::to_string(done) + "/" + std::to_string(total) +
-                            " in, " + ProgressLine::format_duration(spans_line_->elapsed_s()));
+  return [this](size_t done, size_t spans) {
+    const int total = static_cast<int>(spans);
+    // About ten lines where the output is not a terminal (a log); one line redrawn where it is.
+    if (!spans_line_)
+      spans_line_ = std::make_unique<ProgressLine>(out_, total, std::max(1, total / 10));
+    spans_line_->update(static_cast<int>(done), "set-up: span " + std::to_string(done) + "/" +
+                                                    std::to_string(total) + " in, " +
+                                                    ProgressLine::format_duration(since_lap_s()));
   };
 }
 

@@ -22,21 +22,21 @@ class SetupProgress {
   void allocating();
   // After: how long it took.
   void allocated();
-  // Before the fresh model is filled; the callback to hand initialize_fresh.
-  std::function<void(size_t)> initializing(size_t spans, long long parameters);
+  // Before the fresh model of `parameters` is filled; the callback to hand initialize_fresh.
+  std::function<void(size_t, size_t)> initializing(long long parameters);
   // After: how long it took, and the set-up's whole time.
   void initialized();
 
   static constexpr size_t kLoudFromBytes = size_t{8} << 30;
 
  private:
-  double lap_s();
+  double lap_s();  // seconds since the last lap, starting the next
+  double since_lap_s() const;
 
   std::FILE* out_;
   const MemoryPlan& plan_;
   std::chrono::steady_clock::time_point started_, lap_started_;
-  std::unique_ptr<ProgressLine> spans_line_;
-  size_t spans_ = 0;
+  std::unique_ptr<ProgressLine> spans_line_;  // made at the first span, which knows the count
 };
 
 }  // namespace layup

@@ -290,9 +290,7 @@ TrainResult train(TrainOptions options) {
     sampler.set_state(resumed.progress.data_rng_state);
   } else {
     if (options.init_from.empty()) {
-      const ParameterLayout layout(config);
-      schedule->initialize_fresh(
-          options.seed, setup.initializing(layout.spans().size(), parameter_count(config)));
+      schedule->initialize_fresh(options.seed, setup.initializing(parameter_count(config)));
       setup.initialized();
     } else {
       load_schedule_weights(options.init_from, *schedule);
