@@ -37,16 +37,20 @@ pack_logs() { [ -z "${OUT:-}" ] || tar -C "$out" -czf "$OUT/logs.tar.gz" .; }
 export PATH="/usr/local/cuda/bin:$PATH"
 # shellcheck source=scripts/gpu_cmake_args.sh
 source "$repo/scripts/gpu_cmake_args.sh"
-layup=$build/layup
+layup=${LAYUP_BIN:-$build/layup}
 
 # Incremental where the machine still holds the build folder; the CUDA tests only where a phase
-# runs them (they add about a minute to a fresh build).
-targets=(layup)
-[[ ",$PHASE," == *,build,* ]] && targets+=(layup_cuda_tests)
-cmake -S "$repo" -B "$build" "${cmake_args[@]}" > "$out/configure.log" 2>&1 &&
-  cmake --build "$build" -j16 --target "${targets[@]}" > "$out/build.log" 2>&1
-echo "build: exit $? after ${SECONDS}s"
-"$layup" --version
+# runs them (they add about a minute to a fresh build). LAYUP_BIN names a layup built elsewhere
+# (scripts/build_device_binary.sh), which saves a fresh machine's ~200 s build.
+if [ -z "${LAYUP_BIN:-}" ]; then
+  targets=(layup)
+  [[ ",$PHASE," == *,build,* ]] && targets+=(layup_cuda_tests)
+  cmake -S "$repo" -B "$build" "${cmake_args[@]}" > "$out/configure.log" 2>&1 &&
+    cmake --build "$build" -j16 --target "${targets[@]}" > "$out/build.log" 2>&1
+  echo "build: exit $? after ${SECONDS}s"
+fi
+[ -z "${LAYUP_BIN:-}" ] || export LAYUP_DATA_DIR=${LAYUP_DATA_DIR:-$repo/data}  # not this tree's path
+"$layup" --version || exit 1
 
 # MFU of each step in a train log: the bench's FLOPs per token (6N + 12 L T C) at the H200's dense
 # bf16 peak (989.4 TFLOP/s), and the step's tokens over its time.

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds layup here for the GPU machine (sm_90, x86-64-v4, PCRE2 and utf8proc linked statically from
+# .carry, no MPI) into .carry/bin/layup, so a fresh device call can skip its ~200 s build:
+#   scripts/make_device_carry.sh && scripts/build_device_binary.sh
+#   device: LAYUP_BIN=$PWD/.carry/bin/layup bench/run_h200_tiers.sh   (carry: .carry)
+# The CPU code targets x86-64-v4 (AVX-512) instead of -march=native: this machine and the GPU
+# machine differ; AdamW picks its SIMD loop at run time either way.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD:-build-device}
+lib=.carry/usr/lib
+[ -f "$lib/libpcre2-8.a" ] && [ -f "$lib/libutf8proc.a" ] ||
+  { echo "no static PCRE2/utf8proc in $lib: run scripts/make_device_carry.sh first" >&2; exit 1; }
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLAYUP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DLAYUP_NATIVE=OFF -DLAYUP_MPI=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v4 \
+  -DLAYUP_PCRE2_LIBRARY="$PWD/$lib/libpcre2-8.a" -DLAYUP_UTF8PROC_LIBRARY="$PWD/$lib/libutf8proc.a" > /dev/null
+cmake --build "$build" -j"$(nproc)" --target layup
+mkdir -p .carry/bin
+cp "$build/layup" .carry/bin/layup
+"$build/layup" --version
