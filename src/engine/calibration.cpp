@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -231,33 +232,47 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
                               device.copy_to_device(on_device.data(), on_host.data(), floats);
                             });
     say(log, "host to device", *rates.h2d_bytes_per_s / 1e9, "GB/s");
-  }
-  {
+
+    // The CPU's AdamW and gradient add as a step runs them: master weights and gradients in the
+    // host memory the device copies (pinned on CUDA), moments pageable, and copies to and from the
+    // device going on meanwhile. On an idle host with pageable buffers the H200 machine's AdamW
+    // ran 1.5x its in-step rate (bench/runs/2026-12-03a), and the model took that as the step's.
     HostAdamWOptions adamw_options;
     adamw_options.workers = options.cpu_workers;
     HostAdamW engine(adamw_options);
     const size_t n = std::max<size_t>(1, options.cpu_params);
-    std::vector<float> params(n), grads(n), m(n), v(n);
+    const DeviceBuffer params_buffer = device.allocate_host(n, TensorClass::kMasterWeights);
+    const DeviceBuffer grads_buffer = device.allocate_host(n, TensorClass::kWeightGrads);
+    float* params = params_buffer.data();
+    float* grads = grads_buffer.data();
+    std::vector<float> m(n), v(n);
     engine.for_each_worker_share(n, [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
         params[i] = 0.02f * static_cast<float>(static_cast<int>(i % 2001) - 1000) * 1e-3f;
         grads[i] = 1e-3f * params[i];
       }
     });
+    const bool copies_apart = device.memory_kind() != device.host_memory_kind();
+    const std::jthread copies([&](const std::stop_token& stop) {
+      while (copies_apart && !stop.stop_requested()) {
+        device.copy_to_host(on_host.data(), on_device.data(), floats);
+        device.copy_to_device(on_device.data(), on_host.data(), floats);
+      }
+    });
     const AdamWTiming timing = time_adamw_updates(
         options.repeats,
         [&](const AdamWStep& step) {
-          engine.update(params.data(), grads.data(), m.data(), v.data(), n, step, true);
+          engine.update(params, grads, m.data(), v.data(), n, step, true);
         },
         [] {});
     rates.cpu_adamw_params_per_s = static_cast<double>(n) / timing.median_s;
-    say(log, "CPU AdamW", *rates.cpu_adamw_params_per_s / 1e9, "G params/s");
     // The host's gradient accumulation: one float add per element, split as the workers split it.
     const double add_s = median_seconds(options.repeats, [&] {
       engine.for_each_worker_share(n, [&](size_t begin, size_t end) {
-        for (size_t i = begin; i < end; ++i) m[i] += grads[i];
+        for (size_t i = begin; i < end; ++i) grads[i] += params[i];
       });
     });
+    say(log, "CPU AdamW", *rates.cpu_adamw_params_per_s / 1e9, "G params/s");
     rates.host_add_floats_per_s = static_cast<double>(n) / add_s;
     say(log, "host gradient add", *rates.host_add_floats_per_s / 1e9, "G floats/s");
   }
