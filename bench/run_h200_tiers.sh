@@ -48,8 +48,9 @@ if [ -z "${LAYUP_BIN:-}" ]; then
   cmake -S "$repo" -B "$build" "${cmake_args[@]}" > "$out/configure.log" 2>&1 &&
     cmake --build "$build" -j16 --target "${targets[@]}" > "$out/build.log" 2>&1
   echo "build: exit $? after ${SECONDS}s"
+else
+  export LAYUP_DATA_DIR=${LAYUP_DATA_DIR:-$repo/data}  # the binary knows its build tree's path
 fi
-[ -z "${LAYUP_BIN:-}" ] || export LAYUP_DATA_DIR=${LAYUP_DATA_DIR:-$repo/data}  # not this tree's path
 "$layup" --version || exit 1
 
 # MFU of each step in a train log: the bench's FLOPs per token (6N + 12 L T C) at the H200's dense

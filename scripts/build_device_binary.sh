@@ -11,9 +11,12 @@ build=${BUILD:-build-device}
 lib=.carry/usr/lib
 [ -f "$lib/libpcre2-8.a" ] && [ -f "$lib/libutf8proc.a" ] ||
   { echo "no static PCRE2/utf8proc in $lib: run scripts/make_device_carry.sh first" >&2; exit 1; }
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLAYUP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DLAYUP_NATIVE=OFF -DLAYUP_MPI=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v4 \
-  -DLAYUP_PCRE2_LIBRARY="$PWD/$lib/libpcre2-8.a" -DLAYUP_UTF8PROC_LIBRARY="$PWD/$lib/libutf8proc.a" > /dev/null
+repo=$PWD
+# shellcheck source=scripts/gpu_cmake_args.sh
+source scripts/gpu_cmake_args.sh
+cmake -S . -B "$build" "${cmake_args[@]}" -DLAYUP_NATIVE=OFF -DLAYUP_MPI=OFF \
+  -DCMAKE_CXX_FLAGS=-march=x86-64-v4 -DLAYUP_PCRE2_LIBRARY="$PWD/$lib/libpcre2-8.a" \
+  -DLAYUP_UTF8PROC_LIBRARY="$PWD/$lib/libutf8proc.a" > /dev/null
 cmake --build "$build" -j"$(nproc)" --target layup
 mkdir -p .carry/bin
 cp "$build/layup" .carry/bin/layup

@@ -1,6 +1,7 @@
-# Sourced by the GPU-machine scripts (src/backend/cuda/run_gpu_tests.sh, bench/run_h200.sh): sets
-# cmake_args for a Release build with the CUDA backend for sm_90, taking the dependencies that
-# machine lacks from $repo/.carry (made by scripts/make_device_carry.sh) when present:
+# Sourced by the GPU-machine scripts (src/backend/cuda/run_gpu_tests.sh, bench/run_h200*.sh) and by
+# scripts/build_device_binary.sh: sets cmake_args for a Release build with the CUDA backend for
+# sm_90, taking the dependencies the GPU machine lacks from $repo/.carry (made by
+# scripts/make_device_carry.sh) when present:
 #   .carry/usr or .carry  an install prefix (include/, share/cmake/...): CMAKE_PREFIX_PATH, CPATH
 #   .carry/googletest     GoogleTest's source tree, built with the project (-DLAYUP_GTEST_SOURCE)
 # Needs $repo (the repository root).

@@ -252,7 +252,7 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
         grads[i] = 1e-3f * params[i];
       }
     });
-    const bool copies_apart = device.memory_kind() != device.host_memory_kind();
+    const bool copies_apart = device.kinds().own != MemoryKind::kHost;
     const std::jthread copies([&](const std::stop_token& stop) {
       while (copies_apart && !stop.stop_requested()) {
         device.copy_to_host(on_host.data(), on_device.data(), floats);
@@ -266,13 +266,13 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
         },
         [] {});
     rates.cpu_adamw_params_per_s = static_cast<double>(n) / timing.median_s;
+    say(log, "CPU AdamW", *rates.cpu_adamw_params_per_s / 1e9, "G params/s");
     // The host's gradient accumulation: one float add per element, split as the workers split it.
     const double add_s = median_seconds(options.repeats, [&] {
       engine.for_each_worker_share(n, [&](size_t begin, size_t end) {
         for (size_t i = begin; i < end; ++i) grads[i] += params[i];
       });
     });
-    say(log, "CPU AdamW", *rates.cpu_adamw_params_per_s / 1e9, "G params/s");
     rates.host_add_floats_per_s = static_cast<double>(n) / add_s;
     say(log, "host gradient add", *rates.host_add_floats_per_s / 1e9, "G floats/s");
   }
