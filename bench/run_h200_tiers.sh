@@ -25,8 +25,10 @@
 #                (1 warm-up + 1 step); modes: gpu, offload, layup, layup-disk (--clip none,
 #                --offload-dir); MFU from the bench. MODES="gpu:26 layup:50" starts each mode's
 #                scan at its own L
-# Logs go to build-gpu/logs; after each phase they are packed into $OUT/logs.tar.gz where $OUT is set
-# (the device tool's output folder brings back at most 8 files).
+# Logs go to build-gpu/logs; after each phase bench/tiers_table.py writes the issue's table from all
+# of them (table.md, and curve.csv for bench/plot_tier_curve.py), so a warm machine's calls add up
+# to one table, and they are packed into $OUT/logs.tar.gz where $OUT is set (the device tool's
+# output folder brings back at most 8 files).
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -202,7 +204,8 @@ largest)
     esac
     for ((L = from; L >= 8; L -= 2)); do
       timeout 400 "$layup" bench --layers "$L" --heads 40 --dim 5120 --context 1024 --seq-len 1024 \
-        "${extra[@]}" --warmup 1 --steps 1 > "$out/largest-$mode-$L.log" 2>&1
+        "${extra[@]}" --warmup 1 --steps 1 --json "$out/largest-$mode-$L.json" \
+        > "$out/largest-$mode-$L.log" 2>&1
       status=$?
       if [ $status -eq 0 ]; then
         echo "$mode: L=$L $(grep -E 'parameters|MFU|ms/step|optimizer-placement' "$out/largest-$mode-$L.log" | head -n 4 | tr '\n' ' ')"
@@ -210,11 +213,17 @@ largest)
       fi
       grep -qE "needs .* over|refused|does not fit" "$out/largest-$mode-$L.log" || {
         echo "$mode: L=$L failed (exit $status), not a refusal:"; tail -n 3 "$out/largest-$mode-$L.log"; break; }
+      # The last refusal stays, for the table: why the next larger L did not fit.
+      rm -f "$out/largest-$mode-refused-"*.txt "$out/largest-$mode-$L.json"
+      grep -m 1 "error:" "$out/largest-$mode-$L.log" > "$out/largest-$mode-refused-$L.txt"
       rm -f "$out/largest-$mode-$L.log"
     done
   done
   rm -rf /tmp/layup-offload
   ;;
 esac
+# The issue's table over every phase this machine has run so far (its logs add up across calls).
+python3 "$repo/bench/tiers_table.py" "$out" "$out/curve.csv" > "$out/table.md" || echo "table: failed"
 pack_logs
 done
+cat "$out/table.md"
