@@ -5,17 +5,18 @@
 #   PHASE=big    the 13B-class GPT (L40 H40 C5120, T=1024) trained by `layup train` on the shipped
 #                corpus in layup mode, B=16 x 8 and lr 3e-5 (the headline's; BATCH, ACCUM, LR):
 #                the planner's split (`layup memory`), then 6 steps with exact clipping,
-#                --recompute 3, no checkpoints; MFU per step from log.jsonl (6N + 12 L T C FLOPs a
-#                token, the bench's count; recomputation not counted), peak host memory
+#                --recompute 3; MFU per step from log.jsonl (6N + 12 L T C FLOPs a token, the
+#                bench's count; recomputation not counted), peak host memory; at its end the
+#                weights alone as sharded safetensors (--checkpoint-contents weights), resident
+#                memory sampled every 0.5 s during the write (the checkpoint line of "at scale")
 #   PHASE=gpu    gpu mode at the 6.65B model (L32 H32 C4096) for the MFU it reaches, to compare
 #   PHASE=curve  layup at gpt2-xl B=4 with --optimizer-placement device:K for K from 0 to 48: step
 #                time against the device memory the plan needs; gpu mode beside it
 #   PHASE=curve  also calibrates first (layup calibrate at gpt2-xl B=4): each bench prints the
 #                step-time model's prediction beside the measured median
-#   PHASE=ckpt   checkpoints at scale: the 13B model's weights alone (--checkpoint-contents
-#                weights, sharded safetensors) after one step; a 3.88B model's full state written,
-#                then resumed, its next loss beside an uninterrupted run's; resident memory sampled
-#                every 0.5 s during each write
+#   PHASE=ckpt   checkpoints at scale (the 13B weights are `big`'s): a 3.88B model's full state
+#                written, then resumed, its next loss beside an uninterrupted run's; resident memory
+#                sampled every 0.5 s during each write
 #   PHASE=disk   the disk tier: calibrate with the disk, then `layup bench` of the largest GPT the
 #                planner admits with blocks on disk (L=$DISK_LAYERS, default 52: 16.6B) at B=16,
 #                --clip none, --optimizer-placement auto --offload-dir; prediction beside measured
@@ -72,6 +73,17 @@ for line in open(path):
 EOF
 }
 
+# Resident memory of the newest layup process every 0.5 s, with the time, until it is killed; and
+# each line of a command's output with the time it came (a checkpoint's write is the stretch before
+# its "checkpoint ... GB in S s" line).
+sample_rss() {  # file
+  while sleep 0.5; do
+    pid=$(pgrep -n -x layup) || continue
+    echo "$(date +%s.%N) $(awk '/VmRSS/ {print $2}' "/proc/$pid/status" 2>/dev/null)"
+  done > "$1"
+}
+stamp() { while IFS= read -r line; do echo "$(date +%s.%N) $line"; done; }
+
 for phase in ${PHASE//,/ }; do
 case "$phase" in
 build)
@@ -88,10 +100,14 @@ big)
   free -g | head -2
   run=/tmp/layup-13b
   rm -rf "$run"
+  sample_rss "$out/rss-13b.txt" & sampler=$!
   /usr/bin/time -v "$layup" train "${shape[@]}" --steps "${STEPS:-6}" --lr "${LR:-3e-5}" --min-lr 2e-5 --warmup 3 --eval-every 0 \
-    --no-checkpoints --sample-tokens 0 --log-every 1 --out "$run" > "$out/train-13b.log" 2>&1
-  echo "train: exit $?"
-  grep -E "Maximum resident|Elapsed \(wall" "$out/train-13b.log"
+    --checkpoint-contents weights --sample-tokens 0 --log-every 1 --out "$run" 2>&1 | stamp \
+    > "$out/train-13b.log"
+  echo "train: exit ${PIPESTATUS[0]}"
+  kill "$sampler"
+  grep -E "Maximum resident|Elapsed \(wall|checkpoint .* GB in" "$out/train-13b.log"
+  ls -la "$run"/step-*/ | head -n 20
   head -n 30 "$out/train-13b.log"
   cp "$run/log.jsonl" "$out/train-13b.jsonl"
   tokens=$((1024 * ${BATCH:-16} * ${ACCUM:-8}))
@@ -126,30 +142,9 @@ curve)
   done
   ;;
 ckpt)
-  # Resident memory of the newest layup process every 0.5 s, with the time, until it ends.
-  sample_rss() {  # file
-    while sleep 0.5; do
-      pid=$(pgrep -n -x layup) || continue
-      echo "$(date +%s.%N) $(awk '/VmRSS/ {print $2}' "/proc/$pid/status" 2>/dev/null)"
-    done > "$1"
-  }
-  stamp() { while IFS= read -r line; do echo "$(date +%s.%N) $line"; done; }
   df -h /tmp | tail -n 1
   run=/tmp/layup-ckpt
   rm -rf "$run"
-  shape13=(--layers 40 --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch 8 --mode layup
-    --recompute 3 --clip 1.0 --layup-clip deferred)
-  sample_rss "$out/rss-13b.txt" & sampler=$!
-  "$layup" train "${shape13[@]}" --steps 1 --lr 3e-5 --min-lr 3e-6 --warmup 1 --eval-every 0 \
-    --sample-tokens 0 --log-every 1 --checkpoint-contents weights --out "$run" 2>&1 | stamp \
-    > "$out/train-13b-weights.log"
-  echo "13B weights-only: exit ${PIPESTATUS[0]}"
-  kill "$sampler"
-  grep -E "checkpoint|error" "$out/train-13b-weights.log" | tail -n 4
-  ls -la "$run"/step-*/ | head -n 20
-  du -sh "$run"
-  rm -rf "$run"
-
   shape4=(--layers 24 --heads 28 --dim 3584 --context 1024 --seq-len 1024 --batch 8 --mode layup
     --clip 1.0 --lr 3e-5 --min-lr 3e-6 --warmup 1 --eval-every 0 --sample-tokens 0 --log-every 1)
   "$layup" train "${shape4[@]}" --steps 2 --no-checkpoints --out /tmp/layup-straight \

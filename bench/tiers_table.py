@@ -136,7 +136,7 @@ def checkpoint_rows(logs):
     resume = ("not run" if straight is None or resumed is None else
               f"step-2 loss {resumed} resumed, {straight} uninterrupted")
     return [("13B weights, sharded safetensors",
-             written("train-13b-weights.log", "rss-13b.txt"), None),
+             written("train-13b.log", "rss-13b.txt"), None),
             ("3.88B full state written", written("train-3.9b-first.log", "rss-3.9b.txt"), None),
             ("3.88B resumed", resume, None if resumed is None else resumed == straight)]
 

@@ -58,7 +58,9 @@ def test_every_line_not_run_without_its_logs(tmp_path):
 
 def test_lines_judged_from_the_logs(tmp_path):
     write(tmp_path, "mfu-13b.txt", mfu_log([40, 39, 38, 37, 36], [20, 19, 18, 17, 16]))
-    write(tmp_path, "train-13b.log", "\tMaximum resident set size (kbytes): 104857600\n")
+    write(tmp_path, "train-13b.log",
+          "200.0 checkpoint /tmp/x/step-00000006: 51.39 GB in 64.6 s (0.80 GB/s)\n"
+          "201.0 \tMaximum resident set size (kbytes): 104857600\n")
     write(tmp_path, "gpu-6.65b-b1.json", bench_result(32, 4096, 126.0, 0.341, 121.0))
     write(tmp_path, "largest-layup-42.json", bench_result(42, 5120, 3695.7, 0.374, 3684.2))
     write(tmp_path, "largest-layup-refused-44.txt",
@@ -86,6 +88,7 @@ def test_lines_judged_from_the_logs(tmp_path):
         "L58 H40 C5120, 18.51B, B=4: 60.00 s a step, 3.3% MFU, 1.20x predicted", "**no**")
     assert rows["gpt2-xl B=4 tier curve, measured / predicted"] == (
         "device:0 0.92x, device:48 1.10x", "yes")
+    assert rows["13B weights, sharded safetensors"][0] == "51.39 GB in 64.6 s (0.80 GB/s)"
     measured, _ = rows["3.88B full state written"]
     assert measured == ("46.61 GB in 40.0 s (1.17 GB/s), resident 3.0 GiB at the peak of the "
                         "write (+2.5 GiB)"), measured
