@@ -62,6 +62,10 @@ nlohmann::json print_predicted(const BenchmarkResult& result, const std::string&
   std::printf("  %-22s %.2f ms (measured median %.2f ms: %.2fx the prediction); %s\n%s",
               "predicted", p.step_s * 1e3, result.median_ms, result.median_ms / (p.step_s * 1e3),
               calibration->describe().c_str(), format_step_time(p).c_str());
+  const StepTimeRequest& run = result.step_time;
+  const std::string note =
+      calibration->shape_note({run.config.n_embd, run.batch, run.seq_len, run.recompute});
+  if (!note.empty()) std::printf("  %s", note.c_str());
   return {{"predicted_ms", p.step_s * 1e3},
           {"measured_over_predicted", result.median_ms / (p.step_s * 1e3)},
           {"bound_by", p.bound_by},

@@ -44,11 +44,8 @@ Calibration calibrate(const CalibrationOptions& options, FILE* log) {
   calibration.host = hostname();
   calibration.date = utc_now();
   calibration.device = name_of(options.target.device) + " " + name_of(options.target.dtype);
-  calibration.gpu_shape =
-      "C=" + std::to_string(options.config.n_embd) + ", B=" + std::to_string(options.batch) +
-      " x T=" + std::to_string(options.seq_len) +
-      (options.target.recompute ? ", recompute " + std::to_string(options.target.recompute)
-                                : std::string());
+  calibration.gpu_shape = FlopRateShape{options.config.n_embd, options.batch, options.seq_len,
+                                        options.target.recompute};
   calibration.disk_dir = options.disk_dir;
   calibration.rates = measure_machine_rates(options, log);
   return calibration;
@@ -63,7 +60,7 @@ std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode deta
            "; run `layup calibrate` (a few seconds; --offload-dir DIR adds the disk)\n";
   std::string text =
       "predicted step time (calibration " + path + ": " + calibration->describe() + ")\n";
-  std::string details;
+  std::string details, shape_note;
   for (const MemoryPlan& plan : plans) {
     const MemoryPlanRequest& request = plan.request;
     const StepTimeRequest step = step_time_request(request, plan_run_memory(request).schedule);
@@ -76,6 +73,9 @@ std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode deta
       continue;
     }
     const StepTimePrediction p = predict_step_time(step, calibration->rates);
+    if (shape_note.empty())
+      shape_note = calibration->shape_note(
+          {request.config.n_embd, request.batch, request.seq_len, request.recompute});
     std::snprintf(line, sizeof line, "  %-8s %10.1f ms  bound by %s, the GPU waits %.1f ms\n",
                   name_of(request.mode).c_str(), p.step_s * 1e3, p.bound_by.c_str(),
                   p.exposed_s * 1e3);
@@ -88,6 +88,7 @@ std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode deta
   if (calibration->device.rfind(planned_on, 0) != 0)
     text += "  note: measured on " + calibration->device + ", planned for " + planned_on +
             ": the prediction is for the machine that was measured\n";
+  if (!shape_note.empty()) text += "  " + shape_note;
   return text + details;
 }
 

@@ -115,10 +115,27 @@ double measure_gpu_adamw(const CalibrationOptions& options, Device& device,
 
 }  // namespace
 
+std::string FlopRateShape::describe() const {
+  return "C=" + std::to_string(width) + ", B=" + std::to_string(batch) +
+         " x T=" + std::to_string(seq_len) +
+         (recompute ? ", recompute " + std::to_string(recompute) : std::string());
+}
+
 std::string Calibration::describe() const {
   std::string text = host + ", " + date + ", " + device;
-  if (!gpu_shape.empty()) text += " (FLOP rate at " + gpu_shape + ")";
+  if (gpu_shape) text += " (FLOP rate at " + gpu_shape->describe() + ")";
   return text;
+}
+
+std::string Calibration::shape_note(const FlopRateShape& run) const {
+  if (!gpu_shape ||
+      (gpu_shape->width == run.width &&
+       int64_t{gpu_shape->batch} * gpu_shape->seq_len == int64_t{run.batch} * run.seq_len))
+    return "";
+  return "note: the FLOP rate was measured at " + gpu_shape->describe() + ", this run is " +
+         run.describe() +
+         ": GEMMs of another width or row count run at another rate; `layup calibrate` with this "
+         "run's model, --batch and --seq-len measures this shape's\n";
 }
 
 std::string default_calibration_path() {
@@ -136,11 +153,17 @@ nlohmann::json calibration_json(const Calibration& calibration) {
   for (const RateField& field : kRateFields)
     if (const std::optional<double>& rate = calibration.rates.*field.rate; rate)
       rates[field.key] = *rate;
+  nlohmann::json shape;  // null: not known
+  if (const std::optional<FlopRateShape>& at = calibration.gpu_shape; at)
+    shape = {{"width", at->width},
+             {"batch", at->batch},
+             {"seq_len", at->seq_len},
+             {"recompute", at->recompute}};
   return {{"layup_calibration", kFormatVersion},
           {"host", calibration.host},
           {"date", calibration.date},
           {"device", calibration.device},
-          {"gpu_shape", calibration.gpu_shape},
+          {"gpu_shape", shape},
           {"disk_dir", calibration.disk_dir},
           {"rates", rates}};
 }
@@ -168,7 +191,19 @@ Calibration parse_calibration(const std::string& text, const std::string& source
   text_field("host", calibration.host);
   text_field("date", calibration.date);
   text_field("device", calibration.device);
-  text_field("gpu_shape", calibration.gpu_shape);
+  // An object since the shape is compared with a run's; files before that kept a line of text,
+  // which says nothing comparable, so they read as "shape not known".
+  if (json.contains("gpu_shape") && json["gpu_shape"].is_object()) {
+    const nlohmann::json& shape = json["gpu_shape"];
+    FlopRateShape& out = calibration.gpu_shape.emplace();
+    for (const auto& [key, field] :
+         {std::pair{"width", &out.width}, std::pair{"batch", &out.batch},
+          std::pair{"seq_len", &out.seq_len}, std::pair{"recompute", &out.recompute}}) {
+      LAYUP_CHECK(shape.contains(key) && shape[key].is_number_integer() && shape[key] >= 0, source,
+                  ": \"gpu_shape\" should hold \"", key, "\" as a non-negative integer", remedy);
+      *field = shape[key].get<int>();
+    }
+  }
   text_field("disk_dir", calibration.disk_dir);
   LAYUP_CHECK(json.contains("rates") && json["rates"].is_object(), source, ": no \"rates\" object",
               remedy);

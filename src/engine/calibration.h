@@ -16,15 +16,27 @@
 
 namespace layup {
 
+// The shape a FLOP rate was measured at: its GEMMs' width and rows (B x T), which set how fast
+// they run (on the H200 gpt2-xl's C=1600 ran at 566 TFLOP/s, C=5120 at 733).
+struct FlopRateShape {
+  int width = 0, batch = 0, seq_len = 0, recompute = 0;
+  std::string describe() const;  // "C=1600, B=4 x T=1024" (", recompute 3")
+};
+
 // A calibration as the file keeps it: the rates and where and how they were measured.
 struct Calibration {
   MachineRates rates;
   std::string host, date;  // the machine's name, UTC
   std::string device;      // "cuda bf16", "cpu fp32"
-  std::string gpu_shape;   // what the GPU's FLOP rate was measured on ("C=1600, B=4 x T=1024")
-  std::string disk_dir;    // where the disk was measured; empty: not measured
+  // What the GPU's FLOP rate was measured on; none in files written before layup kept it.
+  std::optional<FlopRateShape> gpu_shape;
+  std::string disk_dir;  // where the disk was measured; empty: not measured
   // One line: host, date, device and the shape of the GPU rate.
   std::string describe() const;
+  // A note, when a run's width or tokens a micro-batch are not those the FLOP rate was measured
+  // at, that the prediction carries that rate to another shape and how to measure this one;
+  // empty otherwise (and when the shape is not known).
+  std::string shape_note(const FlopRateShape& run) const;
 };
 
 // $XDG_CACHE_HOME/layup/calibration.json, else $HOME/.cache/layup/calibration.json.

@@ -42,7 +42,7 @@ TEST(Calibration, RoundTripsThroughItsFileAndKeepsAbsentRatesAbsent) {
   calibration.host = "h200-box";
   calibration.date = "2026-12-03T10:00:00Z";
   calibration.device = "cuda bf16";
-  calibration.gpu_shape = "C=1600, B=4 x T=1024";
+  calibration.gpu_shape = FlopRateShape{1600, 4, 1024, 3};
   calibration.rates.gpu_flops = 4.8e14;
   calibration.rates.cpu_adamw_params_per_s = 3.4e9;
   calibration.rates.d2h_bytes_per_s = 5.1e10;
@@ -53,14 +53,49 @@ TEST(Calibration, RoundTripsThroughItsFileAndKeepsAbsentRatesAbsent) {
   EXPECT_EQ(read->host, "h200-box");
   EXPECT_EQ(read->date, calibration.date);
   EXPECT_EQ(read->device, "cuda bf16");
-  EXPECT_EQ(read->gpu_shape, calibration.gpu_shape);
+  ASSERT_TRUE(read->gpu_shape.has_value());
+  EXPECT_EQ(read->gpu_shape->width, 1600);
+  EXPECT_EQ(read->gpu_shape->batch, 4);
+  EXPECT_EQ(read->gpu_shape->seq_len, 1024);
+  EXPECT_EQ(read->gpu_shape->recompute, 3);
   EXPECT_EQ(read->rates.gpu_flops, 4.8e14);
   EXPECT_EQ(read->rates.cpu_adamw_params_per_s, 3.4e9);
   EXPECT_EQ(read->rates.d2h_bytes_per_s, 5.1e10);
   EXPECT_FALSE(read->rates.disk_read_bytes_per_s.has_value());
   EXPECT_FALSE(read->rates.gpu_adamw_params_per_s.has_value());
   EXPECT_NE(read->describe().find("h200-box"), std::string::npos);
+  EXPECT_NE(read->describe().find("(FLOP rate at C=1600, B=4 x T=1024, recompute 3)"),
+            std::string::npos)
+      << read->describe();
   fs::remove_all(path.parent_path().parent_path().parent_path());
+}
+
+// The prediction carries the FLOP rate to the run's shape, and says so where the width or the rows
+// of the GEMMs (B x T) differ; an older file's shape, a line of text, is not known.
+TEST(Calibration, ANoteWhereTheRunsShapeIsNotTheFlopRates) {
+  Calibration calibration;
+  EXPECT_EQ(calibration.shape_note({5120, 16, 1024, 3}), "");  // not known
+  calibration.gpu_shape = FlopRateShape{1600, 4, 1024, 0};
+  EXPECT_EQ(calibration.shape_note({1600, 4, 1024, 0}), "");
+  EXPECT_EQ(calibration.shape_note({1600, 8, 512, 3}), "");  // the same rows, recompute aside
+  const std::string wider = calibration.shape_note({5120, 4, 1024, 0});
+  EXPECT_NE(wider.find("measured at C=1600, B=4 x T=1024, this run is C=5120, B=4 x T=1024"),
+            std::string::npos)
+      << wider;
+  EXPECT_NE(wider.find("`layup calibrate` with this run's model, --batch and --seq-len"),
+            std::string::npos)
+      << wider;
+  EXPECT_NE(calibration.shape_note({1600, 16, 1024, 0}), "");
+
+  const std::string legacy = R"({"layup_calibration": 1, "gpu_shape": "C=1600, B=4 x T=1024",
+                                 "rates": {"gpu_flops": 1e14}})";
+  const Calibration read = parse_calibration(legacy, "cal.json");
+  EXPECT_FALSE(read.gpu_shape.has_value());
+  EXPECT_EQ(read.shape_note({5120, 4, 1024, 0}), "");
+  EXPECT_NE(error_of(R"({"layup_calibration": 1, "gpu_shape": {"width": 1600, "batch": 4},
+                         "rates": {}})")
+                .find("\"gpu_shape\" should hold \"seq_len\" as a non-negative integer"),
+            std::string::npos);
 }
 
 TEST(Calibration, NoFileIsNoCalibration) {

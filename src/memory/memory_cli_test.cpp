@@ -106,20 +106,39 @@ TEST(MemoryCli, MemoryCommandPredictsTheStepTimeFromACalibration) {
   const fs::path dir = fs::temp_directory_path() / ("layup_memory_cal_" + std::to_string(getpid()));
   fs::create_directories(dir);
   const fs::path calibration = dir / "calibration.json";
-  std::ofstream(calibration) << R"({"layup_calibration": 1, "host": "box", "date": "today",
-    "device": "cuda bf16", "gpu_shape": "C=1600, B=4 x T=1024",
-    "rates": {"gpu_flops": 4.8e14, "gpu_adamw_params_per_s": 1.2e11,
-              "cpu_adamw_params_per_s": 3.4e9, "host_add_floats_per_s": 1e10,
-              "d2h_bytes_per_s": 5e10, "h2d_bytes_per_s": 5e10}})";
+  const auto write_calibration = [&](int width) {
+    std::ofstream(calibration) << R"({"layup_calibration": 1, "host": "box", "date": "today",
+      "device": "cuda bf16",
+      "gpu_shape": {"width": )" << width
+                               << R"(, "batch": 4, "seq_len": 1024, "recompute": 0},
+      "rates": {"gpu_flops": 4.8e14, "gpu_adamw_params_per_s": 1.2e11,
+                "cpu_adamw_params_per_s": 3.4e9, "host_add_floats_per_s": 1e10,
+                "d2h_bytes_per_s": 5e10, "h2d_bytes_per_s": 5e10}})";
+  };
+  write_calibration(1600);
   const std::string model = "memory --device cuda --model gpt2-xl --batch 4 --seq-len 1024 ";
   const Outcome predicted =
       run_layup(model + "--optimizer-placement host --calibration '" + calibration.string() + "'");
   ASSERT_EQ(predicted.exit_code, 0) << predicted.output;
-  for (const char* expected :
-       {"predicted step time (calibration", "box, today, cuda bf16", "  gpu  ", "  offload  ",
-        "  layup  ", "bound by CPU", "layup mode:", "predicted step", "gradients to the host"})
+  for (const char* expected : {"predicted step time (calibration",
+                               "box, today, cuda bf16 (FLOP rate at C=1600, B=4 x "
+                               "T=1024)",
+                               "  gpu  ", "  offload  ", "  layup  ", "bound by CPU",
+                               "layup mode:", "predicted step", "gradients to the host"})
     EXPECT_NE(predicted.output.find(expected), std::string::npos) << expected << "\n"
                                                                   << predicted.output;
+  EXPECT_EQ(predicted.output.find("FLOP rate was measured at"), std::string::npos)
+      << predicted.output;
+
+  // A FLOP rate measured at another width: the prediction says so and how to measure this one.
+  write_calibration(5120);
+  const Outcome elsewhere =
+      run_layup(model + "--optimizer-placement host --calibration '" + calibration.string() + "'");
+  ASSERT_EQ(elsewhere.exit_code, 0) << elsewhere.output;
+  EXPECT_NE(elsewhere.output.find("note: the FLOP rate was measured at C=5120, B=4 x T=1024, this "
+                                  "run is C=1600, B=4 x T=1024"),
+            std::string::npos)
+      << elsewhere.output;
 
   const Outcome none = run_layup(model + "--calibration '" + (dir / "absent.json").string() + "'");
   ASSERT_EQ(none.exit_code, 0) << none.output;
