@@ -18,7 +18,7 @@
 #                written, then resumed, its next loss beside an uninterrupted run's; resident memory
 #                sampled every 0.5 s during each write
 #   PHASE=disk   the disk tier: calibrate with the disk, then `layup bench` of the largest GPT the
-#                planner admits with blocks on disk (L=$DISK_LAYERS, default 52: 16.6B) at B=16,
+#                planner admits with blocks on disk (L=$DISK_LAYERS, default 58: 18.5B) at B=16,
 #                --clip none, --optimizer-placement auto --offload-dir; prediction beside measured
 #   PHASE=largest  the largest GPT (H40 C5120, T=1024, L descending by 2 from $FROM) each of
 #                $MODES trains on this box: every plan over a limit is refused before allocating,
@@ -26,6 +26,11 @@
 #                (1 warm-up + 1 step); modes: gpu, offload, layup, layup-disk (--clip none,
 #                --offload-dir); MFU from the bench. MODES="gpu:26 layup:50" starts each mode's
 #                scan at its own L
+# Every line of the issue in three calls of one warm machine (each under the 10-minute limit; about
+# 1,550 s of device time with a fresh start, from the phase times of 2026-12-03), with LAYUP_BIN:
+#   PHASE=big,gpu                                                       ~445 s
+#   PHASE=curve,disk,largest STEPS=1 MODES="gpu:26"                     ~460 s
+#   PHASE=largest,ckpt STEPS=1 MODES="offload:24 layup:44"              ~430 s
 # Logs go to build-gpu/logs; after each phase bench/tiers_table.py writes the issue's table from all
 # of them (table.md, and curve.csv for bench/plot_tier_curve.py), so a warm machine's calls add up
 # to one table, and they are packed into $OUT/logs.tar.gz where $OUT is set (the device tool's
@@ -170,7 +175,7 @@ disk)
   mkdir -p "$dir"
   df -h /tmp | tail -n 1
   free -g | head -n 2
-  L=${DISK_LAYERS:-52}
+  L=${DISK_LAYERS:-58}
   shape=(--layers "$L" --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch "${BATCH:-16}"
     --mode layup --recompute 3 --clip none --offload-dir "$dir")
   "$layup" calibrate --layers "$L" --heads 40 --dim 5120 --context 1024 --batch "${BATCH:-16}" \
