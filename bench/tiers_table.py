@@ -152,7 +152,7 @@ def main(logs, curve_csv=None):
     disk = load(logs / "bench-disk.json")
     rows.append(("largest GPT with the disk tier",
                  f"{shape(disk)}: {bench_cell(disk)}" if disk else "not run",
-                 None if disk is None else abs(ratio(disk) - 1) <= PREDICTION_LINE))
+                 None if ratio(disk) is None else abs(ratio(disk) - 1) <= PREDICTION_LINE))
     points = curve_points(logs)
     layup = [p for p in points if p["mode"] == "layup" and p["predicted_ms"]]
     ratios = [float(p["measured_ms"]) / float(p["predicted_ms"]) for p in layup]

@@ -81,6 +81,11 @@ def test_lines_judged_from_the_logs(tmp_path):
     assert "peak host 100.0 GiB" in measured and holds == "yes"
     assert rows["gpu mode at 6.65B, B=1"][0] == "126.0 ms a step, 34.1% MFU, 1.04x predicted"
     assert rows["gpu mode at 6.65B, B=2"][0] == "not run"
+    unpredicted = tmp_path / "unpredicted"  # a bench without a calibration's prediction
+    unpredicted.mkdir()
+    write(unpredicted, "bench-disk.json", bench_result(58, 5120, 60000.0, 0.033))
+    assert table(unpredicted)["largest GPT with the disk tier"] == (
+        "L58 H40 C5120, 18.51B, B=4: 60.00 s a step, 3.3% MFU", "")
     measured, _ = rows["largest GPT in layup mode"]
     assert measured.startswith("L42 H40 C5120, 13.48B, B=4: 3695.7 ms a step, 37.4% MFU"), measured
     assert measured.endswith("L44 refused: custom needs 130 GiB of host memory, over 120 GiB")
