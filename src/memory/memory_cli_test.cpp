@@ -120,11 +120,10 @@ TEST(MemoryCli, MemoryCommandPredictsTheStepTimeFromACalibration) {
   const Outcome predicted =
       run_layup(model + "--optimizer-placement host --calibration '" + calibration.string() + "'");
   ASSERT_EQ(predicted.exit_code, 0) << predicted.output;
-  for (const char* expected : {"predicted step time (calibration",
-                               "box, today, cuda bf16 (FLOP rate at C=1600, B=4 x "
-                               "T=1024)",
-                               "  gpu  ", "  offload  ", "  layup  ", "bound by CPU",
-                               "layup mode:", "predicted step", "gradients to the host"})
+  for (const char* expected :
+       {"predicted step time (calibration",
+        "box, today, cuda bf16 (FLOP rate at C=1600, B=4 x T=1024)", "  gpu  ", "  offload  ",
+        "  layup  ", "bound by CPU", "layup mode:", "predicted step", "gradients to the host"})
     EXPECT_NE(predicted.output.find(expected), std::string::npos) << expected << "\n"
                                                                   << predicted.output;
   EXPECT_EQ(predicted.output.find("FLOP rate was measured at"), std::string::npos)
