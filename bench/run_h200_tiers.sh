@@ -214,7 +214,7 @@ largest)
       grep -qE "needs .* over|refused|does not fit" "$out/largest-$mode-$L.log" || {
         echo "$mode: L=$L failed (exit $status), not a refusal:"; tail -n 3 "$out/largest-$mode-$L.log"; break; }
       # The last refusal stays, for the table: why the next larger L did not fit.
-      rm -f "$out/largest-$mode-refused-"*.txt "$out/largest-$mode-$L.json"
+      rm -f "$out/largest-$mode-refused-"*.txt
       grep -m 1 "error:" "$out/largest-$mode-$L.log" > "$out/largest-$mode-refused-$L.txt"
       rm -f "$out/largest-$mode-$L.log"
     done

@@ -60,7 +60,7 @@ std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode deta
            "; run `layup calibrate` (a few seconds; --offload-dir DIR adds the disk)\n";
   std::string text =
       "predicted step time (calibration " + path + ": " + calibration->describe() + ")\n";
-  std::string details, shape_note;
+  std::string details;
   for (const MemoryPlan& plan : plans) {
     const MemoryPlanRequest& request = plan.request;
     const StepTimeRequest step = step_time_request(request, plan_run_memory(request).schedule);
@@ -73,9 +73,6 @@ std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode deta
       continue;
     }
     const StepTimePrediction p = predict_step_time(step, calibration->rates);
-    if (shape_note.empty())
-      shape_note = calibration->shape_note(
-          {request.config.n_embd, request.batch, request.seq_len, request.recompute});
     std::snprintf(line, sizeof line, "  %-8s %10.1f ms  bound by %s, the GPU waits %.1f ms\n",
                   name_of(request.mode).c_str(), p.step_s * 1e3, p.bound_by.c_str(),
                   p.exposed_s * 1e3);
@@ -83,11 +80,14 @@ std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode deta
     if (request.mode == detailed_mode)
       details = name_of(request.mode) + " mode:\n" + format_step_time(p);
   }
-  const std::string planned_on =
-      name_of(plans.front().request.device) + " " + name_of(plans.front().request.dtype);
+  // Every plan is of one model, batch and device: the notes are the first one's.
+  const MemoryPlanRequest& planned = plans.front().request;
+  const std::string planned_on = name_of(planned.device) + " " + name_of(planned.dtype);
   if (calibration->device.rfind(planned_on, 0) != 0)
     text += "  note: measured on " + calibration->device + ", planned for " + planned_on +
             ": the prediction is for the machine that was measured\n";
+  const std::string shape_note = calibration->shape_note(
+      {planned.config.n_embd, planned.batch, planned.seq_len, planned.recompute});
   if (!shape_note.empty()) text += "  " + shape_note;
   return text + details;
 }
