@@ -676,8 +676,8 @@ TEST(AttentionShapeCheck, RejectsBadShapes) {
 }
 
 // cuDNN's fused attention (the bf16 mode's default where cuDNN is built in) against the same CPU
-// op. cuDNN takes head dimensions that are multiples of 8; it overwrites dqkv. Its backward may
-// sum dq in a different order run to run, so reproducibility is not asserted here.
+// op. cuDNN takes head dimensions that are multiples of 8; it overwrites dqkv. Reproducibility is
+// the next test's.
 class CudnnAttentionOp : public ::testing::TestWithParam<AttentionCase> {};
 
 void check_cudnn_attention(const AttentionCase& c, AlgorithmChoice choice) {
@@ -724,6 +724,39 @@ TEST_P(CudnnAttentionOp, MatchesCpu) {
 TEST_P(CudnnAttentionOp, TimedPlansMatchCpu) {
   LAYUP_REQUIRE_GPU();
   check_cudnn_attention(GetParam(), AlgorithmChoice::kTimed);
+}
+
+// --algorithms heuristic promises the same bits in every run: cuDNN's default backward sums dq
+// with atomics in whatever order its blocks finish, so the backward must be its deterministic
+// algorithm. The shape is the 3.88B checkpoint run's (many blocks per row of dq, where the order
+// varies); five backward passes over the same operands give the same bytes.
+TEST(CudnnAttentionDeterminism, HeuristicBackwardGivesTheSameBitsEveryTime) {
+  LAYUP_REQUIRE_GPU();
+  std::string why;
+  if (!cuda::CudnnAttention::available(&why)) GTEST_SKIP() << why;
+  using T = __nv_bfloat16;
+  const cuda::AttentionShape shape{2, 1024, 28, 28, 128};
+  const size_t BT = static_cast<size_t>(shape.B) * shape.T;
+  const size_t qkv_size = BT * shape.qkv_width(), out_size = BT * shape.out_width();
+  Rng rng(2024);
+  cuda::GrowableWorkspace workspace;
+  cuda::CudnnAttention attention(kStream, workspace, AlgorithmChoice::kHeuristic);
+  DeviceTensor<T> qkv(random_vector(rng, qkv_size)), out(out_size),
+      dout(random_vector(rng, out_size)), dqkv(qkv_size);
+  DeviceArray<float> lse(BT * shape.heads);
+  attention.forward(out.get(), lse.get(), qkv.get(), shape);
+  std::vector<__nv_bfloat16> first;
+  for (int pass = 0; pass < 5; ++pass) {
+    dqkv.array.poison();
+    attention.backward(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.get(), shape);
+    const std::vector<__nv_bfloat16> bits = dqkv.array.download();
+    if (pass == 0) {
+      first = bits;
+      continue;
+    }
+    ASSERT_EQ(std::memcmp(bits.data(), first.data(), bits.size() * sizeof(bits[0])), 0)
+        << "backward pass " << pass << " differs from the first";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

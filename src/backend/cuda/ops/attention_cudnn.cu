@@ -3,8 +3,12 @@
 // maps query head h to key/value head h / (heads / kv_heads) (the repeat_kv order) itself.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <functional>
 #include <map>
+#include <string>
 #include <tuple>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ops/attention_cudnn.cuh"
@@ -97,6 +101,47 @@ struct CudnnAttention::State {
     auto found = graphs.find(key);
     if (found != graphs.end()) return found->second;
 
+    const bool timed = choice == AlgorithmChoice::kTimed;
+    // cuDNN's default backward sums dQ with atomics, so two runs differ in their last bits;
+    // kHeuristic promises the same bits in every run, so it asks for the ordered-dQ algorithm
+    // (a few percent of attention's backward, which is a small part of a step at any width).
+    const bool deterministic = backward && !timed;
+    auto graph = describe(shape, backward, deterministic);
+    std::string failed = finalize(*graph, timed);
+    if (!failed.empty() && deterministic) {
+      std::fprintf(stderr,
+                   "layup: cuDNN has no deterministic attention backward here (%s); using its "
+                   "default one: runs will differ in their last bits (--attention layup is "
+                   "deterministic)\n",
+                   failed.c_str());
+      graph = describe(shape, backward, false);
+      failed = finalize(*graph, timed);
+    }
+    if (!failed.empty()) {
+      fail("cuDNN attention: ", failed, " for B=", shape.B, " T=", shape.T, " heads=", shape.heads,
+           " kv_heads=", shape.kv_heads, " head_dim=", shape.head_dim,
+           " (--attention layup runs layup's own kernel)");
+    }
+
+    int64_t needed = 0;
+    check_frontend(graph->get_workspace_size(needed), "sizing the workspace", shape);
+    if (timed) {
+      // Room for every plan the timing may try (a plan cuDNN could not build has no size).
+      for (int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
+        int64_t plan_bytes = 0;
+        if (graph->get_workspace_size_plan_at_index(i, plan_bytes).is_good())
+          needed = std::max(needed, plan_bytes);
+      }
+    }
+    // A graph may be built while the previous step's work still runs on the stream: growing
+    // waits for it.
+    workspace->reserve(static_cast<size_t>(needed), stream);
+    return graphs.emplace(key, Built{graph}).first->second;
+  }
+
+  // The forward or backward SDPA graph of `shape`, described but not built.
+  std::shared_ptr<fe::graph::Graph> describe(const AttentionShape& shape, bool backward,
+                                             bool deterministic) const {
     const int qkv_width = shape.qkv_width(), out_width = shape.out_width();
     auto graph = std::make_shared<fe::graph::Graph>();
     graph->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -134,7 +179,8 @@ struct CudnnAttention::State {
       auto options = fe::graph::SDPA_backward_attributes()
                          .set_name("attention_backward")
                          .set_causal_mask(true)
-                         .set_attn_scale(scale);
+                         .set_attn_scale(scale)
+                         .set_deterministic_algorithm(deterministic);
       // With fewer key/value heads, cuDNN sums dk and dv over each group's query heads itself.
       auto [d_q, d_k, d_v] = graph->sdpa_backward(q, k, v, o, d_o, stats, options);
       d_q->set_output(true)
@@ -150,30 +196,26 @@ struct CudnnAttention::State {
           .set_dim(split_heads_dim(shape, shape.kv_heads))
           .set_stride(split_heads_stride(shape, qkv_width));
     }
-    check_frontend(graph->validate(), "validating the graph", shape);
-    check_frontend(graph->build_operation_graph(handle), "building the operation graph", shape);
-    check_frontend(graph->create_execution_plans({fe::HeurMode_t::A}), "finding execution plans",
-                   shape);
-    check_frontend(graph->check_support(handle), "checking support", shape);
-    const bool timed = choice == AlgorithmChoice::kTimed;
-    check_frontend(graph->build_plans(handle, timed ? fe::BuildPlanPolicy_t::ALL
-                                                    : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
-                   "building the plan", shape);
+    return graph;
+  }
 
-    int64_t needed = 0;
-    check_frontend(graph->get_workspace_size(needed), "sizing the workspace", shape);
-    if (timed) {
-      // Room for every plan the timing may try (a plan cuDNN could not build has no size).
-      for (int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
-        int64_t plan_bytes = 0;
-        if (graph->get_workspace_size_plan_at_index(i, plan_bytes).is_good())
-          needed = std::max(needed, plan_bytes);
-      }
+  // Validates and builds `graph`'s plans; the failing step and cuDNN's message, or "" when built.
+  std::string finalize(fe::graph::Graph& graph, bool timed) const {
+    const std::pair<const char*, std::function<fe::error_object()>> steps[] = {
+        {"validating the graph", [&] { return graph.validate(); }},
+        {"building the operation graph", [&] { return graph.build_operation_graph(handle); }},
+        {"finding execution plans",
+         [&] { return graph.create_execution_plans({fe::HeurMode_t::A}); }},
+        {"checking support", [&] { return graph.check_support(handle); }},
+        {"building the plan", [&] {
+           return graph.build_plans(handle, timed ? fe::BuildPlanPolicy_t::ALL
+                                                  : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+         }}};
+    for (const auto& [what, step] : steps) {
+      fe::error_object status = step();  // get_message is not const
+      if (status.is_bad()) return std::string(what) + " failed: " + status.get_message();
     }
-    // A graph may be built while the previous step's work still runs on the stream: growing
-    // waits for it.
-    workspace->reserve(static_cast<size_t>(needed), stream);
-    return graphs.emplace(key, Built{graph}).first->second;
+    return "";
   }
 
   void execute(Built& built, std::unordered_map<int64_t, void*>& pointers,

@@ -34,7 +34,8 @@ class CudnnAttention {
   static bool available(std::string* why);
 
   // `workspace` (which outlives this) grows to the size cuDNN asks for (with `choice` kTimed: the
-  // largest any of the plans it times asks for).
+  // largest any of the plans it times asks for). With kHeuristic the backward is cuDNN's
+  // deterministic algorithm (the same bits in every run) where this cuDNN has one.
   CudnnAttention(cudaStream_t stream, GrowableWorkspace& workspace,
                  AlgorithmChoice choice = AlgorithmChoice::kHeuristic);
   ~CudnnAttention();
