@@ -2,6 +2,10 @@
 #include "schedule/host_gradient.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "optim/grad_norm.h"
@@ -13,9 +17,64 @@ namespace {
 // Sum-of-squares chunks a worker adds and squares at a time (1 MiB): small enough that the piece
 // is still in the worker's cache when it is squared.
 constexpr size_t kPassChunks = 4;
-// Sum-of-squares chunks the staging buffer holds (16 MiB): one transfer per piece of a later
-// micro-batch's gradient, long enough to run at the interconnect's full rate.
+// Sum-of-squares chunks the staging buffer holds (16 MiB, two slots of 8): one transfer per piece
+// of a later micro-batch's gradient, long enough to run at the interconnect's full rate.
 constexpr size_t kStagingChunks = 64;
+
+// Pieces of a later micro-batch's gradient handed from the thread that copies them into staging
+// slots to the thread that adds them, piece p in slot p % slots. A side that fails stops both.
+class PieceHandoff {
+ public:
+  explicit PieceHandoff(size_t slots) : slots_(slots) {}
+
+  // The copier, before piece p: until the piece that last used its slot has been added. False
+  // once either side has failed.
+  bool await_free_slot(size_t p) {
+    return await([&] { return p < added_ + slots_; });
+  }
+  void landed() { bump(landed_); }
+  // The adder, before piece p: until it has landed. False once either side has failed.
+  bool await_landed(size_t p) {
+    return await([&] { return p < landed_; });
+  }
+  void added() { bump(added_); }
+
+  void fail(std::exception_ptr error) {
+    {
+      const std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::move(error);
+    }
+    changed_.notify_all();
+  }
+  bool failed() {
+    const std::lock_guard lock(mutex_);
+    return error_ != nullptr;
+  }
+  void rethrow_if_failed() {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  template <class Ready>
+  bool await(Ready ready) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return error_ || ready(); });
+    return !error_;
+  }
+  void bump(size_t& counter) {
+    {
+      const std::lock_guard lock(mutex_);
+      ++counter;
+    }
+    changed_.notify_all();
+  }
+
+  const size_t slots_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  size_t landed_ = 0, added_ = 0;
+  std::exception_ptr error_;
+};
 
 }  // namespace
 
@@ -70,20 +129,48 @@ double HostGradient::accumulate(const DeviceFence& written, const float* device_
     });
   } else {
     std::lock_guard lock(staging_mutex_);
-    const size_t piece_chunks = std::max<size_t>(1, staging_.count() / kSumOfSquaresChunk);
-    for (size_t c = 0; c < chunks; c += piece_chunks) {
-      const size_t piece_begin = c * kSumOfSquaresChunk;
-      const size_t c_end = std::min(chunks, c + piece_chunks);
-      const size_t piece_end = std::min(count, c_end * kSumOfSquaresChunk);
-      const float* staged = staging_.data();
-      device_.copy_to_host_after(written, staging_.data(), device_grad + piece_begin,
-                                 piece_end - piece_begin);
-      // One float add per element in micro-batch order, as every mode accumulates.
-      element_pass(c, c_end, [&](size_t begin, size_t end) {
-        for (size_t i = begin; i < end; ++i) accumulated[i] += staged[i - piece_begin];
+    // The staging buffer in two slots where it holds two chunks or more: this thread copies the
+    // next piece into one while a helper has the workers add the last from the other, so a
+    // span takes max(copy, add) a piece instead of their sum. Each element still gets one add in
+    // micro-batch order: the bits do not change.
+    const size_t staging_chunks = staging_.count() / kSumOfSquaresChunk;
+    const size_t slots = staging_chunks >= 2 ? 2 : 1;
+    const size_t piece_chunks = std::max<size_t>(1, staging_chunks / slots);
+    const size_t pieces = (chunks + piece_chunks - 1) / piece_chunks;
+    const auto slot = [&](size_t piece) {
+      return staging_.data() + (piece % slots) * piece_chunks * kSumOfSquaresChunk;
+    };
+    PieceHandoff handoff(slots);
+    {
+      const std::jthread adder([&] {
+        try {
+          for (size_t p = 0; p < pieces && handoff.await_landed(p); ++p) {
+            const size_t c = p * piece_chunks, c_end = std::min(chunks, c + piece_chunks);
+            const float* staged = slot(p);
+            const size_t piece_begin = c * kSumOfSquaresChunk;
+            element_pass(c, c_end, [&](size_t begin, size_t end) {
+              for (size_t i = begin; i < end; ++i) accumulated[i] += staged[i - piece_begin];
+            });
+            handoff.added();
+          }
+        } catch (...) {
+          handoff.fail(std::current_exception());
+        }
       });
-    }
-    if (copied) copied();
+      try {
+        for (size_t p = 0; p < pieces && handoff.await_free_slot(p); ++p) {
+          const size_t begin = p * piece_chunks * kSumOfSquaresChunk;
+          const size_t end = std::min(count, (p + 1) * piece_chunks * kSumOfSquaresChunk);
+          device_.copy_to_host_after(written, slot(p), device_grad + begin, end - begin);
+          handoff.landed();
+        }
+        // Out of device memory: the device may overwrite it while the last adds run.
+        if (!handoff.failed() && copied) copied();
+      } catch (...) {
+        handoff.fail(std::current_exception());
+      }
+    }  // the adder has finished
+    handoff.rethrow_if_failed();
   }
   return host_sums ? add_chunk_sums(chunk_sums.data(), chunks) : 0.0;
 }

@@ -5,8 +5,9 @@
 // allocate_host (pinned on CUDA), because the device copies into them.
 //
 // Copies: a span's first micro-batch lands straight in its accumulator in one transfer; later
-// ones go through a staging buffer, a piece at a time, and are added with one float add per
-// element in micro-batch order (optim/grad_norm.h chunks the passes), as every mode accumulates.
+// ones go through a staging buffer of two slots, a piece at a time (the next piece copied while
+// the last is added), and are added with one float add per element in micro-batch order
+// (optim/grad_norm.h chunks the passes), as every mode accumulates.
 #pragma once
 
 #include <cstddef>

@@ -151,6 +151,12 @@ TEST(SchedulesEquivalence, UnclippedWithTwoMicroBatches) {
 TEST(SchedulesEquivalence, ClippedWithOneMicroBatch) {
   check_modes_agree(1, true);
 }
+// A block of 1.2M floats: the later micro-batches' gradients of offload and layup cross to the
+// host in three pieces through both slots of the staging buffer (schedule/host_gradient.cpp),
+// the third reusing the first's slot.
+TEST(SchedulesEquivalence, WideBlocksAccumulateThroughBothStagingSlots) {
+  check_modes_agree(3, true, gpt2_config(1, 2, 320, 16, 61));
+}
 
 // The Llama family through the same three schedules: grouped-query attention, q/k/v and o_proj
 // biases, an untied head in the final norm's span (llama_config's default), then a tied one.
