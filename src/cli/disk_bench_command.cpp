@@ -45,7 +45,8 @@ void run_disk_bench(const DiskBenchFlags& flags) {
               format_bytes(count * record_bytes).c_str(), count, format_bytes(record_bytes).c_str(),
               flags.dir.c_str());
   std::printf("  space: %s\n", space.describe().c_str());
-  std::printf("  %-9s %7s %12s %12s\n", "I/O", "threads", "write GB/s", "read GB/s");
+  std::printf("  %-9s %7s %12s %12s %12s\n", "I/O", "threads", "write GB/s", "read GB/s",
+              "both GB/s");
   std::vector<std::string> notes;
   for (bool direct : {true, false}) {
     for (int threads : flags.threads) {
@@ -56,16 +57,21 @@ void run_disk_bench(const DiskBenchFlags& flags) {
       options.direct_io = direct;
       const DiskThroughput rates = bench.measure(options);
       const bool fell_back = direct && rates.io_mode.find("buffered") == 0;
-      std::printf("  %-9s %7d %12.2f %12.2f\n",
+      char both[32] = "-";
+      if (rates.mixed_bytes_per_s > 0)
+        std::snprintf(both, sizeof both, "%.2f", rates.mixed_bytes_per_s / 1e9);
+      std::printf("  %-9s %7d %12.2f %12.2f %12s\n",
                   direct ? (fell_back ? "direct*" : "direct") : "buffered", threads,
-                  rates.write_bytes_per_s / 1e9, rates.read_bytes_per_s / 1e9);
+                  rates.write_bytes_per_s / 1e9, rates.read_bytes_per_s / 1e9, both);
       if (fell_back && notes.empty()) notes.push_back("* asked for direct, ran " + rates.io_mode);
     }
   }
   for (const std::string& note : notes) std::printf("  %s\n", note.c_str());
   std::printf(
       "  %s requests; GB = 1e9 bytes; buffered writes are timed until fdatasync returns, and the "
-      "file's pages are dropped from the page cache before the reads\n",
+      "file's pages are dropped from the page cache before the reads; both: writes and reads "
+      "at once, as a step of the disk tier runs them (the bytes of both over their time; needs "
+      "four records)\n",
       format_bytes(static_cast<size_t>(flags.chunk_mib * (1 << 20))).c_str());
 }
 

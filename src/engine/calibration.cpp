@@ -40,6 +40,7 @@ constexpr RateField kRateFields[] = {
     {"h2d_bytes_per_s", &MachineRates::h2d_bytes_per_s},
     {"disk_read_bytes_per_s", &MachineRates::disk_read_bytes_per_s},
     {"disk_write_bytes_per_s", &MachineRates::disk_write_bytes_per_s},
+    {"disk_mixed_bytes_per_s", &MachineRates::disk_mixed_bytes_per_s},
 };
 
 double median_of(std::vector<double> values) {
@@ -312,18 +313,22 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
     say(log, "host gradient add", *rates.host_add_floats_per_s / 1e9, "G floats/s");
   }
   if (!options.disk_dir.empty()) {
-    // Spans of up to 64 MiB of params, m and v; at least two, so the two slots take turns.
+    // Spans of up to 64 MiB of params, m and v; at least four, so the two slots take turns and
+    // the mixed pass has records to read that are not being written.
     const size_t record_bytes =
-        std::min(size_t{64} << 20, std::max<size_t>(options.disk_bytes / 2, 1 << 20));
+        std::min(size_t{64} << 20, std::max<size_t>(options.disk_bytes / 4, 1 << 20));
     const size_t record_floats = record_bytes / 12;
     DiskThroughputBench bench(
         options.disk_dir, record_floats,
-        std::max<size_t>(2, options.disk_bytes / disk_record_layout(record_floats).bytes));
+        std::max<size_t>(4, options.disk_bytes / disk_record_layout(record_floats).bytes));
     const DiskThroughput disk = bench.measure(DiskStateStoreOptions{});
     rates.disk_read_bytes_per_s = disk.read_bytes_per_s;
     rates.disk_write_bytes_per_s = disk.write_bytes_per_s;
+    if (disk.mixed_bytes_per_s > 0) rates.disk_mixed_bytes_per_s = disk.mixed_bytes_per_s;
     say(log, ("disk read (" + disk.io_mode + ")").c_str(), disk.read_bytes_per_s / 1e9, "GB/s");
     say(log, "disk write", disk.write_bytes_per_s / 1e9, "GB/s");
+    if (rates.disk_mixed_bytes_per_s)
+      say(log, "disk read and write at once", *rates.disk_mixed_bytes_per_s / 1e9, "GB/s");
   }
   return rates;
 }
@@ -374,6 +379,7 @@ std::string format_machine_rates(const MachineRates& r) {
   line("host to device", r.h2d_bytes_per_s, 1e9, "GB/s");
   line("disk read", r.disk_read_bytes_per_s, 1e9, "GB/s");
   line("disk write", r.disk_write_bytes_per_s, 1e9, "GB/s");
+  line("disk read and write at once", r.disk_mixed_bytes_per_s, 1e9, "GB/s");
   return text;
 }
 

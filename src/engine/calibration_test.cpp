@@ -46,6 +46,7 @@ TEST(Calibration, RoundTripsThroughItsFileAndKeepsAbsentRatesAbsent) {
   calibration.rates.gpu_flops = 4.8e14;
   calibration.rates.cpu_adamw_params_per_s = 3.4e9;
   calibration.rates.d2h_bytes_per_s = 5.1e10;
+  calibration.rates.disk_mixed_bytes_per_s = 1.7e9;
   const fs::path path = scratch("sub/dir/calibration.json");
   save_calibration(path.string(), calibration);
   const std::optional<Calibration> read = load_calibration(path.string());
@@ -61,6 +62,7 @@ TEST(Calibration, RoundTripsThroughItsFileAndKeepsAbsentRatesAbsent) {
   EXPECT_EQ(read->rates.gpu_flops, 4.8e14);
   EXPECT_EQ(read->rates.cpu_adamw_params_per_s, 3.4e9);
   EXPECT_EQ(read->rates.d2h_bytes_per_s, 5.1e10);
+  EXPECT_EQ(read->rates.disk_mixed_bytes_per_s, 1.7e9);
   EXPECT_FALSE(read->rates.disk_read_bytes_per_s.has_value());
   EXPECT_FALSE(read->rates.gpu_adamw_params_per_s.has_value());
   EXPECT_NE(read->describe().find("h200-box"), std::string::npos);
@@ -148,7 +150,7 @@ TEST(Calibration, MeasuresEveryRateOnTheCpuBackend) {
   for (const std::optional<double>& rate :
        {rates.gpu_flops, rates.gpu_adamw_params_per_s, rates.cpu_adamw_params_per_s,
         rates.host_add_floats_per_s, rates.d2h_bytes_per_s, rates.h2d_bytes_per_s,
-        rates.disk_read_bytes_per_s, rates.disk_write_bytes_per_s}) {
+        rates.disk_read_bytes_per_s, rates.disk_write_bytes_per_s, rates.disk_mixed_bytes_per_s}) {
     ASSERT_TRUE(rate.has_value());
     EXPECT_GT(*rate, 0.0);
   }

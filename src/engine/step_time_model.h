@@ -30,6 +30,9 @@ struct MachineRates {
   std::optional<double> host_add_floats_per_s;   // the host's gradient accumulation, dst += src
   std::optional<double> d2h_bytes_per_s, h2d_bytes_per_s;               // the link, each way
   std::optional<double> disk_read_bytes_per_s, disk_write_bytes_per_s;  // direct I/O
+  // Both at once (the bytes of both over their time together), as a step issues them; where
+  // measured, the model times the disk's reads and writes by it.
+  std::optional<double> disk_mixed_bytes_per_s;
 };
 
 struct StepTimeRequest {

@@ -152,6 +152,24 @@ TEST(StepTimeModel, DiskSpansAreBoundByTheDisksRates) {
   EXPECT_EQ(p.spans[2].disk_s, 0.0);
 }
 
+// Where the disk's rate with reads and writes at once was measured, both are timed by it: the
+// step keeps them in flight together, and each alone overstates what the disk gives then.
+TEST(StepTimeModel, DiskSpansUseTheMixedRateWhereMeasured) {
+  StepTimeRequest r = request(Mode::kLayup);
+  r.span_tiers = tiers(r, SpanTier::kHost, SpanTier::kDevice);
+  for (int l = 6; l < 12; ++l) r.span_tiers[1 + l] = SpanTier::kDisk;
+  MachineRates m = rates();
+  const double apart = predict_step_time(r, m).step_s;
+  m.disk_mixed_bytes_per_s = 0.8e9;
+  const StepTimePrediction p = predict_step_time(r, m);
+  const double disk_floats = ParameterLayout(r.config).block().count * 6.0;
+  EXPECT_NEAR(p.disk_read_s, 12.0 * disk_floats / 0.8e9, 1e-9);
+  EXPECT_NEAR(p.disk_write_s, 12.0 * disk_floats / 0.8e9, 1e-9);
+  EXPECT_GE(p.step_s + 1e-9, p.disk_read_s + p.disk_write_s);  // the same sum, another order
+  EXPECT_EQ(p.bound_by, "disk");
+  EXPECT_GT(p.step_s, apart);
+}
+
 TEST(StepTimeModel, OffloadOverlapsNothingButTheWeightsGoingBack) {
   const StepTimeRequest r = request(Mode::kOffload);
   const StepTimePrediction p = predict_step_time(r, rates());
