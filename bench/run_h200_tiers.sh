@@ -4,7 +4,8 @@
 #   PHASE=build  builds layup and the CUDA tests (build-gpu, sm_90) and runs the tests
 #   PHASE=big    the 13B-class GPT (L40 H40 C5120, T=1024) trained by `layup train` on the shipped
 #                corpus in layup mode, B=16 x 8 and lr 3e-5 (the headline's; BATCH, ACCUM, LR):
-#                the planner's split (`layup memory`), then 6 steps with exact clipping,
+#                calibrated at that shape, the planner's split and predicted step (`layup
+#                memory`), then 6 steps with exact clipping,
 #                --recompute 3; MFU per step from log.jsonl (6N + 12 L T C FLOPs a token, the
 #                bench's count; recomputation not counted), peak host memory; at its end the
 #                weights alone as sharded safetensors (--checkpoint-contents weights), resident
@@ -99,8 +100,12 @@ build)
 big)
   shape=(--layers 40 --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch "${BATCH:-16}"
     --grad-accum "${ACCUM:-8}" --mode layup --recompute 3 --clip 1.0 --layup-clip deferred)
+  # The rates at this shape first (~20 s), so `layup memory` predicts the step beside the run.
+  "$layup" calibrate --layers 40 --heads 40 --dim 5120 --context 1024 --batch "${BATCH:-16}" \
+    --recompute 3 > "$out/calibrate-13b.txt" 2>&1
+  echo "calibrate: exit $?"
   "$layup" memory "${shape[@]}" --device cuda > "$out/memory-13b.txt" 2>&1
-  grep -E "note: layup keeps|budget|host memory at the peak" "$out/memory-13b.txt"
+  grep -E "note: layup keeps|budget|host memory at the peak|predicted step  " "$out/memory-13b.txt"
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
   free -g | head -2
   run=/tmp/layup-13b

@@ -64,7 +64,12 @@ def big_row(logs):
                                           log.read_text())
     falling = len(losses) > 2 and min(losses[2:]) < losses[1]  # below the first timed step's
     ok = len(timed) >= TIMED_STEPS and min(mfus) >= 100 * MFU_LINE and falling
-    return (f"{len(timed)} timed steps, median {median_s:.2f} s, "
+    # `layup memory`'s prediction for the run's shape, where the driver calibrated first.
+    memory = logs / "memory-13b.txt"
+    predicted = memory.exists() and re.search(r"predicted step +([\d.]+) ms", memory.read_text())
+    return (f"{len(timed)} timed steps, median {median_s:.2f} s"
+            + (f" ({median_s / (float(predicted[1]) / 1e3):.2f}x predicted)" if predicted else "")
+            + ", "
             f"MFU {statistics.median(mfus):.1f}% (lowest {min(mfus):.1f}%), "
             f"losses {', '.join(f'{x:.2f}' for x in losses)}"
             + (f", peak host {int(resident[1]) / 2**20:.1f} GiB" if resident else ""), ok)

@@ -120,3 +120,12 @@ def test_13b_line_holds_only_at_35_percent_with_falling_loss_over_5_steps(tmp_pa
     assert table(tmp_path)[line][1] == "**no**"
     write(tmp_path, "mfu-13b.txt", mfu_log([38, 37, 36, 35], falling[:4]))
     assert table(tmp_path)[line][1] == "**no**"
+
+
+def test_13b_line_shows_the_prediction_where_the_driver_calibrated_first(tmp_path):
+    line = "13B-class layup train (L40 H40 C5120, B=16 x 8)"
+    write(tmp_path, "mfu-13b.txt", mfu_log([38, 37, 36, 35, 35], [20, 19, 18, 17, 16]))
+    assert "predicted" not in table(tmp_path)[line][0]
+    write(tmp_path, "memory-13b.txt", "predicted step time (calibration ...)\n"
+          "  predicted step     22400.0 ms (bound by GPU)\n")
+    assert "median 28.00 s (1.25x predicted), MFU" in table(tmp_path)[line][0]
