@@ -42,14 +42,12 @@ double seconds(double amount, const std::optional<double>& rate) {
   return amount > 0.0 && rate_or_zero(rate) > 0.0 ? amount / *rate : 0.0;
 }
 
-// The disk's rate for a span's reads and for its writes: both at once where that was measured (a
-// step keeps reads and writes in flight together, and the disk's queue below runs them one after
-// the other), else each alone.
-const std::optional<double>& disk_read_rate(const MachineRates& rates) {
-  return rates.disk_mixed_bytes_per_s ? rates.disk_mixed_bytes_per_s : rates.disk_read_bytes_per_s;
-}
-const std::optional<double>& disk_write_rate(const MachineRates& rates) {
-  return rates.disk_mixed_bytes_per_s ? rates.disk_mixed_bytes_per_s : rates.disk_write_bytes_per_s;
+// The disk's rate for a span's reads or its writes (`alone`): both at once where that was measured
+// (a step keeps reads and writes in flight together, and the disk's queue below runs them one
+// after the other), else each alone.
+const std::optional<double>& disk_rate(const MachineRates& rates,
+                                       const std::optional<double>& alone) {
+  return rates.disk_mixed_bytes_per_s ? rates.disk_mixed_bytes_per_s : alone;
 }
 
 Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
@@ -135,8 +133,10 @@ double layup_step(const StepTimeRequest& request, const MachineRates& rates, con
   for (size_t i : order)
     if (work.tiers[i] == SpanTier::kDisk) {
       disk_index[i] = read_s.size();
-      read_s.push_back(seconds(kStateBytes * work.floats[i], disk_read_rate(rates)));
-      write_s.push_back(seconds(kStateBytes * work.floats[i], disk_write_rate(rates)));
+      read_s.push_back(
+          seconds(kStateBytes * work.floats[i], disk_rate(rates, rates.disk_read_bytes_per_s)));
+      write_s.push_back(
+          seconds(kStateBytes * work.floats[i], disk_rate(rates, rates.disk_write_bytes_per_s)));
     }
   DiskQueue disk(clocks.disk, static_cast<size_t>(std::max(1, request.disk_slots)), read_s,
                  write_s);
@@ -326,8 +326,8 @@ StepTimePrediction predict_step_time(const StepTimeRequest& request, const Machi
     p.cpu_adamw_s += s.adamw_s;
     p.to_device_s += s.to_device_s;
     if (work.tiers[i] == SpanTier::kDisk) {
-      const double read = seconds(kStateBytes * n, disk_read_rate(rates));
-      const double write = seconds(kStateBytes * n, disk_write_rate(rates));
+      const double read = seconds(kStateBytes * n, disk_rate(rates, rates.disk_read_bytes_per_s));
+      const double write = seconds(kStateBytes * n, disk_rate(rates, rates.disk_write_bytes_per_s));
       s.disk_s = read + write;
       p.disk_read_s += read;
       p.disk_write_s += write;
