@@ -3,7 +3,8 @@
 # PHASE names one phase or several, comma-separated, run in order in one device call:
 #   PHASE=build  builds layup and the CUDA tests (build-gpu, sm_90) and runs the tests
 #   PHASE=big    the 13B-class GPT (L40 H40 C5120, T=1024) trained by `layup train` on the shipped
-#                corpus in layup mode, B=16 x 8 and lr 3e-5 (the headline's; BATCH, ACCUM, LR):
+#                corpus in layup mode, B=32 x 4 and lr 3e-5 (the headline's; BATCH, ACCUM, LR;
+#                B=16 x 8 ran at 34.4% MFU in run 2026-12-03d, B=32 x 4 at 50.8% in 2026-12-03e):
 #                calibrated at that shape, the planner's split and predicted step (`layup
 #                memory`), then 6 steps with exact clipping,
 #                --recompute 3; MFU per step from log.jsonl (6N + 12 L T C FLOPs a token, the
@@ -98,10 +99,10 @@ build)
   grep -E "FAILED" "$out/cuda_tests.log" | head -n 20
   ;;
 big)
-  shape=(--layers 40 --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch "${BATCH:-16}"
-    --grad-accum "${ACCUM:-8}" --mode layup --recompute 3 --clip 1.0 --layup-clip deferred)
+  shape=(--layers 40 --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch "${BATCH:-32}"
+    --grad-accum "${ACCUM:-4}" --mode layup --recompute 3 --clip 1.0 --layup-clip deferred)
   # The rates at this shape first (~20 s), so `layup memory` predicts the step beside the run.
-  "$layup" calibrate --layers 40 --heads 40 --dim 5120 --context 1024 --batch "${BATCH:-16}" \
+  "$layup" calibrate --layers 40 --heads 40 --dim 5120 --context 1024 --batch "${BATCH:-32}" \
     --recompute 3 > "$out/calibrate-13b.txt" 2>&1
   echo "calibrate: exit $?"
   "$layup" memory "${shape[@]}" --device cuda > "$out/memory-13b.txt" 2>&1
@@ -112,7 +113,8 @@ big)
   rm -rf "$run"
   sample_rss "$out/rss-13b.txt" & sampler=$!
   /usr/bin/time -v "$layup" train "${shape[@]}" --steps "${STEPS:-6}" --lr "${LR:-3e-5}" --min-lr 2e-5 --warmup 3 --eval-every 0 \
-    --checkpoint-contents weights --sample-tokens 0 --log-every 1 --out "$run" 2>&1 | stamp \
+    --checkpoint-contents weights --sample-tokens 0 --log-every 1 --trace "$out/trace-13b.json" \
+    --out "$run" 2>&1 | stamp \
     > "$out/train-13b.log"
   echo "train: exit ${PIPESTATUS[0]}"
   kill "$sampler"
@@ -120,7 +122,7 @@ big)
   ls -la "$run"/step-*/ | head -n 20
   head -n 30 "$out/train-13b.log"
   cp "$run/log.jsonl" "$out/train-13b.jsonl"
-  tokens=$((1024 * ${BATCH:-16} * ${ACCUM:-8}))
+  tokens=$((1024 * ${BATCH:-32} * ${ACCUM:-4}))
   mfu_of_log "$run/log.jsonl" 12848143360 40 1024 5120 "$tokens" | tee "$out/mfu-13b.txt"
   rm -rf "$run"
   ;;
@@ -160,6 +162,7 @@ ckpt)
   "$layup" train "${shape4[@]}" --steps 2 --no-checkpoints --out /tmp/layup-straight \
     > "$out/train-3.9b-straight.log" 2>&1
   echo "3.9B straight: exit $?; $(grep -E '^step [0-9]+/' "$out/train-3.9b-straight.log" | tr '\n' ' ')"
+  cp /tmp/layup-straight/log.jsonl "$out/train-3.9b-straight.jsonl"  # every digit of each step
   rm -rf /tmp/layup-straight
   sample_rss "$out/rss-3.9b.txt" & sampler=$!
   "$layup" train "${shape4[@]}" --steps 2 --until-step 1 --keep-checkpoints 1 --out "$run" 2>&1 |
@@ -173,6 +176,7 @@ ckpt)
   echo "3.9B resumed: exit ${PIPESTATUS[0]}"
   kill "$sampler"
   grep -E "resum|error|^[0-9.]+ step [0-9]+/" "$out/train-3.9b-resumed.log" | tail -n 4
+  cp "$run/log.jsonl" "$out/train-3.9b-resumed.jsonl"
   rm -rf "$run"
   ;;
 disk)

@@ -15,6 +15,7 @@ from pathlib import Path
 PREDICTION_LINE = 0.15  # the issue's "predicted and measured step time within 15%"
 MFU_LINE = 0.35  # the 13B-class run's MFU target
 TIMED_STEPS = 5  # ... over at least this many steps after its warm-up
+GLOBAL_BATCH_TOKENS = 256 * 1024  # ... with a global batch of at most this many tokens
 
 
 def gpt2_params(result):
@@ -63,11 +64,19 @@ def big_row(logs):
     resident = log.exists() and re.search(r"Maximum resident set size \(kbytes\): (\d+)",
                                           log.read_text())
     falling = len(losses) > 2 and min(losses[2:]) < losses[1]  # below the first timed step's
-    ok = len(timed) >= TIMED_STEPS and min(mfus) >= 100 * MFU_LINE and falling
+    # The global batch from the run's own header ("batch 32x1024 x4 accumulation"): at most
+    # 256 x 1024 tokens a step.
+    batch = log.exists() and re.search(r"batch (\d+)x(\d+)(?: x(\d+) accumulation)?",
+                                       log.read_text())
+    sequences = int(batch[1]) * int(batch[3] or 1) if batch else None
+    within_batch = batch and sequences * int(batch[2]) <= GLOBAL_BATCH_TOKENS
+    ok = len(timed) >= TIMED_STEPS and min(mfus) >= 100 * MFU_LINE and falling and within_batch
     # `layup memory`'s prediction for the run's shape, where the driver calibrated first.
     memory = logs / "memory-13b.txt"
     predicted = memory.exists() and re.search(r"predicted step +([\d.]+) ms", memory.read_text())
-    return (f"{len(timed)} timed steps, median {median_s:.2f} s"
+    return ((f"B={batch[1]} x {batch[3] or 1} ({sequences} x {batch[2]} tokens a step), "
+             if batch else "global batch unknown, ")
+            + f"{len(timed)} timed steps, median {median_s:.2f} s"
             + (f" ({median_s / (float(predicted[1]) / 1e3):.2f}x predicted)" if predicted else "")
             + ", "
             f"MFU {statistics.median(mfus):.1f}% (lowest {min(mfus):.1f}%), "
@@ -136,10 +145,26 @@ def checkpoint_rows(logs):
         m = path.exists() and re.search(r"step 2/\d+ \| loss ([\d.]+)", path.read_text())
         return m[1] if m else None
 
+    def second_row(jsonl):
+        """Step 2 of a run's log.jsonl, every digit: loss and gradient norm as the run wrote them."""
+        path = logs / jsonl
+        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return next(((row["loss"], row["grad_norm"]) for row in rows if row.get("step") == 2), None)
+
     straight = second_loss("train-3.9b-straight.log")
     resumed = second_loss("train-3.9b-resumed.log")
     resume = ("not run" if straight is None or resumed is None else
               f"step-2 loss {resumed} resumed, {straight} uninterrupted")
+    exact_straight = second_row("train-3.9b-straight.jsonl")
+    exact_resumed = second_row("train-3.9b-resumed.jsonl")
+    if resumed is not None and straight is not None:
+        if exact_straight and exact_resumed:  # the driver keeps the logs: compare every digit
+            resume += (", every digit of the loss and the gradient norm "
+                       + ("equal" if exact_straight == exact_resumed else
+                          f"compared: {exact_resumed} against {exact_straight}"))
+            resumed, straight = exact_resumed, exact_straight
+        else:
+            resume += " (to the log's 4 decimals)"
     return [("13B weights, sharded safetensors",
              written("train-13b.log", "rss-13b.txt"), None),
             ("3.88B full state written", written("train-3.9b-first.log", "rss-3.9b.txt"), None),
@@ -148,7 +173,7 @@ def checkpoint_rows(logs):
 
 def main(logs, curve_csv=None):
     logs = Path(logs)
-    rows = [("13B-class layup train (L40 H40 C5120, B=16 x 8)", *big_row(logs))]
+    rows = [("13B-class layup train (L40 H40 C5120)", *big_row(logs))]
     for b in (1, 2):
         result = load(logs / f"gpu-6.65b-b{b}.json")
         rows.append((f"gpu mode at 6.65B, B={b}",

@@ -58,7 +58,7 @@ def test_every_line_not_run_without_its_logs(tmp_path):
 
 def test_lines_judged_from_the_logs(tmp_path):
     write(tmp_path, "mfu-13b.txt", mfu_log([40, 39, 38, 37, 36], [20, 19, 18, 17, 16]))
-    write(tmp_path, "train-13b.log",
+    write(tmp_path, "train-13b.log", header(32, 4) +
           "200.0 checkpoint /tmp/x/step-00000006: 51.39 GB in 64.6 s (0.80 GB/s)\n"
           "201.0 \tMaximum resident set size (kbytes): 104857600\n")
     write(tmp_path, "gpu-6.65b-b1.json", bench_result(32, 4096, 126.0, 0.341, 121.0))
@@ -76,8 +76,9 @@ def test_lines_judged_from_the_logs(tmp_path):
     write(tmp_path, "train-3.9b-resumed.log", "step 2/2 | loss 20.2135 | lr 3e-05\n")
 
     rows = table(tmp_path, tmp_path / "curve.csv")
-    measured, holds = rows["13B-class layup train (L40 H40 C5120, B=16 x 8)"]
-    assert "5 timed steps, median 28.00 s, MFU 38.0% (lowest 36.0%)" in measured, measured
+    measured, holds = rows["13B-class layup train (L40 H40 C5120)"]
+    assert measured.startswith("B=32 x 4 (128 x 1024 tokens a step), 5 timed steps, "
+                               "median 28.00 s, MFU 38.0% (lowest 36.0%)"), measured
     assert "peak host 100.0 GiB" in measured and holds == "yes"
     assert rows["gpu mode at 6.65B, B=1"][0] == "126.0 ms a step, 34.1% MFU, 1.04x predicted"
     assert rows["gpu mode at 6.65B, B=2"][0] == "not run"
@@ -98,7 +99,7 @@ def test_lines_judged_from_the_logs(tmp_path):
     assert measured == ("46.61 GB in 40.0 s (1.17 GB/s), resident 3.0 GiB at the peak of the "
                         "write (+2.5 GiB)"), measured
     assert rows["3.88B resumed"] == (
-        "step-2 loss 20.2135 resumed, 20.2134 uninterrupted", "**no**")
+        "step-2 loss 20.2135 resumed, 20.2134 uninterrupted (to the log's 4 decimals)", "**no**")
 
     with open(tmp_path / "curve.csv") as f:
         points = list(csv.DictReader(f))
@@ -109,9 +110,16 @@ def test_lines_judged_from_the_logs(tmp_path):
     assert points[2]["predicted_ms"] == ""
 
 
+def header(batch, accumulation):
+    """The line of train-13b.log that names the run's global batch."""
+    return (f"100.0 layup train: custom (40 layers, 40 heads, width 5120, 12848.1M parameters), "
+            f"batch {batch}x1024 x{accumulation} accumulation, 6 steps, mode layup on cuda\n")
+
+
 def test_13b_line_holds_only_at_35_percent_with_falling_loss_over_5_steps(tmp_path):
-    line = "13B-class layup train (L40 H40 C5120, B=16 x 8)"
+    line = "13B-class layup train (L40 H40 C5120)"
     falling = [20, 19, 18, 17, 16]
+    write(tmp_path, "train-13b.log", header(16, 8))
     write(tmp_path, "mfu-13b.txt", mfu_log([38, 37, 36, 35, 35], falling))
     assert table(tmp_path)[line][1] == "yes"
     write(tmp_path, "mfu-13b.txt", mfu_log([38, 37, 36, 34.9, 38], falling))
@@ -122,8 +130,42 @@ def test_13b_line_holds_only_at_35_percent_with_falling_loss_over_5_steps(tmp_pa
     assert table(tmp_path)[line][1] == "**no**"
 
 
+def test_13b_line_holds_only_within_256_x_1024_tokens_a_step(tmp_path):
+    line = "13B-class layup train (L40 H40 C5120)"
+    write(tmp_path, "mfu-13b.txt", mfu_log([38, 37, 36, 35, 35], [20, 19, 18, 17, 16]))
+    write(tmp_path, "train-13b.log", header(32, 8))
+    assert table(tmp_path)[line] == (
+        "B=32 x 8 (256 x 1024 tokens a step), 5 timed steps, median 28.00 s, MFU 36.0% "
+        "(lowest 35.0%), losses 11.70, 20.00, 19.00, 18.00, 17.00, 16.00", "yes")
+    write(tmp_path, "train-13b.log", header(32, 9))
+    assert table(tmp_path)[line][1] == "**no**"
+    (tmp_path / "train-13b.log").unlink()  # a batch the table cannot read is not assumed
+    measured, holds = table(tmp_path)[line]
+    assert measured.startswith("global batch unknown") and holds == "**no**"
+
+
+def test_resume_compares_every_digit_where_the_driver_kept_the_logs(tmp_path):
+    write(tmp_path, "train-3.9b-straight.log", "step 2/2 | loss 20.2141 | lr 3e-05\n")
+    write(tmp_path, "train-3.9b-resumed.log", "step 2/2 | loss 20.2141 | lr 3e-05\n")
+    step1 = json.dumps({"step": 1, "loss": 11.652, "grad_norm": 3.5})
+
+    def jsonl(loss, norm):
+        return step1 + "\n" + json.dumps({"step": 2, "loss": loss, "grad_norm": norm}) + "\n"
+
+    write(tmp_path, "train-3.9b-straight.jsonl", jsonl(20.214111328125, 41.25))
+    write(tmp_path, "train-3.9b-resumed.jsonl", jsonl(20.214111328125, 41.25))
+    assert table(tmp_path)["3.88B resumed"] == (
+        "step-2 loss 20.2141 resumed, 20.2141 uninterrupted, every digit of the loss and the "
+        "gradient norm equal", "yes")
+    # Equal to the printed decimals, apart in the last bits: not equal.
+    write(tmp_path, "train-3.9b-resumed.jsonl", jsonl(20.214113235473633, 41.25))
+    measured, holds = table(tmp_path)["3.88B resumed"]
+    assert "compared: (20.214113235473633, 41.25) against (20.214111328125, 41.25)" in measured
+    assert holds == "**no**"
+
+
 def test_13b_line_shows_the_prediction_where_the_driver_calibrated_first(tmp_path):
-    line = "13B-class layup train (L40 H40 C5120, B=16 x 8)"
+    line = "13B-class layup train (L40 H40 C5120)"
     write(tmp_path, "mfu-13b.txt", mfu_log([38, 37, 36, 35, 35], [20, 19, 18, 17, 16]))
     assert "predicted" not in table(tmp_path)[line][0]
     write(tmp_path, "memory-13b.txt", "predicted step time (calibration ...)\n"
