@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -157,9 +158,13 @@ size_t DiskTier::take_victim(std::unique_lock<std::mutex>& lock) {
     // Every slot is read ahead for later spans, busy, or being written: a ready one is given up
     // (it is read again when its turn comes), else a read ahead is, else wait for a write-back.
     for (size_t slot = 0; slot < slots_.size(); ++slot)
-      if (slots_[slot].state == SlotState::kReady) return slot;
+      if (slots_[slot].state == SlotState::kReady) {
+        ++traffic_.given_up;
+        return slot;
+      }
     for (size_t slot = 0; slot < slots_.size(); ++slot) {
       if (slots_[slot].state != SlotState::kReading) continue;
+      ++traffic_.given_up;
       DiskTicket abandoned = std::move(slots_[slot].ticket);
       slots_[slot].state = SlotState::kInUse;  // nobody else touches it meanwhile
       lock.unlock();
@@ -179,31 +184,49 @@ DiskTier::Lease DiskTier::take(size_t span) {
   LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
   std::unique_lock lock(mutex_);
   rethrow_failure();
+  // The entries before the span's first are updates that will not come. The span itself stays
+  // first until it is in a slot: where it is not read yet, the ring reads it next, into the first
+  // slot a write-back frees (a read of a later span there would be given up for it).
   const auto first = std::find(expected_.begin(), expected_.end(), span);
-  if (first != expected_.end()) expected_.erase(expected_.begin(), first + 1);
-  changed_.notify_all();  // the ring may read further ahead now
+  const bool expected = first != expected_.end();
+  if (expected) expected_.erase(expected_.begin(), first);
+  changed_.notify_all();
+  const auto consume = [&] {
+    if (expected) expected_.pop_front();
+    changed_.notify_all();  // the ring may read further ahead now
+  };
   for (;;) {
     const size_t slot = slot_holding(span);
-    if (slot == kNotHere) break;
+    if (slot == kNotHere && !expected) break;
+    if (slot == kNotHere) {  // the ring reads it as soon as a slot is free
+      changed_.wait(lock);
+      rethrow_failure();
+      continue;
+    }
     Slot& held = slots_[slot];
     LAYUP_CHECK(held.state != SlotState::kInUse, "span ", span,
                 " of the disk tier is already being updated");
     if (held.state == SlotState::kReady) {
       held.state = SlotState::kInUse;
+      consume();
       return lease_of(slot);
     }
     if (held.state == SlotState::kReading) {
       DiskTicket read = std::move(held.ticket);
       held.state = SlotState::kInUse;
+      consume();
       lock.unlock();
       return finish_take(slot, [&] { read.wait(); });
     }
     changed_.wait(lock);  // kWriting: its last update is still being written back
     rethrow_failure();
   }
+  // Not expected: read it now, into a slot taken from the read-ahead if need be.
   const size_t slot = take_victim(lock);
   slots_[slot].state = SlotState::kInUse;
   slots_[slot].span = span;
+  ++traffic_.read_on_take;
+  traffic_.bytes_read += store_->layout(record_of_[span]).bytes;
   lock.unlock();
   return finish_take(slot, [&] { store_->read_now(record_of_[span], slots_[slot].data); });
 }
@@ -228,6 +251,8 @@ std::function<void()> DiskTier::put_back(const Lease& lease) {
                 "a disk tier slot was put back that was not taken");
     slot.ticket = store_->write(record_of_[lease.span], slot.data);
     slot.state = SlotState::kWriting;
+    ++traffic_.written_back;
+    traffic_.bytes_written += store_->layout(record_of_[lease.span]).bytes;
     slot.landed = false;
     writing_.push_back(lease.slot);
   }
@@ -258,10 +283,15 @@ void DiskTier::run_ring() {
       }
       slots_[slot].state = SlotState::kReading;
       slots_[slot].span = span;
+      ++traffic_.read_ahead;
+      traffic_.bytes_read += store_->layout(record_of_[span]).bytes;
       started = true;
       break;
     }
-    if (started) continue;
+    if (started) {
+      changed_.notify_all();  // a take may be waiting for this read to start
+      continue;
+    }
     if (!writing_.empty()) {
       const size_t slot = writing_.front();
       DiskTicket write = std::move(slots_[slot].ticket);
@@ -315,6 +345,7 @@ void DiskTier::read_span(size_t span, const SpanState& out) {
   }
   // Under the lock: the ring starts no read of it meanwhile.
   store_->read_parts(record_of_[span], out.params, out.m, out.v);
+  traffic_.bytes_read += part_bytes(span, {out.params, out.m, out.v});
 }
 
 void DiskTier::write_span(size_t span, const ConstSpanState& in) {
@@ -330,6 +361,20 @@ void DiskTier::write_span(size_t span, const ConstSpanState& in) {
     slots_[slot].span = kNotHere;
   }
   store_->write_parts(record_of_[span], in.params, in.m, in.v);
+  traffic_.bytes_written += store_->layout(record_of_[span]).bytes;  // null m, v: zeros written
+}
+
+size_t DiskTier::part_bytes(size_t span, std::initializer_list<const float*> parts) const {
+  const DiskRecordLayout& layout = store_->layout(record_of_[span]);
+  size_t bytes = 0;
+  for (const float* part : parts)
+    if (part != nullptr) bytes += layout.part_floats * sizeof(float);
+  return bytes;
+}
+
+DiskTraffic DiskTier::traffic() {
+  std::lock_guard lock(mutex_);
+  return traffic_;
 }
 
 }  // namespace layup

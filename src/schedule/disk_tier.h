@@ -6,7 +6,8 @@
 // Read-ahead: the schedule says in which order it will update the disk spans (expect); the ring's
 // thread reads the next ones into free slots before they are asked for, and completes the
 // write-backs. A slot keeps its span after the write-back until the slot is needed again, so
-// with as many slots as disk spans nothing is read twice.
+// with as many slots as disk spans nothing is read twice. An update that finds its span not read
+// yet waits for the ring to read it next, rather than giving up a read ahead for a later span.
 //
 // Threads: take and put_back from one thread at a time (the schedule's coordinator); the function
 // put_back returns from any thread (a copy's landing); expect, read_span and write_span between
@@ -19,6 +20,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -83,6 +85,9 @@ class DiskTier {
   void read_span(size_t span, const SpanState& out);
   void write_span(size_t span, const ConstSpanState& in);
 
+  // What it has moved so far.
+  DiskTraffic traffic();
+
  private:
   static constexpr size_t kNotHere = static_cast<size_t>(-1);
 
@@ -112,6 +117,8 @@ class DiskTier {
   // whose span is not among the next few expected.
   size_t prefetch_victim() const;
   bool expected_soon(size_t span) const;
+  // The bytes read_parts moves for `span` with these parts (a null one is skipped).
+  size_t part_bytes(size_t span, std::initializer_list<const float*> parts) const;
   // Under mutex_ (the lock is dropped while it waits): a slot to read into now for a take.
   size_t take_victim(std::unique_lock<std::mutex>& lock);
   void run_ring();
@@ -128,6 +135,7 @@ class DiskTier {
   std::condition_variable changed_;
   std::deque<size_t> expected_;  // spans, in the order of their updates to come
   std::deque<size_t> writing_;   // slots, in the order their writes started
+  DiskTraffic traffic_;
   std::exception_ptr failure_;
   bool stopping_ = false;
   std::thread ring_;  // last: joined before the slots and the store go

@@ -42,6 +42,9 @@ class HostOptimizerSchedule : public Schedule {
   std::string storage_report() const override {
     return disk_tier_ ? "disk tier: " + disk_tier_->describe() : "";
   }
+  DiskTraffic disk_traffic() const override {
+    return disk_tier_ ? disk_tier_->traffic() : DiskTraffic{};
+  }
   // Also names the track of the weight copies to the device ("to device") and one track per
   // HostAdamW worker ("cpu worker 0", ...) with its share of every AdamW.
   void set_trace(TraceRecorder* recorder) override;

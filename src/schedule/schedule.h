@@ -71,6 +71,25 @@ struct ConstSpanState {
 // The state a run starts from: parameters initialized from `seed` (model/init.h), zero moments.
 OptimizerTensors fresh_optimizer_tensors(const ParameterLayout& layout, uint64_t seed);
 
+// The disk tier's traffic, counted since it was made: whole records read ahead of their update
+// (by its ring), read when the update asked for them (not read ahead in time), read ahead and then
+// given up for another span (read again later: disk time spent for nothing), written back; and
+// every byte read and written (export and import included).
+struct DiskTraffic {
+  size_t read_ahead = 0;
+  size_t read_on_take = 0;
+  size_t given_up = 0;
+  size_t written_back = 0;
+  size_t bytes_read = 0;
+  size_t bytes_written = 0;
+
+  DiskTraffic operator-(const DiskTraffic& before) const {
+    return {read_ahead - before.read_ahead, read_on_take - before.read_on_take,
+            given_up - before.given_up,     written_back - before.written_back,
+            bytes_read - before.bytes_read, bytes_written - before.bytes_written};
+  }
+};
+
 class Schedule {
  public:
   virtual ~Schedule() = default;
@@ -126,6 +145,9 @@ class Schedule {
   // One line on where state lives outside memory (layup's disk tier: its file, its I/O mode, its
   // staging slots); "" where nothing does.
   virtual std::string storage_report() const { return ""; }
+  // What the disk tier has moved so far (zeros where there is none): a difference of two
+  // readings is what the steps between them moved.
+  virtual DiskTraffic disk_traffic() const { return {}; }
 
  protected:
   explicit Schedule(const ParameterLayout& layout) : layout_(layout) {}

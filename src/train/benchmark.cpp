@@ -248,11 +248,13 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
     return options.time_limit_s > 0.0 && seconds >= options.time_limit_s;
   };
   int warmup_steps = options.warmup_steps;
+  DiskTraffic disk_before;
   for (int step = 0; step < warmup_steps + options.steps; ++step) {
     settings.adamw.t = step + 1;
     const int timed_step = step - warmup_steps;  // negative during warm-up
     if (trace) trace->set_recording(timed_step >= 0 && timed_step < kMaxTracedSteps);
     if (energy && timed_step == 0) energy->start();
+    if (timed_step == 0) disk_before = schedule->disk_traffic();
     if (clocks && timed_step == 0) clocks->start();
     const auto start = std::chrono::steady_clock::now();
     const StepStats stats = [&] {
@@ -278,6 +280,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   if (energy) result.energy = energy->stop();
   if (clocks) result.clocks = clocks->stop();
   result.cpu_adamw = schedule->cpu_adamw_report();
+  result.disk_traffic = schedule->disk_traffic() - disk_before;
   const double cpu_adamw_rate = schedule->cpu_adamw_rate();
   result.memory_measured = nlohmann::json::parse(accountant->to_json_text());
   result.memory_cells = accountant->cells();
@@ -384,6 +387,20 @@ std::string format_benchmark_table(const BenchmarkOptions& options, const Benchm
     row("clipped", clipped);
   }
   if (!result.cpu_adamw.empty()) row("CPU AdamW", result.cpu_adamw + " (warm-up included)");
+  if (const DiskTraffic& disk = result.disk_traffic;
+      disk.bytes_read + disk.bytes_written > 0 && !result.step_ms.empty()) {
+    const double steps = static_cast<double>(result.step_ms.size());
+    const double seconds = steps * result.median_ms / 1e3;
+    row("disk traffic",
+        number("%.2f GB read, ", disk.bytes_read / steps / 1e9) +
+            number("%.2f GB written a timed step", disk.bytes_written / steps / 1e9) + " (" +
+            number("%.2f GB/s", (disk.bytes_read + disk.bytes_written) / seconds / 1e9) +
+            " over the median step); records: " + std::to_string(disk.read_ahead) +
+            " read ahead, " + std::to_string(disk.read_on_take) + " read when updated, " +
+            std::to_string(disk.given_up) + " read ahead and given up, " +
+            std::to_string(disk.written_back) + " written back, over " +
+            std::to_string(result.step_ms.size()) + " timed step(s)");
+  }
   if (result.floor.total_ms > 0) {
     const StepFloor& f = result.floor;
     row("floor", number("%.2f ms", f.total_ms) + " = forward " + number("%.2f", f.forward_ms) +
@@ -440,6 +457,15 @@ nlohmann::json benchmark_json(const BenchmarkOptions& options, const BenchmarkRe
       {"layup_head",
        result.layup_head ? nlohmann::json(name_of(*result.layup_head)) : nlohmann::json(nullptr)},
       {"clipped_steps", result.clipped_steps},
+      {"disk_traffic",
+       result.disk_traffic.bytes_read + result.disk_traffic.bytes_written > 0
+           ? nlohmann::json{{"records_read_ahead", result.disk_traffic.read_ahead},
+                            {"records_read_on_take", result.disk_traffic.read_on_take},
+                            {"records_given_up", result.disk_traffic.given_up},
+                            {"records_written_back", result.disk_traffic.written_back},
+                            {"bytes_read", result.disk_traffic.bytes_read},
+                            {"bytes_written", result.disk_traffic.bytes_written}}
+           : nlohmann::json(nullptr)},
       {"blocks_redone", result.blocks_redone},
       {"blocks_deferred", result.blocks_deferred},
       {"floor",

@@ -34,6 +34,7 @@
 #include "memory/memory_accountant.h"
 #include "model/model_config.h"
 #include "optim/host_adamw.h"
+#include "schedule/schedule.h"
 
 namespace layup {
 
@@ -116,6 +117,8 @@ struct BenchmarkResult {
   std::string schedule;   // describe_schedule(): the mode and how it treats clipping
   int traced_steps = 0;   // steps in the trace file (0: no trace)
   std::string cpu_adamw;  // offload, layup: HostAdamW::report() over all steps; "" for gpu
+  // layup with blocks on disk: what the disk tier moved over the timed steps (zeros without).
+  DiskTraffic disk_traffic;
   // The memory plan (memory_plan_json) and what the accountant measured over the whole run
   // (MemoryAccountant::to_json: current at the end and peak, by class and kind).
   nlohmann::json memory_plan, memory_measured;

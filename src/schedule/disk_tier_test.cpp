@@ -1,0 +1,108 @@
+// DiskTier's read-ahead: what it reads, reads again and writes back for a run of updates, counted
+// by its traffic; the state each update leaves is what the next one finds.
+#include "schedule/disk_tier.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "backend/device.h"
+#include "io/test_files.h"
+#include "model/model_config.h"
+#include "model/parameter_layout.h"
+
+namespace layup {
+namespace {
+
+// Four blocks on disk (the embeddings and the final norm on the host), as the updates of
+// `steps` steps of layup with --clip none run them: the blocks top down, one at a time, each
+// read, changed (+1 to every parameter), written back and, once its weights have "landed",
+// free. Returns the tier's traffic; every parameter must have grown by `steps`.
+DiskTraffic update_every_block(size_t slots, int steps) {
+  const ParameterLayout layout(gpt2_config(4, 2, 32, 16, 61));
+  std::vector<UpdateSite> sites(layout.spans().size(), UpdateSite::kDisk);
+  sites.front() = sites.back() = UpdateSite::kHost;
+  test_files::TempDir dir;
+  const std::unique_ptr<Device> device = make_cpu_device();
+  DiskTier tier(*device, layout, sites, dir.path(), slots);
+  for (const size_t span : tier.spans()) {
+    const std::vector<float> params(layout.spans()[span].count, static_cast<float>(span));
+    tier.write_span(span, {params.data(), nullptr, nullptr});
+  }
+  std::vector<size_t> order(tier.spans().rbegin(), tier.spans().rend());
+  for (int step = 0; step < steps; ++step) {
+    tier.expect(order);
+    for (const size_t span : order) {
+      const DiskTier::Lease lease = tier.take(span);
+      for (size_t i = 0; i < layout.spans()[span].count; ++i) lease.params[i] += 1.0f;
+      tier.put_back(lease)();  // nothing reads the slot: the weights land at once
+    }
+  }
+  for (const size_t span : tier.spans()) {
+    std::vector<float> params(layout.spans()[span].count);
+    tier.read_span(span, {params.data(), nullptr, nullptr});
+    for (const float value : params)
+      EXPECT_EQ(value, static_cast<float>(span) + static_cast<float>(steps)) << "span " << span;
+  }
+  return tier.traffic();
+}
+
+// An update whose block is not read yet (its slot still writing the last one back) waits for the
+// ring to read it next. Before, the update gave up whatever the ring had started reading for a
+// later block and read its own, so a block was read twice: with one slot, most steps did.
+TEST(DiskTier, AnUpdateWaitsForItsOwnReadAndNoReadIsGivenUp) {
+  for (const size_t slots : {1, 2, 4}) {
+    SCOPED_TRACE(std::to_string(slots) + " slot(s)");
+    for (int repeat = 0; repeat < 20; ++repeat) {  // the ring and the updates race
+      const DiskTraffic traffic = update_every_block(slots, 3);
+      EXPECT_EQ(traffic.given_up, 0u);
+      EXPECT_EQ(traffic.read_on_take, 0u);  // every block was expected
+      EXPECT_EQ(traffic.written_back, 12u);
+      // Four slots keep every block after its write-back: the first step reads them, no other.
+      EXPECT_EQ(traffic.read_ahead, slots == 4 ? 4u : 12u);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+// Bytes: a whole record for each read and write-back and for an import (m and v written as
+// zeros), the parts asked for by an export that reads the disk.
+TEST(DiskTier, TrafficCountsTheBytesOfRecordsAndParts) {
+  const ParameterLayout layout(gpt2_config(4, 2, 32, 16, 61));
+  std::vector<UpdateSite> sites(layout.spans().size(), UpdateSite::kHost);
+  sites[1] = UpdateSite::kDisk;  // block 0
+  test_files::TempDir dir;
+  const std::unique_ptr<Device> device = make_cpu_device();
+  DiskTier tier(*device, layout, sites, dir.path(), 1);
+  const size_t count = layout.spans()[1].count;
+  const size_t record =
+      DiskStateStore::disk_usage(dir.path(), DiskTier::records(layout, sites)).bytes;
+  const std::vector<float> twos(count, 2.0f), threes(count, 3.0f);
+  tier.write_span(1, {twos.data(), nullptr, nullptr});
+  EXPECT_EQ(tier.traffic().bytes_written, record);
+
+  const DiskTier::Lease lease = tier.take(1);  // not expected: read when asked
+  EXPECT_EQ(lease.params[0], 2.0f);
+  tier.put_back(lease)();
+  const DiskTraffic before = tier.traffic();
+  EXPECT_EQ(before.read_on_take, 1u);
+  EXPECT_EQ(before.read_ahead, 0u);
+  EXPECT_EQ(before.written_back, 1u);
+  EXPECT_EQ(before.bytes_read, record);
+  EXPECT_EQ(before.bytes_written, 2 * record);
+
+  std::vector<float> out(count);
+  tier.read_span(1, {out.data(), nullptr, nullptr});  // still in its slot: nothing read
+  EXPECT_EQ(out[0], 2.0f);
+  tier.write_span(1, {threes.data(), nullptr, nullptr});  // frees the slot: its copy is old
+  tier.read_span(1, {out.data(), nullptr, nullptr});      // the params part from the disk
+  EXPECT_EQ(out[0], 3.0f);
+  const DiskTraffic since = tier.traffic() - before;
+  EXPECT_EQ(since.bytes_written, record);
+  EXPECT_EQ(since.bytes_read, record / 3);  // params, m and v are equal parts of a record
+  EXPECT_EQ(since.read_on_take + since.read_ahead + since.written_back + since.given_up, 0u);
+}
+
+}  // namespace
+}  // namespace layup
