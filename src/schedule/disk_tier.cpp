@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -125,7 +124,7 @@ void DiskTier::expect(const std::vector<size_t>& spans) {
 }
 
 DiskTier::Lease DiskTier::lease_of(size_t slot) {
-  const DiskRecordLayout& layout = store_->layout(record_of_[slots_[slot].span]);
+  const DiskRecordLayout& layout = record_layout(slots_[slot].span);
   float* data = slots_[slot].data;
   return {slots_[slot].span, slot, data + layout.params_offset(), data + layout.m_offset(),
           data + layout.v_offset()};
@@ -226,7 +225,7 @@ DiskTier::Lease DiskTier::take(size_t span) {
   slots_[slot].state = SlotState::kInUse;
   slots_[slot].span = span;
   ++traffic_.read_on_take;
-  traffic_.bytes_read += store_->layout(record_of_[span]).bytes;
+  traffic_.bytes_read += record_layout(span).bytes;
   lock.unlock();
   return finish_take(slot, [&] { store_->read_now(record_of_[span], slots_[slot].data); });
 }
@@ -252,7 +251,7 @@ std::function<void()> DiskTier::put_back(const Lease& lease) {
     slot.ticket = store_->write(record_of_[lease.span], slot.data);
     slot.state = SlotState::kWriting;
     ++traffic_.written_back;
-    traffic_.bytes_written += store_->layout(record_of_[lease.span]).bytes;
+    traffic_.bytes_written += record_layout(lease.span).bytes;
     slot.landed = false;
     writing_.push_back(lease.slot);
   }
@@ -284,7 +283,7 @@ void DiskTier::run_ring() {
       slots_[slot].state = SlotState::kReading;
       slots_[slot].span = span;
       ++traffic_.read_ahead;
-      traffic_.bytes_read += store_->layout(record_of_[span]).bytes;
+      traffic_.bytes_read += record_layout(span).bytes;
       started = true;
       break;
     }
@@ -345,7 +344,8 @@ void DiskTier::read_span(size_t span, const SpanState& out) {
   }
   // Under the lock: the ring starts no read of it meanwhile.
   store_->read_parts(record_of_[span], out.params, out.m, out.v);
-  traffic_.bytes_read += part_bytes(span, {out.params, out.m, out.v});
+  const size_t parts = (out.params != nullptr) + (out.m != nullptr) + (out.v != nullptr);
+  traffic_.bytes_read += parts * record_layout(span).part_floats * sizeof(float);
 }
 
 void DiskTier::write_span(size_t span, const ConstSpanState& in) {
@@ -361,15 +361,7 @@ void DiskTier::write_span(size_t span, const ConstSpanState& in) {
     slots_[slot].span = kNotHere;
   }
   store_->write_parts(record_of_[span], in.params, in.m, in.v);
-  traffic_.bytes_written += store_->layout(record_of_[span]).bytes;  // null m, v: zeros written
-}
-
-size_t DiskTier::part_bytes(size_t span, std::initializer_list<const float*> parts) const {
-  const DiskRecordLayout& layout = store_->layout(record_of_[span]);
-  size_t bytes = 0;
-  for (const float* part : parts)
-    if (part != nullptr) bytes += layout.part_floats * sizeof(float);
-  return bytes;
+  traffic_.bytes_written += record_layout(span).bytes;  // null m, v: zeros written
 }
 
 DiskTraffic DiskTier::traffic() {

@@ -20,7 +20,6 @@
 #include <deque>
 #include <exception>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -117,8 +116,9 @@ class DiskTier {
   // whose span is not among the next few expected.
   size_t prefetch_victim() const;
   bool expected_soon(size_t span) const;
-  // The bytes read_parts moves for `span` with these parts (a null one is skipped).
-  size_t part_bytes(size_t span, std::initializer_list<const float*> parts) const;
+  const DiskRecordLayout& record_layout(size_t span) const {
+    return store_->layout(record_of_[span]);
+  }
   // Under mutex_ (the lock is dropped while it waits): a slot to read into now for a take.
   size_t take_victim(std::unique_lock<std::mutex>& lock);
   void run_ring();
