@@ -14,8 +14,8 @@
 #   PHASE=gpu    gpu mode at the 6.65B model (L32 H32 C4096) for the MFU it reaches, to compare
 #   PHASE=curve  layup at gpt2-xl B=4 with --optimizer-placement device:K for K from 0 to 48: step
 #                time against the device memory the plan needs; gpu mode beside it
-#   PHASE=curve  also calibrates first (layup calibrate at gpt2-xl B=4): each bench prints the
-#                step-time model's prediction beside the measured median
+#   PHASE=curve  also calibrates first and before each point (layup calibrate at gpt2-xl B=4):
+#                each bench prints the step-time model's prediction beside the measured median
 #   PHASE=ckpt   checkpoints at scale (the 13B weights are `big`'s): a 3.88B model's full state
 #                written, then resumed, its next loss beside an uninterrupted run's; resident memory
 #                sampled every 0.5 s during each write
@@ -144,6 +144,10 @@ curve)
   echo "gpu: $(grep -E 'ms/step|MFU|memory peak' "$out/curve-gpu.log")"
   for blocks in 0 12 24 36 48; do
     placement=device:$blocks
+    # Calibrated again beside each point: this machine's CPU AdamW moved from 2.9 to 3.7 G
+    # params/s between calibrations minutes apart (run 2026-12-03f), and the curve's CPU-bound
+    # points move with it.
+    "$layup" calibrate --model gpt2-xl --batch 4 > "$out/calibrate-gpt2-xl-$blocks.txt" 2>&1
     "$layup" memory --model gpt2-xl --batch 4 --seq-len 1024 --device cuda --mode layup \
       --optimizer-placement "$placement" > "$out/curve-memory-$blocks.txt" 2>&1
     "$layup" bench --model gpt2-xl --batch 4 --mode layup --layup-clip deferred \
@@ -188,7 +192,7 @@ disk)
   shape=(--layers "$L" --heads 40 --dim 5120 --context 1024 --seq-len 1024 --batch "${BATCH:-16}"
     --mode layup --recompute 3 --clip none --offload-dir "$dir")
   "$layup" calibrate --layers "$L" --heads 40 --dim 5120 --context 1024 --batch "${BATCH:-16}" \
-    --recompute 3 --offload-dir "$dir" --disk-gib "${DISK_GIB:-8}" > "$out/calibrate-disk.txt" 2>&1
+    --recompute 3 --offload-dir "$dir" --disk-gib "${DISK_GIB:-4}" > "$out/calibrate-disk.txt" 2>&1
   echo "calibrate: exit $?"; tail -n 12 "$out/calibrate-disk.txt"
   "$layup" memory "${shape[@]}" --device cuda > "$out/memory-disk.txt" 2>&1
   grep -E "optimizer state  |on disk|predicted|step" "$out/memory-disk.txt" | head -n 20

@@ -29,6 +29,7 @@ struct CalibrateFlags {
   int cpu_workers = 0;
   double link_mib = 0;  // 0: 256 on cuda, 16 on the CPU
   double cpu_mparams = 32;
+  double cpu_seconds = 1.0;
   std::string disk_dir;
   double disk_gib = 1.0;
 };
@@ -121,6 +122,10 @@ void add_calibrate_command(CLI::App& app) {
   cmd->add_option("--cpu-mparams", flags->cpu_mparams,
                   "Million parameters of the CPU's AdamW and add")
       ->capture_default_str();
+  cmd->add_option(
+         "--cpu-seconds", flags->cpu_seconds,
+         "Seconds each of the CPU's AdamW and add is timed at least (median of the passes)")
+      ->capture_default_str();
   cmd->add_option("--offload-dir", flags->disk_dir,
                   "Also measure the disk tier's direct I/O in this directory");
   cmd->add_option("--disk-gib", flags->disk_gib, "GiB the disk measurement writes and reads")
@@ -140,6 +145,8 @@ void add_calibrate_command(CLI::App& app) {
     options.link_bytes = static_cast<size_t>(link_mib * (1 << 20));
     LAYUP_CHECK(flags->cpu_mparams > 0, "--cpu-mparams must be positive");
     options.cpu_params = static_cast<size_t>(flags->cpu_mparams * 1e6);
+    LAYUP_CHECK(flags->cpu_seconds >= 0, "--cpu-seconds must not be negative");
+    options.cpu_seconds = flags->cpu_seconds;
     options.disk_dir = flags->disk_dir;
     LAYUP_CHECK(flags->disk_gib > 0, "--disk-gib must be positive");
     options.disk_bytes = static_cast<size_t>(flags->disk_gib * (size_t{1} << 30));

@@ -59,9 +59,13 @@ struct CalibrationOptions {
   int repeats = 3;                        // timed passes of each measurement (the median counts)
   size_t link_bytes = size_t{256} << 20;  // one copy each way
   size_t cpu_params = size_t{32} << 20;   // parameters of the CPU's AdamW and add
-  int cpu_workers = 0;                    // HostAdamW workers (0: one per allowed core)
-  std::string disk_dir;                   // empty: the disk is not measured
-  size_t disk_bytes = size_t{1} << 30;    // written then read
+  // The CPU's AdamW and add each repeat until they have run this long: one update of cpu_params
+  // takes ~10 ms on the H200 machine, and three of them were off by up to 1.5x from one
+  // calibration to the next (bench/runs/2026-12-03f).
+  double cpu_seconds = 1.0;
+  int cpu_workers = 0;                  // HostAdamW workers (0: one per allowed core)
+  std::string disk_dir;                 // empty: the disk is not measured
+  size_t disk_bytes = size_t{1} << 30;  // written then read
 };
 
 // Measures every rate the options allow, printing one line per rate to `log` (may be null).

@@ -5,12 +5,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "core/error.h"
 #include "engine/run_composer.h"
+#include "optim/adamw_timing.h"
 
 namespace layup {
 namespace {
@@ -138,15 +143,25 @@ TEST(Calibration, MeasuresEveryRateOnTheCpuBackend) {
   options.config = gpt2_config(2, 2, 64, 64, 512);
   options.batch = 1;
   options.seq_len = 32;
-  options.repeats = 1;
+  options.repeats = 2;
   options.link_bytes = 1 << 20;
   options.cpu_params = 1 << 18;
+  options.cpu_seconds = 0.05;
   options.cpu_workers = 1;
   const fs::path dir = scratch("disk");
   fs::create_directories(dir);
   options.disk_dir = dir.string();
   options.disk_bytes = 8 << 20;
-  const MachineRates rates = measure_machine_rates(options);
+  char* text = nullptr;
+  size_t text_size = 0;
+  FILE* log = open_memstream(&text, &text_size);
+  const MachineRates rates = measure_machine_rates(options, log);
+  std::fclose(log);
+  const std::string printed(text, text_size);
+  std::free(text);
+  // Each disk rate is the median of `repeats` passes, and says so with their range.
+  EXPECT_NE(printed.find("disk read and write at once"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("(median of 2 passes, "), std::string::npos) << printed;
   for (const std::optional<double>& rate :
        {rates.gpu_flops, rates.gpu_adamw_params_per_s, rates.cpu_adamw_params_per_s,
         rates.host_add_floats_per_s, rates.d2h_bytes_per_s, rates.h2d_bytes_per_s,
@@ -158,6 +173,25 @@ TEST(Calibration, MeasuresEveryRateOnTheCpuBackend) {
   options.disk_dir.clear();
   EXPECT_FALSE(measure_machine_rates(options).disk_read_bytes_per_s.has_value());
   fs::remove_all(dir);
+}
+
+TEST(Calibration, AShortUpdateIsTimedUntilTheTimedUpdatesHaveRunLongEnough) {
+  int calls = 0;
+  const auto update = [&](const AdamWStep&) {
+    ++calls;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  };
+  const AdamWTiming three = time_adamw_updates(3, update, [] {});
+  EXPECT_EQ(three.seconds.size(), 3u);
+  calls = 0;
+  const AdamWTiming long_enough = time_adamw_updates(
+      3, update, [] {}, 0.05);
+  double total_s = 0.0;
+  for (double s : long_enough.seconds) total_s += s;
+  EXPECT_GE(total_s, 0.05);
+  EXPECT_GT(long_enough.seconds.size(), 3u);
+  EXPECT_LE(long_enough.seconds.size(), 26u);  // 2 ms or more each: 25 reach 50 ms
+  EXPECT_EQ(calls, kAdamWWarmupUpdates + static_cast<int>(long_enough.seconds.size()));
 }
 
 TEST(Calibration, TheModelsRequestFollowsThePlannedSchedule) {

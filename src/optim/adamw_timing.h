@@ -27,10 +27,12 @@ inline AdamWTiming summarize_timing(std::vector<double> seconds) {
   return timing;
 }
 
-// Times kAdamWWarmupUpdates untimed then `repeats` timed calls of update(step), with GPT-2's
-// hyperparameters and t counting up; calls after_warmup in between.
+// Times kAdamWWarmupUpdates untimed then `repeats` timed calls of update(step), more while the
+// timed calls have taken less than min_seconds, with GPT-2's hyperparameters and t counting up;
+// calls after_warmup in between.
 template <class Update, class AfterWarmup>
-AdamWTiming time_adamw_updates(int repeats, Update update, AfterWarmup after_warmup) {
+AdamWTiming time_adamw_updates(int repeats, Update update, AfterWarmup after_warmup,
+                               double min_seconds = 0.0) {
   AdamWStep step;
   step.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
   for (int i = 0; i < kAdamWWarmupUpdates; ++i) {
@@ -39,12 +41,14 @@ AdamWTiming time_adamw_updates(int repeats, Update update, AfterWarmup after_war
   }
   after_warmup();
   std::vector<double> seconds;
-  for (int i = 0; i < repeats; ++i) {
+  double total_s = 0.0;
+  for (int i = 0; i < repeats || total_s < min_seconds; ++i) {
     step.t = kAdamWWarmupUpdates + i + 1;
     const auto start = std::chrono::steady_clock::now();
     update(step);
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    total_s += seconds.back();
   }
   return summarize_timing(seconds);
 }
