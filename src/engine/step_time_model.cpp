@@ -31,6 +31,7 @@ struct Work {
   double head_forward_s = 0.0, head_backward_s = 0.0;    // LM head and final norm
   std::vector<double> floats;                            // per span
   std::vector<SpanTier> tiers;
+  std::vector<double> disk_read_s, disk_write_s;  // per span: its state's, 0 off the disk tier
 };
 
 double rate_or_zero(const std::optional<double>& rate) {
@@ -68,6 +69,11 @@ Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
   work.tiers = request.span_tiers;
   if (request.mode != Mode::kLayup || work.tiers.empty())
     work.tiers.assign(work.floats.size(), SpanTier::kHost);
+  for (size_t i = 0; i < work.floats.size(); ++i) {
+    const double bytes = work.tiers[i] == SpanTier::kDisk ? kStateBytes * work.floats[i] : 0.0;
+    work.disk_read_s.push_back(seconds(bytes, disk_rate(rates, rates.disk_read_bytes_per_s)));
+    work.disk_write_s.push_back(seconds(bytes, disk_rate(rates, rates.disk_write_bytes_per_s)));
+  }
   return work;
 }
 
@@ -133,10 +139,8 @@ double layup_step(const StepTimeRequest& request, const MachineRates& rates, con
   for (size_t i : order)
     if (work.tiers[i] == SpanTier::kDisk) {
       disk_index[i] = read_s.size();
-      read_s.push_back(
-          seconds(kStateBytes * work.floats[i], disk_rate(rates, rates.disk_read_bytes_per_s)));
-      write_s.push_back(
-          seconds(kStateBytes * work.floats[i], disk_rate(rates, rates.disk_write_bytes_per_s)));
+      read_s.push_back(work.disk_read_s[i]);
+      write_s.push_back(work.disk_write_s[i]);
     }
   DiskQueue disk(clocks.disk, static_cast<size_t>(std::max(1, request.disk_slots)), read_s,
                  write_s);
@@ -325,13 +329,9 @@ StepTimePrediction predict_step_time(const StepTimeRequest& request, const Machi
     p.host_add_s += s.add_s;
     p.cpu_adamw_s += s.adamw_s;
     p.to_device_s += s.to_device_s;
-    if (work.tiers[i] == SpanTier::kDisk) {
-      const double read = seconds(kStateBytes * n, disk_rate(rates, rates.disk_read_bytes_per_s));
-      const double write = seconds(kStateBytes * n, disk_rate(rates, rates.disk_write_bytes_per_s));
-      s.disk_s = read + write;
-      p.disk_read_s += read;
-      p.disk_write_s += write;
-    }
+    s.disk_s = work.disk_read_s[i] + work.disk_write_s[i];
+    p.disk_read_s += work.disk_read_s[i];
+    p.disk_write_s += work.disk_write_s[i];
   }
 
   if (request.mode == Mode::kGpu) {
