@@ -25,14 +25,14 @@
 #   PHASE=largest  the largest GPT (H40 C5120, T=1024, L descending by 2 from $FROM) each of
 #                $MODES trains on this box: every plan over a limit is refused before allocating,
 #                so the scan costs only the first L that fits, which `layup bench` then times
-#                (1 warm-up + 1 step); modes: gpu, offload, layup, layup-disk (--clip none,
-#                --offload-dir); MFU from the bench. MODES="gpu:26 layup:50" starts each mode's
+#                (1 warm-up + 1 step), calibrated at that L first; modes: gpu, offload, layup,
+#                layup-disk (--clip none, --offload-dir); MFU from the bench. MODES="gpu:26 layup:50" starts each mode's
 #                scan at its own L
 # Every line of the issue in three calls of one warm machine (each under the 10-minute limit; about
-# 1,550 s of device time with a fresh start, from the phase times of 2026-12-03), with LAYUP_BIN:
-#   PHASE=big,gpu                                                       ~445 s
-#   PHASE=curve,disk,largest STEPS=1 MODES="gpu:26"                     ~460 s
-#   PHASE=largest,ckpt STEPS=1 MODES="offload:24 layup:44"              ~430 s
+# 1,600 s of device time with a fresh start, from the phase times of 2026-12-03), with LAYUP_BIN:
+#   PHASE=big,gpu                                                       ~415 s
+#   PHASE=curve,disk,largest STEPS=1 MODES="gpu:26"                     ~530 s
+#   PHASE=largest,ckpt STEPS=1 MODES="offload:24 layup:44"              ~530 s
 # Logs go to build-gpu/logs; after each phase bench/tiers_table.py writes the issue's table from all
 # of them (table.md, and curve.csv for bench/plot_tier_curve.py), so a warm machine's calls add up
 # to one table, and they are packed into $OUT/logs.tar.gz where $OUT is set (the device tool's
@@ -209,13 +209,21 @@ largest)
     mode=${entry%%:*} from=${FROM:-60}
     [ "$entry" = "$mode" ] || from=${entry#*:}
     extra=(--mode "$mode" --clip 1.0 --recompute 3)
+    disk=()
     case $mode in
     layup) extra+=(--batch 16 --layup-clip deferred) ;;
     layup-disk) extra=(--mode layup --clip none --recompute 3 --batch 16
-      --offload-dir /tmp/layup-offload) ;;
+      --offload-dir /tmp/layup-offload)
+      disk=(--offload-dir /tmp/layup-offload --disk-gib 2) ;;
     *) extra+=(--batch 4) ;;
     esac
+    batch=4
+    [[ " ${extra[*]} " == *" --batch 16 "* ]] && batch=16
     for ((L = from; L >= 8; L -= 2)); do
+      # Calibrated at this shape just before its bench, for the prediction beside it: the host's
+      # CPU AdamW rate moves by up to 1.3x between calibrations minutes apart (run 2026-12-03f).
+      "$layup" calibrate --layers "$L" --heads 40 --dim 5120 --context 1024 --batch "$batch" \
+        --recompute 3 "${disk[@]}" > "$out/calibrate-largest-$mode-$L.txt" 2>&1
       timeout 400 "$layup" bench --layers "$L" --heads 40 --dim 5120 --context 1024 --seq-len 1024 \
         "${extra[@]}" --warmup 1 --steps 1 --json "$out/largest-$mode-$L.json" \
         > "$out/largest-$mode-$L.log" 2>&1
