@@ -11,7 +11,8 @@
 #                bench's count; recomputation not counted), peak host memory; at its end the
 #                weights alone as sharded safetensors (--checkpoint-contents weights), resident
 #                memory sampled every 0.5 s during the write (the checkpoint line of "at scale")
-#   PHASE=gpu    gpu mode at the 6.65B model (L32 H32 C4096) for the MFU it reaches, to compare
+#   PHASE=gpu    gpu mode at the 6.65B model (L32 H32 C4096) for the MFU it reaches, to compare,
+#                at B=1 and at B=2 with --recompute 2, each calibrated at its shape first
 #   PHASE=curve  layup at gpt2-xl B=4 with --optimizer-placement device:K for K from 0 to 48: step
 #                time against the device memory the plan needs; gpu mode beside it
 #   PHASE=curve  also calibrates first and before each point (layup calibrate at gpt2-xl B=4):
@@ -30,7 +31,7 @@
 #                scan at its own L
 # Every line of the issue in three calls of one warm machine (each under the 10-minute limit; about
 # 1,600 s of device time with a fresh start, from the phase times of 2026-12-03), with LAYUP_BIN:
-#   PHASE=big,gpu                                                       ~415 s
+#   PHASE=big,gpu                                                       ~440 s
 #   PHASE=curve,disk,largest STEPS=1 MODES="gpu:26"                     ~530 s
 #   PHASE=largest,ckpt STEPS=1 MODES="offload:24 layup:44"              ~530 s
 # Logs go to build-gpu/logs; after each phase bench/tiers_table.py writes the issue's table from all
@@ -129,6 +130,10 @@ big)
 gpu)
   for config in "1 0" "2 2"; do
     set -- $config
+    # Calibrated at this shape first: predicted from the 13B's FLOP rate (C=5120, B=32) the step
+    # ran 1.20-1.23x its prediction (runs 2026-12-03e, 2026-12-04a).
+    "$layup" calibrate --layers 32 --heads 32 --dim 4096 --context 1024 --batch "$1" \
+      --recompute "$2" > "$out/calibrate-gpu-6.65b-b$1.txt" 2>&1
     "$layup" bench --layers 32 --heads 32 --dim 4096 --context 1024 --seq-len 1024 --batch "$1" --recompute "$2" \
       --mode gpu --clip 1.0 --warmup 2 --steps 5 --json "$out/gpu-6.65b-b$1.json" \
       > "$out/gpu-6.65b-b$1.log" 2>&1

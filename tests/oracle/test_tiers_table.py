@@ -80,15 +80,18 @@ def test_lines_judged_from_the_logs(tmp_path):
     assert measured.startswith("B=32 x 4 (128 x 1024 tokens a step), 5 timed steps, "
                                "median 28.00 s, MFU 38.0% (lowest 36.0%)"), measured
     assert "peak host 100.0 GiB" in measured and holds == "yes"
-    assert rows["gpu mode at 6.65B, B=1"][0] == "126.0 ms a step, 34.1% MFU, 1.04x predicted"
+    assert rows["gpu mode at 6.65B, B=1"] == ("126.0 ms a step, 34.1% MFU, 1.04x predicted", "yes")
     assert rows["gpu mode at 6.65B, B=2"][0] == "not run"
     unpredicted = tmp_path / "unpredicted"  # a bench without a calibration's prediction
     unpredicted.mkdir()
     write(unpredicted, "bench-disk.json", bench_result(58, 5120, 60000.0, 0.033))
     assert table(unpredicted)["largest GPT with the disk tier"] == (
         "L58 H40 C5120, 18.51B, B=4: 60.00 s a step, 3.3% MFU", "")
-    measured, _ = rows["largest GPT in layup mode"]
+    measured, holds = rows["largest GPT in layup mode"]
     assert measured.startswith("L42 H40 C5120, 13.48B, B=4: 3695.7 ms a step, 37.4% MFU"), measured
+    assert holds == "yes"
+    write(tmp_path, "largest-offload-22.json", bench_result(22, 5120, 2932.5, 0.063, 3790.5))
+    assert table(tmp_path)["largest GPT in offload mode"][1] == "**no**"  # 0.77x its prediction
     assert measured.endswith("L44 refused: custom needs 130 GiB of host memory, over 120 GiB")
     assert rows["largest GPT with the disk tier"] == (
         "L58 H40 C5120, 18.51B, B=4: 60.00 s a step, 3.3% MFU, 1.20x predicted", "**no**")
@@ -164,10 +167,15 @@ def test_resume_compares_every_digit_where_the_driver_kept_the_logs(tmp_path):
     assert holds == "**no**"
 
 
-def test_13b_line_shows_the_prediction_where_the_driver_calibrated_first(tmp_path):
+def test_13b_line_shows_and_judges_the_prediction_where_the_driver_calibrated_first(tmp_path):
     line = "13B-class layup train (L40 H40 C5120)"
     write(tmp_path, "mfu-13b.txt", mfu_log([38, 37, 36, 35, 35], [20, 19, 18, 17, 16]))
     assert "predicted" not in table(tmp_path)[line][0]
     write(tmp_path, "memory-13b.txt", "predicted step time (calibration ...)\n"
           "  predicted step     22400.0 ms (bound by GPU)\n")
-    assert "median 28.00 s (1.25x predicted), MFU" in table(tmp_path)[line][0]
+    write(tmp_path, "train-13b.log", header(32, 4))
+    assert table(tmp_path)[line] == (
+        "B=32 x 4 (128 x 1024 tokens a step), 5 timed steps, median 28.00 s (1.25x predicted), "
+        "MFU 36.0% (lowest 35.0%), losses 11.70, 20.00, 19.00, 18.00, 17.00, 16.00", "**no**")
+    write(tmp_path, "memory-13b.txt", "  predicted step     27000.0 ms (bound by GPU)\n")
+    assert table(tmp_path)[line][1] == "yes"  # 1.04x: within the 15%
