@@ -32,6 +32,7 @@ struct Work {
   std::vector<double> floats;                            // per span
   std::vector<SpanTier> tiers;
   std::vector<double> disk_read_s, disk_write_s;  // per span: its state's, 0 off the disk tier
+  std::vector<double> cpu_adamw_s;                // per span: its CPU AdamW, copies beside it
 };
 
 double rate_or_zero(const std::optional<double>& rate) {
@@ -49,6 +50,18 @@ double seconds(double amount, const std::optional<double>& rate) {
 const std::optional<double>& disk_rate(const MachineRates& rates,
                                        const std::optional<double>& alone) {
   return rates.disk_mixed_bytes_per_s ? rates.disk_mixed_bytes_per_s : alone;
+}
+
+// The CPU's AdamW of `n` params while `beside` seconds of copies to or from the device run: at
+// the rate timed beside copies for that long, at the rate timed alone for the rest (the copies
+// never make it faster; without a rate alone, all of it beside copies).
+double cpu_adamw_seconds(double n, double beside, const MachineRates& rates) {
+  const double all_beside = seconds(n, rates.cpu_adamw_params_per_s);
+  const double alone = std::max(rate_or_zero(rates.cpu_adamw_alone_params_per_s),
+                                rate_or_zero(rates.cpu_adamw_params_per_s));
+  if (!(rate_or_zero(rates.cpu_adamw_alone_params_per_s) > 0.0) || beside >= all_beside)
+    return all_beside;
+  return beside + (n - beside * *rates.cpu_adamw_params_per_s) / alone;
 }
 
 Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
@@ -73,6 +86,13 @@ Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
     const double bytes = work.tiers[i] == SpanTier::kDisk ? kStateBytes * work.floats[i] : 0.0;
     work.disk_read_s.push_back(seconds(bytes, disk_rate(rates, rates.disk_read_bytes_per_s)));
     work.disk_write_s.push_back(seconds(bytes, disk_rate(rates, rates.disk_write_bytes_per_s)));
+    // Beside each update run the weights of the span updated before it going back (a span's
+    // worth), and, when layup updates during backward, the next block's gradient coming down.
+    const double n = work.floats[i];
+    double beside = seconds(kFloatBytes * n, rates.h2d_bytes_per_s);
+    if (request.mode == Mode::kLayup && request.timing == UpdateTiming::kDuringBackward)
+      beside += seconds(kFloatBytes * n, rates.d2h_bytes_per_s);
+    work.cpu_adamw_s.push_back(cpu_adamw_seconds(n, beside, rates));
   }
   return work;
 }
@@ -147,7 +167,7 @@ double layup_step(const StepTimeRequest& request, const MachineRates& rates, con
   const auto update = [&](size_t i, double ready) {
     double begin = std::max(clocks.cpu, ready);
     if (work.tiers[i] == SpanTier::kDisk) begin = std::max(begin, disk.read_end(disk_index[i]));
-    clocks.cpu = begin + seconds(work.floats[i], rates.cpu_adamw_params_per_s);
+    clocks.cpu = begin + work.cpu_adamw_s[i];
     clocks.to_device = std::max(clocks.to_device, clocks.cpu) +
                        seconds(kFloatBytes * work.floats[i], rates.h2d_bytes_per_s);
     landed[i] = clocks.to_device;
@@ -323,7 +343,7 @@ StepTimePrediction predict_step_time(const StepTimeRequest& request, const Machi
     s.to_host_s = m * seconds(kFloatBytes * n, rates.d2h_bytes_per_s);
     const bool adds = request.mode == Mode::kOffload || request.host_gradient;
     s.add_s = adds ? (m - 1) * seconds(n, rates.host_add_floats_per_s) : 0.0;
-    s.adamw_s = seconds(n, rates.cpu_adamw_params_per_s);
+    s.adamw_s = work.cpu_adamw_s[i];
     s.to_device_s = seconds(kFloatBytes * n, rates.h2d_bytes_per_s);
     p.to_host_s += s.to_host_s;
     p.host_add_s += s.add_s;

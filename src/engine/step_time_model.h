@@ -26,8 +26,12 @@ enum class UpdateTiming { kDuringBackward, kDeferred };
 struct MachineRates {
   std::optional<double> gpu_flops;               // dense matmul FLOP/s a block's training reached
   std::optional<double> gpu_adamw_params_per_s;  // the device's AdamW (Device::adamw_update_span)
-  std::optional<double> cpu_adamw_params_per_s;  // HostAdamW over all its workers
-  std::optional<double> host_add_floats_per_s;   // the host's gradient accumulation, dst += src
+  // HostAdamW over all its workers, with copies to and from the device running beside it the
+  // whole time, and with none: the host's memory serves both, and in a step copies run beside
+  // only part of each update (docs/time_model.md).
+  std::optional<double> cpu_adamw_params_per_s;
+  std::optional<double> cpu_adamw_alone_params_per_s;
+  std::optional<double> host_add_floats_per_s;  // the host's gradient accumulation, dst += src
   std::optional<double> d2h_bytes_per_s, h2d_bytes_per_s;               // the link, each way
   std::optional<double> disk_read_bytes_per_s, disk_write_bytes_per_s;  // direct I/O
   // Both at once (the bytes of both over their time together), as a step issues them; where

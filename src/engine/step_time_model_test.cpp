@@ -178,6 +178,61 @@ TEST(StepTimeModel, OffloadOverlapsNothingButTheWeightsGoingBack) {
   EXPECT_LT(p.step_s, serial + p.to_device_s);
 }
 
+// Rates with the CPU's AdamW timed alone too: 4 G params/s beside copies, 6 alone.
+MachineRates rates_with_adamw_alone(double alone = 6e9) {
+  MachineRates m = rates();
+  m.cpu_adamw_alone_params_per_s = alone;
+  return m;
+}
+
+TEST(StepTimeModel, TheCpusAdamWRunsAloneButWhileTheCopiesBesideItRun) {
+  const StepTimeRequest r = request(Mode::kOffload);
+  const ParameterLayout layout(r.config);
+  // Offload: beside each update only a span's weights going back (4 bytes a param at 50 GB/s);
+  // for that long at 4 G params/s, the rest at 6.
+  double expected = 0.0;
+  for (const Span& span : layout.spans()) {
+    const double n = static_cast<double>(span.count), beside = 4.0 * n / 50e9;
+    expected += beside + (n - beside * 4e9) / 6e9;
+  }
+  const StepTimePrediction p = predict_step_time(r, rates_with_adamw_alone());
+  EXPECT_NEAR(p.cpu_adamw_s, expected, 1e-12);
+  const double all_beside = predict_step_time(r, rates()).cpu_adamw_s;
+  EXPECT_NEAR(all_beside, layout.total_count() / 4e9, 1e-12);
+  EXPECT_LT(p.cpu_adamw_s, all_beside);
+  EXPECT_GT(p.cpu_adamw_s, layout.total_count() / 6e9);
+
+  // Updating during backward, the next block's gradient comes down beside each update as well:
+  // more of it runs beside copies than when deferred.
+  StepTimeRequest during = request(Mode::kLayup);
+  during.timing = UpdateTiming::kDuringBackward;
+  StepTimeRequest deferred = during;
+  deferred.timing = UpdateTiming::kDeferred;
+  const double during_s = predict_step_time(during, rates_with_adamw_alone()).cpu_adamw_s;
+  const double deferred_s = predict_step_time(deferred, rates_with_adamw_alone()).cpu_adamw_s;
+  EXPECT_NEAR(deferred_s, expected, 1e-12);
+  EXPECT_GT(during_s, deferred_s);
+  EXPECT_LT(during_s, all_beside);
+}
+
+TEST(StepTimeModel, ARateAloneNoFasterThanBesideCopiesChangesNothing) {
+  StepTimeRequest r = request(Mode::kLayup);
+  r.timing = UpdateTiming::kDeferred;
+  const double beside = predict_step_time(r, rates()).step_s;
+  EXPECT_NEAR(predict_step_time(r, rates_with_adamw_alone(4e9)).step_s, beside, 1e-12);
+  // A noisy calibration that timed the AdamW alone slower than beside copies: the copies never
+  // make it faster.
+  EXPECT_NEAR(predict_step_time(r, rates_with_adamw_alone(3e9)).step_s, beside, 1e-12);
+  // And a CPU that bounds the step is predicted faster where it runs faster alone.
+  MachineRates slow = rates();
+  slow.cpu_adamw_params_per_s = 0.5e9;
+  MachineRates slow_beside_copies = slow;
+  slow_beside_copies.cpu_adamw_alone_params_per_s = 1e9;
+  const StepTimePrediction bound = predict_step_time(r, slow);
+  ASSERT_EQ(bound.bound_by, "CPU (AdamW and gradient adds)");
+  EXPECT_LT(predict_step_time(r, slow_beside_copies).step_s, bound.step_s);
+}
+
 TEST(StepTimeModel, SaysWhichRatesItLacks) {
   StepTimeRequest r = request(Mode::kLayup);
   r.span_tiers = tiers(r, SpanTier::kDisk, SpanTier::kDevice);
