@@ -1,5 +1,6 @@
 // `layup calibrate`: measures this machine's rates for the step-time model (engine/calibration.h)
 // in a few seconds and caches them in a JSON file that `layup memory` and `layup bench` read.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -151,9 +152,13 @@ void add_calibrate_command(CLI::App& app) {
     LAYUP_CHECK(flags->disk_gib > 0, "--disk-gib must be positive");
     options.disk_bytes = static_cast<size_t>(flags->disk_gib * (size_t{1} << 30));
     const std::string path = calibration_path_or_default(flags->path);
-    std::printf("layup calibrate: %s %s, FLOP rate on %s cut to %d blocks at B=%d x T=%d\n",
+    const int cut = std::min(options.config.n_layer, options.timed_layers);
+    const std::string cuts =
+        std::to_string(cut) +
+        (options.config.n_layer >= 2 * cut ? " and " + std::to_string(2 * cut) : std::string());
+    std::printf("layup calibrate: %s %s, FLOP rate on %s cut to %s blocks at B=%d x T=%d\n",
                 name_of(options.target.device).c_str(), name_of(options.target.dtype).c_str(),
-                flags->model.name().c_str(), options.timed_layers, options.batch, options.seq_len);
+                flags->model.name().c_str(), cuts.c_str(), options.batch, options.seq_len);
     const Calibration calibration = calibrate(options, stdout);
     save_calibration(path, calibration);
     std::printf("  %s\n  written to %s\n", calibration.describe().c_str(), path.c_str());

@@ -33,6 +33,8 @@ struct RateField {
 };
 constexpr RateField kRateFields[] = {
     {"gpu_flops", &MachineRates::gpu_flops},
+    {"gpu_block_flops", &MachineRates::gpu_block_flops},
+    {"gpu_head_flops", &MachineRates::gpu_head_flops},
     {"gpu_adamw_params_per_s", &MachineRates::gpu_adamw_params_per_s},
     {"cpu_adamw_params_per_s", &MachineRates::cpu_adamw_params_per_s},
     {"cpu_adamw_alone_params_per_s", &MachineRates::cpu_adamw_alone_params_per_s},
@@ -69,10 +71,10 @@ void say(FILE* log, const char* what, double value, const char* unit) {
   if (log) std::fprintf(log, "  %-34s %10.3g %s\n", what, value, unit);
 }
 
-// Forward and backward of the options' model cut to timed_layers blocks, with the whole gradient
-// in device memory: the FLOPs the GPU runs (executed_flops_per_token) over the median time.
-double measure_gpu_flops(const CalibrationOptions& options, BackendAndDevice& compute,
-                         const ParameterLayout& layout) {
+// The median seconds of forward and backward of `layout`'s model (the options' model cut to a
+// few blocks), with the whole gradient in device memory.
+double time_training(const CalibrationOptions& options, BackendAndDevice& compute,
+                     const ParameterLayout& layout) {
   ModelBackend& backend = *compute.backend;
   Device& device = *compute.device;
   const ModelConfig& config = layout.config();
@@ -87,7 +89,7 @@ double measure_gpu_flops(const CalibrationOptions& options, BackendAndDevice& co
   std::vector<int32_t> ids(tokens);
   for (size_t i = 0; i < tokens; ++i) ids[i] = static_cast<int32_t>((i * 7919) % config.vocab_size);
   const TokenBatch batch{ids.data(), ids.data(), options.batch, options.seq_len};
-  const double seconds = median_seconds(options.repeats, [&] {
+  return median_seconds(options.repeats, [&] {
     backend.forward(p, batch);
     backend.backward_head(p, g.final_norm, g.embeddings, 1.0f);
     for (int layer = config.n_layer - 1; layer >= 0; --layer)
@@ -95,8 +97,6 @@ double measure_gpu_flops(const CalibrationOptions& options, BackendAndDevice& co
     backend.backward_embeddings(p, g.embeddings);
     device.wait_for(*device.fence());
   });
-  return static_cast<double>(tokens) *
-         executed_flops_per_token(config, options.seq_len, options.target.recompute) / seconds;
 }
 
 // The device's AdamW on one block span.
@@ -119,6 +119,17 @@ double measure_gpu_adamw(const CalibrationOptions& options, Device& device,
 }
 
 }  // namespace
+
+std::optional<FlopRateSplit> split_flop_rate(double cut_flops, double cut_s, double twice_flops,
+                                             double twice_s) {
+  // The cut twice as deep adds as many blocks again: their FLOPs and time are the difference; the
+  // rest of the shallow cut's time is the head's, embeddings' and loss's.
+  const double block_flops = twice_flops - cut_flops, block_s = twice_s - cut_s;
+  const double head_flops = cut_flops - block_flops, head_s = cut_s - block_s;
+  // Timing noise can leave one part at no time or less: then the split says nothing.
+  if (!(block_flops > 0.0 && block_s > 0.0 && head_flops > 0.0 && head_s > 0.0)) return {};
+  return FlopRateSplit{block_flops / block_s, head_flops / head_s};
+}
 
 std::string FlopRateShape::describe() const {
   return "C=" + std::to_string(width) + ", B=" + std::to_string(batch) +
@@ -252,10 +263,38 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
   LAYUP_CHECK(options.seq_len <= config.n_positions, "--seq-len ", options.seq_len,
               " is longer than the model's context of ", config.n_positions);
   const ParameterLayout layout(config);
+  const double tokens = static_cast<double>(options.batch) * options.seq_len;
+  const auto executed_flops = [&](const ModelConfig& cut) {
+    return tokens * executed_flops_per_token(cut, options.seq_len, options.target.recompute);
+  };
+  // A cut twice as deep where the model has the blocks, first (so the two cuts' buffers are not
+  // on the device together): the blocks and the head run at different rates (the head's GEMM is
+  // one wide matrix, a block's are narrower and come with attention and elementwise work), and
+  // one blended rate from a shallow cut over-weights the head.
+  std::optional<double> twice_s;
+  ModelConfig twice = config;
+  twice.n_layer = 2 * config.n_layer;
+  if (options.config.n_layer >= twice.n_layer) {
+    BackendAndDevice compute = make_backend(options.target, twice, options.batch, options.seq_len);
+    twice_s = time_training(options, compute, ParameterLayout(twice));
+  }
   {
     BackendAndDevice compute = make_backend(options.target, config, options.batch, options.seq_len);
-    rates.gpu_flops = measure_gpu_flops(options, compute, layout);
+    const double cut_s = time_training(options, compute, layout);
+    rates.gpu_flops = executed_flops(config) / cut_s;
     say(log, "device training FLOP rate", *rates.gpu_flops / 1e12, "TFLOP/s");
+    if (twice_s) {
+      if (const std::optional<FlopRateSplit> split =
+              split_flop_rate(executed_flops(config), cut_s, executed_flops(twice), *twice_s)) {
+        rates.gpu_block_flops = split->blocks;
+        rates.gpu_head_flops = split->head;
+        say(log, "  of it the blocks", split->blocks / 1e12, "TFLOP/s");
+        say(log, "  the head, embeddings and loss", split->head / 1e12, "TFLOP/s");
+      } else if (log) {
+        std::fprintf(log,
+                     "  (the blocks' and the head's rates apart: timing too noisy to split)\n");
+      }
+    }
     rates.gpu_adamw_params_per_s = measure_gpu_adamw(options, *compute.device, layout);
     say(log, "device AdamW", *rates.gpu_adamw_params_per_s / 1e9, "G params/s");
 
@@ -407,6 +446,8 @@ std::string format_machine_rates(const MachineRates& r) {
     text += row;
   };
   line("device training FLOP rate", r.gpu_flops, 1e12, "TFLOP/s");
+  line("  of it the blocks", r.gpu_block_flops, 1e12, "TFLOP/s");
+  line("  the head, embeddings, loss", r.gpu_head_flops, 1e12, "TFLOP/s");
   line("device AdamW", r.gpu_adamw_params_per_s, 1e9, "G params/s");
   line("CPU AdamW", r.cpu_adamw_params_per_s, 1e9, "G params/s");
   line("CPU AdamW, no copies beside", r.cpu_adamw_alone_params_per_s, 1e9, "G params/s");

@@ -53,7 +53,8 @@ void save_calibration(const std::string& path, const Calibration& calibration);
 struct CalibrationOptions {
   ComputeTarget target;  // resolved: cpu or cuda
   // The GPU's FLOP rate is taken from forward and backward of this model's width, head and
-  // sequence, cut to timed_layers blocks.
+  // sequence, cut to timed_layers blocks, and apart for the blocks and the head from a cut of
+  // twice that many where the model has them.
   ModelConfig config;
   int batch = 1, seq_len = 64, timed_layers = 2;
   int repeats = 3;                        // timed passes of each measurement (the median counts)
@@ -67,6 +68,15 @@ struct CalibrationOptions {
   std::string disk_dir;                 // empty: the disk is not measured
   size_t disk_bytes = size_t{1} << 30;  // written then read
 };
+
+// The GPU's FLOP rate apart for the blocks and for the rest of the model (the head, embeddings,
+// final norm and loss), from the training FLOPs and seconds of two cuts, the second with twice the
+// blocks; none where timing noise leaves either part no time.
+struct FlopRateSplit {
+  double blocks = 0.0, head = 0.0;  // FLOP/s
+};
+std::optional<FlopRateSplit> split_flop_rate(double cut_flops, double cut_s, double twice_flops,
+                                             double twice_s);
 
 // Measures every rate the options allow, printing one line per rate to `log` (may be null).
 MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log = nullptr);

@@ -181,6 +181,52 @@ TEST(Calibration, MeasuresEveryRateOnTheCpuBackend) {
   fs::remove_all(dir);
 }
 
+TEST(Calibration, SplitsTheFlopRateBetweenTheBlocksAndTheHeadFromTwoCuts) {
+  // 2 blocks of 10 FLOPs at 1 s each and a head of 30 FLOPs in 0.5 s: 50 FLOPs in 2.5 s; 4 blocks:
+  // 70 FLOPs in 4.5 s.
+  const std::optional<FlopRateSplit> split = split_flop_rate(50.0, 2.5, 70.0, 4.5);
+  ASSERT_TRUE(split.has_value());
+  EXPECT_DOUBLE_EQ(split->blocks, 10.0);
+  EXPECT_DOUBLE_EQ(split->head, 60.0);
+  // Noise that leaves the deeper cut no slower, or the head no time: no split.
+  EXPECT_FALSE(split_flop_rate(50.0, 2.5, 70.0, 2.4).has_value());
+  EXPECT_FALSE(split_flop_rate(50.0, 2.5, 70.0, 5.0).has_value());
+}
+
+TEST(Calibration, TimesACutTwiceAsDeepWhereTheModelHasTheBlocks) {
+  CalibrationOptions options;
+  options.target = resolve_compute_target({DeviceKind::kCpu, Dtype::kAuto});
+  options.config = gpt2_config(4, 2, 128, 64, 4096);
+  options.batch = 1;
+  options.seq_len = 32;
+  options.repeats = 3;
+  options.link_bytes = 1 << 20;
+  options.cpu_params = 1 << 16;
+  options.cpu_seconds = 0.0;
+  options.cpu_workers = 1;
+  char* text = nullptr;
+  size_t text_size = 0;
+  FILE* log = open_memstream(&text, &text_size);
+  const MachineRates rates = measure_machine_rates(options, log);
+  std::fclose(log);
+  const std::string printed(text, text_size);
+  std::free(text);
+  ASSERT_EQ(rates.gpu_block_flops.has_value(), rates.gpu_head_flops.has_value());
+  if (!rates.gpu_block_flops) {  // a CPU busy enough to time the deeper cut no slower
+    EXPECT_NE(printed.find("timing too noisy to split"), std::string::npos) << printed;
+    return;
+  }
+  EXPECT_NE(printed.find("of it the blocks"), std::string::npos) << printed;
+  // The split is of the 2-block cut's own time: its blocks at their rate and its head at its rate
+  // add up to that cut's FLOPs at the blended rate.
+  ModelConfig cut = options.config;
+  cut.n_layer = 2;
+  const double flops = executed_flops_per_token(cut, 32, 0) * 32;
+  const double head = 3.0 * 2.0 * cut.vocab_size * cut.n_embd * 32;
+  EXPECT_NEAR((flops - head) / *rates.gpu_block_flops + head / *rates.gpu_head_flops,
+              flops / *rates.gpu_flops, 1e-9 * flops / *rates.gpu_flops);
+}
+
 TEST(Calibration, AShortUpdateIsTimedUntilTheTimedUpdatesHaveRunLongEnough) {
   int calls = 0;
   const auto update = [&](const AdamWStep&) {

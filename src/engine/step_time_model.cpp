@@ -66,16 +66,22 @@ double cpu_adamw_seconds(double n, double beside, const MachineRates& rates) {
 
 Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
   const ModelConfig& c = request.config;
-  const double C = c.n_embd, T = request.seq_len, V = c.vocab_size;
+  const double C = c.n_embd, V = c.vocab_size;
   const double tokens = static_cast<double>(request.batch) * request.seq_len;
-  const double block_forward_flops = 24.0 * C * C + 4.0 * T * C;  // per token
+  // Per token, forward: the LM head's 2 V C, a block's a third of its share of the training count
+  // (GPT-2: 24 C^2 + 4 T C).
   const double head_forward_flops = 2.0 * V * C;
+  const double block_forward_flops =
+      (model_flops_per_token(c, request.seq_len) - 3.0 * head_forward_flops) / (3.0 * c.n_layer);
+  const bool split = rates.gpu_block_flops && rates.gpu_head_flops;
+  const std::optional<double>& block_rate = split ? rates.gpu_block_flops : rates.gpu_flops;
+  const std::optional<double>& head_rate = split ? rates.gpu_head_flops : rates.gpu_flops;
   Work work;
   work.layers = c.n_layer;
-  work.block_forward_s = seconds(tokens * block_forward_flops, rates.gpu_flops);
+  work.block_forward_s = seconds(tokens * block_forward_flops, block_rate);
   work.block_backward_s =
-      seconds(tokens * block_forward_flops * (request.recompute >= 3 ? 3.0 : 2.0), rates.gpu_flops);
-  work.head_forward_s = seconds(tokens * head_forward_flops, rates.gpu_flops);
+      seconds(tokens * block_forward_flops * (request.recompute >= 3 ? 3.0 : 2.0), block_rate);
+  work.head_forward_s = seconds(tokens * head_forward_flops, head_rate);
   work.head_backward_s = 2.0 * work.head_forward_s;
   const ParameterLayout layout(c);
   for (const Span& span : layout.spans()) work.floats.push_back(static_cast<double>(span.count));

@@ -53,6 +53,22 @@ TEST(StepTimeModel, GpuModeIsTheFlopsAtTheRatePlusTheDevicesAdamW) {
   EXPECT_EQ(p.exposed_s, 0.0);
 }
 
+TEST(StepTimeModel, TimesTheBlocksAndTheHeadEachAtItsOwnRateWhereCalibratedApart) {
+  const StepTimeRequest r = request(Mode::kGpu);
+  MachineRates m = rates();
+  m.gpu_block_flops = 50e12;
+  m.gpu_head_flops = 200e12;
+  const double tokens = 8.0 * 1024, C = 768, V = r.config.vocab_size;
+  const double head = 3.0 * 2.0 * V * C;  // forward and backward of the LM head
+  const double blocks = model_flops_per_token(r.config, 1024) - head;
+  EXPECT_NEAR(predict_step_time(r, m).gpu_compute_s, tokens * (blocks / 50e12 + head / 200e12),
+              1e-9);
+  // Only one of the two: the blended rate for both.
+  m.gpu_head_flops.reset();
+  EXPECT_NEAR(predict_step_time(r, m).gpu_compute_s,
+              tokens * model_flops_per_token(r.config, 1024) / 100e12, 1e-9);
+}
+
 TEST(StepTimeModel, LayupWithEverySpanOnTheDevicePredictsLikeGpuMode) {
   StepTimeRequest r = request(Mode::kLayup);
   r.span_tiers = tiers(r, SpanTier::kDevice, SpanTier::kDevice);
