@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "core/error.h"
 #include "engine/run_composer.h"
@@ -139,10 +140,11 @@ TEST(Calibration, ACorruptFileIsRefusedSayingHowToMakeANewOne) {
             std::string::npos);
 }
 
-TEST(Calibration, MeasuresEveryRateOnTheCpuBackend) {
+// A quick calibration of `config` on the CPU backend: small copies and AdamW, one worker.
+CalibrationOptions quick_cpu_options(const ModelConfig& config) {
   CalibrationOptions options;
   options.target = resolve_compute_target({DeviceKind::kCpu, Dtype::kAuto});
-  options.config = gpt2_config(2, 2, 64, 64, 512);
+  options.config = config;
   options.batch = 1;
   options.seq_len = 32;
   options.repeats = 2;
@@ -150,17 +152,28 @@ TEST(Calibration, MeasuresEveryRateOnTheCpuBackend) {
   options.cpu_params = 1 << 18;
   options.cpu_seconds = 0.05;
   options.cpu_workers = 1;
-  const fs::path dir = scratch("disk");
-  fs::create_directories(dir);
-  options.disk_dir = dir.string();
-  options.disk_bytes = 8 << 20;
+  return options;
+}
+
+// The rates measure_machine_rates gives and what it printed.
+std::pair<MachineRates, std::string> measure_and_print(const CalibrationOptions& options) {
   char* text = nullptr;
   size_t text_size = 0;
   FILE* log = open_memstream(&text, &text_size);
   const MachineRates rates = measure_machine_rates(options, log);
   std::fclose(log);
-  const std::string printed(text, text_size);
+  std::string printed(text, text_size);
   std::free(text);
+  return {rates, printed};
+}
+
+TEST(Calibration, MeasuresEveryRateOnTheCpuBackend) {
+  CalibrationOptions options = quick_cpu_options(gpt2_config(2, 2, 64, 64, 512));
+  const fs::path dir = scratch("disk");
+  fs::create_directories(dir);
+  options.disk_dir = dir.string();
+  options.disk_bytes = 8 << 20;
+  const auto [rates, printed] = measure_and_print(options);
   // Each disk rate is the median of `repeats` passes, and says so with their range.
   EXPECT_NE(printed.find("disk read and write at once"), std::string::npos) << printed;
   EXPECT_NE(printed.find("(median of 2 passes, "), std::string::npos) << printed;
@@ -194,23 +207,9 @@ TEST(Calibration, SplitsTheFlopRateBetweenTheBlocksAndTheHeadFromTwoCuts) {
 }
 
 TEST(Calibration, TimesACutTwiceAsDeepWhereTheModelHasTheBlocks) {
-  CalibrationOptions options;
-  options.target = resolve_compute_target({DeviceKind::kCpu, Dtype::kAuto});
-  options.config = gpt2_config(4, 2, 128, 64, 4096);
-  options.batch = 1;
-  options.seq_len = 32;
+  CalibrationOptions options = quick_cpu_options(gpt2_config(4, 2, 128, 64, 4096));
   options.repeats = 3;
-  options.link_bytes = 1 << 20;
-  options.cpu_params = 1 << 16;
-  options.cpu_seconds = 0.0;
-  options.cpu_workers = 1;
-  char* text = nullptr;
-  size_t text_size = 0;
-  FILE* log = open_memstream(&text, &text_size);
-  const MachineRates rates = measure_machine_rates(options, log);
-  std::fclose(log);
-  const std::string printed(text, text_size);
-  std::free(text);
+  const auto [rates, printed] = measure_and_print(options);
   ASSERT_EQ(rates.gpu_block_flops.has_value(), rates.gpu_head_flops.has_value());
   if (!rates.gpu_block_flops) {  // a CPU busy enough to time the deeper cut no slower
     EXPECT_NE(printed.find("timing too noisy to split"), std::string::npos) << printed;
