@@ -80,13 +80,14 @@ def big_row(logs):
     # `layup memory`'s prediction for the run's shape, where the driver calibrated first.
     memory = logs / "memory-13b.txt"
     predicted = memory.exists() and re.search(r"predicted step +([\d.]+) ms", memory.read_text())
-    within = not predicted or abs(median_s / (float(predicted[1]) / 1e3) - 1) <= PREDICTION_LINE
+    over = median_s / (float(predicted[1]) / 1e3) if predicted else None
+    within = over is None or abs(over - 1) <= PREDICTION_LINE
     ok = (len(timed) >= TIMED_STEPS and min(mfus) >= 100 * MFU_LINE and falling and within_batch
           and within)
     return ((f"B={batch[1]} x {batch[3] or 1} ({sequences} x {batch[2]} tokens a step), "
              if batch else "global batch unknown, ")
             + f"{len(timed)} timed steps, median {median_s:.2f} s"
-            + (f" ({median_s / (float(predicted[1]) / 1e3):.2f}x predicted)" if predicted else "")
+            + (f" ({over:.2f}x predicted)" if over is not None else "")
             + ", "
             f"MFU {statistics.median(mfus):.1f}% (lowest {min(mfus):.1f}%), "
             f"losses {', '.join(f'{x:.2f}' for x in losses)}"

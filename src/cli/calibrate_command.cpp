@@ -1,6 +1,5 @@
 // `layup calibrate`: measures this machine's rates for the step-time model (engine/calibration.h)
 // in a few seconds and caches them in a JSON file that `layup memory` and `layup bench` read.
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -152,10 +151,10 @@ void add_calibrate_command(CLI::App& app) {
     LAYUP_CHECK(flags->disk_gib > 0, "--disk-gib must be positive");
     options.disk_bytes = static_cast<size_t>(flags->disk_gib * (size_t{1} << 30));
     const std::string path = calibration_path_or_default(flags->path);
-    const int cut = std::min(options.config.n_layer, options.timed_layers);
+    const TimedCuts timed = timed_cuts(options);
     const std::string cuts =
-        std::to_string(cut) +
-        (options.config.n_layer >= 2 * cut ? " and " + std::to_string(2 * cut) : std::string());
+        std::to_string(timed.blocks) +
+        (timed.twice > 0 ? " and " + std::to_string(timed.twice) : std::string());
     std::printf("layup calibrate: %s %s, FLOP rate on %s cut to %s blocks at B=%d x T=%d\n",
                 name_of(options.target.device).c_str(), name_of(options.target.dtype).c_str(),
                 flags->model.name().c_str(), cuts.c_str(), options.batch, options.seq_len);

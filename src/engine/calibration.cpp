@@ -120,6 +120,11 @@ double measure_gpu_adamw(const CalibrationOptions& options, Device& device,
 
 }  // namespace
 
+TimedCuts timed_cuts(const CalibrationOptions& options) {
+  const int blocks = std::min(options.config.n_layer, options.timed_layers);
+  return {blocks, options.config.n_layer >= 2 * blocks ? 2 * blocks : 0};
+}
+
 std::optional<FlopRateSplit> split_flop_rate(double cut_flops, double cut_s, double twice_flops,
                                              double twice_s) {
   // The cut twice as deep adds as many blocks again: their FLOPs and time are the difference; the
@@ -258,7 +263,8 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
   LAYUP_CHECK(options.batch > 0 && options.seq_len > 0, "--batch and --seq-len must be positive");
   MachineRates rates;
   ModelConfig config = options.config;
-  config.n_layer = std::min(config.n_layer, options.timed_layers);
+  const TimedCuts cuts = timed_cuts(options);
+  config.n_layer = cuts.blocks;
   validate_config(config);
   LAYUP_CHECK(options.seq_len <= config.n_positions, "--seq-len ", options.seq_len,
               " is longer than the model's context of ", config.n_positions);
@@ -273,8 +279,8 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
   // one blended rate from a shallow cut over-weights the head.
   std::optional<double> twice_s;
   ModelConfig twice = config;
-  twice.n_layer = 2 * config.n_layer;
-  if (options.config.n_layer >= twice.n_layer) {
+  twice.n_layer = cuts.twice;
+  if (cuts.twice > 0) {
     BackendAndDevice compute = make_backend(options.target, twice, options.batch, options.seq_len);
     twice_s = time_training(options, compute, ParameterLayout(twice));
   }

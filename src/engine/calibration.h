@@ -78,6 +78,13 @@ struct FlopRateSplit {
 std::optional<FlopRateSplit> split_flop_rate(double cut_flops, double cut_s, double twice_flops,
                                              double twice_s);
 
+// The block counts the FLOP rate is timed at: timed_layers (at most the model's), and twice that
+// where the model has the blocks, for the blocks' and the head's rates apart.
+struct TimedCuts {
+  int blocks = 0, twice = 0;  // twice: 0 where the model is too shallow
+};
+TimedCuts timed_cuts(const CalibrationOptions& options);
+
 // Measures every rate the options allow, printing one line per rate to `log` (may be null).
 MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log = nullptr);
 

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "core/error.h"
@@ -204,6 +205,14 @@ TEST(Calibration, SplitsTheFlopRateBetweenTheBlocksAndTheHeadFromTwoCuts) {
   // Noise that leaves the deeper cut no slower, or the head no time: no split.
   EXPECT_FALSE(split_flop_rate(50.0, 2.5, 70.0, 2.4).has_value());
   EXPECT_FALSE(split_flop_rate(50.0, 2.5, 70.0, 5.0).has_value());
+  // The cuts: 2 blocks, and 4 only where the model has them.
+  CalibrationOptions options;
+  for (const auto& [layers, blocks, twice] :
+       {std::tuple{12, 2, 4}, {4, 2, 4}, {3, 2, 0}, {1, 1, 0}}) {
+    options.config = gpt2_config(layers, 2, 64, 64, 512);
+    EXPECT_EQ(timed_cuts(options).blocks, blocks) << layers;
+    EXPECT_EQ(timed_cuts(options).twice, twice) << layers;
+  }
 }
 
 TEST(Calibration, TimesACutTwiceAsDeepWhereTheModelHasTheBlocks) {

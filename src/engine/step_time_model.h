@@ -24,9 +24,10 @@ enum class UpdateTiming { kDuringBackward, kDeferred };
 
 // The machine's rates; a rate that was not measured is absent. Bytes and floats per second.
 struct MachineRates {
-  std::optional<double> gpu_flops;  // dense matmul FLOP/s a block's training reached
-  // The same split between the blocks and the rest (the LM head, embeddings, final norm and loss),
-  // from cuts of two block counts; where measured, the model times each part at its own rate.
+  // Training FLOP/s of the model cut to a few blocks (its head included), and the same apart for
+  // the blocks and the rest (the LM head, embeddings, final norm and loss), from cuts of two block
+  // counts; where those two were measured, the model times each part at its own rate.
+  std::optional<double> gpu_flops;
   std::optional<double> gpu_block_flops, gpu_head_flops;
   std::optional<double> gpu_adamw_params_per_s;  // the device's AdamW (Device::adamw_update_span)
   // HostAdamW over all its workers, with copies to and from the device running beside it the

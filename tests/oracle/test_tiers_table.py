@@ -89,10 +89,10 @@ def test_lines_judged_from_the_logs(tmp_path):
         "L58 H40 C5120, 18.51B, B=4: 60.00 s a step, 3.3% MFU", "")
     measured, holds = rows["largest GPT in layup mode"]
     assert measured.startswith("L42 H40 C5120, 13.48B, B=4: 3695.7 ms a step, 37.4% MFU"), measured
+    assert measured.endswith("L44 refused: custom needs 130 GiB of host memory, over 120 GiB")
     assert holds == "yes"
     write(tmp_path, "largest-offload-22.json", bench_result(22, 5120, 2932.5, 0.063, 3790.5))
     assert table(tmp_path)["largest GPT in offload mode"][1] == "**no**"  # 0.77x its prediction
-    assert measured.endswith("L44 refused: custom needs 130 GiB of host memory, over 120 GiB")
     assert rows["largest GPT with the disk tier"] == (
         "L58 H40 C5120, 18.51B, B=4: 60.00 s a step, 3.3% MFU, 1.20x predicted", "**no**")
     assert rows["gpt2-xl B=4 tier curve, measured / predicted"] == (
