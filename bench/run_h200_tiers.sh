@@ -14,9 +14,9 @@
 #   PHASE=gpu    gpu mode at the 6.65B model (L32 H32 C4096) for the MFU it reaches, to compare,
 #                at B=1 and at B=2 with --recompute 2, each calibrated at its shape first
 #   PHASE=curve  layup at gpt2-xl B=4 with --optimizer-placement device:K for K from 0 to 48: step
-#                time against the device memory the plan needs; gpu mode beside it
-#   PHASE=curve  also calibrates first and before each point (layup calibrate at gpt2-xl B=4):
-#                each bench prints the step-time model's prediction beside the measured median
+#                time against the device memory the plan needs; gpu mode beside it. Calibrated
+#                once at its start, as a user would: each bench prints the step-time model's
+#                prediction from that calibration beside the measured median
 #   PHASE=ckpt   checkpoints at scale (the 13B weights are `big`'s): a 3.88B model's full state
 #                written, then resumed, its next loss beside an uninterrupted run's; resident memory
 #                sampled every 0.5 s during each write
@@ -26,14 +26,15 @@
 #   PHASE=largest  the largest GPT (H40 C5120, T=1024, L descending by 2 from $FROM) each of
 #                $MODES trains on this box: every plan over a limit is refused before allocating,
 #                so the scan costs only the first L that fits, which `layup bench` then times
-#                (1 warm-up + 1 step), calibrated at that L first; modes: gpu, offload, layup,
+#                (1 warm-up + 1 step), calibrated once per mode first; modes: gpu, offload, layup,
 #                layup-disk (--clip none, --offload-dir); MFU from the bench. MODES="gpu:26 layup:50" starts each mode's
 #                scan at its own L
-# Every line of the issue in three calls of one warm machine (each under the 10-minute limit; about
-# 1,600 s of device time with a fresh start, from the phase times of 2026-12-03), with LAYUP_BIN:
-#   PHASE=big,gpu                                                       ~440 s
-#   PHASE=curve,disk,largest STEPS=1 MODES="gpu:26"                     ~530 s
-#   PHASE=largest,ckpt STEPS=1 MODES="offload:24 layup:44"              ~530 s
+# Every line of the issue in three calls (each under the 10-minute limit; each call found a fresh
+# machine in 2026-12-04b, ~80 s of start each, so about 1,700 s of device time), with LAYUP_BIN,
+# the lines that missed in 2026-12-04b first:
+#   PHASE=curve,ckpt,largest MODES="offload:24"   (CUDA tests before it)  ~480 s
+#   PHASE=big,gpu,largest MODES="gpu:26"                                  ~520 s
+#   PHASE=disk,largest STEPS=1 MODES="layup:44"                           ~490 s
 # Logs go to build-gpu/logs; after each phase bench/tiers_table.py writes the issue's table from all
 # of them (table.md, and curve.csv for bench/plot_tier_curve.py), so a warm machine's calls add up
 # to one table, and they are packed into $OUT/logs.tar.gz where $OUT is set (the device tool's
@@ -149,10 +150,9 @@ curve)
   echo "gpu: $(grep -E 'ms/step|MFU|memory peak' "$out/curve-gpu.log")"
   for blocks in 0 12 24 36 48; do
     placement=device:$blocks
-    # Calibrated again beside each point: this machine's CPU AdamW moved from 2.9 to 3.7 G
-    # params/s between calibrations minutes apart (run 2026-12-03f), and the curve's CPU-bound
-    # points move with it.
-    "$layup" calibrate --model gpt2-xl --batch 4 > "$out/calibrate-gpt2-xl-$blocks.txt" 2>&1
+    # No calibration per point: one calibration in six of run 2026-12-04b timed the CPU's AdamW
+    # 1.4x faster than the five around it and than the steps after it, and its point missed by
+    # 1.25x; one calibration for the curve is what a user's run would predict from.
     "$layup" memory --model gpt2-xl --batch 4 --seq-len 1024 --device cuda --mode layup \
       --optimizer-placement "$placement" > "$out/curve-memory-$blocks.txt" 2>&1
     "$layup" bench --model gpt2-xl --batch 4 --mode layup --layup-clip deferred \
@@ -224,17 +224,18 @@ largest)
     esac
     batch=4
     [[ " ${extra[*]} " == *" --batch 16 "* ]] && batch=16
+    # Calibrated at this shape before the scan, for the prediction beside the bench: the
+    # calibration cuts the model to 2 and 4 blocks, so its rates do not depend on L, and a refused
+    # L costs a second, not a calibration's 20 s.
+    "$layup" calibrate --layers "$from" --heads 40 --dim 5120 --context 1024 --batch "$batch" \
+      --recompute 3 "${disk[@]}" > "$out/calibrate-largest-$mode.txt" 2>&1
     for ((L = from; L >= 8; L -= 2)); do
-      # Calibrated at this shape just before its bench, for the prediction beside it: the host's
-      # CPU AdamW rate moves by up to 1.3x between calibrations minutes apart (run 2026-12-03f).
-      "$layup" calibrate --layers "$L" --heads 40 --dim 5120 --context 1024 --batch "$batch" \
-        --recompute 3 "${disk[@]}" > "$out/calibrate-largest-$mode-$L.txt" 2>&1
       timeout 400 "$layup" bench --layers "$L" --heads 40 --dim 5120 --context 1024 --seq-len 1024 \
         "${extra[@]}" --warmup 1 --steps 1 --json "$out/largest-$mode-$L.json" \
         > "$out/largest-$mode-$L.log" 2>&1
       status=$?
       if [ $status -eq 0 ]; then
-        echo "$mode: L=$L $(grep -E 'parameters|MFU|ms/step|optimizer-placement' "$out/largest-$mode-$L.log" | head -n 4 | tr '\n' ' ')"
+        echo "$mode: L=$L $(grep -E '^  (ms/step|MFU|predicted) |note: layup keeps' "$out/largest-$mode-$L.log" | tr '\n' ' ')"
         break
       fi
       grep -qE "needs .* over|refused|does not fit" "$out/largest-$mode-$L.log" || {
