@@ -29,12 +29,11 @@
 #                (1 warm-up + 1 step), calibrated once per mode first; modes: gpu, offload, layup,
 #                layup-disk (--clip none, --offload-dir); MFU from the bench. MODES="gpu:26 layup:50" starts each mode's
 #                scan at its own L
-# Every line of the issue in three calls (each under the 10-minute limit; each call found a fresh
-# machine in 2026-12-04b, ~80 s of start each, so about 1,700 s of device time), with LAYUP_BIN,
-# the lines that missed in 2026-12-04b first:
-#   PHASE=curve,ckpt,largest MODES="offload:24"   (CUDA tests before it)  ~480 s
-#   PHASE=big,gpu,largest MODES="gpu:26"                                  ~520 s
-#   PHASE=disk,largest STEPS=1 MODES="layup:44"                           ~490 s
+# Every line of the issue in three calls (each under the 10-minute limit), with LAYUP_BIN; in run
+# 2026-12-04b they took 556, 539 and 519 s, 1,721 s of device time with two fresh starts:
+#   PHASE=curve,ckpt,largest MODES="offload:24"   (CUDA tests before it)  556 s
+#   PHASE=big,gpu,largest MODES="gpu:26"                                  539 s
+#   PHASE=disk,largest STEPS=1 MODES="layup:44"                           519 s
 # Logs go to build-gpu/logs; after each phase bench/tiers_table.py writes the issue's table from all
 # of them (table.md, and curve.csv for bench/plot_tier_curve.py), so a warm machine's calls add up
 # to one table, and they are packed into $OUT/logs.tar.gz where $OUT is set (the device tool's
