@@ -150,7 +150,7 @@ curve)
   for blocks in 0 12 24 36 48; do
     placement=device:$blocks
     # No calibration per point: one calibration in six of run 2026-12-04b timed the CPU's AdamW
-    # 1.4x faster than the five around it and than the steps after it, and its point missed by
+    # 1.25-1.4x faster than the five around it and than the steps after it; its point missed by
     # 1.25x; one calibration for the curve is what a user's run would predict from.
     "$layup" memory --model gpt2-xl --batch 4 --seq-len 1024 --device cuda --mode layup \
       --optimizer-placement "$placement" > "$out/curve-memory-$blocks.txt" 2>&1
