@@ -24,6 +24,27 @@ bool cuda_usable(std::string* why) {
 #endif
 }
 
+// Refuses the options only the CUDA backend has on a target that runs on the CPU; `why` says why
+// the CPU was chosen where --device auto chose it. --attention auto stays fine: it only picks
+// among CUDA kernels where there are some.
+void check_cpu_backend_options(const ComputeTarget& target, const std::string& why) {
+  const std::string cpu_because =
+      why.empty() ? std::string() : " (--device auto chose the CPU: " + why + ")";
+  LAYUP_CHECK(target.recompute == 0, "--recompute ", target.recompute,
+              " is a CUDA backend option: the CPU backend keeps every activation (its memory is "
+              "the host's)",
+              cpu_because, "; drop --recompute or use --device cuda");
+  LAYUP_CHECK(target.algorithms == AlgorithmChoice::kHeuristic,
+              "--algorithms timed is a CUDA backend option (it times cuBLASLt's and cuDNN's "
+              "algorithms)",
+              cpu_because, "; drop it or use --device cuda");
+  LAYUP_CHECK(target.attention == AttentionChoice::kAuto, "--attention ", name_of(target.attention),
+              " (or LAYUP_ATTENTION=", name_of(target.attention),
+              ") is a CUDA backend option: it picks the CUDA backend's bf16 attention kernel, and "
+              "the CPU backend has one of its own",
+              cpu_because, "; drop it (and unset LAYUP_ATTENTION) or use --device cuda");
+}
+
 }  // namespace
 
 void use_gpu_of_local_rank(int local_rank) {
@@ -45,6 +66,8 @@ ComputeTarget resolve_compute_target(const ComputeTarget& requested) {
     target.dtype = target.device == DeviceKind::kCuda ? Dtype::kBf16 : Dtype::kFp32;
   LAYUP_CHECK(target.device == DeviceKind::kCuda || target.dtype == Dtype::kFp32,
               "the CPU backend computes in fp32 only; use --dtype fp32 (or --device cuda)");
+  // Here, before the run is planned, not when the backend is built after it.
+  if (target.device == DeviceKind::kCpu) check_cpu_backend_options(target, why);
   return target;
 }
 
@@ -80,13 +103,7 @@ BackendAndDevice make_backend(const ComputeTarget& target, const ModelConfig& co
 #endif
   LAYUP_CHECK(target.device == DeviceKind::kCpu, "no backend for --device ", name_of(target.device),
               ": resolve the target first");
-  LAYUP_CHECK(
-      target.recompute == 0, "--recompute ", target.recompute,
-      " is a CUDA backend option: the CPU backend keeps every activation (its memory is the "
-      "host's); drop --recompute or use --device cuda");
-  LAYUP_CHECK(target.algorithms == AlgorithmChoice::kHeuristic,
-              "--algorithms timed is a CUDA backend option (it times cuBLASLt's and cuDNN's "
-              "algorithms); drop it or use --device cuda");
+  check_cpu_backend_options(target, "");
   return {make_cpu_backend(config, max_batch, max_seq_len, accountant), make_cpu_device(accountant),
           accountant};
 }

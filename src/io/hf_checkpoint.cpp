@@ -113,17 +113,8 @@ void check_finite(std::span<const float> values, size_t first, const Safetensors
        "diverged; load an earlier checkpoint");
 }
 
-bool same_model_shape(const ModelConfig& a, const ModelConfig& b) {
-  return a.architecture == b.architecture && a.n_layer == b.n_layer && a.n_head == b.n_head &&
-         a.n_embd == b.n_embd && a.n_positions == b.n_positions && a.vocab_size == b.vocab_size &&
-         a.padded_vocab_size == b.padded_vocab_size && a.kv_heads() == b.kv_heads() &&
-         a.head_dim() == b.head_dim() && a.mlp_width() == b.mlp_width() &&
-         a.tie_word_embeddings == b.tie_word_embeddings && a.attention_bias == b.attention_bias &&
-         a.attention_output_bias == b.attention_output_bias;
-}
-
 void check_layout_matches(const ModelConfig& config, const ParameterLayout& layout) {
-  LAYUP_CHECK(same_model_shape(layout.config(), config),
+  LAYUP_CHECK(!first_shape_difference(layout.config(), config),
               "internal error: the parameter layout was built for a different model config than "
               "the one being saved");
 }
@@ -155,6 +146,14 @@ void save_hf_model(const std::string& dir, const ModelConfig& config, const Para
   save_hf_model_sharded(dir, config, layout, read_params, std::numeric_limits<size_t>::max());
 }
 
+std::vector<SafetensorsTensorShape> hf_tensor_shapes(const ModelConfig& config,
+                                                     const ParameterLayout& layout) {
+  std::vector<SafetensorsTensorShape> tensors;
+  for (const TensorSpec& spec : layout.tensors())
+    tensors.push_back({hf_name(config, spec.name), hf_shape(spec, config)});
+  return tensors;
+}
+
 void save_hf_model_sharded(const std::string& dir, const ModelConfig& config,
                            const ParameterLayout& layout, const ReadParams& read_params,
                            size_t max_shard_bytes, size_t chunk_bytes) {
@@ -165,9 +164,7 @@ void save_hf_model_sharded(const std::string& dir, const ModelConfig& config,
   LAYUP_CHECK(!error, "cannot create the checkpoint directory ", dir, ": ", error.message());
 
   const std::vector<TensorSpec>& specs = layout.tensors();
-  std::vector<SafetensorsTensorShape> tensors;
-  for (const TensorSpec& spec : specs)
-    tensors.push_back({hf_name(config, spec.name), hf_shape(spec, config)});
+  const std::vector<SafetensorsTensorShape> tensors = hf_tensor_shapes(config, layout);
 
   const size_t chunk_floats = std::max<size_t>(1, chunk_bytes / sizeof(float));
   // Each element of a transposed matrix comes from a different row of layup's, so the matrix is
@@ -236,19 +233,24 @@ ModelConfig read_hf_model_config(const std::string& dir) {
   return read_hf_config(join_path(dir, kHfConfigFileName));
 }
 
-void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
-                            const WriteParams& write_params, size_t chunk_bytes) {
-  const ModelConfig file_config = read_hf_model_config(dir);
-  LAYUP_CHECK(same_model_shape(file_config, config), "internal error: loading ", dir,
-              " with a model config other than its ", kHfConfigFileName, " describes");
-  const ParameterLayout layout(config);
-  const SafetensorsFileSet weights = open_hf_weights(dir);
-  const std::string& path = weights.path();
+namespace {
 
+// The file and tensor of each of the layout's tensors in `weights`, and a tied head saved anyway.
+struct LocatedWeights {
+  std::vector<SafetensorsFileSet::Located> sources;  // one per layout tensor, in its order
+  SafetensorsFileSet::Located lm_head;
+  size_t largest_transposed = 0;
+};
+
+// Finds every tensor of `layout` in `weights` and checks its shape against `config`, and that the
+// files hold nothing else, before the first byte is read.
+LocatedWeights locate_weights(const SafetensorsFileSet& weights, const ModelConfig& config,
+                              const ParameterLayout& layout) {
+  const std::string& path = weights.path();
+  LocatedWeights found;
   // Every tensor in the files must be one layup knows, or one it may safely ignore.
   std::set<std::string> expected;
   for (const TensorSpec& spec : layout.tensors()) expected.insert(spec.name);
-  SafetensorsFileSet::Located lm_head;
   const std::string prefix = config.is_llama() ? kHfLlamaPrefix : kHfPrefix;
   for (const SafetensorsFileSet::Located& located : weights.tensors()) {
     std::string name = located.tensor->name;
@@ -261,21 +263,19 @@ void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
     if (config.is_llama() && name.ends_with(".self_attn.rotary_emb.inv_freq")) continue;
     // A tied head saved anyway: accepted if it is the embedding, checked while streaming.
     if (located.tensor->name == "lm_head.weight" && config.tie_word_embeddings) {
-      lm_head = located;
+      found.lm_head = located;
       continue;
     }
     fail(located.file->path(), " has a tensor '", located.tensor->name, "' that a ",
          config.hf_model_type, " model with the shape in ", kHfConfigFileName,
          " (layers=", config.n_layer,
          ", tie_word_embeddings=", config.tie_word_embeddings ? "true" : "false",
-         ") does not have; the weights do not match their config.json");
+         ") does not have; the weights and their config.json describe different models (one "
+         "was changed or comes from another model folder)");
   }
 
-  // Find and check every tensor before the first byte reaches the caller.
-  std::vector<SafetensorsFileSet::Located> sources;
   size_t missing = 0;
   std::string first_missing;
-  size_t largest_transposed = 0;
   for (const TensorSpec& spec : layout.tensors()) {
     const SafetensorsFileSet::Located prefixed = weights.find(hf_name(config, spec.name));
     const SafetensorsFileSet::Located bare = hf_name(config, spec.name) == spec.name
@@ -285,7 +285,7 @@ void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
                 prefixed.tensor ? prefixed.tensor->name : "", "' and '", spec.name,
                 "'; it is ambiguous which one to load");
     const SafetensorsFileSet::Located located = prefixed.tensor ? prefixed : bare;
-    sources.push_back(located);
+    found.sources.push_back(located);
     if (!located.tensor) {
       if (missing++ == 0) first_missing = spec.name;
       continue;
@@ -295,24 +295,50 @@ void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
                 located.tensor->name, "' has shape ", shape_text(located.tensor->shape),
                 " but the model in ", kHfConfigFileName, " (n_embd=", config.n_embd,
                 ", n_positions=", config.n_positions, ", vocab_size=", config.vocab_size,
-                ") needs ", shape_text(shape));
-    if (spec.transposed_in_hf) largest_transposed = std::max(largest_transposed, spec.count);
+                ") needs ", shape_text(shape),
+                "; the weights and their config.json describe different models (one was changed "
+                "or comes from another model folder)");
+    if (spec.transposed_in_hf)
+      found.largest_transposed = std::max(found.largest_transposed, spec.count);
   }
   LAYUP_CHECK(missing == 0, path, " has no tensor '", hf_name(config, first_missing), "' (nor '",
               first_missing, "'); ", missing, " of ", layout.tensors().size(),
               " tensors that the model in ", kHfConfigFileName, " needs are missing");
   const size_t rows = config.vocab_size, cols = config.n_embd;
-  if (lm_head.tensor) {
-    LAYUP_CHECK(lm_head.tensor->shape == std::vector<size_t>({rows, cols}), lm_head.file->path(),
-                ": lm_head.weight has shape ", shape_text(lm_head.tensor->shape), " instead of ",
-                shape_text({rows, cols}));
+  if (found.lm_head.tensor) {
+    LAYUP_CHECK(found.lm_head.tensor->shape == std::vector<size_t>({rows, cols}),
+                found.lm_head.file->path(), ": lm_head.weight has shape ",
+                shape_text(found.lm_head.tensor->shape), " instead of ", shape_text({rows, cols}));
   }
+  return found;
+}
+
+}  // namespace
+
+void check_hf_weights(const std::string& dir, const ModelConfig& config) {
+  locate_weights(open_hf_weights(dir), config, ParameterLayout(config));
+}
+
+void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
+                            const WriteParams& write_params, size_t chunk_bytes) {
+  const ModelConfig file_config = read_hf_model_config(dir);
+  if (const std::optional<ShapeDifference> difference = first_shape_difference(file_config, config))
+    fail(dir, "/", kHfConfigFileName, " says ", difference->field, " ", difference->first,
+         " but the run was planned with ", difference->second,
+         " from it: the file was changed while layup read it; start again once nothing writes "
+         "to it");
+  const ParameterLayout layout(config);
+  const SafetensorsFileSet weights = open_hf_weights(dir);
+  const LocatedWeights located = locate_weights(weights, config, layout);
+  const std::vector<SafetensorsFileSet::Located>& sources = located.sources;
+  const SafetensorsFileSet::Located& lm_head = located.lm_head;
+  const size_t cols = config.n_embd;
 
   const size_t chunk_floats = std::max<size_t>(1, chunk_bytes / sizeof(float));
   std::vector<float> chunk(std::min(chunk_floats, layout.total_count()));
   std::vector<float> head_chunk(lm_head.tensor ? chunk.size() : 0);
   std::vector<float> whole_tensor;  // a Conv1D matrix, read whole to be transposed
-  whole_tensor.reserve(largest_transposed);
+  whole_tensor.reserve(located.largest_transposed);
   for (size_t index = 0; index < layout.tensors().size(); ++index) {
     const TensorSpec& spec = layout.tensors()[index];
     const SafetensorsTensorInfo& tensor = *sources[index].tensor;

@@ -50,6 +50,11 @@ struct LoadedModel {
 void save_hf_model(const std::string& dir, const ModelConfig& config, const ParameterLayout& layout,
                    const float* params);
 
+// The tensors of `layout` as a Hugging Face checkpoint holds them, in the order they are written:
+// their names, and their shapes transposed where HF keeps a Conv1D, without the padded rows.
+std::vector<SafetensorsTensorShape> hf_tensor_shapes(const ModelConfig& config,
+                                                     const ParameterLayout& layout);
+
 // The same, sharded as save_pretrained(max_shard_size=...) shards: config.json, shards of at most
 // `max_shard_bytes` tensor bytes each (a larger tensor alone in one) and the index; a model that
 // fits one shard is written as model.safetensors alone, as save_pretrained does. The weights come
@@ -75,6 +80,11 @@ bool has_hf_weights(const std::string& dir);
 // The config.json of checkpoint directory `dir`, validated as load_hf_model does: what a caller
 // reads first to size the memory a streamed load writes into.
 ModelConfig read_hf_model_config(const std::string& dir);
+
+// Checks the weights of `dir` against `config` without reading them: every tensor present, of the
+// shape the config gives, and no other (what load_hf_model_streamed checks before its first write),
+// so a mismatch is refused before a run plans or allocates anything.
+void check_hf_weights(const std::string& dir, const ModelConfig& config);
 
 // load_hf_model without one whole-model buffer: writes the parameters to `write_params` tensor by
 // tensor, in increasing offsets, each element of the layout exactly once (the padded vocabulary

@@ -217,7 +217,17 @@ TEST_F(HfCheckpoint, TensorOfAnotherModelIsAnError) {
   const std::string message = load_error();
   EXPECT_TRUE(contains(message, "'transformer.h.1."));
   EXPECT_TRUE(contains(message, "layers=1"));
-  EXPECT_TRUE(contains(message, "do not match their config.json"));
+  EXPECT_TRUE(contains(message, "describe different models"));
+}
+
+// What a resume checks before it plans: the same refusal from the files' headers alone.
+TEST_F(HfCheckpoint, WeightsOfAnotherShapeAreRefusedBeforeAnyIsRead) {
+  EXPECT_NO_THROW(check_hf_weights(model_dir_, config_));
+  edit_config([](nlohmann::json& json) { json["n_positions"] = 32; });
+  const std::string message =
+      error_message([&] { check_hf_weights(model_dir_, read_hf_model_config(model_dir_)); });
+  EXPECT_TRUE(contains(message, "tensor 'transformer.wpe.weight' has shape [16, 8]")) << message;
+  EXPECT_TRUE(contains(message, "describe different models")) << message;
 }
 
 TEST_F(HfCheckpoint, DamagedWeightsFile) {
@@ -277,7 +287,10 @@ TEST_F(HfCheckpoint, ConfigErrors) {
       {[](nlohmann::json& j) { j["n_inner"] = 10; }, "n_inner is 10"},
       {[](nlohmann::json& j) { j.erase("n_embd"); }, "has no \"n_embd\""},
       {[](nlohmann::json& j) { j["n_head"] = "two"; }, "\"n_head\" is \"two\", not an integer"},
-      {[](nlohmann::json& j) { j["n_head"] = 3; }, "not divisible by the number of heads 3"},
+      {[](nlohmann::json& j) { j["n_head"] = 3; }, "\"n_embd\" 8 is not divisible by \"n_head\" 3"},
+      {[](nlohmann::json& j) { j["n_head"] = 0; }, "\"n_head\" is 0; it must be at least 1"},
+      {[](nlohmann::json& j) { j["architectures"] = nlohmann::json::array({"BertForMaskedLM"}); },
+       "\"architectures\" names \"BertForMaskedLM\", a class layup does not train"},
       {[](nlohmann::json& j) { j["tie_word_embeddings"] = false; },
        "\"tie_word_embeddings\" is false"},
       {[](nlohmann::json& j) { j["scale_attn_by_inverse_layer_idx"] = true; },

@@ -38,6 +38,14 @@ int read_int_field(const nlohmann::json& json, const std::string& field, const s
   return static_cast<int>(number);
 }
 
+// A size of the model: a count or a width of at least 1.
+int read_size_field(const nlohmann::json& json, const std::string& field, const std::string& source,
+                    const char* needs) {
+  const int number = read_int_field(json, field, source, needs);
+  LAYUP_CHECK(number >= 1, source, ": \"", field, "\" is 0; it must be at least 1");
+  return number;
+}
+
 // Requires an optional boolean field to be absent, null or equal to `supported`.
 void require_flag(const nlohmann::json& json, const std::string& field, bool supported,
                   const std::string& source, const std::string& why) {
@@ -87,13 +95,16 @@ nlohmann::ordered_json gpt2_config_json(const ModelConfig& config) {
 
 ModelConfig parse_gpt2_config(const nlohmann::json& json, const std::string& source) {
   ModelConfig config;
-  config.n_layer = read_int_field(json, "n_layer", source, kGpt2Needs);
-  config.n_head = read_int_field(json, "n_head", source, kGpt2Needs);
-  config.n_embd = read_int_field(json, "n_embd", source, kGpt2Needs);
+  config.n_layer = read_size_field(json, "n_layer", source, kGpt2Needs);
+  config.n_head = read_size_field(json, "n_head", source, kGpt2Needs);
+  config.n_embd = read_size_field(json, "n_embd", source, kGpt2Needs);
+  LAYUP_CHECK(config.n_embd % config.n_head == 0, source, ": \"n_embd\" ", config.n_embd,
+              " is not divisible by \"n_head\" ", config.n_head,
+              "; each head takes an equal share of the width");
   config.n_positions = json.contains("n_positions")
-                           ? read_int_field(json, "n_positions", source, kGpt2Needs)
-                           : read_int_field(json, "n_ctx", source, kGpt2Needs);
-  config.vocab_size = read_int_field(json, "vocab_size", source, kGpt2Needs);
+                           ? read_size_field(json, "n_positions", source, kGpt2Needs)
+                           : read_size_field(json, "n_ctx", source, kGpt2Needs);
+  config.vocab_size = read_size_field(json, "vocab_size", source, kGpt2Needs);
 
   if (json.contains("layer_norm_epsilon")) {
     LAYUP_CHECK(json["layer_norm_epsilon"].is_number(), source, ": \"layer_norm_epsilon\" is ",
@@ -169,6 +180,30 @@ const char* llama_family_class(const std::string& model_type) {
   return nullptr;
 }
 
+// The Hugging Face class layup trains for a model_type it reads.
+std::string trained_class(const std::string& model_type) {
+  return model_type == "gpt2" ? "GPT2LMHeadModel" : llama_family_class(model_type);
+}
+
+// `architectures` names the class the weights were saved from: another one (an encoder, a
+// classifier) has other tensors and another task even where model_type says gpt2, so it is refused
+// rather than loaded as the language model. Absent, null or empty, the file says nothing more.
+void check_architectures(const nlohmann::json& json, const std::string& source,
+                         const std::string& model_type) {
+  if (!json.contains("architectures") || json["architectures"].is_null()) return;
+  const nlohmann::json& classes = json["architectures"];
+  LAYUP_CHECK(classes.is_array(), source, ": \"architectures\" is ", classes.dump(),
+              ", not a list of class names");
+  const std::string expected = trained_class(model_type);
+  for (const nlohmann::json& name : classes) {
+    LAYUP_CHECK(name == expected, source, ": \"architectures\" names ", name.dump(),
+                ", a class layup does not train with model_type \"", model_type,
+                "\"; layup trains GPT2LMHeadModel (\"gpt2\"), LlamaForCausalLM (\"llama\"), "
+                "Qwen2ForCausalLM (\"qwen2\") and MistralForCausalLM (\"mistral\"): give the "
+                "config.json of one of those");
+  }
+}
+
 // `field` is "rope_scaling" (transformers 4: beside rope_theta) or "rope_parameters"
 // (transformers 5: rope_theta inside, rope_type "default" for none).
 RopeScaling parse_rope_scaling(const nlohmann::json& json, const std::string& field,
@@ -201,17 +236,31 @@ ModelConfig parse_llama_config(const nlohmann::json& json, const std::string& so
   ModelConfig config;
   config.architecture = Architecture::kLlama;
   config.hf_model_type = model_type;
-  config.n_embd = read_int_field(json, "hidden_size", source, kLlamaNeeds);
-  config.intermediate_size = read_int_field(json, "intermediate_size", source, kLlamaNeeds);
-  config.n_layer = read_int_field(json, "num_hidden_layers", source, kLlamaNeeds);
-  config.n_head = read_int_field(json, "num_attention_heads", source, kLlamaNeeds);
-  config.n_kv_head = json.contains("num_key_value_heads") && !json["num_key_value_heads"].is_null()
-                         ? read_int_field(json, "num_key_value_heads", source, kLlamaNeeds)
-                         : config.n_head;
-  config.n_positions = read_int_field(json, "max_position_embeddings", source, kLlamaNeeds);
-  config.vocab_size = read_int_field(json, "vocab_size", source, kLlamaNeeds);
-  if (json.contains("head_dim") && !json["head_dim"].is_null())
-    config.head_size = read_int_field(json, "head_dim", source, kLlamaNeeds);
+  config.n_embd = read_size_field(json, "hidden_size", source, kLlamaNeeds);
+  config.intermediate_size = read_size_field(json, "intermediate_size", source, kLlamaNeeds);
+  config.n_layer = read_size_field(json, "num_hidden_layers", source, kLlamaNeeds);
+  config.n_head = read_size_field(json, "num_attention_heads", source, kLlamaNeeds);
+  // Absent or null means one key/value head per query head; 0 would mean no keys at all, not
+  // that default (ModelConfig's own 0 does), so it is refused rather than read as the default.
+  config.n_kv_head = config.n_head;
+  if (json.contains("num_key_value_heads") && !json["num_key_value_heads"].is_null()) {
+    config.n_kv_head = read_int_field(json, "num_key_value_heads", source, kLlamaNeeds);
+    LAYUP_CHECK(config.n_kv_head >= 1 && config.n_head % config.n_kv_head == 0, source,
+                ": \"num_key_value_heads\" is ", config.n_kv_head,
+                "; it must be at least 1 and divide \"num_attention_heads\" ", config.n_head,
+                " (each key/value head serves the same number of query heads), or be absent for "
+                "one per query head");
+  }
+  config.n_positions = read_size_field(json, "max_position_embeddings", source, kLlamaNeeds);
+  config.vocab_size = read_size_field(json, "vocab_size", source, kLlamaNeeds);
+  if (json.contains("head_dim") && !json["head_dim"].is_null()) {
+    // Not 0 for "hidden_size / num_attention_heads": that is what absent or null says.
+    config.head_size = read_size_field(json, "head_dim", source, kLlamaNeeds);
+  } else {
+    LAYUP_CHECK(config.n_embd % config.n_head == 0, source, ": \"hidden_size\" ", config.n_embd,
+                " is not divisible by \"num_attention_heads\" ", config.n_head,
+                "; give \"head_dim\", the width of one head");
+  }
   config.layer_norm_epsilon =
       static_cast<float>(read_number_field(json, "rms_norm_eps", 1e-6, source));
   if (json.contains("rope_parameters") && !json["rope_parameters"].is_null()) {
@@ -273,7 +322,10 @@ nlohmann::ordered_json llama_config_json(const ModelConfig& config) {
   json["architectures"] = nlohmann::ordered_json::array({llama_family_class(type)});
   if (type == "llama") json["attention_bias"] = config.attention_bias;
   json["attention_dropout"] = 0.0;
-  if (type != "qwen2") json["head_dim"] = config.head_dim();
+  // Qwen2's file has no head_dim (transformers derives it) unless the heads are not an even
+  // share of the width.
+  if (type != "qwen2" || config.head_dim() * config.n_head != config.n_embd)
+    json["head_dim"] = config.head_dim();
   json["hidden_act"] = "silu";
   json["hidden_size"] = config.n_embd;
   json["initializer_range"] = 0.02;
@@ -325,9 +377,10 @@ ModelConfig parse_hf_config(const nlohmann::json& json, const std::string& sourc
   LAYUP_CHECK(json.contains("model_type") && json["model_type"].is_string(), source,
               " has no \"model_type\"; ", kKnown);
   const std::string model_type = json["model_type"].get<std::string>();
+  LAYUP_CHECK(model_type == "gpt2" || llama_family_class(model_type) != nullptr, source,
+              " describes a \"", model_type, "\" model; ", kKnown);
+  check_architectures(json, source, model_type);
   if (model_type == "gpt2") return parse_gpt2_config(json, source);
-  LAYUP_CHECK(llama_family_class(model_type) != nullptr, source, " describes a \"", model_type,
-              "\" model; ", kKnown);
   return parse_llama_config(json, source, model_type);
 }
 

@@ -194,7 +194,22 @@ TEST(HfConfig, RefusesWhatLayupCannotRunNamingTheField) {
        "layer_types holds \"sliding_attention\""},
       {"rope_scaling", nlohmann::json{{"rope_type", "yarn"}, {"factor", 4.0}},
        "rope_scaling of type \"yarn\" is not supported"},
-      {"num_key_value_heads", 5, "num_key_value_heads 5 must divide num_attention_heads 32"},
+      {"num_key_value_heads", 5,
+       "\"num_key_value_heads\" is 5; it must be at least 1 and divide \"num_attention_heads\" 32"},
+      {"num_key_value_heads", 0,
+       "\"num_key_value_heads\" is 0; it must be at least 1 and divide \"num_attention_heads\" 32"},
+      {"num_attention_heads", 0, "\"num_attention_heads\" is 0; it must be at least 1"},
+      {"head_dim", 0, "\"head_dim\" is 0; it must be at least 1"},
+      {"intermediate_size", 0, "\"intermediate_size\" is 0; it must be at least 1"},
+      {"num_hidden_layers", 0, "\"num_hidden_layers\" is 0; it must be at least 1"},
+      {"architectures", nlohmann::json::array({"BertForMaskedLM"}),
+       "\"architectures\" names \"BertForMaskedLM\", a class layup does not train with "
+       "model_type \"llama\"; layup trains GPT2LMHeadModel"},
+      {"architectures", nlohmann::json::array({"Qwen2ForCausalLM"}),
+       "\"architectures\" names \"Qwen2ForCausalLM\", a class layup does not train with "
+       "model_type \"llama\""},
+      {"architectures", "LlamaForCausalLM",
+       "\"architectures\" is \"LlamaForCausalLM\", not a list"},
       {"hidden_size", "2048", "\"hidden_size\" is \"2048\", not an integer"},
       {"rms_norm_eps", "small", "\"rms_norm_eps\" is \"small\", not a number"},
   };
@@ -210,6 +225,72 @@ TEST(HfConfig, RefusesWhatLayupCannotRunNamingTheField) {
   EXPECT_NE(error_of(missing).find("has no \"intermediate_size\"; a Llama, Qwen2 or Mistral"),
             std::string::npos)
       << error_of(missing);
+}
+
+// The head counts' consistency, each refused naming the file and the field.
+TEST(HfConfig, RefusesHeadsThatDoNotShareTheWidth) {
+  nlohmann::json file = llama_3_2_1b();
+  file.erase("head_dim");
+  file["num_attention_heads"] = 30;  // 2048 / 30 is no whole head
+  file["num_key_value_heads"] = 6;
+  EXPECT_NE(error_of(file).find("m/config.json: \"hidden_size\" 2048 is not divisible by "
+                                "\"num_attention_heads\" 30; give \"head_dim\""),
+            std::string::npos)
+      << error_of(file);
+  file["head_dim"] = 64;  // explicit: the heads need not add up to the width
+  EXPECT_EQ(error_of(file), "");
+  file["head_dim"] = 63;
+  EXPECT_NE(error_of(file).find("m/config.json: the head width 63 must be even"), std::string::npos)
+      << error_of(file);
+}
+
+// Absent or null num_key_value_heads is one per query head, as transformers reads it.
+TEST(HfConfig, MissingKeyValueHeadsAreOnePerHead) {
+  nlohmann::json file = llama_3_2_1b();
+  file.erase("num_key_value_heads");
+  EXPECT_EQ(parse_hf_config(file, "config.json").kv_heads(), 32);
+  file["num_key_value_heads"] = nullptr;
+  const ModelConfig config = parse_hf_config(file, "config.json");
+  EXPECT_EQ(config.kv_heads(), 32);
+  EXPECT_EQ(hf_config_json(config)["num_key_value_heads"], 32);
+}
+
+TEST(HfConfig, ArchitecturesMustBeTheClassLayupTrains) {
+  // A GPT-2 shape under another class: its weights are not a GPT-2 language model's.
+  const nlohmann::json gpt2 = nlohmann::json::parse(R"({
+    "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_head": 2,
+    "n_embd": 16, "n_positions": 32, "vocab_size": 100})");
+  EXPECT_EQ(error_of(gpt2), "");
+  nlohmann::json bert = gpt2;
+  bert["architectures"] = nlohmann::json::array({"BertForMaskedLM"});
+  EXPECT_EQ(error_of(bert),
+            "m/config.json: \"architectures\" names \"BertForMaskedLM\", a class layup does not "
+            "train with model_type \"gpt2\"; layup trains GPT2LMHeadModel (\"gpt2\"), "
+            "LlamaForCausalLM (\"llama\"), Qwen2ForCausalLM (\"qwen2\") and MistralForCausalLM "
+            "(\"mistral\"): give the config.json of one of those");
+  bert["model_type"] = "bert";
+  EXPECT_NE(error_of(bert).find("describes a \"bert\" model"), std::string::npos);
+  // The field is optional: absent, null or empty, model_type decides alone.
+  for (const nlohmann::json& none : {nlohmann::json(), nlohmann::json::array()}) {
+    nlohmann::json file = gpt2;
+    file["architectures"] = none;
+    EXPECT_EQ(error_of(file), "") << none.dump();
+  }
+  nlohmann::json absent = qwen2_5_0_5b();
+  absent.erase("architectures");
+  EXPECT_EQ(error_of(absent), "");
+}
+
+// Qwen2's file leaves head_dim to transformers' hidden_size / num_attention_heads, so a Qwen2 whose
+// heads are not that share is written with it, or it would read back as another model.
+TEST(HfConfig, Qwen2WithItsOwnHeadWidthWritesItBack) {
+  nlohmann::json file = qwen2_5_0_5b();
+  EXPECT_FALSE(hf_config_json(parse_hf_config(file, "config.json")).contains("head_dim"));
+  file["head_dim"] = 128;
+  const ModelConfig config = parse_hf_config(file, "config.json");
+  const nlohmann::ordered_json written = hf_config_json(config);
+  EXPECT_EQ(written["head_dim"], 128);
+  EXPECT_EQ(parse_hf_config(nlohmann::json::parse(written.dump()), "again").head_dim(), 128);
 }
 
 }  // namespace

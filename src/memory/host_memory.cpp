@@ -2,9 +2,11 @@
 #include "memory/host_memory.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -20,14 +22,40 @@ namespace {
 // cgroup v1 writes "no limit" as a huge page-aligned number (LONG_MAX rounded down to a page).
 constexpr size_t kNoLimitAbove = size_t{1} << 60;
 
-std::optional<size_t> read_number(const fs::path& path) {
+// A value the kernel wrote as a count of `unit` bytes. The kernel never writes a negative or
+// non-numeric one, so such a file is damaged or not the kernel's (LAYUP_SYSTEM_ROOT's). It is
+// refused rather than read as "unknown": the check it feeds is what keeps a run from being ended
+// by the out-of-memory killer, and a number that cannot be trusted bounds nothing (read unsigned,
+// "-1" would pass as 16 EiB). A count too large for size_t saturates: in a cgroup, "no limit".
+size_t parse_count(const std::string& text, size_t unit, const fs::path& path,
+                   const std::string& what) {
+  const auto refuse = [&](const char* why) {
+    fail(path.string(), ": ", what, " is '", text, "', ", why,
+         ", so the host memory a run may use is unknown; the file is damaged or not the "
+         "kernel's. Fix it, or give --allow-overcommit (where a command takes it) to run without "
+         "the host memory check");
+  };
+  const char* const begin = text.data();
+  const char* const end = begin + text.size();
+  const bool negative = !text.empty() && text.front() == '-';
+  unsigned long long value = 0;
+  const auto [stop, error] = std::from_chars(begin + (negative ? 1 : 0), end, value);
+  const bool digits = stop == end && error != std::errc::invalid_argument;
+  if (!digits) refuse("not a number");
+  if (negative) refuse("negative");
+  if (error == std::errc::result_out_of_range || value > std::numeric_limits<size_t>::max() / unit)
+    return std::numeric_limits<size_t>::max();
+  return static_cast<size_t>(value) * unit;
+}
+
+// A cgroup's limit or usage file: absent, "max" or cgroup v1's huge "no limit" give nothing.
+std::optional<size_t> read_number(const fs::path& path, const std::string& what) {
   std::ifstream in(path);
   std::string text;
   if (!(in >> text) || text == "max") return std::nullopt;
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  if (end == text.c_str() || *end != '\0' || value >= kNoLimitAbove) return std::nullopt;
-  return static_cast<size_t>(value);
+  const size_t value = parse_count(text, 1, path, what);
+  if (value >= kNoLimitAbove) return std::nullopt;
+  return value;
 }
 
 // A "key value" line of a stat file (memory.stat, or /proc/meminfo with its "kB").
@@ -36,14 +64,12 @@ std::optional<size_t> read_field(const fs::path& path, const std::string& key) {
   std::string line;
   while (std::getline(in, line)) {
     std::istringstream fields(line);
-    std::string name;
-    unsigned long long value = 0;
-    if (!(fields >> name >> value)) continue;
+    std::string name, value, unit;
+    if (!(fields >> name)) continue;
     if (!name.empty() && name.back() == ':') name.pop_back();
     if (name != key) continue;
-    std::string unit;
-    fields >> unit;
-    return static_cast<size_t>(value) * (unit == "kB" ? 1024 : 1);
+    fields >> value >> unit;
+    return parse_count(value, unit == "kB" ? 1024 : 1, path, key);
   }
   return std::nullopt;
 }
@@ -59,9 +85,9 @@ struct CgroupFiles {
 void tightest_cgroup(const fs::path& top, fs::path dir, const CgroupFiles& files,
                      HostMemoryLimit& limit) {
   while (true) {
-    const std::optional<size_t> max = read_number(dir / files.limit);
+    const std::optional<size_t> max = read_number(dir / files.limit, "the cgroup's limit");
     if (max) {
-      const size_t usage = read_number(dir / files.usage).value_or(0);
+      const size_t usage = read_number(dir / files.usage, "the cgroup's usage").value_or(0);
       const size_t reclaimable = read_field(dir / "memory.stat", "inactive_file").value_or(0);
       const size_t held = usage > reclaimable ? usage - reclaimable : 0;
       const size_t free = *max > held ? *max - held : 0;
@@ -105,6 +131,9 @@ HostMemoryLimit read_host_memory_limit(const std::string& root) {
   const std::optional<size_t> available = read_field(base / "proc/meminfo", "MemAvailable");
   LAYUP_CHECK(available, "cannot read MemAvailable from ", (base / "proc/meminfo").string(),
               ", so the host memory this run may use is unknown");
+  LAYUP_CHECK(*available < kNoLimitAbove, (base / "proc/meminfo").string(), ": MemAvailable is ",
+              format_bytes(*available),
+              ", more than any machine has; the file is damaged or not the kernel's");
   limit.available_bytes = *available;
 
   // Lines of /proc/self/cgroup: "0::/path" (v2), "4:memory:/path" (v1).

@@ -13,6 +13,8 @@ namespace layup {
 namespace {
 
 namespace fs = std::filesystem;
+using test_files::contains;
+using test_files::error_message;
 
 constexpr size_t kGiB = size_t{1} << 30;
 
@@ -93,6 +95,50 @@ TEST_F(FakeMachine, AContainersCgroupPathThatIsNotMountedFallsBackToTheMountsRoo
   ASSERT_TRUE(limit.cgroup_free_bytes);
   EXPECT_EQ(*limit.cgroup_free_bytes, 2 * kGiB);
   EXPECT_EQ(limit.usable_bytes(), 2 * kGiB - (size_t{512} << 20));
+}
+
+// The kernel writes no such values: a damaged or fake file is refused naming it and the value as
+// written, never read as 16 EiB (a negative count wrapped) or as no limit.
+TEST_F(FakeMachine, ANegativeOrUnparsableCountIsAnError) {
+  write("proc/self/cgroup", "0::/\n");
+  write("proc/meminfo", "MemAvailable:\n");
+  EXPECT_TRUE(contains(error_message([&] { read_host_memory_limit(root_.string()); }),
+                       "MemAvailable is '', not a number"));
+  for (const std::string value : {"-1", "-4096", "12x", "-", "1e9"}) {
+    write("proc/meminfo", "MemTotal:       99999999 kB\nMemAvailable:   " + value + " kB\n");
+    const std::string message = error_message([&] { read_host_memory_limit(root_.string()); });
+    EXPECT_TRUE(contains(
+        message, (root_ / "proc/meminfo").string() + ": MemAvailable is '" + value + "', " +
+                     (value.starts_with('-') && value != "-" ? "negative" : "not a number")))
+        << value;
+    EXPECT_TRUE(contains(message, "--allow-overcommit")) << message;
+  }
+  meminfo(100 * 1024 * 1024);
+  write("sys/fs/cgroup/memory.max", "-8589934592\n");
+  EXPECT_TRUE(contains(error_message([&] { read_host_memory_limit(root_.string()); }),
+                       "memory.max: the cgroup's limit is '-8589934592', negative"));
+  write("sys/fs/cgroup/memory.max", std::to_string(8 * kGiB));
+  write("sys/fs/cgroup/memory.current", "-1\n");
+  EXPECT_TRUE(contains(error_message([&] { read_host_memory_limit(root_.string()); }),
+                       "memory.current: the cgroup's usage is '-1', negative"));
+  write("sys/fs/cgroup/memory.current", "0\n");
+  write("sys/fs/cgroup/memory.stat", "inactive_file -5\n");
+  EXPECT_TRUE(contains(error_message([&] { read_host_memory_limit(root_.string()); }),
+                       "memory.stat: inactive_file is '-5', negative"));
+}
+
+// A count beyond 64 bits is no number a machine has: in MemAvailable an error, in a cgroup's limit
+// what cgroup v1's huge number says, no limit.
+TEST_F(FakeMachine, ACountBeyondAnyMachineIsAnErrorOrNoLimit) {
+  write("proc/self/cgroup", "0::/\n");
+  write("proc/meminfo", "MemAvailable:   99999999999999999999 kB\n");
+  EXPECT_TRUE(contains(error_message([&] { read_host_memory_limit(root_.string()); }),
+                       "more than any machine has"));
+  meminfo(24 * 1024 * 1024);
+  write("sys/fs/cgroup/memory.max", "99999999999999999999999\n");
+  const HostMemoryLimit limit = read_host_memory_limit(root_.string());
+  EXPECT_FALSE(limit.cgroup_free_bytes);
+  EXPECT_EQ(limit.available_bytes, 24 * kGiB);
 }
 
 TEST_F(FakeMachine, AMachineWithoutMeminfoIsAnError) {

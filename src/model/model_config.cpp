@@ -1,6 +1,8 @@
 // Named GPT-2 and Llama-family configs, Llama-family shapes, and their validation.
 #include "model/model_config.h"
 
+#include <type_traits>
+
 #include "core/error.h"
 
 namespace layup {
@@ -143,10 +145,14 @@ void check_sequence_length(const ModelConfig& config, int seq_len) {
 }
 
 void validate_config(const ModelConfig& config) {
-  LAYUP_CHECK(config.n_layer >= 1, "the model needs at least 1 layer (got ", config.n_layer, ")");
-  LAYUP_CHECK(config.n_head >= 1, "the model needs at least 1 attention head (got ", config.n_head,
+  // The flags name the fields of an explicit model; a config.json's parser has checked its own
+  // fields by their names before.
+  LAYUP_CHECK(config.n_layer >= 1, "the model needs at least 1 layer (--layers; got ",
+              config.n_layer, ")");
+  LAYUP_CHECK(config.n_head >= 1, "the model needs at least 1 attention head (--heads; got ",
+              config.n_head, ")");
+  LAYUP_CHECK(config.n_embd >= 1, "the model width (--dim) must be positive (got ", config.n_embd,
               ")");
-  LAYUP_CHECK(config.n_embd >= 1, "the model width must be positive (got ", config.n_embd, ")");
   LAYUP_CHECK(config.n_positions >= 1, "the model context must be positive (got ",
               config.n_positions, ")");
   LAYUP_CHECK(config.vocab_size >= 1, "the vocabulary size must be positive (got ",
@@ -157,13 +163,17 @@ void validate_config(const ModelConfig& config) {
               config.padded_vocab_size, " is smaller than the vocabulary ", config.vocab_size);
   if (!config.is_llama()) {
     LAYUP_CHECK(config.n_embd % config.n_head == 0, "the model width ", config.n_embd,
-                " is not divisible by the number of heads ", config.n_head);
+                " (--dim) is not divisible by its ", config.n_head,
+                " attention heads (--heads): each head takes an equal share of the width; give a "
+                "--dim that is a multiple of --heads");
     LAYUP_CHECK(config.n_kv_head == 0 && config.head_size == 0 && config.intermediate_size == 0 &&
                     config.tie_word_embeddings && !config.attention_bias &&
                     !config.attention_output_bias && config.sliding_window == 0,
                 "internal error: a GPT-2 config with fields of the Llama family set");
     return;
   }
+  LAYUP_CHECK(config.n_kv_head >= 0 && config.head_size >= 0 && config.intermediate_size >= 0,
+              "internal error: a negative head count or width in a Llama-family config");
   LAYUP_CHECK(config.kv_heads() >= 1 && config.n_head % config.kv_heads() == 0,
               "num_key_value_heads ", config.kv_heads(), " must divide num_attention_heads ",
               config.n_head, " (each key/value head serves the same number of query heads)");
@@ -191,6 +201,37 @@ void validate_config(const ModelConfig& config) {
                 r.high_freq_factor, ", original_max_position_embeddings ",
                 r.original_max_position_embeddings, ")");
   }
+}
+
+std::optional<ShapeDifference> first_shape_difference(const ModelConfig& first,
+                                                      const ModelConfig& second) {
+  const auto text = [](const auto& value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, bool>)
+      return std::string(value ? "true" : "false");
+    else
+      return std::to_string(value);
+  };
+  const auto differs = [&](const char* field, const auto& a, const auto& b) {
+    return a == b ? std::nullopt : std::optional<ShapeDifference>({field, text(a), text(b)});
+  };
+  if (first.hf_model_type != second.hf_model_type || first.architecture != second.architecture)
+    return ShapeDifference{"model_type", first.hf_model_type, second.hf_model_type};
+  for (const std::optional<ShapeDifference>& difference :
+       {differs("n_layer", first.n_layer, second.n_layer),
+        differs("n_head", first.n_head, second.n_head),
+        differs("n_embd", first.n_embd, second.n_embd),
+        differs("n_positions", first.n_positions, second.n_positions),
+        differs("vocab_size", first.vocab_size, second.vocab_size),
+        differs("padded_vocab_size", first.padded_vocab_size, second.padded_vocab_size),
+        differs("num_key_value_heads", first.kv_heads(), second.kv_heads()),
+        differs("head_dim", first.head_dim(), second.head_dim()),
+        differs("intermediate_size", first.mlp_width(), second.mlp_width()),
+        differs("tie_word_embeddings", first.tie_word_embeddings, second.tie_word_embeddings),
+        differs("attention_bias", first.attention_bias, second.attention_bias),
+        differs("attention_output_bias", first.attention_output_bias,
+                second.attention_output_bias)})
+    if (difference) return difference;
+  return std::nullopt;
 }
 
 long long parameter_count(const ModelConfig& config) {

@@ -3,6 +3,7 @@
 // named configs of the published models), and the checks every config passes.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,6 +85,14 @@ void validate_config(const ModelConfig& config);
 // Throws layup::Error where sequences of seq_len tokens exceed the model's context, or its
 // attention window (Mistral's sliding_window, which layup does not implement). Both backends ask.
 void check_sequence_length(const ModelConfig& config, int seq_len);
+
+// The first field whose value differs between two configs in a way that changes the parameters'
+// shapes (named as config.json names it), with both values as text; nothing when the shapes agree.
+struct ShapeDifference {
+  std::string field, first, second;
+};
+std::optional<ShapeDifference> first_shape_difference(const ModelConfig& first,
+                                                      const ModelConfig& second);
 
 // Number of trainable parameters as Hugging Face counts them (unpadded vocabulary; a tied head
 // counted once).

@@ -6,11 +6,14 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "io/hf_checkpoint.h"
 #include "memory/memory_accountant.h"
+#include "tier/output_file.h"
 
 namespace layup {
 
@@ -162,12 +165,40 @@ SavedCheckpoint save_schedule_checkpoint(const std::string& run_dir, const Sched
   return save_checkpoint_streamed(run_dir, layout.config(), layout, checkpoint, options);
 }
 
+void check_resumable_shape(const CheckpointInfo& info) {
+  const ModelConfig& config = info.config;
+  // The sizes the run kept beside its settings (train_options.cpp's table, under these keys).
+  const std::pair<const char*, int> saved_sizes[] = {
+      {"n_layer", config.n_layer},       {"n_head", config.n_head},
+      {"n_embd", config.n_embd},         {"n_positions", config.n_positions},
+      {"vocab_size", config.vocab_size},
+  };
+  const nlohmann::json& saved = info.progress.options;
+  for (const auto& [key, value] : saved_sizes) {
+    if (!saved.contains(key) || !saved[key].is_number_integer()) continue;
+    const long long trained = saved[key].get<long long>();
+    LAYUP_CHECK(trained == value, "cannot resume ", info.path, ": its ", kHfConfigFileName,
+                " describes a model with ", key, " ", value, ", but its training state (",
+                info.training_state_path, ") was saved by a run with ", key, " ", trained,
+                ": one of the two was changed or comes from another checkpoint. Put back the ",
+                kHfConfigFileName, " saved with this checkpoint, or resume from another one");
+  }
+  // The fields the settings do not keep (a Llama's head widths, say) show in the weights' shapes.
+  check_hf_weights(info.path, config);
+}
+
 void load_schedule_checkpoint(const CheckpointInfo& info, Schedule& schedule) {
   LAYUP_CHECK(info.has_training_state, info.path,
               " holds model weights only, so a run cannot resume from it");
   const ParameterLayout& layout = schedule.layout();
-  LAYUP_CHECK(ParameterLayout(info.config).total_count() == layout.total_count(),
-              "internal error: loading ", info.path, " into a schedule of another model");
+  if (const std::optional<ShapeDifference> difference =
+          first_shape_difference(info.config, layout.config()))
+    fail("cannot resume ", info.path, ": its ", kHfConfigFileName, " describes a model with ",
+         difference->field, " ", difference->first, ", but the run was built with ",
+         difference->second,
+         " (from its training state's settings or the command line); put "
+         "back the ",
+         kHfConfigFileName, " saved with this checkpoint, or resume from another one");
   SpanBuffers buffers(layout);
   SpanImporter weights(schedule, buffers, false);
   SpanImporter moments(schedule, buffers, true);
@@ -228,6 +259,21 @@ void check_checkpoint_disk(const CheckpointDiskNeed& need, const DiskSpace& spac
   fail("the run's checkpoints do not fit on the disk of its folder: one takes ", each,
        " and the run ", at_once, ", but ", space.dir, " has ", format_bytes(space.free_bytes),
        " free. ", fixes);
+}
+
+void check_checkpoint_file_size_limit(const ParameterLayout& layout, CheckpointContents contents,
+                                      size_t max_shard_bytes, std::optional<size_t> limit_bytes) {
+  const bool weights_only = contents == CheckpointContents::kWeights;
+  const CheckpointFile largest = largest_checkpoint_file(layout, weights_only, max_shard_bytes);
+  if (!limit_bytes || largest.bytes <= *limit_bytes) return;
+  // A shard holds at least its largest tensor, and a header's allowance of 1 MiB beside it.
+  constexpr size_t kHeaderAllowance = size_t{1} << 20;
+  std::string fixes;
+  if (*limit_bytes >= largest.largest_tensor_bytes + kHeaderAllowance + 1000 * 1000)
+    fixes = "cut checkpoints into smaller files with --checkpoint-shard-mb " +
+            std::to_string((*limit_bytes - kHeaderAllowance) / (1000 * 1000)) + ", or ";
+  check_file_size_limit(largest.bytes, "a checkpoint's largest file (" + largest.name + ")",
+                        limit_bytes, fixes + "train without checkpoints (--no-checkpoints)");
 }
 
 std::string existing_folder_of(const std::string& dir) {

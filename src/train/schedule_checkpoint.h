@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
 #include "core/run_choices.h"
@@ -20,6 +21,11 @@ SavedCheckpoint save_schedule_checkpoint(const std::string& run_dir, const Sched
                                          const TrainingProgress& progress,
                                          CheckpointContents contents,
                                          const CheckpointWriteOptions& options);
+
+// Refuses a checkpoint whose config.json describes another model than its weights hold or its
+// training state was saved from (a file edited, or copied from another checkpoint), naming the
+// field or tensor, both values and the files: what a resume checks before it plans anything.
+void check_resumable_shape(const CheckpointInfo& info);
 
 // Loads the checkpoint `info` describes (it must have a training state) into the schedule, one
 // span at a time, whatever placement the schedule has (Schedule::import_span). Its model must be
@@ -49,6 +55,11 @@ CheckpointDiskNeed checkpoint_disk_need(const ParameterLayout& layout, Checkpoin
 // Throws layup::Error when `space` has not `need.bytes()` free, naming both and the flags that
 // would need less.
 void check_checkpoint_disk(const CheckpointDiskNeed& need, const DiskSpace& space);
+
+// Throws layup::Error when a file size limit of `limit_bytes` (ulimit -f) would cut a checkpoint's
+// largest file short, naming the file, both sizes and the flags that would write smaller files.
+void check_checkpoint_file_size_limit(const ParameterLayout& layout, CheckpointContents contents,
+                                      size_t max_shard_bytes, std::optional<size_t> limit_bytes);
 
 // The run folder `dir`, or its nearest ancestor that exists: where a folder not made yet will be.
 std::string existing_folder_of(const std::string& dir);

@@ -155,6 +155,46 @@ TEST(ScheduleCheckpoint, WeightsOnlyHoldsTheWeightsAndIsNotResumable) {
             std::string::npos);
 }
 
+// A checkpoint whose files disagree on the model (config.json edited, or copied from another
+// checkpoint) is a user's error, named by field and file before anything is planned.
+TEST(ScheduleCheckpoint, AConfigOfAnotherShapeIsRefusedNamingTheField) {
+  const ParameterLayout layout(tiny_config());
+  std::unique_ptr<Schedule> source = trained_schedule(layout);
+  TempDir dir;
+  TrainingProgress progress = progress_at(4);
+  progress.options = {{"n_layer", 3}, {"n_head", 2}, {"n_embd", 16}, {"batch", 2}};
+  save_schedule_checkpoint(dir.path(), *source, progress, CheckpointContents::kFull,
+                           {kDefaultCheckpointShardBytes, 64, 2});
+  CheckpointInfo info = read_checkpoint_info(dir.path());
+  EXPECT_NO_THROW(check_resumable_shape(info));
+
+  info.config.n_layer = 2;  // as a config.json saying n_layer 2 reads
+  std::string message = error_message([&] { check_resumable_shape(info); });
+  EXPECT_NE(message.find("cannot resume " + info.path +
+                         ": its config.json describes a model "
+                         "with n_layer 2, but its training state (" +
+                         info.training_state_path + ") was saved by a run with n_layer 3"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("Put back the config.json saved with this checkpoint"), std::string::npos);
+
+  // A field the settings do not keep shows in the weights' shapes.
+  info = read_checkpoint_info(dir.path());
+  info.config.n_positions = 32;
+  message = error_message([&] { check_resumable_shape(info); });
+  EXPECT_NE(message.find("tensor 'transformer.wpe.weight' has shape [16, 16]"), std::string::npos)
+      << message;
+
+  // Into a schedule built for another model: the field, not an internal error.
+  const ParameterLayout other(gpt2_config(2, 2, 16, 16, 50));
+  std::unique_ptr<Schedule> target = layup_schedule(other);
+  message =
+      error_message([&] { load_schedule_checkpoint(read_checkpoint_info(dir.path()), *target); });
+  EXPECT_NE(message.find("describes a model with n_layer 3, but the run was built with 2"),
+            std::string::npos)
+      << message;
+}
+
 TEST(ScheduleCheckpoint, DiskNeedCountsTheCheckpointsAliveAtOnce) {
   const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
