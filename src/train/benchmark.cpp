@@ -27,6 +27,7 @@
 #include "schedule/schedule_plan.h"
 #include "trace/trace_recorder.h"
 #include "train/memory_usage.h"
+#include "train/rank_settings.h"
 #include "train/run_info.h"
 #include "train/setup_progress.h"
 
@@ -142,6 +143,8 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   // Several ranks (mpirun, docs/parallel.md): --grad-accum is the global batch, each rank times
   // its share of it, and rank 0 alone reports (log is null on the others).
   const std::unique_ptr<Communicator> world = make_world_communicator();
+  // Before any collective: ranks given other flags would time collectives of other shapes.
+  check_ranks_agree(*world, bench_settings_ranks_share(options));
   const int ranks = world->size();
   LAYUP_CHECK(options.grad_accum % ranks == 0, "--grad-accum ", options.grad_accum,
               " micro-batches do not split evenly over ", ranks,

@@ -169,6 +169,13 @@ nlohmann::json run_settings(const TrainOptions& o) {
   return saved;
 }
 
+std::vector<NamedSetting> run_settings_in_order(const TrainOptions& o) {
+  std::vector<NamedSetting> named;
+  for (const Setting& setting : settings())
+    named.push_back({setting.key, setting.flag, setting.get(o)});
+  return named;
+}
+
 TrainOptions resume_settings(TrainOptions options, const nlohmann::json& saved,
                              const std::string& checkpoint, std::vector<std::string>& notes) {
   for (const Setting& setting : settings()) {

@@ -74,6 +74,14 @@ void check_seq_len_fits(int seq_len, const ModelConfig& model);
 // how the run evaluates, checkpoints, samples and schedules its work.
 nlohmann::json run_settings(const TrainOptions& options);
 
+// The same settings in their table's order (the model's shape first), each with the flag that
+// sets it ("" for the vocabulary, which the model fixes): what the ranks of a run compare.
+struct NamedSetting {
+  std::string key, flag;
+  nlohmann::json value;
+};
+std::vector<NamedSetting> run_settings_in_order(const TrainOptions& options);
+
 // `options` (the command line) on resuming a run whose checkpoint saved `saved` (run_settings):
 // each setting the command line did not give is taken from the checkpoint; one it gave that
 // changes the trajectory and differs is refused, naming both values; --steps may change (the

@@ -28,6 +28,7 @@
 #include "train/corpus_shards.h"
 #include "train/memory_usage.h"
 #include "train/progress_line.h"
+#include "train/rank_settings.h"
 #include "train/schedule_checkpoint.h"
 #include "train/setup_progress.h"
 #include "train/stop_signals.h"
@@ -179,6 +180,9 @@ TrainResult train(TrainOptions options) {
   const std::unique_ptr<Communicator> world = make_world_communicator();
   const int rank = world->rank(), ranks = world->size();
   const bool leader = rank == 0;
+  // Before any collective, and before the ranks after 0 drop what rank 0 alone does: ranks given
+  // other flags would run collectives of other shapes, and hang or corrupt memory.
+  check_ranks_agree(*world, train_settings_ranks_share(options, resumed_from));
   // One GPU a rank, before anything else touches CUDA.
   if (ranks > 1 && options.device != DeviceKind::kCpu) use_gpu_of_local_rank(world->local_rank());
   LAYUP_CHECK(options.grad_accum % ranks == 0, "--grad-accum ", options.grad_accum,
@@ -223,6 +227,7 @@ TrainResult train(TrainOptions options) {
   const std::string data_dir =
       options.data_dir.empty() ? default_shard_dir(tokenizer) : options.data_dir;
   const DataFolderShards shards = find_data_folder_shards(data_dir);
+  check_ranks_agree(*world, {{"the data shards", describe_shards(shards)}});
   const int start_step = resumed_from.empty() ? 0 : static_cast<int>(resumed.progress.step);
   const int last_step = options.until_step > 0 ? options.until_step : options.steps;
   const size_t shard_bytes = static_cast<size_t>(options.checkpoint_shard_mb) * 1000 * 1000;
