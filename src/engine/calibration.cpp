@@ -15,6 +15,7 @@
 #include "io/atomic_file.h"
 #include "model/init.h"
 #include "model/parameter_layout.h"
+#include "model/shape_limits.h"
 #include "model/token_batch.h"
 #include "optim/adamw_timing.h"
 #include "optim/host_adamw.h"
@@ -268,6 +269,7 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
   validate_config(config);
   LAYUP_CHECK(options.seq_len <= config.n_positions, "--seq-len ", options.seq_len,
               " is longer than the model's context of ", config.n_positions);
+  check_shape_limits(config, options.batch, options.seq_len);
   const ParameterLayout layout(config);
   const double tokens = static_cast<double>(options.batch) * options.seq_len;
   const auto executed_flops = [&](const ModelConfig& cut) {

@@ -10,6 +10,7 @@
 #include "engine/backend_factory.h"
 #include "io/streamed_file_writer.h"
 #include "model/parameter_layout.h"
+#include "model/shape_limits.h"
 #include "schedule/disk_tier.h"
 #include "schedule/schedule_plan.h"
 
@@ -110,6 +111,7 @@ RunMemory plan_run_memory(const MemoryPlanRequest& r, int cpu_workers) {
               ")");
   LAYUP_CHECK(r.seq_len <= r.config.n_positions, "--seq-len ", r.seq_len,
               " is above the model's context of ", r.config.n_positions, " positions");
+  check_shape_limits(r.config, r.batch, r.seq_len);
 
   RunMemory run;
   MemoryPlan& plan = run.plan;
@@ -189,6 +191,26 @@ void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {
   check_budget(plan, budgets, [&budgets](const MemoryPlanRequest& request) {
     return plan_memory(resolve_optimizer_placement(request, budgets));
   });
+}
+
+void check_run_shape(const MemoryPlanRequest& request, const MemoryBudgets& budgets) {
+  const std::optional<ShapeLimitBreach> breach =
+      shape_limit_breach(request.config, request.batch, request.seq_len);
+  if (!breach) return;
+  if (breach->flag != "--batch") fail(breach->message());
+  // The batch alone is past a limit, so the batches below it can be planned: say which of them
+  // the memory holds too, as the budget check would have.
+  MemoryPlanRequest below = request;
+  below.batch = static_cast<int>(breach->largest) + 1;
+  const int fitting = largest_fitting_batch(below, budgets, [&budgets](const MemoryPlanRequest& r) {
+    return plan_memory(resolve_optimizer_placement(r, budgets));
+  });
+  if (fitting == breach->largest) fail(breach->message());
+  ShapeLimitBreach within_memory = *breach;
+  within_memory.largest = fitting;
+  if (fitting > 0) fail(within_memory.message(), ", the largest that the memory limits hold");
+  fail(breach->message(), "; but not even --batch 1 fits the memory limits at --seq-len ",
+       request.seq_len, ": choose a smaller model or a shorter --seq-len");
 }
 
 }  // namespace layup

@@ -40,4 +40,9 @@ MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
 // check_budget (memory/memory_plan.h), offering what fits from plans of this planner.
 void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets);
 
+// Refuses, before anything is planned, a request whose shape is past the limits of
+// model/shape_limits.h, naming the flag; where the batch alone is, with the largest batch that the
+// budgets hold too (a few dozen plans, however large the batch).
+void check_run_shape(const MemoryPlanRequest& request, const MemoryBudgets& budgets);
+
 }  // namespace layup

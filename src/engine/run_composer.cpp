@@ -46,6 +46,7 @@ PlannedRun plan_run(const RunRequest& request) {
   const ComputeTarget target = resolve_compute_target(request.target);
   const MemoryPlanRequest resolved = resolved_request(request, target);
   planned.budgets = run_budgets(request, resolved.attributes);
+  check_run_shape(resolved, planned.budgets);
   RunMemory memory =
       plan_run_memory(resolve_optimizer_placement(resolved, planned.budgets), request.cpu_workers);
   planned.plan = std::move(memory.plan);
@@ -79,6 +80,7 @@ MemoryPlan plan_only(const RunRequest& request) {
           parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget),
           HostMemoryLimit{}, /*allow_overcommit=*/true, resolved.attributes),
       request.plan.offload_dir);
+  check_run_shape(resolved, budgets);
   return plan_memory(resolve_optimizer_placement(resolved, budgets));
 }
 

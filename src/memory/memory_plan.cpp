@@ -95,8 +95,11 @@ std::string fitting_change(const MemoryPlanRequest& base, Mode mode, const Memor
     return mode_flag.empty() ? rest : rest.empty() ? mode_flag : mode_flag + " " + rest;
   };
   if (mode != base.mode && try_plan(base.batch, base.seq_len)) return with_mode("");
-  for (int batch = base.batch - 1; batch >= 1; --batch)
-    if (try_plan(batch, base.seq_len)) return with_mode("--batch " + std::to_string(batch));
+  request.seq_len = base.seq_len;
+  if (const int batch = largest_fitting_batch(request, budgets, replan); batch > 0) {
+    try_plan(batch, base.seq_len);
+    return with_mode("--batch " + std::to_string(batch));
+  }
   // Memory grows with T: the longest sequence that fits at batch 1, by bisection.
   int lo = 0, hi = base.seq_len;  // fits(lo) or lo == 0; !fits(hi)
   while (hi - lo > 1) {
@@ -301,6 +304,18 @@ MemoryBudgets with_machine_limit(MemoryBudgets budgets, const HostMemoryLimit& m
   budgets.machine_host = usable;
   budgets.machine_host_source = machine.describe();
   return budgets;
+}
+
+int largest_fitting_batch(const MemoryPlanRequest& request, const MemoryBudgets& budgets,
+                          const Replan& replan) {
+  // A plan's bytes grow with the batch: bisection, so that the time does not grow with it.
+  MemoryPlanRequest probe = request;
+  int lo = 0, hi = request.batch;  // fits(lo) or lo == 0; !fits(hi), never planned
+  while (hi - lo > 1) {
+    probe.batch = lo + (hi - lo) / 2;
+    (fits(replan(probe), budgets) ? lo : hi) = probe.batch;
+  }
+  return lo;
 }
 
 bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {

@@ -157,6 +157,11 @@ MemoryBudgets parse_memory_budgets(const std::string& memory_budget,
 // Whether the plan is within every budget.
 bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets);
 
+// The largest batch below request.batch whose plan (replan) fits `budgets`, 0 where not even 1
+// does. Plans about log2(request.batch) times, whatever the batch.
+int largest_fitting_batch(const MemoryPlanRequest& request, const MemoryBudgets& budgets,
+                          const Replan& replan);
+
 // Throws layup::Error when the plan exceeds a budget: the message names the budget, the bytes the
 // plan needs, the largest class and its bytes, and what would fit instead (another mode, a
 // smaller --batch or --seq-len), each computed from its own plan; then the plan itself.

@@ -23,6 +23,7 @@
 #include "memory/memory_plan.h"
 #include "model/init.h"
 #include "model/parameter_layout.h"
+#include "model/shape_limits.h"
 #include "schedule/schedule.h"
 #include "schedule/schedule_plan.h"
 #include "trace/trace_recorder.h"
@@ -136,6 +137,8 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   LAYUP_CHECK(options.seq_len <= config.n_positions, "--seq-len ", options.seq_len,
               " is longer than the model's context of ", config.n_positions, " positions");
   LAYUP_CHECK(options.grad_accum > 0, "--grad-accum must be positive");
+  // The model's sizes before anything reads them; the batch's in plan_run, with what fits.
+  check_shape_limits(config, 1, options.seq_len);
   LAYUP_CHECK(options.steps > 0 && options.warmup_steps >= 0,
               "--steps must be positive and --warmup not negative");
   check_thread_count("--cpu-workers", options.cpu_workers);

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "memory/memory_plan.h"
+#include "model/shape_limits.h"
 #include "schedule/schedule.h"
 
 namespace layup {
@@ -16,6 +17,8 @@ void validate_train_options(const TrainOptions& o) {
   LAYUP_CHECK(o.batch >= 1, "--batch must be at least 1 (got ", o.batch, ")");
   LAYUP_CHECK(o.seq_len >= 1, "--seq-len must be at least 1 (got ", o.seq_len, ")");
   check_seq_len_fits(o.seq_len, o.model);
+  // The model's sizes before anything is laid out; the batch's in plan_run, with what fits.
+  check_shape_limits(o.model, 1, o.seq_len);
   LAYUP_CHECK(o.grad_accum >= 1, "--grad-accum must be at least 1 (got ", o.grad_accum, ")");
   LAYUP_CHECK(o.steps >= 1, "--steps must be at least 1 (got ", o.steps, ")");
   LAYUP_CHECK(o.until_step == -1 || (o.until_step >= 1 && o.until_step <= o.steps), "--until-step ",
