@@ -67,20 +67,29 @@ void write_shard(const std::string& path, int32_t magic, int32_t version,
   write_file_atomically(path, pieces);
 }
 
+// Refuses the first of `ids` (the shard's ids from position `first`) that is not below
+// vocab_size. The largest id is found first, by a loop without branches that the compiler
+// vectorizes: the check then costs a fraction of reading the file.
+template <class Id>
+void check_ids(std::span<const Id> ids, size_t first, const std::string& path, int64_t vocab_size) {
+  Id largest = 0;
+  for (const Id id : ids) largest = std::max(largest, id);
+  if (largest < vocab_size) return;
+  const size_t position = static_cast<size_t>(
+      std::find_if(ids.begin(), ids.end(), [&](Id id) { return id >= vocab_size; }) - ids.begin());
+  fail("token shard ", path, " has token id ", ids[position], " at position ", first + position,
+       ", outside the vocabulary of ", vocab_size,
+       " tokens; the shard was made with another tokenizer (make it again with `layup tokenize "
+       "--tokenizer` and the model's own) or is damaged");
+}
+
 // Reads the `out.size()` ids of the shard's body, stored as FileId, into `out`, checking each
 // against the vocabulary.
 template <class FileId, class TokenId>
 void read_ids(int fd, const std::string& path, int64_t vocab_size, std::vector<TokenId>& out) {
-  const auto check = [&](size_t position, uint32_t id) {
-    if (id >= vocab_size) {
-      fail("token shard ", path, " has token id ", id, " at position ", position,
-           ", outside the vocabulary of ", vocab_size,
-           " tokens; the shard was made with another tokenizer or is damaged");
-    }
-  };
   if constexpr (sizeof(FileId) == sizeof(TokenId)) {
     read_exactly(fd, kTokenShardHeaderBytes, std::as_writable_bytes(std::span(out)), path);
-    for (size_t position = 0; position < out.size(); ++position) check(position, out[position]);
+    check_ids(std::span<const TokenId>(out), 0, path, vocab_size);
   } else {
     // Through a buffer of the file's width, a chunk at a time.
     std::vector<FileId> chunk(std::min<size_t>(out.size(), size_t{1} << 20));
@@ -88,10 +97,10 @@ void read_ids(int fd, const std::string& path, int64_t vocab_size, std::vector<T
       chunk.resize(std::min(chunk.size(), out.size() - done));
       read_exactly(fd, kTokenShardHeaderBytes + done * sizeof(FileId),
                    std::as_writable_bytes(std::span(chunk)), path);
-      for (size_t i = 0; i < chunk.size(); ++i) {
-        check(done + i, chunk[i]);
-        out[done + i] = static_cast<TokenId>(chunk[i]);  // fits: below vocab_size
-      }
+      check_ids(std::span<const FileId>(chunk), done, path, vocab_size);
+      // Fits: below vocab_size.
+      std::transform(chunk.begin(), chunk.end(), out.begin() + static_cast<std::ptrdiff_t>(done),
+                     [](FileId id) { return static_cast<TokenId>(id); });
     }
   }
 }

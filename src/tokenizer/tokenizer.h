@@ -38,4 +38,8 @@ class Tokenizer {
 // layup::Error saying what was looked for when there is neither.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
+// The files load_tokenizer(path) reads, for keying what a tokenizer makes (token caches): their
+// bytes decide the ids. Throws as load_tokenizer does when there is no tokenizer at `path`.
+std::vector<std::string> tokenizer_source_files(const std::string& path);
+
 }  // namespace layup

@@ -1,6 +1,8 @@
 // Text -> token shards.
 #include "train/corpus_shards.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -15,6 +17,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "data/token_cache_key.h"
 #include "data/token_shard.h"
 #include "io/atomic_file.h"
 #include "tokenizer/utf8.h"
@@ -116,13 +119,38 @@ std::vector<std::string> documents_of(const std::string& path, std::string text)
   return documents;
 }
 
+// The names of the regular *.bin files in `dir` (layup reads any of them as a token shard),
+// sorted.
+std::vector<std::string> bin_files_in(const fs::path& dir) {
+  std::error_code error;
+  std::vector<std::string> names;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    std::error_code ignored;
+    if (name.ends_with(".bin") && entry.is_regular_file(ignored)) names.push_back(name);
+  }
+  LAYUP_CHECK(!error, "cannot list the output folder (--out) ", dir.string(), ": ",
+              error.message());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// "a.bin, b.bin, c.bin and 3 more"; `names` sorted and not empty.
+std::string listed(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 3;
+  std::string text;
+  for (size_t i = 0; i < std::min(names.size(), kShown); ++i) text += (i ? ", " : "") + names[i];
+  if (names.size() > kShown) text += " and " + std::to_string(names.size() - kShown) + " more";
+  return text;
+}
+
 // The folder the shards go to. Made if missing; until commit(), shards are written to a staging
 // folder inside it, and if commit() is never reached, the staging folder and any folder made here
-// are removed again.
+// are removed again. *.bin files already there are refused, or replaced by commit().
 class OutputFolder {
  public:
-  explicit OutputFolder(const std::string& dir)
-      : dir_(dir), staging_(fs::path(dir) / kStagingDirName) {
+  OutputFolder(const std::string& dir, ExistingShards existing)
+      : dir_(dir), staging_(fs::path(dir) / kStagingDirName), existing_(existing) {
     LAYUP_CHECK(!dir.empty(), "the output folder (--out) is an empty path; give a folder");
     std::error_code error;
     const fs::file_status status = fs::status(dir, error);
@@ -146,6 +174,14 @@ class OutputFolder {
       LAYUP_CHECK(fs::is_directory(status), "the output folder (--out) ", dir,
                   " is an existing file, not a folder; give a folder for the shards (it is made "
                   "if missing)");
+      if (existing_ == ExistingShards::kRefuse) {
+        const std::vector<std::string> older = bin_files_in(dir);
+        LAYUP_CHECK(older.empty(), "the output folder (--out) ", dir, " already holds ",
+                    older.size(), older.size() == 1 ? " shard" : " shards", " (", listed(older),
+                    "), which layup would read together with the new ones; add --overwrite to "
+                    "replace ",
+                    older.size() == 1 ? "it" : "them", ", or give another --out");
+      }
     }
     fs::remove_all(staging_, error);  // left by a run that crashed
     fs::create_directory(staging_, error);
@@ -166,9 +202,27 @@ class OutputFolder {
 
   std::string staging() const { return staging_.string(); }
 
-  // Moves the staged shards into the folder (replacing files of the same name) and returns their
-  // final paths.
-  std::vector<std::string> commit(const std::vector<std::string>& staged) {
+  // Moves the staged shards into the folder (replacing files of the same name), with kReplace
+  // after removing the older *.bin files they do not replace, and returns their final paths.
+  // Only renames and removals are left here, so a failed tokenize never got this far.
+  std::vector<std::string> commit(const std::vector<std::string>& staged,
+                                  std::vector<std::string>& removed) {
+    if (existing_ == ExistingShards::kReplace) {
+      for (const std::string& name : bin_files_in(dir_)) {
+        const bool replaced =
+            std::any_of(staged.begin(), staged.end(),
+                        [&](const std::string& path) { return fs::path(path).filename() == name; });
+        const fs::path older = fs::path(dir_) / name;
+        removed.push_back(older.string());
+        if (replaced) continue;
+        std::error_code error;
+        fs::remove(older, error);
+        LAYUP_CHECK(!error, "--overwrite: cannot remove the older shard ", older.string(), ": ",
+                    error.message(),
+                    "; none of the new shards was moved in: make it removable "
+                    "and run the command again");
+      }
+    }
     std::vector<std::string> final_paths;
     for (const std::string& path : staged) {
       const fs::path destination = fs::path(dir_) / fs::path(path).filename();
@@ -193,6 +247,7 @@ class OutputFolder {
 
   std::string dir_;
   fs::path staging_;
+  ExistingShards existing_;
   fs::path created_;  // the topmost folder made here, or empty
   bool committed_ = false;
 };
@@ -252,7 +307,7 @@ class ShardWriter {
 ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
                                  const std::vector<std::string>& text_files,
                                  const std::string& out_dir, double val_fraction,
-                                 size_t tokens_per_shard) {
+                                 ExistingShards existing, size_t tokens_per_shard) {
   LAYUP_CHECK(!text_files.empty(), "no text files to tokenize");
   LAYUP_CHECK(val_fraction > 0.0 && val_fraction < 1.0, "--val-fraction must lie in (0, 1), got ",
               val_fraction,
@@ -261,7 +316,7 @@ ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
   for (const std::string& file : text_files) check_text_file(file);
   const int32_t separator = tokenizer.document_separator();  // throws if the tokenizer has none
 
-  OutputFolder out(out_dir);
+  OutputFolder out(out_dir, existing);
   ShardWriter train(out.staging(), "train", tokens_per_shard, tokenizer.vocab_size());
   ShardWriter val(out.staging(), "val", tokens_per_shard, tokenizer.vocab_size());
   size_t longest_file_tokens = 0;
@@ -296,7 +351,9 @@ ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
   val.flush();
   std::vector<std::string> staged = train.written();
   staged.insert(staged.end(), val.written().begin(), val.written().end());
-  return ShardSummary{train.total(), val.total(), out.commit(staged)};
+  ShardSummary summary{train.total(), val.total(), {}, {}};
+  summary.files = out.commit(staged, summary.removed);
+  return summary;
 }
 
 std::string shipped_data_dir() {
@@ -304,25 +361,51 @@ std::string shipped_data_dir() {
   return LAYUP_DATA_DIR;
 }
 
-std::string default_shard_dir(const Tokenizer& tokenizer) {
-  const char* cache = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  fs::path base = cache && *cache ? fs::path(cache) : fs::path(home ? home : ".") / ".cache";
-  const fs::path dir = base / "layup" / "shards" / "shipped-corpus";
-  if (fs::exists(dir / "train_000000.bin") && fs::exists(dir / "val_000000.bin"))
-    return dir.string();
+std::string default_shard_dir(const Tokenizer& tokenizer, const std::string& tokenizer_path,
+                              std::FILE* log) {
   const fs::path corpus = fs::path(shipped_data_dir()) / "corpus";
   std::vector<std::string> files;
-  if (fs::is_directory(corpus)) {
-    for (const auto& entry : fs::directory_iterator(corpus))
+  std::error_code error;
+  if (fs::is_directory(corpus, error)) {
+    for (const auto& entry : fs::directory_iterator(corpus, error))
       if (entry.path().extension() == ".txt") files.push_back(entry.path().string());
   }
   std::sort(files.begin(), files.end());
   LAYUP_CHECK(!files.empty(), "the shipped corpus is missing: no .txt files in '", corpus.string(),
               "'; give --data DIR with token shards, or set LAYUP_DATA_DIR to layup's data folder");
-  std::fprintf(stderr, "tokenizing the shipped corpus (%zu files) into %s\n", files.size(),
-               dir.string().c_str());
-  write_corpus_shards(tokenizer, files, dir.string(), 0.05);
+
+  constexpr double kValFraction = 0.05;
+  const std::string key = token_cache_key(tokenizer_source_files(tokenizer_path), files,
+                                          "val_fraction=" + std::to_string(kValFraction));
+  const char* cache = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const fs::path base = cache && *cache ? fs::path(cache) : fs::path(home ? home : ".") / ".cache";
+  const fs::path dir = base / "layup" / "shards" / ("shipped-corpus-" + key);
+  if (fs::is_directory(dir, error)) {
+    std::fprintf(log, "data: the shipped corpus as %s tokenizes it, cached in %s\n",
+                 tokenizer_path.c_str(), dir.string().c_str());
+    return dir.string();
+  }
+  // Made under a name of this process's own and renamed whole, so the cache folder either holds
+  // every shard or does not exist, even when several ranks make it at once or one is killed.
+  const fs::path staging = base / "layup" / "shards" /
+                           (".shipped-corpus-" + key + ".partial-" + std::to_string(getpid()));
+  std::fprintf(log, "data: tokenizing the shipped corpus (%zu files) with %s into %s\n",
+               files.size(), tokenizer_path.c_str(), dir.string().c_str());
+  // Made first, so that a failed tokenize removes only its own staging folder.
+  fs::create_directories(staging.parent_path(), error);
+  LAYUP_CHECK(!error, "cannot create the token cache folder ", staging.parent_path().string(), ": ",
+              error.message(), "; give --data DIR with token shards instead");
+  fs::remove_all(staging, error);
+  write_corpus_shards(tokenizer, files, staging.string(), kValFraction, ExistingShards::kReplace);
+  fs::rename(staging, dir, error);
+  if (error) {
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+    // Another process made the same cache first: its shards are the same.
+    LAYUP_CHECK(fs::is_directory(dir, ignored), "cannot move the tokenized corpus to ",
+                dir.string(), ": ", error.message());
+  }
   return dir.string();
 }
 

@@ -1,6 +1,7 @@
 // Turning text files into train/validation token shards (`layup tokenize`, and the default run).
 #pragma once
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,15 @@ namespace layup {
 struct ShardSummary {
   size_t train_tokens = 0;
   size_t val_tokens = 0;
-  std::vector<std::string> files;  // the shards written
+  std::vector<std::string> files;    // the shards written
+  std::vector<std::string> removed;  // older shards of the folder that they replaced
+};
+
+// What to do with *.bin files already in the output folder: layup would read them together with
+// the new shards (`train --data` takes every train/val *.bin of a folder), mixing two data sets.
+enum class ExistingShards {
+  kRefuse,   // refuse before tokenizing, naming them (`layup tokenize` without --overwrite)
+  kReplace,  // remove them once every new shard is written (--overwrite)
 };
 
 // Each text file is one document, and each line of a JSON Lines file (.jsonl) one: its "text"
@@ -25,16 +34,23 @@ struct ShardSummary {
 //
 // Bad input is refused with a layup::Error before any tokenizing: a path that is missing, a
 // directory or unreadable, a file with no text (empty or whitespace), val_fraction outside (0, 1),
-// an out_dir that is a file or cannot be made. A file that looks binary (a NUL byte, or more than
-// 10% of its bytes outside valid UTF-8) is tokenized with a warning on stderr. A result without a
-// single validation token is refused too. Nothing is written unless all shards are.
+// an out_dir that is a file or cannot be made, or that holds *.bin files (with kRefuse). A file
+// that looks binary (a NUL byte, or more than 10% of its bytes outside valid UTF-8) is tokenized
+// with a warning on stderr. A result without a single validation token is refused too. Nothing is
+// written, and no older shard removed, unless all new shards are written.
 ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
                                  const std::vector<std::string>& text_files,
                                  const std::string& out_dir, double val_fraction,
+                                 ExistingShards existing = ExistingShards::kRefuse,
                                  size_t tokens_per_shard = 100'000'000);
 
-// The shipped corpus tokenized into a cache folder (made on first use), for the default run.
-std::string default_shard_dir(const Tokenizer& tokenizer);
+// The shipped corpus as the tokenizer loaded from `tokenizer_path` tokenizes it, for the default
+// run: a cache folder under $XDG_CACHE_HOME/layup/shards (else ~/.cache/layup/shards) named by
+// token_cache_key of the tokenizer's files, the corpus files and the split, so a cache made by
+// another tokenizer or from other text is never reused. Made on first use, whole or not at all
+// (several ranks may make it at once). Says on `log` which cache it uses, or that it makes one.
+std::string default_shard_dir(const Tokenizer& tokenizer, const std::string& tokenizer_path,
+                              std::FILE* log);
 
 // Where the shipped data lives: $LAYUP_DATA_DIR, else the data/ folder of the source tree.
 std::string shipped_data_dir();

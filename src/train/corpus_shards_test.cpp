@@ -1,20 +1,26 @@
-// Tests of text -> token shards: the split of every file into training and validation tokens, and
+// Tests of text -> token shards: the split of every file into training and validation tokens;
 // that bad input (a missing, directory or empty file, a bad fraction, an output folder that is a
-// file, too little text) is refused before anything is written, while a file that looks binary is
-// tokenized with a warning.
+// file or holds older shards, too little text) is refused before anything is written, while a file
+// that looks binary is tokenized with a warning; that older shards are replaced only on request;
+// and that the shipped corpus's cache is keyed by the tokenizer's files and the text.
 #include "train/corpus_shards.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "data/token_shard.h"
 #include "io/test_files.h"
 #include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace layup {
 namespace {
@@ -46,10 +52,12 @@ class CorpusShards : public ::testing::Test {
 
   // Runs write_corpus_shards, expects a layup::Error, and checks that no file changed.
   std::string refused(const std::vector<std::string>& files, double val_fraction = 0.05,
-                      const std::string& out = "") {
+                      const std::string& out = "",
+                      ExistingShards existing = ExistingShards::kRefuse) {
     const auto before = snapshot(dir_.path());
     const std::string message = error_message([&] {
-      write_corpus_shards(gpt2_tokenizer(), files, out.empty() ? out_ : out, val_fraction);
+      write_corpus_shards(gpt2_tokenizer(), files, out.empty() ? out_ : out, val_fraction,
+                          existing);
     });
     EXPECT_EQ(snapshot(dir_.path()), before);
     return message;
@@ -155,11 +163,15 @@ TEST_F(CorpusShards, TooLittleTextForOneValidationTokenIsRefused) {
   EXPECT_TRUE(contains(message, "the longest has 4 tokens; one needs at least 20"));
   EXPECT_TRUE(contains(message, "give more text or a larger --val-fraction"));
   EXPECT_FALSE(fs::exists(out_));
-  // An existing output folder keeps what it held, and no staging folder is left in it.
+  // An existing output folder keeps what it held, even the shards --overwrite would replace, and
+  // no staging folder is left in it.
   fs::create_directory(out_);
   write_text(out_ + "/train_000000.bin", "earlier shards");
-  refused({short_text});
-  EXPECT_EQ(write_corpus_shards(gpt2_tokenizer(), {short_text}, out_, 0.25).val_tokens, 1u);
+  refused({short_text}, 0.05, out_, ExistingShards::kReplace);
+  EXPECT_EQ(
+      write_corpus_shards(gpt2_tokenizer(), {short_text}, out_, 0.25, ExistingShards::kReplace)
+          .val_tokens,
+      1u);
 }
 
 TEST_F(CorpusShards, OutputFolderThatIsAFileOrCannotBeMadeIsRefused) {
@@ -169,6 +181,141 @@ TEST_F(CorpusShards, OutputFolderThatIsAFileOrCannotBeMadeIsRefused) {
                        "the output folder (--out) " + file + " is an existing file, not a folder"));
   EXPECT_TRUE(contains(refused({good}, 0.05, file + "/shards"),
                        "cannot create the output folder (--out) " + file + "/shards: "));
+}
+
+TEST_F(CorpusShards, ShardsAlreadyInTheFolderAreRefusedByName) {
+  const std::string good = text_file("good.txt", prose(50));
+  fs::create_directory(out_);
+  for (const char* name :
+       {"train_000000.bin", "val_000000.bin", "fineweb_train_000001.bin", "extra.bin"})
+    write_text(out_ + "/" + name, "older shard");
+  const std::string message = refused({good});
+  EXPECT_TRUE(contains(message, "the output folder (--out) " + out_ +
+                                    " already holds 4 shards (extra.bin, "
+                                    "fineweb_train_000001.bin, train_000000.bin and 1 more), "
+                                    "which layup would read together with the new ones"));
+  EXPECT_TRUE(contains(message, "add --overwrite to replace them, or give another --out"));
+  // Files that are not shards do not stand in the way.
+  TempDir other;
+  write_text(other.file("notes.txt"), "notes");
+  EXPECT_EQ(write_corpus_shards(gpt2_tokenizer(), {good}, other.path(), 0.05).files.size(), 2u);
+}
+
+TEST_F(CorpusShards, OverwriteReplacesEveryOlderShard) {
+  const std::string good = text_file("good.txt", prose(50));
+  fs::create_directory(out_);
+  for (const char* name : {"train_000000.bin", "train_000001.bin", "val_000000.bin", "old.bin"})
+    write_text(out_ + "/" + name, "older shard");
+  write_text(out_ + "/notes.txt", "notes");
+  const ShardSummary summary =
+      write_corpus_shards(gpt2_tokenizer(), {good}, out_, 0.05, ExistingShards::kReplace);
+  EXPECT_EQ(summary.removed.size(), 4u);
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(out_))
+    left.push_back(entry.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"notes.txt", "train_000000.bin", "val_000000.bin"}));
+  std::vector<uint16_t> ids = read_token_shard(out_ + "/train_000000.bin", 50257);
+  const std::vector<uint16_t> val = read_token_shard(out_ + "/val_000000.bin", 50257);
+  ids.insert(ids.end(), val.begin(), val.end());
+  std::vector<uint16_t> expected{static_cast<uint16_t>(gpt2_tokenizer().eot_token())};
+  for (int32_t id : gpt2_tokenizer().encode(prose(50))) expected.push_back(id);
+  EXPECT_EQ(ids, expected);
+}
+
+// The default run's cache of the shipped corpus, under a corpus and a cache folder of the test's.
+class DefaultShardDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fs::create_directories(dir_.file("data/corpus"));
+    write_text(dir_.file("data/corpus/a.txt"), prose(60));
+    write_text(dir_.file("data/corpus/b.txt"), prose(40));
+    set("LAYUP_DATA_DIR", dir_.file("data"), saved_data_);
+    set("XDG_CACHE_HOME", dir_.file("cache"), saved_cache_);
+  }
+  void TearDown() override {
+    restore("LAYUP_DATA_DIR", saved_data_);
+    restore("XDG_CACHE_HOME", saved_cache_);
+  }
+
+  // default_shard_dir's folder, and what it said.
+  std::pair<std::string, std::string> cache_of(const std::string& tokenizer_path) {
+    char* text = nullptr;
+    size_t size = 0;
+    std::FILE* log = open_memstream(&text, &size);
+    const std::string dir = default_shard_dir(*load_tokenizer(tokenizer_path), tokenizer_path, log);
+    std::fclose(log);
+    const std::string said(text, size);
+    std::free(text);
+    return {dir, said};
+  }
+
+  std::vector<std::string> cache_entries() {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir_.file("cache/layup/shards")))
+      names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  TempDir dir_;
+  const std::string shipped_ = LAYUP_DATA_DIR "/gpt2-tokenizer";
+
+ private:
+  static void set(const char* name, const std::string& value, std::optional<std::string>& saved) {
+    if (const char* old = std::getenv(name)) saved = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  static void restore(const char* name, const std::optional<std::string>& saved) {
+    if (saved) {
+      ::setenv(name, saved->c_str(), 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  std::optional<std::string> saved_data_, saved_cache_;
+};
+
+TEST_F(DefaultShardDir, IsMadeOnceAndReused) {
+  const auto [made, making] = cache_of(shipped_);
+  EXPECT_TRUE(contains(
+      making, "data: tokenizing the shipped corpus (2 files) with " + shipped_ + " into " + made));
+  EXPECT_EQ(fs::path(made).parent_path(), fs::path(dir_.file("cache/layup/shards")));
+  EXPECT_TRUE(fs::path(made).filename().string().starts_with("shipped-corpus-"));
+  std::vector<uint16_t> ids = read_token_shard(made + "/train_000000.bin", 50257);
+  const std::vector<uint16_t> val = read_token_shard(made + "/val_000000.bin", 50257);
+  ids.insert(ids.end(), val.begin(), val.end());
+  std::vector<uint16_t> expected;
+  for (int sentences : {60, 40}) {
+    expected.push_back(static_cast<uint16_t>(gpt2_tokenizer().eot_token()));
+    for (int32_t id : gpt2_tokenizer().encode(prose(sentences))) expected.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(ids, expected);
+
+  const auto before = snapshot(made);
+  const auto [reused, reusing] = cache_of(shipped_);
+  EXPECT_EQ(reused, made);
+  EXPECT_EQ(reusing,
+            "data: the shipped corpus as " + shipped_ + " tokenizes it, cached in " + made + "\n");
+  EXPECT_EQ(snapshot(made), before);
+  EXPECT_EQ(cache_entries().size(), 1u) << "no staging folder is left";
+}
+
+TEST_F(DefaultShardDir, AnotherTokenizerOrTextGetsACacheOfItsOwn) {
+  const std::string first = cache_of(shipped_).first;
+  // The same tokenizer in its other file form still counts as another: the key is the files.
+  fs::create_directory(dir_.file("encoder-form"));
+  fs::copy_file(shipped_ + "/encoder.json", dir_.file("encoder-form/encoder.json"));
+  fs::copy_file(shipped_ + "/vocab.bpe", dir_.file("encoder-form/vocab.bpe"));
+  const std::string second = cache_of(dir_.file("encoder-form")).first;
+  EXPECT_NE(second, first);
+  write_text(dir_.file("data/corpus/b.txt"), prose(41));
+  const std::string third = cache_of(shipped_).first;
+  EXPECT_NE(third, first);
+  EXPECT_NE(third, second);
+  EXPECT_EQ(cache_entries().size(), 3u);
 }
 
 TEST_F(CorpusShards, BinaryLookingFilesAreTokenizedWithAWarning) {
