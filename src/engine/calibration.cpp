@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +14,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "memory/host_memory_need.h"
 #include "model/init.h"
 #include "model/parameter_layout.h"
 #include "model/shape_limits.h"
@@ -258,6 +260,55 @@ void save_calibration(const std::string& path, const Calibration& calibration) {
   write_text_atomically(path, calibration_json(calibration).dump(2) + "\n");
 }
 
+namespace {
+
+// Spans of up to 64 MiB of params, m and v; at least four, so the two slots take turns and the
+// mixed pass has records to read that are not being written.
+size_t disk_record_floats(const CalibrationOptions& options) {
+  return std::min(size_t{64} << 20, std::max<size_t>(options.disk_bytes / 4, 1 << 20)) / 12;
+}
+
+}  // namespace
+
+void check_calibration_host_memory(const CalibrationOptions& options,
+                                   const HostMemoryLimit& machine) {
+  constexpr size_t kAdamWBytesPerParam = 4 * sizeof(float);  // params, grads, m, v
+  // Where the device is the host (the CPU backend) both ends of a copy are host memory.
+  const size_t link_buffers = options.target.device == DeviceKind::kCuda ? 1 : 2;
+  const size_t adamw_bytes = options.cpu_params > SIZE_MAX / kAdamWBytesPerParam
+                                 ? SIZE_MAX
+                                 : options.cpu_params * kAdamWBytesPerParam;
+  const size_t link_bytes =
+      options.link_bytes > SIZE_MAX / link_buffers ? SIZE_MAX : options.link_bytes * link_buffers;
+  // The disk measurement's two write and two read slots, and its store's bounce buffer.
+  const size_t disk_bytes = options.disk_dir.empty()
+                                ? 0
+                                : 4 * disk_record_layout(disk_record_floats(options)).bytes +
+                                      DiskStateStoreOptions{}.chunk_bytes;
+  const size_t usable = machine.usable_bytes();
+  const auto add = [](size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; };
+  const size_t total = add(add(adamw_bytes, link_bytes), disk_bytes);
+  // The flag to lower is the one whose buffers are the larger part of the need.
+  const bool adamw_larger = adamw_bytes >= link_bytes;
+  const std::string what =
+      adamw_larger ? "calibrate's CPU AdamW (--cpu-mparams " +
+                         format_flag_value(options.cpu_params / 1e6) + ": 4 arrays of floats)"
+                   : "calibrate's copies (--link-mib " +
+                         format_flag_value(options.link_bytes / double(1 << 20)) + ", " +
+                         std::to_string(link_buffers) + " buffer(s))";
+  const std::string fix =
+      adamw_larger
+          ? "give --cpu-mparams at most " +
+                format_flag_value(std::floor(largest_fitting(usable, link_bytes + disk_bytes,
+                                                             kAdamWBytesPerParam) /
+                                             1e4) /
+                                  100)
+          : "give --link-mib at most " +
+                std::to_string(largest_fitting(usable, adamw_bytes + disk_bytes,
+                                               link_buffers * (size_t{1} << 20)));
+  check_host_memory_need(total, machine, what, fix);
+}
+
 MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log) {
   LAYUP_CHECK(options.repeats > 0, "--repeats must be positive, not ", options.repeats);
   LAYUP_CHECK(options.timed_layers > 0, "the calibration needs at least one block to time");
@@ -380,11 +431,7 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
     say(log, "host gradient add", *rates.host_add_floats_per_s / 1e9, "G floats/s");
   }
   if (!options.disk_dir.empty()) {
-    // Spans of up to 64 MiB of params, m and v; at least four, so the two slots take turns and
-    // the mixed pass has records to read that are not being written.
-    const size_t record_bytes =
-        std::min(size_t{64} << 20, std::max<size_t>(options.disk_bytes / 4, 1 << 20));
-    const size_t record_floats = record_bytes / 12;
+    const size_t record_floats = disk_record_floats(options);
     DiskThroughputBench bench(
         options.disk_dir, record_floats,
         std::max<size_t>(4, options.disk_bytes / disk_record_layout(record_floats).bytes));

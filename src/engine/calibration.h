@@ -12,6 +12,7 @@
 #include "engine/backend_factory.h"
 #include "engine/memory_planner.h"
 #include "engine/step_time_model.h"
+#include "memory/host_memory.h"
 #include "model/model_config.h"
 
 namespace layup {
@@ -84,6 +85,13 @@ struct TimedCuts {
   int blocks = 0, twice = 0;  // twice: 0 where the model is too shallow
 };
 TimedCuts timed_cuts(const CalibrationOptions& options);
+
+// Throws layup::Error when `machine` cannot give the host memory measure_machine_rates allocates
+// besides the model cut it times (the CPU AdamW's params, grads, m and v, the copies' buffers and
+// the disk measurement's slots), naming --cpu-mparams or --link-mib, whichever sizes the larger
+// part, and the largest value that fits.
+void check_calibration_host_memory(const CalibrationOptions& options,
+                                   const HostMemoryLimit& machine);
 
 // Measures every rate the options allow, printing one line per rate to `log` (may be null).
 MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log = nullptr);

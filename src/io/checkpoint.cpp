@@ -229,6 +229,32 @@ CheckpointBytes checkpoint_bytes(const ParameterLayout& layout, bool weights_onl
   return bytes;
 }
 
+CheckpointFile largest_checkpoint_file(const ParameterLayout& layout, bool weights_only,
+                                       size_t max_shard_bytes) {
+  constexpr size_t kFileAllowance = size_t{1} << 20;  // as checkpoint_bytes counts a header
+  CheckpointFile largest;
+  // Each part is planned as its writer plans it; a part of one shard is written under its single
+  // file's name (save_hf_model_sharded, save_training_state_streamed).
+  const auto consider = [&](const std::vector<SafetensorsTensorShape>& tensors,
+                            const std::string& base_name, const char* single_name) {
+    const std::vector<SafetensorsShard> shards = plan_shards(tensors, max_shard_bytes, base_name);
+    for (const SafetensorsShard& shard : shards)
+      if (shard.data_bytes + kFileAllowance > largest.bytes) {
+        largest.bytes = shard.data_bytes + kFileAllowance;
+        largest.name = shards.size() == 1 ? single_name : shard.file_name;
+      }
+    for (const SafetensorsTensorShape& tensor : tensors) {
+      size_t count = 1;
+      for (size_t dim : tensor.shape) count *= dim;
+      largest.largest_tensor_bytes = std::max(largest.largest_tensor_bytes, count * sizeof(float));
+    }
+  };
+  consider(hf_tensor_shapes(layout.config(), layout), kHfShardBaseName, kHfWeightsFileName);
+  if (!weights_only)
+    consider(moment_tensor_shapes(layout), kOptimizerShardBaseName, kTrainingStateFileName);
+  return largest;
+}
+
 int count_checkpoints(const std::string& run_dir) {
   std::error_code error;
   if (!fs::is_directory(run_dir, error)) return 0;

@@ -71,6 +71,16 @@ struct CheckpointBytes {
 CheckpointBytes checkpoint_bytes(const ParameterLayout& layout, bool weights_only,
                                  size_t max_shard_bytes);
 
+// The largest file one checkpoint of `layout` writes with shards of `max_shard_bytes` (its tensors'
+// bytes and the header allowance checkpoint_bytes counts): what a file size limit must let through.
+struct CheckpointFile {
+  std::string name;  // "model.safetensors", "optimizer-00002-of-00004.safetensors"
+  size_t bytes = 0;
+  size_t largest_tensor_bytes = 0;  // of the whole checkpoint: no shard size goes below it
+};
+CheckpointFile largest_checkpoint_file(const ParameterLayout& layout, bool weights_only,
+                                       size_t max_shard_bytes);
+
 // The complete checkpoints in `run_dir` (0 when it does not exist).
 int count_checkpoints(const std::string& run_dir);
 

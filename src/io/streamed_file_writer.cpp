@@ -28,11 +28,17 @@ size_t round_up(size_t bytes, size_t to) {
 void fail_file_write(const std::string& temp_path, const std::string& path, ssize_t result,
                      int error, size_t written_bytes, size_t bytes_left) {
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  // EFBIG is the process's file size limit, not the disk: more free space would not help.
+  const std::string check =
+      result < 0 && error == EFBIG
+          ? std::string(
+                "the file is larger than this process may write (ulimit -f); raise the "
+                "limit with `ulimit -f unlimited`")
+          : "check the free disk space in " + (dir.empty() ? std::string(".") : dir.string());
   fail("cannot write ", temp_path, " (the new contents of ", path,
        "): ", result == 0 ? "the file system accepted no more bytes" : std::strerror(error),
-       " after ", written_bytes, " bytes, with ", bytes_left,
-       " bytes of this write left; check the free disk space in ",
-       dir.empty() ? std::string(".") : dir.string(), "; ", path, " was left unchanged");
+       " after ", written_bytes, " bytes, with ", bytes_left, " bytes of this write left; ", check,
+       "; ", path, " was left unchanged");
 }
 
 void StreamedFileWriter::FreeAligned::operator()(std::byte* bytes) const {

@@ -114,7 +114,7 @@ TEST(StreamedFileWriter, AFailedWriteIsThrownToTheCaller) {
             std::string::npos)
       << message;
   EXPECT_NE(message.find(std::strerror(EFBIG)), std::string::npos) << message;
-  EXPECT_NE(message.find("check the free disk space"), std::string::npos) << message;
+  EXPECT_NE(message.find("ulimit -f unlimited"), std::string::npos) << message;
 }
 
 // The caller's own failure: the writer is destroyed with a write in flight and bytes unflushed,

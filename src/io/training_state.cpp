@@ -214,6 +214,13 @@ TrainingState load_training_state(const std::string& path, const ParameterLayout
   return state;
 }
 
+std::vector<SafetensorsTensorShape> moment_tensor_shapes(const ParameterLayout& layout) {
+  std::vector<SafetensorsTensorShape> shapes;
+  for (const MomentTensor& tensor : moment_tensors(layout))
+    shapes.push_back({tensor.name, tensor.spec->shape});
+  return shapes;
+}
+
 void save_training_state_sharded(const std::string& dir, const ParameterLayout& layout,
                                  const TrainingProgress& progress, const ReadMoments& read_moments,
                                  size_t max_shard_bytes, size_t chunk_bytes) {
@@ -231,8 +238,7 @@ void save_training_state_sharded(const std::string& dir, const ParameterLayout& 
               " for the training state: ", error.message());
 
   const std::vector<MomentTensor> moments = moment_tensors(layout);
-  std::vector<SafetensorsTensorShape> tensors;
-  for (const MomentTensor& tensor : moments) tensors.push_back({tensor.name, tensor.spec->shape});
+  const std::vector<SafetensorsTensorShape> tensors = moment_tensor_shapes(layout);
   const std::vector<SafetensorsShard> shards = write_sharded_safetensors(
       dir, kOptimizerShardBaseName, tensors,
       [&](size_t index, size_t first, std::span<float> out) {
@@ -252,10 +258,8 @@ void save_training_state_sharded(const std::string& dir, const ParameterLayout& 
 void save_training_state_streamed(const std::string& dir, const ParameterLayout& layout,
                                   const TrainingProgress& progress, const ReadMoments& read_moments,
                                   size_t max_shard_bytes, size_t chunk_bytes) {
-  std::vector<SafetensorsTensorShape> per_tensor;
-  for (const MomentTensor& tensor : moment_tensors(layout))
-    per_tensor.push_back({tensor.name, tensor.spec->shape});
-  if (plan_shards(per_tensor, max_shard_bytes, kOptimizerShardBaseName).size() > 1) {
+  if (plan_shards(moment_tensor_shapes(layout), max_shard_bytes, kOptimizerShardBaseName).size() >
+      1) {
     save_training_state_sharded(dir, layout, progress, read_moments, max_shard_bytes, chunk_bytes);
     return;
   }

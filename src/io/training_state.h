@@ -65,6 +65,10 @@ using ReadMoments = std::function<void(AdamMoment moment, size_t offset, size_t 
 using WriteMoments =
     std::function<void(AdamMoment moment, size_t offset, size_t count, const float* in)>;
 
+// The sharded state's tensors, in the order they are written: "adamw.m.<name>" and
+// "adamw.v.<name>" of each parameter tensor, in layup's shape.
+std::vector<SafetensorsTensorShape> moment_tensor_shapes(const ParameterLayout& layout);
+
 // Writes the sharded state into `dir` (created if needed): shards of at most `max_shard_bytes`
 // tensor bytes (a larger tensor alone in one) and the index, which always exists, even for one
 // shard. Memory held: one chunk. The files appear together (a failure leaves the old ones as they

@@ -18,8 +18,15 @@ size_t DiskSpace::usable_bytes() const {
 }
 
 std::string DiskSpace::describe() const {
-  return dir + ": " + format_bytes(usable_bytes()) + " usable (" + format_bytes(free_bytes) +
-         " free of " + format_bytes(total_bytes) + ", less a reserve of " +
+  const std::string sizes =
+      format_bytes(free_bytes) + " free of " + format_bytes(total_bytes) + ", ";
+  // A small file system is all reserve (at least 1 GiB): say so, or "0 B usable" reads as a bug.
+  if (usable_bytes() == 0 && free_bytes > 0)
+    return dir + ": 0 B usable (" + sizes + "all of it within the reserve of " +
+           format_bytes(reserve_bytes) +
+           " kept back on every file system: 5% of its size, at least 1 GiB, for logs, "
+           "checkpoints and other processes)";
+  return dir + ": " + format_bytes(usable_bytes()) + " usable (" + sizes + "less a reserve of " +
          format_bytes(reserve_bytes) + ")";
 }
 

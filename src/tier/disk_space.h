@@ -15,7 +15,8 @@ struct DiskSpace {
 
   // What a run may plan to keep on this file system: free less the reserve.
   size_t usable_bytes() const;
-  // "/data: 41.14 GiB usable (53.74 GiB free of 252.00 GiB, less a reserve of 12.60 GiB)".
+  // "/data: 41.14 GiB usable (53.74 GiB free of 252.00 GiB, less a reserve of 12.60 GiB)", and
+  // where the reserve takes all that is free, that it does and what the reserve is for.
   std::string describe() const;
 };
 

@@ -24,6 +24,15 @@ TEST(DiskSpace, TheReserveIsFivePercentOfTheFileSystemAndAtLeastOneGiB) {
   EXPECT_EQ(disk_space("/small", 10 * kGiB, kGiB / 2).usable_bytes(), 0u);
 }
 
+TEST(DiskSpace, ASmallFileSystemSaysItIsAllReserve) {
+  const DiskSpace space = disk_space("/small", 800 * (size_t{1} << 20), 512 * (size_t{1} << 20));
+  EXPECT_EQ(space.usable_bytes(), 0u);
+  EXPECT_EQ(space.describe(),
+            "/small: 0 B usable (512.0 MiB free of 800.0 MiB, all of it within the reserve of "
+            "1.00 GiB kept back on every file system: 5% of its size, at least 1 GiB, for logs, "
+            "checkpoints and other processes)");
+}
+
 TEST(DiskSpace, ThisMachinesTempDirectoryHasSomeSpace) {
   test_files::TempDir dir;
   const DiskSpace space = read_disk_space(dir.path());

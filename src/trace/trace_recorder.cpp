@@ -107,6 +107,13 @@ void TraceRecorder::write(const std::string& path) const {
   write_text_atomically(path, text);
 }
 
+size_t trace_file_bytes_estimate(long long steps, int layers) {
+  constexpr size_t kSpansPerBlockAndStep = 16, kBytesPerSpan = 200, kFixedBytes = 64 << 10;
+  return kFixedBytes + static_cast<size_t>(std::max(steps, 0LL)) *
+                           (static_cast<size_t>(std::max(layers, 0)) + 2) * kSpansPerBlockAndStep *
+                           kBytesPerSpan;
+}
+
 void check_trace_path(const std::string& path) {
   namespace fs = std::filesystem;
   LAYUP_CHECK(!path.empty(), "--trace needs a file name");

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -80,6 +81,11 @@ class TraceRecorder {
   std::vector<TraceEvent> events_;
   nlohmann::json metadata_ = nlohmann::json::object();
 };
+
+// A generous size of the trace of `steps` steps of a model of `layers` blocks, for the check of
+// its disk before a run: each block records a few spans a step on each track (forward, backward,
+// copies, updates), each span some 150 bytes of JSON.
+size_t trace_file_bytes_estimate(long long steps, int layers);
 
 // Throws layup::Error when a trace cannot be written to `path` (its folder does not exist, or
 // it names a folder): checked before a run, not after its last step, when the trace is written.

@@ -98,7 +98,8 @@ def test_overwrite_replaces_the_other_runs_checkpoints_and_log(tmp_path, shards)
 def test_an_out_that_is_not_a_folder_is_refused(tmp_path, shards, make):
     (tmp_path / "a_file").write_text("x")
     out = tmp_path / "a_file" if make == "file" else tmp_path / "a_file" / "run"
-    fails_with(train(shards, out), "--out" if make == "file" else "cannot create the run folder")
+    # Under a file: refused with the other checks of --out, before anything is planned or loaded.
+    fails_with(train(shards, out), "--out", *([] if make == "file" else ["is a file, not a folder"]))
     assert (tmp_path / "a_file").read_text() == "x"
 
 
@@ -269,32 +270,37 @@ def test_checkpoints_that_do_not_fit_the_disk_are_refused_before_allocating(tmp_
 
 def test_a_disk_that_fills_during_a_checkpoint_leaves_the_last_one_intact(tmp_path, shards):
     """A file-size limit makes every write past it fail (EFBIG, SIGXFSZ ignored) as a full disk
-    makes them fail (ENOSPC): the save of step 4 stops, and step 2 still resumes."""
+    makes them fail (ENOSPC). A limit the checkpoints do not fit is refused at the start
+    (test_outputs_and_limits.py), so it is lowered once the run is past its checks, as a disk
+    fills during a run: the save of step 20 stops, and step 10 still resumes."""
     import resource
 
-    run(train(shards, tmp_path / "run", "--until-step", "2", "--checkpoint-every", "2"))
-    before = snapshot(tmp_path / "run" / "step-00000002")
+    run(train(shards, tmp_path / "run", "--steps", "40", "--until-step", "10",
+              "--checkpoint-every", "10"))
+    before = snapshot(tmp_path / "run" / "step-00000010")
 
-    def limit_file_size():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
-
-    result = run([binary("layup"), "train", "--resume", tmp_path / "run"], check=False,
-                 preexec_fn=limit_file_size)
-    assert result.returncode == 1, result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("layup: error:")]
-    assert len(errors) == 1, result.stderr
-    for phrase in ("cannot write", "File too large", "check the free disk space",
-                   "The checkpoint of step 4 was not written",
-                   f"The last complete checkpoint, {tmp_path / 'run' / 'step-00000002'}, is intact",
+    process = subprocess.Popen([binary("layup"), "train", "--resume", str(tmp_path / "run")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    header = ""
+    while not header.startswith("layup train:"):  # printed after the checks, steps before a save
+        header = process.stderr.readline()
+        assert header, "the run ended before its header"
+    resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("layup: error:")]
+    assert len(errors) == 1, stderr
+    for phrase in ("cannot write", "File too large", "ulimit -f",
+                   "The checkpoint of step 20 was not written",
+                   f"The last complete checkpoint, {tmp_path / 'run' / 'step-00000010'}, is intact",
                    "--checkpoint-contents weights"):
         assert phrase in errors[0], errors[0]
-    assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-00000002"]
-    assert snapshot(tmp_path / "run" / "step-00000002") == before
+    assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-00000010"]
+    assert snapshot(tmp_path / "run" / "step-00000010") == before
 
-    resumed = run([binary("layup"), "train", "--resume", tmp_path / "run"])
-    assert "resumed from" in resumed.stderr and "step-00000002" in resumed.stderr
-    assert (tmp_path / "run" / "step-00000004").is_dir()
+    resumed = run([binary("layup"), "train", "--resume", tmp_path / "run", "--until-step", "20"])
+    assert "resumed from" in resumed.stderr and "step-00000010" in resumed.stderr
+    assert (tmp_path / "run" / "step-00000020").is_dir()
 
 
 def test_the_checkpoint_line_reports_its_size_and_rate(tmp_path, shards):
