@@ -17,12 +17,15 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "memory/host_memory_need.h"
 #include "optim/adamw.h"
 #include "optim/adamw_simd.h"
 #include "optim/adamw_timing.h"
 #include "optim/host_adamw.h"
+#include "tier/output_file.h"
 #include "train/run_info.h"
 
 namespace layup {
@@ -89,9 +92,15 @@ nlohmann::json timing_json(const AdamWTiming& timing, size_t params) {
 }
 
 void run_adamw_bench(const AdamWBenchFlags& flags) {
-  LAYUP_CHECK(flags.params > 0, "--params must be positive");
-  LAYUP_CHECK(flags.repeats > 0, "--repeats must be positive, not ", flags.repeats);
-  if (flags.workers != 0) check_thread_count("--workers", flags.workers);
+  // Seven arrays of --params floats: p, g, m, v and the copies of p, m, v written out of place.
+  constexpr size_t kArrayBytesPerParam = 7 * sizeof(float);
+  const HostMemoryLimit machine = read_host_memory_limit();
+  check_host_memory_need(
+      flags.params > SIZE_MAX / kArrayBytesPerParam ? SIZE_MAX : flags.params * kArrayBytesPerParam,
+      machine, "bench-adamw --params " + std::to_string(flags.params) + " (7 arrays of floats)",
+      "give --params at most " +
+          std::to_string(largest_fitting(machine.usable_bytes(), 0, kArrayBytesPerParam)));
+  if (!flags.json_path.empty()) check_output_file(flags.json_path, "--json", kSmallOutputBytes);
   HostAdamWOptions options;
   options.workers = flags.workers;
   options.pin = !flags.no_pin;
@@ -230,18 +239,27 @@ void add_adamw_bench_command(CLI::App& app) {
       "bench-adamw",
       "Time the CPU AdamW on fp32 master weights and moments (pinned workers, SIMD) against a "
       "plain OpenMP loop over the same arrays: G params/s and GB/s of memory traffic.");
-  cmd->add_option("--params", flags->params, "Parameters to update (default: gpt2-small's)")
+  add_whole_flag(*cmd, "--params", flags->params, at_least(1),
+                 "Parameters to update (default: gpt2-small's)")
       ->capture_default_str();
-  cmd->add_option("--workers", flags->workers,
-                  "Worker threads (default 0: one per core this process may use)")
-      ->capture_default_str();
+  add_whole_flag(*cmd, "--workers", flags->workers, cores_range(), "Worker threads")
+      ->default_str("every core");
   cmd->add_flag("--no-pin", flags->no_pin, "Do not pin the workers to cores");
-  cmd->add_option("--isa", flags->isa,
-                  "scalar, avx2, avx512, neon or auto (auto: LAYUP_ADAMW_ISA if set, else the "
-                  "best this CPU runs)")
+  add_parsed_flag(
+      *cmd, "--isa", flags->isa, "auto, scalar, avx2, avx512, neon",
+      [](const std::string& text) {
+        LAYUP_CHECK(!text.empty(),
+                    "--isa '' names no AdamW loop: use scalar, avx2, "
+                    "avx512, neon or auto");
+        if (text != "auto") parse_adamw_isa(text, "--isa");
+      },
+      "scalar, avx2, avx512, neon or auto (auto: LAYUP_ADAMW_ISA if set, else the "
+      "best this CPU runs)")
       ->capture_default_str();
-  cmd->add_option("--repeats", flags->repeats, "Timed updates per variant")->capture_default_str();
-  cmd->add_option("--json", flags->json_path, "Also write the result as one JSON object here");
+  add_whole_flag(*cmd, "--repeats", flags->repeats, at_least(1), "Timed updates per variant")
+      ->capture_default_str();
+  add_path_flag(*cmd, "--json", flags->json_path, "file",
+                "Also write the result as one JSON object here");
   cmd->callback([flags]() { run_adamw_bench(*flags); });
 }
 

@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "engine/calibration.h"
 #include "io/atomic_file.h"
 #include "memory/plan_file.h"
+#include "tier/output_file.h"
 #include "train/benchmark.h"
 #include "train/run_info.h"
 #include "train/train_options.h"
@@ -83,11 +85,12 @@ void add_bench_command(CLI::App& app) {
       "Time training steps (forward, backward, AdamW) of a freshly initialized model (GPT-2 or "
       "the Llama family) on synthetic tokens: tokens/s, ms/step, MFU and device memory.");
   add_model_flags(*cmd, flags->model, o.model_name);
-  cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
-  cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();
-  cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
-  cmd->add_option("--warmup", o.warmup_steps, "Untimed steps first")->capture_default_str();
-  cmd->add_option("--steps", o.steps, "Timed steps")->capture_default_str();
+  add_batch_flags(*cmd, o.batch, o.seq_len);
+  add_whole_flag(*cmd, "--grad-accum", o.grad_accum, at_least(1), "Micro-batches per step")
+      ->capture_default_str();
+  add_whole_flag(*cmd, "--warmup", o.warmup_steps, at_least(0), "Untimed steps first")
+      ->capture_default_str();
+  add_whole_flag(*cmd, "--steps", o.steps, at_least(1), "Timed steps")->capture_default_str();
   add_device_flags(*cmd, o.device, o.dtype);
   add_seed_flag(*cmd, o.seed, "Seed of the initialization and the synthetic tokens");
   add_schedule_flags(*cmd, o.mode, o.cpu_workers);
@@ -95,19 +98,21 @@ void add_bench_command(CLI::App& app) {
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
   add_layup_head_flag(*cmd, o.layup_head);
   add_optimizer_placement_flags(*cmd, o.optimizer_placement, o.offload_dir);
-  cmd->add_option("--trace", o.trace_path,
-                  "Write a Chrome/Perfetto trace (JSON; open in ui.perfetto.dev) of the first " +
-                      std::to_string(kMaxTracedSteps) + " timed steps here");
+  add_path_flag(*cmd, "--trace", o.trace_path, "file",
+                "Write a Chrome/Perfetto trace (JSON; open in ui.perfetto.dev) of the first " +
+                    std::to_string(kMaxTracedSteps) + " timed steps here");
   cmd->add_flag("--energy", o.energy,
                 "Read energy over the timed steps: the GPU's (NVML) and the CPU packages' "
                 "(RAPL powercap); a source that cannot be read is reported with the reason");
-  cmd->add_option("--json", flags->json_path, "Also write the result as one JSON object here");
-  cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
+  add_path_flag(*cmd, "--json", flags->json_path, "file",
+                "Also write the result as one JSON object here");
+  add_threads_flag(*cmd, flags->threads);
   add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.allow_overcommit,
                    o.place, flags->plan_path);
-  cmd->add_option("--calibration", flags->calibration_path,
-                  "The rates `layup calibrate` cached, for the predicted step time (default: its "
-                  "default file; when absent, measured now at this run's shape)");
+  add_path_flag(*cmd, "--calibration", flags->calibration_path, "file",
+                "The rates `layup calibrate` cached, for the predicted step time (when absent, "
+                "measured now at this run's shape)")
+      ->default_str("layup calibrate's default");
 
   cmd->callback([flags]() {
     BenchmarkOptions options = flags->options;
@@ -116,6 +121,7 @@ void add_bench_command(CLI::App& app) {
     options.clip = parse_clip_flag(flags->clip);
     options.place = place_flags_with_plan(flags->plan_path, options.place);
     apply_threads_flag(flags->threads);
+    if (!flags->json_path.empty()) check_output_file(flags->json_path, "--json", kSmallOutputBytes);
 
     // Under mpirun rank 0 alone prints; the others time their share of the batch along with it.
     const bool prints = launched_rank() == 0;

@@ -7,11 +7,13 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "core/error.h"
 #include "engine/calibration.h"
 #include "engine/memory_planner.h"
 #include "memory/memory_plan.h"
 #include "optim/host_adamw.h"
+#include "tier/output_file.h"
 #include "train/run_info.h"
 
 namespace layup {
@@ -100,35 +102,38 @@ void add_calibrate_command(CLI::App& app) {
       "Measure this machine's rates for the step-time model in a few seconds (the device's "
       "training FLOP rate and AdamW, the CPU's AdamW and gradient add, copies each way, and with "
       "--offload-dir the disk) and cache them for `layup memory` and `layup bench`.");
-  cmd->add_option("--calibration", flags->path,
-                  "The file to write (default: $XDG_CACHE_HOME/layup/calibration.json, else "
-                  "~/.cache/layup/calibration.json)");
+  add_path_flag(*cmd, "--calibration", flags->path, "file", "The file to write")
+      ->default_str("$XDG_CACHE_HOME/layup/calibration.json, else ~/.cache/layup/calibration.json");
   add_model_flags(*cmd, flags->model, "gpt2");
-  cmd->add_option("--batch", flags->batch,
-                  "B of the FLOP rate's forward and backward (default 4 on cuda, 1 on the CPU)");
-  cmd->add_option(
-      "--seq-len", flags->seq_len,
-      "T of the FLOP rate's forward and backward (default 1024 on cuda, 64 on the CPU)");
+  add_whole_flag(*cmd, "--batch", flags->batch, at_least(1),
+                 "B of the FLOP rate's forward and backward")
+      ->default_str("4 on cuda, 1 on the CPU");
+  add_whole_flag(*cmd, "--seq-len", flags->seq_len, at_least(1),
+                 "T of the FLOP rate's forward and backward")
+      ->default_str("1024 on cuda, 64 on the CPU");
   add_device_flags(*cmd, flags->device, flags->dtype);
-  cmd->add_option("--recompute", flags->recompute, "CUDA backend: the --recompute level to time")
-      ->check(CLI::Range(0, 3))
+  add_whole_flag(*cmd, "--recompute", flags->recompute, recompute_range(),
+                 "CUDA backend: the --recompute level to time")
       ->capture_default_str();
-  cmd->add_option("--repeats", flags->repeats, "Timed passes of each measurement (median)")
+  add_whole_flag(*cmd, "--repeats", flags->repeats, at_least(1),
+                 "Timed passes of each measurement (median)")
       ->capture_default_str();
-  cmd->add_option("--cpu-workers", flags->cpu_workers,
-                  "CPU AdamW workers (default 0: one per core this process may use)");
-  cmd->add_option("--link-mib", flags->link_mib,
-                  "MiB of one copy each way (default 256 on cuda, 16 on the CPU)");
-  cmd->add_option("--cpu-mparams", flags->cpu_mparams,
-                  "Million parameters of the CPU's AdamW and add")
+  add_whole_flag(*cmd, "--cpu-workers", flags->cpu_workers, cores_range(), "CPU AdamW workers")
+      ->default_str("every core");
+  add_real_flag(*cmd, "--link-mib", flags->link_mib, positive_real(), "MiB of one copy each way")
+      ->default_str("256 on cuda, 16 on the CPU");
+  add_real_flag(*cmd, "--cpu-mparams", flags->cpu_mparams, positive_real(),
+                "Million parameters of the CPU's AdamW and add")
       ->capture_default_str();
-  cmd->add_option(
-         "--cpu-seconds", flags->cpu_seconds,
-         "Seconds each of the CPU's AdamW and add is timed at least (median of the passes)")
+  // An hour bounds it: the passes repeat until this much time has gone by.
+  add_real_flag(*cmd, "--cpu-seconds", flags->cpu_seconds,
+                real_between(0, false, 3600, false, "0 .. 3600"),
+                "Seconds each of the CPU's AdamW and add is timed at least (median of the passes)")
       ->capture_default_str();
-  cmd->add_option("--offload-dir", flags->disk_dir,
-                  "Also measure the disk tier's direct I/O in this directory");
-  cmd->add_option("--disk-gib", flags->disk_gib, "GiB the disk measurement writes and reads")
+  add_path_flag(*cmd, "--offload-dir", flags->disk_dir, "directory",
+                "Also measure the disk tier's direct I/O in this directory");
+  add_real_flag(*cmd, "--disk-gib", flags->disk_gib, positive_real(),
+                "GiB the disk measurement writes and reads")
       ->capture_default_str();
   cmd->callback([flags]() {
     CalibrationOptions options;
@@ -138,19 +143,18 @@ void add_calibrate_command(CLI::App& app) {
     options.seq_len = flags->seq_len > 0 ? flags->seq_len : cuda ? 1024 : 64;
     options.config = flags->model.resolve(options.seq_len);
     options.repeats = flags->repeats;
-    LAYUP_CHECK(flags->cpu_workers >= 0, "--cpu-workers must not be negative");
-    if (flags->cpu_workers > 0) check_thread_count("--cpu-workers", flags->cpu_workers);
     options.cpu_workers = flags->cpu_workers;
     const double link_mib = flags->link_mib > 0 ? flags->link_mib : cuda ? 256 : 16;
     options.link_bytes = static_cast<size_t>(link_mib * (1 << 20));
-    LAYUP_CHECK(flags->cpu_mparams > 0, "--cpu-mparams must be positive");
     options.cpu_params = static_cast<size_t>(flags->cpu_mparams * 1e6);
-    LAYUP_CHECK(flags->cpu_seconds >= 0, "--cpu-seconds must not be negative");
     options.cpu_seconds = flags->cpu_seconds;
     options.disk_dir = flags->disk_dir;
-    LAYUP_CHECK(flags->disk_gib > 0, "--disk-gib must be positive");
     options.disk_bytes = static_cast<size_t>(flags->disk_gib * (size_t{1} << 30));
     const std::string path = calibration_path_or_default(flags->path);
+    check_calibration_host_memory(options, read_host_memory_limit());
+    check_output_file(path, "--calibration", kSmallOutputBytes, MissingFolder::kMade);
+    if (!options.disk_dir.empty())
+      check_output_folder(options.disk_dir, "--offload-dir", options.disk_bytes);
     const TimedCuts timed = timed_cuts(options);
     const std::string cuts =
         std::to_string(timed.blocks) +

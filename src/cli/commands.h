@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/algorithm_choice.h"
+#include "cli/flags.h"
 #include "core/run_choices.h"
 #include "model/model_config.h"
 
@@ -17,6 +18,8 @@ struct Calibration;         // engine/calibration.h
 struct CalibrationOptions;  // engine/calibration.h
 struct MemoryPlan;          // memory/memory_plan.h
 
+// Every command below on `app`, with layup's help format and version flag (cli/layup_app.cpp).
+void add_layup_commands(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
@@ -76,12 +79,18 @@ void add_layup_head_flag(CLI::App& command, LayupHead& layup_head);
 void add_optimizer_placement_flags(CLI::App& command, OptimizerPlacement& placement,
                                    std::string& offload_dir);
 
-// --seed for `train`, `bench`, `study` and `sample`: a whole number from 0 to 2^64 - 1, refused
-// otherwise (CLI11 alone would wrap "-1" to 2^64 - 1 without a word).
+// --seed for `train`, `bench`, `study` and `sample`: a whole number from 0 to 2^64 - 1.
 void add_seed_flag(CLI::App& command, uint64_t& seed, const std::string& description);
 
-// Applies --threads (0: leave OpenMP's default of one thread per core) after checking it against
-// the cores this process may use (`train`, `bench`, `study`).
+// --threads (OpenMP's threads; 0 when not given: one per core) for `train`, `bench`, `study`,
+// checked against the cores this process may use; apply_threads_flag sets it once parsed.
+void add_threads_flag(CLI::App& command, int& threads);
+// --batch and --seq-len (B and T), for every command that sizes a run.
+void add_batch_flags(CLI::App& command, int& batch, int& seq_len);
+// The levels of --recompute: 0 .. kMaxRecompute.
+WholeRange recompute_range();
+// 1 .. the cores this process may use: --threads and --cpu-workers.
+WholeRange cores_range();
 void apply_threads_flag(int threads);
 
 // The schedule flags `train` and `bench` share: --mode and --cpu-workers.
@@ -114,7 +123,7 @@ CLI::Option* add_choice_option(CLI::App& command, const std::string& flag, Enum&
       "");
   return command.add_option(flag, value, description)
       ->transform(by_name)
-      ->type_name(listed.empty() ? "" : "{" + listed + "}")
+      ->type_name(listed)
       ->default_str(name_in(names, value));
 }
 

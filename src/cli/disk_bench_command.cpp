@@ -1,17 +1,22 @@
 // `layup bench-disk`: how fast the disk tier's store (tier/disk_state_store.h) writes and reads
 // span-sized records in --offload-dir, with direct and with buffered I/O, per I/O thread count.
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "core/error.h"
+#include "memory/host_memory_need.h"
 #include "memory/memory_accountant.h"
 #include "tier/disk_space.h"
 #include "tier/disk_state_store.h"
 #include "tier/disk_throughput.h"
+#include "tier/output_file.h"
 
 namespace layup {
 
@@ -26,14 +31,24 @@ struct DiskBenchFlags {
 };
 
 void run_disk_bench(const DiskBenchFlags& flags) {
-  LAYUP_CHECK(flags.gib > 0, "--gib must be positive, not ", flags.gib);
-  LAYUP_CHECK(flags.record_mib >= 1, "--record-mib must be at least 1, not ", flags.record_mib);
-  LAYUP_CHECK(flags.chunk_mib * (1 << 20) >= kDiskAlignment, "--chunk-mib must be at least ",
-              kDiskAlignment / 1024.0 / 1024.0);
-  LAYUP_CHECK(!flags.threads.empty(), "--threads needs at least one count");
-  for (int threads : flags.threads)
-    LAYUP_CHECK(threads >= 1 && threads <= 64, "--threads takes counts from 1 to 64, not ",
-                threads);
+  // The buffers (two write and two read slots of a record, the store's bounce buffer of a request)
+  // and the scratch file, checked before either is made; in doubles, so no size wraps.
+  const double mib = 1 << 20, buffers = 4 * flags.record_mib * mib + flags.chunk_mib * mib;
+  const HostMemoryLimit machine = read_host_memory_limit();
+  const bool chunk_larger = flags.chunk_mib > 4 * flags.record_mib;
+  const double room_mib = static_cast<double>(machine.usable_bytes()) / mib;
+  check_host_memory_need(
+      buffers >= 0x1p64 ? SIZE_MAX : static_cast<size_t>(buffers), machine,
+      "bench-disk (4 buffers of --record-mib " + format_flag_value(flags.record_mib) +
+          " and 1 of --chunk-mib " + format_flag_value(flags.chunk_mib) + ")",
+      chunk_larger
+          ? "give --chunk-mib at most " +
+                format_flag_value(std::floor(std::max(0.0, room_mib - 4 * flags.record_mib)))
+          : "give --record-mib at most " +
+                format_flag_value(std::floor(std::max(0.0, room_mib - flags.chunk_mib) / 4)));
+  const double scratch = flags.gib * (size_t{1} << 30);
+  check_output_folder(flags.dir, "--offload-dir",
+                      scratch >= 0x1p64 ? SIZE_MAX : static_cast<size_t>(scratch));
   // Records of one span's params, m and v (3 x 4 bytes per parameter) as the disk tier keeps them.
   const size_t record_count_floats = static_cast<size_t>(flags.record_mib * (1 << 20)) / 12;
   const size_t total_bytes = static_cast<size_t>(flags.gib * (size_t{1} << 30));
@@ -83,15 +98,25 @@ void add_disk_bench_command(CLI::App& app) {
       "bench-disk",
       "Time the disk tier's store: write then read --gib of span-sized records in --offload-dir "
       "with direct and with buffered I/O, per I/O thread count: GB/s.");
-  cmd->add_option("--offload-dir", flags->dir, "Directory to put the scratch file in")->required();
-  cmd->add_option("--gib", flags->gib, "GiB to write and read per measurement")
+  add_path_flag(*cmd, "--offload-dir", flags->dir, "directory",
+                "Directory to put the scratch file in")
+      ->required();
+  add_real_flag(*cmd, "--gib", flags->gib, positive_real(), "GiB to write and read per measurement")
       ->capture_default_str();
   cmd->add_option("--threads", flags->threads, "I/O thread counts to measure, e.g. 1,4,8")
+      ->check(whole_validator<int>(from_to(1, 64)))
+      ->type_name("counts 1 .. 64, comma-separated")
       ->delimiter(',')
+      ->default_str("1,2,4,8");
+  add_real_flag(*cmd, "--record-mib", flags->record_mib,
+                real_between(1, false, INFINITY, false, "finite number ≥ 1"),
+                "MiB of one record (one span's state)")
       ->capture_default_str();
-  cmd->add_option("--record-mib", flags->record_mib, "MiB of one record (one span's state)")
+  add_real_flag(*cmd, "--chunk-mib", flags->chunk_mib,
+                real_between(kDiskAlignment / 1048576.0, false, INFINITY, false,
+                             "finite number ≥ 0.00390625 (4 KiB)"),
+                "MiB of one request")
       ->capture_default_str();
-  cmd->add_option("--chunk-mib", flags->chunk_mib, "MiB of one request")->capture_default_str();
   cmd->callback([flags]() { run_disk_bench(*flags); });
 }
 

@@ -1,13 +1,14 @@
 // layup: train GPT-2 and Llama-family models. `layup --help` lists the commands.
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <new>
 #include <system_error>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "comm/communicator.h"
 #include "core/error.h"
-#include "train/run_info.h"
 
 namespace {
 
@@ -21,30 +22,22 @@ int report(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Past a file size limit (ulimit -f) a write then fails with EFBIG and the writer's own message
+  // names the file, instead of the process dying by SIGXFSZ with a half-written file left.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{
       "layup trains GPT-2 and Llama-family language models, with a layer-wise split between GPU "
       "and CPU.\n"
       "Run `layup train` with no arguments to train a small GPT-2 on the shipped corpus."};
-  app.set_version_flag("--version", "layup " + layup::layup_version() + " (commit " +
-                                        layup::git_commit() + ", " +
-                                        (layup::built_with_mpi() ? "with" : "without") + " MPI)");
-  app.require_subcommand(1);
-  // A flag given twice takes its last value, so a command line can override a shared prefix.
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  layup::add_train_command(app);
-  layup::add_sample_command(app);
-  layup::add_tokenize_command(app);
-  layup::add_bench_command(app);
-  layup::add_adamw_bench_command(app);
-  layup::add_disk_bench_command(app);
-  layup::add_memory_command(app);
-  layup::add_study_command(app);
-  layup::add_calibrate_command(app);
+  layup::add_layup_commands(app);
   // Every failure ends here as one message and exit status 1 (--help and --version exit 0).
   try {
+    const std::string unknown = layup::unknown_subcommand(app, argc, argv);
+    if (!unknown.empty()) return report(unknown);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error) == 0 ? 0 : 1;
+    if (error.get_exit_code() == 0) return app.exit(error);  // --help, --version
+    return report(layup::describe_parse_error(app, error));
   } catch (const layup::Error& error) {
     return report(error.what());
   } catch (const std::filesystem::filesystem_error& error) {

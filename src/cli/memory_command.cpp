@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_backend_buffers.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "core/error.h"
 #include "engine/run_composer.h"
 #include "memory/memory_plan.h"
@@ -70,28 +71,28 @@ void add_memory_command(CLI::App& app) {
       "class and memory kind), computed without allocating anything; --mode adds that mode's "
       "plan allocation by allocation, and budgets say which modes fit.");
   add_model_flags(*cmd, flags->model_flags, "gpt2");
-  cmd->add_option("--batch", flags->batch, "Sequences per micro-batch (B)")->capture_default_str();
-  cmd->add_option("--seq-len", flags->seq_len, "Tokens per sequence (T)")->capture_default_str();
-  cmd->add_option("--grad-accum", flags->grad_accum,
-                  "Micro-batches per update (gpu mode then keeps a second whole-model gradient)")
+  add_batch_flags(*cmd, flags->batch, flags->seq_len);
+  add_whole_flag(*cmd, "--grad-accum", flags->grad_accum, at_least(1),
+                 "Micro-batches per update (gpu mode then keeps a second whole-model gradient)")
       ->capture_default_str();
   add_device_flags(*cmd, flags->device, flags->dtype);
-  cmd->add_option("--recompute", flags->recompute,
-                  "CUDA backend: 0, 1 (recompute GELU outputs), 2 (also layer norm outputs) or 3 "
-                  "(keep only each block's input)")
-      ->check(CLI::Range(0, kMaxRecompute))
+  add_whole_flag(*cmd, "--recompute", flags->recompute, recompute_range(),
+                 "CUDA backend: 0, 1 (recompute GELU outputs), 2 (also layer norm outputs) or 3 "
+                 "(keep only each block's input)")
       ->capture_default_str();
   add_clip_flags(*cmd, flags->clip_text, flags->layup_clip);
   add_layup_head_flag(*cmd, flags->layup_head);
   add_optimizer_placement_flags(*cmd, flags->optimizer_placement, flags->offload_dir);
   add_choice_option(*cmd, "--mode", flags->mode, kModeNames,
                     "Also print this mode's plan allocation by allocation (cuda plans without a "
-                    "GPU too, with a discrete GPU's attributes)");
+                    "GPU too, with a discrete GPU's attributes); without it the predicted step "
+                    "time's parts are layup's")
+      ->default_str("none");
   add_memory_flags(*cmd, flags->memory_budget, flags->device_budget, flags->host_budget,
                    flags->allow_overcommit, flags->place, flags->plan_path);
-  cmd->add_option("--calibration", flags->calibration_path,
-                  "The rates `layup calibrate` cached, for the predicted step time (default: "
-                  "its default file)");
+  add_path_flag(*cmd, "--calibration", flags->calibration_path, "file",
+                "The rates `layup calibrate` cached, for the predicted step time")
+      ->default_str("layup calibrate's default");
 
   cmd->callback([flags, cmd]() {
     flags->mode_given = cmd->count("--mode") > 0;

@@ -123,15 +123,28 @@ TEST(ModelFlags, RefusalsNameTheFlag) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--model", "gpt2", "--layers", "2"}, "give either --model or --layers/--heads/--dim"},
       {{"--layers", "2", "--heads", "2"}, "an explicit model needs all of --layers, --heads and "},
-      {{"--layers", "0", "--heads", "2", "--dim", "32"}, "--layers must be at least 1 (got 0)"},
-      {{"--layers", "2", "--heads", "-1", "--dim", "32"}, "--heads must be at least 1 (got -1)"},
-      {{"--context", "0"}, "--context must be at least 1 (got 0)"},
       {{"--context", "64"}, "--seq-len 128 is above the model's context of 64 positions"},
       {{"--model", "nonsense"}, "unknown model config 'nonsense'"},
   };
   for (const auto& [arguments, message] : cases) {
     const ParsedModelFlags parsed(arguments);
     EXPECT_TRUE(contains(error_message([&] { parsed.flags.resolve(128); }), message));
+  }
+  // A size out of range is refused as it is parsed, naming the flag and the value as typed.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--layers", "0", "--heads", "2", "--dim", "32"},
+       "--layers: must be an integer ≥ 1 (got '0')"},
+      {{"--layers", "2", "--heads", "-1", "--dim", "32"},
+       "--heads: must be an integer ≥ 1 (got '-1')"},
+      {{"--context", "0"}, "--context: must be an integer ≥ --seq-len (got '0')"},
+  };
+  for (const auto& [arguments, message] : refused) {
+    try {
+      const ParsedModelFlags parsed(arguments);
+      ADD_FAILURE() << message << ": accepted";
+    } catch (const CLI::ValidationError& error) {
+      EXPECT_EQ(std::string(error.what()), message);
+    }
   }
 }
 

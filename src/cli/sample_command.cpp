@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/checkpoint.h"
@@ -30,36 +31,28 @@ struct SampleFlags {
 void add_sample_command(CLI::App& app) {
   auto flags = std::make_shared<SampleFlags>();
   CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
-  cmd->add_option("--checkpoint", flags->checkpoint,
-                  "A checkpoint folder (model.safetensors + config.json, e.g. from Hugging Face "
-                  "save_pretrained) or a run folder (its latest checkpoint)")
+  add_path_flag(*cmd, "--checkpoint", flags->checkpoint, "checkpoint or run folder",
+                "A checkpoint folder (model.safetensors + config.json, e.g. from Hugging Face "
+                "save_pretrained) or a run folder (its latest checkpoint)")
       ->required();
-  cmd->add_option("--prompt", flags->prompt, "Text to continue")->capture_default_str();
-  cmd->add_option("--tokens", flags->sampling.new_tokens, "Tokens to generate")
+  add_text_flag(*cmd, "--prompt", flags->prompt, "text", "Text to continue")
+      ->default_str("a newline");
+  add_whole_flag(*cmd, "--tokens", flags->sampling.new_tokens, at_least(1), "Tokens to generate")
       ->capture_default_str();
-  cmd->add_option("--temperature", flags->sampling.temperature, "Sampling temperature")
+  add_real_flag(*cmd, "--temperature", flags->sampling.temperature, positive_real(),
+                "Sampling temperature")
       ->capture_default_str();
-  cmd->add_option("--top-k", flags->sampling.top_k, "Sample among the k likeliest tokens (0: all)")
+  add_whole_flag(*cmd, "--top-k", flags->sampling.top_k, at_least(0),
+                 "Sample among the k likeliest tokens (0: all)")
       ->capture_default_str();
   add_seed_flag(*cmd, flags->seed, "Sampling seed");
-  cmd->add_option("--tokenizer", flags->tokenizer,
-                  "A tokenizer.json, or a folder with one or with GPT-2's gpt2.tiktoken or "
-                  "encoder.json + vocab.bpe (default: the checkpoint's tokenizer.json if it has "
-                  "one, else the shipped GPT-2 one)");
+  add_path_flag(*cmd, "--tokenizer", flags->tokenizer, "folder or tokenizer.json",
+                "A tokenizer.json, or a folder with one or with GPT-2's gpt2.tiktoken or "
+                "encoder.json + vocab.bpe")
+      ->default_str("the checkpoint's tokenizer.json, else shipped");
   cmd->callback([flags]() {
     const uint64_t seed = flags->seed;
     const SamplingOptions& sampling = flags->sampling;
-    LAYUP_CHECK(sampling.new_tokens >= 1,
-                "--tokens must be at least 1 (the number of tokens to generate), got ",
-                sampling.new_tokens);
-    LAYUP_CHECK(std::isfinite(sampling.temperature) && sampling.temperature > 0.0f,
-                "--temperature must be a positive finite number (1 samples the model's "
-                "distribution as it is, lower values make the text more predictable), got ",
-                sampling.temperature);
-    LAYUP_CHECK(sampling.top_k >= 0,
-                "--top-k must be 0 (sample from the whole vocabulary) or a positive number of "
-                "likeliest tokens, got ",
-                sampling.top_k);
     const std::string checkpoint = find_latest_checkpoint(flags->checkpoint);
     namespace fs = std::filesystem;
     std::string tokenizer_dir = flags->tokenizer;

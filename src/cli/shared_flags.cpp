@@ -2,7 +2,6 @@
 // `train`, `bench`, `memory` and `study` describe them alike.
 #include <omp.h>
 
-#include <charconv>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -11,8 +10,10 @@
 
 #include "backend/cuda/cuda_backend_buffers.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "core/error.h"
 #include "io/hf_config.h"
+#include "memory/memory_plan.h"
 #include "optim/host_adamw.h"
 #include "train/train_options.h"
 
@@ -49,17 +50,20 @@ void add_model_flags(CLI::App& command, ModelFlags& flags, const std::string& de
   flags.command = &command;
   std::string names;
   for (const std::string& name : named_config_names()) names += (names.empty() ? "" : ", ") + name;
-  command
-      .add_option("--model", flags.model,
-                  "Named config (" + names +
-                      "), or a Hugging Face model folder or its config.json (the shape only: "
-                      "random weights)")
+  add_path_flag(command, "--model", flags.model, "name, model folder or config.json",
+                "Named config (" + names +
+                    "), or a Hugging Face model folder or its config.json (the shape only: "
+                    "random weights)")
       ->capture_default_str();
-  command.add_option("--layers", flags.layers, "Explicit model: number of blocks");
-  command.add_option("--heads", flags.heads, "Explicit model: attention heads");
-  command.add_option("--dim", flags.dim, "Explicit model: width");
-  command.add_option("--context", flags.context,
-                     "Model context (positions); default from the config");
+  add_whole_flag(command, "--layers", flags.layers, at_least(1), "Explicit model: number of blocks")
+      ->default_str("from --model");
+  add_whole_flag(command, "--heads", flags.heads, at_least(1), "Explicit model: attention heads")
+      ->default_str("from --model");
+  add_whole_flag(command, "--dim", flags.dim, at_least(1), "Explicit model: width")
+      ->default_str("from --model");
+  add_whole_flag(command, "--context", flags.context, shown_as(at_least(1), "integer ≥ --seq-len"),
+                 "Model context (positions)")
+      ->default_str("from the config");
 }
 
 bool ModelFlags::any_given() const {
@@ -83,34 +87,34 @@ ModelConfig ModelFlags::resolve(int seq_len) const {
   if (sizes_given) {
     LAYUP_CHECK(command->count("--layers") && command->count("--heads") && command->count("--dim"),
                 "an explicit model needs all of --layers, --heads and --dim");
-    for (const auto& [flag, value] :
-         {std::pair{"--layers", layers}, {"--heads", heads}, {"--dim", dim}})
-      LAYUP_CHECK(value >= 1, flag, " must be at least 1 (got ", value, ")");
     config.n_layer = layers;
     config.n_head = heads;
     config.n_embd = dim;
   }
-  if (command->count("--context")) {
-    LAYUP_CHECK(context >= 1, "--context must be at least 1 (got ", context, ")");
-    config.n_positions = context;
-  }
+  if (command->count("--context")) config.n_positions = context;
   check_seq_len_fits(seq_len, config);
   return config;
 }
 
 void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
                       std::string& host_budget, bool& allow_overcommit) {
-  command.add_option("--memory-budget", memory_budget,
-                     "Refuse, before allocating, a run whose memory plan needs more than this, "
-                     "device and host side together, as on a unified-memory board: 16G, 512M, "
-                     "1.5GiB (K, M, G, T: powers of 1024; KB, MB, GB, TB: of 1000)");
-  command.add_option("--device-budget", device_budget,
-                     "The same for the device side alone (what the device computes on)");
-  command.add_option("--host-budget", host_budget,
-                     "The same for the host side alone (the schedule's host-side state). Every "
-                     "plan is also checked against what this machine's host memory can give "
-                     "(MemAvailable and the cgroup's limit, less a reserve): a budget can lower "
-                     "that limit, not raise it");
+  add_parsed_flag(
+      command, "--memory-budget", memory_budget, "size",
+      [](const std::string& text) { parse_memory_size(text, "--memory-budget"); },
+      "Refuse, before allocating, a run whose memory plan needs more than this, "
+      "device and host side together, as on a unified-memory board: 16G, 512M, "
+      "1.5GiB (K, M, G, T: powers of 1024; KB, MB, GB, TB: of 1000)");
+  add_parsed_flag(
+      command, "--device-budget", device_budget, "size",
+      [](const std::string& text) { parse_memory_size(text, "--device-budget"); },
+      "The same for the device side alone (what the device computes on)");
+  add_parsed_flag(
+      command, "--host-budget", host_budget, "size",
+      [](const std::string& text) { parse_memory_size(text, "--host-budget"); },
+      "The same for the host side alone (the schedule's host-side state). Every "
+      "plan is also checked against what this machine's host memory can give "
+      "(MemAvailable and the cgroup's limit, less a reserve): a budget can lower "
+      "that limit, not raise it");
   command.add_flag("--allow-overcommit", allow_overcommit,
                    "Skip the check against this machine's host memory (and let --host-budget "
                    "exceed it), e.g. where swap will take the rest: the kernel may then end the "
@@ -121,25 +125,28 @@ void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string
                       std::string& host_budget, bool& allow_overcommit,
                       std::vector<std::string>& place, std::string& plan_path) {
   add_budget_flags(command, memory_budget, device_budget, host_budget, allow_overcommit);
-  command
-      .add_option("--place", place,
-                  "CLASS=KIND placement overrides, repeatable or comma-separated (classes: "
-                  "weights, master, grads, moments, activations, scratch; kinds: device, pinned, "
-                  "managed, pageable, host). Checked against the device (a kind it cannot use is "
-                  "refused, saying why) and applied: the schedules' buffers and the CUDA "
-                  "backend's activations and scratch go where it says")
+  add_parsed_flag(
+      command, "--place", place, "CLASS=KIND, ...",
+      [](const std::string& text) { parse_place_flag(text); },
+      "CLASS=KIND placement overrides, repeatable or comma-separated (classes: "
+      "weights, master, grads, moments, activations, scratch; kinds: device, pinned, "
+      "managed, pageable, host). Checked against the device (a kind it cannot use is "
+      "refused, saying why) and applied: the schedules' buffers and the CUDA "
+      "backend's activations and scratch go where it says")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->delimiter(',');
-  command.add_option("--plan", plan_path,
-                     "A placement plan file (`layup study` writes the one it recommends): its "
-                     "CLASS=KIND placements are applied first, then any --place");
+      ->delimiter(',')
+      ->default_str("the device's default");
+  add_path_flag(command, "--plan", plan_path, "file",
+                "A placement plan file (`layup study` writes the one it recommends): its "
+                "CLASS=KIND placements are applied first, then any --place");
 }
 
 void add_clip_flags(CLI::App& command, std::string& clip, LayupClip& layup_clip) {
-  command
-      .add_option("--clip", clip,
-                  "Global gradient-norm clip threshold, or 'none' (layup with none and one "
-                  "micro-batch keeps no whole-model gradient on the host)")
+  add_parsed_flag(
+      command, "--clip", clip, "number > 0, or none",
+      [](const std::string& text) { parse_clip_flag(text); },
+      "Global gradient-norm clip threshold, or 'none' (layup with none and one "
+      "micro-batch keeps no whole-model gradient on the host)")
       ->capture_default_str();
   add_choice_option(command, "--layup-clip", layup_clip, kLayupClipNames,
                     "How layup keeps clipping exact: speculative (update each block during "
@@ -171,30 +178,49 @@ void add_optimizer_placement_flags(CLI::App& command, OptimizerPlacement& placem
           "(updated by the CPU); host (device:0), or auto: on a discrete GPU as many blocks on "
           "the device as its memory (or --device-budget) admits, then, with --offload-dir, as "
           "few on disk as the host's memory needs")
+      ->type_name("auto, host, device:K, disk:D, device:K,disk:D")
       ->default_str("auto");
-  command.add_option("--offload-dir", offload_dir,
-                     "layup: a directory on a local disk for the optimizer state of blocks placed "
-                     "on disk (one file, unlinked at once, removed when the run ends); its free "
-                     "space less a reserve is the disk's budget");
+  add_path_flag(command, "--offload-dir", offload_dir, "directory",
+                "layup: a directory on a local disk for the optimizer state of blocks placed "
+                "on disk (one file, unlinked at once, removed when the run ends); its free "
+                "space less a reserve is the disk's budget");
+}
+
+WholeRange recompute_range() {
+  std::string levels;
+  for (int level = 0; level <= kMaxRecompute; ++level)
+    levels += (level ? ", " : "") + std::to_string(level);
+  return shown_as(from_to(0, kMaxRecompute), levels);
+}
+
+void add_batch_flags(CLI::App& command, int& batch, int& seq_len) {
+  add_whole_flag(command, "--batch", batch, at_least(1), "Sequences per micro-batch (B)")
+      ->capture_default_str();
+  add_whole_flag(command, "--seq-len", seq_len, at_least(1), "Tokens per sequence (T)")
+      ->capture_default_str();
 }
 
 void add_seed_flag(CLI::App& command, uint64_t& seed, const std::string& description) {
-  const CLI::Validator whole_number(
-      [](std::string& text) -> std::string {
-        uint64_t value = 0;
-        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-        if (error == std::errc() && end == text.data() + text.size() && !text.empty()) return "";
-        return "must be a whole number from 0 to " +
-               std::to_string(std::numeric_limits<uint64_t>::max()) + ", got '" + text + "'";
-      },
-      "0..2^64-1");
-  command.add_option("--seed", seed, description)->check(whole_number)->capture_default_str();
+  add_whole_flag(command, "--seed", seed,
+                 shown_as(from_to(0, std::numeric_limits<uint64_t>::max()), "0 .. 2^64-1"),
+                 description)
+      ->capture_default_str();
+}
+
+WholeRange cores_range() {
+  WholeRange range = from_to(1, static_cast<uint64_t>(allowed_core_count()));
+  range.shown = "1 .. cores";
+  range.note = "this process may run on " + std::to_string(allowed_core_count()) + " cores";
+  return range;
+}
+
+void add_threads_flag(CLI::App& command, int& threads) {
+  add_whole_flag(command, "--threads", threads, cores_range(), "CPU threads")
+      ->default_str("every core");
 }
 
 void apply_threads_flag(int threads) {
-  if (threads == 0) return;
-  check_thread_count("--threads", threads);
-  omp_set_num_threads(threads);
+  if (threads != 0) omp_set_num_threads(threads);  // 0: not given, OpenMP's one per core
 }
 
 void add_schedule_flags(CLI::App& command, Mode& mode, int& cpu_workers) {
@@ -204,11 +230,9 @@ void add_schedule_flags(CLI::App& command, Mode& mode, int& cpu_workers) {
                     "slots, each block's update overlapping the backward of the blocks below it; "
                     "clipping stays exact, see --layup-clip). All three train identically; `train` "
                     "may resume a run in another mode");
-  command
-      .add_option("--cpu-workers", cpu_workers,
-                  "offload and layup: pinned CPU AdamW workers (default: every core this process "
-                  "may use; gpu mode ignores it)")
-      ->capture_default_str();
+  add_whole_flag(command, "--cpu-workers", cpu_workers, cores_range(),
+                 "offload and layup: pinned CPU AdamW workers (gpu mode ignores it)")
+      ->default_str("every core");
 }
 
 void add_device_flags(CLI::App& command, DeviceKind& device, Dtype& dtype) {
@@ -222,13 +246,11 @@ void add_device_flags(CLI::App& command, DeviceKind& device, Dtype& dtype) {
 
 void add_cuda_backend_flags(CLI::App& command, int& recompute, AlgorithmChoice& algorithms,
                             AttentionChoice& attention) {
-  command
-      .add_option("--recompute", recompute,
-                  "CUDA backend: recompute in the backward instead of keeping from the forward: 0 "
-                  "keep every activation, 1 GELU outputs, 2 also the layer norm outputs (less "
-                  "activation memory, a little more compute), 3 keep only each block's input "
-                  "and re-run the block's forward (least memory; about a third more matmul work)")
-      ->check(CLI::Range(0, kMaxRecompute))
+  add_whole_flag(command, "--recompute", recompute, recompute_range(),
+                 "CUDA backend: recompute in the backward instead of keeping from the forward: 0 "
+                 "keep every activation, 1 GELU outputs, 2 also the layer norm outputs (less "
+                 "activation memory, a little more compute), 3 keep only each block's input "
+                 "and re-run the block's forward (least memory; about a third more matmul work)")
       ->capture_default_str();
   add_choice_option(command, "--algorithms", algorithms, kAlgorithmChoiceNames,
                     "CUDA backend: how the algorithm of each cuBLASLt matmul and cuDNN attention "

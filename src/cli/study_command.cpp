@@ -8,10 +8,12 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "core/error.h"
 #include "engine/backend_factory.h"
 #include "io/atomic_file.h"
 #include "study/placement_study.h"
+#include "tier/output_file.h"
 #include "train/progress_line.h"
 #include "train/run_info.h"
 #include "train/train_options.h"
@@ -66,24 +68,27 @@ void add_study_command(CLI::App& app) {
       "placement; writes study.json, study.md, charts (SVG) and the recommended plan "
       "(best_plan.json, for `layup train --plan`).");
   add_model_flags(*cmd, flags->model, o.model_name);
-  cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
-  cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();
-  cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
+  add_batch_flags(*cmd, o.batch, o.seq_len);
+  add_whole_flag(*cmd, "--grad-accum", o.grad_accum, at_least(1), "Micro-batches per step")
+      ->capture_default_str();
   add_device_flags(*cmd, o.device, o.dtype);
   add_choice_option(*cmd, "--mode", o.mode, kModeNames, "The mode whose placements are studied");
-  cmd->add_option("--warmup", o.warmup_steps, "Untimed steps per run")->capture_default_str();
-  cmd->add_option("--steps", o.steps, "Timed steps per run")->capture_default_str();
-  cmd->add_option("--run-seconds", flags->options.run_time_limit_s,
-                  "A run stops warming up or timing once its steps have taken this long (at "
-                  "least one step is timed), so a slow placement costs seconds")
+  add_whole_flag(*cmd, "--warmup", o.warmup_steps, at_least(0), "Untimed steps per run")
       ->capture_default_str();
-  cmd->add_option("--noise", flags->options.noise_fraction,
-                  "A class's faster kind joins the combined plan only when it beats the default "
-                  "by more than this fraction")
+  add_whole_flag(*cmd, "--steps", o.steps, at_least(1), "Timed steps per run")
       ->capture_default_str();
-  cmd->add_option("--cpu-workers", o.cpu_workers,
-                  "offload and layup: pinned CPU AdamW workers (default: every core)")
+  add_real_flag(*cmd, "--run-seconds", flags->options.run_time_limit_s, positive_real(),
+                "A run stops warming up or timing once its steps have taken this long (at "
+                "least one step is timed), so a slow placement costs seconds")
       ->capture_default_str();
+  add_real_flag(*cmd, "--noise", flags->options.noise_fraction,
+                real_between(0, false, 1, true, "[0, 1)"),
+                "A class's faster kind joins the combined plan only when it beats the default "
+                "by more than this fraction")
+      ->capture_default_str();
+  add_whole_flag(*cmd, "--cpu-workers", o.cpu_workers, cores_range(),
+                 "offload and layup: pinned CPU AdamW workers")
+      ->default_str("every core");
   add_seed_flag(*cmd, o.seed, "Seed of the initialization and the synthetic tokens");
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
   add_layup_head_flag(*cmd, o.layup_head);
@@ -91,9 +96,9 @@ void add_study_command(CLI::App& app) {
   cmd->add_flag("--no-energy", flags->no_energy,
                 "Do not read energy (by default each run reads the GPU's via NVML and the CPU "
                 "packages' via RAPL, where readable)");
-  cmd->add_option("--out", flags->out_dir, "Directory for the files (created)")
+  add_path_flag(*cmd, "--out", flags->out_dir, "folder", "Directory for the files (created)")
       ->capture_default_str();
-  cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
+  add_threads_flag(*cmd, flags->threads);
   add_budget_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.allow_overcommit);
 
   cmd->callback([flags]() {
@@ -122,6 +127,8 @@ void add_study_command(CLI::App& app) {
         if (armed) std::filesystem::remove(dir, ignored);  // only an empty folder goes
       }
     } remove_if_unused{flags->out_dir, made};
+    // study.json, study.md, the charts and best_plan.json: a few small files.
+    check_output_folder(flags->out_dir, "--out", 16 * kSmallOutputBytes);
 
     std::fprintf(stderr,
                  "layup study: %s, batch %dx%d on %s (%s), %s mode's placements, %d warm-up + %d "

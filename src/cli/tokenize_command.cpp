@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "tokenizer/tokenizer.h"
 #include "train/corpus_shards.h"
 
@@ -16,6 +17,7 @@ struct TokenizeFlags {
   std::string out;
   std::string tokenizer;
   double val_fraction = 0.05;
+  bool overwrite = false;
 };
 
 }  // namespace
@@ -26,25 +28,30 @@ void add_tokenize_command(CLI::App& app) {
       "tokenize",
       "Turn UTF-8 text files into token shards (llm.c's layouts: 256 int32 header, then uint16 "
       "token ids, or uint32 for a vocabulary over 65,536)");
-  cmd->add_option("files", flags->files,
-                  "Text files, each one document, or JSON Lines files (.jsonl), a document per "
-                  "line in its \"text\" field. A file that looks binary (a NUL byte, or more than "
-                  "10% of its bytes outside valid UTF-8) is tokenized with a warning")
+  add_path_flag(*cmd, "files", flags->files, "file ...",
+                "Text files, each one document, or JSON Lines files (.jsonl), a document per "
+                "line in its \"text\" field. A file that looks binary (a NUL byte, or more than "
+                "10% of its bytes outside valid UTF-8) is tokenized with a warning")
       ->required();
-  cmd->add_option("--out", flags->out,
-                  "Folder for train_*.bin and val_*.bin (made if missing; nothing is written "
-                  "there if tokenizing fails)")
+  add_path_flag(*cmd, "--out", flags->out, "folder",
+                "Folder for train_*.bin and val_*.bin (made if missing; nothing is written "
+                "there if tokenizing fails)")
       ->required();
-  cmd->add_option("--val-fraction", flags->val_fraction,
-                  "Share of each document (its end, rounded down) kept for validation, in (0, 1)")
+  add_real_flag(*cmd, "--val-fraction", flags->val_fraction,
+                real_between(0, true, 1, true, "(0, 1)"),
+                "Share of each document (its end, rounded down) kept for validation, in (0, 1)")
       ->capture_default_str();
-  cmd->add_option(
-      "--tokenizer", flags->tokenizer,
-      "Folder with GPT-2's gpt2.tiktoken or encoder.json + vocab.bpe, or with a Hugging "
-      "Face tokenizer.json (byte-level BPE: Llama 3, Qwen2, SmolLM...), or that "
-      "tokenizer.json itself (default: the shipped GPT-2 tokenizer). Special-token "
-      "text in the files is encoded as ordinary text; each file starts with the "
-      "tokenizer's document separator (<|endoftext|>, or Llama 3's <|begin_of_text|>)");
+  cmd->add_flag("--overwrite", flags->overwrite,
+                "Replace the *.bin files already in --out (without it they are refused: layup "
+                "would read them together with the new shards); they are removed only once "
+                "every new shard is written");
+  add_path_flag(*cmd, "--tokenizer", flags->tokenizer, "folder or tokenizer.json",
+                "Folder with GPT-2's gpt2.tiktoken or encoder.json + vocab.bpe, or with a Hugging "
+                "Face tokenizer.json (byte-level BPE: Llama 3, Qwen2, SmolLM...), or that "
+                "tokenizer.json itself. Special-token "
+                "text in the files is encoded as ordinary text; each file starts with the "
+                "tokenizer's document separator (<|endoftext|>, or Llama 3's <|begin_of_text|>)")
+      ->default_str("shipped");
   cmd->callback([flags]() {
     const std::string tokenizer_dir =
         flags->tokenizer.empty()
@@ -52,10 +59,14 @@ void add_tokenize_command(CLI::App& app) {
             : flags->tokenizer;
     const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(tokenizer_dir);
     const ShardSummary summary =
-        write_corpus_shards(*tokenizer, flags->files, flags->out, flags->val_fraction);
+        write_corpus_shards(*tokenizer, flags->files, flags->out, flags->val_fraction,
+                            flags->overwrite ? ExistingShards::kReplace : ExistingShards::kRefuse);
     std::printf("%zu training tokens, %zu validation tokens\n", summary.train_tokens,
                 summary.val_tokens);
     for (const std::string& file : summary.files) std::printf("  %s\n", file.c_str());
+    if (!summary.removed.empty())
+      std::printf("replaced the %zu older *.bin files of %s\n", summary.removed.size(),
+                  flags->out.c_str());
   });
 }
 

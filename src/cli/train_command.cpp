@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "core/error.h"
 #include "io/hf_checkpoint.h"
 #include "memory/plan_file.h"
@@ -34,92 +35,103 @@ void add_train_command(CLI::App& app) {
       "Train a GPT-2 model. With no arguments: a small GPT-2 on the shipped public-domain "
       "corpus, with progress, evaluation, checkpoints, a JSON-lines log and a sample at the end.");
   add_model_flags(*cmd, flags->model, "small");
-  cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence (T)")->capture_default_str();
-  cmd->add_option("--batch", o.batch, "Sequences per micro-batch (B)")->capture_default_str();
-  cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches accumulated per update")
+  add_batch_flags(*cmd, o.batch, o.seq_len);
+  add_whole_flag(*cmd, "--grad-accum", o.grad_accum, at_least(1),
+                 "Micro-batches accumulated per update")
       ->capture_default_str();
-  cmd->add_option("--steps", o.steps, "Optimizer updates (sets the LR schedule's length)")
+  add_whole_flag(*cmd, "--steps", o.steps, at_least(1),
+                 "Optimizer updates (sets the LR schedule's length)")
       ->capture_default_str();
-  cmd->add_option("--until-step", o.until_step,
-                  "Stop after this update and checkpoint (resume later with --resume)");
-  cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
-  cmd->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")
+  add_whole_flag(*cmd, "--until-step", o.until_step, shown_as(at_least(1), "1 .. --steps"),
+                 "Stop after this update and checkpoint (resume later with --resume)")
+      ->default_str("none");
+  add_real_flag(*cmd, "--lr", o.lr, positive_real(), "Peak learning rate")->capture_default_str();
+  add_real_flag(*cmd, "--min-lr", o.min_lr, real_between(0, false, INFINITY, false, "0 .. --lr"),
+                "Learning rate at the end of the cosine decay")
       ->capture_default_str();
-  cmd->add_option("--warmup", o.warmup_steps,
-                  "Linear warmup updates (the default is cut to --steps on a shorter run)")
+  add_whole_flag(*cmd, "--warmup", o.warmup_steps, shown_as(at_least(0), "0 .. --steps"),
+                 "Linear warmup updates (the default is cut to --steps on a shorter run)")
       ->capture_default_str();
-  cmd->add_option("--weight-decay", o.weight_decay,
-                  "AdamW decoupled weight decay, applied to the matrices (attention, MLP, token "
-                  "embedding = LM head) and NOT to biases, layer-norm gains or position embeddings")
+  add_real_flag(*cmd, "--weight-decay", o.weight_decay, non_negative_real(),
+                "AdamW decoupled weight decay, applied to the matrices (attention, MLP, token "
+                "embedding = LM head) and NOT to biases, layer-norm gains or position embeddings")
       ->capture_default_str();
-  cmd->add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
-  cmd->add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
-  cmd->add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
+  const RealRange below_one = real_between(0, false, 1, true, "[0, 1)");
+  add_real_flag(*cmd, "--beta1", o.beta1, below_one, "AdamW beta1")->capture_default_str();
+  add_real_flag(*cmd, "--beta2", o.beta2, below_one, "AdamW beta2")->capture_default_str();
+  add_real_flag(*cmd, "--eps", o.eps, positive_real(), "AdamW epsilon")->capture_default_str();
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
   add_layup_head_flag(*cmd, o.layup_head);
   add_optimizer_placement_flags(*cmd, o.optimizer_placement, o.offload_dir);
-  cmd->add_option("--eval-every", o.eval_every, "Validation every N updates (0: never)")
+  add_whole_flag(*cmd, "--eval-every", o.eval_every, at_least(0),
+                 "Validation every N updates (0: never)")
       ->capture_default_str();
-  cmd->add_option("--eval-batches", o.eval_batches, "Validation batches per evaluation")
+  add_whole_flag(*cmd, "--eval-batches", o.eval_batches, at_least(1),
+                 "Validation batches per evaluation")
       ->capture_default_str();
-  cmd->add_option("--checkpoint-every", o.checkpoint_every,
-                  "Checkpoint every N updates (and always at the end; 0: only at the end)")
+  add_whole_flag(*cmd, "--checkpoint-every", o.checkpoint_every, at_least(0),
+                 "Checkpoint every N updates (and always at the end; 0: only at the end)")
       ->capture_default_str();
   cmd->add_flag("--no-checkpoints{false}", o.checkpoints,
                 "Write no checkpoint, not even at the end or on a stop signal (a timing run)");
-  cmd->add_option("--keep-checkpoints", o.keep_checkpoints, "Checkpoints kept in the run folder")
+  add_whole_flag(*cmd, "--keep-checkpoints", o.keep_checkpoints, at_least(1),
+                 "Checkpoints kept in the run folder")
       ->capture_default_str();
   add_choice_option(*cmd, "--checkpoint-contents", o.checkpoint_contents, kCheckpointContentsNames,
                     "What checkpoints hold: full (the weights and the optimizer state: resumable) "
                     "or weights (Hugging Face weights only, a third of the disk: for transformers "
                     "and `layup sample`, not resumable)");
-  cmd->add_option("--checkpoint-shard-mb", o.checkpoint_shard_mb,
-                  "Split checkpoint files larger than this many MB (10^6 bytes) into shards, as "
-                  "Hugging Face's save_pretrained does")
+  add_whole_flag(*cmd, "--checkpoint-shard-mb", o.checkpoint_shard_mb, at_least(1),
+                 "Split checkpoint files larger than this many MB (10^6 bytes) into shards, as "
+                 "Hugging Face's save_pretrained does")
       ->capture_default_str();
-  cmd->add_option("--log-every", o.log_every,
-                  "Progress line every N updates when stderr is not a terminal")
+  add_whole_flag(*cmd, "--log-every", o.log_every, at_least(1),
+                 "Progress line every N updates when stderr is not a terminal")
       ->capture_default_str();
-  cmd->add_option("--data", o.data_dir,
-                  "Folder of train_*.bin / val_*.bin token shards (default: the shipped corpus, "
-                  "tokenized once into ~/.cache/layup)");
-  cmd->add_option("--tokenizer", o.tokenizer_dir,
-                  "A tokenizer.json, or a folder with one or with GPT-2's gpt2.tiktoken or "
-                  "encoder.json + vocab.bpe (default: --init-from's folder if it has a "
-                  "tokenizer.json, else the shipped GPT-2 one)");
-  cmd->add_option("--init-from", o.init_from,
-                  "Start from a Hugging Face model folder (GPT-2, Llama, Qwen2, Mistral: "
-                  "config.json and safetensors weights): its shape and weights, fresh AdamW "
-                  "moments");
-  cmd->add_option("--out", o.out_dir,
-                  "Run folder for checkpoints and log.jsonl (default: "
-                  "runs/train-DATE-TIME, or the resumed run's folder)");
-  cmd->add_option("--resume", o.resume,
-                  "Continue from a checkpoint or a run folder's latest, with the run's own "
-                  "settings; a flag given too is applied if it leaves the trajectory alone "
-                  "(--eval-every, --threads, --mode...), refused if it would change it, except "
-                  "--steps, which extends (or shortens) the learning-rate schedule");
+  add_path_flag(*cmd, "--data", o.data_dir, "folder",
+                "Folder of train_*.bin / val_*.bin token shards (the shipped corpus is "
+                "tokenized once into ~/.cache/layup)")
+      ->default_str("the shipped corpus");
+  add_path_flag(*cmd, "--tokenizer", o.tokenizer_dir, "folder or tokenizer.json",
+                "A tokenizer.json, or a folder with one or with GPT-2's gpt2.tiktoken or "
+                "encoder.json + vocab.bpe")
+      ->default_str("--init-from's tokenizer.json, else shipped");
+  add_path_flag(*cmd, "--init-from", o.init_from, "model folder",
+                "Start from a Hugging Face model folder (GPT-2, Llama, Qwen2, Mistral: "
+                "config.json and safetensors weights): its shape and weights, fresh AdamW "
+                "moments");
+  add_path_flag(*cmd, "--out", o.out_dir, "folder", "Run folder for checkpoints and log.jsonl")
+      ->default_str("runs/train-DATE-TIME (on --resume: the run's folder)");
+  add_path_flag(*cmd, "--resume", o.resume, "checkpoint or run folder",
+                "Continue from a checkpoint or a run folder's latest, with the run's own "
+                "settings; a flag given too is applied if it leaves the trajectory alone "
+                "(--eval-every, --threads, --mode...), refused if it would change it, except "
+                "--steps, which extends (or shortens) the learning-rate schedule");
   cmd->add_flag("--overwrite", o.overwrite,
                 "Let a new run replace the checkpoints and log.jsonl of another run in its --out "
                 "folder (without it such a folder is refused)");
-  cmd->add_option("--sample-tokens", o.sample_tokens, "Tokens sampled at the end (0: none)")
+  add_whole_flag(*cmd, "--sample-tokens", o.sample_tokens, at_least(0),
+                 "Tokens sampled at the end (0: none)")
       ->capture_default_str();
-  cmd->add_option("--prompt", o.sample_prompt, "Prompt of the final sample");
-  cmd->add_option("--temperature", o.temperature, "Sampling temperature")->capture_default_str();
-  cmd->add_option("--top-k", o.top_k, "Sample among the k likeliest tokens (0: all)")
+  add_text_flag(*cmd, "--prompt", o.sample_prompt, "text", "Prompt of the final sample")
+      ->default_str("a newline");
+  add_real_flag(*cmd, "--temperature", o.temperature, positive_real(), "Sampling temperature")
+      ->capture_default_str();
+  add_whole_flag(*cmd, "--top-k", o.top_k, at_least(0),
+                 "Sample among the k likeliest tokens (0: all)")
       ->capture_default_str();
   add_seed_flag(*cmd, o.seed, "Seed of initialization and batch order");
   add_device_flags(*cmd, o.device, o.dtype);
   add_schedule_flags(*cmd, o.mode, o.cpu_workers);
   add_cuda_backend_flags(*cmd, o.recompute, o.algorithms, o.attention);
-  cmd->add_option("--trace", o.trace_path,
-                  "Write a Chrome/Perfetto trace of every step here (JSON; open in "
-                  "ui.perfetto.dev): device work and each CPU worker on tracks of their own");
+  add_path_flag(*cmd, "--trace", o.trace_path, "file",
+                "Write a Chrome/Perfetto trace of every step here (JSON; open in "
+                "ui.perfetto.dev): device work and each CPU worker on tracks of their own");
   cmd->add_flag("--energy", o.energy,
                 "Read energy over the steps: the GPU's (NVML) and the CPU packages' (RAPL "
                 "powercap), per step in log.jsonl and in total at the end; a source that cannot "
                 "be read is reported with the reason");
-  cmd->add_option("--threads", flags->threads, "CPU threads (default: all cores)");
+  add_threads_flag(*cmd, flags->threads);
   add_memory_flags(*cmd, o.memory_budget, o.device_budget, o.host_budget, o.allow_overcommit,
                    o.place, flags->plan_path);
 

@@ -57,10 +57,13 @@ PlannedRun plan_run(const RunRequest& request) {
 }
 
 MemoryBudgets run_budgets(const RunRequest& request, const DeviceMemoryAttributes& attributes) {
+  // --allow-overcommit drops the host's limit, so it is not read: a machine whose /proc/meminfo
+  // cannot be trusted (host_memory.h refuses it) can still run with the flag.
   return with_disk_limit(
       with_machine_limit(
           parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget),
-          read_host_memory_limit(), request.allow_overcommit, attributes),
+          request.allow_overcommit ? HostMemoryLimit{} : read_host_memory_limit(),
+          request.allow_overcommit, attributes),
       request.plan.offload_dir);
 }
 

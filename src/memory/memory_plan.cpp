@@ -152,21 +152,22 @@ Placement default_placement(Mode mode, const DeviceMemoryAttributes& attributes)
   return placement;
 }
 
+std::pair<TensorClass, MemoryKind> parse_place_flag(const std::string& flag) {
+  const size_t equals = flag.find('=');
+  LAYUP_CHECK(equals != std::string::npos && equals > 0 && equals + 1 < flag.size(),
+              "--place takes CLASS=KIND, e.g. --place grads=pinned (got '", flag, "')");
+  try {
+    return {parse_tensor_class(flag.substr(0, equals)), parse_memory_kind(flag.substr(equals + 1))};
+  } catch (const Error& error) {
+    fail("--place ", flag, ": ", error.what());
+  }
+}
+
 Placement resolve_placement(Mode mode, const DeviceMemoryAttributes& attributes,
                             const std::vector<std::string>& place_flags) {
   Placement placement = default_placement(mode, attributes);
   for (const std::string& flag : place_flags) {
-    const size_t equals = flag.find('=');
-    LAYUP_CHECK(equals != std::string::npos && equals > 0 && equals + 1 < flag.size(),
-                "--place takes CLASS=KIND, e.g. --place grads=pinned (got '", flag, "')");
-    TensorClass tensor_class;
-    MemoryKind kind;
-    try {
-      tensor_class = parse_tensor_class(flag.substr(0, equals));
-      kind = parse_memory_kind(flag.substr(equals + 1));
-    } catch (const Error& error) {
-      fail("--place ", flag, ": ", error.what());
-    }
+    const auto [tensor_class, kind] = parse_place_flag(flag);
     const std::string why = why_not(mode, attributes, tensor_class, kind);
     LAYUP_CHECK(why.empty(), "--place ", flag, " is refused on ", name_of(attributes.device),
                 attributes.device == DeviceKind::kCuda ? " (" + attributes.name + ")" : "", ": ",

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memory/device_attributes.h"
@@ -49,6 +50,9 @@ MemorySide primary_side(Mode mode, TensorClass tensor_class);
 // master weights (pinned); on the CPU backend everything is host memory.
 Placement default_placement(Mode mode, const DeviceMemoryAttributes& attributes);
 
+// One --place value, CLASS=KIND, by name alone (whether the device takes it is resolve_placement's
+// question). Throws layup::Error saying what it takes.
+std::pair<TensorClass, MemoryKind> parse_place_flag(const std::string& flag);
 // The default placement with --place CLASS=KIND overrides applied in order. Throws layup::Error
 // for a malformed flag, or a kind the device cannot use for that class, saying why.
 Placement resolve_placement(Mode mode, const DeviceMemoryAttributes& attributes,

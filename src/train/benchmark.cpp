@@ -26,6 +26,7 @@
 #include "model/shape_limits.h"
 #include "schedule/schedule.h"
 #include "schedule/schedule_plan.h"
+#include "tier/output_file.h"
 #include "trace/trace_recorder.h"
 #include "train/memory_usage.h"
 #include "train/rank_settings.h"
@@ -142,7 +143,11 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   LAYUP_CHECK(options.steps > 0 && options.warmup_steps >= 0,
               "--steps must be positive and --warmup not negative");
   check_thread_count("--cpu-workers", options.cpu_workers);
-  if (!options.trace_path.empty()) check_trace_path(options.trace_path);
+  if (!options.trace_path.empty()) {
+    check_trace_path(options.trace_path);
+    check_output_file(options.trace_path, "--trace",
+                      trace_file_bytes_estimate(kMaxTracedSteps, config.n_layer));
+  }
   // Several ranks (mpirun, docs/parallel.md): --grad-accum is the global batch, each rank times
   // its share of it, and rank 0 alone reports (log is null on the others).
   const std::unique_ptr<Communicator> world = make_world_communicator();

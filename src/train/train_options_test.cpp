@@ -1,5 +1,5 @@
 // The default warmup of a run shorter than it (cut to --steps unless --warmup was given), and that
-// a resumed run keeps the warmup it saved.
+// a resumed run keeps the warmup it saved and names a changed setting as its flag writes it.
 #include "train/train_options.h"
 
 #include <gtest/gtest.h>
@@ -54,6 +54,17 @@ TEST(TrainOptions, ResumeKeepsTheSavedWarmup) {
   EXPECT_EQ(resumed.warmup_steps, 2);
   EXPECT_EQ(resumed.steps, 6);
   EXPECT_NO_THROW(validate_train_options(resumed));
+}
+
+TEST(TrainOptions, ResumeRefusalSaysTheFloatsAsTheyWereWritten) {
+  TrainOptions original = short_run(2, {});
+  original.lr = 0.001f;
+  const nlohmann::json saved = run_settings(original);
+  TrainOptions resumed = short_run(2, {"--resume", "--lr"});
+  resumed.lr = 0.5f;
+  std::vector<std::string> notes;
+  EXPECT_TRUE(contains(error_message([&] { resume_settings(resumed, saved, "run/step-1", notes); }),
+                       "with --lr 0.5: the run was trained with 0.001,"));
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "sample/generate.h"
 #include "schedule/schedule.h"
 #include "tier/disk_space.h"
+#include "tier/output_file.h"
 #include "tokenizer/tokenizer.h"
 #include "trace/trace_recorder.h"
 #include "train/corpus_shards.h"
@@ -58,26 +59,46 @@ std::string format_rate(double tokens_per_s) {
 }
 
 // One JSON object per line, flushed as written, so a crashed run still leaves its log. A line
-// that cannot be written (a full disk) stops the run: a log with holes would mislead.
+// that cannot be written (a full disk, the file size limit) stops the run: a log with holes would
+// mislead.
 class JsonLinesLog {
  public:
   explicit JsonLinesLog(const std::string& path) : path_(path), out_(path, std::ios::app) {
     LAYUP_CHECK(out_, "cannot open the log file '", path,
                 "' for appending: ", std::strerror(errno));
+    std::error_code not_regular;  // /dev/null on the other ranks
+    whole_bytes_ = fs::file_size(path, not_regular);
+    regular_ = !not_regular;
   }
   // Invalid UTF-8 (a sample cut between the bytes of one character: GPT-2's tokens are bytes) is
   // written as U+FFFD instead of throwing at the end of the run.
   void write(const nlohmann::json& record) {
+    const std::string line =
+        record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     errno = 0;
-    out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
-    LAYUP_CHECK(out_, "cannot write to the log file '", path_,
-                "': ", errno ? std::strerror(errno) : "the write failed",
-                " (is the disk full?); the run stops here rather than leave a log with holes");
+    out_ << line << std::flush;
+    if (out_) {
+      whole_bytes_ += line.size();
+      return;
+    }
+    const int error = errno;
+    // Part of the line may have reached the file: cut back to the last whole line, so a reader
+    // (or a resumed run appending) never meets half a record.
+    out_.close();
+    std::error_code ignored;
+    if (regular_) fs::resize_file(path_, whole_bytes_, ignored);
+    fail("cannot write to the log file '", path_,
+         "': ", error ? std::strerror(error) : "the write failed",
+         error == EFBIG ? " (past this process's file size limit: ulimit -f)"
+                        : " (is the disk full?)",
+         "; the run stops here rather than leave a log with holes");
   }
 
  private:
   std::string path_;
   std::ofstream out_;
+  uintmax_t whole_bytes_ = 0;  // the file's length up to its last whole line
+  bool regular_ = false;
 };
 
 // A run folder belongs to one run: what another run left there (checkpoints, its log).
@@ -135,6 +156,9 @@ float mean_validation_loss(Schedule& schedule, const ValidationBatches& val) {
 }  // namespace
 
 TrainResult train(TrainOptions options) {
+  // Installed first: a SIGINT or SIGTERM during the setup (loading a large model takes minutes)
+  // is then seen below, before the run folder is made, instead of ending the process midway.
+  const StopSignals stop_signals;
   // Saved in checkpoints: a resume from another working folder finds them.
   if (!options.data_dir.empty()) options.data_dir = fs::absolute(options.data_dir).string();
   if (!options.init_from.empty()) {
@@ -159,6 +183,7 @@ TrainResult train(TrainOptions options) {
                 "' holds the weights only (no training_state.safetensors or "
                 "optimizer.safetensors.index.json), so it cannot be resumed; it can still be "
                 "used with `layup sample`");
+    check_resumable_shape(resumed);
     options.model = resumed.config;
     options =
         resume_settings(std::move(options), resumed.progress.options, resumed_from, resume_notes);
@@ -210,8 +235,16 @@ TrainResult train(TrainOptions options) {
   LAYUP_CHECK(out != nullptr, "cannot open /dev/null for rank ", rank, "'s output");
   if (options.out_dir.empty()) options.out_dir = timestamped_run_dir();
   // Rank 0 alone makes the run folder, so it alone checks it: another rank could find it made.
-  if (leader) check_run_folder(options, continues_this_folder);
-  if (!options.trace_path.empty()) check_trace_path(options.trace_path);
+  if (leader) {
+    check_run_folder(options, continues_this_folder);
+    // Its log at least: a folder on /proc or a read-only disk is refused here, not at the log.
+    check_output_folder(options.out_dir, "--out", kSmallOutputBytes, MissingFolder::kMade);
+  }
+  if (!options.trace_path.empty()) {
+    check_trace_path(options.trace_path);
+    check_output_file(options.trace_path, "--trace",
+                      trace_file_bytes_estimate(options.steps, options.model.n_layer));
+  }
 
   // The run resolved and its memory plan checked against the budgets and this machine before
   // anything is allocated or any data read: a run that cannot fit stops here, saying what would.
@@ -220,12 +253,18 @@ TrainResult train(TrainOptions options) {
                                         : options.tokenizer_dir;
   const std::unique_ptr<Tokenizer> tokenizer_owner = load_tokenizer(tokenizer_dir);
   const Tokenizer& tokenizer = *tokenizer_owner;
-  LAYUP_CHECK(tokenizer.vocab_size() <= options.model.vocab_size, "the tokenizer in ",
-              tokenizer_dir, " has ", tokenizer.vocab_size(), " tokens but the model's vocabulary ",
-              options.model.vocab_size,
-              "; give --tokenizer the model's own tokenizer (or a model with a larger vocab_size)");
-  const std::string data_dir =
-      options.data_dir.empty() ? default_shard_dir(tokenizer) : options.data_dir;
+  const auto check_tokenizer_fits_model = [&] {
+    LAYUP_CHECK(tokenizer.vocab_size() <= options.model.vocab_size, "the tokenizer in ",
+                tokenizer_dir, " has ", tokenizer.vocab_size(),
+                " tokens but the model's vocabulary ", options.model.vocab_size,
+                "; give --tokenizer the model's own tokenizer (or a model with a larger "
+                "vocab_size)");
+  };
+  // With --data the shards' own ids are checked first (when they are read), naming the shard.
+  if (options.data_dir.empty()) check_tokenizer_fits_model();
+  const std::string data_dir = options.data_dir.empty()
+                                   ? default_shard_dir(tokenizer, tokenizer_dir, out)
+                                   : options.data_dir;
   const DataFolderShards shards = find_data_folder_shards(data_dir);
   check_ranks_agree(*world, {{"the data shards", describe_shards(shards)}});
   const int start_step = resumed_from.empty() ? 0 : static_cast<int>(resumed.progress.step);
@@ -244,7 +283,11 @@ TrainResult train(TrainOptions options) {
                              count_checkpoints(options.out_dir)),
         space);
   };
-  if (options.checkpoints) check_checkpoints_fit(read_disk_space(run_disk));
+  if (options.checkpoints) {
+    check_checkpoints_fit(read_disk_space(run_disk));
+    check_checkpoint_file_size_limit(ParameterLayout(options.model), options.checkpoint_contents,
+                                     shard_bytes, file_size_limit_bytes());
+  }
   RunRequest request = run_request_of(options);
   request.plan.data_bytes = token_shard_bytes(shards);
   request.plan.streams_checkpoints = options.checkpoints || !resumed_from.empty();
@@ -265,6 +308,7 @@ TrainResult train(TrainOptions options) {
   const ModelConfig& config = options.model;
   const TokenDataset train_data(shards.train, config.vocab_size);
   const TokenDataset val_data(shards.val, config.vocab_size);
+  if (!options.data_dir.empty()) check_tokenizer_fits_model();
   BatchSampler sampler(train_data, options.batch, options.seq_len, options.seed);
   const ValidationBatches val(val_data, options.batch, options.seq_len, options.eval_batches);
 
@@ -306,6 +350,9 @@ TrainResult train(TrainOptions options) {
   const long long tokens_per_step =
       static_cast<long long>(options.batch) * options.seq_len * options.grad_accum;
 
+  if (const int signal = StopSignals::requested())
+    fail("stopped by ", StopSignals::name(signal), " before training began: nothing was written",
+         resumed_from.empty() ? std::string() : "; " + resumed_from + " is as it was");
   // The run folder is made only once everything it depends on has loaded, so a command that
   // fails on bad input leaves nothing behind.
   if (leader && options.overwrite && !continues_this_folder)
@@ -420,7 +467,6 @@ TrainResult train(TrainOptions options) {
       energy_before.push_back(reading);
     }
   }
-  const StopSignals stop_signals;
   result.steps_done = start_step;
   for (int step = start_step; step < last_step; ++step) {
     for (int i = 0; i < options.grad_accum; ++i) {

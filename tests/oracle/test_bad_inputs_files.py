@@ -145,7 +145,7 @@ def test_tokenize_refuses_input_without_text(tmp_path, text, name, contents, phr
 @pytest.mark.parametrize("fraction", ["0", "1", "-0.1", "1.5", "nan"])
 def test_tokenize_refuses_val_fraction_outside_zero_one(tmp_path, text, fraction):
     refused(tokenize(tmp_path / "out", text, flags=["--val-fraction", fraction]),
-            "--val-fraction must lie in (0, 1)")
+            "--val-fraction must be (0, 1)")
     assert not (tmp_path / "out").exists()
 
 
@@ -197,15 +197,15 @@ def test_data_must_be_a_folder_with_both_splits(tmp_path, shards):
 # `layup sample` flags.
 
 @pytest.mark.parametrize("flags, phrase", [
-    (["--tokens", "0"], "--tokens must be at least 1"),
-    (["--tokens", "-3"], "--tokens must be at least 1"),
-    (["--temperature", "0"], "--temperature must be a positive finite number"),
-    (["--temperature", "-1"], "--temperature must be a positive finite number"),
-    (["--temperature", "inf"], "--temperature must be a positive finite number"),
-    (["--temperature", "nan"], "--temperature must be a positive finite number"),
-    (["--top-k", "-1"], "--top-k must be 0"),
-    (["--seed", "-1"], "--seed: must be a whole number from 0 to 18446744073709551615"),
-    (["--seed", "18446744073709551616"], "--seed: must be a whole number"),
+    (["--tokens", "0"], "--tokens must be an integer ≥ 1 (got '0')"),
+    (["--tokens", "-3"], "--tokens must be an integer ≥ 1 (got '-3')"),
+    (["--temperature", "0"], "--temperature must be a finite number > 0 (got '0')"),
+    (["--temperature", "-1"], "--temperature must be a finite number > 0 (got '-1')"),
+    (["--temperature", "inf"], "--temperature must be a finite number > 0 (got 'inf')"),
+    (["--temperature", "nan"], "--temperature must be a finite number > 0 (got 'nan')"),
+    (["--top-k", "-1"], "--top-k must be an integer ≥ 0 (got '-1')"),
+    (["--seed", "-1"], "--seed must be 0 .. 2^64-1 (got '-1')"),
+    (["--seed", "18446744073709551616"], "--seed must be 0 .. 2^64-1 (got '18446744073709551616'"),
     (["--tokens", "many"], "--tokens"),
 ])
 def test_sample_flags_out_of_range(trained, flags, phrase):

@@ -156,3 +156,53 @@ def test_relative_links_resolve(path):
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
             broken.append(f"{target} (no heading with that anchor)")
     assert not broken, f"{path.relative_to(REPO)}: broken links: {broken}"
+
+
+# "  --lr <finite number > 0> [default: 0.003]  Peak learning rate": a range may hold '>', so it
+# ends at the '>' that its default, REQUIRED, a list's "...", the description (a capital letter),
+# two spaces or the line's end follows.
+HELP_ROW = re.compile(r"^  (?:-\w,)?(--[a-z0-9-]+)"
+                      r"(?: <(.+?)>(?= \[default: | REQUIRED| \(or | \.\.\.|\s*$| {2,}|\s+[A-Z]))?"
+                      r"(?: \.\.\.)?(?: \[default: (.*?)\](?=$| ))?")
+
+
+def help_rows(command):
+    """--flag -> (the values it takes, its default) as `layup COMMAND --help` prints them."""
+    rows = {}
+    for line in layup_help(command).splitlines():
+        match = HELP_ROW.match(line)
+        if match and match.group(1) != "--help":
+            rows[match.group(1)] = (match.group(2) or "", match.group(3) or "")
+    return rows
+
+
+def doc_rows(command):
+    """--flag -> (value cell, default cell) of docs/cli.md's table for the command, backticks
+    dropped; a row naming several flags gives each the same cells."""
+    rows = {}
+    for line in command_section(command).splitlines():
+        cells = [cell.strip().replace("`", "") for cell in line.split("|")]
+        if line.startswith("|") and len(cells) > 4:
+            for flag in FLAG.findall(cells[1]):
+                rows[flag] = (cells[2], cells[3])
+    return rows
+
+
+@pytest.mark.parametrize("command", COMMANDS[1:])
+def test_help_and_docs_agree_on_every_range_and_default(command):
+    """Each flag's values are one text in the code (--help prints it between < >) and in the docs'
+    value column; the docs' default starts with the default --help prints, or is 'none'/'off'
+    where --help prints none (a flag without a value is 'off')."""
+    documented = doc_rows(command)
+    wrong = []
+    for flag, (values, default) in help_rows(command).items():
+        if flag not in documented:
+            continue  # test_every_flag_of_the_help_is_documented says so
+        doc_values, doc_default = documented[flag]
+        if doc_values != values:
+            wrong.append(f"{flag}: --help takes <{values}>, the docs '{doc_values}'")
+        if default and not doc_default.startswith(default):
+            wrong.append(f"{flag}: --help's default is '{default}', the docs' '{doc_default}'")
+        if not default and doc_default not in ("none", "off", "required"):
+            wrong.append(f"{flag}: --help prints no default, the docs say '{doc_default}'")
+    assert not wrong, f"`layup {command} --help` and docs/cli.md disagree:\n" + "\n".join(wrong)
