@@ -3,11 +3,11 @@
 // largest batch the memory holds, and a too-wide model names --dim before any plan is made.
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 
 #include "core/error.h"
 #include "engine/memory_planner.h"
+#include "io/test_files.h"
 #include "memory/memory_plan.h"
 #include "model/shape_limits.h"
 
@@ -30,14 +30,7 @@ MemoryBudgets tiny_budget(const std::string& device_budget = "64M") {
   return parse_memory_budgets("", device_budget, "");
 }
 
-std::string error_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "";
-}
+using test_files::error_message;
 
 // The batch after "--batch " in `message` that comes before `suffix`.
 int batch_in(const std::string& message, const std::string& suffix) {
@@ -75,7 +68,7 @@ TEST(PlanningLimits, ABatchOfAMillionIsRefusedWithTheBatchThatFits) {
   const MemoryBudgets budgets = tiny_budget();
   const MemoryPlan plan = plan_memory(tiny_cpu_request(1000000, 16));
   int plans = 0;
-  const std::string message = error_of([&] {
+  const std::string message = error_message([&] {
     check_budget(plan, budgets, [&plans](const MemoryPlanRequest& request) {
       ++plans;
       return plan_memory(request);
@@ -93,24 +86,26 @@ TEST(PlanningLimits, ABatchPastTheShapeLimitsNamesBatchAndWhatFits) {
   // `bench --batch 2000000000`: past the backends' 32-bit token count at any sequence length.
   const MemoryBudgets budgets = tiny_budget("512M");
   const MemoryPlanRequest request = tiny_cpu_request(2000000000, 64);
-  const std::string message = error_of([&] { check_run_shape(request, budgets); });
+  const std::string message = error_message([&] { check_run_shape(request, budgets); });
   EXPECT_NE(message.find("--batch 2000000000 is too large"), std::string::npos) << message;
   const int batch = batch_in(message, " or less, the largest that the memory limits hold");
   ASSERT_GT(batch, 1) << message;
   EXPECT_TRUE(fits(plan_memory(tiny_cpu_request(batch, 64)), budgets));
   EXPECT_FALSE(fits(plan_memory(tiny_cpu_request(batch + 1, 64)), budgets));
   // Without a budget that binds, the limit itself is the advice.
-  const std::string unbounded = error_of([&] { check_run_shape(request, MemoryBudgets{}); });
+  const std::string unbounded = error_message([&] { check_run_shape(request, MemoryBudgets{}); });
   EXPECT_NE(unbounded.find("use --batch 33554431 or less"), std::string::npos) << unbounded;
   // plan_memory refuses it too, before sizing anything.
-  EXPECT_NE(error_of([&] { plan_memory(request); }).find("--batch 2000000000"), std::string::npos);
+  EXPECT_NE(error_message([&] { plan_memory(request); }).find("--batch 2000000000"),
+            std::string::npos);
 }
 
 TEST(PlanningLimits, AWideModelIsRefusedNamingDimBeforeAnyPlan) {
   MemoryPlanRequest request = tiny_cpu_request(32, 64);
   request.config = gpt2_config(2, 2, 2000000000, 1024);
-  for (const std::string& message : {error_of([&] { check_run_shape(request, tiny_budget()); }),
-                                     error_of([&] { plan_memory(request); })}) {
+  for (const std::string& message :
+       {error_message([&] { check_run_shape(request, tiny_budget()); }),
+        error_message([&] { plan_memory(request); })}) {
     EXPECT_NE(message.find("--dim 2000000000 is too large"), std::string::npos) << message;
     EXPECT_EQ(message.find("--batch"), std::string::npos) << message;
   }

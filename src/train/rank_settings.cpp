@@ -7,7 +7,6 @@
 // meters, and only rank 0 reports them).
 #include "train/rank_settings.h"
 
-#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -22,27 +21,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A float as short as reads back to the same float ("0.001", not 0.0010000000474974513).
-std::string float_text(float value) {
-  char text[32];
-  const auto [end, error] = std::to_chars(text, text + sizeof text, value);
-  return error == std::errc() ? std::string(text, end) : std::to_string(value);
-}
-
-// A saved setting's value as its flag takes it: strings unquoted, floats stored from a float
-// shown as that float.
-std::string value_text(const nlohmann::json& value) {
-  if (value.is_string()) return value.get<std::string>();
-  if (value.is_number_float()) {
-    const double number = value.get<double>();
-    const float single = static_cast<float>(number);
-    if (static_cast<double>(single) == number) return float_text(single);
-  }
-  return value.dump();
-}
-
 std::string clip_text(float clip) {
-  return clip > 0.0f ? float_text(clip) : "none";
+  return clip > 0.0f ? setting_text(clip) : "none";
 }
 
 std::string build() {
@@ -54,7 +34,7 @@ std::string build() {
 void add_model_config(std::vector<SharedSetting>& settings, const ModelConfig& model) {
   const nlohmann::ordered_json config = hf_config_json(model);
   for (const auto& [key, value] : config.items())
-    settings.push_back({"the model's " + key, value_text(value)});
+    settings.push_back({"the model's " + key, setting_text(value)});
 }
 
 // RunSpec's flags that neither table nor command lists elsewhere.
@@ -116,7 +96,7 @@ std::vector<SharedSetting> train_settings_ranks_share(const TrainOptions& option
   for (const NamedSetting& setting : run_settings_in_order(options))
     settings.push_back({setting.flag.empty() ? "the model's " + setting.key : setting.flag,
                         setting.key == "clip" ? clip_text(setting.value.get<float>())
-                                              : value_text(setting.value)});
+                                              : setting_text(setting.value)});
   add_placement_flags(settings, options);
   add_model_config(settings, options.model);
   // Every rank stops after the same step and takes part in the same checkpoints.

@@ -155,15 +155,6 @@ const std::vector<Setting>& settings() {
 
 #undef LAYUP_SETTING
 
-// A saved setting as its flag would be written: the float settings at the shortest text that
-// reads back as the same float ("0.001", not the double's 0.0010000000474974513).
-std::string as_flag_value(const nlohmann::json& value) {
-  if (!value.is_number_float()) return value.dump();
-  char text[32];
-  const auto end = std::to_chars(text, text + sizeof text, value.get<float>()).ptr;
-  return std::string(text, end);
-}
-
 bool given(const TrainOptions& options, const char* flag) {
   return *flag != '\0' && std::find(options.given_flags.begin(), options.given_flags.end(), flag) !=
                               options.given_flags.end();
@@ -220,12 +211,25 @@ TrainOptions resume_settings(TrainOptions options, const nlohmann::json& saved,
                       wanted.dump() + ", so the steps from here on differ from the original run's");
       continue;
     }
-    fail("cannot resume ", checkpoint, " with ", setting.flag, " ", as_flag_value(wanted),
-         ": the run was trained with ", as_flag_value(value),
+    fail("cannot resume ", checkpoint, " with ", setting.flag, " ", setting_text(wanted),
+         ": the run was trained with ", setting_text(value),
          ", and a different value would change its trajectory. "
          "Drop the flag to continue the run as it was, or start a new run (--out elsewhere)");
   }
   return options;
+}
+
+std::string setting_text(const nlohmann::json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number_float()) {
+    const double number = value.get<double>();
+    const float single = static_cast<float>(number);
+    char text[32];
+    const auto [end, error] = std::to_chars(text, text + sizeof text, single);
+    if (static_cast<double>(single) == number && error == std::errc())
+      return std::string(text, end);
+  }
+  return value.dump();
 }
 
 float parse_clip_flag(const std::string& text) {

@@ -90,6 +90,10 @@ std::vector<NamedSetting> run_settings_in_order(const TrainOptions& options);
 TrainOptions resume_settings(TrainOptions options, const nlohmann::json& saved,
                              const std::string& checkpoint, std::vector<std::string>& notes);
 
+// A saved setting's value as its flag takes it: a string unquoted, a float stored from a float as
+// the shortest text that reads back to it ("0.001", not the double's 0.0010000000474974513).
+std::string setting_text(const nlohmann::json& value);
+
 // The value of a --clip flag: a positive threshold, or "none" (0: no clipping). Throws
 // layup::Error for anything else.
 float parse_clip_flag(const std::string& text);

@@ -93,6 +93,14 @@ def tiny_shards(path, characters=60_000):
     return shards
 
 
+def tiny_trained_run(run_dir, shards):
+    """A run folder of the 2-layer TINY_MODEL trained 2 steps: one resumable checkpoint,
+    step-00000002, that `layup sample` reads too."""
+    run([binary("layup"), "train", *TINY_RUN, "--steps", "2", "--data", shards, "--out", run_dir])
+    assert (run_dir / "step-00000002" / "training_state.safetensors").is_file()
+    return run_dir
+
+
 def read_log(run_dir):
     import json
     return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]

@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from oracle_util import TINY_MODEL, TINY_RUN, TINY_TRAINING, binary, run, tiny_shards
+from oracle_util import (TINY_MODEL, TINY_RUN, TINY_TRAINING, binary, run, tiny_shards,
+                         tiny_trained_run)
 from test_bad_inputs import fails_with, snapshot
 
 LLAMA = {
@@ -26,11 +27,7 @@ def shards(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, shards):
-    """A run folder with one resumable checkpoint, step-00000002, of the 2-layer TINY_MODEL."""
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    run([binary("layup"), "train", *TINY_RUN, "--steps", "2", "--data", shards, "--out", run_dir])
-    assert (run_dir / "step-00000002" / "training_state.safetensors").is_file()
-    return run_dir
+    return tiny_trained_run(tmp_path_factory.mktemp("trained") / "run", shards)
 
 
 def config_file(path, config):
