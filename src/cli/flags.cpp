@@ -169,6 +169,23 @@ std::string LayupHelpFormatter::make_option_opts(const CLI::Option* option) cons
   return out;
 }
 
+std::string LayupHelpFormatter::make_option(const CLI::Option* option, bool is_positional) const {
+  const std::string left =
+      "  " + make_option_name(option, is_positional) + make_option_opts(option);
+  // Padded by the characters a terminal shows, not by bytes as CLI11 pads ("≥" is three bytes).
+  const size_t shown = static_cast<size_t>(std::count_if(left.begin(), left.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  }));
+  const size_t column = get_column_width();
+  std::string description;
+  for (const char c : make_option_desc(option))  // a second line starts under the first
+    description += c == '\n' ? "\n" + std::string(get_column_width(), ' ') : std::string(1, c);
+  if (description.empty()) return left + "\n";
+  return left +
+         (shown < column ? std::string(column - shown, ' ') : "\n" + std::string(column, ' ')) +
+         description + "\n";
+}
+
 std::string nearest_name(const std::string& typed, const std::vector<std::string>& candidates) {
   // Levenshtein distance, one row at a time.
   const auto distance = [](const std::string& a, const std::string& b) {

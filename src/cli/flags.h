@@ -103,6 +103,7 @@ CLI::Option* add_parsed_flag(CLI::App& command, const std::string& flag, Value& 
 class LayupHelpFormatter : public CLI::Formatter {
  public:
   std::string make_option_opts(const CLI::Option* option) const override;
+  std::string make_option(const CLI::Option* option, bool is_positional) const override;
 };
 
 // A failed parse as layup's one line: the flag, the value as written and the range, or the

@@ -28,7 +28,7 @@ void add_tokenize_command(CLI::App& app) {
       "tokenize",
       "Turn UTF-8 text files into token shards (llm.c's layouts: 256 int32 header, then uint16 "
       "token ids, or uint32 for a vocabulary over 65,536)");
-  add_path_flag(*cmd, "files", flags->files, "file ...",
+  add_path_flag(*cmd, "files", flags->files, "file",
                 "Text files, each one document, or JSON Lines files (.jsonl), a document per "
                 "line in its \"text\" field. A file that looks binary (a NUL byte, or more than "
                 "10% of its bytes outside valid UTF-8) is tokenized with a warning")
