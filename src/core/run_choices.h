@@ -22,7 +22,7 @@ enum class DeviceKind { kAuto, kCpu, kCuda };
 // cuda, fp32 on cpu.
 enum class Dtype { kAuto, kFp32, kBf16 };
 // How layup honours clipping (docs/schedules.md): speculate and redo, or defer the updates until
-// the norm is known; auto picks per device (engine/run_config.h).
+// the norm is known; auto picks per device (schedule/schedule_plan.cpp).
 enum class LayupClip { kAuto, kSpeculative, kDeferred };
 // Where layup updates the embeddings and the final norm; auto picks per device.
 enum class LayupHead { kAuto, kDevice, kHost };

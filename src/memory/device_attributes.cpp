@@ -23,7 +23,7 @@ DeviceMemoryAttributes cpu_memory_attributes() {
 DeviceMemoryAttributes assumed_cuda_memory_attributes() {
   DeviceMemoryAttributes attributes;
   attributes.device = DeviceKind::kCuda;
-  // A discrete GPU over PCIe, as our H200 reports itself (shared/DESIGN.md).
+  // A discrete GPU over PCIe, as an H200 reports itself (docs/memory.md).
   attributes.name = "discrete GPU";
   attributes.queried = false;
   attributes.concurrent_managed_access = true;

@@ -1,6 +1,6 @@
 // What a device's memory system allows, as the placement plan needs it: whether the GPU shares
 // DRAM with the CPU (integrated), can touch pageable host memory, and whether the CPU may touch
-// managed memory while kernels run (shared/DESIGN.md, "What the memory kinds mean").
+// managed memory while kernels run (docs/memory.md, "What each memory kind means on each device").
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,7 @@
 // The two axes of a placement plan: what a buffer holds (its tensor class) and what kind of
 // memory it lives in (its memory kind), with the names the CLI and the reports use.
 //
-// Classes follow shared/DESIGN.md: the weights the compute reads, the fp32 master weights AdamW
+// Classes follow docs/design.md: the weights the compute reads, the fp32 master weights AdamW
 // updates, weight gradients, AdamW moments, activations saved for backward, and scratch
 // (activation gradients, op workspaces, staging). Kinds: `device` (cudaMalloc), `pinned`
 // (cudaHostAlloc, mapped: the GPU can read and write it over the interconnect), `managed`

@@ -1,8 +1,8 @@
 // The point of the `layup` schedule, measured: without clipping, the CPU's AdamW on block l runs
 // while the device thread computes the backward of block l-1, and so with speculative clipping
-// (DESIGN.md design (b)) on a step that is not clipped. With deferred clipping (design (a)) no
-// block is updated before the whole backward is done; the updates then run during the next
-// step's forward, whose block l starts only once block l's update has landed. Read off
+// (docs/schedules.md, "Clipping") on a step that is not clipped. With deferred clipping no block
+// is updated before the whole backward is done; the updates then run during the next step's
+// forward, whose block l starts only once block l's update has landed. Read off
 // traces of real steps of a small model on the CPU backend (the device work runs on its own
 // thread there, so the overlap is real, not simulated).
 //
@@ -222,8 +222,8 @@ TEST_F(LayupOverlap, WithSpeculativeClippingBlockUpdatesOverlapTheBackward) {
 }
 
 TEST_F(LayupOverlap, WithClippingEveryUpdateWaitsForTheWholeBackward) {
-  // Deferred clipping (DESIGN.md design (a)): the global norm is known only after the last
-  // backward, so no block may be updated before it. This holds whatever the timing.
+  // Deferred clipping (docs/schedules.md, "Clipping"): the global norm is known only after the
+  // last backward, so no block may be updated before it. This holds whatever the timing.
   const std::unique_ptr<TraceRecorder> trace = traced_step(1e6f);
   const std::map<std::string, NamedSpan> spans = spans_by_name(*trace);
   expect_complete_step(spans);

@@ -1,7 +1,7 @@
 // When the layup schedule updates the blocks it updates on the host (see docs/schedules.md): as
 // each block's gradient is handed on during backward (no clipping), once the step's global norm is
-// known (deferred clipping, DESIGN.md design (a)), or during backward as if the step were not
-// clipped, into the spare state, and again where it was (speculative clipping, design (b)).
+// known (deferred clipping), or during backward as if the step were not clipped, into the spare
+// state, and again where it was (speculative clipping; both in docs/schedules.md, "Clipping").
 // UpdateTiming is chosen once, from ScheduleOptions::speculative_clip; it hands each step the
 // StepTiming its clip threshold calls for.
 #pragma once
