@@ -374,9 +374,9 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
     // The CPU's AdamW and gradient add on the buffers a step runs them on: master weights and
     // gradients in the host memory the device copies (pinned on CUDA), moments pageable. The
     // AdamW is timed twice, with no copies and with copies to and from the device going on the
-    // whole time; in a step copies run beside part of each update, and the step's rate lies
-    // between the two (bench/runs/2026-12-04a: 2.5-2.8 G params/s beside copies, 3.3-3.8 in the
-    // steps). The add runs beside the gradients' copies in a step, so it is timed beside them.
+    // whole time; in a step copies run beside part of each update, so the step's rate lies
+    // between the two (docs/time_model.md). The add runs beside the gradients' copies in a step,
+    // so it is timed beside them.
     HostAdamWOptions adamw_options;
     adamw_options.workers = options.cpu_workers;
     HostAdamW engine(adamw_options);
@@ -435,8 +435,7 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
     DiskThroughputBench bench(
         options.disk_dir, record_floats,
         std::max<size_t>(4, options.disk_bytes / disk_record_layout(record_floats).bytes));
-    // Each rate is the median of `repeats` passes: the H200 machine's disk gave 1.60 and 2.19
-    // GB/s of mixed traffic in two calibrations minutes apart (bench/runs/2026-12-03f).
+    // Each rate is the median of `repeats` passes: a disk's rate moves from one pass to the next.
     std::vector<double> writes, reads, mixed;
     std::string io_mode;
     for (int i = 0; i < options.repeats; ++i) {
@@ -482,8 +481,8 @@ StepTimeRequest step_time_request(const MemoryPlanRequest& plan, const ScheduleO
         request.span_tiers.push_back(SpanTier::kDisk);
         break;
     }
-  request.timing = plan.clip > 0.0f && !schedule.speculative_clip ? UpdateTiming::kDeferred
-                                                                  : UpdateTiming::kDuringBackward;
+  request.timing = plan.clip > 0.0f && !schedule.speculative_clip ? UpdateWindow::kDeferred
+                                                                  : UpdateWindow::kDuringBackward;
   request.host_gradient = schedule.host_gradient;
   request.disk_slots = schedule.disk_slots;
   return request;

@@ -62,8 +62,7 @@ struct CalibrationOptions {
   size_t link_bytes = size_t{256} << 20;  // one copy each way
   size_t cpu_params = size_t{32} << 20;   // parameters of the CPU's AdamW and add
   // The CPU's AdamW and add each repeat until they have run this long: one update of cpu_params
-  // takes ~10 ms on the H200 machine, and three of them were off by up to 1.6x from one
-  // calibration to the next (bench/runs/2026-12-03f).
+  // takes milliseconds, too short to time alone on a busy host.
   double cpu_seconds = 1.0;
   int cpu_workers = 0;                  // HostAdamW workers (0: one per allowed core)
   std::string disk_dir;                 // empty: the disk is not measured

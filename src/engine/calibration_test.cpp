@@ -272,12 +272,12 @@ TEST(Calibration, TheModelsRequestFollowsThePlannedSchedule) {
   ASSERT_EQ(request.span_tiers.size(), 6u);
   EXPECT_EQ(request.span_tiers[1], SpanTier::kDevice);
   EXPECT_EQ(request.span_tiers[2], SpanTier::kHost);
-  EXPECT_EQ(request.timing, UpdateTiming::kDeferred);
+  EXPECT_EQ(request.timing, UpdateWindow::kDeferred);
   schedule.speculative_clip = true;
-  EXPECT_EQ(step_time_request(plan, schedule).timing, UpdateTiming::kDuringBackward);
+  EXPECT_EQ(step_time_request(plan, schedule).timing, UpdateWindow::kDuringBackward);
   plan.clip = 0.0f;
   schedule.speculative_clip = false;
-  EXPECT_EQ(step_time_request(plan, schedule).timing, UpdateTiming::kDuringBackward);
+  EXPECT_EQ(step_time_request(plan, schedule).timing, UpdateWindow::kDuringBackward);
 }
 
 }  // namespace

@@ -19,9 +19,8 @@ namespace layup {
 namespace {
 
 // What the process itself holds on the host, whatever the model: its code and libraries, the
-// tokenizer, the threads' stacks. Allowances on the generous side of what was measured: a tiny
-// CPU run peaks at ~30 MiB resident; small CUDA runs on the H200 peaked 1.6 GiB under plans that
-// hold this allowance (bench/runs/2026-12-01e-h200-host-and-gpu-limits.md).
+// tokenizer, the threads' stacks, the CUDA context's host side. Allowances on the generous side of
+// what runs measure (bench/RESULTS.md): a CPU run's own resident set is a few tens of MiB.
 constexpr size_t kCpuRuntimeBytes = size_t{160} << 20;
 constexpr size_t kCudaRuntimeBytes = size_t{2} << 30;
 

@@ -96,7 +96,7 @@ Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
     // worth), and, when layup updates during backward, the next block's gradient coming down.
     const double n = work.floats[i];
     double beside = seconds(kFloatBytes * n, rates.h2d_bytes_per_s);
-    if (request.mode == Mode::kLayup && request.timing == UpdateTiming::kDuringBackward)
+    if (request.mode == Mode::kLayup && request.timing == UpdateWindow::kDuringBackward)
       beside += seconds(kFloatBytes * n, rates.d2h_bytes_per_s);
     work.cpu_adamw_s.push_back(cpu_adamw_seconds(n, beside, rates));
   }
@@ -153,7 +153,7 @@ double layup_step(const StepTimeRequest& request, const MachineRates& rates, con
   // The update order: during backward, the blocks as their gradients land, then the head; after
   // the norm, the order the next forward reads them.
   std::vector<size_t> order;
-  if (request.timing == UpdateTiming::kDuringBackward) {
+  if (request.timing == UpdateWindow::kDuringBackward) {
     for (int l = L - 1; l >= 0; --l) order.push_back(1 + l);
     order.push_back(0);
     order.push_back(last_span);
@@ -194,7 +194,7 @@ double layup_step(const StepTimeRequest& request, const MachineRates& rates, con
 
   double& gpu = clocks.gpu;
   gpu = std::max(gpu, start);
-  const bool update_in_backward = request.timing == UpdateTiming::kDuringBackward;
+  const bool update_in_backward = request.timing == UpdateWindow::kDuringBackward;
   for (int k = 0; k < request.micro_batches; ++k) {
     const bool last = k + 1 == request.micro_batches;
     // Forward: the first micro-batch waits, span by span, for the last step's updates.

@@ -20,7 +20,7 @@ enum class SpanTier { kDevice, kHost, kDisk };
 // When layup updates the host's spans: as each gradient lands during backward (--clip none, and
 // speculative clipping of a step that is not clipped), or after the norm, overlapped with the
 // next forward (deferred; docs/schedules.md, "Clipping").
-enum class UpdateTiming { kDuringBackward, kDeferred };
+enum class UpdateWindow { kDuringBackward, kDeferred };
 
 // The machine's rates; a rate that was not measured is absent. Bytes and floats per second.
 struct MachineRates {
@@ -51,7 +51,7 @@ struct StepTimeRequest {
   // layup: one tier per span in ParameterLayout::spans() order (embeddings, blocks, final norm);
   // empty: every span on the host. gpu and offload ignore it.
   std::vector<SpanTier> span_tiers;
-  UpdateTiming timing = UpdateTiming::kDuringBackward;
+  UpdateWindow timing = UpdateWindow::kDuringBackward;
   // layup: the host keeps the whole gradient (clipping or accumulation), so later micro-batches
   // are added into it on the host.
   bool host_gradient = true;

@@ -98,7 +98,7 @@ TEST(StepTimeModel, ACpuSlowerThanTheBlocksBackwardIsExposed) {
 TEST(StepTimeModel, DeferredUpdatesHideUnderTheNextForward) {
   StepTimeRequest r = request(Mode::kLayup);
   r.span_tiers = tiers(r, SpanTier::kHost, SpanTier::kDevice);
-  r.timing = UpdateTiming::kDeferred;
+  r.timing = UpdateWindow::kDeferred;
   MachineRates m = rates();
   // The CPU's AdamW of all blocks about as long as the forward: it runs ahead of the forward,
   // block by block, so the step stays close to the GPU's own work.
@@ -221,9 +221,9 @@ TEST(StepTimeModel, TheCpusAdamWRunsAloneButWhileTheCopiesBesideItRun) {
   // Updating during backward, the next block's gradient comes down beside each update as well:
   // more of it runs beside copies than when deferred.
   StepTimeRequest during = request(Mode::kLayup);
-  during.timing = UpdateTiming::kDuringBackward;
+  during.timing = UpdateWindow::kDuringBackward;
   StepTimeRequest deferred = during;
-  deferred.timing = UpdateTiming::kDeferred;
+  deferred.timing = UpdateWindow::kDeferred;
   const double during_s = predict_step_time(during, rates_with_adamw_alone()).cpu_adamw_s;
   const double deferred_s = predict_step_time(deferred, rates_with_adamw_alone()).cpu_adamw_s;
   EXPECT_NEAR(deferred_s, expected, 1e-12);
@@ -233,7 +233,7 @@ TEST(StepTimeModel, TheCpusAdamWRunsAloneButWhileTheCopiesBesideItRun) {
 
 TEST(StepTimeModel, ARateAloneNoFasterThanBesideCopiesChangesNothing) {
   StepTimeRequest r = request(Mode::kLayup);
-  r.timing = UpdateTiming::kDeferred;
+  r.timing = UpdateWindow::kDeferred;
   const double beside = predict_step_time(r, rates()).step_s;
   EXPECT_NEAR(predict_step_time(r, rates_with_adamw_alone(4e9)).step_s, beside, 1e-12);
   // A noisy calibration that timed the AdamW alone slower than beside copies: the copies never

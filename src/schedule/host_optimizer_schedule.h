@@ -150,9 +150,6 @@ class HostOptimizerSchedule : public Schedule {
     return host_gradient_->sum_over_ranks(index, *ranks_);
   }
 
-  // Whether span `index` is updated by the CPU (its state on the host or on disk).
-  bool cpu_updated(size_t index) const { return cpu_spans_.holds(index); }
-
   // The span's offset in the host's packed state, and in the device's fp32 copy.
   size_t host_at(size_t index) const;
   size_t device_copy_at(size_t index) const;

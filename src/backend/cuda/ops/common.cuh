@@ -68,11 +68,6 @@ __device__ inline float warp_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
 }
-__device__ inline float warp_max(float x) {
-  for (int offset = 16; offset > 0; offset /= 2)
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
 
 // Grid size for grid-stride loops over `count` items with `threads` per block.
 inline int grid_for(size_t count, int threads) {
