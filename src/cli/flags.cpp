@@ -291,8 +291,16 @@ const CLI::Option* option_named(const CLI::App& app, const std::string& name) {
 }  // namespace
 
 std::string unknown_subcommand(const CLI::App& app, int argc, const char* const* argv) {
-  if (argc < 2 || argv[1][0] == '-') return "";
+  if (argc < 2) return "";
   const std::string typed = argv[1];
+  if (typed.starts_with("-")) {  // before any command only layup's own flags: --help, --version
+    const std::string flag = typed.substr(0, typed.find('='));
+    const std::vector<std::string> flags = flag_names(app);
+    if (std::find(flags.begin(), flags.end(), flag) != flags.end()) return "";
+    const std::string near = nearest_name(flag, flags);
+    return "`layup` has no flag " + flag + (near.empty() ? "" : "; did you mean " + near + "?") +
+           " (a command's flags go after the command: layup train --steps 100)";
+  }
   const std::vector<std::string> names = subcommand_names(app);
   if (std::find(names.begin(), names.end(), typed) != names.end()) return "";
   const std::string near = nearest_name(typed, names);

@@ -109,8 +109,8 @@ class LayupHelpFormatter : public CLI::Formatter {
 // A failed parse as layup's one line: the flag, the value as written and the range, or the
 // nearest subcommand or flag to a mistyped one.
 std::string describe_parse_error(const CLI::App& app, const CLI::ParseError& error);
-// Before parsing: a first argument that is no subcommand (and no flag), said with the nearest
-// one; "" when there is none to complain of.
+// Before parsing: a first argument that is neither a subcommand nor one of layup's own flags,
+// said with the nearest one; "" when there is none to complain of.
 std::string unknown_subcommand(const CLI::App& app, int argc, const char* const* argv);
 // The name among `candidates` nearest to `typed` (edit distance), or "" when none is near.
 std::string nearest_name(const std::string& typed, const std::vector<std::string>& candidates);

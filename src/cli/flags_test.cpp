@@ -264,6 +264,10 @@ TEST(ParseErrors, AreOneLineWithTheNearestNameOrTheRange) {
             "--mode takes one of gpu, offload, layup (got 'fast')");
   EXPECT_EQ(parsed.parse({"train", "2"}).substr(0, 40), "`layup train` takes no argument '2' here");
   EXPECT_NE(parsed.parse({}).find("give a command: train"), std::string::npos);
+  EXPECT_EQ(parsed.parse({"--versoin"}),
+            "`layup` has no flag --versoin; did you mean --version? (a command's flags go after "
+            "the command: layup train --steps 100)");
+  EXPECT_EQ(parsed.parse({"--steps", "2", "train"}).substr(0, 27), "`layup` has no flag --steps");
 }
 
 }  // namespace
