@@ -29,6 +29,7 @@
 #include "tier/output_file.h"
 #include "trace/trace_recorder.h"
 #include "train/memory_usage.h"
+#include "train/prepared_run.h"
 #include "train/rank_settings.h"
 #include "train/run_info.h"
 #include "train/setup_progress.h"
@@ -117,6 +118,205 @@ std::string format_bytes(long long bytes) {
   return text;
 }
 
+void validate_benchmark_options(const BenchmarkOptions& options) {
+  const ModelConfig& config = options.model;
+  validate_config(config);
+  LAYUP_CHECK(options.batch > 0 && options.seq_len > 0, "--batch and --seq-len must be positive");
+  LAYUP_CHECK(options.seq_len <= config.n_positions, "--seq-len ", options.seq_len,
+              " is longer than the model's context of ", config.n_positions, " positions");
+  LAYUP_CHECK(options.grad_accum > 0, "--grad-accum must be positive");
+  // The model's sizes before anything reads them; the batch's in plan_run, with what fits.
+  check_shape_limits(config, 1, options.seq_len);
+  LAYUP_CHECK(options.steps > 0 && options.warmup_steps >= 0,
+              "--steps must be positive and --warmup not negative");
+  check_thread_count("--cpu-workers", options.cpu_workers);
+  LAYUP_CHECK(options.time_limit_s >= 0.0, "the time limit must not be negative");
+  if (!options.trace_path.empty()) {
+    check_trace_path(options.trace_path);
+    check_output_file(options.trace_path, "--trace",
+                      trace_file_bytes_estimate(kMaxTracedSteps, config.n_layer));
+  }
+}
+
+// Several ranks (mpirun, docs/parallel.md): --grad-accum is the global batch, each rank times its
+// share of it, and rank 0 alone reports.
+std::unique_ptr<Communicator> join_benchmark_ranks(const BenchmarkOptions& options) {
+  std::unique_ptr<Communicator> world = make_world_communicator();
+  // Before any collective: ranks given other flags would time collectives of other shapes.
+  check_ranks_agree(*world, bench_settings_ranks_share(options));
+  LAYUP_CHECK(options.grad_accum % world->size() == 0, "--grad-accum ", options.grad_accum,
+              " micro-batches do not split evenly over ", world->size(),
+              " ranks: give a multiple of the rank count");
+  if (world->size() > 1 && options.device != DeviceKind::kCpu)
+    use_gpu_of_local_rank(world->local_rank());
+  return world;
+}
+
+// What the plan says about the run, and the memory in use before anything is allocated.
+void record_plan(const BenchmarkOptions& options, const PlannedRun& planned,
+                 BenchmarkResult& result, FILE* log) {
+  const MemoryPlan& memory_plan = planned.plan;
+  result.device = planned.target.device;
+  result.dtype = planned.target.dtype;
+  const bool on_cuda = result.device == DeviceKind::kCuda;
+  result.device_name = on_cuda ? gpu_name() : cpu_model_name();
+  if (on_cuda) {
+    result.memory_source =
+        "cudaMemGetInfo total-free, whole GPU, max after each step (all processes)";
+    result.memory_before_bytes = device_memory_used_bytes();
+  } else {
+    result.memory_source = "peak resident set of the process (VmHWM)";
+    result.memory_before_bytes = process_peak_rss_bytes();
+  }
+  if (log) std::fprintf(log, "%s", format_memory_plan(memory_plan, planned.budgets).c_str());
+  result.memory_plan = memory_plan_json(memory_plan);
+  if (options.mode == Mode::kLayup && options.clip > 0.0f)
+    result.layup_clip =
+        planned.schedule.speculative_clip ? LayupClip::kSpeculative : LayupClip::kDeferred;
+  if (options.mode == Mode::kLayup)
+    result.layup_head =
+        updates_head_on_device(planned.schedule) ? LayupHead::kDevice : LayupHead::kHost;
+  result.memory_plan_bytes = memory_plan.total_bytes();
+  result.step_time = step_time_request(memory_plan.request, planned.schedule);
+}
+
+// Uniform random token ids for this rank's micro-batches, the same for every step: the timing
+// does not depend on the values.
+struct SyntheticBatches {
+  std::vector<TokenBatchBuffer> buffers;
+  std::vector<TokenBatch> views;  // into buffers
+};
+
+SyntheticBatches synthetic_batches(const BenchmarkOptions& options, int rank, int ranks) {
+  Rng rng(options.seed + static_cast<uint64_t>(rank));
+  SyntheticBatches batches;
+  batches.buffers.resize(options.grad_accum / ranks);
+  const size_t tokens = static_cast<size_t>(options.batch) * options.seq_len;
+  for (TokenBatchBuffer& buffer : batches.buffers) {
+    buffer.batch = options.batch;
+    buffer.seq_len = options.seq_len;
+    buffer.inputs.resize(tokens);
+    buffer.targets.resize(tokens);
+    for (size_t i = 0; i < tokens; ++i) {
+      buffer.inputs[i] = static_cast<int32_t>(rng.below(options.model.vocab_size));
+      buffer.targets[i] = static_cast<int32_t>(rng.below(options.model.vocab_size));
+    }
+    batches.views.push_back(buffer.view());
+  }
+  return batches;
+}
+
+// The warm-up, then the timed steps (each wall-clock around Schedule::step), with energy, clocks,
+// disk traffic and the trace over the timed steps only.
+void time_steps(const BenchmarkOptions& options, PreparedRun& run,
+                std::span<const TokenBatch> micro_batches, BenchmarkResult& result) {
+  const bool on_cuda = result.device == DeviceKind::kCuda;
+  const std::string& pci_bus_id = run.planned.plan.request.attributes.pci_bus_id;
+  std::unique_ptr<EnergyMeter> energy;
+  if (options.energy)
+    energy = std::make_unique<EnergyMeter>(energy_sources_for(result.device, pci_bus_id));
+  std::unique_ptr<GpuClockSampler> clocks;
+  if (on_cuda) clocks = std::make_unique<GpuClockSampler>(pci_bus_id);
+  Schedule& schedule = *run.schedule;
+  UpdateSettings settings;
+  settings.adamw.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  settings.clip_max_norm = options.clip;
+  const auto run_started = std::chrono::steady_clock::now();
+  double timed_s = 0.0;
+  auto out_of_time = [&](double seconds) {
+    return options.time_limit_s > 0.0 && seconds >= options.time_limit_s;
+  };
+  int warmup_steps = options.warmup_steps;
+  DiskTraffic disk_before;
+  for (int step = 0; step < warmup_steps + options.steps; ++step) {
+    settings.adamw.t = step + 1;
+    const int timed_step = step - warmup_steps;  // negative during warm-up
+    if (run.trace) run.trace->set_recording(timed_step >= 0 && timed_step < kMaxTracedSteps);
+    if (energy && timed_step == 0) energy->start();
+    if (timed_step == 0) disk_before = schedule.disk_traffic();
+    if (clocks && timed_step == 0) clocks->start();
+    const auto start = std::chrono::steady_clock::now();
+    const StepStats stats = [&] {
+      TraceSpan traced(run.trace.get(), run.steps_track, "timed step", timed_step + 1);
+      return schedule.step(micro_batches, settings);
+    }();
+    const auto end = std::chrono::steady_clock::now();
+    const long long memory = on_cuda ? device_memory_used_bytes() : process_peak_rss_bytes();
+    result.memory_peak_bytes = std::max(result.memory_peak_bytes, memory);
+    result.last_loss = stats.loss;
+    if (step >= warmup_steps) {
+      result.step_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+      result.clipped_steps += stats.clip_factor < 1.0f;
+      result.blocks_redone += stats.blocks_redone;
+      result.blocks_deferred += stats.blocks_deferred;
+      timed_s += result.step_ms.back() / 1e3;
+      if (out_of_time(timed_s)) break;
+    } else if (out_of_time(std::chrono::duration<double>(end - run_started).count())) {
+      warmup_steps = step + 1;  // the warm-up so far is all there is time for; time from here
+    }
+  }
+  result.warmup_steps_run = warmup_steps;
+  if (energy) result.energy = energy->stop();
+  if (clocks) result.clocks = clocks->stop();
+  result.disk_traffic = schedule.disk_traffic() - disk_before;
+}
+
+// What the run measured besides its steps: the CPU AdamW report, the accountant's memory, the
+// trace written.
+void record_measurements(const BenchmarkOptions& options, PreparedRun& run, BenchmarkResult& result,
+                         FILE* log) {
+  result.cpu_adamw = run.schedule->cpu_adamw_report();
+  const MemoryAccountant& accountant = *run.accountant;
+  result.memory_measured = nlohmann::json::parse(accountant.to_json_text());
+  result.memory_cells = accountant.cells();
+  result.memory_measured_peak_bytes = accountant.total().peak;
+  if (log) std::fprintf(log, "%s", format_memory_report(run.planned.plan, accountant).c_str());
+  if (run.trace) {
+    result.traced_steps = std::min(options.steps, kMaxTracedSteps);
+    run.trace->write(options.trace_path);
+  }
+}
+
+// The floor (benchmark.h) from the device's plain passes and the CPU AdamW rate the run measured.
+void measure_floor(const BenchmarkOptions& options, double cpu_adamw_rate,
+                   std::span<const TokenBatch> micro_batches, BenchmarkResult& result, FILE* log) {
+  const ParameterLayout layout(options.model);
+  try {
+    const auto [forward_ms, backward_ms] =
+        time_device_passes({result.device, result.dtype, options.recompute, options.algorithms},
+                           options, layout, micro_batches);
+    const double blocks = static_cast<double>(layout.block().count) * options.model.n_layer;
+    const double head = static_cast<double>(layout.embeddings().count + layout.final_norm().count);
+    StepFloor& floor = result.floor;
+    floor.forward_ms = forward_ms;
+    floor.backward_ms = backward_ms;
+    floor.adamw_blocks_ms = blocks / cpu_adamw_rate * 1e3;
+    floor.adamw_head_ms = head / cpu_adamw_rate * 1e3;
+    floor.total_ms =
+        forward_ms + std::max(backward_ms, floor.adamw_blocks_ms) + floor.adamw_head_ms;
+  } catch (const Error& error) {
+    // The floor holds the whole model's fp32 weights and gradient on the device, which a model
+    // trained beyond the device's memory does not fit: the run's own figures stand without it.
+    if (log) std::fprintf(log, "floor not measured: %s\n", error.what());
+  }
+}
+
+// The step times' statistics, throughput and MFU.
+void summarize_steps(const BenchmarkOptions& options, BenchmarkResult& result) {
+  result.median_ms = median_of(result.step_ms);
+  result.min_ms = *std::min_element(result.step_ms.begin(), result.step_ms.end());
+  result.max_ms = *std::max_element(result.step_ms.begin(), result.step_ms.end());
+  for (double ms : result.step_ms) result.total_s += ms / 1e3;
+  result.tokens_per_s =
+      result.tokens_per_step * static_cast<double>(result.step_ms.size()) / result.total_s;
+  result.flops_per_token = training_flops_per_token(options.model, options.seq_len);
+  result.achieved_flops = result.flops_per_token * result.tokens_per_s;
+  // The bf16 peak is the honest yardstick for a bf16 run only; no CPU peak is claimed.
+  result.peak_flops =
+      result.device == DeviceKind::kCuda ? bf16_peak_flops(result.device_name) : 0.0;
+  result.mfu = result.peak_flops > 0 ? result.achieved_flops / result.peak_flops : 0.0;
+}
+
 }  // namespace
 
 double training_flops_per_token(const ModelConfig& config, int seq_len) {
@@ -132,211 +332,36 @@ double bf16_peak_flops(const std::string& device_name) {
 }
 
 BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
-  const ModelConfig& config = options.model;
-  validate_config(config);
-  LAYUP_CHECK(options.batch > 0 && options.seq_len > 0, "--batch and --seq-len must be positive");
-  LAYUP_CHECK(options.seq_len <= config.n_positions, "--seq-len ", options.seq_len,
-              " is longer than the model's context of ", config.n_positions, " positions");
-  LAYUP_CHECK(options.grad_accum > 0, "--grad-accum must be positive");
-  // The model's sizes before anything reads them; the batch's in plan_run, with what fits.
-  check_shape_limits(config, 1, options.seq_len);
-  LAYUP_CHECK(options.steps > 0 && options.warmup_steps >= 0,
-              "--steps must be positive and --warmup not negative");
-  check_thread_count("--cpu-workers", options.cpu_workers);
-  if (!options.trace_path.empty()) {
-    check_trace_path(options.trace_path);
-    check_output_file(options.trace_path, "--trace",
-                      trace_file_bytes_estimate(kMaxTracedSteps, config.n_layer));
-  }
-  // Several ranks (mpirun, docs/parallel.md): --grad-accum is the global batch, each rank times
-  // its share of it, and rank 0 alone reports (log is null on the others).
-  const std::unique_ptr<Communicator> world = make_world_communicator();
-  // Before any collective: ranks given other flags would time collectives of other shapes.
-  check_ranks_agree(*world, bench_settings_ranks_share(options));
+  validate_benchmark_options(options);
+  const std::unique_ptr<Communicator> world = join_benchmark_ranks(options);
   const int ranks = world->size();
-  LAYUP_CHECK(options.grad_accum % ranks == 0, "--grad-accum ", options.grad_accum,
-              " micro-batches do not split evenly over ", ranks,
-              " ranks: give a multiple of the rank count");
-  if (ranks > 1 && options.device != DeviceKind::kCpu) use_gpu_of_local_rank(world->local_rank());
   if (world->rank() != 0) log = nullptr;
 
   // The run resolved and its memory plan checked against the budgets before anything is
-  // allocated.
-  RunRequest run_request = run_request_of(options);
-  run_request.plan.streams_checkpoints = false;
-  run_request.plan.ranks = ranks;
-  const PlannedRun planned = plan_run(run_request);
-  const MemoryPlan& memory_plan = planned.plan;
-  const MemoryPlanRequest& request = memory_plan.request;
+  // allocated; the trace records from the first timed step on.
   BenchmarkResult result;
-  result.device = planned.target.device;
-  result.dtype = planned.target.dtype;
-  const bool on_cuda = result.device == DeviceKind::kCuda;
-  result.device_name = on_cuda ? gpu_name() : cpu_model_name();
-  if (on_cuda) {
-    result.memory_source =
-        "cudaMemGetInfo total-free, whole GPU, max after each step (all processes)";
-    result.memory_before_bytes = device_memory_used_bytes();
-  } else {
-    result.memory_source = "peak resident set of the process (VmHWM)";
-    result.memory_before_bytes = process_peak_rss_bytes();
-  }
-  auto sample_memory = [&] {
-    const long long now = on_cuda ? device_memory_used_bytes() : process_peak_rss_bytes();
-    result.memory_peak_bytes = std::max(result.memory_peak_bytes, now);
-  };
-
-  if (log) std::fprintf(log, "%s", format_memory_plan(memory_plan, planned.budgets).c_str());
-  result.memory_plan = memory_plan_json(memory_plan);
-  if (options.mode == Mode::kLayup && options.clip > 0.0f)
-    result.layup_clip =
-        planned.schedule.speculative_clip ? LayupClip::kSpeculative : LayupClip::kDeferred;
-  if (options.mode == Mode::kLayup)
-    result.layup_head =
-        updates_head_on_device(planned.schedule) ? LayupHead::kDevice : LayupHead::kHost;
-  result.memory_plan_bytes = memory_plan.total_bytes();
-  result.step_time = step_time_request(request, planned.schedule);
-
-  const ParameterLayout layout(config);
-  // Declared before the schedule, which records into it: it must outlive the schedule.
-  std::unique_ptr<TraceRecorder> trace;
-  SetupProgress setup(log, memory_plan);
-  setup.allocating();
-  BuiltRun built = build_run(planned, world.get());
-  setup.allocated();
-  const std::shared_ptr<MemoryAccountant> accountant = built.accountant;
-  std::unique_ptr<Schedule> schedule = std::move(built.schedule);
-  result.schedule = planned.describe_schedule();
-  if (const std::string storage = schedule->storage_report(); log && !storage.empty())
+  RunRequest request = run_request_of(options);
+  request.plan.streams_checkpoints = false;
+  request.plan.ranks = ranks;
+  PreparedRun run(request, world.get(), log, {options.trace_path, /*recording=*/false},
+                  [&](const PlannedRun& planned) { record_plan(options, planned, result, log); });
+  result.schedule = run.schedule_description;
+  if (const std::string storage = run.schedule->storage_report(); log && !storage.empty())
     std::fprintf(log, "%s\n", storage.c_str());
-  int steps_track = 0;
-  if (!options.trace_path.empty()) {
-    trace = std::make_unique<TraceRecorder>();
-    trace->set_recording(false);  // from the first timed step on
-    steps_track = trace->track("steps");
-    schedule->set_trace(trace.get());
-    trace->set_metadata("mode", name_of(options.mode));
-    trace->set_metadata("model", options.model_name);
-    trace->set_metadata("schedule", result.schedule);
-  }
-  schedule->initialize_fresh(options.seed, setup.initializing(parameter_count(config)));
-  setup.initialized();
+  run.initialize_fresh(options.seed);
 
-  // Uniform random token ids, the same for every step: the timing does not depend on the values.
-  Rng rng(options.seed + static_cast<uint64_t>(world->rank()));
-  std::vector<TokenBatchBuffer> buffers(options.grad_accum / ranks);
-  std::vector<TokenBatch> micro_batches;
-  const size_t tokens = static_cast<size_t>(options.batch) * options.seq_len;
-  for (TokenBatchBuffer& buffer : buffers) {
-    buffer.batch = options.batch;
-    buffer.seq_len = options.seq_len;
-    buffer.inputs.resize(tokens);
-    buffer.targets.resize(tokens);
-    for (size_t i = 0; i < tokens; ++i) {
-      buffer.inputs[i] = static_cast<int32_t>(rng.below(config.vocab_size));
-      buffer.targets[i] = static_cast<int32_t>(rng.below(config.vocab_size));
-    }
-    micro_batches.push_back(buffer.view());
-  }
-  result.tokens_per_step = static_cast<long long>(tokens) * options.grad_accum;
-
-  std::unique_ptr<EnergyMeter> energy;
-  if (options.energy && options.steps > 0)
-    energy = std::make_unique<EnergyMeter>(
-        energy_sources_for(result.device, request.attributes.pci_bus_id));
-
-  std::unique_ptr<GpuClockSampler> clocks;
-  if (on_cuda && options.steps > 0)
-    clocks = std::make_unique<GpuClockSampler>(request.attributes.pci_bus_id);
-
-  UpdateSettings settings;
-  settings.adamw.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
-  settings.clip_max_norm = options.clip;
-  LAYUP_CHECK(options.time_limit_s >= 0.0, "the time limit must not be negative");
-  const auto run_started = std::chrono::steady_clock::now();
-  double timed_s = 0.0;
-  auto out_of_time = [&](double seconds) {
-    return options.time_limit_s > 0.0 && seconds >= options.time_limit_s;
-  };
-  int warmup_steps = options.warmup_steps;
-  DiskTraffic disk_before;
-  for (int step = 0; step < warmup_steps + options.steps; ++step) {
-    settings.adamw.t = step + 1;
-    const int timed_step = step - warmup_steps;  // negative during warm-up
-    if (trace) trace->set_recording(timed_step >= 0 && timed_step < kMaxTracedSteps);
-    if (energy && timed_step == 0) energy->start();
-    if (timed_step == 0) disk_before = schedule->disk_traffic();
-    if (clocks && timed_step == 0) clocks->start();
-    const auto start = std::chrono::steady_clock::now();
-    const StepStats stats = [&] {
-      TraceSpan traced(trace.get(), steps_track, "timed step", timed_step + 1);
-      return schedule->step(micro_batches, settings);
-    }();
-    const auto end = std::chrono::steady_clock::now();
-    sample_memory();
-    result.last_loss = stats.loss;
-    if (step >= warmup_steps) {
-      result.step_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
-      result.clipped_steps += stats.clip_factor < 1.0f;
-      result.blocks_redone += stats.blocks_redone;
-      result.blocks_deferred += stats.blocks_deferred;
-      timed_s += result.step_ms.back() / 1e3;
-      if (out_of_time(timed_s)) break;
-    } else if (out_of_time(std::chrono::duration<double>(end - run_started).count())) {
-      warmup_steps = step + 1;  // the warm-up so far is all there is time for; time from here
-    }
-  }
-  result.warmup_steps_run = warmup_steps;
-
-  if (energy) result.energy = energy->stop();
-  if (clocks) result.clocks = clocks->stop();
-  result.cpu_adamw = schedule->cpu_adamw_report();
-  result.disk_traffic = schedule->disk_traffic() - disk_before;
-  const double cpu_adamw_rate = schedule->cpu_adamw_rate();
-  result.memory_measured = nlohmann::json::parse(accountant->to_json_text());
-  result.memory_cells = accountant->cells();
-  result.memory_measured_peak_bytes = accountant->total().peak;
-  if (log) std::fprintf(log, "%s", format_memory_report(memory_plan, *accountant).c_str());
-  if (trace) {
-    result.traced_steps = std::min(options.steps, kMaxTracedSteps);
-    trace->write(options.trace_path);
-  }
-
+  const SyntheticBatches batches = synthetic_batches(options, world->rank(), ranks);
+  result.tokens_per_step =
+      static_cast<long long>(options.batch) * options.seq_len * options.grad_accum;
+  time_steps(options, run, batches.views, result);
+  const double cpu_adamw_rate = run.schedule->cpu_adamw_rate();
+  record_measurements(options, run, result, log);
   result.ranks = ranks;
   if (cpu_adamw_rate > 0.0 && options.measure_floor && ranks == 1) {
-    schedule.reset();  // its device memory goes before the floor's backend takes its own
-    try {
-      const auto [forward_ms, backward_ms] =
-          time_device_passes({result.device, result.dtype, options.recompute, options.algorithms},
-                             options, layout, micro_batches);
-      const double blocks = static_cast<double>(layout.block().count) * config.n_layer;
-      const double head =
-          static_cast<double>(layout.embeddings().count + layout.final_norm().count);
-      StepFloor& floor = result.floor;
-      floor.forward_ms = forward_ms;
-      floor.backward_ms = backward_ms;
-      floor.adamw_blocks_ms = blocks / cpu_adamw_rate * 1e3;
-      floor.adamw_head_ms = head / cpu_adamw_rate * 1e3;
-      floor.total_ms =
-          forward_ms + std::max(backward_ms, floor.adamw_blocks_ms) + floor.adamw_head_ms;
-    } catch (const Error& error) {
-      // The floor holds the whole model's fp32 weights and gradient on the device, which a model
-      // trained beyond the device's memory does not fit: the run's own figures stand without it.
-      if (log) std::fprintf(log, "floor not measured: %s\n", error.what());
-    }
+    run.schedule.reset();  // its device memory goes before the floor's backend takes its own
+    measure_floor(options, cpu_adamw_rate, batches.views, result, log);
   }
-
-  result.median_ms = median_of(result.step_ms);
-  result.min_ms = *std::min_element(result.step_ms.begin(), result.step_ms.end());
-  result.max_ms = *std::max_element(result.step_ms.begin(), result.step_ms.end());
-  for (double ms : result.step_ms) result.total_s += ms / 1e3;
-  result.tokens_per_s =
-      result.tokens_per_step * static_cast<double>(result.step_ms.size()) / result.total_s;
-  result.flops_per_token = training_flops_per_token(config, options.seq_len);
-  result.achieved_flops = result.flops_per_token * result.tokens_per_s;
-  // The bf16 peak is the honest yardstick for a bf16 run only; no CPU peak is claimed.
-  result.peak_flops = on_cuda ? bf16_peak_flops(result.device_name) : 0.0;
-  result.mfu = result.peak_flops > 0 ? result.achieved_flops / result.peak_flops : 0.0;
+  summarize_steps(options, result);
   return result;
 }
 
