@@ -9,6 +9,7 @@
 #include "cli/flags.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "engine/run_composer.h"
 #include "io/checkpoint.h"
 #include "sample/generate.h"
 #include "tokenizer/tokenizer.h"
@@ -81,13 +82,14 @@ void add_sample_command(CLI::App& app) {
         static_cast<int>(std::min<size_t>(config.n_positions, prompt.size() + sampling.new_tokens));
     // Ids the tokenizer can spell: a model's vocabulary may be padded beyond its tokenizer's.
     const int vocab = std::min(config.vocab_size, tokenizer.vocab_size());
-    std::unique_ptr<ModelBackend> backend = make_cpu_backend(config, 1, context);
+    const SamplingRun run = build_sampling_run(config, context);
+    ModelBackend& backend = *run.compute.backend;
     const ParameterPointers params = layout.pointers<const float>(model.params.data());
     Rng rng(seed);
     const std::vector<int32_t> tokens = generate(
         [&](const TokenBatch& batch) {
-          backend->forward(params, batch);
-          return backend->logits();
+          backend.forward(params, batch);
+          return backend.logits();
         },
         prompt, context, vocab, config.padded_vocab_size, flags->sampling, rng);
     std::printf("%s\n", tokenizer.decode(tokens).c_str());

@@ -51,6 +51,7 @@ PlannedRun plan_run(const RunRequest& request) {
       plan_run_memory(resolve_optimizer_placement(resolved, planned.budgets), request.cpu_workers);
   planned.plan = std::move(memory.plan);
   planned.schedule = std::move(memory.schedule);
+  planned.step = std::move(memory.step);
   planned.target = placed_target(planned.plan, target);
   check_run_budget(planned.plan, planned.budgets);
   return planned;
@@ -120,6 +121,13 @@ BuiltRun build_run(const PlannedRun& planned, Communicator* ranks) {
   return {compute.accountant,
           make_schedule(r.mode, std::move(compute.backend), std::move(compute.device),
                         ParameterLayout(r.config), options)};
+}
+
+SamplingRun build_sampling_run(const ModelConfig& config, int context) {
+  SamplingRun run;
+  run.target = resolve_compute_target({DeviceKind::kCpu, Dtype::kFp32});
+  run.compute = make_backend(run.target, config, /*max_batch=*/1, context);
+  return run;
 }
 
 }  // namespace layup

@@ -1,8 +1,8 @@
-// The composition root: how `train`, `bench`, `study` and `memory` turn what the command line asked
-// for into what runs. plan_run resolves every auto against this machine once (device, dtype, the
-// placement, the schedule's policies), plans the memory and checks it against the budgets and the
-// machine, allocating nothing; build_run then makes the backend, the device and the schedule the
-// plan describes.
+// The composition root: how `train`, `bench`, `study`, `memory` and `sample` turn what the command
+// line asked for into what runs. plan_run resolves every auto against this machine once (device,
+// dtype, the placement, the schedule's policies), plans the memory and checks it against the
+// budgets and the machine, allocating nothing; build_run then makes the backend, the device and the
+// schedule the plan describes.
 #pragma once
 
 #include <memory>
@@ -37,6 +37,7 @@ struct PlannedRun {
   // How the schedule keeps its state (chosen with the plan), and one line saying what it does.
   ScheduleOptions schedule;
   std::string describe_schedule() const;
+  StepPlan step;  // what the schedule runs each step (its buffers are in plan's allocations)
 };
 
 // Resolves and plans, then refuses (layup::Error naming the budget, the bytes and what would fit)
@@ -63,5 +64,14 @@ BuiltRun build_run(const PlannedRun& planned, Communicator* ranks = nullptr);
 
 // The request of a run the CLI described.
 RunRequest run_request_of(const RunSpec& spec);
+
+// What `layup sample` computes with: the model's forward for one sequence of up to `context`
+// tokens, on the CPU backend (the reference, fp32; generation is not timed), made by the same
+// factory as a training run's.
+struct SamplingRun {
+  ComputeTarget target;  // resolved
+  BackendAndDevice compute;
+};
+SamplingRun build_sampling_run(const ModelConfig& config, int context);
 
 }  // namespace layup
