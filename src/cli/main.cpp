@@ -1,11 +1,13 @@
 // layup: train GPT-2 and Llama-family models. `layup --help` lists the commands.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <new>
 #include <system_error>
 
 #include "cli/commands.h"
+#include "cli/environment.h"
 #include "cli/flags.h"
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -30,6 +32,11 @@ int main(int argc, char** argv) {
       "and CPU.\n"
       "Run `layup train` with no arguments to train a small GPT-2 on the shipped corpus."};
   layup::add_layup_commands(app);
+  // Once the command line has parsed (--help needs no environment), before the command runs.
+  app.parse_complete_callback([] {
+    layup::apply_layup_environment(
+        layup::read_layup_environment([](const char* name) { return std::getenv(name); }));
+  });
   // Every failure ends here as one message and exit status 1 (--help and --version exit 0).
   try {
     const std::string unknown = layup::unknown_subcommand(app, argc, argv);

@@ -164,9 +164,22 @@ HostMemoryLimit read_host_memory_limit(const std::string& root) {
   return limit;
 }
 
+namespace {
+
+// Set at start-up (set_system_root), then only read.
+std::string& system_root() {
+  static std::string root = "/";
+  return root;
+}
+
+}  // namespace
+
 HostMemoryLimit read_host_memory_limit() {
-  const char* root = std::getenv("LAYUP_SYSTEM_ROOT");
-  return read_host_memory_limit(root != nullptr && *root != '\0' ? root : "/");
+  return read_host_memory_limit(system_root());
+}
+
+void set_system_root(const std::string& root) {
+  system_root() = root.empty() ? "/" : root;
 }
 
 }  // namespace layup

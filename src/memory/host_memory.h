@@ -32,8 +32,12 @@ size_t host_memory_reserve(size_t bytes);
 // under `root`/sys/fs/cgroup. Throws layup::Error when /proc/meminfo cannot be read.
 HostMemoryLimit read_host_memory_limit(const std::string& root);
 
-// The same from the real system: root "/", or the folder the environment variable
-// LAYUP_SYSTEM_ROOT names (tests give a small fake machine through it, down the same path).
+// The same from the system root: "/", or the folder set_system_root gave (the CLI takes it from
+// LAYUP_SYSTEM_ROOT, cli/environment.h: tests give a small fake machine through it, down the same
+// path).
 HostMemoryLimit read_host_memory_limit();
+
+// The root read_host_memory_limit() reads under from now on; empty: "/". Given once at start-up.
+void set_system_root(const std::string& root);
 
 }  // namespace layup

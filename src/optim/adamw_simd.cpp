@@ -11,7 +11,6 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -228,14 +227,21 @@ std::string available_list() {
   return list;
 }
 
+// Set before any update runs (set_adamw_defaults), then only read: no lock.
+AdamWDefaults& process_defaults() {
+  static AdamWDefaults defaults;
+  return defaults;
+}
+
 }  // namespace
 
+void set_adamw_defaults(const AdamWDefaults& defaults) {
+  if (defaults.isa) adamw_kernel(*defaults.isa);  // refuses a level this CPU does not have
+  process_defaults() = defaults;
+}
+
 bool adamw_streaming_stores_allowed() {
-  static const bool allowed = [] {
-    const char* value = std::getenv("LAYUP_ADAMW_STREAM");
-    return value == nullptr || std::string(value) != "0";
-  }();
-  return allowed;
+  return process_defaults().streaming_stores;
 }
 
 bool adamw_isa_streams(AdamWIsa isa) {
@@ -314,16 +320,9 @@ AdamWIsa parse_adamw_isa(std::string_view name, std::string_view source) {
   return isa;
 }
 
-AdamWIsa adamw_isa_from_environment() {
-  const char* value = std::getenv("LAYUP_ADAMW_ISA");
-  return parse_adamw_isa(value ? value : "", "LAYUP_ADAMW_ISA");
-}
-
 AdamWIsa default_adamw_isa() {
-  // A static initializer that throws is retried at the next call, so a bad LAYUP_ADAMW_ISA is
-  // reported at every update rather than once.
-  static const AdamWIsa isa = adamw_isa_from_environment();
-  return isa;
+  static const AdamWIsa best = best_adamw_isa();
+  return process_defaults().isa.value_or(best);
 }
 
 AdamWKernel adamw_kernel(AdamWIsa isa) {

@@ -13,13 +13,15 @@
 // bits. The schedules' equivalence tests and exact resume depend on that.
 //
 // The level is picked once per process (default_adamw_isa): the best one this binary was built
-// with and this CPU runs, or a lower one named by the environment, LAYUP_ADAMW_ISA=scalar|avx2|
-// avx512|neon (for tests and benchmarks). AVX2 and AVX-512 are chosen at run time on x86-64
-// (their loops are compiled with target attributes, so the baseline build needs no -mavx flags);
-// NEON is part of every AArch64 CPU and is used whenever the build is for AArch64.
+// with and this CPU runs, or a lower one given at start-up (set_adamw_defaults: the CLI reads
+// LAYUP_ADAMW_ISA=scalar|avx2|avx512|neon, for tests and benchmarks, cli/environment.h). AVX2 and
+// AVX-512 are chosen at run time on x86-64 (their loops are compiled with target attributes, so the
+// baseline build needs no -mavx flags); NEON is part of every AArch64 CPU and is used whenever the
+// build is for AArch64.
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -69,11 +71,10 @@ struct AdamWBuffers {
 // Updates `count` elements; no alignment is required of the pointers. Out of place, the x86
 // levels write with streaming stores where the outputs allow (the new state is not read again
 // soon, and the stores then need not read the old lines first: 12 bytes per element less
-// traffic); LAYUP_ADAMW_STREAM=0 in the environment turns them off (read once per process).
+// traffic); AdamWDefaults::streaming_stores (LAYUP_ADAMW_STREAM=0) turns them off.
 using AdamWKernel = void (*)(const AdamWBuffers& buffers, size_t count, const AdamWConstants& c);
 
-// Whether the out-of-place loops may use streaming stores: not when LAYUP_ADAMW_STREAM=0 (read at
-// the first call, then fixed for the process).
+// Whether the out-of-place loops may use streaming stores (AdamWDefaults::streaming_stores).
 bool adamw_streaming_stores_allowed();
 // Whether `isa`'s out-of-place loop writes with streaming stores: the x86 levels, when allowed
 // (scalar and NEON never stream).
@@ -96,10 +97,17 @@ AdamWIsa best_adamw_isa();
 // names `source` (the flag or variable the name came from).
 AdamWIsa parse_adamw_isa(std::string_view name, std::string_view source = "AdamW ISA");
 
-// LAYUP_ADAMW_ISA as it is now, parsed as above; unset means the best available level.
-AdamWIsa adamw_isa_from_environment();
+// The process's AdamW defaults, given once at start-up before any update runs (the CLI parses
+// them from LAYUP_ADAMW_ISA and LAYUP_ADAMW_STREAM: cli/environment.h); the library reads no
+// environment variable.
+struct AdamWDefaults {
+  std::optional<AdamWIsa> isa;  // none: the best available level
+  bool streaming_stores = true;
+};
+// Throws layup::Error for a level this binary or CPU does not have.
+void set_adamw_defaults(const AdamWDefaults& defaults);
 
-// adamw_isa_from_environment(), read at the first call and then fixed for the process.
+// The level AdamWDefaults names, else the best available one.
 AdamWIsa default_adamw_isa();
 
 // The loop of one level; throws layup::Error where the level is not available.

@@ -177,25 +177,11 @@ std::string env_name(AdamWIsa isa) {
   return "";
 }
 
-// Sets LAYUP_ADAMW_ISA for one scope and puts back what was there.
-class ScopedIsaEnvironment {
+// Sets the process's AdamW defaults for one scope and puts back the plain ones.
+class ScopedAdamWDefaults {
  public:
-  explicit ScopedIsaEnvironment(const char* value) {
-    if (const char* old = std::getenv("LAYUP_ADAMW_ISA")) old_ = old;
-    if (value)
-      setenv("LAYUP_ADAMW_ISA", value, 1);
-    else
-      unsetenv("LAYUP_ADAMW_ISA");
-  }
-  ~ScopedIsaEnvironment() {
-    if (old_)
-      setenv("LAYUP_ADAMW_ISA", old_->c_str(), 1);
-    else
-      unsetenv("LAYUP_ADAMW_ISA");
-  }
-
- private:
-  std::optional<std::string> old_;
+  explicit ScopedAdamWDefaults(const AdamWDefaults& defaults) { set_adamw_defaults(defaults); }
+  ~ScopedAdamWDefaults() { set_adamw_defaults({}); }
 };
 
 TEST(AdamWSimd, ScalarLevelMatchesTheLoopAdamWUpdateRanBefore) {
@@ -256,23 +242,24 @@ TEST(AdamWSimd, LevelsAreListedLowestFirstAndTheBestIsAvailable) {
   EXPECT_TRUE(adamw_isa_available(default_adamw_isa()));
 }
 
-TEST(AdamWSimd, EnvironmentChoosesALowerLevel) {
+TEST(AdamWSimd, TheDefaultsChooseALowerLevel) {
   {
-    ScopedIsaEnvironment env("scalar");
-    EXPECT_EQ(adamw_isa_from_environment(), AdamWIsa::kScalar);
+    ScopedAdamWDefaults defaults({AdamWIsa::kScalar});
+    EXPECT_EQ(default_adamw_isa(), AdamWIsa::kScalar);
   }
-  {
-    ScopedIsaEnvironment env("auto");
-    EXPECT_EQ(adamw_isa_from_environment(), best_adamw_isa());
-  }
-  {
-    ScopedIsaEnvironment env(nullptr);
-    EXPECT_EQ(adamw_isa_from_environment(), best_adamw_isa());
-  }
+  EXPECT_EQ(default_adamw_isa(), best_adamw_isa());
   for (AdamWIsa isa : available_adamw_isas()) {
-    ScopedIsaEnvironment env(env_name(isa).c_str());
-    EXPECT_EQ(adamw_isa_from_environment(), isa) << env_name(isa);
+    ScopedAdamWDefaults defaults({isa});
+    EXPECT_EQ(default_adamw_isa(), isa) << env_name(isa);
   }
+}
+
+TEST(AdamWSimd, TheDefaultsTurnStreamingStoresOff) {
+  EXPECT_TRUE(adamw_streaming_stores_allowed());
+  ScopedAdamWDefaults defaults({std::nullopt, /*streaming_stores=*/false});
+  EXPECT_FALSE(adamw_streaming_stores_allowed());
+  EXPECT_FALSE(adamw_isa_streams(AdamWIsa::kAvx2));
+  EXPECT_FALSE(adamw_isa_streams(AdamWIsa::kAvx512));
 }
 
 TEST(AdamWSimd, ForcingAnUnavailableLevelThrows) {
@@ -280,21 +267,21 @@ TEST(AdamWSimd, ForcingAnUnavailableLevelThrows) {
   for (AdamWIsa isa : {AdamWIsa::kAvx512, AdamWIsa::kAvx2, AdamWIsa::kNeon})
     if (!adamw_isa_available(isa)) missing = isa;
   if (!missing) GTEST_SKIP() << "every level is available here";
-  ScopedIsaEnvironment env(env_name(*missing).c_str());
   try {
-    adamw_isa_from_environment();
+    parse_adamw_isa(env_name(*missing), "LAYUP_ADAMW_ISA");
     ADD_FAILURE() << "LAYUP_ADAMW_ISA=" << env_name(*missing) << " did not throw";
   } catch (const Error& error) {
     const std::string message = error.what();
     EXPECT_NE(message.find("LAYUP_ADAMW_ISA"), std::string::npos) << message;
     EXPECT_NE(message.find("available here: scalar"), std::string::npos) << message;
   }
+  EXPECT_THROW(set_adamw_defaults({*missing}), Error);
+  EXPECT_EQ(default_adamw_isa(), best_adamw_isa());
   EXPECT_THROW(adamw_kernel(*missing), Error);
 }
 
 TEST(AdamWSimd, AnUnknownLevelThrows) {
-  ScopedIsaEnvironment env("sse9");
-  EXPECT_THROW(adamw_isa_from_environment(), Error);
+  EXPECT_THROW(parse_adamw_isa("sse9", "LAYUP_ADAMW_ISA"), Error);
   EXPECT_THROW(parse_adamw_isa("avx1024", "--isa"), Error);
 }
 

@@ -87,7 +87,7 @@ void check_thread_count(const char* flag, int count) {
 }
 
 HostAdamW::HostAdamW(const HostAdamWOptions& options)
-    : isa_(options.isa ? *options.isa : adamw_isa_from_environment()), kernel_(adamw_kernel(isa_)) {
+    : isa_(options.isa ? *options.isa : default_adamw_isa()), kernel_(adamw_kernel(isa_)) {
   LAYUP_CHECK(options.workers >= 0, "the CPU AdamW needs a positive number of workers, not ",
               options.workers);
   const int workers = options.workers == 0 ? allowed_core_count() : options.workers;

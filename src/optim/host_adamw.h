@@ -64,7 +64,7 @@ struct HostAdamWOptions {
   int workers = 0;         // 0: one per core this process may run on (sched_getaffinity)
   bool pin = true;         // pin worker i to core cores[i]
   std::vector<int> cores;  // the cores to pin to, in order (default: the allowed ones, ascending)
-  std::optional<AdamWIsa> isa;  // none: LAYUP_ADAMW_ISA, or else the best level this CPU runs
+  std::optional<AdamWIsa> isa;  // none: default_adamw_isa()
 };
 
 class HostAdamW {

@@ -356,9 +356,23 @@ ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
   return summary;
 }
 
+namespace {
+
+// Set at start-up (set_shipped_data_dir), then only read.
+std::string& shipped_data_override() {
+  static std::string dir;
+  return dir;
+}
+
+}  // namespace
+
 std::string shipped_data_dir() {
-  if (const char* dir = std::getenv("LAYUP_DATA_DIR"); dir != nullptr && *dir != '\0') return dir;
-  return LAYUP_DATA_DIR;
+  const std::string& dir = shipped_data_override();
+  return dir.empty() ? std::string(LAYUP_DATA_DIR) : dir;
+}
+
+void set_shipped_data_dir(const std::string& dir) {
+  shipped_data_override() = dir;
 }
 
 std::string default_shard_dir(const Tokenizer& tokenizer, const std::string& tokenizer_path,

@@ -52,7 +52,11 @@ ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
 std::string default_shard_dir(const Tokenizer& tokenizer, const std::string& tokenizer_path,
                               std::FILE* log);
 
-// Where the shipped data lives: $LAYUP_DATA_DIR, else the data/ folder of the source tree.
+// Where the shipped data lives: the folder set_shipped_data_dir gave (the CLI takes it from
+// LAYUP_DATA_DIR, cli/environment.h), else the data/ folder of the source tree.
 std::string shipped_data_dir();
+
+// The shipped data's folder from now on; empty: the source tree's. Given once at start-up.
+void set_shipped_data_dir(const std::string& dir);
 
 }  // namespace layup

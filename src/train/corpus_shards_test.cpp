@@ -230,11 +230,11 @@ class DefaultShardDir : public ::testing::Test {
     fs::create_directories(dir_.file("data/corpus"));
     write_text(dir_.file("data/corpus/a.txt"), prose(60));
     write_text(dir_.file("data/corpus/b.txt"), prose(40));
-    set("LAYUP_DATA_DIR", dir_.file("data"), saved_data_);
+    set_shipped_data_dir(dir_.file("data"));
     set("XDG_CACHE_HOME", dir_.file("cache"), saved_cache_);
   }
   void TearDown() override {
-    restore("LAYUP_DATA_DIR", saved_data_);
+    set_shipped_data_dir("");
     restore("XDG_CACHE_HOME", saved_cache_);
   }
 
@@ -273,7 +273,7 @@ class DefaultShardDir : public ::testing::Test {
       ::unsetenv(name);
     }
   }
-  std::optional<std::string> saved_data_, saved_cache_;
+  std::optional<std::string> saved_cache_;
 };
 
 TEST_F(DefaultShardDir, IsMadeOnceAndReused) {

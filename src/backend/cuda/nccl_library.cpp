@@ -17,11 +17,20 @@ void load(void* library, Function& function, const char* symbol, const std::stri
   LAYUP_CHECK(function != nullptr, path, " has no ", symbol, ": not an NCCL 2.7 or later");
 }
 
+// Set at start-up (set_chosen_nccl_library), then only read.
+std::string& chosen_library() {
+  static std::string library;
+  return library;
+}
+
 }  // namespace
 
+void set_chosen_nccl_library(const std::string& library) {
+  chosen_library() = library;
+}
+
 std::vector<std::string> nccl_library_candidates() {
-  if (const char* chosen = std::getenv("LAYUP_NCCL_LIBRARY"); chosen != nullptr && *chosen)
-    return {chosen};
+  if (!chosen_library().empty()) return {chosen_library()};
   std::vector<std::string> paths{"libnccl.so.2"};
 #ifdef LAYUP_NCCL_CONFIGURED_PATH
   paths.emplace_back(LAYUP_NCCL_CONFIGURED_PATH);

@@ -54,9 +54,14 @@ class Library {
   std::string describe_;
 };
 
-// Where Library looks, in order: $LAYUP_NCCL_LIBRARY alone when set (a path, or a name for the
-// dynamic loader), else "libnccl.so.2" through the loader's search path, then the library CMake
-// found at configure time (the toolkit's, or pip's nvidia-nccl-cu*), where there was one.
+// The library Library loads from now on, alone (a path, or a name for the dynamic loader); empty:
+// the search below. Given once at start-up (the CLI takes it from LAYUP_NCCL_LIBRARY,
+// cli/environment.h).
+void set_chosen_nccl_library(const std::string& library);
+
+// Where Library looks, in order: the chosen library alone when there is one, else "libnccl.so.2"
+// through the loader's search path, then the library CMake found at configure time (the toolkit's,
+// or pip's nvidia-nccl-cu*), where there was one.
 std::vector<std::string> nccl_library_candidates();
 
 }  // namespace layup::nccl

@@ -33,10 +33,10 @@ TEST(NcclLibrary, ALibraryThatIsNotNcclIsRefused) {
   EXPECT_NE(message.find("libm.so.6 has no ncclGetUniqueId"), std::string::npos) << message;
 }
 
-TEST(NcclLibrary, TheEnvironmentNamesTheOnlyCandidate) {
-  ::setenv("LAYUP_NCCL_LIBRARY", "/opt/mine/libnccl.so.2", 1);
+TEST(NcclLibrary, TheChosenLibraryIsTheOnlyCandidate) {
+  set_chosen_nccl_library("/opt/mine/libnccl.so.2");
   const std::vector<std::string> chosen = nccl_library_candidates();
-  ::unsetenv("LAYUP_NCCL_LIBRARY");
+  set_chosen_nccl_library("");
   EXPECT_EQ(chosen, std::vector<std::string>{"/opt/mine/libnccl.so.2"});
   EXPECT_EQ(nccl_library_candidates().front(), "libnccl.so.2");
 }
