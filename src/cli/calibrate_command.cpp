@@ -66,7 +66,7 @@ std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode deta
   std::string details;
   for (const MemoryPlan& plan : plans) {
     const MemoryPlanRequest& request = plan.request;
-    const StepTimeRequest step = step_time_request(request, plan_run_memory(request).schedule);
+    const StepTimeRequest step = step_time_request(request, plan_run_memory(request).step);
     const std::vector<std::string> missing = missing_rates(step, calibration->rates);
     char line[160];
     if (!missing.empty()) {

@@ -30,6 +30,7 @@ struct MemoryFlags : RunSpec {
   }
   ModelFlags model_flags;
   bool mode_given = false;
+  bool explain = false;           // print the chosen mode's step plan
   std::string clip_text = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
   std::string plan_path;
   std::string calibration_path;  // the step-time model's rates (empty: the default cache)
@@ -90,6 +91,9 @@ void add_memory_command(CLI::App& app) {
       ->default_str("none");
   add_memory_flags(*cmd, flags->memory_budget, flags->device_budget, flags->host_budget,
                    flags->allow_overcommit, flags->place, flags->plan_path);
+  cmd->add_flag("--explain", flags->explain,
+                "Also print the step plan of --mode (layup without it): where each span's gradient "
+                "goes, where it is updated, and each lane's tasks in order");
   add_path_flag(*cmd, "--calibration", flags->calibration_path, "file",
                 "The rates `layup calibrate` cached, for the predicted step time")
       ->default_str("layup calibrate's default");
@@ -216,6 +220,8 @@ void add_memory_command(CLI::App& app) {
                 chosen->placement.describe().c_str(), base.attributes.describe().c_str(),
                 notes.c_str());
     if (flags->mode_given) std::printf("\n%s", format_memory_plan(*chosen, budgets).c_str());
+    if (flags->explain)
+      std::printf("\n%s", plan_run_memory(chosen->request).step.describe().c_str());
 
     // The step-time model (engine/step_time_model.h) on each plan, from the cached calibration.
     std::printf("\n%s",

@@ -461,31 +461,8 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
   return rates;
 }
 
-StepTimeRequest step_time_request(const MemoryPlanRequest& plan, const ScheduleOptions& schedule) {
-  StepTimeRequest request;
-  request.config = plan.config;
-  request.batch = plan.batch;
-  request.seq_len = plan.seq_len;
-  request.micro_batches = plan.grad_accum;
-  request.mode = plan.mode;
-  request.recompute = plan.recompute;
-  // No default: a new site warns here (-Wswitch) until it has its tier.
-  for (UpdateSite site : schedule.update_sites) switch (site) {
-      case UpdateSite::kDevice:
-        request.span_tiers.push_back(SpanTier::kDevice);
-        break;
-      case UpdateSite::kHost:
-        request.span_tiers.push_back(SpanTier::kHost);
-        break;
-      case UpdateSite::kDisk:
-        request.span_tiers.push_back(SpanTier::kDisk);
-        break;
-    }
-  request.timing = plan.clip > 0.0f && !schedule.speculative_clip ? UpdateWindow::kDeferred
-                                                                  : UpdateWindow::kDuringBackward;
-  request.host_gradient = schedule.host_gradient;
-  request.disk_slots = schedule.disk_slots;
-  return request;
+StepTimeRequest step_time_request(const MemoryPlanRequest& plan, const StepPlan& step) {
+  return {plan.config, plan.batch, plan.seq_len, plan.recompute, step};
 }
 
 std::string format_machine_rates(const MachineRates& r) {

@@ -98,9 +98,8 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log 
 // The rates named and formatted for a table ("CPU AdamW  3.41 G params/s"), absent ones as "-".
 std::string format_machine_rates(const MachineRates& rates);
 
-// The step-time model's request for a planned run: its model, batch and mode, and from its
-// schedule options where each span is updated and when (speculative clipping is modelled as a
-// step that is not clipped: the updates run during backward).
-StepTimeRequest step_time_request(const MemoryPlanRequest& plan, const ScheduleOptions& schedule);
+// The step-time model's request for a planned run: its model and batch, and the step its schedule
+// runs (RunMemory::step; speculative clipping is timed as a step that is not clipped).
+StepTimeRequest step_time_request(const MemoryPlanRequest& plan, const StepPlan& step);
 
 }  // namespace layup

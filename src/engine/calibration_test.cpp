@@ -254,7 +254,7 @@ TEST(Calibration, AShortUpdateIsTimedUntilTheTimedUpdatesHaveRunLongEnough) {
   EXPECT_EQ(calls, kAdamWWarmupUpdates + static_cast<int>(long_enough.seconds.size()));
 }
 
-TEST(Calibration, TheModelsRequestFollowsThePlannedSchedule) {
+TEST(Calibration, TheModelsRequestIsThePlannedRunsStep) {
   MemoryPlanRequest plan;
   plan.config = gpt2_config(4, 2, 64, 64);
   plan.batch = 2;
@@ -262,22 +262,19 @@ TEST(Calibration, TheModelsRequestFollowsThePlannedSchedule) {
   plan.grad_accum = 3;
   plan.mode = Mode::kLayup;
   plan.recompute = 3;
-  plan.clip = 1.0f;
   ScheduleOptions schedule;
   schedule.update_sites.assign(6, UpdateSite::kHost);
   schedule.update_sites[0] = schedule.update_sites[1] = UpdateSite::kDevice;
-  StepTimeRequest request = step_time_request(plan, schedule);
-  EXPECT_EQ(request.micro_batches, 3);
+  const StepPlan step = compile_step_plan(plan.mode, ParameterLayout(plan.config), schedule,
+                                          DeviceKinds{}, plan.grad_accum, /*clipping=*/true);
+  const StepTimeRequest request = step_time_request(plan, step);
+  EXPECT_EQ(request.batch, 2);
+  EXPECT_EQ(request.seq_len, 64);
   EXPECT_EQ(request.recompute, 3);
-  ASSERT_EQ(request.span_tiers.size(), 6u);
-  EXPECT_EQ(request.span_tiers[1], SpanTier::kDevice);
-  EXPECT_EQ(request.span_tiers[2], SpanTier::kHost);
-  EXPECT_EQ(request.timing, UpdateWindow::kDeferred);
-  schedule.speculative_clip = true;
-  EXPECT_EQ(step_time_request(plan, schedule).timing, UpdateWindow::kDuringBackward);
-  plan.clip = 0.0f;
-  schedule.speculative_clip = false;
-  EXPECT_EQ(step_time_request(plan, schedule).timing, UpdateWindow::kDuringBackward);
+  EXPECT_EQ(request.plan.micro_batches, 3);
+  EXPECT_EQ(request.plan.tasks.size(), step.tasks.size());
+  EXPECT_EQ(request.plan.spans[1].site, UpdateSite::kDevice);
+  EXPECT_EQ(request.plan.window, UpdateWindow::kAfterNorm);
 }
 
 }  // namespace

@@ -120,8 +120,9 @@ RunMemory plan_run_memory(const MemoryPlanRequest& r, int cpu_workers) {
   const ParameterLayout layout(r.config);
   const bool cuda = r.device == DeviceKind::kCuda;
 
-  append(plan.allocations,
-         schedule_buffers(r.mode, layout, run.schedule, device_kinds_of(r.device), r.grad_accum));
+  run.step = compile_step_plan(r.mode, layout, run.schedule, device_kinds_of(r.device),
+                               r.grad_accum, r.clip > 0.0f);
+  append(plan.allocations, run.step.buffers);
   append(plan.allocations, backend_and_device_buffers(r, plan.placement));
   append(plan.allocations, process_buffers(r, layout));
   plan.disk_bytes = disk_state_bytes(DiskTier::records(layout, run.schedule.update_sites));

@@ -8,6 +8,7 @@
 #include "backend/device.h"
 #include "memory/memory_plan.h"
 #include "schedule/schedule.h"
+#include "schedule/step_plan.h"
 
 namespace layup {
 
@@ -15,6 +16,7 @@ namespace layup {
 struct RunMemory {
   MemoryPlan plan;
   ScheduleOptions schedule;
+  StepPlan step;  // the schedule's step: plan.allocations lists its buffers
 };
 
 // Resolves the placement and the schedule's policies against the request's device, then lists

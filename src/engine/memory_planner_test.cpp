@@ -1,6 +1,7 @@
 // The memory plan against reality and against the numbers:
 //  - on the CPU backend, every cell the accountant measures after building each schedule and
-//    running a step equals the plan's (every mode, with and without accumulation);
+//    running a step equals the plan's (every mode, with and without accumulation), and the plan
+//    and the step-time model read the schedule's step plan (every placement);
 //  - gpt2-large at B=8, T=1024: `layup` keeps two blocks' weight gradients plus the embeddings'
 //    and the final norm's on the device, 86.4% less than `gpu` mode;
 //  - a 16 GiB budget (a unified-memory board, emulated on the CPU backend): what fits and what is
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/calibration.h"
+#include "engine/step_time_model.h"
 #include "io/streamed_file_writer.h"
 #include "model/parameter_layout.h"
 #include "schedule/random_step.h"
@@ -71,6 +74,26 @@ std::string refusal(const MemoryPlan& plan, const MemoryBudgets& budgets) {
   return error_of([&] { check_run_budget(plan, budgets); });
 }
 
+// The memory plan lists the step plan's buffers first, as they are, and the step-time model times
+// that plan's tasks.
+void expect_one_step_plan(const RunMemory& run) {
+  const BufferList& buffers = run.step.buffers;
+  ASSERT_GE(run.plan.allocations.size(), buffers.size());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    EXPECT_EQ(run.plan.allocations[i].what, buffers[i].what);
+    EXPECT_EQ(run.plan.allocations[i].bytes, buffers[i].bytes) << buffers[i].what;
+    EXPECT_EQ(run.plan.allocations[i].kind, buffers[i].kind) << buffers[i].what;
+  }
+  MachineRates rates;
+  rates.gpu_flops = rates.gpu_adamw_params_per_s = rates.cpu_adamw_params_per_s = 1e9;
+  rates.host_add_floats_per_s = rates.d2h_bytes_per_s = rates.h2d_bytes_per_s = 1e9;
+  rates.disk_read_bytes_per_s = rates.disk_write_bytes_per_s = 1e9;
+  const StepTimePrediction predicted =
+      predict_step_time(step_time_request(run.plan.request, run.step), rates);
+  EXPECT_EQ(predicted.tasks, run.step.tasks.size());
+  EXPECT_GT(predicted.step_s, 0.0);
+}
+
 TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
   const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
@@ -121,8 +144,31 @@ TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
             << report;
         // What the accountant cannot see is labelled as planned.
         EXPECT_NE(report.find("planned only, NOT measured"), std::string::npos) << report;
+        expect_one_step_plan(run);
       }
   }
+}
+
+// Every mode and placement on a discrete GPU (planned only): the step plan's sites are the
+// schedule's, and the memory plan and the step-time model read that one plan.
+TEST(MemoryPlan, ThePlannerAndTheTimeModelReadTheSchedulesStepPlan) {
+  const ModelConfig config = gpt2_config(6, 2, 64, 64);
+  for (const char* mode : {"gpu", "offload", "layup"})
+    for (const char* placement : {"host", "device:2", "disk:2", "device:1,disk:3"})
+      for (const LayupHead head : {LayupHead::kDevice, LayupHead::kHost}) {
+        if (std::string(mode) != "layup" && std::string(placement) != "host") continue;
+        SCOPED_TRACE(std::string(mode) + " " + placement);
+        MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, mode, 2, 64, 2));
+        request.layup_head = head;
+        request.offload_dir = "/offload";
+        if (std::string(mode) == "layup")
+          request.optimizer_placement = OptimizerPlacement::parse(placement);
+        const RunMemory run = plan_run_memory(request);
+        const std::vector<UpdateSite>& sites = run.schedule.update_sites;
+        for (size_t i = 0; i < sites.size(); ++i)
+          EXPECT_EQ(run.step.spans[i].site, sites[i]) << "span " << i;
+        expect_one_step_plan(run);
+      }
 }
 
 TEST(MemoryPlan, BenchReportsThePlanAndTheMeasuredPeaksAndRefusesOverBudget) {
@@ -147,7 +193,7 @@ TEST(MemoryPlan, BenchReportsThePlanAndTheMeasuredPeaksAndRefusesOverBudget) {
   const nlohmann::json json = benchmark_json(options, result, "layup bench");
   EXPECT_EQ(json["memory"]["plan"]["total_bytes"], result.memory_plan_bytes);
 
-  options.memory_budget = "100K";
+  options.memory_budget = size_t{100} << 10;  // 100K
   const std::string over = error_of([&] { run_benchmark(options); });
   EXPECT_NE(over.find("over --memory-budget 100.0 KiB"), std::string::npos) << over;
 }

@@ -10,17 +10,9 @@
 
 #include "core/run_choices.h"
 #include "model/model_config.h"
+#include "schedule/step_plan.h"
 
 namespace layup {
-
-// Where a span's optimizer state lives and its AdamW runs; the model's own input, so it does not
-// depend on the schedule's UpdateSite.
-enum class SpanTier { kDevice, kHost, kDisk };
-
-// When layup updates the host's spans: as each gradient lands during backward (--clip none, and
-// speculative clipping of a step that is not clipped), or after the norm, overlapped with the
-// next forward (deferred; docs/schedules.md, "Clipping").
-enum class UpdateWindow { kDuringBackward, kDeferred };
 
 // The machine's rates; a rate that was not measured is absent. Bytes and floats per second.
 struct MachineRates {
@@ -45,19 +37,11 @@ struct MachineRates {
 
 struct StepTimeRequest {
   ModelConfig config;
-  int batch = 1, seq_len = 1, micro_batches = 1;
-  Mode mode = Mode::kGpu;
+  int batch = 1, seq_len = 1;
   int recompute = 0;  // 3 runs each block's forward again in backward; 1, 2 cost no FLOPs
-  // layup: one tier per span in ParameterLayout::spans() order (embeddings, blocks, final norm);
-  // empty: every span on the host. gpu and offload ignore it.
-  std::vector<SpanTier> span_tiers;
-  UpdateWindow timing = UpdateWindow::kDuringBackward;
-  // layup: the host keeps the whole gradient (clipping or accumulation), so later micro-batches
-  // are added into it on the host.
-  bool host_gradient = true;
-  // layup: the disk tier's staging slots (ScheduleOptions::disk_slots): how far its reads run
-  // ahead of the updates.
-  int disk_slots = 3;
+  // The step's tasks, as the run's schedule issues them (compile_step_plan): the model times each
+  // and simulates them on their lanes, so it follows whatever the schedule does.
+  StepPlan plan;
 };
 
 // One span's work on each resource in a step, in seconds.
@@ -82,14 +66,14 @@ struct StepTimePrediction {
   double exposed_s = 0.0, hidden_s = 0.0;
   std::string bound_by;          // "GPU", or the busiest resource when the GPU waits
   std::vector<SpanTimes> spans;  // per span, layout order
+  size_t tasks = 0;              // the plan's tasks it timed, per step
 };
 
 // The rates a request needs that `rates` lacks, each named with how to measure it ("disk read and
 // write (layup calibrate --offload-dir DIR)"); empty when the model can predict.
 std::vector<std::string> missing_rates(const StepTimeRequest& request, const MachineRates& rates);
 
-// The predicted step. Throws layup::Error naming the missing rates, or a request the model does
-// not cover (a tier list of the wrong length, disk spans outside layup).
+// The predicted step. Throws layup::Error naming the missing rates, or a plan of another model.
 StepTimePrediction predict_step_time(const StepTimeRequest& request, const MachineRates& rates);
 
 // Training FLOPs of one token (forward and backward) by the PaLM count: 6 N + 12 L T C, N the

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "engine/backend_factory.h"
 #include "model/parameter_layout.h"
 
 namespace layup {
@@ -26,20 +27,27 @@ MachineRates rates() {
   return r;
 }
 
-StepTimeRequest request(Mode mode, int micro_batches = 1) {
+// Each span's update site: the blocks' (those from layer `disk_from` on: the disk), the head's.
+std::vector<UpdateSite> sites(UpdateSite blocks, UpdateSite head, int disk_from = 12) {
+  std::vector<UpdateSite> t(14, blocks);
+  t.front() = t.back() = head;
+  for (int l = disk_from; l < 12; ++l) t[1 + l] = UpdateSite::kDisk;
+  return t;
+}
+
+// A request for GPT-2 small, its step planned as the schedule of `mode` with these update sites
+// (layup; empty: every span on the host) runs it, clipping or not.
+StepTimeRequest request(Mode mode, int micro_batches = 1, std::vector<UpdateSite> update_sites = {},
+                        bool clipping = false) {
   StepTimeRequest r;
   r.config = gpt2_config(12, 12, 768, 1024);
   r.batch = 8;
   r.seq_len = 1024;
-  r.micro_batches = micro_batches;
-  r.mode = mode;
+  ScheduleOptions options;
+  options.update_sites = std::move(update_sites);
+  r.plan = compile_step_plan(mode, ParameterLayout(r.config), options,
+                             device_kinds_of(DeviceKind::kCuda), micro_batches, clipping);
   return r;
-}
-
-std::vector<SpanTier> tiers(const StepTimeRequest& r, SpanTier blocks, SpanTier head) {
-  std::vector<SpanTier> t(r.config.n_layer + 2, blocks);
-  t.front() = t.back() = head;
-  return t;
 }
 
 TEST(StepTimeModel, GpuModeIsTheFlopsAtTheRatePlusTheDevicesAdamW) {
@@ -70,15 +78,14 @@ TEST(StepTimeModel, TimesTheBlocksAndTheHeadEachAtItsOwnRateWhereCalibratedApart
 }
 
 TEST(StepTimeModel, LayupWithEverySpanOnTheDevicePredictsLikeGpuMode) {
-  StepTimeRequest r = request(Mode::kLayup);
-  r.span_tiers = tiers(r, SpanTier::kDevice, SpanTier::kDevice);
+  const StepTimeRequest r =
+      request(Mode::kLayup, 1, sites(UpdateSite::kDevice, UpdateSite::kDevice));
   const double gpu = predict_step_time(request(Mode::kGpu), rates()).step_s;
   EXPECT_NEAR(predict_step_time(r, rates()).step_s, gpu, 1e-9 * gpu);
 }
 
 TEST(StepTimeModel, ACpuSlowerThanTheBlocksBackwardIsExposed) {
-  StepTimeRequest r = request(Mode::kLayup);
-  r.span_tiers = tiers(r, SpanTier::kHost, SpanTier::kDevice);
+  const StepTimeRequest r = request(Mode::kLayup, 1, sites(UpdateSite::kHost, UpdateSite::kDevice));
   MachineRates fast = rates(), slow = rates();
   fast.cpu_adamw_params_per_s = 1e12;
   slow.cpu_adamw_params_per_s = 0.2e9;
@@ -96,9 +103,8 @@ TEST(StepTimeModel, ACpuSlowerThanTheBlocksBackwardIsExposed) {
 }
 
 TEST(StepTimeModel, DeferredUpdatesHideUnderTheNextForward) {
-  StepTimeRequest r = request(Mode::kLayup);
-  r.span_tiers = tiers(r, SpanTier::kHost, SpanTier::kDevice);
-  r.timing = UpdateWindow::kDeferred;
+  const StepTimeRequest r =
+      request(Mode::kLayup, 1, sites(UpdateSite::kHost, UpdateSite::kDevice), /*clipping=*/true);
   MachineRates m = rates();
   // The CPU's AdamW of all blocks about as long as the forward: it runs ahead of the forward,
   // block by block, so the step stays close to the GPU's own work.
@@ -112,8 +118,10 @@ TEST(StepTimeModel, DeferredUpdatesHideUnderTheNextForward) {
 }
 
 TEST(StepTimeModel, AccumulationScalesTheComputeAndAddsOnTheHost) {
-  StepTimeRequest one = request(Mode::kLayup, 1), four = request(Mode::kLayup, 4);
-  one.span_tiers = four.span_tiers = tiers(one, SpanTier::kHost, SpanTier::kDevice);
+  const StepTimeRequest one =
+      request(Mode::kLayup, 1, sites(UpdateSite::kHost, UpdateSite::kDevice));
+  const StepTimeRequest four =
+      request(Mode::kLayup, 4, sites(UpdateSite::kHost, UpdateSite::kDevice));
   const StepTimePrediction p1 = predict_step_time(one, rates());
   const StepTimePrediction p4 = predict_step_time(four, rates());
   EXPECT_NEAR(p4.gpu_compute_s, 4.0 * p1.gpu_compute_s, 1e-9);
@@ -155,9 +163,8 @@ TEST(StepTimeModel, RecomputeThreeRunsTheBlocksForwardAgain) {
 }
 
 TEST(StepTimeModel, DiskSpansAreBoundByTheDisksRates) {
-  StepTimeRequest r = request(Mode::kLayup);
-  r.span_tiers = tiers(r, SpanTier::kHost, SpanTier::kDevice);
-  for (int l = 6; l < 12; ++l) r.span_tiers[1 + l] = SpanTier::kDisk;
+  const StepTimeRequest r =
+      request(Mode::kLayup, 1, sites(UpdateSite::kHost, UpdateSite::kDevice, /*disk_from=*/6));
   const StepTimePrediction p = predict_step_time(r, rates());
   const double disk_floats = ParameterLayout(r.config).block().count * 6.0;
   EXPECT_NEAR(p.disk_read_s, 12.0 * disk_floats / 1.1e9, 1e-9);
@@ -171,9 +178,8 @@ TEST(StepTimeModel, DiskSpansAreBoundByTheDisksRates) {
 // Where the disk's rate with reads and writes at once was measured, both are timed by it: the
 // step keeps them in flight together, and each alone overstates what the disk gives then.
 TEST(StepTimeModel, DiskSpansUseTheMixedRateWhereMeasured) {
-  StepTimeRequest r = request(Mode::kLayup);
-  r.span_tiers = tiers(r, SpanTier::kHost, SpanTier::kDevice);
-  for (int l = 6; l < 12; ++l) r.span_tiers[1 + l] = SpanTier::kDisk;
+  const StepTimeRequest r =
+      request(Mode::kLayup, 1, sites(UpdateSite::kHost, UpdateSite::kDevice, /*disk_from=*/6));
   MachineRates m = rates();
   const double apart = predict_step_time(r, m).step_s;
   m.disk_mixed_bytes_per_s = 0.8e9;
@@ -220,10 +226,8 @@ TEST(StepTimeModel, TheCpusAdamWRunsAloneButWhileTheCopiesBesideItRun) {
 
   // Updating during backward, the next block's gradient comes down beside each update as well:
   // more of it runs beside copies than when deferred.
-  StepTimeRequest during = request(Mode::kLayup);
-  during.timing = UpdateWindow::kDuringBackward;
-  StepTimeRequest deferred = during;
-  deferred.timing = UpdateWindow::kDeferred;
+  const StepTimeRequest during = request(Mode::kLayup);
+  const StepTimeRequest deferred = request(Mode::kLayup, 1, {}, /*clipping=*/true);
   const double during_s = predict_step_time(during, rates_with_adamw_alone()).cpu_adamw_s;
   const double deferred_s = predict_step_time(deferred, rates_with_adamw_alone()).cpu_adamw_s;
   EXPECT_NEAR(deferred_s, expected, 1e-12);
@@ -232,8 +236,7 @@ TEST(StepTimeModel, TheCpusAdamWRunsAloneButWhileTheCopiesBesideItRun) {
 }
 
 TEST(StepTimeModel, ARateAloneNoFasterThanBesideCopiesChangesNothing) {
-  StepTimeRequest r = request(Mode::kLayup);
-  r.timing = UpdateWindow::kDeferred;
+  const StepTimeRequest r = request(Mode::kLayup, 1, {}, /*clipping=*/true);
   const double beside = predict_step_time(r, rates()).step_s;
   EXPECT_NEAR(predict_step_time(r, rates_with_adamw_alone(4e9)).step_s, beside, 1e-12);
   // A noisy calibration that timed the AdamW alone slower than beside copies: the copies never
@@ -250,8 +253,8 @@ TEST(StepTimeModel, ARateAloneNoFasterThanBesideCopiesChangesNothing) {
 }
 
 TEST(StepTimeModel, SaysWhichRatesItLacks) {
-  StepTimeRequest r = request(Mode::kLayup);
-  r.span_tiers = tiers(r, SpanTier::kDisk, SpanTier::kDevice);
+  const StepTimeRequest r =
+      request(Mode::kLayup, 1, sites(UpdateSite::kHost, UpdateSite::kDevice, /*disk_from=*/0));
   MachineRates m = rates();
   m.disk_read_bytes_per_s.reset();
   const std::vector<std::string> missing = missing_rates(r, m);
@@ -269,18 +272,14 @@ TEST(StepTimeModel, SaysWhichRatesItLacks) {
   EXPECT_TRUE(missing_rates(request(Mode::kGpu), gpu_only).empty());
 }
 
-TEST(StepTimeModel, RefusesATierListOfTheWrongLength) {
+TEST(StepTimeModel, RefusesAPlanOfAnotherModel) {
   StepTimeRequest r = request(Mode::kLayup);
-  r.span_tiers.assign(3, SpanTier::kHost);
-  EXPECT_THROW(predict_step_time(r, rates()), Error);
-  r = request(Mode::kOffload);
-  r.span_tiers = tiers(r, SpanTier::kDisk, SpanTier::kHost);
+  r.config = gpt2_config(4, 12, 768, 1024);
   EXPECT_THROW(predict_step_time(r, rates()), Error);
 }
 
 TEST(StepTimeModel, FormatsTheParts) {
-  StepTimeRequest r = request(Mode::kLayup);
-  r.span_tiers = tiers(r, SpanTier::kHost, SpanTier::kDevice);
+  const StepTimeRequest r = request(Mode::kLayup, 1, sites(UpdateSite::kHost, UpdateSite::kDevice));
   const std::string text = format_step_time(predict_step_time(r, rates()));
   EXPECT_NE(text.find("predicted step"), std::string::npos);
   EXPECT_NE(text.find("gradients to the host"), std::string::npos);

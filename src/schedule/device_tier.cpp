@@ -2,6 +2,7 @@
 #include "schedule/device_tier.h"
 
 #include "core/error.h"
+#include "schedule/step_plan.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
@@ -112,7 +113,7 @@ void DeviceTier::update(const AdamWStep& adamw, const std::vector<float*>& weigh
                         const std::vector<void*>& compute_copies, TraceRecorder* trace, int track) {
   for (const size_t index : spans_) {
     const Span& span = layout_.spans()[index];
-    TraceSpan traced(trace, track, adamw_trace_name(span.kind), span.layer);
+    TraceSpan traced(trace, track, trace_name(TaskKind::kAdamW, span.kind), span.layer);
     device_.adamw_update_span(layout_, span, weights[index], gradient(index),
                               m_.data() + at_[index], v_.data() + at_[index], adamw,
                               compute_copies.empty() ? nullptr : compute_copies[index]);

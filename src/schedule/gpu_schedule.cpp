@@ -15,6 +15,7 @@
 #include "schedule/optimizer_shards.h"
 #include "schedule/schedule.h"
 #include "schedule/span_square_sums.h"
+#include "schedule/step_plan.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
@@ -159,7 +160,7 @@ class GpuSchedule final : public Schedule {
     bool copies_written = true;
     for (size_t i = 0; i < layout_.spans().size(); ++i) {
       const Span& span = layout_.spans()[i];
-      TraceSpan traced(trace_, device_track_, adamw_trace_name(span.kind), span.layer);
+      TraceSpan traced(trace_, device_track_, trace_name(TaskKind::kAdamW, span.kind), span.layer);
       void* compute_copy = backend_->compute_copy(i);
       copies_written = copies_written && compute_copy != nullptr;
       device_->adamw_update_span(layout_, span, params_.data() + span.offset,
@@ -278,7 +279,7 @@ class GpuSchedule final : public Schedule {
     for (const Span& span : layout_.spans()) {
       const Part part = own_part(span);
       if (part.count == 0) continue;
-      TraceSpan traced(trace_, device_track_, adamw_trace_name(span.kind), span.layer);
+      TraceSpan traced(trace_, device_track_, trace_name(TaskKind::kAdamW, span.kind), span.layer);
       const size_t at = span.offset + part.first;
       device_->adamw_update_span_part(layout_, span, part.first, part.count, params_.data() + at,
                                       grads_.data() + at, adam_m_.data() + part.at,

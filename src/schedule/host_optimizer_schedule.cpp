@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "memory/parallel_pages.h"
+#include "schedule/step_plan.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
@@ -322,10 +323,10 @@ void HostOptimizerSchedule::update_span(size_t index, const float* grads,
   const float* master = buffers.params_out;
   TraceRecorder* const trace = trace_ != nullptr && trace_->recording() ? trace_ : nullptr;
   {
-    TraceSpan traced(trace_, trace_track, adamw_trace_name(span.kind), span.layer);
+    TraceSpan traced(trace_, trace_track, trace_name(TaskKind::kAdamW, span.kind), span.layer);
     // With a trace, each worker's share on its own track, under the same name.
     std::vector<double> share_start_us(worker_tracks_.size(), 0.0);
-    std::string name = adamw_trace_name(span.kind);
+    std::string name = trace_name(TaskKind::kAdamW, span.kind);
     if (span.kind == SpanKind::kBlock) {
       // Appended piece by piece: `" " + std::to_string(...)` trips GCC 12's -Wrestrict.
       name += ' ';
@@ -363,8 +364,14 @@ void HostOptimizerSchedule::update_span(size_t index, const float* grads,
   const double start_us = trace != nullptr ? trace->now_us() : 0.0;
   auto traced_landed = [trace, track = to_device_track_, start_us, kind = span.kind,
                         layer = span.layer, landed] {
-    if (trace != nullptr)
-      trace->add_span(track, weights_trace_name(kind, layer), start_us, trace->now_us());
+    if (trace != nullptr) {
+      std::string name = trace_name(TaskKind::kWeightsToDevice, kind);
+      if (kind == SpanKind::kBlock) {
+        name += ' ';
+        name += std::to_string(layer);
+      }
+      trace->add_span(track, name, start_us, trace->now_us());
+    }
     landed();
   };
   try {

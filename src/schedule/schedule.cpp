@@ -234,28 +234,4 @@ std::string describe_schedule(Mode mode, const ScheduleOptions& options, float c
   return text.str();
 }
 
-const char* adamw_trace_name(SpanKind kind) {
-  switch (kind) {
-    case SpanKind::kEmbeddings:
-      return "adamw embeddings";
-    case SpanKind::kBlock:
-      return "adamw block";
-    case SpanKind::kFinalNorm:
-      return "adamw final_norm";
-  }
-  return "adamw";
-}
-
-std::string weights_trace_name(SpanKind kind, int layer) {
-  switch (kind) {
-    case SpanKind::kEmbeddings:
-      return "weights embeddings";
-    case SpanKind::kBlock:
-      return "weights block " + std::to_string(layer);
-    case SpanKind::kFinalNorm:
-      return "weights final_norm";
-  }
-  return "weights";
-}
-
 }  // namespace layup

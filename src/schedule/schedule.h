@@ -248,13 +248,6 @@ std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend>
 // honoured and what a non-finite gradient does.
 std::string describe_schedule(Mode mode, const ScheduleOptions& options, float clip_max_norm);
 
-// The trace name of the AdamW update of one span kind: "adamw embeddings", "adamw block" (with the
-// layer as the span's index), "adamw final_norm".
-const char* adamw_trace_name(SpanKind kind);
-// The trace name of a span's new weights on their way to the device: "weights embeddings",
-// "weights block 3", "weights final_norm".
-std::string weights_trace_name(SpanKind kind, int layer);
-
 // The `gpu` mode: parameters, full gradients and AdamW state in the backend's memory; forward,
 // full backward, clip, update.
 std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,

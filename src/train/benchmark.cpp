@@ -177,7 +177,7 @@ void record_plan(const BenchmarkOptions& options, const PlannedRun& planned,
     result.layup_head =
         updates_head_on_device(planned.schedule) ? LayupHead::kDevice : LayupHead::kHost;
   result.memory_plan_bytes = memory_plan.total_bytes();
-  result.step_time = step_time_request(memory_plan.request, planned.schedule);
+  result.step_time = step_time_request(memory_plan.request, planned.step);
 }
 
 // Uniform random token ids for this rank's micro-batches, the same for every step: the timing

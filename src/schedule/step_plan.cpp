@@ -1,0 +1,439 @@
+// Compiles a mode and its options into the step's tasks (step_plan.h), in the order the schedules
+// issue them, and prints them.
+#include "schedule/step_plan.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include "core/error.h"
+
+namespace layup {
+
+const char* name_of(Lane lane) {
+  switch (lane) {
+    case Lane::kDevice:
+      return "device";
+    case Lane::kToHost:
+      return "to host";
+    case Lane::kCpu:
+      return "cpu workers";
+    case Lane::kToDevice:
+      return "to device";
+    case Lane::kDisk:
+      return "disk";
+    case Lane::kStep:
+      return "step";
+  }
+  return "?";
+}
+
+const char* name_of(TaskKind kind) {
+  switch (kind) {
+    case TaskKind::kForward:
+      return "forward";
+    case TaskKind::kBackward:
+      return "backward";
+    case TaskKind::kGradientToHost:
+      return "gradient to host";
+    case TaskKind::kAddGradient:
+      return "add gradient";
+    case TaskKind::kSumOverRanks:
+      return "sum over ranks";
+    case TaskKind::kNorm:
+      return "norm";
+    case TaskKind::kReadState:
+      return "read state";
+    case TaskKind::kAdamW:
+      return "adamw";
+    case TaskKind::kWriteState:
+      return "write state";
+    case TaskKind::kWeightsToDevice:
+      return "weights";
+  }
+  return "?";
+}
+
+const char* name_of(GradientTarget target) {
+  switch (target) {
+    case GradientTarget::kSlot:
+      return "a slot";
+    case GradientTarget::kOwnBuffer:
+      return "its own buffer";
+    case GradientTarget::kWholeGradient:
+      return "the whole-model gradient";
+  }
+  return "?";
+}
+
+const char* trace_name(TaskKind kind, SpanKind span) {
+  // Literals: a TraceSpan keeps the pointer. The backward's three calls keep the names of the
+  // backend's functions.
+  static constexpr const char* kNames[][3] = {
+      {"forward embeddings", "forward block", "forward final_norm"},
+      {"backward_embeddings", "backward_block", "backward_head"},
+      {"gradient to host embeddings", "gradient to host block", "gradient to host final_norm"},
+      {"add gradient embeddings", "add gradient block", "add gradient final_norm"},
+      {"sum over ranks embeddings", "sum over ranks block", "sum over ranks final_norm"},
+      {"norm", "norm", "norm"},
+      {"read state embeddings", "read state block", "read state final_norm"},
+      {"adamw embeddings", "adamw block", "adamw final_norm"},
+      {"write state embeddings", "write state block", "write state final_norm"},
+      {"weights embeddings", "weights block", "weights final_norm"}};
+  const int column = span == SpanKind::kEmbeddings ? 0 : span == SpanKind::kBlock ? 1 : 2;
+  return kNames[static_cast<int>(kind)][column];
+}
+
+namespace {
+
+const char* site_name(UpdateSite site) {
+  switch (site) {
+    case UpdateSite::kDevice:
+      return "AdamW on the device";
+    case UpdateSite::kHost:
+      return "AdamW on the host";
+    case UpdateSite::kDisk:
+      return "AdamW on the host, its state on disk,";
+  }
+  return "?";
+}
+
+// Builds one step's task list; cross-step waits are added once the whole step is known.
+class PlanBuilder {
+ public:
+  PlanBuilder(StepPlan& plan, int layers)
+      : plan_(plan),
+        spans_(static_cast<int>(plan.spans.size())),
+        layers_(layers),
+        on_host_(plan.spans.size(), -1),
+        landed_(plan.spans.size(), -1) {
+    head_copy_[0] = head_copy_[spans_ - 1] = -1;
+  }
+
+  void build() {
+    disk_order();
+    for (size_t j = 0; j < std::min(disk_.size(), static_cast<size_t>(plan_.disk_slots)); ++j)
+      disk_read_[disk_[j]] = add(TaskKind::kReadState, Lane::kDisk, disk_[j], -1, {});
+    int after_copies = -1;  // offload: the last copy of the micro-batch before
+    for (int k = 0; k < plan_.micro_batches; ++k) {
+      const bool last = k + 1 == plan_.micro_batches;
+      for (int i = 0; i < spans_; ++i) {
+        const int task = add(TaskKind::kForward, Lane::kDevice, i, k, {});
+        if (after_copies >= 0 && i == 0) plan_.tasks[task].after.push_back(after_copies);
+        if (k == 0) first_forward_.push_back(task);
+      }
+      backward_head(k);
+      for (int layer = layers_ - 1; layer >= 0; --layer) backward_block(1 + layer, k, last);
+      const int embeddings = add(TaskKind::kBackward, Lane::kDevice, 0, k, {});
+      last_backward_ = embeddings;
+      if (plan_.mode == Mode::kOffload) {
+        after_copies = copy_everything(embeddings, k);
+        continue;
+      }
+      for (const int i : {0, spans_ - 1}) gradient_path(i, embeddings, k);
+    }
+    finish_step();
+    cross_step_waits();
+  }
+
+ private:
+  bool layup() const { return plan_.mode == Mode::kLayup; }
+  bool on_cpu_side(int span) const { return plan_.spans[span].site != UpdateSite::kDevice; }
+
+  int add(TaskKind kind, Lane lane, int span, int micro_batch, std::vector<int> after) {
+    plan_.tasks.push_back({kind, lane, span, micro_batch, std::move(after), {}});
+    return static_cast<int>(plan_.tasks.size()) - 1;
+  }
+
+  // The disk spans in the order they are updated: as backward reaches them (top down), or after
+  // the norm (bottom up).
+  void disk_order() {
+    for (int i = 0; i < spans_; ++i)
+      if (plan_.spans[i].site == UpdateSite::kDisk) disk_.push_back(i);
+    if (plan_.window == UpdateWindow::kDuringBackward) std::reverse(disk_.begin(), disk_.end());
+  }
+
+  // backward_head: the final norm's (and the LM head's) backward, which also starts the
+  // embeddings' gradient. In layup it overwrites the head's gradient buffers: the host must have
+  // taken the micro-batch before's.
+  void backward_head(int k) {
+    std::vector<int> after;
+    if (layup() && k > 0)
+      for (const int i : {0, spans_ - 1})
+        if (head_copy_[i] >= 0) after.push_back(head_copy_[i]);
+    const int task = add(TaskKind::kBackward, Lane::kDevice, spans_ - 1, k, std::move(after));
+    if (k == 0) first_backward_head_ = task;
+  }
+
+  void backward_block(int span, int k, bool last) {
+    const SpanPlan& s = plan_.spans[span];
+    if (s.gradient != GradientTarget::kSlot) {
+      // gpu and the device-updated spans sum micro-batches on the device; offload copies after.
+      const int task = add(TaskKind::kBackward, Lane::kDevice, span, k, {});
+      if (k > 0 && !on_cpu_side(span)) add(TaskKind::kAddGradient, Lane::kDevice, span, k, {task});
+      return;
+    }
+    // Slot (layer % 2) is free once the host has its last gradient.
+    const int slot = (span - 1) % 2;
+    std::vector<int> after;
+    if (slot_user_[slot] >= 0) after.push_back(slot_user_[slot]);
+    const int task = add(TaskKind::kBackward, Lane::kDevice, span, k, std::move(after));
+    if (slot_user_[slot] < 0) first_slot_backward_[slot] = task;
+    const int copied = gradient_path(span, task, k);
+    slot_user_[slot] = copied;
+    if (last && plan_.window == UpdateWindow::kDuringBackward) update(span, {on_host_[span]});
+  }
+
+  // A host-updated span's gradient of micro-batch k: to the host, added to the sum after the
+  // first, summed over the ranks after the last. Returns the copy (what frees its buffer).
+  int gradient_path(int span, int computed, int k) {
+    if (!on_cpu_side(span)) {
+      if (k > 0) add(TaskKind::kAddGradient, Lane::kDevice, span, k, {computed});
+      return -1;
+    }
+    const int copy = add(TaskKind::kGradientToHost, Lane::kToHost, span, k, {computed});
+    on_host_[span] = copy;
+    if (span == 0 || span == spans_ - 1) head_copy_[span] = copy;
+    if (k > 0 && plan_.host_gradient)
+      on_host_[span] = add(TaskKind::kAddGradient, Lane::kCpu, span, k, {copy});
+    if (k + 1 == plan_.micro_batches && plan_.ranks > 1)
+      on_host_[span] = add(TaskKind::kSumOverRanks, Lane::kCpu, span, -1, {on_host_[span]});
+    return copy;
+  }
+
+  // offload: after backward, every span's gradient copied (and added) in layout order by the
+  // thread that runs the device, nothing beside it. Returns the last task.
+  int copy_everything(int backward_done, int k) {
+    int previous = backward_done;
+    for (int i = 0; i < spans_; ++i) {
+      previous = add(TaskKind::kGradientToHost, Lane::kToHost, i, k, {previous});
+      if (k > 0) previous = add(TaskKind::kAddGradient, Lane::kCpu, i, k, {previous});
+      on_host_[i] = previous;
+    }
+    return previous;
+  }
+
+  // The norm, then the updates the window left; the device's in layout order after the host's
+  // are queued (they run before the next forward, in the device's order).
+  void finish_step() {
+    if (plan_.ranks > 1 && !layup())
+      for (int i = 0; i < spans_; ++i)
+        on_host_[i] = add(TaskKind::kSumOverRanks, on_cpu_side(i) ? Lane::kCpu : Lane::kDevice, i,
+                          -1, {on_host_[i] >= 0 ? on_host_[i] : last_backward_});
+    std::vector<int> after = {last_backward_};
+    const bool host_sums = plan_.mode == Mode::kOffload ||
+                           (plan_.host_gradient && plan_.micro_batches > 1) || plan_.ranks > 1;
+    if (host_sums)
+      for (int i = 0; i < spans_; ++i)
+        if (on_host_[i] >= 0) after.push_back(on_host_[i]);
+    norm_ = add(TaskKind::kNorm, Lane::kStep, -1, -1, std::move(after));
+    std::vector<int> order;
+    if (plan_.window == UpdateWindow::kDuringBackward)
+      order = {0, spans_ - 1};  // the blocks went during backward
+    else
+      for (int i = 0; i < spans_; ++i) order.push_back(i);
+    for (const int i : order)
+      if (on_cpu_side(i)) update(i, {norm_, on_host_[i]});
+    for (int i = 0; i < spans_; ++i)
+      if (!on_cpu_side(i)) landed_[i] = add(TaskKind::kAdamW, Lane::kDevice, i, -1, {norm_});
+  }
+
+  // A host-updated span's AdamW on the CPU workers (its state read from disk first, written back
+  // after), then its weights to the device.
+  void update(int span, std::vector<int> after) {
+    const auto at = std::find(disk_.begin(), disk_.end(), span);
+    const size_t j = static_cast<size_t>(at - disk_.begin());
+    if (at != disk_.end()) after.push_back(disk_read_.at(span));
+    const int adamw = add(TaskKind::kAdamW, Lane::kCpu, span, -1, std::move(after));
+    landed_[span] = add(TaskKind::kWeightsToDevice, Lane::kToDevice, span, -1, {adamw});
+    if (at == disk_.end()) return;
+    const int written = add(TaskKind::kWriteState, Lane::kDisk, span, -1, {adamw});
+    // The staging slot it frees takes the read `slots` updates on.
+    const size_t next = j + static_cast<size_t>(plan_.disk_slots);
+    if (next < disk_.size())
+      disk_read_[disk_[next]] = add(TaskKind::kReadState, Lane::kDisk, disk_[next], -1, {written});
+  }
+
+  // What a step waits for from the one before: each span's forward for its new weights (offload:
+  // the first forward for all of them, as its step returns once they have landed), the first for
+  // step() to have returned; the head's backward and the first user of each slot for the host
+  // to have taken the last micro-batch's gradient there.
+  void cross_step_waits() {
+    for (int i = 0; i < spans_; ++i) {
+      std::vector<int>& waits =
+          plan_.tasks[first_forward_[plan_.mode == Mode::kOffload ? 0 : i]].after_last_step;
+      if (landed_[i] >= 0) waits.push_back(landed_[i]);
+    }
+    plan_.tasks[first_forward_[0]].after_last_step.push_back(norm_);
+    if (layup())
+      for (const int i : {0, spans_ - 1})
+        if (head_copy_[i] >= 0)
+          plan_.tasks[first_backward_head_].after_last_step.push_back(head_copy_[i]);
+    for (int slot = 0; slot < 2; ++slot)
+      if (first_slot_backward_[slot] >= 0)
+        plan_.tasks[first_slot_backward_[slot]].after_last_step.push_back(slot_user_[slot]);
+  }
+
+  StepPlan& plan_;
+  const int spans_, layers_;
+  std::vector<int> on_host_;  // per span: the last task of its gradient's way to the host
+  std::vector<int> landed_;   // per span: the task after which its new weights are on the device
+  std::vector<int> first_forward_;
+  std::map<int, int> head_copy_;          // per head span: its last copy to the host
+  std::array<int, 2> slot_user_{-1, -1};  // per slot: the copy that last read it
+  std::array<int, 2> first_slot_backward_{-1, -1};
+  std::vector<int> disk_;         // disk spans in update order
+  std::map<int, int> disk_read_;  // per disk span: its read
+  int first_backward_head_ = -1, last_backward_ = -1, norm_ = -1;
+};
+
+}  // namespace
+
+StepPlan compile_step_plan(Mode mode, const ParameterLayout& layout, const ScheduleOptions& options,
+                           DeviceKinds kinds, int micro_batches, bool clipping) {
+  LAYUP_CHECK(micro_batches >= 1, "a step plan needs at least one micro-batch (got ", micro_batches,
+              ")");
+  const size_t span_count = layout.spans().size();
+  LAYUP_CHECK(options.update_sites.empty() || options.update_sites.size() == span_count,
+              "a step plan got ", options.update_sites.size(), " update sites for ", span_count,
+              " spans (embeddings, ", layout.config().n_layer, " blocks, final norm)");
+  StepPlan plan;
+  plan.mode = mode;
+  plan.micro_batches = micro_batches;
+  plan.ranks = options.ranks != nullptr ? options.ranks->size() : 1;
+  plan.spans.resize(span_count);
+  for (size_t i = 0; i < span_count; ++i) {
+    SpanPlan& s = plan.spans[i];
+    const bool head = i == 0 || i + 1 == span_count;
+    switch (mode) {
+      case Mode::kGpu:
+        s = {UpdateSite::kDevice, GradientTarget::kWholeGradient};
+        break;
+      case Mode::kOffload:
+        s = {UpdateSite::kHost, GradientTarget::kWholeGradient};
+        break;
+      case Mode::kLayup:
+        s.site = options.update_sites.empty() ? UpdateSite::kHost : options.update_sites[i];
+        s.gradient = head || s.site == UpdateSite::kDevice ? GradientTarget::kOwnBuffer
+                                                           : GradientTarget::kSlot;
+        break;
+    }
+    if (s.site == UpdateSite::kDisk) plan.disk_slots = options.disk_slots;
+  }
+  plan.host_gradient = mode == Mode::kOffload || (mode == Mode::kLayup && options.host_gradient);
+  plan.speculative = mode == Mode::kLayup && clipping && options.speculative_clip;
+  plan.window = mode == Mode::kLayup && (!clipping || options.speculative_clip)
+                    ? UpdateWindow::kDuringBackward
+                    : UpdateWindow::kAfterNorm;
+  PlanBuilder(plan, layout.config().n_layer).build();
+  plan.buffers = schedule_buffers(mode, layout, options, kinds, micro_batches);
+  return plan;
+}
+
+std::string StepPlan::task_name(const PlanTask& task) const {
+  // The plan does not keep the layout: spans are named by their place in it.
+  const int last = static_cast<int>(spans.size()) - 1;
+  if (task.span < 0) return trace_name(task.kind, SpanKind::kBlock);
+  if (task.span == 0) return trace_name(task.kind, SpanKind::kEmbeddings);
+  if (task.span == last) return trace_name(task.kind, SpanKind::kFinalNorm);
+  std::string name = trace_name(task.kind, SpanKind::kBlock);
+  name += ' ';
+  name += std::to_string(task.span - 1);
+  return name;
+}
+
+int StepPlan::count(TaskKind kind, Lane lane) const {
+  return static_cast<int>(std::count_if(tasks.begin(), tasks.end(), [&](const PlanTask& t) {
+    return t.kind == kind && t.lane == lane;
+  }));
+}
+
+std::string StepPlan::describe() const {
+  std::string text = "step plan (" + std::string(name_of(mode)) + ", " +
+                     std::to_string(micro_batches) + " micro-batch" +
+                     (micro_batches > 1 ? "es" : "") + ", " + std::to_string(tasks.size()) +
+                     " tasks)\n";
+  // Spans grouped by what the plan does with them, in layout order.
+  const int last = static_cast<int>(spans.size()) - 1;
+  struct Group {
+    int first, end;
+  };
+  std::vector<Group> groups;
+  for (int i = 0; i <= last; ++i) {
+    const bool same = !groups.empty() && i != last && groups.back().first != 0 &&
+                      spans[i].site == spans[groups.back().first].site &&
+                      spans[i].gradient == spans[groups.back().first].gradient;
+    if (same)
+      groups.back().end = i + 1;
+    else
+      groups.push_back({i, i + 1});
+  }
+  const auto span_label = [&](int i) {
+    return i == 0      ? std::string("embeddings")
+           : i == last ? std::string("final_norm")
+                       : "block " + std::to_string(i - 1);
+  };
+  for (const Group& g : groups) {
+    std::string label = span_label(g.first);
+    if (g.end - g.first > 1)
+      label = "blocks " + std::to_string(g.first - 1) + "-" + std::to_string(g.end - 2);
+    const SpanPlan& s = spans[g.first];
+    text += "  " + label + ": gradient into " + name_of(s.gradient) + ", " + site_name(s.site);
+    if (s.site != UpdateSite::kDevice)
+      text += window == UpdateWindow::kDuringBackward && g.first != 0 && g.first != last
+                  ? (speculative ? " during backward (redone if the step is clipped)"
+                                 : " during backward")
+                  : " after the norm";
+    text += "\n";
+  }
+  // Each lane's tasks in order, those of the first micro-batch and those once a step; runs of
+  // one kind over consecutive blocks in one item ("adamw blocks 11..0").
+  if (micro_batches > 1) text += "  each lane, the first micro-batch and the step's own tasks:\n";
+  for (int lane = 0; lane < kLaneCount; ++lane) {
+    std::vector<std::string> items;
+    const PlanTask* run_first = nullptr;
+    const PlanTask* run_last = nullptr;
+    const auto close_run = [&] {
+      if (run_first == nullptr) return;
+      std::string name = task_name(*run_first);
+      if (run_first != run_last)
+        name.replace(name.rfind("block"), std::string::npos,
+                     "blocks " + std::to_string(run_first->span - 1) + ".." +
+                         std::to_string(run_last->span - 1));
+      items.push_back(std::move(name));
+      run_first = run_last = nullptr;
+    };
+    for (const PlanTask& task : tasks) {
+      if (static_cast<int>(task.lane) != lane || task.micro_batch > 0) continue;
+      const bool block = task.span > 0 && task.span < last;
+      // A run goes up or down one block at a time.
+      const int step = run_first != nullptr ? task.span - run_last->span : 0;
+      const int direction = run_first != nullptr ? run_last->span - run_first->span : 0;
+      const bool continues = run_first != nullptr && block && task.kind == run_last->kind &&
+                             std::abs(step) == 1 &&
+                             (direction == 0 || (step > 0) == (direction > 0));
+      if (continues) {
+        run_last = &task;
+        continue;
+      }
+      close_run();
+      if (block) {
+        run_first = run_last = &task;
+      } else {
+        items.push_back(task_name(task));
+      }
+    }
+    close_run();
+    if (items.empty()) continue;
+    std::string line;
+    for (const std::string& item : items) line += (line.empty() ? "" : ", ") + item;
+    char head[32];
+    std::snprintf(head, sizeof head, "  %-12s ", name_of(static_cast<Lane>(lane)));
+    text += head + line + "\n";
+  }
+  return text;
+}
+
+}  // namespace layup
