@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,12 +61,15 @@ void add_model_flags(CLI::App& command, ModelFlags& flags, const std::string& de
 // The memory flags `train`, `bench` and `memory` share: --memory-budget, --device-budget,
 // --host-budget, --place (memory/memory_plan.h) and --plan (a file `layup study` wrote,
 // memory/plan_file.h; merge it with place_flags_with_plan() once the flags are parsed).
-void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget, bool& allow_overcommit,
-                      std::vector<std::string>& place, std::string& plan_path);
-// The budget flags alone (`study` chooses the placements itself).
-void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget, bool& allow_overcommit);
+void add_memory_flags(CLI::App& command, std::optional<size_t>& memory_budget,
+                      std::optional<size_t>& device_budget, std::optional<size_t>& host_budget,
+                      bool& allow_overcommit, std::vector<std::string>& place,
+                      std::string& plan_path);
+// The budget flags alone (`study` chooses the placements itself). Each size is parsed here, once,
+// into bytes (memory/memory_plan.h, parse_memory_size); an unset flag leaves none.
+void add_budget_flags(CLI::App& command, std::optional<size_t>& memory_budget,
+                      std::optional<size_t>& device_budget, std::optional<size_t>& host_budget,
+                      bool& allow_overcommit);
 
 // The clipping flags `train`, `bench` and `memory` share: --clip (a threshold or none) and
 // --layup-clip (how layup keeps clipping exact: speculative or deferred).

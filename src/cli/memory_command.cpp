@@ -101,8 +101,10 @@ void add_memory_command(CLI::App& app) {
   cmd->callback([flags, cmd]() {
     flags->mode_given = cmd->count("--mode") > 0;
     const RunRequest asked = run_request(*flags);
-    MemoryBudgets budgets =
-        parse_memory_budgets(flags->memory_budget, flags->device_budget, flags->host_budget);
+    MemoryBudgets budgets;
+    budgets.total = flags->memory_budget;
+    budgets.device = flags->device_budget;
+    budgets.host = flags->host_budget;
     if (!flags->offload_dir.empty()) {
       const DiskSpace space = read_disk_space(flags->offload_dir);
       budgets.disk = space.usable_bytes();

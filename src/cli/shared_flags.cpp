@@ -96,34 +96,50 @@ ModelConfig ModelFlags::resolve(int seq_len) const {
   return config;
 }
 
-void add_budget_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget, bool& allow_overcommit) {
-  add_parsed_flag(
-      command, "--memory-budget", memory_budget, "size",
-      [](const std::string& text) { parse_memory_size(text, "--memory-budget"); },
-      "Refuse, before allocating, a run whose memory plan needs more than this, "
-      "device and host side together, as on a unified-memory board: 16G, 512M, "
-      "1.5GiB (K, M, G, T: powers of 1024; KB, MB, GB, TB: of 1000)");
-  add_parsed_flag(
-      command, "--device-budget", device_budget, "size",
-      [](const std::string& text) { parse_memory_size(text, "--device-budget"); },
-      "The same for the device side alone (what the device computes on)");
-  add_parsed_flag(
-      command, "--host-budget", host_budget, "size",
-      [](const std::string& text) { parse_memory_size(text, "--host-budget"); },
-      "The same for the host side alone (the schedule's host-side state). Every "
-      "plan is also checked against what this machine's host memory can give "
-      "(MemAvailable and the cgroup's limit, less a reserve): a budget can lower "
-      "that limit, not raise it");
+// A size flag (parse_memory_size), read into bytes as the command line is parsed; a text it does
+// not take is refused there, with its message.
+CLI::Option* add_size_flag(CLI::App& command, const std::string& flag, std::optional<size_t>& bytes,
+                           const std::string& description) {
+  const auto refusal = [flag](std::string& text) -> std::string {
+    try {
+      parse_memory_size(text, flag);
+      return "";
+    } catch (const Error& error) {
+      return error.what();
+    }
+  };
+  return command
+      .add_option_function<std::string>(
+          flag, [&bytes, flag](const std::string& text) { bytes = parse_memory_size(text, flag); },
+          description)
+      ->check(CLI::Validator(refusal, ""))
+      ->type_name("size");
+}
+
+void add_budget_flags(CLI::App& command, std::optional<size_t>& memory_budget,
+                      std::optional<size_t>& device_budget, std::optional<size_t>& host_budget,
+                      bool& allow_overcommit) {
+  add_size_flag(command, "--memory-budget", memory_budget,
+                "Refuse, before allocating, a run whose memory plan needs more than this, "
+                "device and host side together, as on a unified-memory board: 16G, 512M, "
+                "1.5GiB (K, M, G, T: powers of 1024; KB, MB, GB, TB: of 1000)");
+  add_size_flag(command, "--device-budget", device_budget,
+                "The same for the device side alone (what the device computes on)");
+  add_size_flag(command, "--host-budget", host_budget,
+                "The same for the host side alone (the schedule's host-side state). Every "
+                "plan is also checked against what this machine's host memory can give "
+                "(MemAvailable and the cgroup's limit, less a reserve): a budget can lower "
+                "that limit, not raise it");
   command.add_flag("--allow-overcommit", allow_overcommit,
                    "Skip the check against this machine's host memory (and let --host-budget "
                    "exceed it), e.g. where swap will take the rest: the kernel may then end the "
                    "run");
 }
 
-void add_memory_flags(CLI::App& command, std::string& memory_budget, std::string& device_budget,
-                      std::string& host_budget, bool& allow_overcommit,
-                      std::vector<std::string>& place, std::string& plan_path) {
+void add_memory_flags(CLI::App& command, std::optional<size_t>& memory_budget,
+                      std::optional<size_t>& device_budget, std::optional<size_t>& host_budget,
+                      bool& allow_overcommit, std::vector<std::string>& place,
+                      std::string& plan_path) {
   add_budget_flags(command, memory_budget, device_budget, host_budget, allow_overcommit);
   add_parsed_flag(
       command, "--place", place, "CLASS=KIND, ...",

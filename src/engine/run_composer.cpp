@@ -26,6 +26,15 @@ MemoryPlanRequest resolved_request(const RunRequest& request, const ComputeTarge
   return plan;
 }
 
+// The budgets the request's flags set (the machine's limits are added to them).
+MemoryBudgets flag_budgets(const RunRequest& request) {
+  MemoryBudgets budgets;
+  budgets.total = request.memory_budget;
+  budgets.device = request.device_budget;
+  budgets.host = request.host_budget;
+  return budgets;
+}
+
 // `budgets` with the free space under --offload-dir (less its reserve) as the disk's limit.
 MemoryBudgets with_disk_limit(MemoryBudgets budgets, const std::string& offload_dir) {
   if (offload_dir.empty()) return budgets;
@@ -61,10 +70,9 @@ MemoryBudgets run_budgets(const RunRequest& request, const DeviceMemoryAttribute
   // --allow-overcommit drops the host's limit, so it is not read: a machine whose /proc/meminfo
   // cannot be trusted (host_memory.h refuses it) can still run with the flag.
   return with_disk_limit(
-      with_machine_limit(
-          parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget),
-          request.allow_overcommit ? HostMemoryLimit{} : read_host_memory_limit(),
-          request.allow_overcommit, attributes),
+      with_machine_limit(flag_budgets(request),
+                         request.allow_overcommit ? HostMemoryLimit{} : read_host_memory_limit(),
+                         request.allow_overcommit, attributes),
       request.plan.offload_dir);
 }
 
@@ -79,11 +87,10 @@ MemoryPlan plan_only(const RunRequest& request) {
   // auto's split against the budget flags and, where this machine's GPU was queried, its free
   // memory (the host's limit is left out: the plan may be for another machine).
   const MemoryPlanRequest resolved = resolved_request(request, target);
-  const MemoryBudgets budgets = with_disk_limit(
-      with_machine_limit(
-          parse_memory_budgets(request.memory_budget, request.device_budget, request.host_budget),
-          HostMemoryLimit{}, /*allow_overcommit=*/true, resolved.attributes),
-      request.plan.offload_dir);
+  const MemoryBudgets budgets =
+      with_disk_limit(with_machine_limit(flag_budgets(request), HostMemoryLimit{},
+                                         /*allow_overcommit=*/true, resolved.attributes),
+                      request.plan.offload_dir);
   check_run_shape(resolved, budgets);
   return plan_memory(resolve_optimizer_placement(resolved, budgets));
 }

@@ -5,7 +5,9 @@
 // schedule the plan describes.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/backend_factory.h"
@@ -23,7 +25,7 @@ struct RunRequest {
   ComputeTarget target;    // may say auto
   MemoryPlanRequest plan;  // device, dtype, recompute and attributes: from the target
   int cpu_workers = 0;     // offload, layup: CPU AdamW workers (0: every core this process may use)
-  std::string memory_budget, device_budget, host_budget;  // budget flags; empty: none
+  std::optional<size_t> memory_budget, device_budget, host_budget;  // bytes; none: no budget
   bool allow_overcommit = false;
 };
 

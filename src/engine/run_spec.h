@@ -4,6 +4,8 @@
 // run_request_of (run_composer.h).
 #pragma once
 
+#include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,9 +42,10 @@ struct RunSpec {
   OptimizerPlacement optimizer_placement;   // where layup keeps the blocks' optimizer state
   std::string offload_dir;  // layup: the directory of the blocks placed on disk (--offload-dir)
 
-  // Memory (memory/memory_plan.h): budgets as sizes ("16G"; empty: none), checked against the
-  // run's memory plan before anything is allocated, and --place CLASS=KIND overrides.
-  std::string memory_budget, device_budget, host_budget;
+  // Memory (memory/memory_plan.h): budgets in bytes (the CLI parsed "16G"; none: no budget),
+  // checked against the run's memory plan before anything is allocated, and --place CLASS=KIND
+  // overrides.
+  std::optional<size_t> memory_budget, device_budget, host_budget;
   bool allow_overcommit = false;  // no check against this machine's host memory
   std::vector<std::string> place;
 };

@@ -195,8 +195,7 @@ TEST(PlacementStudy, ARunOverTheBudgetIsSkippedAsSuch) {
   // (the state on its way into the schedule, the process itself). A host budget of exactly that
   // refuses offload and layup, which keep their AdamW state on the host.
   options.base.mode = Mode::kGpu;
-  options.base.host_budget =
-      std::to_string(plan_only(run_request_of(options.base)).bytes(MemorySide::kHost));
+  options.base.host_budget = plan_only(run_request_of(options.base)).bytes(MemorySide::kHost);
   const StudyResult result = run_study(options, fake_runner({}));
   int over_budget = 0;
   for (const StudyRun& run : result.runs) {

@@ -37,6 +37,11 @@ void add_model_config(std::vector<SharedSetting>& settings, const ModelConfig& m
     settings.push_back({"the model's " + key, setting_text(value)});
 }
 
+// A budget as the ranks compare it: its bytes ("16G" and "16GiB" agree), empty for none.
+std::string budget_text(const std::optional<size_t>& bytes) {
+  return bytes ? std::to_string(*bytes) + " bytes" : std::string();
+}
+
 // RunSpec's flags that neither table nor command lists elsewhere.
 void add_placement_flags(std::vector<SharedSetting>& settings, const RunSpec& spec) {
   std::string place;
@@ -45,9 +50,9 @@ void add_placement_flags(std::vector<SharedSetting>& settings, const RunSpec& sp
                                    {"--dtype", name_of(spec.dtype)},
                                    {"--attention", name_of(spec.attention)},
                                    {"--optimizer-placement", spec.optimizer_placement.name()},
-                                   {"--memory-budget", spec.memory_budget},
-                                   {"--device-budget", spec.device_budget},
-                                   {"--host-budget", spec.host_budget},
+                                   {"--memory-budget", budget_text(spec.memory_budget)},
+                                   {"--device-budget", budget_text(spec.device_budget)},
+                                   {"--host-budget", budget_text(spec.host_budget)},
                                    {"--allow-overcommit", spec.allow_overcommit ? "true" : "false"},
                                    {"--place", place}});
 }

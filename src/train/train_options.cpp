@@ -54,7 +54,6 @@ void validate_train_options(const TrainOptions& o) {
   LAYUP_CHECK(o.temperature > 0.0f, "--temperature must be positive (got ", o.temperature, ")");
   LAYUP_CHECK(o.top_k >= 0, "--top-k must not be negative (0 = the whole vocabulary)");
   check_thread_count("--cpu-workers", o.cpu_workers);
-  parse_memory_budgets(o.memory_budget, o.device_budget, o.host_budget);  // throws naming the flag
 }
 
 // The saved settings name each choice as its flag does ("layup", "bf16"); a name the table does not
