@@ -69,7 +69,7 @@ class GpuSchedule final : public Schedule {
  public:
   GpuSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
               const ParameterLayout& layout, const ScheduleOptions& options)
-      : Schedule(layout),
+      : layout_(layout),
         backend_(std::move(backend)),
         device_(std::move(device)),
         buffers_(layout, options, device_->kinds()),
@@ -88,6 +88,11 @@ class GpuSchedule final : public Schedule {
   }
 
   std::string name() const override { return "gpu"; }
+  const ParameterLayout& layout() const override { return layout_; }
+  void set_trace(TraceRecorder* recorder) override {
+    trace_ = recorder;
+    device_track_ = device_track(recorder);
+  }
 
   StepStats step(std::span<const TokenBatch> micro_batches,
                  const UpdateSettings& settings) override {
@@ -319,6 +324,9 @@ class GpuSchedule final : public Schedule {
     }
   }
 
+  const ParameterLayout layout_;
+  TraceRecorder* trace_ = nullptr;
+  int device_track_ = 0;  // "GPU" in trace_
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
   const GpuBuffers buffers_;

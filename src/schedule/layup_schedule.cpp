@@ -52,7 +52,7 @@
 #include "schedule/device_tier.h"
 #include "schedule/forward_waits.h"
 #include "schedule/gradient_route.h"
-#include "schedule/host_optimizer_schedule.h"
+#include "schedule/host_updated_model.h"
 #include "schedule/release_once.h"
 #include "schedule/update_timing.h"
 #include "schedule/weight_grad_slots.h"
@@ -62,43 +62,44 @@ namespace layup {
 
 namespace {
 
-class LayupSchedule final : public HostOptimizerSchedule {
+class LayupSchedule final : public Schedule {
  public:
   LayupSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
                 const ParameterLayout& layout, const ScheduleOptions& options)
-      : HostOptimizerSchedule(std::move(backend), std::move(device), layout, options),
-        grads_kind_(gradients_kind(options, device_->kinds())),
-        embeddings_grad_(device_->allocate(head_gradient_buffer(layout, grads_kind_, 0))),
-        final_norm_grad_(device_->allocate(
+      : layout_(layout),
+        model_(std::move(backend), std::move(device), layout, options),
+        grads_kind_(gradients_kind(options, model_.device().kinds())),
+        embeddings_grad_(model_.device().allocate(head_gradient_buffer(layout, grads_kind_, 0))),
+        final_norm_grad_(model_.device().allocate(
             head_gradient_buffer(layout, grads_kind_, layout.spans().size() - 1))),
-        slots_(*device_, layout.block().count, grads_kind_),
-        device_tier_(*device_, layout_, options.update_sites, grads_kind_, embeddings_grad_.data(),
-                     final_norm_grad_.data()),
+        slots_(model_.device(), layout.block().count, grads_kind_),
+        device_tier_(model_.device(), layout_, options.update_sites, grads_kind_,
+                     embeddings_grad_.data(), final_norm_grad_.data()),
         host_head_spans_(host_updated_head_spans(layout, options.update_sites)),
-        route_(make_gradient_route(host_gradient_.get(), *device_, layout_, grads_kind_,
+        route_(make_gradient_route(model_.host_gradient(), model_.device(), layout_, grads_kind_,
                                    host_head_spans_)),
         timing_(options.speculative_clip),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_updated_(layout.config().n_layer, 0),
         progress_(layout.spans().size()) {
-    LAYUP_CHECK(host_gradient_ || !speculative_clip_,
+    LAYUP_CHECK(model_.host_gradient() != nullptr || !model_.speculative_clip(),
                 "speculative clipping needs the whole-model gradient on the host (it may redo "
                 "every block's update once the norm is known)");
     // The device-updated spans' gradients are summed over the ranks where they are.
-    if (ranks() != nullptr && !device_tier_.spans().empty())
-      collectives_ = join_device_collectives(*device_, *ranks());
-    LAYUP_CHECK(device_tier_.spans().empty() || !weights_in_place_,
+    if (model_.ranks() != nullptr && !device_tier_.spans().empty())
+      collectives_ = join_device_collectives(model_.device(), *model_.ranks());
+    LAYUP_CHECK(device_tier_.spans().empty() || !model_.weights_in_place(),
                 "updating spans on the device (the head, or blocks) needs the device's own copy of "
                 "the weights, and here the device computes with the master weights in place; "
                 "update those spans on the host, or keep the weights in device memory");
     if (!device_tier_.spans().empty()) {
       device_tier_weights_.assign(layout.spans().size(), nullptr);
-      if (weights_land_in_compute_copy_)
+      if (model_.weights_land_in_compute_copy())
         device_tier_compute_copies_.assign(layout.spans().size(), nullptr);
       for (const size_t index : device_tier_.spans()) {
-        device_tier_weights_[index] = params_.data() + device_copy_at(index);
-        if (weights_land_in_compute_copy_)
-          device_tier_compute_copies_[index] = backend_->compute_copy(index);
+        device_tier_weights_[index] = model_.device_copy() + model_.device_copy_at(index);
+        if (model_.weights_land_in_compute_copy())
+          device_tier_compute_copies_[index] = model_.backend().compute_copy(index);
       }
     }
   }
@@ -107,23 +108,44 @@ class LayupSchedule final : public HostOptimizerSchedule {
 
   std::string name() const override { return "layup"; }
 
+  const ParameterLayout& layout() const override { return layout_; }
+
   void set_trace(TraceRecorder* recorder) override {
     wait_for_cpu_side();  // updates of the last step may still be running, and they read trace_
-    HostOptimizerSchedule::set_trace(recorder);
+    trace_ = recorder;
+    device_track_ = device_track(recorder);
+    model_.set_trace(recorder);
     cpu_track_ = recorder != nullptr ? recorder->track("cpu workers") : 0;
     consumer_track_ = recorder != nullptr ? recorder->track("gradients to host") : 0;
   }
 
+  float evaluate(const TokenBatch& batch) override { return forward_pass(batch); }
+  const float* forward_logits(const TokenBatch& batch) override {
+    forward_pass(batch);
+    return model_.backend().logits();
+  }
+
   // The device-updated spans' weights and moments are the device's.
   void export_span(size_t index, const SpanState& out) const override {
-    if (!device_tier_.holds(index)) return HostOptimizerSchedule::export_span(index, out);
     finish_updates();
-    device_tier_.read_span(index, out, params_.data() + device_copy_at(index));
+    if (!device_tier_.holds(index)) return model_.export_span(index, out);
+    device_tier_.read_span(index, out, model_.device_copy() + model_.device_copy_at(index));
   }
   void import_span(size_t index, const ConstSpanState& in) override {
-    HostOptimizerSchedule::import_span(index, in);  // host state, and the weights to the device
+    finish_updates();
+    model_.import_span(index, in);  // host state, and the weights to the device
     if (device_tier_.holds(index)) device_tier_.write_span(index, in.m, in.v);
   }
+  std::string cpu_adamw_report() const override {
+    finish_updates();  // count every update of the steps so far
+    return model_.cpu_adamw_report();
+  }
+  double cpu_adamw_rate() const override {
+    finish_updates();
+    return model_.cpu_adamw_rate();
+  }
+  std::string storage_report() const override { return model_.storage_report(); }
+  DiskTraffic disk_traffic() const override { return model_.disk_traffic(); }
 
   StepStats step(std::span<const TokenBatch> micro_batches,
                  const UpdateSettings& settings) override {
@@ -139,7 +161,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
       throw;
     }
     // The consumer has summed every span's gradient over the ranks: MPI is this thread's again.
-    if (ranks() != nullptr) loss_sum = ranks()->sum_in_rank_order(loss_sum);
+    if (model_.ranks() != nullptr) loss_sum = model_.ranks()->sum_in_rank_order(loss_sum);
 
     StepStats stats;
     stats.loss = static_cast<float>(loss_sum / global_micro_batches(micro_batches.size()));
@@ -166,22 +188,24 @@ class LayupSchedule final : public HostOptimizerSchedule {
         device_tier_.update(adamw, device_tier_weights_, device_tier_compute_copies_, trace_,
                             device_track_);
       });
-    if (plan.timing->speculative()) promote_spare_state();
+    if (plan.timing->speculative()) model_.promote_spare_state();
     stats.applied = true;
     return stats;
   }
 
- protected:
-  float forward_pass(const TokenBatch& batch) override {
+ private:
+  // A forward pass on the device copy, waiting span by span for updates still landing.
+  float forward_pass(const TokenBatch& batch) {
     ForwardWaits waits(progress_, layout_.spans().size() - 1, trace_, device_track_);
-    const float loss = backend_->forward(device_params(), batch, waits);
+    const float loss = model_.backend().forward(model_.device_params(), batch, waits);
     waits.finish();
     return loss;
   }
 
-  void finish_updates() const override { progress_.wait_all_landed(); }
+  // Returns once no update of the host state or the device copy is in flight (updates run past
+  // the end of a step).
+  void finish_updates() const { progress_.wait_all_landed(); }
 
- private:
   // The updates of the host-updated head spans (embeddings, final norm) of one step: step() decides
   // them once the norm is known (an AdamW step, or none), the consumer reports their gradient on
   // the host; whichever comes second submits them. With one micro-batch the norm is known from the
@@ -192,27 +216,28 @@ class LayupSchedule final : public HostOptimizerSchedule {
     bool decided = false, landed = false;
     bool update = false;  // decided: whether the spans are updated
     AdamWStep adamw{};
-    OptimizerState from{}, to{};
+    HostUpdatedModel::OptimizerState from{}, to{};
     std::vector<RoutedGradient> grads;  // landed: per host-updated head span
   };
 
   // What one step's device work and consumes share; set before the device thread starts.
   struct StepPlan {
     StepTiming* timing = nullptr;
-    OptimizerState from{}, to{};       // where the step's host updates read and write the state
+    HostUpdatedModel::OptimizerState from{},
+        to{};                          // where the step's host updates read and write the state
     AdamWStep unclipped{};             // what an update during backward uses (clip factor 1)
     std::shared_ptr<HeadUpdate> head;  // null where no head span is updated on the host
   };
 
   // This rank's micro-batches and every other rank's: the step's global batch.
   size_t global_micro_batches(size_t micro_batches) const {
-    return micro_batches * static_cast<size_t>(rank_count());
+    return micro_batches * static_cast<size_t>(model_.rank_count());
   }
 
   void check_step(size_t micro_batches, float clip_max_norm) const {
     LAYUP_CHECK(micro_batches > 0, "a training step needs at least one micro-batch");
     LAYUP_CHECK(!broken_, "the layup schedule failed in an earlier step and cannot continue");
-    LAYUP_CHECK(host_gradient_ || (clip_max_norm <= 0.0f && micro_batches == 1),
+    LAYUP_CHECK(model_.host_gradient() != nullptr || (clip_max_norm <= 0.0f && micro_batches == 1),
                 "this layup schedule keeps no whole-model gradient on the host (planned for "
                 "--clip none and one micro-batch, as a unified-memory device wants), so it cannot "
                 "clip (asked: ",
@@ -228,17 +253,17 @@ class LayupSchedule final : public HostOptimizerSchedule {
     device_tier_.begin_step(micro_batches);
     StepPlan plan;
     plan.timing = &timing_.begin_step(settings.clip_max_norm);
-    plan.from = current_state();
-    plan.to = plan.timing->speculative() ? spare_state() : plan.from;
+    plan.from = model_.current_state();
+    plan.to = plan.timing->speculative() ? model_.spare_state() : plan.from;
     plan.unclipped = settings.adamw;
     plan.unclipped.grad_scale = 1.0f;
     if (!host_head_spans_.empty()) plan.head = std::make_shared<HeadUpdate>();
-    if (disk_tier_) {
+    if (model_.disk_tier() != nullptr) {
       // The disk blocks' updates in the order the timing runs them, for the tier to read ahead:
       // as backward reaches them (top down), or after the norm (bottom up).
-      std::vector<size_t> order = disk_tier_->spans();
+      std::vector<size_t> order = model_.disk_tier()->spans();
       if (plan.timing->during_backward()) std::reverse(order.begin(), order.end());
-      disk_tier_->expect(order);
+      model_.disk_tier()->expect(order);
     }
     return plan;
   }
@@ -246,7 +271,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
   // Device thread: forward and backward of every micro-batch, each gradient handed on.
   void device_step(std::span<const TokenBatch> micro_batches, const StepPlan& plan,
                    double& loss_sum) {
-    const ParameterPointers params = device_params();
+    const ParameterPointers params = model_.device_params();
     const float loss_scale = 1.0f / static_cast<float>(global_micro_batches(micro_batches.size()));
     for (size_t k = 0; k < micro_batches.size(); ++k) {
       const bool first = k == 0;
@@ -264,8 +289,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
       progress_.wait_head_landed();
       {
         TraceSpan traced(trace_, device_track_, "backward_head");
-        backend_->backward_head(params, final_norm_grad_.data(), embeddings_grad_.data(),
-                                loss_scale);
+        model_.backend().backward_head(params, final_norm_grad_.data(), embeddings_grad_.data(),
+                                       loss_scale);
       }
       for (int layer = layout_.config().n_layer - 1; layer >= 0; --layer) {
         if (device_tier_.holds(1 + layer)) {  // its gradient stays on the device
@@ -292,8 +317,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
   void backward_block(const SlotLease& lease, const ParameterPointers& params, bool first,
                       bool last) {
     TraceSpan traced(trace_, device_track_, "backward_block", lease.layer);
-    backend_->backward_block(lease.layer, params, lease.data);
-    if (first && last) start_device_sum_of_squares(1 + lease.layer, lease.data);
+    model_.backend().backward_block(lease.layer, params, lease.data);
+    if (first && last) model_.start_device_sum_of_squares(1 + lease.layer, lease.data);
   }
 
   // Device thread: a device-updated block's backward into its own gradient; with several
@@ -302,23 +327,23 @@ class LayupSchedule final : public HostOptimizerSchedule {
     const size_t index = 1 + layer;
     if (first && last) {
       TraceSpan traced(trace_, device_track_, "backward_block", layer);
-      backend_->backward_block(layer, params, device_tier_.block_gradient(layer));
+      model_.backend().backward_block(layer, params, device_tier_.block_gradient(layer));
     } else {
       const SlotLease lease = acquire_slot(layer);
       {
         TraceSpan traced(trace_, device_track_, "backward_block", layer);
-        backend_->backward_block(layer, params, lease.data);
+        model_.backend().backward_block(layer, params, lease.data);
         device_tier_.add(index, lease.data, first);
       }
       slots_.release(lease);  // the slot's next backward runs after the add, in device order
     }
-    if (last) start_device_sum_of_squares(index, device_tier_.gradient(index));
+    if (last) model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
   }
 
   // Device thread: the slot goes to the consumer once the backward that wrote it has passed; with
   // `update`, the block is updated as that step's timing says.
   void hand_on(const SlotLease& lease, bool first, bool last, const StepPlan* update) {
-    std::shared_ptr<const DeviceFence> written = device_->fence();
+    std::shared_ptr<const DeviceFence> written = model_.device().fence();
     progress_.consume_submitted();
     consumer_.submit([this, lease, written, first, last, update] {
       run_task([&] {
@@ -341,9 +366,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
       routed = route_->take({index, lease.data, &written, lease.slot, std::move(slot_back)}, first,
                             last);
       if (!last) return;
-      span_sum_sq_[index] = first ? device_sum_of_squares(index) : routed.host_sum_sq;
+      span_sum_sq_[index] = first ? model_.device_sum_of_squares(index) : routed.host_sum_sq;
       // Before any update reads it: the block's gradient over every rank, in the accumulator.
-      if (ranks() != nullptr) span_sum_sq_[index] = sum_gradient_over_ranks(index);
+      if (model_.ranks() != nullptr) span_sum_sq_[index] = model_.sum_gradient_over_ranks(index);
     }
     if (update != nullptr && update->timing->update_now(span_sum_sq_[index])) {
       block_updated_[lease.layer] = 1;  // before this consume reports done, so step() sees it
@@ -358,8 +383,8 @@ class LayupSchedule final : public HostOptimizerSchedule {
   double sum_device_gradient_over_ranks(size_t index) {
     float* gradient = device_tier_.gradient(index);
     collectives_->sum_in_rank_order(gradient, layout_.spans()[index].count);
-    start_device_sum_of_squares(index, gradient);
-    return device_sum_of_squares(index);
+    model_.start_device_sum_of_squares(index, gradient);
+    return model_.device_sum_of_squares(index);
   }
 
   // Device thread: the embeddings' backward (tied wte's second part), the device-updated head
@@ -369,18 +394,18 @@ class LayupSchedule final : public HostOptimizerSchedule {
                            const std::shared_ptr<HeadUpdate>& head) {
     {
       TraceSpan traced(trace_, device_track_, "backward_embeddings");
-      backend_->backward_embeddings(params, embeddings_grad_.data());
+      model_.backend().backward_embeddings(params, embeddings_grad_.data());
       for (const size_t index : {size_t{0}, layout_.spans().size() - 1}) {
         const float* micro_batch = micro_batch_head_gradient(index);
         if (!device_tier_.holds(index)) {
-          if (first && last) start_device_sum_of_squares(index, micro_batch);
+          if (first && last) model_.start_device_sum_of_squares(index, micro_batch);
           continue;
         }
         if (!(first && last)) device_tier_.add(index, micro_batch, first);
-        if (last) start_device_sum_of_squares(index, device_tier_.gradient(index));
+        if (last) model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
       }
     }
-    std::shared_ptr<const DeviceFence> written = device_->fence();
+    std::shared_ptr<const DeviceFence> written = model_.device().fence();
     progress_.consume_submitted();
     if (last && head != nullptr) progress_.head_landing_submitted();
     consumer_.submit([this, written, first, last, head = last ? head : nullptr] {
@@ -404,26 +429,27 @@ class LayupSchedule final : public HostOptimizerSchedule {
           if (last) span_sum_sq_[index] = routed.back().host_sum_sq;
         }
       if (last) {
-        device_->wait_for(written);
+        model_.device().wait_for(written);
         for (const size_t index : device_tier_.spans()) {
-          span_sum_sq_[index] = device_sum_of_squares(index);
+          span_sum_sq_[index] = model_.device_sum_of_squares(index);
           // The device is idle until step() returns: the sums go in its order from here.
-          if (ranks() != nullptr) span_sum_sq_[index] = sum_device_gradient_over_ranks(index);
+          if (model_.ranks() != nullptr)
+            span_sum_sq_[index] = sum_device_gradient_over_ranks(index);
         }
         if (one_micro_batch)
           for (const size_t index : host_head_spans_)
-            span_sum_sq_[index] = device_sum_of_squares(index);
-        if (ranks() != nullptr) {
+            span_sum_sq_[index] = model_.device_sum_of_squares(index);
+        if (model_.ranks() != nullptr) {
           // The norm needs the head's gradient summed over the ranks: it lands first.
           if (one_micro_batch)
             for (const size_t index : host_head_spans_)
               routed.push_back(route_->take(head_source(index, written), first, last));
           for (const size_t index : host_head_spans_)
-            span_sum_sq_[index] = sum_gradient_over_ranks(index);
+            span_sum_sq_[index] = model_.sum_gradient_over_ranks(index);
         }
       }
       progress_.consume_done();
-      if (one_micro_batch && ranks() == nullptr)
+      if (one_micro_batch && model_.ranks() == nullptr)
         for (const size_t index : host_head_spans_)
           routed.push_back(route_->take(head_source(index, written), first, last));
     }
@@ -502,7 +528,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
     if (plan.timing->speculative()) {
       progress_.wait_all_landed();
       for (int layer = 0; layer < layout_.config().n_layer; ++layer)
-        if (block_updated_[layer]) refresh_device_weights(1 + layer);
+        if (block_updated_[layer]) model_.refresh_device_weights(1 + layer);
     }
     timing_.end_step(/*clipped=*/true);
   }
@@ -511,8 +537,9 @@ class LayupSchedule final : public HostOptimizerSchedule {
   // coordinator, urgent ones ahead of every queued one; the caller counted it as submitted, and
   // it is in flight until its weights have landed. `read_done` (when given) runs once the AdamW
   // has read `grads`.
-  void enqueue_update(size_t index, const float* grads, const OptimizerState& from,
-                      const OptimizerState& to, const AdamWStep& adamw,
+  void enqueue_update(size_t index, const float* grads,
+                      const HostUpdatedModel::OptimizerState& from,
+                      const HostUpdatedModel::OptimizerState& to, const AdamWStep& adamw,
                       std::shared_ptr<ReleaseOnce> read_done, bool urgent = false) {
     auto task = [this, index, grads, from, to, adamw, read_done = std::move(read_done)] {
       run_task([&] { run_update(index, grads, from, to, adamw); });
@@ -527,12 +554,12 @@ class LayupSchedule final : public HostOptimizerSchedule {
   // Coordinator: AdamW on span `index`, its landing reported to progress_. update_span's trace
   // span ends before the landing is reported, so a forward that waited for it starts after it in
   // the trace too.
-  void run_update(size_t index, const float* grads, const OptimizerState& from,
-                  const OptimizerState& to, const AdamWStep& adamw) {
+  void run_update(size_t index, const float* grads, const HostUpdatedModel::OptimizerState& from,
+                  const HostUpdatedModel::OptimizerState& to, const AdamWStep& adamw) {
     progress_.transfer_starting();
     try {
-      update_span(index, grads, from, to, adamw, cpu_track_,
-                  [this, index] { progress_.update_landed(index); });
+      model_.update_span(index, grads, from, to, adamw, cpu_track_,
+                         [this, index] { progress_.update_landed(index); });
     } catch (...) {
       progress_.transfer_abandoned();
       throw;
@@ -604,7 +631,7 @@ class LayupSchedule final : public HostOptimizerSchedule {
   static BufferList buffers(const ParameterLayout& layout, const ScheduleOptions& options,
                             DeviceKinds kinds, int micro_batches) {
     const MemoryKind grads_kind = gradients_kind(options, kinds);
-    BufferList list = HostOptimizerSchedule::buffers(layout, options, kinds).list();
+    BufferList list = HostUpdatedModel::buffers(layout, options, kinds).list();
     list.push_back(head_gradient_buffer(layout, grads_kind, 0));
     list.push_back(head_gradient_buffer(layout, grads_kind, layout.spans().size() - 1));
     append(list, WeightGradSlots::buffers(layout.block().count, grads_kind));
@@ -616,6 +643,10 @@ class LayupSchedule final : public HostOptimizerSchedule {
   }
 
  private:
+  const ParameterLayout layout_;
+  TraceRecorder* trace_ = nullptr;
+  int device_track_ = 0;  // "GPU" in trace_
+  HostUpdatedModel model_;
   const MemoryKind grads_kind_;                     // the placement's kind for weight gradients
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
   WeightGradSlots slots_;                           // block gradients, two slots

@@ -1,4 +1,5 @@
-// What every schedule shares: tracing's device track, and the choice of a schedule by mode name.
+// What every schedule shares: tracing's device track, the whole state through span exports, and
+// the choice of a schedule by mode name.
 #include "schedule/schedule.h"
 
 #include <algorithm>
@@ -14,9 +15,8 @@
 
 namespace layup {
 
-void Schedule::set_trace(TraceRecorder* recorder) {
-  trace_ = recorder;
-  device_track_ = recorder != nullptr ? recorder->track("GPU") : 0;
+int device_track(TraceRecorder* recorder) {
+  return recorder != nullptr ? recorder->track("GPU") : 0;
 }
 
 OptimizerTensors fresh_optimizer_tensors(const ParameterLayout& layout, uint64_t seed) {
@@ -29,10 +29,10 @@ OptimizerTensors fresh_optimizer_tensors(const ParameterLayout& layout, uint64_t
 }
 
 OptimizerTensors Schedule::export_tensors() const {
-  const size_t n = layout_.total_count();
+  const size_t n = layout().total_count();
   OptimizerTensors tensors{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
-  for (size_t index = 0; index < layout_.spans().size(); ++index) {
-    const size_t at = layout_.spans()[index].offset;
+  for (size_t index = 0; index < layout().spans().size(); ++index) {
+    const size_t at = layout().spans()[index].offset;
     export_span(index, {tensors.params.data() + at, tensors.adam_m.data() + at,
                         tensors.adam_v.data() + at});
   }
@@ -40,12 +40,12 @@ OptimizerTensors Schedule::export_tensors() const {
 }
 
 void Schedule::import_tensors(const OptimizerTensors& tensors) {
-  const size_t n = layout_.total_count();
+  const size_t n = layout().total_count();
   LAYUP_CHECK(
       tensors.params.size() == n && tensors.adam_m.size() == n && tensors.adam_v.size() == n,
       "model state has ", tensors.params.size(), " parameters but the model needs ", n);
-  for (size_t index = 0; index < layout_.spans().size(); ++index) {
-    const size_t at = layout_.spans()[index].offset;
+  for (size_t index = 0; index < layout().spans().size(); ++index) {
+    const size_t at = layout().spans()[index].offset;
     import_span(index, {tensors.params.data() + at, tensors.adam_m.data() + at,
                         tensors.adam_v.data() + at});
   }
@@ -54,13 +54,13 @@ void Schedule::import_tensors(const OptimizerTensors& tensors) {
 void Schedule::initialize_fresh(uint64_t seed,
                                 const std::function<void(size_t, size_t)>& spans_done) {
   size_t largest = 0;
-  for (const Span& span : layout_.spans()) largest = std::max(largest, span.count);
+  for (const Span& span : layout().spans()) largest = std::max(largest, span.count);
   std::vector<float> params(largest);
   const std::vector<float> zeros(largest, 0.0f);
-  for (size_t index = 0; index < layout_.spans().size(); ++index) {
-    init_span_parameters(layout_, index, params.data(), seed);
+  for (size_t index = 0; index < layout().spans().size(); ++index) {
+    init_span_parameters(layout(), index, params.data(), seed);
     import_span(index, {params.data(), zeros.data(), zeros.data()});
-    if (spans_done) spans_done(index + 1, layout_.spans().size());
+    if (spans_done) spans_done(index + 1, layout().spans().size());
   }
 }
 

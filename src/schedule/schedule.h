@@ -90,11 +90,12 @@ struct DiskTraffic {
   }
 };
 
+// An interface only: each schedule composes what it keeps (no state is shared down a hierarchy).
 class Schedule {
  public:
   virtual ~Schedule() = default;
 
-  const ParameterLayout& layout() const { return layout_; }
+  virtual const ParameterLayout& layout() const = 0;
 
   virtual std::string name() const = 0;
 
@@ -131,10 +132,11 @@ class Schedule {
   // model's fresh state takes a minute or more.
   void initialize_fresh(uint64_t seed, const std::function<void(size_t, size_t)>& spans_done = {});
 
-  // Records the spans of every later step into `recorder` (null: stop). Call between steps; the
-  // recorder must outlive the steps it records (a schedule whose updates run past the end of a
-  // step waits for them here). A schedule with worker threads overrides it to make their tracks.
-  virtual void set_trace(TraceRecorder* recorder);
+  // Records the spans of every later step into `recorder` (null: stop), on the track "GPU"
+  // (device_track) and tracks of the schedule's own. Call between steps; the recorder must
+  // outlive the steps it records (a schedule whose updates run past the end of a step waits for
+  // them here).
+  virtual void set_trace(TraceRecorder* recorder) = 0;
 
   // One line on the CPU AdamW engine and the rate it reached so far (HostAdamW::report(), e.g.
   // "CPU AdamW: 16 workers (pinned), AVX-512, 3.41 G params/s over 120 updates"); "" for a mode
@@ -148,14 +150,10 @@ class Schedule {
   // What the disk tier has moved so far (zeros where there is none): a difference of two
   // readings is what the steps between them moved.
   virtual DiskTraffic disk_traffic() const { return {}; }
-
- protected:
-  explicit Schedule(const ParameterLayout& layout) : layout_(layout) {}
-
-  const ParameterLayout layout_;
-  TraceRecorder* trace_ = nullptr;
-  int device_track_ = 0;  // "GPU" in trace_
 };
+
+// The track "GPU" of `recorder` (0 without one): where every schedule records its device work.
+int device_track(TraceRecorder* recorder);
 
 // Where a span's AdamW runs and its AdamW state lives (ScheduleOptions::update_sites): the
 // device's memory and AdamW; the host's memory and CPU workers; or a file under

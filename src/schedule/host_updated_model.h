@@ -1,17 +1,17 @@
-// What the `offload` and `layup` schedules share: the compute copy of the weights in the device's
-// memory (what forward and backward read), and on the host the fp32 master weights, the gradient
-// accumulated over micro-batches and the AdamW moments of the spans the host updates (every span in
-// offload; in layup those ScheduleOptions::update_sites leaves on the host), packed in layout
-// order (PackedSpans). A span's state is read and written span by span (export_span,
-// import_span); the device copy is refreshed from it after each update (update_span). What it
-// allocates with which ScheduleOptions is listed by buffers(); what the options mean (weights in
-// place, no host gradient, speculative clipping, weights landing in the compute copy) is written
-// once in docs/schedules.md.
+// The model as `offload` and `layup` keep it, a component both compose: the compute copy of the
+// weights in the device's memory (what forward and backward read), and on the host the fp32 master
+// weights, the gradient accumulated over micro-batches and the AdamW moments of the spans the host
+// updates (every span in offload; in layup those ScheduleOptions::update_sites leaves on the host),
+// packed in layout order (PackedSpans). A span's state is read and written span by span
+// (export_span, import_span); the device copy is refreshed from it after each update
+// (update_span). What it allocates with which ScheduleOptions is listed by buffers(); what the
+// options mean (weights in place, no host gradient, speculative clipping, weights landing in the
+// compute copy) is written once in docs/schedules.md.
 //
 // The CPU side runs on one engine, HostAdamW (optim/host_adamw.h), whose pinned workers split
 // every pass over a span (adding a gradient into the accumulator, its sum of squares, AdamW), so a
-// span's update uses every worker however the derived schedule orders spans. The derived
-// schedules decide how a step's gradient reaches the host and when each span is updated.
+// span's update uses every worker however the schedule orders spans. The schedules decide how a
+// step's gradient reaches the host and when each span is updated.
 #pragma once
 
 #include <functional>
@@ -29,25 +29,39 @@
 
 namespace layup {
 
-class HostOptimizerSchedule : public Schedule {
+class HostUpdatedModel {
  public:
-  float evaluate(const TokenBatch& batch) override;
-  const float* forward_logits(const TokenBatch& batch) override;
-  // The host-updated spans' state from the host; the weights of every span into the device's
-  // copy. layup adds the device-updated spans' moments.
-  void export_span(size_t index, const SpanState& out) const override;
-  void import_span(size_t index, const ConstSpanState& in) override;
-  std::string cpu_adamw_report() const override;
-  double cpu_adamw_rate() const override;
-  std::string storage_report() const override {
+  // cpu_workers (options): HostAdamW workers, one per core from the first allowed one (0: every
+  // core this process may use).
+  HostUpdatedModel(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
+                   const ParameterLayout& layout, const ScheduleOptions& options);
+
+  ModelBackend& backend() const { return *backend_; }
+  Device& device() const { return *device_; }
+  // The device's fp32 copy (device_copy_spans), packed; device_copy_at(index) is a span's place.
+  float* device_copy() const { return params_.data(); }
+  bool weights_in_place() const { return weights_in_place_; }
+  bool weights_land_in_compute_copy() const { return weights_land_in_compute_copy_; }
+  bool speculative_clip() const { return speculative_clip_; }
+  // The gradient accumulated over micro-batches (null without ScheduleOptions::host_gradient).
+  HostGradient* host_gradient() const { return host_gradient_.get(); }
+  // The spans at UpdateSite::kDisk (null where there are none).
+  DiskTier* disk_tier() const { return disk_tier_.get(); }
+
+  // The host-updated spans' state from the host (a disk span's from the disk); the weights of
+  // every span into the device's copy. The caller waits first for updates still in flight.
+  void export_span(size_t index, const SpanState& out) const;
+  void import_span(size_t index, const ConstSpanState& in);
+  std::string cpu_adamw_report() const { return host_adamw_->report(); }
+  double cpu_adamw_rate() const { return host_adamw_->rate_params_per_s(); }
+  std::string storage_report() const {
     return disk_tier_ ? "disk tier: " + disk_tier_->describe() : "";
   }
-  DiskTraffic disk_traffic() const override {
-    return disk_tier_ ? disk_tier_->traffic() : DiskTraffic{};
-  }
-  // Also names the track of the weight copies to the device ("to device") and one track per
-  // HostAdamW worker ("cpu worker 0", ...) with its share of every AdamW.
-  void set_trace(TraceRecorder* recorder) override;
+  DiskTraffic disk_traffic() const { return disk_tier_ ? disk_tier_->traffic() : DiskTraffic{}; }
+  // Records its AdamW spans on the track the caller gives update_span, the weight copies to the
+  // device on "to device" and one track per HostAdamW worker ("cpu worker 0", ...) with its share
+  // of every AdamW.
+  void set_trace(TraceRecorder* recorder);
 
   // What it allocates with `options` on a device handing out `kinds` (the HostGradient's too).
   struct Buffers {
@@ -70,24 +84,10 @@ class HostOptimizerSchedule : public Schedule {
   static PackedSpans device_copy_spans(const ParameterLayout& layout,
                                        const ScheduleOptions& options);
 
- protected:
-  // cpu_workers: HostAdamW workers, one per core from the first allowed one (0: every core this
-  // process may use).
-  HostOptimizerSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
-                        const ParameterLayout& layout, const ScheduleOptions& options);
-
   // The weights the device computes with, span by span: its own copy; or the master weights in
   // place; or, for a span whose weights land in the compute copy, the master weights, which the
   // backend then never reads.
   ParameterPointers device_params() const;
-
-  // A forward pass on the device copy. `layup` overrides it to wait, span by span, for updates
-  // that are still landing.
-  virtual float forward_pass(const TokenBatch& batch);
-
-  // Returns once no update of the host state or the device copy is in flight (`layup` lets
-  // updates run past the end of a step); export_tensors and import_tensors call it first.
-  virtual void finish_updates() const {}
 
   // Starts the sum of squares of span `index`'s gradient in device memory, in order with the
   // device's work (Device::start_sum_of_squares); device_sum_of_squares reads it once a fence
@@ -98,7 +98,7 @@ class HostOptimizerSchedule : public Schedule {
   double device_sum_of_squares(size_t index);
 
   // One copy of the host's optimizer state: master weights and AdamW moments of the host-updated
-  // spans, packed (host_spans_).
+  // spans, packed (host_spans).
   struct OptimizerState {
     float* params;
     float* m;
@@ -154,6 +154,8 @@ class HostOptimizerSchedule : public Schedule {
   size_t host_at(size_t index) const;
   size_t device_copy_at(size_t index) const;
 
+ private:
+  const ParameterLayout layout_;
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
   // ScheduleOptions
@@ -168,16 +170,13 @@ class HostOptimizerSchedule : public Schedule {
   // The spare copy of master weights and moments, with speculative_clip only.
   DeviceBuffer spare_params_, spare_m_, spare_v_;
   std::unique_ptr<HostAdamW> host_adamw_;
-  // The gradient accumulated over micro-batches (null without ScheduleOptions::host_gradient).
-  // It reads device_sums_ but does not touch it when it goes.
-  std::unique_ptr<HostGradient> host_gradient_;
-  // The spans at UpdateSite::kDisk (null where there are none).
-  std::unique_ptr<DiskTier> disk_tier_;
-
- private:
   Communicator* const ranks_;  // ScheduleOptions::ranks where several train; else null
   // Per span, the sum of squares the device took of its gradient (start_device_sum_of_squares).
   SpanSquareSums device_sums_;
+  // It reads device_sums_ but does not touch it when it goes.
+  std::unique_ptr<HostGradient> host_gradient_;
+  std::unique_ptr<DiskTier> disk_tier_;
+  TraceRecorder* trace_ = nullptr;
   int to_device_track_ = 0;         // "to device" in trace_
   std::vector<int> worker_tracks_;  // "cpu worker i" in trace_, per HostAdamW worker
 };

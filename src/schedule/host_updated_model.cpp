@@ -1,5 +1,5 @@
-// HostOptimizerSchedule: the state and the operations `offload` and `layup` share.
-#include "schedule/host_optimizer_schedule.h"
+// HostUpdatedModel: the state and the operations `offload` and `layup` share.
+#include "schedule/host_updated_model.h"
 
 #include <algorithm>
 #include <future>
@@ -43,20 +43,20 @@ void check_update_sites(const ParameterLayout& layout, const ScheduleOptions& op
 
 }  // namespace
 
-PackedSpans HostOptimizerSchedule::host_spans(const ParameterLayout& layout,
-                                              const ScheduleOptions& options) {
+PackedSpans HostUpdatedModel::host_spans(const ParameterLayout& layout,
+                                         const ScheduleOptions& options) {
   check_update_sites(layout, options);
   return PackedSpans::of(layout, [&](size_t index) { return on_host(options, index); });
 }
 
-PackedSpans HostOptimizerSchedule::cpu_spans(const ParameterLayout& layout,
-                                             const ScheduleOptions& options) {
+PackedSpans HostUpdatedModel::cpu_spans(const ParameterLayout& layout,
+                                        const ScheduleOptions& options) {
   check_update_sites(layout, options);
   return PackedSpans::of(layout, [&](size_t index) { return on_cpu(options, index); });
 }
 
-PackedSpans HostOptimizerSchedule::device_copy_spans(const ParameterLayout& layout,
-                                                     const ScheduleOptions& options) {
+PackedSpans HostUpdatedModel::device_copy_spans(const ParameterLayout& layout,
+                                                const ScheduleOptions& options) {
   check_update_sites(layout, options);
   return PackedSpans::of(layout, [&](size_t index) {
     // A disk span has no master weights in host memory to compute with in place.
@@ -65,9 +65,9 @@ PackedSpans HostOptimizerSchedule::device_copy_spans(const ParameterLayout& layo
   });
 }
 
-HostOptimizerSchedule::Buffers HostOptimizerSchedule::buffers(const ParameterLayout& layout,
-                                                              const ScheduleOptions& options,
-                                                              DeviceKinds kinds) {
+HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layout,
+                                                    const ScheduleOptions& options,
+                                                    DeviceKinds kinds) {
   const PackedSpans host = host_spans(layout, options);
   const PackedSpans device_copy = device_copy_spans(layout, options);
   auto host_state = [&](TensorClass tensor_class, std::string what) {
@@ -111,7 +111,7 @@ HostOptimizerSchedule::Buffers HostOptimizerSchedule::buffers(const ParameterLay
   return buffers;
 }
 
-BufferList HostOptimizerSchedule::Buffers::list() const {
+BufferList HostUpdatedModel::Buffers::list() const {
   BufferList list = {master, m, v, span_sums};
   for (const std::optional<PlannedAllocation>& buffer :
        {weights, landing_staging, spare_master, spare_m, spare_v})
@@ -121,11 +121,10 @@ BufferList HostOptimizerSchedule::Buffers::list() const {
   return list;
 }
 
-HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backend,
-                                             std::unique_ptr<Device> device,
-                                             const ParameterLayout& layout,
-                                             const ScheduleOptions& options)
-    : Schedule(layout),
+HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
+                                   std::unique_ptr<Device> device, const ParameterLayout& layout,
+                                   const ScheduleOptions& options)
+    : layout_(layout),
       backend_(std::move(backend)),
       device_(std::move(device)),
       weights_in_place_(options.weights_in_place),
@@ -182,17 +181,17 @@ HostOptimizerSchedule::HostOptimizerSchedule(std::unique_ptr<ModelBackend> backe
                                    static_cast<size_t>(options.disk_slots));
 }
 
-size_t HostOptimizerSchedule::host_at(size_t index) const {
+size_t HostUpdatedModel::host_at(size_t index) const {
   LAYUP_CHECK(host_spans_.holds(index), "span ", index, " is not updated on the host");
   return host_spans_.at[index];
 }
 
-size_t HostOptimizerSchedule::device_copy_at(size_t index) const {
+size_t HostUpdatedModel::device_copy_at(size_t index) const {
   LAYUP_CHECK(device_copy_spans_.holds(index), "span ", index, " has no fp32 copy on the device");
   return device_copy_spans_.at[index];
 }
 
-ParameterPointers HostOptimizerSchedule::device_params() const {
+ParameterPointers HostUpdatedModel::device_params() const {
   ParameterPointers pointers;
   for (size_t index = 0; index < layout_.spans().size(); ++index) {
     const Span& span = layout_.spans()[index];
@@ -211,8 +210,8 @@ ParameterPointers HostOptimizerSchedule::device_params() const {
   return pointers;
 }
 
-void HostOptimizerSchedule::set_trace(TraceRecorder* recorder) {
-  Schedule::set_trace(recorder);
+void HostUpdatedModel::set_trace(TraceRecorder* recorder) {
+  trace_ = recorder;
   to_device_track_ = recorder != nullptr ? recorder->track("to device") : 0;
   worker_tracks_.clear();
   if (recorder != nullptr)
@@ -220,21 +219,7 @@ void HostOptimizerSchedule::set_trace(TraceRecorder* recorder) {
       worker_tracks_.push_back(recorder->track("cpu worker " + std::to_string(worker)));
 }
 
-float HostOptimizerSchedule::forward_pass(const TokenBatch& batch) {
-  return backend_->forward(device_params(), batch);
-}
-
-float HostOptimizerSchedule::evaluate(const TokenBatch& batch) {
-  return forward_pass(batch);
-}
-
-const float* HostOptimizerSchedule::forward_logits(const TokenBatch& batch) {
-  forward_pass(batch);
-  return backend_->logits();
-}
-
-void HostOptimizerSchedule::export_span(size_t index, const SpanState& out) const {
-  finish_updates();
+void HostUpdatedModel::export_span(size_t index, const SpanState& out) const {
   if (disk_tier_ && disk_tier_->holds(index)) return disk_tier_->read_span(index, out);
   const size_t count = layout_.spans()[index].count;
   const size_t at = host_at(index);
@@ -243,8 +228,7 @@ void HostOptimizerSchedule::export_span(size_t index, const SpanState& out) cons
   if (out.v) copy_in_parallel(out.v, host_v_.data() + at, count);
 }
 
-void HostOptimizerSchedule::import_span(size_t index, const ConstSpanState& in) {
-  finish_updates();
+void HostUpdatedModel::import_span(size_t index, const ConstSpanState& in) {
   const size_t count = layout_.spans()[index].count;
   if (host_spans_.holds(index)) {
     const size_t at = host_spans_.at[index];
@@ -256,41 +240,31 @@ void HostOptimizerSchedule::import_span(size_t index, const ConstSpanState& in) 
   send_weights_now(index, in.params);
 }
 
-std::string HostOptimizerSchedule::cpu_adamw_report() const {
-  finish_updates();  // count every update of the steps so far
-  return host_adamw_->report();
-}
-
-double HostOptimizerSchedule::cpu_adamw_rate() const {
-  finish_updates();
-  return host_adamw_->rate_params_per_s();
-}
-
-void HostOptimizerSchedule::start_device_sum_of_squares(size_t index, const float* device_grad) {
+void HostUpdatedModel::start_device_sum_of_squares(size_t index, const float* device_grad) {
   device_sums_.start(index, device_grad, layout_.spans()[index].count);
 }
 
-double HostOptimizerSchedule::device_sum_of_squares(size_t index) {
+double HostUpdatedModel::device_sum_of_squares(size_t index) {
   return device_sums_.take(index);
 }
 
-HostOptimizerSchedule::OptimizerState HostOptimizerSchedule::spare_state() {
+HostUpdatedModel::OptimizerState HostUpdatedModel::spare_state() {
   LAYUP_CHECK(speculative_clip_, "this schedule keeps no spare optimizer state");
   return {spare_params_.data(), spare_m_.data(), spare_v_.data()};
 }
 
-void HostOptimizerSchedule::promote_spare_state() {
+void HostUpdatedModel::promote_spare_state() {
   LAYUP_CHECK(speculative_clip_, "this schedule keeps no spare optimizer state");
   std::swap(host_params_, spare_params_);
   std::swap(host_m_, spare_m_);
   std::swap(host_v_, spare_v_);
 }
 
-void HostOptimizerSchedule::refresh_device_weights(size_t index) {
+void HostUpdatedModel::refresh_device_weights(size_t index) {
   send_weights_now(index, host_params_.data() + host_at(index));
 }
 
-void HostOptimizerSchedule::send_weights_now(size_t index, const float* weights) {
+void HostUpdatedModel::send_weights_now(size_t index, const float* weights) {
   const size_t count = layout_.spans()[index].count;
   if (device_copy_spans_.holds(index))
     device_->copy_to_device(params_.data() + device_copy_spans_.at[index], weights, count);
@@ -302,10 +276,9 @@ void HostOptimizerSchedule::send_weights_now(size_t index, const float* weights)
   landed.get_future().wait();
 }
 
-void HostOptimizerSchedule::update_span(size_t index, const float* grads,
-                                        const OptimizerState& from, const OptimizerState& to,
-                                        const AdamWStep& adamw, int trace_track,
-                                        std::function<void()> landed) {
+void HostUpdatedModel::update_span(size_t index, const float* grads, const OptimizerState& from,
+                                   const OptimizerState& to, const AdamWStep& adamw,
+                                   int trace_track, std::function<void()> landed) {
   const Span& span = layout_.spans()[index];
   // Where the state is read and written: the host's packed state, or a disk span's staging slot,
   // which goes back to disk once updated and is free again when its weights have landed too.
