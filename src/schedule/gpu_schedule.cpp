@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "optim/grad_norm.h"
+#include "schedule/mode_schedules.h"
 #include "schedule/optimizer_shards.h"
 #include "schedule/schedule.h"
 #include "schedule/span_square_sums.h"
@@ -344,12 +345,6 @@ class GpuSchedule final : public Schedule {
 
 }  // namespace
 
-std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,
-                                            std::unique_ptr<Device> device,
-                                            const ParameterLayout& layout) {
-  return make_gpu_schedule_with(std::move(backend), std::move(device), layout, {});
-}
-
 BufferList gpu_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
                                 DeviceKinds kinds, int micro_batches) {
   const GpuBuffers buffers(layout, options, kinds);
@@ -358,10 +353,10 @@ BufferList gpu_schedule_buffers(const ParameterLayout& layout, const ScheduleOpt
   return list;
 }
 
-std::unique_ptr<Schedule> make_gpu_schedule_with(std::unique_ptr<ModelBackend> backend,
-                                                 std::unique_ptr<Device> device,
-                                                 const ParameterLayout& layout,
-                                                 const ScheduleOptions& options) {
+std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,
+                                            std::unique_ptr<Device> device,
+                                            const ParameterLayout& layout,
+                                            const ScheduleOptions& options) {
   return std::make_unique<GpuSchedule>(std::move(backend), std::move(device), layout, options);
 }
 

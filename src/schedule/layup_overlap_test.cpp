@@ -64,8 +64,8 @@ class LayupOverlap : public ::testing::Test {
 
   // A new schedule with these options, from the same start.
   void rebuild(const ScheduleOptions& options) {
-    schedule_ = make_layup_schedule(make_cpu_backend(overlap_config(), kBatch, kSeqLen),
-                                    make_cpu_device(), layout_, options);
+    schedule_ = make_schedule(Mode::kLayup, make_cpu_backend(overlap_config(), kBatch, kSeqLen),
+                              make_cpu_device(), layout_, options);
     schedule_->import_tensors(fresh_);
     updates_ = 0;
   }
@@ -291,8 +291,8 @@ TEST_F(LayupOverlap, WithClippingBlockUpdatesOverlapTheNextForward) {
 // and export_tensors (all at once) agree bit for bit with the `gpu` mode after the same step.
 TEST_F(LayupOverlap, ReadsRightAfterAClippedStepSeeItsUpdates) {
   const ModelConfig config = overlap_config();
-  std::unique_ptr<Schedule> gpu =
-      make_gpu_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout_);
+  std::unique_ptr<Schedule> gpu = make_schedule(
+      Mode::kGpu, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout_);
   gpu->import_tensors(fresh_);
   const TokenBatch batch{inputs_.data(), targets_.data(), kBatch, kSeqLen};
   UpdateSettings settings;

@@ -53,6 +53,7 @@
 #include "schedule/forward_waits.h"
 #include "schedule/gradient_route.h"
 #include "schedule/host_updated_model.h"
+#include "schedule/mode_schedules.h"
 #include "schedule/release_once.h"
 #include "schedule/update_timing.h"
 #include "schedule/weight_grad_slots.h"

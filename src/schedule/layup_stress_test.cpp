@@ -246,12 +246,14 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
   const auto delayed_layup = [&](const ScheduleOptions& options, bool discrete = false) {
     auto device = std::make_unique<DelayingDevice>(make_cpu_device(), delays);
     if (discrete) device->claim_device_memory();
-    return make_layup_schedule(
+    return make_schedule(
+        Mode::kLayup,
         std::make_unique<DelayingBackend>(make_cpu_backend(config, kBatch, kSeqLen), delays),
         std::move(device), layout, options);
   };
   const auto gpu = [&] {
-    return make_gpu_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
+    return make_schedule(Mode::kGpu, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
+                         layout);
   };
 
   // With the whole host gradient: clipping on some steps (updates overlap the next forward), the
@@ -345,9 +347,9 @@ TEST(LayupSpeculation, AStepWithANonFiniteNormChangesNothing) {
     auto backend =
         std::make_unique<DelayingBackend>(make_cpu_backend(config, kBatch, kSeqLen), delays);
     DelayingBackend& poisoning = *backend;
-    std::unique_ptr<Schedule> schedule = make_layup_schedule(
-        std::move(backend), std::move(device), layout,
-        {.cpu_workers = 2, .weights_in_place = in_place, .speculative_clip = true});
+    std::unique_ptr<Schedule> schedule =
+        make_schedule(Mode::kLayup, std::move(backend), std::move(device), layout,
+                      {.cpu_workers = 2, .weights_in_place = in_place, .speculative_clip = true});
     schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
     UpdateSettings settings;
     settings.adamw.hyper.lr = 1e-2f;
@@ -397,8 +399,9 @@ TEST(LayupHeadLanding, BlockUpdatesOfAClippedStepStartWhileTheHeadGradientLands)
   RandomDelays delays(23);
   auto device = std::make_unique<DelayingDevice>(make_cpu_device(), delays);
   DelayingDevice& delaying = *device;
-  std::unique_ptr<Schedule> schedule = make_layup_schedule(
-      make_cpu_backend(config, kBatch, kSeqLen), std::move(device), layout, {.cpu_workers = 2});
+  std::unique_ptr<Schedule> schedule =
+      make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), std::move(device),
+                    layout, {.cpu_workers = 2});
   schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
 
   std::atomic<int> landings = 0, landings_after_a_block_update = 0;
@@ -446,8 +449,8 @@ TEST(LayupHeadOnDevice, TheHeadsGradientStaysOnTheDevice) {
   device->claim_device_memory();
   DelayingDevice& delaying = *device;
   std::unique_ptr<Schedule> schedule =
-      make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), std::move(device), layout,
-                          {.cpu_workers = 2, .update_sites = head_on_device(layout)});
+      make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), std::move(device),
+                    layout, {.cpu_workers = 2, .update_sites = head_on_device(layout)});
   schedule->import_tensors(fresh_optimizer_tensors(layout, 3));
   const size_t head_bytes = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
   EXPECT_EQ(accountant->cell(MemorySide::kDevice, TensorClass::kOptimizerMoments, MemoryKind::kHost)

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "optim/grad_norm.h"
 #include "schedule/host_updated_model.h"
+#include "schedule/mode_schedules.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
@@ -167,12 +168,6 @@ class OffloadSchedule final : public Schedule {
 
 }  // namespace
 
-std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> backend,
-                                                std::unique_ptr<Device> device,
-                                                const ParameterLayout& layout) {
-  return make_offload_schedule_with(std::move(backend), std::move(device), layout, {});
-}
-
 BufferList offload_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
                                     DeviceKinds kinds) {
   BufferList list = HostUpdatedModel::buffers(layout, with_host_gradient(options), kinds).list();
@@ -180,10 +175,10 @@ BufferList offload_schedule_buffers(const ParameterLayout& layout, const Schedul
   return list;
 }
 
-std::unique_ptr<Schedule> make_offload_schedule_with(std::unique_ptr<ModelBackend> backend,
-                                                     std::unique_ptr<Device> device,
-                                                     const ParameterLayout& layout,
-                                                     const ScheduleOptions& options) {
+std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> backend,
+                                                std::unique_ptr<Device> device,
+                                                const ParameterLayout& layout,
+                                                const ScheduleOptions& options) {
   return std::make_unique<OffloadSchedule>(std::move(backend), std::move(device), layout, options);
 }
 

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/init.h"
 #include "optim/host_adamw.h"
+#include "schedule/mode_schedules.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
@@ -129,9 +130,9 @@ std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend>
                                         const ScheduleOptions& options) {
   switch (mode) {
     case Mode::kGpu:
-      return make_gpu_schedule_with(std::move(backend), std::move(device), layout, options);
+      return make_gpu_schedule(std::move(backend), std::move(device), layout, options);
     case Mode::kOffload:
-      return make_offload_schedule_with(std::move(backend), std::move(device), layout, options);
+      return make_offload_schedule(std::move(backend), std::move(device), layout, options);
     case Mode::kLayup:
       return make_layup_schedule(std::move(backend), std::move(device), layout, options);
   }

@@ -34,7 +34,7 @@ struct StepStats {
   double grad_norm = 0.0;    // global L2 norm of the accumulated gradient, before clipping
   float clip_factor = 1.0f;  // what the gradient was multiplied by (1 = not clipped)
   // false when the loss or the norm was not finite: nothing changed (except in `layup` without
-  // clipping, where blocks with a finite gradient were already updated; see make_layup_schedule).
+  // clipping, where blocks with a finite gradient were already updated; see mode_schedules.h).
   bool applied = false;
   // layup with speculative clipping, of the blocks updated on the host: those updated during
   // backward and updated again because the step was clipped, and those not updated during
@@ -235,62 +235,16 @@ std::vector<UpdateSite> head_on_device(const ParameterLayout& layout);
 // communicator itself. Every rank calls it at the same point.
 std::unique_ptr<DeviceCollectives> join_device_collectives(Device& device, Communicator& ranks);
 
-// The schedule of a mode; `options` is used by `offload` and `layup`.
+// The schedule of a mode (what each does: mode_schedules.h, docs/schedules.md); of `options`,
+// gpu uses its placement, ranks and optimizer shards.
 std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend> backend,
                                         std::unique_ptr<Device> device,
                                         const ParameterLayout& layout,
-                                        const ScheduleOptions& options);
+                                        const ScheduleOptions& options = {});
 
 // One line for logs and reports: what the mode does, with these options (CPU workers, 0: one per
 // core; speculative clipping) and this clip threshold (<= 0: none); for `layup`, how clipping is
 // honoured and what a non-finite gradient does.
 std::string describe_schedule(Mode mode, const ScheduleOptions& options, float clip_max_norm);
-
-// The `gpu` mode: parameters, full gradients and AdamW state in the backend's memory; forward,
-// full backward, clip, update.
-std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,
-                                            std::unique_ptr<Device> device,
-                                            const ParameterLayout& layout);
-// The same with ScheduleOptions (only its placement applies to this mode).
-std::unique_ptr<Schedule> make_gpu_schedule_with(std::unique_ptr<ModelBackend> backend,
-                                                 std::unique_ptr<Device> device,
-                                                 const ParameterLayout& layout,
-                                                 const ScheduleOptions& options);
-BufferList gpu_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
-                                DeviceKinds kinds, int micro_batches);
-
-// The `offload` mode (ZeRO-Offload style baseline): forward and full backward into a whole-model
-// gradient buffer on the device; the gradient is copied to the host span by span, the CPU clips
-// and runs AdamW on host fp32 master weights and moments, and the new weights are copied back.
-// Nothing overlaps. The CPU side runs on one worker per core this process may use, or with
-// make_offload_schedule_with on options.cpu_workers of them (0: every core).
-std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> backend,
-                                                std::unique_ptr<Device> device,
-                                                const ParameterLayout& layout);
-std::unique_ptr<Schedule> make_offload_schedule_with(std::unique_ptr<ModelBackend> backend,
-                                                     std::unique_ptr<Device> device,
-                                                     const ParameterLayout& layout,
-                                                     const ScheduleOptions& options);
-BufferList offload_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
-                                    DeviceKinds kinds);
-
-// The `layup` mode (the paper's schedule): the device thread runs backward block by block into two
-// gradient slots (WeightGradSlots); each finished slot is handed to the CPU, and that block is
-// updated there by cpu_workers pinned HostAdamW workers (0: one per core this process may use),
-// overlapped with the backward of the blocks below it, or, with clipping, once the global norm is
-// known (deferred, overlapped with the next forward; or speculative with speculative_clip). Spans
-// placed on the device by update_sites are updated there once the norm is known. Without
-// host_gradient each block is updated from its slot, and steps that clip or accumulate are
-// refused. See docs/schedules.md.
-//
-// A non-finite loss, or with clipping a non-finite norm, updates nothing. Without clipping a
-// non-finite gradient is found block by block, after the blocks above were updated: the step
-// reports applied = false, and the blocks whose own gradient was finite stay updated.
-std::unique_ptr<Schedule> make_layup_schedule(std::unique_ptr<ModelBackend> backend,
-                                              std::unique_ptr<Device> device,
-                                              const ParameterLayout& layout,
-                                              const ScheduleOptions& options = {});
-BufferList layup_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
-                                  DeviceKinds kinds, int micro_batches);
 
 }  // namespace layup

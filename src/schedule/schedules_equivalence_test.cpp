@@ -125,14 +125,9 @@ void expect_same(const TrainingRun& expected, const TrainingRun& actual, const s
 }
 
 void check_modes_agree(int micro_batches, bool clip, const ModelConfig& config = tiny_config()) {
-  const TrainingRun gpu = train(make_gpu_schedule, micro_batches, clip, config);
-  const TrainingRun offload = train(make_offload_schedule, micro_batches, clip, config);
-  const TrainingRun layup = train(
-      [](std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
-         const ParameterLayout& layout) {
-        return make_layup_schedule(std::move(backend), std::move(device), layout);
-      },
-      micro_batches, clip, config);
+  const TrainingRun gpu = train(with_options("gpu", {}), micro_batches, clip, config);
+  const TrainingRun offload = train(with_options("offload", {}), micro_batches, clip, config);
+  const TrainingRun layup = train(with_options("layup", {}), micro_batches, clip, config);
   // The run must actually train, and clip where asked to.
   EXPECT_NE(gpu.losses.front(), gpu.losses.back());
   int clipped = 0;
@@ -177,13 +172,13 @@ TEST(SchedulesEquivalence, UnifiedMemoryLayoutsTrainTheSame) {
   const ScheduleOptions slots_only{.weights_in_place = true, .host_gradient = false};
   for (const bool clip : {false, true}) {
     SCOPED_TRACE(clip ? "clipped" : "unclipped");
-    const TrainingRun gpu = train(make_gpu_schedule, 1, clip);
+    const TrainingRun gpu = train(with_options("gpu", {}), 1, clip);
     expect_same(gpu, train(with_options("offload", in_place), 1, clip), "offload, in place");
     expect_same(gpu, train(with_options("layup", in_place), 1, clip), "layup, in place");
   }
   // Without a host gradient layup can neither clip nor accumulate; unclipped with one micro-batch
   // it trains like the others, with the weights in place or copied.
-  const TrainingRun gpu = train(make_gpu_schedule, 1, false);
+  const TrainingRun gpu = train(with_options("gpu", {}), 1, false);
   expect_same(gpu, train(with_options("layup", slots_only), 1, false), "layup, slots only");
   expect_same(gpu, train(with_options("layup", {.host_gradient = false}), 1, false),
               "layup, slots only, weights copied");
@@ -206,13 +201,13 @@ TEST(SchedulesEquivalence, SpeculativeClippingTrainsLikeTheGpuMode) {
     // step unclipped on a copy of the state (clipping a step does not change its own norm).
     std::vector<float> thresholds;
     Schedule* reference = nullptr;
-    std::unique_ptr<Schedule> probe =
-        make_gpu_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
+    std::unique_ptr<Schedule> probe = make_schedule(
+        Mode::kGpu, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
     const ScheduleFactory gpu_recording = [&](std::unique_ptr<ModelBackend> backend,
                                               std::unique_ptr<Device> device,
                                               const ParameterLayout& gpu_layout) {
       std::unique_ptr<Schedule> schedule =
-          make_gpu_schedule(std::move(backend), std::move(device), gpu_layout);
+          make_schedule(Mode::kGpu, std::move(backend), std::move(device), gpu_layout);
       reference = schedule.get();
       return schedule;
     };
@@ -266,22 +261,22 @@ TEST(SchedulesEquivalence, HeadUpdatedOnTheDeviceTrainsTheSame) {
     for (const bool clip : {false, true}) {
       SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
                    (clip ? "clipped" : "unclipped"));
-      const TrainingRun gpu = train(make_gpu_schedule, micro_batches, clip);
+      const TrainingRun gpu = train(with_options("gpu", {}), micro_batches, clip);
       expect_same(gpu, train(with_options("layup", deferred), micro_batches, clip),
                   "layup, head on device");
       expect_same(gpu, train(with_options("layup", speculative), micro_batches, clip),
                   "layup, speculative, head on device");
     }
   expect_same(
-      train(make_gpu_schedule, 1, false),
+      train(with_options("gpu", {}), 1, false),
       train(with_options("layup", {.host_gradient = false, .update_sites = head_on_device(layout)}),
             1, false),
       "layup, slots only, head on device");
 
   const ModelConfig config = tiny_config();
   EXPECT_THROW(
-      make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
-                          {.weights_in_place = true, .update_sites = head_on_device(layout)}),
+      make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
+                    layout, {.weights_in_place = true, .update_sites = head_on_device(layout)}),
       Error);
 }
 
@@ -306,7 +301,7 @@ TEST(SchedulesEquivalence, BlocksUpdatedOnTheDeviceTrainTheSame) {
     for (const bool clip : {false, true}) {
       SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
                    (clip ? "clipped" : "unclipped"));
-      const TrainingRun gpu = train(make_gpu_schedule, micro_batches, clip);
+      const TrainingRun gpu = train(with_options("gpu", {}), micro_batches, clip);
       for (const auto& [name, sites] : placements) {
         expect_same(gpu, train(with_options("layup", {.update_sites = sites}), micro_batches, clip),
                     std::string("layup, deferred, on the device: ") + name);
@@ -316,7 +311,7 @@ TEST(SchedulesEquivalence, BlocksUpdatedOnTheDeviceTrainTheSame) {
                     std::string("layup, speculative, on the device: ") + name);
       }
     }
-  const TrainingRun gpu = train(make_gpu_schedule, 1, false);
+  const TrainingRun gpu = train(with_options("gpu", {}), 1, false);
   for (const auto& [name, sites] : placements)
     expect_same(
         gpu,
@@ -324,14 +319,15 @@ TEST(SchedulesEquivalence, BlocksUpdatedOnTheDeviceTrainTheSame) {
         std::string("layup, slots only, on the device: ") + name);
 
   const ModelConfig config = tiny_config();
-  EXPECT_THROW(make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                                   layout, {.weights_in_place = true, .update_sites = block_1}),
-               Error)
-      << "a device-updated block needs the device's copy of the weights";
   EXPECT_THROW(
-      make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
-                          {.update_sites = std::vector<UpdateSite>(spans - 1, UpdateSite::kHost)}),
+      make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
+                    layout, {.weights_in_place = true, .update_sites = block_1}),
       Error)
+      << "a device-updated block needs the device's copy of the weights";
+  EXPECT_THROW(make_schedule(
+                   Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
+                   layout, {.update_sites = std::vector<UpdateSite>(spans - 1, UpdateSite::kHost)}),
+               Error)
       << "one site per span";
   std::vector<UpdateSite> blocks_0_to_1 = head_on_device(layout);
   blocks_0_to_1[1] = blocks_0_to_1[2] = UpdateSite::kDevice;
@@ -380,13 +376,13 @@ TEST(SchedulesEquivalence, BlocksOnDiskTrainTheSame) {
     for (const bool clip : {false, true}) {
       SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
                    (clip ? "clipped" : "unclipped"));
-      const TrainingRun gpu = train(make_gpu_schedule, micro_batches, clip);
+      const TrainingRun gpu = train(with_options("gpu", {}), micro_batches, clip);
       EXPECT_NE(gpu.losses.front(), gpu.losses.back());
       for (const auto& [name, options] : placements)
         expect_same(gpu, train(with_options("layup", options), micro_batches, clip),
                     std::string("layup, on disk: ") + name);
     }
-  const TrainingRun gpu = train(make_gpu_schedule, 1, false);
+  const TrainingRun gpu = train(with_options("gpu", {}), 1, false);
   for (const auto& [name, options] : placements) {
     ScheduleOptions slots_only = options;
     slots_only.host_gradient = false;
@@ -416,7 +412,7 @@ TEST(SchedulesEquivalence, TheLlamaFamilyTrainsTheSameAcrossTiers) {
     for (const bool clip : {false, true}) {
       SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
                    (clip ? "clipped" : "unclipped"));
-      const TrainingRun gpu = train(make_gpu_schedule, micro_batches, clip, config);
+      const TrainingRun gpu = train(with_options("gpu", {}), micro_batches, clip, config);
       EXPECT_NE(gpu.losses.front(), gpu.losses.back());
       expect_same(gpu, train(with_options("layup", tiers), micro_batches, clip, config),
                   "layup, Llama, disk/host/device");
@@ -432,8 +428,8 @@ TEST(SchedulesEquivalence, BlocksOnDiskRefuseWhatTheyCannotDo) {
   std::vector<UpdateSite> sites(layout.spans().size(), UpdateSite::kHost);
   sites[1 + 1] = UpdateSite::kDisk;
   const auto make = [&](const ScheduleOptions& options) {
-    return make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
-                               options);
+    return make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
+                         layout, options);
   };
   const auto message = [&](const ScheduleOptions& options) {
     try {
@@ -486,8 +482,8 @@ TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
     }
   };
   const auto layup = [&](std::shared_ptr<MemoryAccountant> accountant = nullptr) {
-    return make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen),
-                               make_cpu_device(std::move(accountant)), layout, options);
+    return make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen),
+                         make_cpu_device(std::move(accountant)), layout, options);
   };
 
   std::unique_ptr<Schedule> unbroken = layup();
@@ -525,8 +521,8 @@ TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
   EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m)) << "resumed in layup: m";
   EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v)) << "resumed in layup: v";
 
-  std::unique_ptr<Schedule> gpu =
-      make_gpu_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
+  std::unique_ptr<Schedule> gpu = make_schedule(
+      Mode::kGpu, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
   gpu->import_tensors(checkpoint);
   steps(*gpu, 3, 6);
   const OptimizerTensors in_gpu_mode = gpu->export_tensors();
@@ -574,8 +570,8 @@ TEST(SchedulesEquivalence, LayupWithoutHostGradientRefusesToClipOrAccumulate) {
   const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
   std::unique_ptr<Schedule> schedule =
-      make_layup_schedule(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
-                          {.host_gradient = false});
+      make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
+                    layout, {.host_gradient = false});
   std::vector<int32_t> tokens(kBatch * kSeqLen, 1);
   const TokenBatch batch{tokens.data(), tokens.data(), kBatch, kSeqLen};
   const TokenBatch two[] = {batch, batch};

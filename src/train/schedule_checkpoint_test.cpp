@@ -40,8 +40,8 @@ std::unique_ptr<Schedule> layup_schedule(const ParameterLayout& layout,
   ScheduleOptions options;
   options.cpu_workers = 1;
   options.update_sites = std::move(sites);
-  return make_layup_schedule(make_cpu_backend(layout.config(), kBatch, kSeqLen), make_cpu_device(),
-                             layout, options);
+  return make_schedule(Mode::kLayup, make_cpu_backend(layout.config(), kBatch, kSeqLen),
+                       make_cpu_device(), layout, options);
 }
 
 // A layup schedule one step into training, so that its moments are not zero.
@@ -92,8 +92,8 @@ TEST(ScheduleCheckpoint, ResumesIntoAnotherPlacementBitForBitSingleOrSharded) {
 
     // Into layup with every span's state on the device side, and into the gpu mode.
     std::unique_ptr<Schedule> on_device = layup_schedule(layout, all_on_device);
-    std::unique_ptr<Schedule> gpu = make_gpu_schedule(
-        make_cpu_backend(layout.config(), kBatch, kSeqLen), make_cpu_device(), layout);
+    std::unique_ptr<Schedule> gpu = make_schedule(
+        Mode::kGpu, make_cpu_backend(layout.config(), kBatch, kSeqLen), make_cpu_device(), layout);
     for (Schedule* target : {on_device.get(), gpu.get()}) {
       load_schedule_checkpoint(info, *target);
       expect_same_state(*source, *target);

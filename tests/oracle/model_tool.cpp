@@ -119,7 +119,8 @@ int train(char** argv) {
   const std::vector<int32_t> tokens = read_tokens(argv[3], 2ull * B * T * steps * accum);
   const ParameterLayout layout(model.config);
   BackendAndDevice compute = make_backend(oracle_target(), model.config, B, T);
-  auto schedule = make_gpu_schedule(std::move(compute.backend), std::move(compute.device), layout);
+  auto schedule =
+      make_schedule(Mode::kGpu, std::move(compute.backend), std::move(compute.device), layout);
   const size_t n = layout.total_count();
   schedule->import_tensors({model.params, std::vector<float>(n), std::vector<float>(n)});
 

@@ -365,10 +365,11 @@ TEST_P(CudaBackendTest, RejectsBatchesAndCallsThatDoNotFit) {
 TEST_P(CudaBackendTest, GpuScheduleTrainsLikeTheCpu) {
   OptimizerTensors initial{params, std::vector<float>(params.size(), 0.0f),
                            std::vector<float>(params.size(), 0.0f)};
-  std::unique_ptr<Schedule> cpu_schedule =
-      make_gpu_schedule(make_cpu_backend(config, kMaxBatch, kMaxSeqLen), make_cpu_device(), layout);
-  std::unique_ptr<Schedule> gpu_schedule = make_gpu_schedule(
-      make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype()), make_cuda_device(), layout);
+  std::unique_ptr<Schedule> cpu_schedule = make_schedule(
+      Mode::kGpu, make_cpu_backend(config, kMaxBatch, kMaxSeqLen), make_cpu_device(), layout);
+  std::unique_ptr<Schedule> gpu_schedule =
+      make_schedule(Mode::kGpu, make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype()),
+                    make_cuda_device(), layout);
   cpu_schedule->import_tensors(initial);
   gpu_schedule->import_tensors(initial);
 
@@ -424,8 +425,9 @@ TEST_P(CudaBackendTest, GpuScheduleForwardReadsTheWeightsItUpdated) {
   const OptimizerTensors initial{params, std::vector<float>(params.size(), 0.0f),
                                  std::vector<float>(params.size(), 0.0f)};
   auto make = [&] {
-    std::unique_ptr<Schedule> schedule = make_gpu_schedule(
-        make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype()), make_cuda_device(), layout);
+    std::unique_ptr<Schedule> schedule =
+        make_schedule(Mode::kGpu, make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype()),
+                      make_cuda_device(), layout);
     schedule->import_tensors(initial);
     return schedule;
   };
