@@ -1,0 +1,89 @@
+// The schedules run the step plans they are compiled to: a traced step's device work (each
+// backward and each AdamW on the device) comes in the order of its plan's device lane, named as
+// its tasks, in every mode and placement; offload's CPU updates come in its CPU lane's order.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "schedule/random_step.h"
+#include "schedule/schedule.h"
+#include "schedule/step_plan.h"
+#include "trace/trace_recorder.h"
+
+namespace layup {
+namespace {
+
+constexpr int kBatch = 2, kSeqLen = 8;
+
+ModelConfig config() {
+  return gpt2_config(4, 2, 32, 16, 61);
+}
+
+bool starts_with(const std::string& text, const char* prefix) {
+  return text.rfind(prefix, 0) == 0;
+}
+
+// The names of the spans on `track` that are backward or AdamW work, in the order they started.
+std::vector<std::string> traced(const TraceRecorder& trace, const std::string& track) {
+  std::vector<TraceEvent> events;
+  for (const TraceEvent& event : trace.events())
+    if (trace.track_name(event.track) == track &&
+        (starts_with(event.name, "backward") || starts_with(event.name, "adamw")))
+      events.push_back(event);
+  std::stable_sort(events.begin(), events.end(), [](const TraceEvent& a, const TraceEvent& b) {
+    return a.start_us < b.start_us;
+  });
+  std::vector<std::string> names;
+  for (const TraceEvent& event : events) names.push_back(event.name);
+  return names;
+}
+
+// The names of the plan's backward and AdamW tasks on `lane`, in its order.
+std::vector<std::string> planned(const StepPlan& plan, Lane lane) {
+  std::vector<std::string> names;
+  for (const PlanTask& task : plan.tasks)
+    if (task.lane == lane && (task.kind == TaskKind::kBackward || task.kind == TaskKind::kAdamW))
+      names.push_back(plan.task_name(task));
+  return names;
+}
+
+TEST(StepPlanTrace, EveryModesDeviceWorkFollowsItsPlan) {
+  const ParameterLayout layout(config());
+  std::vector<UpdateSite> two_blocks_on_device = head_on_device(layout);
+  two_blocks_on_device[1] = two_blocks_on_device[2] = UpdateSite::kDevice;
+  const std::vector<std::pair<Mode, std::vector<UpdateSite>>> runs = {
+      {Mode::kGpu, {}},
+      {Mode::kOffload, {}},
+      {Mode::kLayup, {}},
+      {Mode::kLayup, head_on_device(layout)},
+      {Mode::kLayup, two_blocks_on_device}};
+  for (const auto& [mode, sites] : runs)
+    for (const int micro_batches : {1, 2})
+      for (const float clip : {0.0f, 1e-3f}) {
+        SCOPED_TRACE(name_of(mode) + " x" + std::to_string(micro_batches) +
+                     (clip > 0 ? " clipped" : "") + (sites.empty() ? "" : " with device spans"));
+        ScheduleOptions options;
+        options.update_sites = sites;
+        const StepPlan plan =
+            compile_step_plan(mode, layout, options, DeviceKinds{}, micro_batches, clip > 0.0f);
+        std::unique_ptr<Schedule> schedule = make_schedule(
+            mode, make_cpu_backend(config(), kBatch, kSeqLen), make_cpu_device(), layout, options);
+        schedule->initialize_fresh(3);
+        TraceRecorder trace;
+        schedule->set_trace(&trace);
+        ASSERT_TRUE(random_step(*schedule, config(), kBatch, kSeqLen, micro_batches, clip).applied);
+        schedule->set_trace(nullptr);  // waits for updates still in flight
+        EXPECT_EQ(traced(trace, "GPU"), planned(plan, Lane::kDevice));
+        // offload's updates run one after the other on the calling thread; layup's coordinator
+        // takes the head's ahead of queued blocks whenever its gradient lands.
+        if (mode == Mode::kOffload) {
+          EXPECT_EQ(traced(trace, "cpu workers"), planned(plan, Lane::kCpu));
+        }
+      }
+}
+
+}  // namespace
+}  // namespace layup
