@@ -8,7 +8,9 @@
 //   DeviceTier     the spans update_sites places on the device, updated by the device's AdamW
 //                  once the norm is known (device_tier.h); every other span is updated on the CPU
 //
-// One step, as in the paper's figure:
+// The device thread runs the device lane of the step's plan (step_plan.h, compiled once per
+// micro-batch count and clipping); the consumer and the coordinator run the host's tasks as the
+// device hands them gradients. One step, as in the paper's figure:
 //
 //   device thread                                consumer, coordinator (+ HostAdamW workers)
 //   forward (each span waits for its update of
@@ -38,6 +40,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,6 +58,7 @@
 #include "schedule/host_updated_model.h"
 #include "schedule/mode_schedules.h"
 #include "schedule/release_once.h"
+#include "schedule/step_plan.h"
 #include "schedule/update_timing.h"
 #include "schedule/weight_grad_slots.h"
 #include "trace/trace_recorder.h"
@@ -68,6 +72,7 @@ class LayupSchedule final : public Schedule {
   LayupSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
                 const ParameterLayout& layout, const ScheduleOptions& options)
       : layout_(layout),
+        options_(options),
         model_(std::move(backend), std::move(device), layout, options),
         grads_kind_(gradients_kind(options, model_.device().kinds())),
         embeddings_grad_(model_.device().allocate(head_gradient_buffer(layout, grads_kind_, 0))),
@@ -151,10 +156,11 @@ class LayupSchedule final : public Schedule {
   StepStats step(std::span<const TokenBatch> micro_batches,
                  const UpdateSettings& settings) override {
     check_step(micro_batches.size(), settings.clip_max_norm);
-    const StepPlan plan = begin_step(micro_batches.size(), settings);
+    const StepPlan& step_plan = plan_for(micro_batches.size(), settings.clip_max_norm > 0.0f);
+    const StepContext context = begin_step(micro_batches.size(), settings);
     double loss_sum = 0.0;
     try {
-      device_thread_.run([&] { device_step(micro_batches, plan, loss_sum); });
+      device_thread_.run([&] { device_step(micro_batches, step_plan, context, loss_sum); });
       progress_.wait_consumed();
     } catch (...) {
       broken_ = true;
@@ -171,7 +177,7 @@ class LayupSchedule final : public Schedule {
     for (const double span_sum : span_sum_sq_) sum_sq += span_sum;
     stats.grad_norm = std::sqrt(sum_sq);
     if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm)) {
-      abandon_step(plan);
+      abandon_step(context);
       return stats;
     }
 
@@ -180,8 +186,8 @@ class LayupSchedule final : public Schedule {
     const bool clipped = stats.clip_factor < 1.0f;
     timing_.end_step(clipped);
     // The step returns without waiting for these: the next forward waits span by span.
-    if (plan.head != nullptr) decide_head_update(*plan.head, plan, &adamw);
-    submit_block_updates(plan, adamw, clipped, stats);
+    if (context.head != nullptr) decide_head_update(*context.head, context, &adamw);
+    submit_block_updates(context, adamw, clipped, stats);
     // After the blocks' updates are queued: on CUDA it returns at once and runs before the next
     // forward in the device's order; on the CPU backend it runs here.
     if (!device_tier_.spans().empty())
@@ -189,7 +195,7 @@ class LayupSchedule final : public Schedule {
         device_tier_.update(adamw, device_tier_weights_, device_tier_compute_copies_, trace_,
                             device_track_);
       });
-    if (plan.timing->speculative()) model_.promote_spare_state();
+    if (context.timing->speculative()) model_.promote_spare_state();
     stats.applied = true;
     return stats;
   }
@@ -222,7 +228,7 @@ class LayupSchedule final : public Schedule {
   };
 
   // What one step's device work and consumes share; set before the device thread starts.
-  struct StepPlan {
+  struct StepContext {
     StepTiming* timing = nullptr;
     HostUpdatedModel::OptimizerState from{},
         to{};                          // where the step's host updates read and write the state
@@ -248,61 +254,84 @@ class LayupSchedule final : public Schedule {
 
   // step(), before the device thread starts. Nothing here is touched by what may still run from
   // the last step (its updates, the landing of its head gradient).
-  StepPlan begin_step(size_t micro_batches, const UpdateSettings& settings) {
+  StepContext begin_step(size_t micro_batches, const UpdateSettings& settings) {
     std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
     std::fill(block_updated_.begin(), block_updated_.end(), 0);
     device_tier_.begin_step(micro_batches);
-    StepPlan plan;
-    plan.timing = &timing_.begin_step(settings.clip_max_norm);
-    plan.from = model_.current_state();
-    plan.to = plan.timing->speculative() ? model_.spare_state() : plan.from;
-    plan.unclipped = settings.adamw;
-    plan.unclipped.grad_scale = 1.0f;
-    if (!host_head_spans_.empty()) plan.head = std::make_shared<HeadUpdate>();
+    StepContext context;
+    context.timing = &timing_.begin_step(settings.clip_max_norm);
+    context.from = model_.current_state();
+    context.to = context.timing->speculative() ? model_.spare_state() : context.from;
+    context.unclipped = settings.adamw;
+    context.unclipped.grad_scale = 1.0f;
+    if (!host_head_spans_.empty()) context.head = std::make_shared<HeadUpdate>();
     if (model_.disk_tier() != nullptr) {
       // The disk blocks' updates in the order the timing runs them, for the tier to read ahead:
       // as backward reaches them (top down), or after the norm (bottom up).
       std::vector<size_t> order = model_.disk_tier()->spans();
-      if (plan.timing->during_backward()) std::reverse(order.begin(), order.end());
+      if (context.timing->during_backward()) std::reverse(order.begin(), order.end());
       model_.disk_tier()->expect(order);
     }
-    return plan;
+    return context;
   }
 
-  // Device thread: forward and backward of every micro-batch, each gradient handed on.
-  void device_step(std::span<const TokenBatch> micro_batches, const StepPlan& plan,
-                   double& loss_sum) {
+  // The plan of steps of `micro_batches`, clipping or not, compiled once.
+  const StepPlan& plan_for(size_t micro_batches, bool clipping) {
+    const auto key = std::make_pair(micro_batches, clipping);
+    auto found = plans_.find(key);
+    if (found == plans_.end())
+      found = plans_
+                  .emplace(key, compile_step_plan(Mode::kLayup, layout_, options_,
+                                                  model_.device().kinds(),
+                                                  static_cast<int>(micro_batches), clipping))
+                  .first;
+    return found->second;
+  }
+
+  // Device thread: the device lane of the step's context, micro-batch by micro-batch, each gradient
+  // handed on. One backend call runs a micro-batch's forward over every span (waiting span by
+  // span for updates still landing: ForwardWaits), so the forward runs at the first span's task;
+  // the device's adds of micro-batches are parts of backward_block_on_device and
+  // backward_embeddings; the device's AdamW runs in step(), once the norm is known.
+  void device_step(std::span<const TokenBatch> micro_batches, const StepPlan& step_plan,
+                   const StepContext& context, double& loss_sum) {
     const ParameterPointers params = model_.device_params();
     const float loss_scale = 1.0f / static_cast<float>(global_micro_batches(micro_batches.size()));
-    for (size_t k = 0; k < micro_batches.size(); ++k) {
+    const int final_norm = static_cast<int>(layout_.spans().size()) - 1;
+    bool update_now = false;
+    for (const PlanTask& task : step_plan.tasks) {
+      if (task.lane != Lane::kDevice || task.micro_batch < 0) continue;
+      const size_t k = static_cast<size_t>(task.micro_batch);
       const bool first = k == 0;
       const bool last = k + 1 == micro_batches.size();
-      {
-        TraceSpan traced(trace_, device_track_, "forward");
-        loss_sum += forward_pass(micro_batches[k]);
-      }
-      // The mean loss is complete before the last backward: a non-finite one updates nothing.
-      const bool update_now = plan.timing->during_backward() && last &&
-                              std::isfinite(static_cast<float>(loss_sum / micro_batches.size()));
-      // The consumer must be done with the head's gradients of the last micro-batch (or step)
-      // before backward_head overwrites them.
-      if (!first) progress_.wait_consumed();
-      progress_.wait_head_landed();
-      {
-        TraceSpan traced(trace_, device_track_, "backward_head");
+      if (task.kind == TaskKind::kForward && task.span == 0) {
+        {
+          TraceSpan traced(trace_, device_track_, "forward");
+          loss_sum += forward_pass(micro_batches[k]);
+        }
+        // The mean loss is complete before the last backward: a non-finite one updates nothing.
+        update_now = context.timing->during_backward() && last &&
+                     std::isfinite(static_cast<float>(loss_sum / micro_batches.size()));
+      } else if (task.kind == TaskKind::kBackward && task.span == final_norm) {
+        // The consumer must be done with the head's gradients of the last micro-batch (or step)
+        // before backward_head overwrites them.
+        if (!first) progress_.wait_consumed();
+        progress_.wait_head_landed();
+        TraceSpan traced(trace_, device_track_, trace_name(task.kind, SpanKind::kFinalNorm));
         model_.backend().backward_head(params, final_norm_grad_.data(), embeddings_grad_.data(),
                                        loss_scale);
-      }
-      for (int layer = layout_.config().n_layer - 1; layer >= 0; --layer) {
-        if (device_tier_.holds(1 + layer)) {  // its gradient stays on the device
-          backward_block_on_device(layer, params, first, last);
+      } else if (task.kind == TaskKind::kBackward && task.span == 0) {
+        backward_embeddings(params, first, last, context.head);
+      } else if (task.kind == TaskKind::kBackward) {
+        const int layer = task.span - 1;
+        if (step_plan.spans[task.span].gradient != GradientTarget::kSlot) {
+          backward_block_on_device(layer, params, first, last);  // its gradient stays there
           continue;
         }
         const SlotLease lease = acquire_slot(layer);
         backward_block(lease, params, first, last);
-        hand_on(lease, first, last, update_now ? &plan : nullptr);  // route, then timing
+        hand_on(lease, first, last, update_now ? &context : nullptr);  // route, then timing
       }
-      backward_embeddings(params, first, last, plan.head);
     }
   }
 
@@ -343,7 +372,7 @@ class LayupSchedule final : public Schedule {
 
   // Device thread: the slot goes to the consumer once the backward that wrote it has passed; with
   // `update`, the block is updated as that step's timing says.
-  void hand_on(const SlotLease& lease, bool first, bool last, const StepPlan* update) {
+  void hand_on(const SlotLease& lease, bool first, bool last, const StepContext* update) {
     std::shared_ptr<const DeviceFence> written = model_.device().fence();
     progress_.consume_submitted();
     consumer_.submit([this, lease, written, first, last, update] {
@@ -358,7 +387,7 @@ class LayupSchedule final : public Schedule {
   // `written` has passed, handed on by the route (which gives the slot back); after the last, the
   // block's sum of squares and, when the timing says so, its update (from `update`'s state).
   void consume_block(const SlotLease& lease, const DeviceFence& written, bool first, bool last,
-                     const StepPlan* update) {
+                     const StepContext* update) {
     const size_t index = 1 + lease.layer;
     RoutedGradient routed;
     {
@@ -468,7 +497,7 @@ class LayupSchedule final : public Schedule {
 
   // step(): the host-updated head spans are updated with `adamw` (null: not at all), counted as
   // submitted now, so that the next forward waits for them.
-  void decide_head_update(HeadUpdate& head, const StepPlan& plan, const AdamWStep* adamw) {
+  void decide_head_update(HeadUpdate& head, const StepContext& context, const AdamWStep* adamw) {
     if (adamw != nullptr)
       for (const size_t index : host_head_spans_) progress_.update_submitted(index);
     bool submit = false;
@@ -478,8 +507,8 @@ class LayupSchedule final : public Schedule {
       head.update = adamw != nullptr;
       if (adamw != nullptr) {
         head.adamw = *adamw;
-        head.from = plan.from;
-        head.to = plan.to;
+        head.from = context.from;
+        head.to = context.to;
       }
       submit = head.update && head.landed;
     }
@@ -497,12 +526,12 @@ class LayupSchedule final : public Schedule {
   // step(), the norm finite: the host-updated blocks' updates the timing left for now, in forward
   // order. One submitted again runs after its speculative one (the coordinator runs tasks in
   // order), and a forward waits for both.
-  void submit_block_updates(const StepPlan& plan, const AdamWStep& adamw, bool clipped,
+  void submit_block_updates(const StepContext& context, const AdamWStep& adamw, bool clipped,
                             StepStats& stats) {
     for (int layer = 0; layer < layout_.config().n_layer; ++layer) {
       const size_t index = 1 + layer;
       if (device_tier_.holds(index)) continue;
-      switch (plan.timing->after_norm(layer, block_updated_[layer] != 0, clipped)) {
+      switch (context.timing->after_norm(layer, block_updated_[layer] != 0, clipped)) {
         case BlockUpdate::kDone:
           continue;
         case BlockUpdate::kRedo:
@@ -517,16 +546,16 @@ class LayupSchedule final : public Schedule {
       const float* grads = route_->kept(index);
       LAYUP_CHECK(grads != nullptr, "block ", layer, "'s gradient is gone before its update");
       progress_.update_submitted(index);
-      enqueue_update(index, grads, plan.from, plan.to, adamw, nullptr);
+      enqueue_update(index, grads, context.from, context.to, adamw, nullptr);
     }
   }
 
   // step(), the loss or the norm not finite: nothing changes. A speculative step left the current
   // state alone; the device copy of the blocks it updated is refreshed from it once those updates
   // have landed.
-  void abandon_step(const StepPlan& plan) {
-    if (plan.head != nullptr) decide_head_update(*plan.head, plan, nullptr);
-    if (plan.timing->speculative()) {
+  void abandon_step(const StepContext& context) {
+    if (context.head != nullptr) decide_head_update(*context.head, context, nullptr);
+    if (context.timing->speculative()) {
       progress_.wait_all_landed();
       for (int layer = 0; layer < layout_.config().n_layer; ++layer)
         if (block_updated_[layer]) model_.refresh_device_weights(1 + layer);
@@ -645,8 +674,11 @@ class LayupSchedule final : public Schedule {
 
  private:
   const ParameterLayout layout_;
+  const ScheduleOptions options_;
   TraceRecorder* trace_ = nullptr;
   int device_track_ = 0;  // "GPU" in trace_
+  // Per micro-batch count and clipping, the plan whose device lane device_step runs.
+  std::map<std::pair<size_t, bool>, StepPlan> plans_;
   HostUpdatedModel model_;
   const MemoryKind grads_kind_;                     // the placement's kind for weight gradients
   DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
