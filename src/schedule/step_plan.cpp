@@ -141,6 +141,11 @@ class PlanBuilder {
  private:
   bool layup() const { return plan_.mode == Mode::kLayup; }
   bool on_cpu_side(int span) const { return plan_.spans[span].site != UpdateSite::kDevice; }
+  // Whether the device adds micro-batch k's gradient into a sum: gpu sums every micro-batch from
+  // +0 (one sum for the whole model), the device-updated spans of layup every one after the first.
+  bool device_adds(int k) const {
+    return plan_.mode == Mode::kGpu ? plan_.micro_batches > 1 : k > 0;
+  }
 
   int add(TaskKind kind, Lane lane, int span, int micro_batch, std::vector<int> after) {
     plan_.tasks.push_back({kind, lane, span, micro_batch, std::move(after), {}});
@@ -172,7 +177,8 @@ class PlanBuilder {
     if (s.gradient != GradientTarget::kSlot) {
       // gpu and the device-updated spans sum micro-batches on the device; offload copies after.
       const int task = add(TaskKind::kBackward, Lane::kDevice, span, k, {});
-      if (k > 0 && !on_cpu_side(span)) add(TaskKind::kAddGradient, Lane::kDevice, span, k, {task});
+      if (device_adds(k) && !on_cpu_side(span))
+        add(TaskKind::kAddGradient, Lane::kDevice, span, k, {task});
       return;
     }
     // Slot (layer % 2) is free once the host has its last gradient.
@@ -190,7 +196,7 @@ class PlanBuilder {
   // first, summed over the ranks after the last. Returns the copy (what frees its buffer).
   int gradient_path(int span, int computed, int k) {
     if (!on_cpu_side(span)) {
-      if (k > 0) add(TaskKind::kAddGradient, Lane::kDevice, span, k, {computed});
+      if (device_adds(k)) add(TaskKind::kAddGradient, Lane::kDevice, span, k, {computed});
       return -1;
     }
     const int copy = add(TaskKind::kGradientToHost, Lane::kToHost, span, k, {computed});
