@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <map>
 
 #include "core/error.h"
@@ -82,6 +83,8 @@ const char* trace_name(TaskKind kind, SpanKind span) {
       {"adamw embeddings", "adamw block", "adamw final_norm"},
       {"write state embeddings", "write state block", "write state final_norm"},
       {"weights embeddings", "weights block", "weights final_norm"}};
+  static_assert(std::size(kNames) == static_cast<size_t>(TaskKind::kWeightsToDevice) + 1,
+                "a row of names per task kind, in TaskKind's order");
   const int column = span == SpanKind::kEmbeddings ? 0 : span == SpanKind::kBlock ? 1 : 2;
   return kNames[static_cast<int>(kind)][column];
 }
