@@ -212,13 +212,18 @@ class PlanBuilder {
     return copy;
   }
 
-  // offload: after backward, every span's gradient copied (and added) in layout order by the
-  // thread that runs the device, nothing beside it. Returns the last task.
+  // offload: after backward, every span's gradient copied (added, and after the last micro-batch
+  // summed over the ranks), the head's first, then the blocks' in forward order, one after the
+  // other, nothing beside them. Returns the last task.
   int copy_everything(int backward_done, int k) {
     int previous = backward_done;
-    for (int i = 0; i < spans_; ++i) {
+    std::vector<int> order = {0, spans_ - 1};
+    for (int i = 1; i < spans_ - 1; ++i) order.push_back(i);
+    for (const int i : order) {
       previous = add(TaskKind::kGradientToHost, Lane::kToHost, i, k, {previous});
       if (k > 0) previous = add(TaskKind::kAddGradient, Lane::kCpu, i, k, {previous});
+      if (k + 1 == plan_.micro_batches && plan_.ranks > 1)
+        previous = add(TaskKind::kSumOverRanks, Lane::kCpu, i, -1, {previous});
       on_host_[i] = previous;
     }
     return previous;
@@ -227,7 +232,7 @@ class PlanBuilder {
   // The norm, then the updates the window left; the device's in layout order after the host's
   // are queued (they run before the next forward, in the device's order).
   void finish_step() {
-    if (plan_.ranks > 1 && !layup())
+    if (plan_.ranks > 1 && plan_.mode == Mode::kGpu)
       for (int i = 0; i < spans_; ++i)
         on_host_[i] = add(TaskKind::kSumOverRanks, on_cpu_side(i) ? Lane::kCpu : Lane::kDevice, i,
                           -1, {on_host_[i] >= 0 ? on_host_[i] : last_backward_});
@@ -238,11 +243,11 @@ class PlanBuilder {
       for (int i = 0; i < spans_; ++i)
         if (on_host_[i] >= 0) after.push_back(on_host_[i]);
     norm_ = add(TaskKind::kNorm, Lane::kStep, -1, -1, std::move(after));
-    std::vector<int> order;
-    if (plan_.window == UpdateWindow::kDuringBackward)
-      order = {0, spans_ - 1};  // the blocks went during backward
-    else
-      for (int i = 0; i < spans_; ++i) order.push_back(i);
+    // The head's first (the next forward reads the embeddings first; the executor runs the head's
+    // update ahead of queued blocks' once its gradient is in), then the blocks the window left.
+    std::vector<int> order = {0, spans_ - 1};
+    if (plan_.window == UpdateWindow::kAfterNorm)
+      for (int i = 1; i < spans_ - 1; ++i) order.push_back(i);
     for (const int i : order)
       if (on_cpu_side(i)) update(i, {norm_, on_host_[i]});
     for (int i = 0; i < spans_; ++i)
@@ -272,7 +277,7 @@ class PlanBuilder {
   void cross_step_waits() {
     for (int i = 0; i < spans_; ++i) {
       std::vector<int>& waits =
-          plan_.tasks[first_forward_[plan_.mode == Mode::kOffload ? 0 : i]].after_last_step;
+          plan_.tasks[first_forward_[plan_.weights_before_return ? 0 : i]].after_last_step;
       if (landed_[i] >= 0) waits.push_back(landed_[i]);
     }
     plan_.tasks[first_forward_[0]].after_last_step.push_back(norm_);
@@ -332,6 +337,7 @@ StepPlan compile_step_plan(Mode mode, const ParameterLayout& layout, const Sched
     if (s.site == UpdateSite::kDisk) plan.disk_slots = options.disk_slots;
   }
   plan.host_gradient = mode == Mode::kOffload || (mode == Mode::kLayup && options.host_gradient);
+  plan.weights_before_return = mode == Mode::kOffload;
   plan.speculative = mode == Mode::kLayup && clipping && options.speculative_clip;
   plan.window = mode == Mode::kLayup && (!clipping || options.speculative_clip)
                     ? UpdateWindow::kDuringBackward

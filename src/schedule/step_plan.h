@@ -71,8 +71,11 @@ struct StepPlan {
   int micro_batches = 1;
   int ranks = 1;
   UpdateWindow window = UpdateWindow::kAfterNorm;
-  bool speculative = false;     // updates during backward are redone when the step is clipped
-  bool host_gradient = false;   // the host sums the micro-batches of its spans
+  bool speculative = false;    // updates during backward are redone when the step is clipped
+  bool host_gradient = false;  // the host sums the micro-batches of its spans
+  // The step returns once every span's new weights are on the device (offload: nothing of a step
+  // runs beside the next), else the next forward waits for each span's.
+  bool weights_before_return = false;
   int disk_slots = 0;           // staging slots the disk's reads run ahead by
   std::vector<SpanPlan> spans;  // layout order
   // In the order a run issues them: each lane runs its own in this order. A task comes after

@@ -107,12 +107,12 @@ TEST(StepPlan, LayupWithoutClippingUpdatesEachBlockAsItsGradientLands) {
   EXPECT_TRUE(waits_for(plan, find(plan, TaskKind::kAdamW, 0), norm));
 }
 
-TEST(StepPlan, LayupWithClippingDefersTheUpdatesAfterTheNormInForwardOrder) {
+TEST(StepPlan, LayupWithClippingDefersTheUpdatesAfterTheNormTheHeadsFirstThenForwardOrder) {
   const StepPlan plan = plan_of(Mode::kLayup, 1, /*clipping=*/true);
   EXPECT_EQ(plan.window, UpdateWindow::kAfterNorm);
   const int norm = find(plan, TaskKind::kNorm, -1);
   int previous = norm;
-  for (int span = 0; span < 6; ++span) {
+  for (const int span : {0, 5, 1, 2, 3, 4}) {
     const int adamw = find(plan, TaskKind::kAdamW, span);
     EXPECT_TRUE(waits_for(plan, adamw, norm));
     EXPECT_GT(adamw, previous);
@@ -124,9 +124,10 @@ TEST(StepPlan, OffloadCopiesAfterBackwardAndNothingOverlaps) {
   const StepPlan plan = plan_of(Mode::kOffload, 2);
   const int backward_done = find(plan, TaskKind::kBackward, 0, 0);
   EXPECT_TRUE(waits_for(plan, find(plan, TaskKind::kGradientToHost, 0, 0), backward_done));
-  // The second micro-batch starts once the first's last span is on the host.
+  // The second micro-batch starts once the first's last copy (the head's go first, then the
+  // blocks' in forward order: the last block's) is on the host.
   EXPECT_TRUE(waits_for(plan, find(plan, TaskKind::kForward, 0, 1),
-                        find(plan, TaskKind::kGradientToHost, 5, 0)));
+                        find(plan, TaskKind::kGradientToHost, 4, 0)));
   EXPECT_EQ(plan.count(TaskKind::kAddGradient, Lane::kCpu), 6);
   // Its step returns once every span's weights have landed: the next step's first forward
   // waits for all of them.

@@ -79,6 +79,8 @@ class UpdateTiming {
   // first steps of a run, loss spikes; a failed speculation costs host bandwidth), else deferred.
   // Valid until the next begin_step.
   StepTiming& begin_step(float clip_max_norm);
+  // Deferred whatever the threshold: for a schedule that updates after the norm in every step.
+  StepTiming& deferred() { return deferred_; }
   // How the step ended: clipped, or not applied.
   void end_step(bool clipped) { last_step_clipped_ = clipped; }
 

@@ -1,5 +1,8 @@
-// The `layup` mode (the paper's schedule), composed of three policies chosen once from
-// ScheduleOptions (the full semantics: docs/schedules.md):
+// The executor of the plans whose spans are updated on the host: `layup` (the paper's schedule)
+// and `offload` (its baseline: the same tasks with every gradient copied after the whole backward,
+// updated after the norm, the step returning once the weights have landed). It composes
+// HostUpdatedModel, MicroBatchGradients (slots, or the whole-model gradient) and three policies
+// chosen once from ScheduleOptions (the full semantics: docs/schedules.md):
 //
 //   GradientRoute  where a host-updated span's gradient goes: the host accumulator, a landing
 //                  buffer, or read in place (gradient_route.h)
@@ -9,8 +12,9 @@
 //                  once the norm is known (device_tier.h); every other span is updated on the CPU
 //
 // The device thread runs the device lane of the step's plan (step_plan.h, compiled once per
-// micro-batch count and clipping); the consumer and the coordinator run the host's tasks as the
-// device hands them gradients. One step, as in the paper's figure:
+// micro-batch count and clipping) and hands each gradient on where the plan copies it; the
+// consumer and the coordinator run the host's tasks as the device hands them gradients. One layup
+// step, as in the paper's figure:
 //
 //   device thread                                consumer, coordinator (+ HostAdamW workers)
 //   forward (each span waits for its update of
@@ -43,6 +47,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +61,7 @@
 #include "schedule/forward_waits.h"
 #include "schedule/gradient_route.h"
 #include "schedule/host_updated_model.h"
+#include "schedule/micro_batch_gradients.h"
 #include "schedule/mode_schedules.h"
 #include "schedule/release_once.h"
 #include "schedule/step_plan.h"
@@ -67,24 +73,39 @@ namespace layup {
 
 namespace {
 
-class LayupSchedule final : public Schedule {
+// The options a mode's schedule runs with: offload brings every span's whole gradient to the host
+// and updates every span there, once the norm is known.
+ScheduleOptions mode_options(Mode mode, ScheduleOptions options) {
+  if (mode == Mode::kOffload) {
+    options.host_gradient = true;
+    options.speculative_clip = false;
+    options.update_sites.clear();
+    options.weights_land_in_compute_copy = false;
+  }
+  return options;
+}
+
+// Whether the mode's backward writes the whole-model gradient (offload) rather than slots.
+bool whole_gradient(Mode mode) {
+  return mode == Mode::kOffload;
+}
+
+class PlannedSchedule final : public Schedule {
  public:
-  LayupSchedule(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
-                const ParameterLayout& layout, const ScheduleOptions& options)
-      : layout_(layout),
-        options_(options),
-        model_(std::move(backend), std::move(device), layout, options),
-        grads_kind_(gradients_kind(options, model_.device().kinds())),
-        embeddings_grad_(model_.device().allocate(head_gradient_buffer(layout, grads_kind_, 0))),
-        final_norm_grad_(model_.device().allocate(
-            head_gradient_buffer(layout, grads_kind_, layout.spans().size() - 1))),
-        slots_(model_.device(), layout.block().count, grads_kind_),
-        device_tier_(model_.device(), layout_, options.update_sites, grads_kind_,
-                     embeddings_grad_.data(), final_norm_grad_.data()),
-        host_head_spans_(host_updated_head_spans(layout, options.update_sites)),
+  PlannedSchedule(Mode mode, std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
+                  const ParameterLayout& layout, const ScheduleOptions& options)
+      : mode_(mode),
+        layout_(layout),
+        options_(mode_options(mode, options)),
+        model_(std::move(backend), std::move(device), layout, options_),
+        grads_kind_(gradients_kind(options_, model_.device().kinds())),
+        gradients_(model_.device(), layout, whole_gradient(mode), grads_kind_),
+        device_tier_(model_.device(), layout_, options_.update_sites, grads_kind_,
+                     gradients_.head(0), gradients_.head(layout.spans().size() - 1)),
+        host_head_spans_(host_updated_head_spans(layout, options_.update_sites)),
         route_(make_gradient_route(model_.host_gradient(), model_.device(), layout_, grads_kind_,
                                    host_head_spans_)),
-        timing_(options.speculative_clip),
+        timing_(options_.speculative_clip),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_updated_(layout.config().n_layer, 0),
         progress_(layout.spans().size()) {
@@ -110,9 +131,9 @@ class LayupSchedule final : public Schedule {
     }
   }
 
-  ~LayupSchedule() override { wait_for_cpu_side(); }
+  ~PlannedSchedule() override { wait_for_cpu_side(); }
 
-  std::string name() const override { return "layup"; }
+  std::string name() const override { return name_of(mode_); }
 
   const ParameterLayout& layout() const override { return layout_; }
 
@@ -157,11 +178,14 @@ class LayupSchedule final : public Schedule {
                  const UpdateSettings& settings) override {
     check_step(micro_batches.size(), settings.clip_max_norm);
     const StepPlan& step_plan = plan_for(micro_batches.size(), settings.clip_max_norm > 0.0f);
-    const StepContext context = begin_step(micro_batches.size(), settings);
+    const StepContext context = begin_step(step_plan, settings);
     double loss_sum = 0.0;
     try {
       device_thread_.run([&] { device_step(micro_batches, step_plan, context, loss_sum); });
       progress_.wait_consumed();
+      // Where the plan's norm waits for the head's gradient on the host (the host sums it), the
+      // head's update is decided with its gradient there.
+      if (norm_waits_for_head(step_plan)) progress_.wait_head_landed();
     } catch (...) {
       broken_ = true;
       wait_for_cpu_side();
@@ -196,6 +220,7 @@ class LayupSchedule final : public Schedule {
                             device_track_);
       });
     if (context.timing->speculative()) model_.promote_spare_state();
+    if (step_plan.weights_before_return) finish_updates();
     stats.applied = true;
     return stats;
   }
@@ -254,12 +279,16 @@ class LayupSchedule final : public Schedule {
 
   // step(), before the device thread starts. Nothing here is touched by what may still run from
   // the last step (its updates, the landing of its head gradient).
-  StepContext begin_step(size_t micro_batches, const UpdateSettings& settings) {
+  StepContext begin_step(const StepPlan& step_plan, const UpdateSettings& settings) {
     std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
     std::fill(block_updated_.begin(), block_updated_.end(), 0);
-    device_tier_.begin_step(micro_batches);
+    device_tier_.begin_step(static_cast<size_t>(step_plan.micro_batches));
     StepContext context;
-    context.timing = &timing_.begin_step(settings.clip_max_norm);
+    // A plan that updates after the norm whether it clips or not (offload's) says so; else the
+    // clip threshold and the last step choose (UpdateTiming).
+    context.timing = step_plan.window == UpdateWindow::kAfterNorm && settings.clip_max_norm <= 0.0f
+                         ? &timing_.deferred()
+                         : &timing_.begin_step(settings.clip_max_norm);
     context.from = model_.current_state();
     context.to = context.timing->speculative() ? model_.spare_state() : context.from;
     context.unclipped = settings.adamw;
@@ -281,29 +310,39 @@ class LayupSchedule final : public Schedule {
     auto found = plans_.find(key);
     if (found == plans_.end())
       found = plans_
-                  .emplace(key, compile_step_plan(Mode::kLayup, layout_, options_,
-                                                  model_.device().kinds(),
+                  .emplace(key, compile_step_plan(mode_, layout_, options_, model_.device().kinds(),
                                                   static_cast<int>(micro_batches), clipping))
                   .first;
     return found->second;
   }
 
-  // Device thread: the device lane of the step's context, micro-batch by micro-batch, each gradient
-  // handed on. One backend call runs a micro-batch's forward over every span (waiting span by
-  // span for updates still landing: ForwardWaits), so the forward runs at the first span's task;
-  // the device's adds of micro-batches are parts of backward_block_on_device and
-  // backward_embeddings; the device's AdamW runs in step(), once the norm is known.
+  // Device thread: the device lane of the step's plan, micro-batch by micro-batch, and its copies
+  // to the host, each gradient handed on to the consumer where the plan copies it. One backend call
+  // runs a micro-batch's forward over every span (waiting span by span for updates still landing:
+  // ForwardWaits), so the forward runs at the first span's task; the device's adds of micro-batches
+  // are parts of backward_block_on_device and backward_embeddings; the head's copies are one
+  // consume (consume_head), handed on after backward_embeddings; the device's AdamW runs in step(),
+  // once the norm is known.
   void device_step(std::span<const TokenBatch> micro_batches, const StepPlan& step_plan,
                    const StepContext& context, double& loss_sum) {
     const ParameterPointers params = model_.device_params();
     const float loss_scale = 1.0f / static_cast<float>(global_micro_batches(micro_batches.size()));
     const int final_norm = static_cast<int>(layout_.spans().size()) - 1;
     bool update_now = false;
+    std::vector<std::optional<SlotLease>> leases(layout_.spans().size());  // per block span
     for (const PlanTask& task : step_plan.tasks) {
-      if (task.lane != Lane::kDevice || task.micro_batch < 0) continue;
+      if (task.micro_batch < 0) continue;
       const size_t k = static_cast<size_t>(task.micro_batch);
       const bool first = k == 0;
       const bool last = k + 1 == micro_batches.size();
+      const bool block = task.span > 0 && task.span < final_norm;
+      if (task.lane == Lane::kToHost && block) {
+        hand_on(task.span - 1, std::exchange(leases[task.span], std::nullopt), first, last,
+                update_now ? &context : nullptr);  // route, then timing
+        continue;
+      }
+      if (task.lane != Lane::kDevice) continue;
+      if (waits_for_host(step_plan, task)) progress_.wait_consumed();
       if (task.kind == TaskKind::kForward && task.span == 0) {
         {
           TraceSpan traced(trace_, device_track_, "forward");
@@ -318,37 +357,63 @@ class LayupSchedule final : public Schedule {
         if (!first) progress_.wait_consumed();
         progress_.wait_head_landed();
         TraceSpan traced(trace_, device_track_, trace_name(task.kind, SpanKind::kFinalNorm));
-        model_.backend().backward_head(params, final_norm_grad_.data(), embeddings_grad_.data(),
-                                       loss_scale);
+        model_.backend().backward_head(params, gradients_.head(layout_.spans().size() - 1),
+                                       gradients_.head(0), loss_scale);
       } else if (task.kind == TaskKind::kBackward && task.span == 0) {
         backward_embeddings(params, first, last, context.head);
       } else if (task.kind == TaskKind::kBackward) {
         const int layer = task.span - 1;
-        if (step_plan.spans[task.span].gradient != GradientTarget::kSlot) {
-          backward_block_on_device(layer, params, first, last);  // its gradient stays there
-          continue;
+        switch (step_plan.spans[task.span].gradient) {
+          case GradientTarget::kOwnBuffer:
+            backward_block_on_device(layer, params, first, last);  // its gradient stays there
+            break;
+          case GradientTarget::kSlot:
+            leases[task.span] = acquire_slot(layer);
+            backward_block(layer, leases[task.span]->data, params, first, last);
+            break;
+          case GradientTarget::kWholeGradient:
+            backward_block(layer, gradients_.block(layer), params, first, last);
+            break;
         }
-        const SlotLease lease = acquire_slot(layer);
-        backward_block(lease, params, first, last);
-        hand_on(lease, first, last, update_now ? &context : nullptr);  // route, then timing
       }
     }
+  }
+
+  // Whether the step's norm waits for a head span's gradient on the host.
+  static bool norm_waits_for_head(const StepPlan& step_plan) {
+    const int last = static_cast<int>(step_plan.spans.size()) - 1;
+    for (const PlanTask& task : step_plan.tasks)
+      if (task.kind == TaskKind::kNorm)
+        return std::any_of(task.after.begin(), task.after.end(), [&](int before) {
+          const PlanTask& waited = step_plan.tasks[static_cast<size_t>(before)];
+          return waited.lane != Lane::kDevice && (waited.span == 0 || waited.span == last);
+        });
+    return false;
+  }
+
+  // Whether a device task waits for the host to have taken gradients the device overwrites next
+  // (offload's next micro-batch, whose backward writes the gradient the host is still copying).
+  static bool waits_for_host(const StepPlan& step_plan, const PlanTask& task) {
+    return std::any_of(task.after.begin(), task.after.end(), [&](int before) {
+      return step_plan.tasks[static_cast<size_t>(before)].lane != Lane::kDevice;
+    });
   }
 
   // Device thread: slot layer % 2, once the CPU side has given it back. The trace shows the wait:
   // the stall the double buffer costs when the CPU side is slower than a block's backward.
   SlotLease acquire_slot(int layer) {
     TraceSpan traced(trace_, device_track_, "wait_slot", layer);
-    return slots_.acquire(layer);
+    return gradients_.slots().acquire(layer);
   }
 
-  // Device thread: a host-updated block's backward into its slot (which it overwrites), with one
-  // micro-batch the device's sum of squares of it.
-  void backward_block(const SlotLease& lease, const ParameterPointers& params, bool first,
+  // Device thread: a host-updated block's backward into `grad` (a slot or its part of the
+  // whole-model gradient, which it overwrites), with one micro-batch the device's sum of squares
+  // of it.
+  void backward_block(int layer, float* grad, const ParameterPointers& params, bool first,
                       bool last) {
-    TraceSpan traced(trace_, device_track_, "backward_block", lease.layer);
-    model_.backend().backward_block(lease.layer, params, lease.data);
-    if (first && last) model_.start_device_sum_of_squares(1 + lease.layer, lease.data);
+    TraceSpan traced(trace_, device_track_, "backward_block", layer);
+    model_.backend().backward_block(layer, params, grad);
+    if (first && last) model_.start_device_sum_of_squares(1 + static_cast<size_t>(layer), grad);
   }
 
   // Device thread: a device-updated block's backward into its own gradient; with several
@@ -365,43 +430,52 @@ class LayupSchedule final : public Schedule {
         model_.backend().backward_block(layer, params, lease.data);
         device_tier_.add(index, lease.data, first);
       }
-      slots_.release(lease);  // the slot's next backward runs after the add, in device order
+      gradients_.slots().release(lease);  // its next backward runs after the add, in device order
     }
     if (last) model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
   }
 
-  // Device thread: the slot goes to the consumer once the backward that wrote it has passed; with
-  // `update`, the block is updated as that step's timing says.
-  void hand_on(const SlotLease& lease, bool first, bool last, const StepContext* update) {
+  // Device thread: block `layer`'s gradient (in the slot `lease` holds, else in the whole-model
+  // gradient) goes to the consumer once the backward that wrote it has passed; with `update`, the
+  // block is updated as that step's timing says.
+  void hand_on(int layer, std::optional<SlotLease> lease, bool first, bool last,
+               const StepContext* update) {
     std::shared_ptr<const DeviceFence> written = model_.device().fence();
     progress_.consume_submitted();
-    consumer_.submit([this, lease, written, first, last, update] {
+    consumer_.submit([this, layer, lease, written, first, last, update] {
       run_task([&] {
-        consume_block(lease, *written, first, last, update);
+        consume_block(layer, lease, *written, first, last, update);
         progress_.consume_done();
       });
     });
   }
 
-  // Consumer: one micro-batch's gradient of a host-updated block, in a slot, complete once
-  // `written` has passed, handed on by the route (which gives the slot back); after the last, the
-  // block's sum of squares and, when the timing says so, its update (from `update`'s state).
-  void consume_block(const SlotLease& lease, const DeviceFence& written, bool first, bool last,
-                     const StepContext* update) {
-    const size_t index = 1 + lease.layer;
+  // Consumer: one micro-batch's gradient of a host-updated block, complete once `written` has
+  // passed, handed on by the route (which gives its slot back, where it has one); after the last,
+  // the block's sum of squares and, when the timing says so, its update (from `update`'s state).
+  void consume_block(int layer, const std::optional<SlotLease>& lease, const DeviceFence& written,
+                     bool first, bool last, const StepContext* update) {
+    const size_t index = 1 + static_cast<size_t>(layer);
     RoutedGradient routed;
     {
-      TraceSpan traced(trace_, consumer_track_, "consume block", lease.layer);
-      auto slot_back = std::make_shared<ReleaseOnce>([this, lease] { slots_.release(lease); });
-      routed = route_->take({index, lease.data, &written, lease.slot, std::move(slot_back)}, first,
-                            last);
+      TraceSpan traced(trace_, consumer_track_, "consume block", layer);
+      GradientSource source;
+      if (lease) {
+        const SlotLease held = *lease;
+        source = {
+            index, held.data, &written, held.slot,
+            std::make_shared<ReleaseOnce>([this, held] { gradients_.slots().release(held); })};
+      } else {
+        source = {index, gradients_.block(layer), &written, -1, nullptr};
+      }
+      routed = route_->take(source, first, last);
       if (!last) return;
       span_sum_sq_[index] = first ? model_.device_sum_of_squares(index) : routed.host_sum_sq;
       // Before any update reads it: the block's gradient over every rank, in the accumulator.
       if (model_.ranks() != nullptr) span_sum_sq_[index] = model_.sum_gradient_over_ranks(index);
     }
     if (update != nullptr && update->timing->update_now(span_sum_sq_[index])) {
-      block_updated_[lease.layer] = 1;  // before this consume reports done, so step() sees it
+      block_updated_[layer] = 1;  // before this consume reports done, so step() sees it
       progress_.update_submitted(index);
       enqueue_update(index, routed.grads, update->from, update->to, update->unclipped,
                      std::move(routed.read_done));
@@ -424,9 +498,9 @@ class LayupSchedule final : public Schedule {
                            const std::shared_ptr<HeadUpdate>& head) {
     {
       TraceSpan traced(trace_, device_track_, "backward_embeddings");
-      model_.backend().backward_embeddings(params, embeddings_grad_.data());
+      model_.backend().backward_embeddings(params, gradients_.head(0));
       for (const size_t index : {size_t{0}, layout_.spans().size() - 1}) {
-        const float* micro_batch = micro_batch_head_gradient(index);
+        const float* micro_batch = gradients_.head(index);
         if (!device_tier_.holds(index)) {
           if (first && last) model_.start_device_sum_of_squares(index, micro_batch);
           continue;
@@ -624,10 +698,7 @@ class LayupSchedule final : public Schedule {
   // A head span's gradient of one micro-batch, where backward_head and backward_embeddings leave
   // it (its own buffer, not a slot).
   GradientSource head_source(size_t index, const DeviceFence& written) const {
-    return {index, micro_batch_head_gradient(index), &written, -1, nullptr};
-  }
-  float* micro_batch_head_gradient(size_t index) const {
-    return index == 0 ? embeddings_grad_.data() : final_norm_grad_.data();
+    return {index, gradients_.head(index), &written, -1, nullptr};
   }
 
   // The head spans (the embeddings: first in layout order; the final norm: last) that `sites`
@@ -640,17 +711,6 @@ class LayupSchedule final : public Schedule {
     return spans;
   }
 
-  // Span `index` (the embeddings or the final norm): its gradient of one micro-batch, where
-  // backward_head and backward_embeddings write it.
-  static PlannedAllocation head_gradient_buffer(const ParameterLayout& layout,
-                                                MemoryKind grads_kind, size_t index) {
-    const bool embeddings = index == 0;
-    return {MemorySide::kDevice, TensorClass::kWeightGrads, grads_kind,
-            layout.spans()[index].count * sizeof(float),
-            embeddings ? "embeddings' gradient (complete only at the end of backward)"
-                       : "final norm's gradient"};
-  }
-
   // The weight gradients' kind: the placement's, else the device's own memory.
   static MemoryKind gradients_kind(const ScheduleOptions& options, DeviceKinds kinds) {
     return options.kind_of(TensorClass::kWeightGrads, kinds.own);
@@ -658,13 +718,13 @@ class LayupSchedule final : public Schedule {
 
  public:
   // What a layup schedule allocates (make_layup_schedule's buffers).
-  static BufferList buffers(const ParameterLayout& layout, const ScheduleOptions& options,
-                            DeviceKinds kinds, int micro_batches) {
+  static BufferList buffers(Mode mode, const ParameterLayout& layout,
+                            const ScheduleOptions& mode_agnostic, DeviceKinds kinds,
+                            int micro_batches) {
+    const ScheduleOptions options = mode_options(mode, mode_agnostic);
     const MemoryKind grads_kind = gradients_kind(options, kinds);
     BufferList list = HostUpdatedModel::buffers(layout, options, kinds).list();
-    list.push_back(head_gradient_buffer(layout, grads_kind, 0));
-    list.push_back(head_gradient_buffer(layout, grads_kind, layout.spans().size() - 1));
-    append(list, WeightGradSlots::buffers(layout.block().count, grads_kind));
+    append(list, MicroBatchGradients::buffers(layout, whole_gradient(mode), grads_kind));
     append(list, DeviceTier::buffers(layout, options.update_sites, grads_kind, kinds)
                      .list(micro_batches > 1));
     append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
@@ -673,16 +733,16 @@ class LayupSchedule final : public Schedule {
   }
 
  private:
+  const Mode mode_;
   const ParameterLayout layout_;
-  const ScheduleOptions options_;
+  const ScheduleOptions options_;  // mode_options'
   TraceRecorder* trace_ = nullptr;
   int device_track_ = 0;  // "GPU" in trace_
   // Per micro-batch count and clipping, the plan whose device lane device_step runs.
   std::map<std::pair<size_t, bool>, StepPlan> plans_;
   HostUpdatedModel model_;
-  const MemoryKind grads_kind_;                     // the placement's kind for weight gradients
-  DeviceBuffer embeddings_grad_, final_norm_grad_;  // head gradients, whole, one micro-batch
-  WeightGradSlots slots_;                           // block gradients, two slots
+  const MemoryKind grads_kind_;    // the placement's kind for weight gradients
+  MicroBatchGradients gradients_;  // where the backward writes
   DeviceTier device_tier_;
   // Per span, a device-updated span's fp32 weights and (weights landing in the compute copy) its
   // bf16 compute copy, which its AdamW writes.
@@ -709,16 +769,30 @@ class LayupSchedule final : public Schedule {
 
 }  // namespace
 
+BufferList offload_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
+                                    DeviceKinds kinds) {
+  return PlannedSchedule::buffers(Mode::kOffload, layout, options, kinds, 1);
+}
+
+std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> backend,
+                                                std::unique_ptr<Device> device,
+                                                const ParameterLayout& layout,
+                                                const ScheduleOptions& options) {
+  return std::make_unique<PlannedSchedule>(Mode::kOffload, std::move(backend), std::move(device),
+                                           layout, options);
+}
+
 BufferList layup_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
                                   DeviceKinds kinds, int micro_batches) {
-  return LayupSchedule::buffers(layout, options, kinds, micro_batches);
+  return PlannedSchedule::buffers(Mode::kLayup, layout, options, kinds, micro_batches);
 }
 
 std::unique_ptr<Schedule> make_layup_schedule(std::unique_ptr<ModelBackend> backend,
                                               std::unique_ptr<Device> device,
                                               const ParameterLayout& layout,
                                               const ScheduleOptions& options) {
-  return std::make_unique<LayupSchedule>(std::move(backend), std::move(device), layout, options);
+  return std::make_unique<PlannedSchedule>(Mode::kLayup, std::move(backend), std::move(device),
+                                           layout, options);
 }
 
 }  // namespace layup
