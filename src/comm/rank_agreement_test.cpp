@@ -24,8 +24,8 @@ TEST(RankAgreement, TheSameSettingsAgree) {
 
 TEST(RankAgreement, TheFirstDifferingSettingIsFound) {
   std::vector<SharedSetting> mine = kLeaders;
-  mine[3].value = "7";
-  mine[2].value = "2";
+  mine[3].value = std::string("7");  // not = "7": GCC 12 warns falsely (-Wrestrict)
+  mine[2].value = std::string("2");
   EXPECT_EQ(first_difference(kLeaders, mine), 2u);
   // Another name at the same place (another build's list) differs too.
   mine = kLeaders;
@@ -131,8 +131,8 @@ TEST(RankAgreement, RanksWithTheSameSettingsAllGoOn) {
 
 TEST(RankAgreement, EveryRankRefusesNamingTheLowestDifferingRank) {
   std::vector<SharedSetting> steps = kLeaders, seed = kLeaders;
-  steps[2].value = "2";
-  seed[3].value = "7";
+  steps[2].value = std::string("2");
+  seed[3].value = std::string("7");  // not = "7": GCC 12 warns falsely (-Wrestrict)
   ThreadRanks ranks(3);
   const std::vector<std::string> errors = ranks.agree({kLeaders, seed, steps});
   for (const std::string& error : errors)
