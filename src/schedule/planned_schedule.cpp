@@ -558,7 +558,6 @@ class PlannedSchedule final : public Schedule {
           routed.push_back(route_->take(head_source(index, written), first, last));
     }
     if (head == nullptr) return;
-    progress_.head_landed();
     bool submit = false;
     {
       std::lock_guard lock(head->mutex);
@@ -566,6 +565,8 @@ class PlannedSchedule final : public Schedule {
       head->landed = true;
       submit = head->decided && head->update;
     }
+    // After `landed`: a step() that waited for this sees it, and decides with the gradient there.
+    progress_.head_landed();
     if (submit) submit_head_updates(*head);
   }
 
