@@ -54,7 +54,7 @@ Calibration calibrate(const CalibrationOptions& options, FILE* log) {
   return calibration;
 }
 
-std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode detailed_mode,
+std::string predicted_step_times(const std::vector<RunMemory>& runs, Mode detailed_mode,
                                  const std::string& calibration_path) {
   const std::string path = calibration_path_or_default(calibration_path);
   const std::optional<Calibration> calibration = load_calibration(path);
@@ -64,9 +64,9 @@ std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode deta
   std::string text =
       "predicted step time (calibration " + path + ": " + calibration->describe() + ")\n";
   std::string details;
-  for (const MemoryPlan& plan : plans) {
-    const MemoryPlanRequest& request = plan.request;
-    const StepTimeRequest step = step_time_request(request, plan_run_memory(request).step);
+  for (const RunMemory& run : runs) {
+    const MemoryPlanRequest& request = run.plan.request;
+    const StepTimeRequest step = step_time_request(request, run.step);
     const std::vector<std::string> missing = missing_rates(step, calibration->rates);
     char line[160];
     if (!missing.empty()) {
@@ -84,7 +84,7 @@ std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode deta
       details = name_of(request.mode) + " mode:\n" + format_step_time(p);
   }
   // Every plan is of one model, batch and device: the notes are the first one's.
-  const MemoryPlanRequest& planned = plans.front().request;
+  const MemoryPlanRequest& planned = runs.front().plan.request;
   const std::string planned_on = name_of(planned.device) + " " + name_of(planned.dtype);
   if (calibration->device.rfind(planned_on, 0) != 0)
     text += "  note: measured on " + calibration->device + ", planned for " + planned_on +

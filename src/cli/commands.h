@@ -11,13 +11,14 @@
 #include "backend/algorithm_choice.h"
 #include "cli/flags.h"
 #include "core/run_choices.h"
+#include "memory/place_override.h"
 #include "model/model_config.h"
 
 namespace layup {
 
 struct Calibration;         // engine/calibration.h
 struct CalibrationOptions;  // engine/calibration.h
-struct MemoryPlan;          // memory/memory_plan.h
+struct RunMemory;           // engine/memory_planner.h
 
 // Every command below on `app`, with layup's help format and version flag (cli/layup_app.cpp).
 void add_layup_commands(CLI::App& app);
@@ -36,9 +37,10 @@ void add_calibrate_command(CLI::App& app);
 std::string calibration_path_or_default(const std::string& path);
 // Measures the rates (a few seconds), with this machine's name and the date; lines to `log`.
 Calibration calibrate(const CalibrationOptions& options, FILE* log);
-// The predicted step time of each plan from the calibration in `calibration_path` (empty: the
-// default), the parts of `detailed_mode`'s; or how to make a calibration when there is none.
-std::string predicted_step_times(const std::vector<MemoryPlan>& plans, Mode detailed_mode,
+// The predicted step time of each planned run (its step plan) from the calibration in
+// `calibration_path` (empty: the default), the parts of `detailed_mode`'s; or how to make a
+// calibration when there is none.
+std::string predicted_step_times(const std::vector<RunMemory>& runs, Mode detailed_mode,
                                  const std::string& calibration_path);
 
 // The model flags `train`, `bench`, `memory` and `study` share: --model (a named config, or a
@@ -59,11 +61,12 @@ struct ModelFlags {
 void add_model_flags(CLI::App& command, ModelFlags& flags, const std::string& default_model);
 
 // The memory flags `train`, `bench` and `memory` share: --memory-budget, --device-budget,
-// --host-budget, --place (memory/memory_plan.h) and --plan (a file `layup study` wrote,
-// memory/plan_file.h; merge it with place_flags_with_plan() once the flags are parsed).
+// --host-budget, --place (parsed here, once, into typed overrides: memory/place_override.h) and
+// --plan (a file `layup study` wrote, memory/plan_file.h; merge it with place_flags_with_plan()
+// once the flags are parsed).
 void add_memory_flags(CLI::App& command, std::optional<size_t>& memory_budget,
                       std::optional<size_t>& device_budget, std::optional<size_t>& host_budget,
-                      bool& allow_overcommit, std::vector<std::string>& place,
+                      bool& allow_overcommit, std::vector<PlaceOverride>& place,
                       std::string& plan_path);
 // The budget flags alone (`study` chooses the placements itself). Each size is parsed here, once,
 // into bytes (memory/memory_plan.h, parse_memory_size); an unset flag leaves none.

@@ -6,11 +6,13 @@
 
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "memory/place_override.h"
 
 namespace layup {
 namespace {
@@ -268,6 +270,53 @@ TEST(ParseErrors, AreOneLineWithTheNearestNameOrTheRange) {
             "`layup` has no flag --versoin; did you mean --version? (a command's flags go after "
             "the command: layup train --steps 100)");
   EXPECT_EQ(parsed.parse({"--steps", "2", "train"}).substr(0, 27), "`layup` has no flag --steps");
+}
+
+// --place is parsed where it enters, into the typed overrides a run takes: aliases and commas
+// and repeats, in order; one bad value among them is refused with --place's own message.
+TEST(MemoryFlags, PlaceIsParsedOnceIntoTypedOverrides) {
+  struct Flags {
+    CLI::App app{"layup"};
+    std::optional<size_t> memory_budget, device_budget, host_budget;
+    bool allow_overcommit = false;
+    std::vector<PlaceOverride> place;
+    std::string plan_path;
+    Flags() {
+      add_memory_flags(app, memory_budget, device_budget, host_budget, allow_overcommit, place,
+                       plan_path);
+    }
+    std::string parse(std::vector<const char*> args) {
+      args.insert(args.begin(), "layup");
+      try {
+        app.parse(static_cast<int>(args.size()), args.data());
+        return "";
+      } catch (const CLI::ParseError& error) {
+        return describe_parse_error(app, error);
+      }
+    }
+  };
+  Flags given;
+  EXPECT_EQ(
+      given.parse({"--place", "grads=pinned,master-weights=mapped", "--place", "moments=host"}),
+      "");
+  EXPECT_EQ(given.place,
+            (std::vector<PlaceOverride>{{TensorClass::kWeightGrads, MemoryKind::kPinnedMapped},
+                                        {TensorClass::kMasterWeights, MemoryKind::kPinnedMapped},
+                                        {TensorClass::kOptimizerMoments, MemoryKind::kHost}}));
+  EXPECT_EQ(place_override_names(given.place),
+            (std::vector<std::string>{"grads=pinned", "master=pinned", "moments=host"}));
+
+  Flags none;
+  EXPECT_EQ(none.parse({}), "");
+  EXPECT_TRUE(none.place.empty());
+
+  Flags bad;
+  EXPECT_EQ(bad.parse({"--place", "grads=host,moments=vram"}),
+            "--place moments=vram: 'vram' is not a memory kind; use device, pinned, managed, "
+            "pageable or host");
+  EXPECT_TRUE(bad.place.empty());
+  EXPECT_EQ(Flags().parse({"--place", "grads"}),
+            "--place takes CLASS=KIND, e.g. --place grads=pinned (got 'grads')");
 }
 
 }  // namespace

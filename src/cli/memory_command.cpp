@@ -111,7 +111,7 @@ void add_memory_command(CLI::App& app) {
       budgets.disk_source = space.describe();
     }
     std::vector<std::string> modes;
-    std::vector<MemoryPlan> plans;
+    std::vector<RunMemory> runs;
     for (const auto& [mode, name] : kModeNames) {
       modes.emplace_back(name);
       RunRequest request = asked;
@@ -121,8 +121,10 @@ void add_memory_command(CLI::App& app) {
       if (flags->mode_given && mode != flags->mode) request.plan.place.clear();
       // The split places layup's state; the other modes keep theirs where they always do.
       if (mode != Mode::kLayup) request.plan.optimizer_placement = {};
-      plans.push_back(plan_only(request));
+      runs.push_back(plan_only(request));
     }
+    std::vector<MemoryPlan> plans;
+    for (const RunMemory& run : runs) plans.push_back(run.plan);
     const MemoryPlanRequest& base = plans.front().request;
     const ModelConfig& config = base.config;
     std::printf(
@@ -215,19 +217,20 @@ void add_memory_command(CLI::App& app) {
     for (const MemoryPlan& plan : plans)
       for (const std::string& note : plan.notes)
         if (seen.insert(note).second) notes += "  note: " + note + "\n";
-    const MemoryPlan* chosen = &layup;
-    for (const MemoryPlan& plan : plans)
-      if (plan.request.mode == flags->mode) chosen = &plan;
+    const RunMemory* chosen_run = &runs[2];
+    for (const RunMemory& run : runs)
+      if (run.plan.request.mode == flags->mode) chosen_run = &run;
+    const MemoryPlan* chosen = &chosen_run->plan;
     std::printf("placement (%s mode): %s\ndevice: %s\n%s", name_of(chosen->request.mode).c_str(),
                 chosen->placement.describe().c_str(), base.attributes.describe().c_str(),
                 notes.c_str());
     if (flags->mode_given) std::printf("\n%s", format_memory_plan(*chosen, budgets).c_str());
-    if (flags->explain)
-      std::printf("\n%s", plan_run_memory(chosen->request).step.describe().c_str());
+    if (flags->explain) std::printf("\n%s", chosen_run->step.describe().c_str());
 
-    // The step-time model (engine/step_time_model.h) on each plan, from the cached calibration.
+    // The step-time model (engine/step_time_model.h) on each plan's step, from the cached
+    // calibration.
     std::printf("\n%s",
-                predicted_step_times(plans, chosen->request.mode, flags->calibration_path).c_str());
+                predicted_step_times(runs, chosen->request.mode, flags->calibration_path).c_str());
   });
 }
 

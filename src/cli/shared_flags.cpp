@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "io/hf_config.h"
 #include "memory/memory_plan.h"
+#include "memory/place_override.h"
 #include "optim/host_adamw.h"
 #include "train/train_options.h"
 
@@ -138,17 +139,22 @@ void add_budget_flags(CLI::App& command, std::optional<size_t>& memory_budget,
 
 void add_memory_flags(CLI::App& command, std::optional<size_t>& memory_budget,
                       std::optional<size_t>& device_budget, std::optional<size_t>& host_budget,
-                      bool& allow_overcommit, std::vector<std::string>& place,
+                      bool& allow_overcommit, std::vector<PlaceOverride>& place,
                       std::string& plan_path) {
   add_budget_flags(command, memory_budget, device_budget, host_budget, allow_overcommit);
-  add_parsed_flag(
-      command, "--place", place, "CLASS=KIND, ...",
-      [](const std::string& text) { parse_place_flag(text); },
-      "CLASS=KIND placement overrides, repeatable or comma-separated (classes: "
-      "weights, master, grads, moments, activations, scratch; kinds: device, pinned, "
-      "managed, pageable, host). Checked against the device (a kind it cannot use is "
-      "refused, saying why) and applied: the schedules' buffers and the CUDA "
-      "backend's activations and scratch go where it says")
+  // Every value is checked by the validator (so a refusal names the one given) before the
+  // callback parses them all into `place`.
+  command
+      .add_option_function<std::vector<std::string>>(
+          "--place",
+          [&place](const std::vector<std::string>& texts) { place = parse_place_overrides(texts); },
+          "CLASS=KIND placement overrides, repeatable or comma-separated (classes: "
+          "weights, master, grads, moments, activations, scratch; kinds: device, pinned, "
+          "managed, pageable, host). Checked against the device (a kind it cannot use is "
+          "refused, saying why) and applied: the schedules' buffers and the CUDA "
+          "backend's activations and scratch go where it says")
+      ->check(parsed_validator([](const std::string& text) { PlaceOverride::parse(text); }))
+      ->type_name("CLASS=KIND, ...")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->delimiter(',')
       ->default_str("the device's default");

@@ -20,8 +20,8 @@ struct RunMemory {
 };
 
 // Resolves the placement and the schedule's policies against the request's device, then lists
-// every buffer. Throws layup::Error for a request that is not resolved, a bad --place, or a
-// combination of choices that cannot run.
+// every buffer. Throws layup::Error for a request that is not resolved, a --place the device
+// refuses, or a combination of choices that cannot run.
 RunMemory plan_run_memory(const MemoryPlanRequest& request, int cpu_workers = 0);
 
 // The plan alone.

@@ -76,7 +76,7 @@ MemoryBudgets run_budgets(const RunRequest& request, const DeviceMemoryAttribute
       request.plan.offload_dir);
 }
 
-MemoryPlan plan_only(const RunRequest& request) {
+RunMemory plan_only(const RunRequest& request) {
   ComputeTarget target = request.target;
   // A cuda plan needs no GPU here: without one it takes a discrete GPU's attributes.
   if (target.device != DeviceKind::kCuda) {
@@ -92,7 +92,7 @@ MemoryPlan plan_only(const RunRequest& request) {
                                          /*allow_overcommit=*/true, resolved.attributes),
                       request.plan.offload_dir);
   check_run_shape(resolved, budgets);
-  return plan_memory(resolve_optimizer_placement(resolved, budgets));
+  return plan_run_memory(resolve_optimizer_placement(resolved, budgets));
 }
 
 RunRequest run_request_of(const RunSpec& spec) {

@@ -52,7 +52,8 @@ MemoryBudgets run_budgets(const RunRequest& request, const DeviceMemoryAttribute
 
 // The same, planned only: a plan for a device this machine may not have (`layup memory --device
 // cuda` plans with a discrete GPU's attributes when there is none); not checked against budgets.
-MemoryPlan plan_only(const RunRequest& request);
+// With the schedule's options and its step plan, as the plan was made for them.
+RunMemory plan_only(const RunRequest& request);
 
 // What runs: the schedule (owning the backend and the device) and the ledger they record into.
 struct BuiltRun {

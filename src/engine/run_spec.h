@@ -11,6 +11,7 @@
 
 #include "backend/algorithm_choice.h"
 #include "core/run_choices.h"
+#include "memory/place_override.h"
 #include "model/model_config.h"
 #include "optim/host_adamw.h"
 
@@ -43,11 +44,11 @@ struct RunSpec {
   std::string offload_dir;  // layup: the directory of the blocks placed on disk (--offload-dir)
 
   // Memory (memory/memory_plan.h): budgets in bytes (the CLI parsed "16G"; none: no budget),
-  // checked against the run's memory plan before anything is allocated, and --place CLASS=KIND
-  // overrides.
+  // checked against the run's memory plan before anything is allocated, and the --place
+  // overrides (the CLI parsed "grads=pinned"), a --plan file's first.
   std::optional<size_t> memory_budget, device_budget, host_budget;
   bool allow_overcommit = false;  // no check against this machine's host memory
-  std::vector<std::string> place;
+  std::vector<PlaceOverride> place;
 };
 
 }  // namespace layup

@@ -152,28 +152,16 @@ Placement default_placement(Mode mode, const DeviceMemoryAttributes& attributes)
   return placement;
 }
 
-std::pair<TensorClass, MemoryKind> parse_place_flag(const std::string& flag) {
-  const size_t equals = flag.find('=');
-  LAYUP_CHECK(equals != std::string::npos && equals > 0 && equals + 1 < flag.size(),
-              "--place takes CLASS=KIND, e.g. --place grads=pinned (got '", flag, "')");
-  try {
-    return {parse_tensor_class(flag.substr(0, equals)), parse_memory_kind(flag.substr(equals + 1))};
-  } catch (const Error& error) {
-    fail("--place ", flag, ": ", error.what());
-  }
-}
-
 Placement resolve_placement(Mode mode, const DeviceMemoryAttributes& attributes,
-                            const std::vector<std::string>& place_flags) {
+                            const std::vector<PlaceOverride>& overrides) {
   Placement placement = default_placement(mode, attributes);
-  for (const std::string& flag : place_flags) {
-    const auto [tensor_class, kind] = parse_place_flag(flag);
-    const std::string why = why_not(mode, attributes, tensor_class, kind);
-    LAYUP_CHECK(why.empty(), "--place ", flag, " is refused on ", name_of(attributes.device),
-                attributes.device == DeviceKind::kCuda ? " (" + attributes.name + ")" : "", ": ",
-                why);
-    placement.kinds[index_of(tensor_class)] = kind;
-    placement.overridden[index_of(tensor_class)] = true;
+  for (const PlaceOverride& place : overrides) {
+    const std::string why = why_not(mode, attributes, place.tensor_class, place.kind);
+    LAYUP_CHECK(
+        why.empty(), "--place ", place.name(), " is refused on ", name_of(attributes.device),
+        attributes.device == DeviceKind::kCuda ? " (" + attributes.name + ")" : "", ": ", why);
+    placement.kinds[index_of(place.tensor_class)] = place.kind;
+    placement.overridden[index_of(place.tensor_class)] = true;
   }
   return placement;
 }

@@ -28,6 +28,7 @@
 #include "memory/device_attributes.h"
 #include "memory/host_memory.h"
 #include "memory/memory_accountant.h"
+#include "memory/place_override.h"
 #include "memory/planned_allocation.h"
 #include "memory/tensor_class.h"
 #include "model/model_config.h"
@@ -50,13 +51,10 @@ MemorySide primary_side(Mode mode, TensorClass tensor_class);
 // master weights (pinned); on the CPU backend everything is host memory.
 Placement default_placement(Mode mode, const DeviceMemoryAttributes& attributes);
 
-// One --place value, CLASS=KIND, by name alone (whether the device takes it is resolve_placement's
-// question). Throws layup::Error saying what it takes.
-std::pair<TensorClass, MemoryKind> parse_place_flag(const std::string& flag);
-// The default placement with --place CLASS=KIND overrides applied in order. Throws layup::Error
-// for a malformed flag, or a kind the device cannot use for that class, saying why.
+// The default placement with the --place overrides applied in order. Throws layup::Error for a
+// kind the device cannot use for that class, saying why.
 Placement resolve_placement(Mode mode, const DeviceMemoryAttributes& attributes,
-                            const std::vector<std::string>& place_flags);
+                            const std::vector<PlaceOverride>& overrides);
 
 struct MemoryPlanRequest {
   ModelConfig config;
@@ -75,7 +73,7 @@ struct MemoryPlanRequest {
   DeviceKind device = DeviceKind::kCpu;  // resolved: cpu or cuda
   Dtype dtype = Dtype::kFp32;            // resolved: fp32, or bf16 on cuda
   int recompute = 0;                     // the CUDA backend's --recompute level
-  std::vector<std::string> place;        // --place CLASS=KIND flags, in order
+  std::vector<PlaceOverride> place;      // --place overrides, in order
   DeviceMemoryAttributes attributes = cpu_memory_attributes();
   size_t data_bytes = 0;  // the token shards the run reads into memory (0: none or unknown)
   // The run saves or resumes checkpoints (`train`), which stream one span's state at a time

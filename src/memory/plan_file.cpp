@@ -11,7 +11,7 @@ namespace layup {
 void write_plan_file(const std::string& path, const PlanFile& plan) {
   const nlohmann::json json = {{"format", kPlanFileFormat},
                                {"version", kPlanFileVersion},
-                               {"place", plan.place},
+                               {"place", place_override_names(plan.place)},
                                {"measured",
                                 {{"mode", plan.mode},
                                  {"model", plan.model},
@@ -40,8 +40,9 @@ PlanFile read_plan_file(const std::string& path) {
   LAYUP_CHECK(version >= 1 && version <= kPlanFileVersion, "--plan ", path, " is version ", version,
               "; this layup reads version ", kPlanFileVersion, " (a newer layup wrote it?)");
   PlanFile plan;
+  std::vector<std::string> place;
   try {
-    plan.place = json.at("place").get<std::vector<std::string>>();
+    place = json.at("place").get<std::vector<std::string>>();
     const nlohmann::json& measured = json.value("measured", nlohmann::json::object());
     plan.mode = measured.value("mode", "");
     plan.model = measured.value("model", "");
@@ -53,15 +54,20 @@ PlanFile read_plan_file(const std::string& path) {
   } catch (const nlohmann::json::exception& error) {
     fail("--plan ", path, ": ", error.what(), " (expected \"place\": [\"CLASS=KIND\", ...])");
   }
+  try {
+    plan.place = parse_place_overrides(place);
+  } catch (const Error& error) {
+    fail("--plan ", path, ": ", error.what());
+  }
   return plan;
 }
 
-std::vector<std::string> place_flags_with_plan(const std::string& plan_path,
-                                               const std::vector<std::string>& place) {
+std::vector<PlaceOverride> place_flags_with_plan(const std::string& plan_path,
+                                                 const std::vector<PlaceOverride>& place) {
   if (plan_path.empty()) return place;
-  std::vector<std::string> flags = read_plan_file(plan_path).place;
-  flags.insert(flags.end(), place.begin(), place.end());
-  return flags;
+  std::vector<PlaceOverride> overrides = read_plan_file(plan_path).place;
+  overrides.insert(overrides.end(), place.begin(), place.end());
+  return overrides;
 }
 
 }  // namespace layup

@@ -25,7 +25,7 @@ std::string first_line(const std::string& text) {
 // A run of `base` with `mode` and `place`, planned as run_benchmark would and checked against
 // the budgets before anything is allocated: `skip` and skipped_reason say why it cannot run.
 StudyRun planned_run(const StudyOptions& options, StudyGroup group, std::string label, Mode mode,
-                     std::vector<std::string> place) {
+                     std::vector<PlaceOverride> place) {
   StudyRun run;
   run.group = group;
   run.label = std::move(label);
@@ -37,7 +37,7 @@ StudyRun planned_run(const StudyOptions& options, StudyGroup group, std::string 
   const RunRequest request = run_request_of(checked);
   MemoryPlan plan;
   try {
-    plan = plan_only(request);
+    plan = plan_only(request).plan;
     run.placement = plan.placement.describe();
   } catch (const Error& error) {
     run.skip = StudySkip::kRefused;
@@ -122,10 +122,6 @@ class StudyRunner {
   int done_ = 0;
   std::string device_name_;
 };
-
-std::string flag_of(TensorClass tensor_class, MemoryKind kind) {
-  return std::string(tensor_class_name(tensor_class)) + "=" + memory_kind_name(kind);
-}
 
 int count_runnable(const std::vector<StudyRun>& runs) {
   return static_cast<int>(std::count_if(runs.begin(), runs.end(), [](const StudyRun& run) {
@@ -217,8 +213,9 @@ StudyResult run_study(const StudyOptions& options, const BenchmarkRunner& runner
   for (TensorClass tensor_class : kAllTensorClasses)
     for (MemoryKind kind : kAllMemoryKinds) {
       if (kind == defaults[tensor_class]) continue;
-      const std::string flag = flag_of(tensor_class, kind);
-      runs.push_back(planned_run(options, StudyGroup::kPlacement, flag, base.mode, {flag}));
+      const PlaceOverride place{tensor_class, kind};
+      runs.push_back(
+          planned_run(options, StudyGroup::kPlacement, place.name(), base.mode, {place}));
     }
   runs.push_back(planned_run(options, StudyGroup::kPlacement, "default (again)", base.mode, {}));
   const int placements = static_cast<int>(runs.size());
@@ -236,14 +233,12 @@ StudyResult run_study(const StudyOptions& options, const BenchmarkRunner& runner
   result.default_spread = std::abs(first_default.median_ms - last_default.median_ms) /
                           std::min(first_default.median_ms, last_default.median_ms);
   result.noise_used = std::max(options.noise_fraction, result.default_spread);
-  std::vector<std::string> combined;
+  std::vector<PlaceOverride> combined;
   for (TensorClass tensor_class : kAllTensorClasses) {
     const StudyRun* best = nullptr;
     for (int i = 1; i + 1 < placements; ++i) {
       const StudyRun& run = runs[i];
-      if (!run.ran || run.place.size() != 1 ||
-          parse_tensor_class(run.place[0].substr(0, run.place[0].find('='))) != tensor_class)
-        continue;
+      if (!run.ran || run.place.size() != 1 || run.place[0].tensor_class != tensor_class) continue;
       if (run.median_ms < default_ms * (1.0 - result.noise_used) &&
           (!best || run.median_ms < best->median_ms))
         best = &run;
@@ -252,7 +247,7 @@ StudyResult run_study(const StudyOptions& options, const BenchmarkRunner& runner
   }
   if (combined.size() >= 2) {
     std::string label = "combined:";
-    for (const std::string& flag : combined) label += " " + flag;
+    for (const PlaceOverride& place : combined) label += " " + place.name();
     runs.push_back(planned_run(options, StudyGroup::kCombined, label, base.mode, combined));
     executor.execute(runs.back(), planned);
   }
@@ -269,14 +264,14 @@ StudyResult run_study(const StudyOptions& options, const BenchmarkRunner& runner
   // 3. The three modes at the recommended placement. A placement a mode refuses (gpu mode keeps
   //    the optimizer state on the device side) is left at that mode's default, and noted.
   for (const auto& [mode, mode_name] : kModeNames) {
-    std::vector<std::string> accepted;
+    std::vector<PlaceOverride> accepted;
     std::string dropped;
-    for (const std::string& flag : recommended.place) {
-      const StudyRun alone = planned_run(options, StudyGroup::kMode, "", mode, {flag});
+    for (const PlaceOverride& place : recommended.place) {
+      const StudyRun alone = planned_run(options, StudyGroup::kMode, "", mode, {place});
       if (alone.skip == StudySkip::kNone)
-        accepted.push_back(flag);
+        accepted.push_back(place);
       else
-        dropped += (dropped.empty() ? "" : ", ") + flag;
+        dropped += (dropped.empty() ? "" : ", ") + place.name();
     }
     if (mode == recommended.mode && accepted == recommended.place) {
       StudyRun same = recommended;  // measured already: the recommended run itself
@@ -306,7 +301,7 @@ nlohmann::json study_json(const StudyOptions& options, const StudyResult& result
     nlohmann::json json = {{"group", study_group_name(run.group)},
                            {"label", run.label},
                            {"mode", name_of(run.mode)},
-                           {"place", run.place},
+                           {"place", place_override_names(run.place)},
                            {"placement", run.placement},
                            {"ran", run.ran}};
     if (run.skip != StudySkip::kNone) {
@@ -365,11 +360,12 @@ nlohmann::json study_json(const StudyOptions& options, const StudyResult& result
       {"dtype", name_of(result.dtype)},
       {"wall_s", result.wall_s},
       {"runs", runs},
-      {"recommended", result.recommended >= 0
-                          ? nlohmann::json{{"index", result.recommended},
-                                           {"label", result.runs[result.recommended].label},
-                                           {"place", result.runs[result.recommended].place}}
-                          : nlohmann::json(nullptr)},
+      {"recommended",
+       result.recommended >= 0
+           ? nlohmann::json{{"index", result.recommended},
+                            {"label", result.runs[result.recommended].label},
+                            {"place", place_override_names(result.runs[result.recommended].place)}}
+           : nlohmann::json(nullptr)},
       {"machine", {{"hostname", hostname()}, {"cpu", cpu_model_name()}}},
       {"date", utc_now()},
       {"git_commit", git_commit()},

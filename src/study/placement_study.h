@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/place_override.h"
 #include "memory/plan_file.h"
 #include "memory/tensor_class.h"
 #include "train/benchmark.h"
@@ -54,8 +55,8 @@ struct StudyRun {
   StudyGroup group = StudyGroup::kPlacement;
   std::string label;  // "default", "grads=pinned", "gpu mode", ...
   Mode mode = Mode::kGpu;
-  std::vector<std::string> place;  // the --place flags of the run
-  std::string placement;           // the resolved placement in full (Placement::describe())
+  std::vector<PlaceOverride> place;  // the --place flags of the run
+  std::string placement;             // the resolved placement in full (Placement::describe())
   bool ran = false;
   StudySkip skip = StudySkip::kNone;
   std::string skipped_reason;  // the message, when skipped

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <map>
 
 #include "core/error.h"
 #include "engine/run_composer.h"
@@ -26,12 +25,12 @@ BenchmarkOptions tiny_options(DeviceKind device) {
   return options;
 }
 
-bool has_flag(const BenchmarkOptions& options, const std::string& flag) {
+bool has_flag(const BenchmarkOptions& options, const PlaceOverride& flag) {
   return std::find(options.place.begin(), options.place.end(), flag) != options.place.end();
 }
 
 // A stand-in for the device: step time from the placement flags alone.
-BenchmarkRunner fake_runner(std::map<std::string, double> ms_off_by_flag,
+BenchmarkRunner fake_runner(std::vector<std::pair<PlaceOverride, double>> ms_off_by_flag,
                             std::vector<BenchmarkOptions>* calls = nullptr) {
   return [ms_off_by_flag, calls](const BenchmarkOptions& options) {
     if (calls) calls->push_back(options);
@@ -47,17 +46,13 @@ BenchmarkRunner fake_runner(std::map<std::string, double> ms_off_by_flag,
   };
 }
 
-std::string class_of(const std::string& flag) {
-  return flag.substr(0, flag.find('='));
-}
-
 // Two placement flags of different classes that the (assumed, discrete) GPU accepts in layup mode.
-std::pair<std::string, std::string> two_runnable_flags(const StudyOptions& options) {
+std::pair<PlaceOverride, PlaceOverride> two_runnable_flags(const StudyOptions& options) {
   const StudyResult dry = run_study(options, fake_runner({}));
-  std::vector<std::string> flags;
+  std::vector<PlaceOverride> flags;
   for (const StudyRun& run : dry.runs)
     if (run.group == StudyGroup::kPlacement && run.ran && run.place.size() == 1 &&
-        (flags.empty() || class_of(flags[0]) != class_of(run.place[0])))
+        (flags.empty() || flags[0].tensor_class != run.place[0].tensor_class))
       flags.push_back(run.place[0]);
   EXPECT_GE(flags.size(), 2u) << "the study should find at least two classes to move on a GPU";
   return {flags.at(0), flags.at(1)};
@@ -106,7 +101,7 @@ TEST(PlacementStudy, RecommendsTheFastestPlacementItMeasuredCombinedWhereThatWas
   ASSERT_GE(result.recommended, 0);
   const StudyRun& best = result.runs[result.recommended];
   EXPECT_EQ(best.group, StudyGroup::kCombined);
-  EXPECT_EQ(best.place, (std::vector<std::string>{a, b}));
+  EXPECT_EQ(best.place, (std::vector<PlaceOverride>{a, b}));
   EXPECT_DOUBLE_EQ(best.median_ms, 83.0);
   for (const StudyRun& run : result.runs) {
     if (run.ran && run.group != StudyGroup::kMode) {
@@ -146,7 +141,7 @@ TEST(PlacementStudy, TheDefaultsSpreadWidensTheNoiseMargin) {
   EXPECT_DOUBLE_EQ(default_median_ms(result), 115.0);
   for (const StudyRun& run : result.runs) EXPECT_NE(run.group, StudyGroup::kCombined);
   // Still the fastest run measured: the recommendation never depends on the margin.
-  EXPECT_EQ(result.runs[result.recommended].place, std::vector<std::string>{a});
+  EXPECT_EQ(result.runs[result.recommended].place, std::vector<PlaceOverride>{a});
 }
 
 // The time chart has a bar per placement run that ran, the recommended one highlighted and
@@ -183,7 +178,7 @@ TEST(PlacementStudy, OneFasterClassIsRecommendedAloneAndNoiseIsNoFinding) {
   const StudyResult result = run_study(options, fake_runner({{a, 20.0}, {b, 1.0}}));
   for (const StudyRun& run : result.runs) EXPECT_NE(run.group, StudyGroup::kCombined);
   ASSERT_GE(result.recommended, 0);
-  EXPECT_EQ(result.runs[result.recommended].place, std::vector<std::string>{a});
+  EXPECT_EQ(result.runs[result.recommended].place, std::vector<PlaceOverride>{a});
 }
 
 // A budget the studied mode fits and the others do not: those are skipped as over budget, before
@@ -195,7 +190,7 @@ TEST(PlacementStudy, ARunOverTheBudgetIsSkippedAsSuch) {
   // (the state on its way into the schedule, the process itself). A host budget of exactly that
   // refuses offload and layup, which keep their AdamW state on the host.
   options.base.mode = Mode::kGpu;
-  options.base.host_budget = plan_only(run_request_of(options.base)).bytes(MemorySide::kHost);
+  options.base.host_budget = plan_only(run_request_of(options.base)).plan.bytes(MemorySide::kHost);
   const StudyResult result = run_study(options, fake_runner({}));
   int over_budget = 0;
   for (const StudyRun& run : result.runs) {
@@ -226,16 +221,16 @@ TEST(PlacementStudy, ThePlanFileReproducesTheRecommendedPlacement) {
   // What `--plan FILE` gives a run: the same placement as the recommended run, class by class.
   BenchmarkOptions run = options.base;
   run.place = place_flags_with_plan(path, {});
-  const MemoryPlan replayed = plan_only(run_request_of(run));
+  const MemoryPlan replayed = plan_only(run_request_of(run)).plan;
   run.place = result.runs[result.recommended].place;
-  const MemoryPlan measured = plan_only(run_request_of(run));
+  const MemoryPlan measured = plan_only(run_request_of(run)).plan;
   EXPECT_EQ(replayed.placement.kinds, measured.placement.kinds);
   EXPECT_EQ(replayed.placement.describe(), result.runs[result.recommended].placement);
   EXPECT_EQ(read_plan_file(path).median_ms, 83.0);
 
   // A --place given with --plan comes after the plan's, so it wins.
-  const std::string override_flag = class_of(a) + "=device";
-  const std::vector<std::string> flags = place_flags_with_plan(path, {override_flag});
+  const PlaceOverride override_flag{a.tensor_class, MemoryKind::kDevice};
+  const std::vector<PlaceOverride> flags = place_flags_with_plan(path, {override_flag});
   EXPECT_EQ(flags.back(), override_flag);
   std::filesystem::remove(path);
 }

@@ -45,7 +45,10 @@ std::string budget_text(const std::optional<size_t>& bytes) {
 // RunSpec's flags that neither table nor command lists elsewhere.
 void add_placement_flags(std::vector<SharedSetting>& settings, const RunSpec& spec) {
   std::string place;
-  for (const std::string& item : spec.place) place += (place.empty() ? "" : ",") + item;
+  for (const PlaceOverride& item : spec.place) {
+    if (!place.empty()) place += ',';
+    place += item.name();
+  }
   settings.insert(settings.end(), {{"--device", name_of(spec.device)},
                                    {"--dtype", name_of(spec.dtype)},
                                    {"--attention", name_of(spec.attention)},

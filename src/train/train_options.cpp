@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "memory/memory_plan.h"
+#include "memory/place_override.h"
 #include "model/shape_limits.h"
 #include "schedule/schedule.h"
 
@@ -81,6 +82,14 @@ LAYUP_JSON_ENUM(LayupHead, kLayupHeadNames)
 LAYUP_JSON_ENUM(AlgorithmChoice, kAlgorithmChoiceNames)
 LAYUP_JSON_ENUM(CheckpointContents, kCheckpointContentsNames)
 #undef LAYUP_JSON_ENUM
+
+// A --place override is saved as the flag writes it ("grads=pinned"), and parsed as it is read.
+void to_json(nlohmann::json& json, const PlaceOverride& place) {
+  json = place.name();
+}
+void from_json(const nlohmann::json& json, PlaceOverride& place) {
+  place = PlaceOverride::parse(json.get<std::string>());
+}
 
 void check_seq_len_fits(int seq_len, const ModelConfig& model) {
   LAYUP_CHECK(seq_len <= model.n_positions, "--seq-len ", seq_len,

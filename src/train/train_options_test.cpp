@@ -67,5 +67,30 @@ TEST(TrainOptions, ResumeRefusalSaysTheFloatsAsTheyWereWritten) {
                        "with --lr 0.5: the run was trained with 0.001,"));
 }
 
+// A checkpoint keeps --place as the flag writes it (the format older checkpoints have), and a
+// resumed run reads it back into the same overrides; a damaged entry is refused as it is read.
+TEST(TrainOptions, PlaceRoundTripsThroughTheSavedSettings) {
+  TrainOptions original = short_run(2, {"--place"});
+  original.place = {{TensorClass::kWeightGrads, MemoryKind::kPinnedMapped},
+                    {TensorClass::kActivations, MemoryKind::kManaged}};
+  const nlohmann::json saved = run_settings(original);
+  EXPECT_EQ(saved["place"], nlohmann::json({"grads=pinned", "activations=managed"}));
+  std::vector<std::string> notes;
+  const TrainOptions resumed = resume_settings(short_run(2, {"--resume"}), saved, "run/x", notes);
+  EXPECT_EQ(resumed.place, original.place);
+
+  // Written by a layup that kept the text as typed: an alias reads as its class.
+  nlohmann::json older = saved;
+  older["place"] = {"master-weights=mapped"};
+  EXPECT_EQ(resume_settings(short_run(2, {"--resume"}), older, "run/x", notes).place,
+            (std::vector<PlaceOverride>{{TensorClass::kMasterWeights, MemoryKind::kPinnedMapped}}));
+
+  nlohmann::json damaged = saved;
+  damaged["place"] = {"grads=vram"};
+  EXPECT_TRUE(contains(
+      error_message([&] { resume_settings(short_run(2, {"--resume"}), damaged, "run/x", notes); }),
+      "saved the setting place as [\"grads=vram\"], which is not a valid value for --place"));
+}
+
 }  // namespace
 }  // namespace layup
