@@ -119,7 +119,7 @@ PlacedRun train_placed(const std::string& mode, const std::vector<std::string>& 
   request.device = DeviceKind::kCuda;
   request.dtype = dtype == ComputeDtype::kBFloat16 ? Dtype::kBf16 : Dtype::kFp32;
   request.attributes = read_cuda_memory_attributes();
-  request.place = place;
+  request.place = parse_place_overrides(place);
   const RunMemory planned = plan_run_memory(request, 1);
   PlacedRun run{planned.plan, std::make_shared<MemoryAccountant>(), {}, {}};
   std::unique_ptr<Schedule> schedule =
