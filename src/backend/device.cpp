@@ -42,6 +42,25 @@ void Device::adamw_update_span_part(const ParameterLayout&, const Span&, size_t,
        "across ranks on the CPU backend only for now");
 }
 
+void Device::adamw_update_span_state(const ParameterLayout& layout, const Span& span, float* params,
+                                     const float* grads, const AdamWMoments& moments,
+                                     const AdamWStep& step, void* bf16_weights) {
+  LAYUP_CHECK(moments.kind == OptimizerStateKind::kFp32, "the ", name(), " device keeps no ",
+              name_of(moments.kind), " optimizer state; use --optimizer-state fp32");
+  adamw_update_span(layout, span, params, grads, moments.m_fp32(), moments.v_fp32(), step,
+                    bf16_weights);
+}
+
+void Device::adamw_update_span_part_state(const ParameterLayout& layout, const Span& span,
+                                          size_t first, size_t count, float* params,
+                                          const float* grads, const AdamWMoments& moments,
+                                          const AdamWStep& step) {
+  LAYUP_CHECK(moments.kind == OptimizerStateKind::kFp32, "the ", name(), " device keeps no ",
+              name_of(moments.kind), " optimizer state; use --optimizer-state fp32");
+  adamw_update_span_part(layout, span, first, count, params, grads, moments.m_fp32(),
+                         moments.v_fp32(), step);
+}
+
 MemoryRecord Device::record(size_t count, TensorClass tensor_class, MemorySide side,
                             MemoryKind kind) const {
   return MemoryRecord(accountant_, side, tensor_class, kind, count * sizeof(float));

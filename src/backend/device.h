@@ -28,6 +28,7 @@
 #include "memory/tensor_class.h"
 #include "model/parameter_layout.h"
 #include "optim/adamw.h"
+#include "optim/adamw_state.h"
 
 namespace layup {
 
@@ -186,6 +187,23 @@ class Device {
   virtual void adamw_update_span_part(const ParameterLayout& layout, const Span& span, size_t first,
                                       size_t count, float* params, const float* grads, float* m,
                                       float* v, const AdamWStep& step);
+
+  // adamw_update_span with the moments in the run's optimizer state kind (optim/adamw_moments.h:
+  // fp32, bf16, or 8-bit codes and block scales, all in this device's memory, laid out from the
+  // span's first element), in place. Every device gives the CPU's scalar loop's bits
+  // (optim/adamw_state.h), so modes that update a span on different devices agree. The base
+  // updates fp32 moments through adamw_update_span and refuses the other kinds.
+  virtual void adamw_update_span_state(const ParameterLayout& layout, const Span& span,
+                                       float* params, const float* grads,
+                                       const AdamWMoments& moments, const AdamWStep& step,
+                                       void* bf16_weights);
+  // adamw_update_span_part in any kind, the moments starting at element `first`, which must
+  // start an 8-bit block (check_state_part; otherwise layup::Error). The base updates fp32
+  // moments through adamw_update_span_part and refuses the other kinds.
+  virtual void adamw_update_span_part_state(const ParameterLayout& layout, const Span& span,
+                                            size_t first, size_t count, float* params,
+                                            const float* grads, const AdamWMoments& moments,
+                                            const AdamWStep& step);
 
  protected:
   // A null accountant gives the device a ledger of its own.

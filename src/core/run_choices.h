@@ -1,10 +1,12 @@
 // The choices a run is made of, as types: the schedule's mode, the device, the compute dtype, the
-// layup schedule's clip and head policies, what checkpoints hold. The command line parses its
-// strings into these once (cli/); below it only the enums travel, and each one's name (for reports,
-// logs and checkpoints' saved settings) comes from the one table here.
+// layup schedule's clip and head policies, how AdamW keeps its moments, what checkpoints hold. The
+// command line parses its strings into these once (cli/); below it only the enums travel, and each
+// one's name (for reports, logs and checkpoints' saved settings) comes from the one table here.
 #pragma once
 
 #include <array>
+#include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <string>
 #include <string_view>
@@ -26,6 +28,10 @@ enum class Dtype { kAuto, kFp32, kBf16 };
 enum class LayupClip { kAuto, kSpeculative, kDeferred };
 // Where layup updates the embeddings and the final norm; auto picks per device.
 enum class LayupHead { kAuto, kDevice, kHost };
+// How AdamW keeps its two moments (--optimizer-state; docs/optimizer_state.md): fp32, bfloat16, or
+// 8-bit codes of a dynamic map with one fp32 scale per block of kOptimizerStateBlock values. One
+// kind for the whole model; the master weights are fp32 in every kind.
+enum class OptimizerStateKind { kFp32, kBf16, kBlockwise8Bit };
 // What a training run's checkpoints hold: the weights and the training state (resumable), or the
 // weights only (an export for transformers or `layup sample`, a third of the disk).
 enum class CheckpointContents { kFull, kWeights };
@@ -112,6 +118,11 @@ inline constexpr EnumNames<LayupClip, 3> kLayupClipNames = {
 inline constexpr EnumNames<LayupHead, 3> kLayupHeadNames = {
     {{LayupHead::kAuto, "auto"}, {LayupHead::kDevice, "device"}, {LayupHead::kHost, "host"}}};
 
+inline constexpr EnumNames<OptimizerStateKind, 3> kOptimizerStateKindNames = {
+    {{OptimizerStateKind::kFp32, "fp32"},
+     {OptimizerStateKind::kBf16, "bf16"},
+     {OptimizerStateKind::kBlockwise8Bit, "8bit"}}};
+
 inline constexpr EnumNames<CheckpointContents, 2> kCheckpointContentsNames = {
     {{CheckpointContents::kFull, "full"}, {CheckpointContents::kWeights, "weights"}}};
 
@@ -151,6 +162,34 @@ inline std::string name_of(LayupHead head) {
 }
 inline std::string name_of(CheckpointContents contents) {
   return name_in(kCheckpointContentsNames, contents);
+}
+inline std::string name_of(OptimizerStateKind kind) {
+  return name_in(kOptimizerStateKindNames, kind);
+}
+
+// 8-bit moments are quantised in blocks of this many consecutive values of a span (or of a rank's
+// part of one, which then starts at a block boundary), counted from its first element; the last
+// block may be short. Each block keeps one fp32 scale per moment.
+inline constexpr size_t kOptimizerStateBlock = 256;
+
+// The blocks of `count` values: one scale per moment each in 8-bit state.
+inline constexpr size_t optimizer_state_blocks(size_t count) {
+  return (count + kOptimizerStateBlock - 1) / kOptimizerStateBlock;
+}
+
+// Bytes of AdamW's two moments for `count` parameters (one span, or a rank's part of one) in
+// `kind`, as optim/adamw_moments.h lays them out in one buffer: 8 a parameter in fp32, 4 in bf16,
+// 2 and two fp32 scales a block in 8-bit. The master weights (4 bytes a parameter) are apart.
+inline constexpr size_t optimizer_moments_bytes(OptimizerStateKind kind, size_t count) {
+  switch (kind) {
+    case OptimizerStateKind::kFp32:
+      return 2 * sizeof(float) * count;
+    case OptimizerStateKind::kBf16:
+      return 2 * sizeof(uint16_t) * count;
+    case OptimizerStateKind::kBlockwise8Bit:
+      return 2 * count + 2 * sizeof(float) * optimizer_state_blocks(count);
+  }
+  return 0;
 }
 
 }  // namespace layup

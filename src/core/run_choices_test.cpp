@@ -24,8 +24,10 @@ TEST(RunChoices, EveryNameParsesToItsValueAndBack) {
   expect_round_trip(kLayupClipNames);
   expect_round_trip(kLayupHeadNames);
   expect_round_trip(kAlgorithmChoiceNames);
+  expect_round_trip(kOptimizerStateKindNames);
   EXPECT_EQ(name_of(Mode::kLayup), "layup");
   EXPECT_EQ(name_of(AlgorithmChoice::kTimed), "timed");
+  EXPECT_EQ(name_of(OptimizerStateKind::kBlockwise8Bit), "8bit");
 }
 
 TEST(RunChoices, AWrongNameIsRefusedListingTheNames) {

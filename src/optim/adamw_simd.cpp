@@ -14,6 +14,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "optim/adamw_lanes.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -28,14 +29,11 @@ namespace {
 // One element, in the operation order every level follows (see adamw_simd.h). Every input is read
 // before an output is written, so it updates in place too.
 inline void adamw_element(const AdamWBuffers& b, size_t i, const AdamWConstants& c) {
-  const float g = b.grads[i] * c.grad_scale;
-  const float m_i = c.beta1 * b.m[i] + c.one_minus_beta1 * g;
-  const float v_i = c.beta2 * b.v[i] + c.one_minus_beta2 * g * g;
-  const float p_i = b.params[i] * c.decay_factor -
-                    c.step_size * m_i / (std::sqrt(v_i) * c.inv_sqrt_bias_correction2 + c.eps);
-  b.m_out[i] = m_i;
-  b.v_out[i] = v_i;
-  b.params_out[i] = p_i;
+  float p = b.params[i], m = b.m[i], v = b.v[i];
+  adamw_lane(p, b.grads[i], m, v, c);
+  b.m_out[i] = m;
+  b.v_out[i] = v;
+  b.params_out[i] = p;
 }
 
 void adamw_scalar(const AdamWBuffers& b, size_t count, const AdamWConstants& c) {
@@ -58,23 +56,6 @@ size_t streaming_peel(const AdamWBuffers& b, size_t count, uintptr_t alignment) 
   if (off % sizeof(float) != 0 || misalignment(b.m_out) != off || misalignment(b.v_out) != off)
     return kNoStreaming;
   return std::min<size_t>(count, off == 0 ? 0 : (alignment - off) / sizeof(float));
-}
-
-// Eight elements in the lanes of AVX registers. _mm256_sqrt_ps and _mm256_div_ps are correctly
-// rounded, as sqrtss and divss are; the approximations (_mm256_rsqrt_ps, _mm256_rcp_ps) would not
-// be. Operand order of each product and sum follows the scalar expression.
-__attribute__((target("avx2"))) inline void adamw8(__m256& p, __m256 grad, __m256& m, __m256& v,
-                                                   const AdamWConstants& c) {
-  const __m256 g = _mm256_mul_ps(grad, _mm256_set1_ps(c.grad_scale));
-  m = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(c.beta1), m),
-                    _mm256_mul_ps(_mm256_set1_ps(c.one_minus_beta1), g));
-  v = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(c.beta2), v),
-                    _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(c.one_minus_beta2), g), g));
-  const __m256 denominator =
-      _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(v), _mm256_set1_ps(c.inv_sqrt_bias_correction2)),
-                    _mm256_set1_ps(c.eps));
-  p = _mm256_sub_ps(_mm256_mul_ps(p, _mm256_set1_ps(c.decay_factor)),
-                    _mm256_div_ps(_mm256_mul_ps(_mm256_set1_ps(c.step_size), m), denominator));
 }
 
 __attribute__((target("avx2"))) void adamw_avx2(const AdamWBuffers& b, size_t count,
@@ -101,22 +82,6 @@ __attribute__((target("avx2"))) void adamw_avx2(const AdamWBuffers& b, size_t co
   for (; i < count; ++i) adamw_element(b, i, c);
   // Streaming stores are weakly ordered: fence them before the caller hands the results on.
   if (stream) _mm_sfence();
-}
-
-__attribute__((target("avx512f"))) inline void adamw16(__m512& p, __m512 grad, __m512& m, __m512& v,
-                                                       const AdamWConstants& c) {
-  const __m512 g = _mm512_mul_ps(grad, _mm512_set1_ps(c.grad_scale));
-  m = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(c.beta1), m),
-                    _mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta1), g));
-  v = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(c.beta2), v),
-                    _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta2), g), g));
-  // _mm512_mask_sqrt_ps with every lane selected is _mm512_sqrt_ps; GCC 12's _mm512_sqrt_ps
-  // trips a false -Wmaybe-uninitialized (its _mm512_undefined_ps, GCC bug 105593).
-  const __m512 root = _mm512_mask_sqrt_ps(v, static_cast<__mmask16>(0xFFFF), v);
-  const __m512 denominator = _mm512_add_ps(
-      _mm512_mul_ps(root, _mm512_set1_ps(c.inv_sqrt_bias_correction2)), _mm512_set1_ps(c.eps));
-  p = _mm512_sub_ps(_mm512_mul_ps(p, _mm512_set1_ps(c.decay_factor)),
-                    _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(c.step_size), m), denominator));
 }
 
 __attribute__((target("avx512f"))) void adamw_avx512(const AdamWBuffers& b, size_t count,
@@ -159,21 +124,6 @@ __attribute__((target("avx512f"))) void adamw_avx512(const AdamWBuffers& b, size
 #endif  // __x86_64__
 
 #if defined(__aarch64__)
-
-// Four elements in NEON lanes. AArch64's FSQRT and FDIV on vectors are correctly rounded; the
-// estimates (vrsqrteq_f32, vrecpeq_f32) would not be. vmulq_f32 followed by vaddq_f32 stays two
-// roundings because this file is compiled with -ffp-contract=off (GCC would otherwise emit FMLA).
-inline void adamw4(float32x4_t& p, float32x4_t grad, float32x4_t& m, float32x4_t& v,
-                   const AdamWConstants& c) {
-  const float32x4_t g = vmulq_f32(grad, vdupq_n_f32(c.grad_scale));
-  m = vaddq_f32(vmulq_f32(vdupq_n_f32(c.beta1), m), vmulq_f32(vdupq_n_f32(c.one_minus_beta1), g));
-  v = vaddq_f32(vmulq_f32(vdupq_n_f32(c.beta2), v),
-                vmulq_f32(vmulq_f32(vdupq_n_f32(c.one_minus_beta2), g), g));
-  const float32x4_t denominator = vaddq_f32(
-      vmulq_f32(vsqrtq_f32(v), vdupq_n_f32(c.inv_sqrt_bias_correction2)), vdupq_n_f32(c.eps));
-  p = vsubq_f32(vmulq_f32(p, vdupq_n_f32(c.decay_factor)),
-                vdivq_f32(vmulq_f32(vdupq_n_f32(c.step_size), m), denominator));
-}
 
 void adamw_neon(const AdamWBuffers& b, size_t count, const AdamWConstants& c) {
   size_t i = 0;
@@ -353,13 +303,12 @@ AdamWKernel default_adamw_kernel() {
   return kernel;
 }
 
-ElementRange adamw_share(size_t count, int part, int parts) {
-  constexpr size_t kLineFloats = 16;  // 64 bytes
-  const size_t lines = (count + kLineFloats - 1) / kLineFloats;
+ElementRange adamw_share(size_t count, int part, int parts, size_t granule) {
+  const size_t granules = (count + granule - 1) / granule;
   const size_t n = static_cast<size_t>(parts), k = static_cast<size_t>(part);
-  // Whole lines dealt out as evenly as they go: shares differ by at most one line.
-  const size_t begin = std::min(count, lines * k / n * kLineFloats);
-  const size_t end = std::min(count, lines * (k + 1) / n * kLineFloats);
+  // Whole granules dealt out as evenly as they go: shares differ by at most one granule.
+  const size_t begin = std::min(count, granules * k / n * granule);
+  const size_t end = std::min(count, granules * (k + 1) / n * granule);
   return {begin, end};
 }
 

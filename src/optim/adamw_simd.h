@@ -116,12 +116,13 @@ AdamWKernel adamw_kernel(AdamWIsa isa);
 // The loop of default_adamw_isa().
 AdamWKernel default_adamw_kernel();
 
-// Share `part` of `parts` of [0, count): contiguous, in order, boundaries at multiples of 16
-// floats (64 bytes, one cache line when the buffer is aligned) so that two threads never write
-// the same line. Trailing shares may be empty.
+// Share `part` of `parts` of [0, count): contiguous, in order, boundaries at multiples of
+// `granule` elements (16 floats: 64 bytes, one cache line when the buffer is aligned, so that two
+// threads never write the same line; optim/adamw_state.h cuts compact state at its own granule).
+// Trailing shares may be empty.
 struct ElementRange {
   size_t begin, end;
 };
-ElementRange adamw_share(size_t count, int part, int parts);
+ElementRange adamw_share(size_t count, int part, int parts, size_t granule = 16);
 
 }  // namespace layup

@@ -186,6 +186,27 @@ void HostAdamW::update_span(const ParameterLayout& layout, const Span& span,
   count_update(total, std::chrono::duration<double>(Clock::now() - start).count());
 }
 
+void HostAdamW::update_span(const ParameterLayout& layout, const Span& span,
+                            const AdamWStateBuffers& buffers, const AdamWStep& step,
+                            const ShareHook& on_share) {
+  if (buffers.kind() == OptimizerStateKind::kFp32) {
+    update_span(layout, span, buffers.fp32(), step, on_share);
+    return;
+  }
+  const AdamWStateKernel kernel = adamw_state_kernel(buffers.kind(), isa_);
+  std::lock_guard call(call_mutex_);
+  const Clock::time_point start = Clock::now();
+  tensors_.clear();
+  state_job_ = StateJob{buffers, span.count, kernel, decay_runs(layout, span, 0, span.count)};
+  with_decay_ = adamw_constants(step, true);
+  task_ = nullptr;
+  share_hook_ = on_share ? &on_share : nullptr;
+  if (span.count > 0) run_job();
+  share_hook_ = nullptr;
+  state_job_.reset();
+  count_update(span.count, std::chrono::duration<double>(Clock::now() - start).count());
+}
+
 void HostAdamW::update(float* params, const float* grads, float* m, float* v, size_t count,
                        const AdamWStep& step, bool decay) {
   update(AdamWBuffers::in_place(params, grads, m, v), count, step, decay);
@@ -200,6 +221,24 @@ void HostAdamW::update(const AdamWBuffers& buffers, size_t count, const AdamWSte
   without_decay_ = adamw_constants(step, false);
   task_ = nullptr;
   if (count > 0) run_job();
+  count_update(count, std::chrono::duration<double>(Clock::now() - start).count());
+}
+
+void HostAdamW::update(const AdamWStateBuffers& buffers, size_t count, const AdamWStep& step,
+                       bool decay) {
+  if (buffers.kind() == OptimizerStateKind::kFp32) {
+    update(buffers.fp32(), count, step, decay);
+    return;
+  }
+  const AdamWStateKernel kernel = adamw_state_kernel(buffers.kind(), isa_);
+  std::lock_guard call(call_mutex_);
+  const Clock::time_point start = Clock::now();
+  tensors_.clear();
+  state_job_ = StateJob{buffers, count, kernel, {DecayRun{count, decay}}};
+  with_decay_ = adamw_constants(step, true);
+  task_ = nullptr;
+  if (count > 0) run_job();
+  state_job_.reset();
   count_update(count, std::chrono::duration<double>(Clock::now() - start).count());
 }
 
@@ -274,6 +313,12 @@ void HostAdamW::run_share(int index) {
     return;
   }
   if (share_hook_ != nullptr) (*share_hook_)(index, true);
+  if (state_job_) {
+    const StateJob& job = *state_job_;
+    const ElementRange share = adamw_state_share(job.buffers.kind(), job.count, index, workers);
+    if (share.end > share.begin)
+      job.kernel(job.buffers, share.begin, share.end, with_decay_, job.decay);
+  }
   for (const TensorJob& tensor : tensors_) {
     const ElementRange share = adamw_share(tensor.count, index, workers);
     if (share.end == share.begin) continue;

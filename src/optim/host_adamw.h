@@ -4,9 +4,11 @@
 // for a dozen flops, so on a many-core host it runs at the speed of memory. This engine owns a
 // fixed set of worker threads, one per core, each pinned to its core; an update splits every
 // tensor into one contiguous share per worker (cut at 64-byte lines, adamw_share) and runs the
-// SIMD loop of optim/adamw_simd.h on the shares in parallel. Because a worker always gets the
-// same share of a tensor, the pages it first touched (for_each_worker_share) stay on its NUMA
-// node and in its caches. It counts what it did, so a run can report its AdamW rate.
+// SIMD loop of optim/adamw_simd.h on the shares in parallel (bf16 and 8-bit state: the span is
+// split instead, at the state's granule, and each share runs optim/adamw_state.h's loop). Because a
+// worker always gets the same share of a tensor, the pages it first touched (for_each_worker_share)
+// stay on its NUMA node and in its caches. It counts what it did, so a run can report its AdamW
+// rate.
 //
 // Results are bitwise identical to adamw_update / adamw_update_span: the update is elementwise
 // and every level of the loop gives the same bits, so neither the worker count nor the split
@@ -49,6 +51,7 @@
 #include "model/parameter_layout.h"
 #include "optim/adamw.h"
 #include "optim/adamw_simd.h"
+#include "optim/adamw_state.h"
 
 namespace layup {
 
@@ -90,11 +93,20 @@ class HostAdamW {
   void update_span(const ParameterLayout& layout, const Span& span, const AdamWBuffers& buffers,
                    const AdamWStep& step, const ShareHook& on_share = {});
 
+  // The same with the moments in any optimizer state kind (optim/adamw_state.h): fp32 as above;
+  // bf16 and 8-bit state split the span (not each tensor) into one share per worker, cut at the
+  // kind's granule (adamw_state_share), so that no 8-bit block is split between workers.
+  void update_span(const ParameterLayout& layout, const Span& span,
+                   const AdamWStateBuffers& buffers, const AdamWStep& step,
+                   const ShareHook& on_share = {});
+
   // AdamW on `count` contiguous parameters (as adamw_update).
   void update(float* params, const float* grads, float* m, float* v, size_t count,
               const AdamWStep& step, bool decay);
   // The same where `buffers` say: in place, or out of place (AdamWBuffers).
   void update(const AdamWBuffers& buffers, size_t count, const AdamWStep& step, bool decay);
+  // The same with the moments in any optimizer state kind.
+  void update(const AdamWStateBuffers& buffers, size_t count, const AdamWStep& step, bool decay);
 
   // Runs task(begin, end) on every worker with the share of [0, count) that update() would give
   // it, in parallel, and returns when all are done. Touching a new buffer this way first puts
@@ -132,7 +144,8 @@ class HostAdamW {
   };
 
   void pin_workers(const HostAdamWOptions& options);
-  // Publishes the job in tensors_ (or task_) to the workers and waits until all are done.
+  // Publishes the job in tensors_ (or state_job_, or task_) to the workers and waits until all
+  // are done.
   void run_job();
   void work(int index);
   void run_share(int index);
@@ -146,6 +159,14 @@ class HostAdamW {
   // The current job, written by the caller before it bumps generation_, read by the workers
   // after they see the new generation: an update (tensors_), or a task (task_) run by each worker.
   std::vector<TensorJob> tensors_;
+  // Or one run of bf16 or 8-bit state, shared out whole (adamw_state_share).
+  struct StateJob {
+    AdamWStateBuffers buffers;
+    size_t count;
+    AdamWStateKernel kernel;
+    std::vector<DecayRun> decay;
+  };
+  std::optional<StateJob> state_job_;
   AdamWConstants with_decay_{}, without_decay_{};
   const std::function<void(int, int)>* task_ = nullptr;
   const ShareHook* share_hook_ = nullptr;  // update_span's on_share, or null

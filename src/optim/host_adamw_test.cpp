@@ -17,6 +17,7 @@
 #include "model/model_config.h"
 #include "model/parameter_layout.h"
 #include "optim/adamw.h"
+#include "optim/adamw_state.h"
 
 namespace layup {
 namespace {
@@ -89,6 +90,97 @@ TEST(HostAdamW, SpanUpdatesMatchAdamWUpdateSpanForAnyWorkerCount) {
     HostAdamW engine(options);
     ASSERT_EQ(engine.worker_count(), workers);
     expect_spans_match(engine, std::to_string(workers) + " workers");
+  }
+}
+
+// A model's fp32 weights and gradients with AdamW moments in `kind`, coded from random ones.
+struct CompactState {
+  std::vector<float> params, grads;
+  std::vector<uint8_t> moments;  // each span's in optim/adamw_moments.h's one-buffer layout
+  std::vector<size_t> at;        // where each span's moments start in `moments`
+};
+
+CompactState compact_state(const ParameterLayout& layout, OptimizerStateKind kind, uint64_t seed) {
+  const State fp32 = random_state(layout.total_count(), seed);
+  CompactState s{fp32.params, fp32.grads, {}, {}};
+  for (const Span& span : layout.spans()) {
+    s.at.push_back(s.moments.size());
+    s.moments.resize(s.moments.size() +
+                     ((optimizer_moments_bytes(kind, span.count) + 3) & ~size_t{3}));
+  }
+  for (size_t i = 0; i < layout.spans().size(); ++i) {
+    const Span& span = layout.spans()[i];
+    encode_moments(fp32.m.data() + span.offset, fp32.v.data() + span.offset, span.count,
+                   AdamWMoments::in_buffer(kind, s.moments.data() + s.at[i], span.count));
+  }
+  return s;
+}
+
+// bf16 and 8-bit state: any worker count gives the bits of adamw_update_span (whose loops run the
+// span in one share, or OpenMP's), in place and out of place, and every block stays whole.
+TEST(HostAdamW, StateKindsMatchTheSpanUpdateForAnyWorkerCount) {
+  const ParameterLayout layout = small_layout();
+  for (OptimizerStateKind kind : {OptimizerStateKind::kBf16, OptimizerStateKind::kBlockwise8Bit}) {
+    for (int workers : {1, 3, 7}) {
+      HostAdamWOptions options;
+      options.workers = workers;
+      HostAdamW engine(options);
+      CompactState got = compact_state(layout, kind, 5), expected = got;
+      for (int k = 0; k < 3; ++k) {
+        const AdamWStep step = step_number(k);
+        for (size_t i = 0; i < layout.spans().size(); ++i) {
+          const Span& span = layout.spans()[i];
+          const auto moments = [&](CompactState& s) {
+            return AdamWMoments::in_buffer(kind, s.moments.data() + s.at[i], span.count);
+          };
+          float* params = got.params.data() + span.offset;
+          const float* grads = got.grads.data() + span.offset;
+          if (k == 1) {
+            // Out of place, into a copy of the span's state, then back.
+            CompactState out = got;
+            engine.update_span(
+                layout, span,
+                {params, grads, moments(got), out.params.data() + span.offset, moments(out)}, step);
+            got = out;
+          } else {
+            engine.update_span(layout, span,
+                               AdamWStateBuffers::in_place(params, grads, moments(got)), step);
+          }
+          adamw_update_span(layout, span, expected.params.data() + span.offset,
+                            expected.grads.data() + span.offset, moments(expected), step);
+        }
+        const std::string where =
+            name_of(kind) + ", " + std::to_string(workers) + " workers, step " + std::to_string(k);
+        EXPECT_TRUE(same_bits(got.params, expected.params)) << where;
+        EXPECT_TRUE(got.moments == expected.moments) << where;
+      }
+      EXPECT_EQ(engine.params_updated(), 3 * static_cast<int64_t>(layout.total_count()));
+    }
+  }
+}
+
+TEST(HostAdamW, StateKindsRawUpdatesMatchTheLoop) {
+  HostAdamWOptions options;
+  options.workers = 3;
+  HostAdamW engine(options);
+  for (OptimizerStateKind kind : {OptimizerStateKind::kBf16, OptimizerStateKind::kBlockwise8Bit}) {
+    const size_t count = 10 * kOptimizerStateBlock + 17;
+    State fp32 = random_state(count, 3);
+    std::vector<uint8_t> got(optimizer_moments_bytes(kind, count));
+    encode_moments(fp32.m.data(), fp32.v.data(), count,
+                   AdamWMoments::in_buffer(kind, got.data(), count));
+    std::vector<uint8_t> expected = got;
+    std::vector<float> params = fp32.params, expected_params = fp32.params;
+    const DecayRun decay[] = {{count, true}};
+    engine.update(AdamWStateBuffers::in_place(params.data(), fp32.grads.data(),
+                                              AdamWMoments::in_buffer(kind, got.data(), count)),
+                  count, step_number(0), true);
+    adamw_update_state(
+        AdamWStateBuffers::in_place(expected_params.data(), fp32.grads.data(),
+                                    AdamWMoments::in_buffer(kind, expected.data(), count)),
+        count, step_number(0), decay);
+    EXPECT_TRUE(same_bits(params, expected_params)) << name_of(kind);
+    EXPECT_TRUE(got == expected) << name_of(kind);
   }
 }
 

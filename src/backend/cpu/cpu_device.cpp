@@ -83,6 +83,20 @@ class CpuDevice final : public Device {
     layup::adamw_update_span_part(layout, span, first, count, params, grads, m, v, step);
   }
 
+  void adamw_update_span_state(const ParameterLayout& layout, const Span& span, float* params,
+                               const float* grads, const AdamWMoments& moments,
+                               const AdamWStep& step, void* bf16_weights) override {
+    LAYUP_CHECK(bf16_weights == nullptr,
+                "the CPU device computes in fp32 and keeps no bf16 copy of the weights");
+    layup::adamw_update_span(layout, span, params, grads, moments, step);
+  }
+
+  void adamw_update_span_part_state(const ParameterLayout& layout, const Span& span, size_t first,
+                                    size_t count, float* params, const float* grads,
+                                    const AdamWMoments& moments, const AdamWStep& step) override {
+    layup::adamw_update_span_part(layout, span, first, count, params, grads, moments, step);
+  }
+
  private:
   static float* zeroed_floats(size_t count) {
     // 64-byte alignment: whole cache lines and aligned AVX-512 loads.
