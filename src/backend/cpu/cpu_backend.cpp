@@ -1,33 +1,13 @@
-// GPT-2 on the CPU ops: the pre-LN block, the tied LM head, and backward cut at block boundaries.
-//
-//   x_0 = wte[tokens] + wpe[0:T]
-//   block l:  mid = x + c_proj(attention(c_attn(ln_1(x))))
-//             x'  = mid + mlp_proj(gelu(mlp_fc(ln_2(mid))))
-//   logits = ln_f(x_L) wte^T          (over the padded vocabulary; padded wte rows are zero)
-//   loss   = mean over positions of the cross-entropy over the real vocabulary
-//
-// A residual add passes its gradient to both summands unchanged, so the backward never copies
-// the residual stream's gradient: d_residual_ serves as the gradient of the block output and
-// of the branch output at once, and each layer norm's input gradient is accumulated into it.
-//
-// The Llama family (Llama, Qwen2, Mistral) has the same skeleton with other parts:
-//
-//   x_0 = embed_tokens[tokens]                         (no position table)
-//   block l:  q, k, v = qkv_proj(rmsnorm_1(x)); q, k = rope(q), rope(k)
-//             mid = x + o_proj(attention(q, k, v))     (K/V heads shared by groups of q heads)
-//             x'  = mid + down_proj(silu(gate_proj(h)) * up_proj(h)),  h = rmsnorm_2(mid)
-//   logits = rmsnorm_f(x_L) W^T,  W = embed_tokens when tied, else lm_head (in the head's span)
-//
-// Rotary positions are applied to the saved qkv in place; the rotation is linear, so its backward
-// needs only the angles (rope.h).
-//
-// Forward hooks (model_backend.h) are called right before the ops that first read each span:
-// the embedding lookup, each block's first norm, and the final norm.
+// The model graph (backend/model_graph.h) on the CPU ops: CpuOps below runs each of the graph's
+// ops with the kernels in ops/, over the backend's arena. The kernels add into their outputs
+// (ops/*.h); where the graph's op overwrites, CpuOps zeroes first. The LM head's backward goes in
+// chunks of positions, so that the [B*T, Vp] gradient of the logits never exists whole.
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -67,15 +47,115 @@ char* allocate_zeroed(const PlannedAllocation& buffer, int max_batch, int max_se
   return static_cast<char*>(data);
 }
 
-void zero(float* buffer, size_t count) {
-  std::fill_n(buffer, count, 0.0f);
-}
+// The graph's ops (model_graph.h) for one batch of the backend's arena.
+class CpuOps {
+ public:
+  CpuOps(const graph::Shape& shape, CpuBackendArena& arena) : s_(shape), arena_(arena) {}
 
-// A tensor of the span at `base`, or null where the model has none (kAbsent).
-template <class T>
-T* tensor_at(T* base, size_t offset) {
-  return offset == kAbsent ? nullptr : base + offset;
-}
+  void embedding_forward(float* out, const float* wte, const float* wpe) {
+    layup::embedding_forward(out, arena_.inputs, wte, wpe, s_.B, s_.T, s_.C);
+  }
+  void norm_forward(float* out, float* mean, float* rstd, const float* x, const float* weight,
+                    const float* bias) {
+    if (s_.norm == graph::Norm::kRmsNorm)
+      rmsnorm_forward(out, rstd, x, weight, s_.rows, s_.C, s_.eps);
+    else
+      layernorm_forward(out, mean, rstd, x, weight, bias, s_.rows, s_.C, s_.eps);
+  }
+  template <class BeforeNorm>
+  void residual_norm_forward(float* sum, float* out, float* mean, float* rstd, const float* x,
+                             const float* branch, const float* weight, const float* bias,
+                             BeforeNorm&& before_norm) {
+    residual_forward(sum, x, branch, s_.rows * s_.C);
+    before_norm();
+    norm_forward(out, mean, rstd, sum, weight, bias);
+  }
+  void matmul_forward(float* out, const float* in, const float* weight, const float* bias,
+                      int in_width, int out_width) {
+    layup::matmul_forward(out, in, weight, bias, s_.rows, in_width, out_width);
+  }
+  void matmul_activation_forward(float* act, float* pre, const float* in, const float* weight,
+                                 const float* bias, int in_width, int out_width) {
+    matmul_forward(pre, in, weight, bias, in_width, out_width);
+    activation_forward(act, pre);
+  }
+  void activation_forward(float* act, const float* pre) {
+    if (s_.activation == graph::Activation::kSwiglu)
+      swiglu_forward(act, pre, s_.rows, s_.act);
+    else
+      gelu_forward(act, pre, s_.rows * s_.act);
+  }
+  void rope_forward(float* qkv) {
+    layup::rope_forward(qkv, qkv, arena_.rope_cos, arena_.rope_sin, s_.B, s_.T,
+                        s_.heads + s_.kv_heads, s_.head_dim, s_.qkv);
+  }
+  void attention_forward(CpuBlockActivations& a) {
+    grouped_query_attention_forward(a.att_out, a.att, a.qkv, s_.B, s_.T, s_.heads, s_.kv_heads,
+                                    s_.head_dim);
+  }
+
+  void matmul_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
+                       const float* weight, int in_width, int out_width) {
+    zero(din, static_cast<size_t>(s_.rows) * in_width);
+    zero(dweight, static_cast<size_t>(out_width) * in_width);
+    if (dbias) zero(dbias, out_width);
+    layup::matmul_backward(din, dweight, dbias, dout, in, weight, s_.rows, in_width, out_width);
+  }
+  void matmul_activation_backward(float* d_pre, float* d_act, float* dweight, float* dbias,
+                                  const float* dout, const float* act, const float* pre,
+                                  const float* weight, int in_width, int out_width) {
+    matmul_backward(d_act, dweight, dbias, dout, act, weight, in_width, out_width);
+    zero(d_pre, static_cast<size_t>(s_.rows) * s_.fc);
+    if (s_.activation == graph::Activation::kSwiglu)
+      swiglu_backward(d_pre, d_act, pre, s_.rows, s_.act);
+    else
+      gelu_backward(d_pre, pre, d_act, s_.rows * s_.act);
+  }
+  void norm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* x,
+                     const float* weight, const float* mean, const float* rstd) {
+    zero(dweight, s_.C);
+    if (s_.norm == graph::Norm::kRmsNorm) {
+      rmsnorm_backward(din, dweight, dout, x, weight, rstd, s_.rows, s_.C);
+    } else {
+      zero(dbias, s_.C);
+      layernorm_backward(din, dweight, dbias, dout, x, weight, mean, rstd, s_.rows, s_.C);
+    }
+  }
+  void attention_backward(float* dqkv, const float* dout, const CpuBlockActivations& a) {
+    zero(dqkv, static_cast<size_t>(s_.rows) * s_.qkv);
+    grouped_query_attention_backward(dqkv, dout, a.qkv, a.att, s_.B, s_.T, s_.heads, s_.kv_heads,
+                                     s_.head_dim);
+  }
+  void rope_backward(float* dqkv) {
+    layup::rope_backward(dqkv, dqkv, arena_.rope_cos, arena_.rope_sin, s_.B, s_.T,
+                         s_.heads + s_.kv_heads, s_.head_dim, s_.qkv);
+  }
+  void lm_head_backward(float* d_in, float* dweight, const float* logits, const float* logsumexp,
+                        const int32_t* targets, const float* in, const float* weight, float dloss) {
+    const int rows = s_.rows, C = s_.C, Vp = s_.Vp;
+    zero(dweight, static_cast<size_t>(Vp) * C);
+    zero(d_in, static_cast<size_t>(rows) * C);
+    const int chunks = (rows + arena_.logits_chunk_rows - 1) / arena_.logits_chunk_rows;
+    const int rows_per_chunk = (rows + chunks - 1) / chunks;
+    for (int first = 0; first < rows; first += rows_per_chunk) {
+      const int n = std::min(rows_per_chunk, rows - first);
+      classifier_backward(arena_.d_logits_chunk, logits + static_cast<size_t>(first) * Vp,
+                          logsumexp + first, targets + first, n, s_.V, Vp, dloss);
+      layup::matmul_backward(d_in + static_cast<size_t>(first) * C, dweight, nullptr,
+                             arena_.d_logits_chunk, in + static_cast<size_t>(first) * C, weight, n,
+                             C, Vp);
+    }
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dout) {
+    layup::embedding_backward(dwte, dwpe, dout, arena_.inputs, s_.B, s_.T, s_.C);
+  }
+  void zero(float* buffer, size_t count) { std::fill_n(buffer, count, 0.0f); }
+  void zero_gradient(float* gradient, size_t count) { zero(gradient, count); }
+
+ private:
+  const graph::Shape& s_;
+  CpuBackendArena& arena_;
+};
 
 }  // namespace
 
@@ -117,95 +197,23 @@ void CpuBackend::check_batch(const ParameterPointers& params, const TokenBatch& 
 float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& batch,
                           ForwardHooks& hooks) {
   check_batch(params, batch);
-  batch_ = batch.batch;
-  seq_len_ = batch.seq_len;
-  const int B = batch_, T = seq_len_, BT = B * T;
-  const int C = config_.n_embd, L = config_.n_layer;
-  const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
-  const float eps = config_.layer_norm_epsilon;
-  const EmbeddingOffsets& e = layout_.embeddings();
-  const FinalNormOffsets& f = layout_.final_norm();
-
+  shape_ = graph::shape_of(config_, batch.batch, batch.seq_len);
+  const int BT = shape_.rows;
   std::copy_n(batch.inputs, BT, arena_.inputs);
-  hooks.before_embeddings();
-  embedding_forward(arena_.residual[0], arena_.inputs, params.embeddings + e.wte,
-                    tensor_at(params.embeddings, e.wpe), B, T, C);
-
-  for (int l = 0; l < L; ++l) {
-    hooks.before_block(l);
-    if (config_.is_llama())
-      llama_block_forward(l, params.blocks[l], arena_.residual[l]);
-    else
-      gpt2_block_forward(l, params.blocks[l], arena_.residual[l]);
-  }
-
-  hooks.before_head();
-  if (config_.is_llama())
-    rmsnorm_forward(arena_.ln_f, arena_.ln_f_rstd, arena_.residual[L], params.final_norm + f.weight,
-                    BT, C, eps);
-  else
-    layernorm_forward(arena_.ln_f, arena_.ln_f_mean, arena_.ln_f_rstd, arena_.residual[L],
-                      params.final_norm + f.weight, params.final_norm + f.bias, BT, C, eps);
-  const float* head =
-      config_.tie_word_embeddings ? params.embeddings + e.wte : params.final_norm + f.lm_head;
-  matmul_forward(arena_.logits, arena_.ln_f, head, nullptr, BT, C, Vp);
+  CpuOps ops(shape_, arena_);
+  graph::forward(ops, shape_, layout_, params, arena_, hooks);
 
   if (!batch.targets) {
     next_step_ = BackwardStep::kNeedsForwardWithTargets;
     return std::numeric_limits<float>::quiet_NaN();
   }
   std::copy_n(batch.targets, BT, arena_.targets);
-  classifier_forward(arena_.losses, arena_.logsumexp, arena_.logits, arena_.targets, BT, V, Vp);
+  classifier_forward(arena_.losses, arena_.logsumexp, arena_.logits, arena_.targets, BT, shape_.V,
+                     shape_.Vp);
   double total = 0.0;
   for (int n = 0; n < BT; ++n) total += arena_.losses[n];
   next_step_ = BackwardStep::kHead;
   return static_cast<float>(total / BT);
-}
-
-void CpuBackend::gpt2_block_forward(int layer, const float* p, const float* x) {
-  const int B = batch_, T = seq_len_, BT = B * T;
-  const int C = config_.n_embd, NH = config_.n_head;
-  const float eps = config_.layer_norm_epsilon;
-  const BlockOffsets& o = layout_.block();
-  CpuBlockActivations& a = arena_.blocks[layer];
-  layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, x, p + o.ln_1_weight, p + o.ln_1_bias, BT, C,
-                    eps);
-  matmul_forward(a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C, 3 * C);
-  attention_forward(a.att_out, a.att, a.qkv, B, T, C, NH);
-  matmul_forward(arena_.branch_out, a.att_out, p + o.attn_proj_weight, p + o.attn_proj_bias, BT, C,
-                 C);
-  residual_forward(a.residual_mid, x, arena_.branch_out, BT * C);
-
-  layernorm_forward(a.ln_2, a.ln_2_mean, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight,
-                    p + o.ln_2_bias, BT, C, eps);
-  matmul_forward(a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C, 4 * C);
-  gelu_forward(a.fc_gelu, a.fc, BT * 4 * C);
-  matmul_forward(arena_.branch_out, a.fc_gelu, p + o.mlp_proj_weight, p + o.mlp_proj_bias, BT,
-                 4 * C, C);
-  residual_forward(arena_.residual[layer + 1], a.residual_mid, arena_.branch_out, BT * C);
-}
-
-void CpuBackend::llama_block_forward(int layer, const float* p, const float* x) {
-  const int B = batch_, T = seq_len_, BT = B * T;
-  const int C = config_.n_embd, NH = config_.n_head, KVH = config_.kv_heads();
-  const int D = config_.head_dim(), Q = config_.qkv_width(), A = NH * D, I = config_.mlp_width();
-  const float eps = config_.layer_norm_epsilon;
-  const BlockOffsets& o = layout_.block();
-  CpuBlockActivations& a = arena_.blocks[layer];
-  rmsnorm_forward(a.ln_1, a.ln_1_rstd, x, p + o.ln_1_weight, BT, C, eps);
-  matmul_forward(a.qkv, a.ln_1, p + o.attn_qkv_weight, tensor_at(p, o.attn_qkv_bias), BT, C, Q);
-  // q's and k's heads are adjacent in each row: one rotation covers both, v is left alone.
-  rope_forward(a.qkv, a.qkv, arena_.rope_cos, arena_.rope_sin, B, T, NH + KVH, D, Q);
-  grouped_query_attention_forward(a.att_out, a.att, a.qkv, B, T, NH, KVH, D);
-  matmul_forward(arena_.branch_out, a.att_out, p + o.attn_proj_weight,
-                 tensor_at(p, o.attn_proj_bias), BT, A, C);
-  residual_forward(a.residual_mid, x, arena_.branch_out, BT * C);
-
-  rmsnorm_forward(a.ln_2, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight, BT, C, eps);
-  matmul_forward(a.fc, a.ln_2, p + o.mlp_fc_weight, nullptr, BT, C, 2 * I);
-  swiglu_forward(a.fc_gelu, a.fc, BT, I);
-  matmul_forward(arena_.branch_out, a.fc_gelu, p + o.mlp_proj_weight, nullptr, BT, I, C);
-  residual_forward(arena_.residual[layer + 1], a.residual_mid, arena_.branch_out, BT * C);
 }
 
 void CpuBackend::backward_head(const ParameterPointers& params, float* final_norm_grad,
@@ -215,43 +223,10 @@ void CpuBackend::backward_head(const ParameterPointers& params, float* final_nor
   LAYUP_CHECK(next_step_ == BackwardStep::kHead,
               "backward_head called in the middle of a backward pass; finish it with the blocks "
               "and backward_embeddings first");
-  const int BT = batch_ * seq_len_, C = config_.n_embd;
-  const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
-  const EmbeddingOffsets& e = layout_.embeddings();
-  const FinalNormOffsets& f = layout_.final_norm();
-  const float dloss = loss_scale / BT;  // d(mean loss) / d(loss of one position), scaled
-
-  // The CPU ops add into their weight gradients; the head's and the blocks' gradients are
-  // overwritten (ModelBackend), so they start from zero here.
-  std::fill_n(final_norm_grad, layout_.final_norm().count, 0.0f);
-  std::fill_n(embeddings_grad, e.count, 0.0f);
-
-  // The head's weight: the token embedding when tied, else lm_head in the final norm's span.
-  const bool tied = config_.tie_word_embeddings;
-  const float* head = tied ? params.embeddings + e.wte : params.final_norm + f.lm_head;
-  float* head_grad = tied ? embeddings_grad + e.wte : final_norm_grad + f.lm_head;
-  // logits = ln_f head^T, in chunks of positions so that dlogits never exists whole.
-  zero(arena_.d_ln, static_cast<size_t>(BT) * C);
-  const int chunks = (BT + arena_.logits_chunk_rows - 1) / arena_.logits_chunk_rows;
-  const int rows_per_chunk = (BT + chunks - 1) / chunks;
-  for (int first = 0; first < BT; first += rows_per_chunk) {
-    const int rows = std::min(rows_per_chunk, BT - first);
-    classifier_backward(arena_.d_logits_chunk, arena_.logits + static_cast<size_t>(first) * Vp,
-                        arena_.logsumexp + first, arena_.targets + first, rows, V, Vp, dloss);
-    matmul_backward(arena_.d_ln + static_cast<size_t>(first) * C, head_grad, nullptr,
-                    arena_.d_logits_chunk, arena_.ln_f + static_cast<size_t>(first) * C, head, rows,
-                    C, Vp);
-  }
-
-  zero(arena_.d_residual, static_cast<size_t>(BT) * C);
-  if (config_.is_llama())
-    rmsnorm_backward(arena_.d_residual, final_norm_grad + f.weight, arena_.d_ln,
-                     arena_.residual[config_.n_layer], params.final_norm + f.weight,
-                     arena_.ln_f_rstd, BT, C);
-  else
-    layernorm_backward(arena_.d_residual, final_norm_grad + f.weight, final_norm_grad + f.bias,
-                       arena_.d_ln, arena_.residual[config_.n_layer], params.final_norm + f.weight,
-                       arena_.ln_f_mean, arena_.ln_f_rstd, BT, C);
+  const float dloss = loss_scale / shape_.rows;  // d(mean loss) / d(loss of one position), scaled
+  CpuOps ops(shape_, arena_);
+  graph::backward_head(ops, shape_, layout_, params, arena_, final_norm_grad, embeddings_grad,
+                       dloss);
   next_step_ = BackwardStep::kBlock;
   next_layer_ = config_.n_layer - 1;
 }
@@ -262,94 +237,18 @@ void CpuBackend::backward_block(int layer, const ParameterPointers& params, floa
               " down to 0, then backward_embeddings",
               next_step_ == BackwardStep::kBlock ? "; the next block is " : "",
               next_step_ == BackwardStep::kBlock ? std::to_string(next_layer_) : "");
-  if (config_.is_llama())
-    llama_block_backward(layer, params.blocks[layer], block_grad);
-  else
-    gpt2_block_backward(layer, params.blocks[layer], block_grad);
-
+  CpuOps ops(shape_, arena_);
+  graph::backward_block(ops, shape_, layout_.block(), layer, params.blocks[layer], block_grad,
+                        arena_, /*recompute=*/0);
   next_layer_ = layer - 1;
   if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
-}
-
-void CpuBackend::gpt2_block_backward(int layer, const float* p, float* g) {
-  const int B = batch_, T = seq_len_, BT = B * T;
-  const int C = config_.n_embd, NH = config_.n_head;
-  const BlockOffsets& o = layout_.block();
-  const CpuBlockActivations& a = arena_.blocks[layer];
-
-  std::fill_n(g, o.count, 0.0f);  // overwritten (ModelBackend); the ops below add into it
-
-  // MLP branch. d_residual_ holds dL/d(block output) = dL/d(MLP output).
-  zero(arena_.d_fc_gelu, static_cast<size_t>(BT) * 4 * C);
-  matmul_backward(arena_.d_fc_gelu, g + o.mlp_proj_weight, g + o.mlp_proj_bias, arena_.d_residual,
-                  a.fc_gelu, p + o.mlp_proj_weight, BT, 4 * C, C);
-  zero(arena_.d_fc, static_cast<size_t>(BT) * 4 * C);
-  gelu_backward(arena_.d_fc, a.fc, arena_.d_fc_gelu, BT * 4 * C);
-  zero(arena_.d_ln, static_cast<size_t>(BT) * C);
-  matmul_backward(arena_.d_ln, g + o.mlp_fc_weight, g + o.mlp_fc_bias, arena_.d_fc, a.ln_2,
-                  p + o.mlp_fc_weight, BT, C, 4 * C);
-  // Adding ln_2's input gradient turns d_residual_ into dL/d(residual_mid).
-  layernorm_backward(arena_.d_residual, g + o.ln_2_weight, g + o.ln_2_bias, arena_.d_ln,
-                     a.residual_mid, p + o.ln_2_weight, a.ln_2_mean, a.ln_2_rstd, BT, C);
-
-  // Attention branch. d_residual_ holds dL/d(residual_mid) = dL/d(attention branch output).
-  zero(arena_.d_att_out, static_cast<size_t>(BT) * C);
-  matmul_backward(arena_.d_att_out, g + o.attn_proj_weight, g + o.attn_proj_bias, arena_.d_residual,
-                  a.att_out, p + o.attn_proj_weight, BT, C, C);
-  zero(arena_.d_qkv, static_cast<size_t>(BT) * 3 * C);
-  attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att, B, T, C, NH);
-  zero(arena_.d_ln, static_cast<size_t>(BT) * C);
-  matmul_backward(arena_.d_ln, g + o.attn_qkv_weight, g + o.attn_qkv_bias, arena_.d_qkv, a.ln_1,
-                  p + o.attn_qkv_weight, BT, C, 3 * C);
-  // Adding ln_1's input gradient turns d_residual_ into dL/d(block input).
-  layernorm_backward(arena_.d_residual, g + o.ln_1_weight, g + o.ln_1_bias, arena_.d_ln,
-                     arena_.residual[layer], p + o.ln_1_weight, a.ln_1_mean, a.ln_1_rstd, BT, C);
-}
-
-void CpuBackend::llama_block_backward(int layer, const float* p, float* g) {
-  const int B = batch_, T = seq_len_, BT = B * T;
-  const int C = config_.n_embd, NH = config_.n_head, KVH = config_.kv_heads();
-  const int D = config_.head_dim(), Q = config_.qkv_width(), A = NH * D, I = config_.mlp_width();
-  const BlockOffsets& o = layout_.block();
-  const CpuBlockActivations& a = arena_.blocks[layer];
-
-  std::fill_n(g, o.count, 0.0f);  // overwritten (ModelBackend); the ops below add into it
-
-  // MLP branch. d_residual_ holds dL/d(block output) = dL/d(MLP output).
-  zero(arena_.d_fc_gelu, static_cast<size_t>(BT) * I);
-  matmul_backward(arena_.d_fc_gelu, g + o.mlp_proj_weight, nullptr, arena_.d_residual, a.fc_gelu,
-                  p + o.mlp_proj_weight, BT, I, C);
-  zero(arena_.d_fc, static_cast<size_t>(BT) * 2 * I);
-  swiglu_backward(arena_.d_fc, arena_.d_fc_gelu, a.fc, BT, I);
-  zero(arena_.d_ln, static_cast<size_t>(BT) * C);
-  matmul_backward(arena_.d_ln, g + o.mlp_fc_weight, nullptr, arena_.d_fc, a.ln_2,
-                  p + o.mlp_fc_weight, BT, C, 2 * I);
-  // Adding the norm's input gradient turns d_residual_ into dL/d(residual_mid).
-  rmsnorm_backward(arena_.d_residual, g + o.ln_2_weight, arena_.d_ln, a.residual_mid,
-                   p + o.ln_2_weight, a.ln_2_rstd, BT, C);
-
-  // Attention branch.
-  zero(arena_.d_att_out, static_cast<size_t>(BT) * A);
-  matmul_backward(arena_.d_att_out, g + o.attn_proj_weight, tensor_at(g, o.attn_proj_bias),
-                  arena_.d_residual, a.att_out, p + o.attn_proj_weight, BT, A, C);
-  zero(arena_.d_qkv, static_cast<size_t>(BT) * Q);
-  grouped_query_attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att, B, T, NH, KVH, D);
-  // From the rotated q and k back to the projections' outputs, in place.
-  rope_backward(arena_.d_qkv, arena_.d_qkv, arena_.rope_cos, arena_.rope_sin, B, T, NH + KVH, D, Q);
-  zero(arena_.d_ln, static_cast<size_t>(BT) * C);
-  matmul_backward(arena_.d_ln, g + o.attn_qkv_weight, tensor_at(g, o.attn_qkv_bias), arena_.d_qkv,
-                  a.ln_1, p + o.attn_qkv_weight, BT, C, Q);
-  // Adding the norm's input gradient turns d_residual_ into dL/d(block input).
-  rmsnorm_backward(arena_.d_residual, g + o.ln_1_weight, arena_.d_ln, arena_.residual[layer],
-                   p + o.ln_1_weight, a.ln_1_rstd, BT, C);
 }
 
 void CpuBackend::backward_embeddings(const ParameterPointers& /*params*/, float* embeddings_grad) {
   LAYUP_CHECK(next_step_ == BackwardStep::kEmbeddings,
               "backward_embeddings called before the backward of block 0");
-  const EmbeddingOffsets& e = layout_.embeddings();
-  embedding_backward(embeddings_grad + e.wte, tensor_at(embeddings_grad, e.wpe), arena_.d_residual,
-                     arena_.inputs, batch_, seq_len_, config_.n_embd);
+  CpuOps ops(shape_, arena_);
+  graph::backward_embeddings(ops, layout_.embeddings(), arena_, embeddings_grad);
   // The forward's activations are intact, so the same backward may be run again.
   next_step_ = BackwardStep::kHead;
 }

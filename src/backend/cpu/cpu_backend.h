@@ -1,5 +1,5 @@
-// The fp32 CPU backend: GPT-2's and the Llama family's forward and block-wise backward on the ops
-// in ops/, OpenMP-parallel.
+// The fp32 CPU backend: GPT-2's and the Llama family's forward and block-wise backward, the model
+// graph (backend/model_graph.h) run on the ops in ops/, OpenMP-parallel.
 //
 // It is the reference every other backend is compared with, and the "device" the schedules drive
 // in CI. It owns every activation the backward needs, sized once for max_batch x max_seq_len, and
@@ -15,6 +15,7 @@
 
 #include "backend/cpu/cpu_backend_buffers.h"
 #include "backend/model_backend.h"
+#include "backend/model_graph.h"
 #include "memory/memory_accountant.h"
 #include "model/model_config.h"
 #include "model/parameter_layout.h"
@@ -43,18 +44,13 @@ class CpuBackend final : public ModelBackend {
   enum class BackwardStep { kNeedsForwardWithTargets, kHead, kBlock, kEmbeddings };
 
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
-  // One block each way; `x` is the block's input, the output goes to residual[layer + 1].
-  void gpt2_block_forward(int layer, const float* p, const float* x);
-  void llama_block_forward(int layer, const float* p, const float* x);
-  void gpt2_block_backward(int layer, const float* p, float* g);
-  void llama_block_backward(int layer, const float* p, float* g);
 
   ModelConfig config_;
   ParameterLayout layout_;
   int max_batch_, max_seq_len_;
 
-  // The last forward's batch.
-  int batch_ = 0, seq_len_ = 0;
+  // The last forward's sizes.
+  graph::Shape shape_;
 
   // The two regions of cpu_backend_buffers (activations, scratch), their records in the
   // accountant, and where each buffer lies inside them.

@@ -1,15 +1,9 @@
-// GPT-2 on the CUDA ops: the pre-LN block, the tied LM head, and backward cut at block boundaries.
-// The same model and the same sequence of ops as backend/cpu/cpu_backend.cpp:
-//
-//   x_0 = wte[tokens] + wpe[0:T]
-//   block l:  mid = x + c_proj(attention(c_attn(ln_1(x))))
-//             x'  = mid + mlp_proj(gelu(mlp_fc(ln_2(mid))))
-//   logits = ln_f(x_L) wte^T          (over the padded vocabulary; padded wte rows are zero)
-//   loss   = mean over positions of the cross-entropy over the real vocabulary
-//
-// As on the CPU, a residual add passes its gradient to both summands unchanged, so d_residual
-// serves as the gradient of a block's output and of its branches' outputs at once, and each layer
-// norm's input gradient is accumulated into it.
+// The model graph (backend/model_graph.h) on the CUDA ops: CudaOps below runs each of the graph's
+// ops as kernels and cuBLASLt matmuls on the backend's stream, in T (float, or __nv_bfloat16 with
+// fp32 accumulation). Where it fuses: GPT-2's residual add with the layer norm after it (one
+// kernel), and in bf16 its GELU with the matmul before it (cuBLASLt's epilogue, forward and
+// backward); attention is cuDNN's where it runs (bf16), else layup's kernel. The matmuls and norms
+// OVERWRITE their weight gradients (cuda::WeightGradient), so no gradient is zeroed first.
 //
 // Everything runs on one blocking stream (see cuda_device.h for why blocking). The backend's memory
 // is what cuda_backend_buffers lists (cuda_backend_buffers.h), allocated as listed: three regions,
@@ -49,6 +43,7 @@
 #include "backend/cuda/ops/rmsnorm.cuh"
 #include "backend/cuda/ops/rope.cuh"
 #include "backend/cuda/ops/swiglu.cuh"
+#include "backend/model_graph.h"
 #include "core/error.h"
 #include "memory/memory_accountant.h"
 #include "model/parameter_layout.h"
@@ -57,11 +52,165 @@
 namespace layup {
 namespace {
 
-// A tensor of the span at `base`, or null where the model has none (kAbsent).
+// The graph's ops (model_graph.h) for one batch, on the backend's arena, cuBLASLt handle, cuDNN
+// attention (null: layup's kernel) and stream.
 template <class T>
-T* tensor_at(T* base, size_t offset) {
-  return offset == kAbsent ? nullptr : base + offset;
-}
+class CudaOps {
+ public:
+  using BlockActivations = typename CudaArena<T>::BlockActivations;
+
+  CudaOps(const graph::Shape& shape, CudaArena<T>& arena, cuda::CublasLt& blas,
+          cuda::CudnnAttention* cudnn_attention, bool fuse_gelu, int segments, cudaStream_t stream)
+      : s_(shape),
+        arena_(arena),
+        blas_(blas),
+        cudnn_attention_(cudnn_attention),
+        fuse_gelu_(fuse_gelu),
+        segments_(segments),
+        stream_(stream) {}
+
+  void embedding_forward(T* out, const T* wte, const T* wpe) {
+    cuda::embedding_forward(out, arena_.tokens, wte, wpe, s_.B, s_.T, s_.C, stream_);
+  }
+  void norm_forward(T* out, float* mean, float* rstd, const T* x, const T* weight, const T* bias) {
+    if (s_.norm == graph::Norm::kRmsNorm)
+      cuda::rmsnorm_forward(out, rstd, x, weight, s_.rows, s_.C, s_.eps, stream_);
+    else
+      cuda::layernorm_forward(out, mean, rstd, x, weight, bias, s_.rows, s_.C, s_.eps, stream_);
+  }
+  // LayerNorm (GPT-2) runs in one kernel with the add; RMSNorm has no fused kernel.
+  template <class BeforeNorm>
+  void residual_norm_forward(T* sum, T* out, float* mean, float* rstd, const T* x, const T* branch,
+                             const T* weight, const T* bias, BeforeNorm&& before_norm) {
+    if (s_.norm == graph::Norm::kLayerNorm) {
+      before_norm();
+      cuda::residual_layernorm_forward(sum, out, mean, rstd, x, branch, weight, bias, s_.rows, s_.C,
+                                       s_.eps, stream_);
+    } else {
+      cuda::residual_forward(sum, x, branch, s_.rows * s_.C, stream_);
+      before_norm();
+      norm_forward(out, mean, rstd, sum, weight, bias);
+    }
+  }
+  void matmul_forward(T* out, const T* in, const T* weight, const T* bias, int in_width,
+                      int out_width) {
+    cuda::matmul_forward(blas_, out, in, weight, bias, s_.rows, in_width, out_width, stream_);
+  }
+  void matmul_activation_forward(T* act, T* pre, const T* in, const T* weight, const T* bias,
+                                 int in_width, int out_width) {
+    if (fuse_gelu_) {
+      cuda::matmul_gelu_forward(blas_, act, pre, in, weight, bias, s_.rows, in_width, out_width,
+                                stream_);
+    } else {
+      matmul_forward(pre, in, weight, bias, in_width, out_width);
+      activation_forward(act, pre);
+    }
+  }
+  void activation_forward(T* act, const T* pre) {
+    if (s_.activation == graph::Activation::kSwiglu)
+      cuda::swiglu_forward(act, pre, s_.rows, s_.act, stream_);
+    else
+      cuda::gelu_forward(act, pre, s_.rows * s_.act, stream_);
+  }
+  void rope_forward(T* qkv) {
+    cuda::rope_forward(qkv, arena_.rope_cos, arena_.rope_sin, s_.B, s_.T, s_.heads + s_.kv_heads,
+                       s_.head_dim, s_.qkv, stream_);
+  }
+  // From a.qkv into a.att_out and a.att_lse.
+  void attention_forward(BlockActivations& a) {
+    if (use_cudnn_attention()) {
+      if constexpr (!std::is_same_v<T, float>)
+        cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, attention_shape());
+    } else {
+      cuda::attention_forward(a.att_out, a.att_lse, a.qkv, attention_shape(), stream_);
+    }
+  }
+
+  void matmul_backward(T* din, float* dweight, float* dbias, const T* dout, const T* in,
+                       const T* weight, int in_width, int out_width) {
+    cuda::matmul_backward(blas_, din, dweight, dbias, dout, in, weight, s_.rows, in_width,
+                          out_width, arena_.scratch, cuda::InputGradient::kOverwrite,
+                          cuda::WeightGradient::kOverwrite, stream_);
+  }
+  void matmul_activation_backward(T* d_pre, T* d_act, float* dweight, float* dbias, const T* dout,
+                                  const T* act, const T* pre, const T* weight, int in_width,
+                                  int out_width) {
+    if (fuse_gelu_) {
+      cuda::matmul_backward_through_gelu(blas_, d_pre, dweight, dbias, dout, act, pre, weight,
+                                         s_.rows, in_width, out_width, arena_.scratch,
+                                         cuda::WeightGradient::kOverwrite, stream_);
+      return;
+    }
+    matmul_backward(d_act, dweight, dbias, dout, act, weight, in_width, out_width);
+    zero(d_pre, static_cast<size_t>(s_.rows) * s_.fc);  // GELU's and SwiGLU's backward accumulate
+    if (s_.activation == graph::Activation::kSwiglu)
+      cuda::swiglu_backward(d_pre, d_act, pre, s_.rows, s_.act, stream_);
+    else
+      cuda::gelu_backward(d_pre, pre, d_act, s_.rows * s_.act, stream_);
+  }
+  void norm_backward(T* din, float* dweight, float* dbias, const T* dout, const T* x,
+                     const T* weight, const float* mean, const float* rstd) {
+    if (s_.norm == graph::Norm::kRmsNorm)
+      cuda::rmsnorm_backward(din, dweight, dout, x, weight, rstd, s_.rows, s_.C,
+                             cuda::WeightGradient::kOverwrite, arena_.scratch, stream_);
+    else
+      cuda::layernorm_backward(din, dweight, dbias, dout, x, weight, mean, rstd, s_.rows, s_.C,
+                               cuda::WeightGradient::kOverwrite, arena_.scratch, stream_);
+  }
+  void attention_backward(T* dqkv, const T* dout, const BlockActivations& a) {
+    if (use_cudnn_attention()) {
+      // cuDNN writes all of dq, dk and dv.
+      if constexpr (!std::is_same_v<T, float>)
+        cudnn_attention_->backward(dqkv, dout, a.qkv, a.att_out, a.att_lse, attention_shape());
+    } else {
+      // layup's kernel accumulates.
+      zero(dqkv, static_cast<size_t>(s_.rows) * s_.qkv);
+      cuda::attention_backward(dqkv, dout, a.qkv, a.att_out, a.att_lse, attention_shape(),
+                               arena_.scratch, stream_);
+    }
+  }
+  void rope_backward(T* dqkv) {
+    cuda::rope_backward(dqkv, arena_.rope_cos, arena_.rope_sin, s_.B, s_.T, s_.heads + s_.kv_heads,
+                        s_.head_dim, s_.qkv, stream_);
+  }
+  // The logits' gradient in place of the logits: the buffer is the largest activation, and
+  // nothing else needs the logits once the loss is known.
+  void lm_head_backward(T* d_in, float* dweight, T* logits, const float* logsumexp,
+                        const int32_t* targets, const T* in, const T* weight, float dloss) {
+    cuda::classifier_backward(logits, logits, logsumexp, targets, s_.rows, s_.V, s_.Vp, dloss,
+                              stream_);
+    cuda::matmul_backward(blas_, d_in, dweight, nullptr, logits, in, weight, s_.rows, s_.C, s_.Vp,
+                          arena_.scratch, cuda::InputGradient::kOverwrite,
+                          cuda::WeightGradient::kOverwrite, stream_);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const T* dout) {
+    cuda::embedding_backward(dwte, dwpe, dout, arena_.positions, arena_.segment_start,
+                             arena_.segment_token, segments_, s_.B, s_.T, s_.C, stream_);
+  }
+  void zero(T* buffer, size_t count) {
+    LAYUP_CUDA_CHECK(cudaMemsetAsync(buffer, 0, count * sizeof(T), stream_));
+  }
+  void zero_gradient(float* gradient, size_t count) {
+    LAYUP_CUDA_CHECK(cudaMemsetAsync(gradient, 0, count * sizeof(float), stream_));
+  }
+
+ private:
+  cuda::AttentionShape attention_shape() const {
+    return {s_.B, s_.T, s_.heads, s_.kv_heads, s_.head_dim};
+  }
+  // cuDNN attention where present, except for single-position sequences, which it rejects.
+  bool use_cudnn_attention() const { return cudnn_attention_ && s_.T > 1; }
+
+  graph::Shape s_;
+  CudaArena<T>& arena_;
+  cuda::CublasLt& blas_;
+  cuda::CudnnAttention* cudnn_attention_;
+  // bf16 GPT-2 (CudaArenaShape::fuse_gelu). fp32, the mode that must match the CPU to 1e-5,
+  // keeps the separate GELU op, which computes exactly as the CPU's.
+  bool fuse_gelu_;
+  int segments_;  // of the embedding backward's grouping of the batch's tokens
+  cudaStream_t stream_;
+};
 
 template <class T>
 class CudaBackend final : public ModelBackend {
@@ -93,9 +242,32 @@ class CudaBackend final : public ModelBackend {
   void set_compute_copies_current(bool current) override { compute_copies_current_ = current; }
 
  private:
-  using BlockActivations = typename CudaArena<T>::BlockActivations;
-
   enum class BackwardStep { kNeedsForwardWithTargets, kHead, kBlock, kEmbeddings };
+
+  // The caller's hooks, each followed in bf16 by the cast of its span into the compute copy: a
+  // hook may wait for the span's update, which the cast reads.
+  class CastingHooks final : public ForwardHooks {
+   public:
+    CastingHooks(CudaBackend& backend, const ParameterPointers& params, ForwardHooks& hooks)
+        : backend_(backend), params_(params), hooks_(hooks) {}
+    void before_embeddings() override {
+      hooks_.before_embeddings();
+      backend_.refresh_compute_span(0, params_);
+    }
+    void before_block(int layer) override {
+      hooks_.before_block(layer);
+      backend_.refresh_compute_span(block_span(layer), params_);
+    }
+    void before_head() override {
+      hooks_.before_head();
+      backend_.refresh_compute_span(backend_.final_norm_span(), params_);
+    }
+
+   private:
+    CudaBackend& backend_;
+    const ParameterPointers& params_;
+    ForwardHooks& hooks_;
+  };
 
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
   // The weights the kernels read: the fp32 spans themselves, or their bf16 compute copy.
@@ -103,53 +275,13 @@ class CudaBackend final : public ModelBackend {
   // bf16 mode: casts span `index` (layout order) of the fp32 weights into the compute copy,
   // unless the schedule wrote the copies with the update (compute_copies_current_).
   void refresh_compute_span(size_t index, const ParameterPointers& params);
-  // The blocks and the final norm of each architecture's forward, residual[0] to ln_f.
-  void gpt2_forward_blocks(const ParameterPointers& params, ForwardHooks& hooks);
-  void llama_forward_blocks(const ParameterPointers& params, ForwardHooks& hooks);
-  void llama_block_forward(int layer, const T* p, bool through_mlp);
-  // One block's backward, from dL/d(its output) in d_residual to dL/d(its input) there, writing
-  // its weights' gradient g.
-  void gpt2_block_backward(int layer, const T* p, float* g);
-  void llama_block_backward(int layer, const T* p, float* g);
-  // --recompute 3: GPT-2's block `layer`'s saved activations again, from its input
-  // residual[layer] and its weights `p`, in the stream's order before its backward (the Llama
-  // family's is llama_block_forward without the MLP's output).
-  void gpt2_recompute_block(int layer, const T* p);
   // Span indices in layout order: embeddings, blocks 0..L-1, final norm.
   static size_t block_span(int layer) { return static_cast<size_t>(1 + layer); }
   size_t final_norm_span() const { return static_cast<size_t>(1 + config_.n_layer); }
-  // The attention of the last forward's batch shape.
-  cuda::AttentionShape attention_shape() const {
-    return {batch_, seq_len_, config_.n_head, config_.kv_heads(), config_.head_dim()};
-  }
-  // Block activations a's attention, by cuDNN where it runs, else by layup's kernel: the forward
-  // from a.qkv into a.att_out and a.att_lse; the backward from arena_.d_att_out into
-  // arena_.d_qkv, which it overwrites.
-  void attention_forward(BlockActivations& a) {
-    if (use_cudnn_attention(seq_len_)) {
-      if constexpr (!std::is_same_v<T, float>)
-        cudnn_attention_->forward(a.att_out, a.att_lse, a.qkv, attention_shape());
-    } else {
-      cuda::attention_forward(a.att_out, a.att_lse, a.qkv, attention_shape(), stream_);
-    }
-  }
-  void attention_backward(const BlockActivations& a) {
-    if (use_cudnn_attention(seq_len_)) {
-      // cuDNN writes all of dq, dk and dv.
-      if constexpr (!std::is_same_v<T, float>)
-        cudnn_attention_->backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
-                                   attention_shape());
-    } else {
-      // layup's kernel accumulates.
-      zero(arena_.d_qkv, static_cast<size_t>(batch_) * seq_len_ * config_.qkv_width());
-      cuda::attention_backward(arena_.d_qkv, arena_.d_att_out, a.qkv, a.att_out, a.att_lse,
-                               attention_shape(), arena_.scratch, stream_);
-    }
-  }
-  // cuDNN attention where present, except for single-position sequences, which it rejects.
-  bool use_cudnn_attention(int seq_len) const { return cudnn_attention_ && seq_len > 1; }
-  void zero(T* buffer, size_t count) {
-    LAYUP_CUDA_CHECK(cudaMemsetAsync(buffer, 0, count * sizeof(T), stream_));
+  // The graph's ops for the last forward's batch.
+  CudaOps<T> ops() {
+    return CudaOps<T>(sizes_, arena_, *blas_, cudnn_attention_.get(), shape_.fuse_gelu, segments_,
+                      stream_);
   }
 
   ModelConfig config_;
@@ -180,8 +312,8 @@ class CudaBackend final : public ModelBackend {
   // forwards read it without casting.
   bool compute_copies_current_ = false;
 
-  // The last forward's shape, and the number of its embedding backward's segments.
-  int batch_ = 0, seq_len_ = 0;
+  // The last forward's sizes, and the number of its embedding backward's segments.
+  graph::Shape sizes_;
   int segments_ = 0;
   // The pinned staging (pinned_staging_layout) for the batch's uploads and the losses coming back.
   int32_t* host_ints_ = nullptr;  // inputs [BT], targets [BT], positions [BT], starts [BT+1],
@@ -344,20 +476,13 @@ void CudaBackend<T>::refresh_compute_span(size_t index, const ParameterPointers&
 }
 
 // Each hook runs right before the first kernel that reads its span's weights is enqueued (in
-// bf16, before that span's cast into the compute copy): embeddings first (the token embedding;
-// the tied LM head reads wte again at the end), block l before its first layer norm -- which, for
-// l > 0, is fused into the end of block l-1 -- and the final norm before ln_f.
+// bf16, before that span's cast into the compute copy: CastingHooks).
 template <class T>
 float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch& batch,
                               ForwardHooks& hooks) {
   check_batch(params, batch);
-  batch_ = batch.batch;
-  seq_len_ = batch.seq_len;
-  const int B = batch_, T_ = seq_len_, BT = B * T_;
-  const int C = config_.n_embd;
-  const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
-  const EmbeddingOffsets& e = layout_.embeddings();
-  const FinalNormOffsets& f = layout_.final_norm();
+  sizes_ = graph::shape_of(config_, batch.batch, batch.seq_len);
+  const int BT = sizes_.rows;
 
   // Host staging: the previous forward synchronized, so its uploads are done.
   int32_t* host_inputs = host_ints_;
@@ -365,20 +490,9 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   std::copy_n(batch.inputs, BT, host_inputs);
   LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.tokens, host_inputs, BT * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));
-  const SpanPointers<const T> w = weights(params);
-
-  hooks.before_embeddings();
-  refresh_compute_span(0, params);
-  cuda::embedding_forward(arena_.residual[0], arena_.tokens, w.embeddings + e.wte,
-                          tensor_at(w.embeddings, e.wpe), B, T_, C, stream_);
-  if (config_.is_llama())
-    llama_forward_blocks(params, hooks);
-  else
-    gpt2_forward_blocks(params, hooks);
-  // The head: the token embedding when tied (GPT-2 always), else lm_head in the final norm's span.
-  const T* head = config_.tie_word_embeddings ? w.embeddings + e.wte : w.final_norm + f.lm_head;
-  cuda::matmul_forward(*blas_, arena_.logits, arena_.ln_f, head, static_cast<const T*>(nullptr), BT,
-                       C, Vp, stream_);
+  CastingHooks casting(*this, params, hooks);
+  CudaOps<T> graph_ops = ops();
+  graph::forward(graph_ops, sizes_, layout_, weights(params), arena_, casting);
   logits_valid_ = true;
 
   if (!batch.targets) {
@@ -389,8 +503,8 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   std::copy_n(batch.targets, BT, host_targets);
   LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.targets, host_targets, BT * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));
-  cuda::classifier_forward(arena_.losses, arena_.logsumexp, arena_.logits, arena_.targets, BT, V,
-                           Vp, stream_);
+  cuda::classifier_forward(arena_.losses, arena_.logsumexp, arena_.logits, arena_.targets, BT,
+                           sizes_.V, sizes_.Vp, stream_);
   LAYUP_CUDA_CHECK(cudaMemcpyAsync(host_losses_, arena_.losses, BT * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_));
 
@@ -418,120 +532,11 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   return static_cast<float>(total / BT);
 }
 
-// GPT-2's blocks and final layer norm, residual[0] to ln_f. Every layer norm after the first is
-// fused with the residual add before it: block l's ln_2 with its attention branch's add, block
-// l+1's ln_1 (or ln_f) with block l's MLP branch's add.
-template <class T>
-void CudaBackend<T>::gpt2_forward_blocks(const ParameterPointers& params, ForwardHooks& hooks) {
-  const int B = batch_, T_ = seq_len_, BT = B * T_;
-  const int C = config_.n_embd, L = config_.n_layer;
-  const float eps = config_.layer_norm_epsilon;
-  const BlockOffsets& o = layout_.block();
-  const FinalNormOffsets& f = layout_.final_norm();
-  const SpanPointers<const T> w = weights(params);
-  hooks.before_block(0);
-  refresh_compute_span(block_span(0), params);
-  cuda::layernorm_forward(arena_.blocks[0].ln_1, arena_.blocks[0].ln_1_mean,
-                          arena_.blocks[0].ln_1_rstd, arena_.residual[0],
-                          w.blocks[0] + o.ln_1_weight, w.blocks[0] + o.ln_1_bias, BT, C, eps,
-                          stream_);
-  for (int l = 0; l < L; ++l) {
-    const T* p = w.blocks[l];
-    BlockActivations& a = arena_.blocks[l];
-    const T* x = arena_.residual[l];
-    cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
-                         3 * C, stream_);
-    attention_forward(a);
-    cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
-                         p + o.attn_proj_bias, BT, C, C, stream_);
-    cuda::residual_layernorm_forward(a.residual_mid, a.ln_2, a.ln_2_mean, a.ln_2_rstd, x,
-                                     arena_.branch_out, p + o.ln_2_weight, p + o.ln_2_bias, BT, C,
-                                     eps, stream_);
-    if (shape_.fuse_gelu) {
-      cuda::matmul_gelu_forward(*blas_, a.fc_gelu, a.fc, a.ln_2, p + o.mlp_fc_weight,
-                                p + o.mlp_fc_bias, BT, C, 4 * C, stream_);
-    } else {
-      cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C,
-                           4 * C, stream_);
-      cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
-    }
-    cuda::matmul_forward(*blas_, arena_.branch_out, a.fc_gelu, p + o.mlp_proj_weight,
-                         p + o.mlp_proj_bias, BT, 4 * C, C, stream_);
-    if (l + 1 < L) {
-      hooks.before_block(l + 1);
-      refresh_compute_span(block_span(l + 1), params);
-      BlockActivations& next = arena_.blocks[l + 1];
-      const T* next_p = w.blocks[l + 1];
-      cuda::residual_layernorm_forward(
-          arena_.residual[l + 1], next.ln_1, next.ln_1_mean, next.ln_1_rstd, a.residual_mid,
-          arena_.branch_out, next_p + o.ln_1_weight, next_p + o.ln_1_bias, BT, C, eps, stream_);
-    } else {
-      hooks.before_head();
-      refresh_compute_span(final_norm_span(), params);
-      cuda::residual_layernorm_forward(
-          arena_.residual[L], arena_.ln_f, arena_.ln_f_mean, arena_.ln_f_rstd, a.residual_mid,
-          arena_.branch_out, w.final_norm + f.weight, w.final_norm + f.bias, BT, C, eps, stream_);
-    }
-  }
-}
-
-// The Llama family's blocks and final RMSNorm, residual[0] to ln_f (llama_block_forward).
-template <class T>
-void CudaBackend<T>::llama_forward_blocks(const ParameterPointers& params, ForwardHooks& hooks) {
-  const int BT = batch_ * seq_len_, C = config_.n_embd, L = config_.n_layer;
-  const SpanPointers<const T> w = weights(params);
-  for (int l = 0; l < L; ++l) {
-    hooks.before_block(l);
-    refresh_compute_span(block_span(l), params);
-    llama_block_forward(l, w.blocks[l], /*through_mlp=*/true);
-  }
-  hooks.before_head();
-  refresh_compute_span(final_norm_span(), params);
-  cuda::rmsnorm_forward(arena_.ln_f, arena_.ln_f_rstd, arena_.residual[L],
-                        w.final_norm + layout_.final_norm().weight, BT, C,
-                        config_.layer_norm_epsilon, stream_);
-}
-
-// One Llama-family block from its input residual[layer]: RMSNorm, q,k,v (rotated in place),
-// grouped-query attention, o_proj and the residual add, RMSNorm, gate and up, SwiGLU; then, with
-// through_mlp, down_proj and the add into residual[layer + 1] (--recompute 3 stops before them:
-// the backward needs neither).
-template <class T>
-void CudaBackend<T>::llama_block_forward(int layer, const T* p, bool through_mlp) {
-  const int B = batch_, T_ = seq_len_, BT = B * T_;
-  const int C = config_.n_embd, I = config_.mlp_width(), Q = config_.qkv_width();
-  const int A = config_.n_head * config_.head_dim();
-  const float eps = config_.layer_norm_epsilon;
-  const BlockOffsets& o = layout_.block();
-  BlockActivations& a = arena_.blocks[layer];
-  const T* x = arena_.residual[layer];
-  cuda::rmsnorm_forward(a.ln_1, a.ln_1_rstd, x, p + o.ln_1_weight, BT, C, eps, stream_);
-  cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, tensor_at(p, o.attn_qkv_bias),
-                       BT, C, Q, stream_);
-  // q's and k's heads are adjacent in each row: one rotation covers both, v is left alone.
-  cuda::rope_forward(a.qkv, arena_.rope_cos, arena_.rope_sin, B, T_,
-                     config_.n_head + config_.kv_heads(), config_.head_dim(), Q, stream_);
-  attention_forward(a);
-  cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
-                       tensor_at(p, o.attn_proj_bias), BT, A, C, stream_);
-  cuda::residual_forward(a.residual_mid, x, arena_.branch_out, BT * C, stream_);
-  cuda::rmsnorm_forward(a.ln_2, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight, BT, C, eps,
-                        stream_);
-  cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, static_cast<const T*>(nullptr),
-                       BT, C, 2 * I, stream_);
-  cuda::swiglu_forward(a.fc_gelu, a.fc, BT, I, stream_);
-  if (!through_mlp) return;
-  cuda::matmul_forward(*blas_, arena_.branch_out, a.fc_gelu, p + o.mlp_proj_weight,
-                       static_cast<const T*>(nullptr), BT, I, C, stream_);
-  cuda::residual_forward(arena_.residual[layer + 1], a.residual_mid, arena_.branch_out, BT * C,
-                         stream_);
-}
-
 template <class T>
 const float* CudaBackend<T>::logits() const {
   LAYUP_CHECK(logits_valid_, "the CUDA backend's logits are gone: backward_head turns them into ",
               "their gradient in place; read logits() after forward and before the backward");
-  const size_t count = static_cast<size_t>(batch_) * seq_len_ * config_.padded_vocab_size;
+  const size_t count = static_cast<size_t>(sizes_.rows) * sizes_.Vp;
   host_logits_.resize(count);
   if constexpr (std::is_same_v<T, float>) {
     LAYUP_CUDA_CHECK(cudaMemcpy(host_logits_.data(), arena_.logits, count * sizeof(float),
@@ -554,43 +559,11 @@ void CudaBackend<T>::backward_head(const ParameterPointers& params, float* final
   LAYUP_CHECK(next_step_ == BackwardStep::kHead,
               "backward_head called in the middle of a backward pass; finish it with the blocks "
               "and backward_embeddings first");
-  const int BT = batch_ * seq_len_, C = config_.n_embd;
-  const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
-  const EmbeddingOffsets& e = layout_.embeddings();
-  const FinalNormOffsets& f = layout_.final_norm();
-  const SpanPointers<const T> w = weights(params);
-  const float dloss = loss_scale / BT;  // d(mean loss) / d(loss of one position), scaled
-
-  // dlogits, in place of the logits: the buffer is the largest activation, and nothing else needs
-  // the logits once the loss is known.
-  cuda::classifier_backward(arena_.logits, arena_.logits, arena_.logsumexp, arena_.targets, BT, V,
-                            Vp, dloss, stream_);
-  logits_valid_ = false;
-  // The head writes the whole embeddings span's gradient (ModelBackend): when tied, wte's part
-  // here and the rest (GPT-2's wpe) zeroed; untied, the head's own gradient goes into the final
-  // norm's span and all of the embeddings' is zeroed. backward_embeddings adds the input
-  // embedding's part.
-  const bool tied = config_.tie_word_embeddings;
-  const T* head = tied ? w.embeddings + e.wte : w.final_norm + f.lm_head;
-  float* head_grad = tied ? embeddings_grad + e.wte : final_norm_grad + f.lm_head;
-  cuda::matmul_backward(*blas_, arena_.d_ln, head_grad, nullptr, arena_.logits, arena_.ln_f, head,
-                        BT, C, Vp, arena_.scratch, cuda::InputGradient::kOverwrite,
-                        cuda::WeightGradient::kOverwrite, stream_);
-  const size_t written = tied ? static_cast<size_t>(Vp) * C : 0;  // wte comes first in the span
-  LAYUP_CUDA_CHECK(
-      cudaMemsetAsync(embeddings_grad + written, 0, (e.count - written) * sizeof(float), stream_));
-  zero(arena_.d_residual, static_cast<size_t>(BT) * C);
-  if (config_.is_llama()) {
-    cuda::rmsnorm_backward(arena_.d_residual, final_norm_grad + f.weight, arena_.d_ln,
-                           arena_.residual[config_.n_layer], w.final_norm + f.weight,
-                           arena_.ln_f_rstd, BT, C, cuda::WeightGradient::kOverwrite,
-                           arena_.scratch, stream_);
-  } else {
-    cuda::layernorm_backward(
-        arena_.d_residual, final_norm_grad + f.weight, final_norm_grad + f.bias, arena_.d_ln,
-        arena_.residual[config_.n_layer], w.final_norm + f.weight, arena_.ln_f_mean,
-        arena_.ln_f_rstd, BT, C, cuda::WeightGradient::kOverwrite, arena_.scratch, stream_);
-  }
+  const float dloss = loss_scale / sizes_.rows;  // d(mean loss) / d(loss of one position), scaled
+  logits_valid_ = false;  // the head's backward turns them into their gradient, in place
+  CudaOps<T> graph_ops = ops();
+  graph::backward_head(graph_ops, sizes_, layout_, weights(params), arena_, final_norm_grad,
+                       embeddings_grad, dloss);
   next_step_ = BackwardStep::kBlock;
   next_layer_ = config_.n_layer - 1;
 }
@@ -602,157 +575,11 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
               " down to 0, then backward_embeddings",
               next_step_ == BackwardStep::kBlock ? "; the next block is " : "",
               next_step_ == BackwardStep::kBlock ? std::to_string(next_layer_) : "");
-  const T* p = weights(params).blocks[layer];
-  if (config_.is_llama())
-    llama_block_backward(layer, p, block_grad);
-  else
-    gpt2_block_backward(layer, p, block_grad);
+  CudaOps<T> graph_ops = ops();
+  graph::backward_block(graph_ops, sizes_, layout_.block(), layer, weights(params).blocks[layer],
+                        block_grad, arena_, recompute_);
   next_layer_ = layer - 1;
   if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
-}
-
-template <class T>
-void CudaBackend<T>::gpt2_block_backward(int layer, const T* p, float* g) {
-  const int B = batch_, T_ = seq_len_, BT = B * T_;
-  const int C = config_.n_embd;
-  const BlockOffsets& o = layout_.block();
-  const BlockActivations& a = arena_.blocks[layer];
-  // --recompute 3: the block's activations again from its input; the last block's are still
-  // there from the forward.
-  if (recompute_ >= 3 && layer + 1 < config_.n_layer) gpt2_recompute_block(layer, p);
-
-  // MLP branch. arena_.d_residual holds dL/d(block output) = dL/d(MLP output).
-  // --recompute: GELU's output (and the layer norms' below) back into the shared buffers. The
-  // recomputed values are the forward's bit for bit where the forward used the same kernel (fp32);
-  // in bf16 the forward's GELU ran in the matmul epilogue, so they may differ by a rounding.
-  if (recompute_ >= 1) cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
-  if (shape_.fuse_gelu) {
-    cuda::matmul_backward_through_gelu(*blas_, arena_.d_fc, g + o.mlp_proj_weight,
-                                       g + o.mlp_proj_bias, arena_.d_residual, a.fc_gelu, a.fc,
-                                       p + o.mlp_proj_weight, BT, 4 * C, C, arena_.scratch,
-                                       cuda::WeightGradient::kOverwrite, stream_);
-  } else {
-    cuda::matmul_backward(*blas_, arena_.d_fc_gelu, g + o.mlp_proj_weight, g + o.mlp_proj_bias,
-                          arena_.d_residual, a.fc_gelu, p + o.mlp_proj_weight, BT, 4 * C, C,
-                          arena_.scratch, cuda::InputGradient::kOverwrite,
-                          cuda::WeightGradient::kOverwrite, stream_);
-    zero(arena_.d_fc, static_cast<size_t>(BT) * 4 * C);
-    cuda::gelu_backward(arena_.d_fc, a.fc, arena_.d_fc_gelu, BT * 4 * C, stream_);
-  }
-  if (recompute_ >= 2) {
-    cuda::layernorm_forward(a.ln_2, a.ln_2_mean, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight,
-                            p + o.ln_2_bias, BT, C, config_.layer_norm_epsilon, stream_);
-  }
-  cuda::matmul_backward(*blas_, arena_.d_ln, g + o.mlp_fc_weight, g + o.mlp_fc_bias, arena_.d_fc,
-                        a.ln_2, p + o.mlp_fc_weight, BT, C, 4 * C, arena_.scratch,
-                        cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite, stream_);
-  // Adding ln_2's input gradient turns arena_.d_residual into dL/d(residual_mid).
-  cuda::layernorm_backward(arena_.d_residual, g + o.ln_2_weight, g + o.ln_2_bias, arena_.d_ln,
-                           a.residual_mid, p + o.ln_2_weight, a.ln_2_mean, a.ln_2_rstd, BT, C,
-                           cuda::WeightGradient::kOverwrite, arena_.scratch, stream_);
-
-  // Attention branch. arena_.d_residual holds dL/d(residual_mid) = dL/d(attention branch output).
-  cuda::matmul_backward(*blas_, arena_.d_att_out, g + o.attn_proj_weight, g + o.attn_proj_bias,
-                        arena_.d_residual, a.att_out, p + o.attn_proj_weight, BT, C, C,
-                        arena_.scratch, cuda::InputGradient::kOverwrite,
-                        cuda::WeightGradient::kOverwrite, stream_);
-  attention_backward(a);
-  if (recompute_ >= 2) {
-    cuda::layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, arena_.residual[layer],
-                            p + o.ln_1_weight, p + o.ln_1_bias, BT, C, config_.layer_norm_epsilon,
-                            stream_);
-  }
-  cuda::matmul_backward(*blas_, arena_.d_ln, g + o.attn_qkv_weight, g + o.attn_qkv_bias,
-                        arena_.d_qkv, a.ln_1, p + o.attn_qkv_weight, BT, C, 3 * C, arena_.scratch,
-                        cuda::InputGradient::kOverwrite, cuda::WeightGradient::kOverwrite, stream_);
-  // Adding ln_1's input gradient turns arena_.d_residual into dL/d(block input).
-  cuda::layernorm_backward(arena_.d_residual, g + o.ln_1_weight, g + o.ln_1_bias, arena_.d_ln,
-                           arena_.residual[layer], p + o.ln_1_weight, a.ln_1_mean, a.ln_1_rstd, BT,
-                           C, cuda::WeightGradient::kOverwrite, arena_.scratch, stream_);
-}
-
-// The transpose of llama_block_forward, as the CPU backend's llama_block_backward, with the
-// --recompute levels of GPT-2's: 1 SwiGLU's output again, 2 the norms' outputs too, 3 the block's
-// forward up to SwiGLU.
-template <class T>
-void CudaBackend<T>::llama_block_backward(int layer, const T* p, float* g) {
-  const int B = batch_, T_ = seq_len_, BT = B * T_;
-  const int C = config_.n_embd, I = config_.mlp_width(), Q = config_.qkv_width();
-  const int A = config_.n_head * config_.head_dim();
-  const float eps = config_.layer_norm_epsilon;
-  const BlockOffsets& o = layout_.block();
-  const BlockActivations& a = arena_.blocks[layer];
-  constexpr auto kOverwriteInput = cuda::InputGradient::kOverwrite;
-  constexpr auto kOverwriteWeight = cuda::WeightGradient::kOverwrite;
-  // The last block's activations are still there from the forward.
-  if (recompute_ >= 3 && layer + 1 < config_.n_layer) llama_block_forward(layer, p, false);
-
-  // MLP branch. arena_.d_residual holds dL/d(block output) = dL/d(MLP output).
-  if (recompute_ >= 1) cuda::swiglu_forward(a.fc_gelu, a.fc, BT, I, stream_);
-  cuda::matmul_backward(*blas_, arena_.d_fc_gelu, g + o.mlp_proj_weight, nullptr, arena_.d_residual,
-                        a.fc_gelu, p + o.mlp_proj_weight, BT, I, C, arena_.scratch, kOverwriteInput,
-                        kOverwriteWeight, stream_);
-  zero(arena_.d_fc, static_cast<size_t>(BT) * 2 * I);  // SwiGLU's backward accumulates
-  cuda::swiglu_backward(arena_.d_fc, arena_.d_fc_gelu, a.fc, BT, I, stream_);
-  if (recompute_ >= 2)
-    cuda::rmsnorm_forward(a.ln_2, a.ln_2_rstd, a.residual_mid, p + o.ln_2_weight, BT, C, eps,
-                          stream_);
-  cuda::matmul_backward(*blas_, arena_.d_ln, g + o.mlp_fc_weight, nullptr, arena_.d_fc, a.ln_2,
-                        p + o.mlp_fc_weight, BT, C, 2 * I, arena_.scratch, kOverwriteInput,
-                        kOverwriteWeight, stream_);
-  // Adding the norm's input gradient turns arena_.d_residual into dL/d(residual_mid).
-  cuda::rmsnorm_backward(arena_.d_residual, g + o.ln_2_weight, arena_.d_ln, a.residual_mid,
-                         p + o.ln_2_weight, a.ln_2_rstd, BT, C, kOverwriteWeight, arena_.scratch,
-                         stream_);
-
-  // Attention branch. arena_.d_residual holds dL/d(residual_mid) = dL/d(attention branch output).
-  cuda::matmul_backward(*blas_, arena_.d_att_out, g + o.attn_proj_weight,
-                        tensor_at(g, o.attn_proj_bias), arena_.d_residual, a.att_out,
-                        p + o.attn_proj_weight, BT, A, C, arena_.scratch, kOverwriteInput,
-                        kOverwriteWeight, stream_);
-  attention_backward(a);
-  // From the rotated q and k back to the projection's outputs, in place.
-  cuda::rope_backward(arena_.d_qkv, arena_.rope_cos, arena_.rope_sin, B, T_,
-                      config_.n_head + config_.kv_heads(), config_.head_dim(), Q, stream_);
-  if (recompute_ >= 2)
-    cuda::rmsnorm_forward(a.ln_1, a.ln_1_rstd, arena_.residual[layer], p + o.ln_1_weight, BT, C,
-                          eps, stream_);
-  cuda::matmul_backward(*blas_, arena_.d_ln, g + o.attn_qkv_weight, tensor_at(g, o.attn_qkv_bias),
-                        arena_.d_qkv, a.ln_1, p + o.attn_qkv_weight, BT, C, Q, arena_.scratch,
-                        kOverwriteInput, kOverwriteWeight, stream_);
-  // Adding the norm's input gradient turns arena_.d_residual into dL/d(block input).
-  cuda::rmsnorm_backward(arena_.d_residual, g + o.ln_1_weight, arena_.d_ln, arena_.residual[layer],
-                         p + o.ln_1_weight, a.ln_1_rstd, BT, C, kOverwriteWeight, arena_.scratch,
-                         stream_);
-}
-
-template <class T>
-void CudaBackend<T>::gpt2_recompute_block(int layer, const T* p) {
-  const int B = batch_, T_ = seq_len_, BT = B * T_;
-  const int C = config_.n_embd;
-  const float eps = config_.layer_norm_epsilon;
-  const BlockOffsets& o = layout_.block();
-  BlockActivations& a = arena_.blocks[layer];
-  // The forward's ops on the same inputs, up to what the backward reads (the MLP's projection is
-  // not needed); arena_.branch_out is free during the backward.
-  cuda::layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, arena_.residual[layer],
-                          p + o.ln_1_weight, p + o.ln_1_bias, BT, C, eps, stream_);
-  cuda::matmul_forward(*blas_, a.qkv, a.ln_1, p + o.attn_qkv_weight, p + o.attn_qkv_bias, BT, C,
-                       3 * C, stream_);
-  attention_forward(a);
-  cuda::matmul_forward(*blas_, arena_.branch_out, a.att_out, p + o.attn_proj_weight,
-                       p + o.attn_proj_bias, BT, C, C, stream_);
-  cuda::residual_layernorm_forward(a.residual_mid, a.ln_2, a.ln_2_mean, a.ln_2_rstd,
-                                   arena_.residual[layer], arena_.branch_out, p + o.ln_2_weight,
-                                   p + o.ln_2_bias, BT, C, eps, stream_);
-  if (shape_.fuse_gelu) {
-    cuda::matmul_gelu_forward(*blas_, a.fc_gelu, a.fc, a.ln_2, p + o.mlp_fc_weight,
-                              p + o.mlp_fc_bias, BT, C, 4 * C, stream_);
-  } else {
-    cuda::matmul_forward(*blas_, a.fc, a.ln_2, p + o.mlp_fc_weight, p + o.mlp_fc_bias, BT, C, 4 * C,
-                         stream_);
-    cuda::gelu_forward(a.fc_gelu, a.fc, BT * 4 * C, stream_);
-  }
 }
 
 template <class T>
@@ -760,11 +587,8 @@ void CudaBackend<T>::backward_embeddings(const ParameterPointers& /*params*/,
                                          float* embeddings_grad) {
   LAYUP_CHECK(next_step_ == BackwardStep::kEmbeddings,
               "backward_embeddings called before the backward of block 0");
-  const EmbeddingOffsets& e = layout_.embeddings();
-  cuda::embedding_backward(embeddings_grad + e.wte, tensor_at(embeddings_grad, e.wpe),
-                           arena_.d_residual, arena_.positions, arena_.segment_start,
-                           arena_.segment_token, segments_, batch_, seq_len_, config_.n_embd,
-                           stream_);
+  CudaOps<T> graph_ops = ops();
+  graph::backward_embeddings(graph_ops, layout_.embeddings(), arena_, embeddings_grad);
   // The logits were consumed by backward_head: another backward needs another forward.
   next_step_ = BackwardStep::kNeedsForwardWithTargets;
 }

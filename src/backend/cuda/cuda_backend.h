@@ -1,5 +1,6 @@
-// The CUDA backend: GPT-2's forward and block-wise backward (backend/model_backend.h) as CUDA
-// kernels and cuBLASLt matmuls on one stream, in fp32 or in bf16 with fp32 accumulation.
+// The CUDA backend: GPT-2's and the Llama family's forward and block-wise backward
+// (backend/model_backend.h; the model graph of backend/model_graph.h) as CUDA kernels and cuBLASLt
+// matmuls on one stream, in fp32 or in bf16 with fp32 accumulation.
 //
 // Plain C++ header: callers need no CUDA headers.
 //
