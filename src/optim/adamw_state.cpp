@@ -452,10 +452,6 @@ AdamWStateKernel adamw_state_kernel(OptimizerStateKind kind, AdamWIsa isa) {
   return bf16 ? adamw_bf16_scalar : adamw_8bit_scalar;
 }
 
-bool adamw_state_isa_vectorized(OptimizerStateKind, AdamWIsa isa) {
-  return isa == AdamWIsa::kAvx2 || isa == AdamWIsa::kAvx512;
-}
-
 size_t adamw_state_granule(OptimizerStateKind kind) {
   switch (kind) {
     case OptimizerStateKind::kFp32:

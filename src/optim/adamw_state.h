@@ -75,8 +75,6 @@ using AdamWStateKernel = void (*)(const AdamWStateBuffers& buffers, size_t begin
 // own, as on NEON); throws layup::Error for fp32 (adamw_kernel has its loops) or a level this
 // binary or CPU does not have.
 AdamWStateKernel adamw_state_kernel(OptimizerStateKind kind, AdamWIsa isa);
-// Whether `isa` has a loop of its own for `kind` (false: it runs the scalar loop).
-bool adamw_state_isa_vectorized(OptimizerStateKind kind, AdamWIsa isa);
 
 // How finely a run of `kind` is cut between workers: 16 elements (a 64-byte line of fp32), 32
 // (a line of bf16), or one 8-bit block.
