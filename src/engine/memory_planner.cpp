@@ -150,8 +150,12 @@ MemoryPlan plan_memory(const MemoryPlanRequest& request) {
   return plan_run_memory(request).plan;
 }
 
-MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
-                                              const MemoryBudgets& budgets) {
+namespace {
+
+// --optimizer-placement auto against `budgets` (resolve_optimizer_placement), the disk only where
+// `disk` allows it; an explicit placement comes back as it was.
+MemoryPlanRequest resolve_blocks(MemoryPlanRequest request, const MemoryBudgets& budgets,
+                                 bool disk) {
   OptimizerPlacement& placement = request.optimizer_placement;
   if (!placement.automatic || placement.resolved) return request;
   placement.resolved = true;
@@ -178,13 +182,34 @@ MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
     if (!device_admits && device_fits(plan)) device_admits = blocks;
   }
   placement.device_blocks = device_admits.value_or(0);
-  if (!request.offload_dir.empty())
+  if (disk && !request.offload_dir.empty())
     for (int disk = 1; disk <= request.config.n_layer - placement.device_blocks; ++disk) {
       placement.disk_blocks = disk;
       if (fits(plan_memory(request), budgets)) return request;
     }
   placement.disk_blocks = 0;
   return request;
+}
+
+}  // namespace
+
+MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
+                                              const MemoryBudgets& budgets) {
+  // --layup-head auto puts the head on a discrete GPU; where no plan with it there fits and one
+  // with it on the host does, it goes to the host, before any block goes to disk (the head's
+  // update on the CPU costs less than a block's state read and written every step).
+  const bool head_may_move = request.mode == Mode::kLayup &&
+                             request.layup_head == LayupHead::kAuto &&
+                             updates_head_on_device(plan_run_memory(request).schedule);
+  if (!head_may_move) return resolve_blocks(request, budgets, /*disk=*/true);
+  MemoryPlanRequest host_head = request;
+  host_head.layup_head = LayupHead::kHost;
+  for (const bool disk : {false, true})
+    for (const MemoryPlanRequest* tried : {&request, &host_head}) {
+      MemoryPlanRequest resolved = resolve_blocks(*tried, budgets, disk);
+      if (fits(plan_memory(resolved), budgets)) return resolved;
+    }
+  return resolve_blocks(request, budgets, /*disk=*/true);  // nothing fits: the check says why
 }
 
 void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {

@@ -35,7 +35,9 @@ MemoryPlan plan_memory(const MemoryPlanRequest& request);
 // that let the host's memory hold the rest (and the disk them); where nothing fits the budget
 // check then names the host. No blocks on the device off a discrete GPU: one shared memory gains
 // nothing from the move, and the CPU backend computes in place. An explicit placement comes back
-// as it was.
+// as it was. --layup-head auto, which puts the head on a discrete GPU, is resolved too: to the
+// host where no plan with the head on the device fits and one with it on the host does, before
+// any block goes to disk. So auto never refuses a run that some explicit head and placement fit.
 MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
                                               const MemoryBudgets& budgets);
 

@@ -400,7 +400,7 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
   // A device budget the head's moments break: --layup-head host fits.
   MemoryBudgets budgets;
   budgets.device = on_host.bytes(MemorySide::kDevice) + head;
-  EXPECT_NE(refusal(on_device, budgets).find("Within the budget: --layup-head host"),
+  EXPECT_NE(refusal(on_device, budgets).find("--layup-head host (needs"),
             std::string::npos)
       << refusal(on_device, budgets);
   EXPECT_EQ(refusal(on_host, budgets), "");
@@ -435,6 +435,61 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
   request = cpu_request(config, "layup", 1, 64);
   request.layup_head = LayupHead::kDevice;
   EXPECT_THROW(plan_memory(request), Error);
+}
+
+// --layup-head auto under a budget: the head goes to the host where only that fits (before any
+// block goes to disk), and auto never refuses a run that some explicit head and optimizer
+// placement fit, over a grid of device and host budgets.
+TEST(MemoryPlan, AutoNeverRefusesWhatAnExplicitHeadAndPlacementFit) {
+  const ModelConfig config = gpt2_config(4, 2, 64, 32, 4000);
+  const ParameterLayout layout(config);
+  MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, "layup", 2, 32));
+  request.layup_clip = LayupClip::kDeferred;
+  request.offload_dir = "/offload";
+  const auto explicit_plan = [&](LayupHead head, int device, int disk) {
+    MemoryPlanRequest r = request;
+    r.layup_head = head;
+    r.optimizer_placement = OptimizerPlacement::parse(
+        "device:" + std::to_string(device) + (disk > 0 ? ",disk:" + std::to_string(disk) : ""));
+    return plan_memory(r);
+  };
+  std::vector<MemoryPlan> choices;
+  for (const LayupHead head : {LayupHead::kDevice, LayupHead::kHost})
+    for (int device = 0; device <= config.n_layer; ++device)
+      for (int disk = 0; device + disk <= config.n_layer; ++disk)
+        choices.push_back(explicit_plan(head, device, disk));
+
+  // The head's state breaks a device budget that two blocks' fit with the head on the host.
+  MemoryBudgets budgets;
+  budgets.device = explicit_plan(LayupHead::kHost, 2, 0).bytes(MemorySide::kDevice);
+  ASSERT_GT(explicit_plan(LayupHead::kDevice, 0, 0).bytes(MemorySide::kDevice), *budgets.device);
+  const MemoryPlanRequest resolved = resolve_optimizer_placement(request, budgets);
+  EXPECT_EQ(resolved.layup_head, LayupHead::kHost);
+  EXPECT_EQ(resolved.optimizer_placement.name(), "auto (device:2)");
+  EXPECT_EQ(refusal(plan_memory(resolved), budgets), "");
+
+  std::vector<size_t> device_sizes, host_sizes;
+  for (const MemoryPlan& plan : choices) {
+    device_sizes.push_back(plan.bytes(MemorySide::kDevice));
+    host_sizes.push_back(plan.bytes(MemorySide::kHost));
+  }
+  int checked = 0;
+  for (const size_t device : device_sizes)
+    for (const size_t host : host_sizes) {
+      budgets.device = device;
+      budgets.host = host;
+      const bool some_fits =
+          std::any_of(choices.begin(), choices.end(),
+                      [&](const MemoryPlan& plan) { return fits(plan, budgets); });
+      if (!some_fits) continue;
+      ++checked;
+      const MemoryPlanRequest automatic = resolve_optimizer_placement(request, budgets);
+      EXPECT_TRUE(fits(plan_memory(automatic), budgets))
+          << "device budget " << device << ", host budget " << host << ": auto chose "
+          << automatic.optimizer_placement.name() << " with the head on the "
+          << (automatic.layup_head == LayupHead::kHost ? "host" : "device");
+    }
+  EXPECT_GT(checked, 100);
 }
 
 TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {

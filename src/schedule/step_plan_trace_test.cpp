@@ -83,8 +83,9 @@ TEST(StepPlanTrace, EveryModesDeviceWorkFollowsItsPlan) {
         // sums). Elsewhere the coordinator takes the head's update ahead of queued blocks
         // whenever its gradient lands.
         if (plan.window == UpdateWindow::kAfterNorm &&
-            (mode == Mode::kOffload || micro_batches > 1))
+            (mode == Mode::kOffload || micro_batches > 1)) {
           EXPECT_EQ(traced(trace, "cpu workers"), planned(plan, Lane::kCpu));
+        }
       }
 }
 
