@@ -1,4 +1,4 @@
-// The CUDA device: memory, copies, the deterministic sum of squares and the fused AdamW kernel.
+// The CUDA device: memory, copies, the deterministic sum of squares and the fused AdamW kernels.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_memory.h"
 #include "backend/cuda/nccl_collectives.h"
+#include "backend/cuda/ops/adamw_state.cuh"
 #include "backend/cuda/ops/cast.cuh"
 #include "backend/cuda/ops/common.cuh"
 #include "optim/adamw_simd.h"
@@ -20,6 +21,7 @@
 namespace layup {
 namespace {
 
+using cuda::adamw_lane;
 using cuda::ceil_div;
 
 __global__ void probe_kernel() {}
@@ -97,23 +99,9 @@ struct AdamWTensors {
   unsigned first_block[kMaxTensorsPerLaunch + 1];
 };
 
-// The CPU's AdamW element (optim/adamw_simd.cpp), operation for operation: each product, sum,
-// square root and division rounded once (the _rn intrinsics keep nvcc from fusing a product and
-// a sum into an FMA, which rounds once for both). With the same constants, from adamw_constants,
-// the GPU and the CPU update a parameter to the same bits, so the modes differ only where their
-// gradient norms do.
-__device__ inline void adamw_element(float& param, float grad, float& m, float& v,
-                                     float decay_factor, const AdamWConstants& c) {
-  const float g = __fmul_rn(grad, c.grad_scale);
-  const float m_i = __fadd_rn(__fmul_rn(c.beta1, m), __fmul_rn(c.one_minus_beta1, g));
-  const float v_i = __fadd_rn(__fmul_rn(c.beta2, v), __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
-  m = m_i;
-  v = v_i;
-  const float denominator =
-      __fadd_rn(__fmul_rn(__fsqrt_rn(v_i), c.inv_sqrt_bias_correction2), c.eps);
-  param = __fsub_rn(__fmul_rn(param, decay_factor),
-                    __fdiv_rn(__fmul_rn(c.step_size, m_i), denominator));
-}
+// Each element is adamw_lane (ops/adamw_state.cuh): the CPU's AdamW element, operation for
+// operation, so that with the same constants the GPU and the CPU update a parameter to the same
+// bits, and the modes differ only where their gradient norms do.
 
 // Memory-bound (28 bytes per parameter, 30 with the bf16 copy). Block b of tensor k updates
 // elements [b, b + 1) x kAdamBlockElements of it, as float4s where the tensor starts on a 16-byte
@@ -142,10 +130,10 @@ __global__ void __launch_bounds__(kAdamThreads)
     const float4 g = *reinterpret_cast<const float4*>(grads + i);
     float4 m4 = *reinterpret_cast<float4*>(m + i);
     float4 v4 = *reinterpret_cast<float4*>(v + i);
-    adamw_element(p.x, g.x, m4.x, v4.x, decay_factor, s);
-    adamw_element(p.y, g.y, m4.y, v4.y, decay_factor, s);
-    adamw_element(p.z, g.z, m4.z, v4.z, decay_factor, s);
-    adamw_element(p.w, g.w, m4.w, v4.w, decay_factor, s);
+    adamw_lane(p.x, g.x, m4.x, v4.x, decay_factor, s);
+    adamw_lane(p.y, g.y, m4.y, v4.y, decay_factor, s);
+    adamw_lane(p.z, g.z, m4.z, v4.z, decay_factor, s);
+    adamw_lane(p.w, g.w, m4.w, v4.w, decay_factor, s);
     *reinterpret_cast<float4*>(params + i) = p;
     *reinterpret_cast<float4*>(m + i) = m4;
     *reinterpret_cast<float4*>(v + i) = v4;
@@ -160,7 +148,7 @@ __global__ void __launch_bounds__(kAdamThreads)
     }
   }
   for (size_t i = vector_end + threadIdx.x; i < end; i += kAdamThreads) {
-    adamw_element(params[i], grads[i], m[i], v[i], decay_factor, s);
+    adamw_lane(params[i], grads[i], m[i], v[i], decay_factor, s);
     if (bf16) bf16[i] = __float2bfloat16(params[i]);
   }
 }
@@ -358,6 +346,20 @@ class CudaDevice final : public Device {
           params, grads, m, v, static_cast<__nv_bfloat16*>(bf16_weights), batch, constants);
       LAYUP_CUDA_CHECK_LAUNCH();
     }
+  }
+
+  void adamw_update_span_state(const ParameterLayout& layout, const Span& span, float* params,
+                               const float* grads, const AdamWMoments& moments,
+                               const AdamWStep& step, void* bf16_weights) override {
+    if (moments.kind == OptimizerStateKind::kFp32) {
+      adamw_update_span(layout, span, params, grads, moments.m_fp32(), moments.v_fp32(), step,
+                        bf16_weights);
+      return;
+    }
+    // On the legacy stream, in order with the device's other work, like the fp32 kernel.
+    const std::vector<DecayRun> decay = decay_runs(layout, span, 0, span.count);
+    cuda::adamw_update_state(params, grads, moments, span.count, adamw_constants(step, true), decay,
+                             static_cast<__nv_bfloat16*>(bf16_weights), cudaStreamLegacy);
   }
 
  private:

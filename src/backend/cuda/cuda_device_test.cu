@@ -1,5 +1,6 @@
 // The CUDA device against the CPU device: memory and copies, the sum of squares (close to the
-// CPU's, and bitwise reproducible), and AdamW span by span (the same formula as optim/adamw.cpp).
+// CPU's, and bitwise reproducible), and AdamW span by span (the same formula as optim/adamw.cpp),
+// on bf16 and 8-bit optimizer state bit for bit the CPU's scalar loop.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -16,6 +17,8 @@
 #include "core/rng.h"
 #include "model/parameter_layout.h"
 #include "optim/adamw.h"
+#include "optim/adamw_simd.h"
+#include "optim/adamw_state.h"
 #include "optim/grad_norm.h"
 
 namespace layup {
@@ -136,6 +139,91 @@ TEST(CudaDevice, AdamWMatchesCpuOnEverySpan) {
   EXPECT_LE(relative_error(result, m), 1e-6) << "m";
   device->copy_to_host(result.data(), d_v.data(), n);
   EXPECT_LE(relative_error(result, v), 1e-6) << "v";
+}
+
+// bf16 and 8-bit state, updated span by span for three steps on the GPU and by the CPU's scalar
+// loop: the same weights, codes, scales and bf16 moments, bit for bit, and the bf16 compute copy
+// where it was asked for. Width 40 puts tensor and block boundaries anywhere.
+TEST(CudaDevice, CompactStateAdamWMatchesTheCpusScalarLoopBitForBit) {
+  LAYUP_REQUIRE_GPU();
+  std::unique_ptr<Device> device = make_cuda_device();
+  const ParameterLayout layout(gpt2_config(2, 2, 40, 8, 61));
+  const size_t n = layout.total_count();
+  // The CPU side on its scalar loop, the reference, for this test only.
+  struct ScalarCpuLoops {
+    ScalarCpuLoops() { set_adamw_defaults({AdamWIsa::kScalar}); }
+    ~ScalarCpuLoops() { set_adamw_defaults({}); }
+  } scalar;
+  for (OptimizerStateKind kind : {OptimizerStateKind::kBf16, OptimizerStateKind::kBlockwise8Bit}) {
+    Rng rng(5);
+    std::vector<float> params = random_vector(rng, n), grads = random_vector(rng, n, 0.1f);
+    // Each span's moments in optim/adamw_moments.h's one-buffer layout, at 4-byte boundaries.
+    std::vector<size_t> at;
+    size_t bytes = 0;
+    for (const Span& span : layout.spans()) {
+      at.push_back(bytes);
+      bytes += (optimizer_moments_bytes(kind, span.count) + 3) / 4 * 4;
+    }
+    std::vector<uint8_t> moments(bytes);
+    for (size_t i = 0; i < layout.spans().size(); ++i) {
+      const Span& span = layout.spans()[i];
+      std::vector<float> m = random_vector(rng, span.count, 0.01f), v(span.count);
+      for (float& value : v) value = 1e-4f * rng.uniform() * rng.uniform();
+      encode_moments(m.data(), v.data(), span.count,
+                     AdamWMoments::in_buffer(kind, moments.data() + at[i], span.count));
+    }
+    DeviceBuffer d_params = device->allocate(n, TensorClass::kMasterWeights);
+    DeviceBuffer d_grads = device->allocate(n, TensorClass::kWeightGrads);
+    DeviceBuffer d_moments = device->allocate(bytes / 4, TensorClass::kOptimizerMoments);
+    device->copy_to_device(d_params.data(), params.data(), n);
+    device->copy_to_device(d_grads.data(), grads.data(), n);
+    device->copy_to_device(d_moments.data(), reinterpret_cast<const float*>(moments.data()),
+                           bytes / 4);
+    __nv_bfloat16* d_bf16 = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_bf16, n * sizeof(__nv_bfloat16)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(d_bf16, 0xff, n * sizeof(__nv_bfloat16)), cudaSuccess);  // NaNs
+
+    for (int k = 0; k < 3; ++k) {
+      AdamWStep step;
+      step.hyper.lr = 3e-3f * (1 + k);
+      step.hyper.weight_decay = 0.1f;
+      step.t = 1 + 2 * k;
+      step.grad_scale = 0.8f;
+      for (size_t i = 0; i < layout.spans().size(); ++i) {
+        const Span& span = layout.spans()[i];
+        adamw_update_span(layout, span, params.data() + span.offset, grads.data() + span.offset,
+                          AdamWMoments::in_buffer(kind, moments.data() + at[i], span.count), step);
+        auto* d_span_moments = reinterpret_cast<uint8_t*>(d_moments.data()) + at[i];
+        device->adamw_update_span_state(layout, span, d_params.data() + span.offset,
+                                        d_grads.data() + span.offset,
+                                        AdamWMoments::in_buffer(kind, d_span_moments, span.count),
+                                        step, span.layer % 2 == 0 ? d_bf16 + span.offset : nullptr);
+      }
+      std::vector<float> result(n);
+      device->copy_to_host(result.data(), d_params.data(), n);
+      EXPECT_EQ(std::memcmp(result.data(), params.data(), n * sizeof(float)), 0)
+          << name_of(kind) << " weights, step " << k;
+      std::vector<uint8_t> result_moments(bytes);
+      device->copy_to_host(reinterpret_cast<float*>(result_moments.data()), d_moments.data(),
+                           bytes / 4);
+      EXPECT_EQ(result_moments, moments) << name_of(kind) << " moments, step " << k;
+      if (k == 2) {
+        std::vector<__nv_bfloat16> copy(n);
+        ASSERT_EQ(
+            cudaMemcpy(copy.data(), d_bf16, n * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+        for (const Span& span : layout.spans()) {
+          if (span.layer % 2 != 0) continue;
+          for (size_t i = span.offset; i < span.offset + span.count; ++i) {
+            const __nv_bfloat16 expected = __float2bfloat16(result[i]);
+            ASSERT_EQ(std::memcmp(&copy[i], &expected, sizeof(expected)), 0)
+                << name_of(kind) << " bf16 copy of parameter " << i;
+          }
+        }
+      }
+    }
+    cudaFree(d_bf16);
+  }
 }
 
 TEST(CudaDevice, AvailabilityExplainsItself) {
