@@ -1,5 +1,6 @@
-// Byte-level BPE tokenizers from a Hugging Face tokenizer.json (the `tokenizers` library's file):
-// Llama 3's, Qwen2's, SmolLM's, GPT-2's as the Hub ships it, or one trained with tokenizers.
+// BPE tokenizers from a Hugging Face tokenizer.json (the `tokenizers` library's file): the
+// byte-level ones of Llama 3, Qwen2, SmolLM and GPT-2, the SentencePiece-style ones of Llama 2 and
+// Mistral (v0.1 and v0.3), as the Hub ships them, or one trained with tokenizers.
 //
 //   HfTokenizer tokenizer = HfTokenizer::from_file("Llama-3.2-1B/tokenizer.json");
 //   tokenizer.encode("hello world");  // the ids of "hello" and " world"
@@ -10,33 +11,35 @@
 //   1. added tokens: text equal to an added token's content becomes that token (the leftmost, and
 //      of those the longest); see EncodeOptions for which are looked for. Tokens marked
 //      "normalized": false are looked for first, in the text as it is; the normalizer (if any)
-//      then runs on the text between them, and the other added tokens are looked for in that;
-//   2. the pre-tokenizer cuts the text between them into pieces: Split steps (a regular
-//      expression, split_pattern.h), then ByteLevel (GPT-2's pattern, when its use_regex is on);
-//   3. the BPE model: a piece that is a token is that token when the model has ignore_merges;
-//      else its bytes merge pairwise, always the pair that comes first in model.merges (its rank is
-//      its line there, not the id of the token it makes), the leftmost of equals (bpe_merge.h);
+//      then runs on each stretch of text between them (hf_normalizer.h), and the other added
+//      tokens are looked for in that, each as the normalizer writes its content;
+//   2. the pre-tokenizer cuts each stretch between added tokens into pieces, and may rewrite it
+//      first (hf_pre_tokenizer.h);
+//   3. the BPE model encodes each piece (hf_bpe_model.h);
 //   4. the post-processor's tokens around the result, when asked (EncodeOptions).
-// Decoding concatenates the tokens' bytes (the ByteLevel decoder), added tokens included; with a
-// normalizer, that is the normalized text.
+// Decoding gives each id's token (an added token's content, normalized if it is looked for so;
+// else the model's token) to the decoder (hf_decoder.h).
 //
 // What is read, and what is refused. Everything that would change the ids is either implemented
 // or refused with a layup::Error naming the file and the field, never skipped:
-//   model            type "BPE"; vocab (token -> id, spelled in GPT-2's byte alphabet); merges
-//                    as "a b" strings or ["a", "b"] pairs; ignore_merges. Refused: dropout,
-//                    byte_fallback, continuing_subword_prefix, end_of_word_suffix. Every one of the
-//                    256 bytes must be a token (so unk_token is never needed, and is not used).
+//   model            type "BPE"; vocab; merges as "a b" strings or ["a", "b"] pairs;
+//                    ignore_merges, byte_fallback, unk_token, fuse_unk. Refused: dropout,
+//                    continuing_subword_prefix, end_of_word_suffix.
 //   added_tokens     id, content, special, normalized. Refused: lstrip, rstrip, single_word.
-//   normalizer       null, NFC (Qwen2's), NFD, NFKC or NFKD (unicode_normalization.h).
-//   pre_tokenizer    ByteLevel, or Sequence of Split steps (pattern Regex or String, behavior
-//                    Isolated, invert false) ending in one ByteLevel; ByteLevel's add_prefix_space
-//                    must be false.
+//   normalizer       null, NFC (Qwen2's), NFD, NFKC, NFKD, Prepend, Replace (a String pattern),
+//                    or a Sequence of those (Llama 2's: Prepend "▁", Replace " " -> "▁").
+//   pre_tokenizer    null (Llama 2's), or Split (behavior Isolated, invert false), Digits,
+//                    Metaspace (Mistral v0.3's) and ByteLevel (last; add_prefix_space false),
+//                    alone or in a Sequence (SmolLM's: Digits, ByteLevel). A ByteLevel step makes
+//                    the model byte-level: its vocabulary is spelled in GPT-2's byte alphabet.
 //   post_processor   null, ByteLevel (changes no id), TemplateProcessing (its "single" template),
 //                    or a Sequence of those.
-//   decoder          null or ByteLevel.
+//   decoder          a byte-level model: null or ByteLevel. Any other: null, Replace (a String
+//                    pattern), ByteFallback, Fuse, Strip, Metaspace, or a Sequence of those.
 //   truncation, padding   null only.
 // Ids run 0..vocab_size()-1, each given to exactly one token by model.vocab or added_tokens (an
-// added token may repeat a vocab entry with the same bytes and id, as GPT-2's <|endoftext|> does).
+// added token may repeat a vocab entry with the same token and id, as GPT-2's <|endoftext|> and
+// Llama 2's <s> do).
 #pragma once
 
 #include <cstddef>
@@ -49,14 +52,15 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
 #include "core/error.h"  // what loading, encoding and decoding throw
 #include "tokenizer/bpe_merge.h"
-#include "tokenizer/split_pattern.h"
+#include "tokenizer/hf_bpe_model.h"
+#include "tokenizer/hf_decoder.h"
+#include "tokenizer/hf_normalizer.h"
+#include "tokenizer/hf_pre_tokenizer.h"
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/unicode_normalization.h"
 
 namespace layup {
 
@@ -80,13 +84,15 @@ class HfTokenizer final : public Tokenizer {
     bool add_post_processor_tokens = false;
   };
 
-  // decode(encode(text)) == text whenever add_post_processor_tokens is off and the file has no
-  // normalizer (with one, decoding gives the normalized text). Any bytes, valid UTF-8 or not
-  // (tokenizers itself takes only valid UTF-8). Safe to call concurrently.
+  // Any bytes, valid UTF-8 or not (tokenizers itself takes only valid UTF-8). For a byte-level
+  // model, decode(encode(text)) == text whenever add_post_processor_tokens is off and the file
+  // has no normalizer (with one, decoding gives the normalized text); for any other, decode gives
+  // what tokenizers' decode gives, which need not be the text (Mistral v0.3's drops a leading
+  // space). Safe to call concurrently.
   std::vector<int32_t> encode(std::string_view text, EncodeOptions options) const;
   std::vector<int32_t> encode(std::string_view text) const override { return encode(text, {}); }
   std::string decode(std::span<const int32_t> ids) const override;
-  int vocab_size() const override { return static_cast<int>(token_bytes_.size()); }
+  int vocab_size() const override { return static_cast<int>(tokens_by_id_.size()); }
 
   // The token `layup tokenize` writes before each document: the token the post-processor's
   // template puts before the text, if it puts one there (Llama 3's <|begin_of_text|>, which is
@@ -104,53 +110,48 @@ class HfTokenizer final : public Tokenizer {
   };
   struct AddedToken {
     std::string content;
+    std::string text;  // what is looked for: the content, normalized if `normalized`
     int32_t id;
     bool special;
     bool normalized;
   };
-  // One pre-tokenizer step: a Split pattern, or ByteLevel's (GPT-2's pattern, or none).
-  struct PreTokenizerStep {
-    std::optional<SplitPattern> pattern;  // none: ByteLevel with use_regex false
-  };
-
   // What one encode() call keeps while it runs.
   struct EncodeState {
     bool recognize_special = false;
     // Where each piece's ids were first written in this call: [begin, end) of the ids. Pieces
     // repeat (words, mostly); a piece seen before copies its ids from there.
     PieceIdRanges cache;
-    std::deque<std::string> normalized;  // normalized text, which the cache's keys point into
+    // Text the normalizer or the pre-tokenizer wrote, which the cache's keys may point into.
+    std::deque<std::string> rewritten;
     std::vector<int32_t> ids;
   };
 
   HfTokenizer() = default;
-  void read_model(const nlohmann::json& model);
   void read_added_tokens(const nlohmann::json& added_tokens);
-  void read_pre_tokenizer(const nlohmann::json& pre_tokenizer);
+  // tokens_by_id_ from model.vocab and the added tokens, which share one range of ids.
+  void read_token_ids();
   void read_post_processor(const nlohmann::json& post_processor, const std::string& path);
 
   // Encodes text around the added tokens of `pass` (0: those with normalized false, 1: the rest,
-  // in tokenizers' order), handing the stretches between them to the next pass.
-  void encode_around_added_tokens(std::string_view text, int pass, EncodeState& state) const;
-  void encode_text(std::string_view text, EncodeState& state) const;
-  void encode_piece(std::string_view piece, std::vector<int32_t>& ids) const;
+  // in tokenizers' order), handing the stretches between them to the next pass. at_input_start:
+  // `text` begins the input to encode().
+  void encode_around_added_tokens(std::string_view text, int pass, bool at_input_start,
+                                  EncodeState& state) const;
+  void encode_text(std::string_view text, bool at_input_start, EncodeState& state) const;
 
-  std::vector<std::string> token_bytes_;  // by id: model.vocab and added tokens
-  // bytes -> id, model.vocab only
-  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_id_;
-  std::unordered_map<uint64_t, BpeMerge> merges_;  // (left id << 32 | right id) -> merge
-  int32_t byte_id_[256];
-  bool ignore_merges_ = false;
-  std::optional<NormalizationForm> normalizer_;
+  std::vector<std::string> tokens_by_id_;  // by id: what the decoder gets for each token
+  std::optional<HfNormalizer> normalizer_;
+  HfPreTokenizer pre_tokenizer_;
+  HfBpeModel model_;
+  HfDecoder decoder_;
   std::vector<AddedToken> added_tokens_;
   // The added tokens looked for in one pass over the text.
   struct AddedTokenPass {
     bool first_byte[256] = {};    // whether a token starts with the byte
     std::vector<size_t> lengths;  // the tokens' lengths, each once, longest first
-    std::unordered_map<std::string, size_t, StringHash, std::equal_to<>> index_of_content;
+    std::unordered_map<std::string, size_t, StringHash, std::equal_to<>> index_of_text;
   };
   AddedTokenPass added_token_passes_[2];
-  std::vector<PreTokenizerStep> pre_tokenizer_;
   std::vector<int32_t> template_before_, template_after_;  // the post-processor's tokens
   std::optional<int32_t> document_separator_;
   std::string source_;

@@ -1,11 +1,13 @@
 // Tests of tokenizer.json loading on small files built here: merge ranks from the list's order
 // (not the ids), merges of pairs (not of any two parts that make a token), ignore_merges, added
-// and special tokens, the post-processor's template, the pre-tokenizer's steps, and a named
-// layup::Error for every file layup cannot encode faithfully.
+// and special tokens, the post-processor's template, the pre-tokenizer's steps, Llama 2's and
+// Mistral v0.3's SentencePiece-style files end to end, and a named layup::Error for every file
+// layup cannot encode faithfully.
 #include "tokenizer/hf_tokenizer.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -253,6 +255,87 @@ TEST(HfTokenizer, NormalizerRunsBetweenTheAddedTokensOfTheRawText) {
   EXPECT_EQ(load(json).decode(load(json).encode("\uFB01 \u2460")), "fi 1");
 }
 
+// A SentencePiece-style file as transformers' LlamaConverter writes Llama 2's (legacy: Prepend
+// and Replace normalize, no pre-tokenizer) or, with `metaspace_first`, Mistral v0.3's (no
+// normalizer; Metaspace with prepend_scheme "first"). Tokens: <unk> <s> </s>, the 256 byte tokens
+// (3..258), "▁" 259, "h" 260, "i" 261, "hi" 262, "▁hi" 263.
+Json sentencepiece_json(bool metaspace_first) {
+  Json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int byte = 0; byte < 256; ++byte) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", byte);
+    vocab[name] = 3 + byte;
+  }
+  vocab["\u2581"] = 259;
+  vocab["h"] = 260;
+  vocab["i"] = 261;
+  vocab["hi"] = 262;
+  vocab["\u2581hi"] = 263;
+  Json json = Json::parse(R"({
+    "version": "1.0", "truncation": null, "padding": null,
+    "added_tokens": [
+      {"id": 0, "content": "<unk>", "single_word": false, "lstrip": false, "rstrip": false,
+       "normalized": false, "special": true},
+      {"id": 1, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false,
+       "normalized": false, "special": true},
+      {"id": 2, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false,
+       "normalized": false, "special": true}],
+    "normalizer": {"type": "Sequence", "normalizers": [
+      {"type": "Prepend", "prepend": "\u2581"},
+      {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+    "pre_tokenizer": null,
+    "post_processor": {"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                 {"Sequence": {"id": "A", "type_id": 0}}],
+      "pair": [],
+      "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+    "decoder": {"type": "Sequence", "decoders": [
+      {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+      {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+      "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
+      "byte_fallback": true, "ignore_merges": false,
+      "merges": [["h", "i"], ["\u2581", "hi"]]}})");
+  json["model"]["vocab"] = vocab;
+  if (metaspace_first) {
+    json["normalizer"] = nullptr;
+    json["pre_tokenizer"] = {{"type", "Metaspace"},
+                             {"replacement", "\u2581"},
+                             {"prepend_scheme", "first"},
+                             {"split", false}};
+  }
+  return json;
+}
+
+TEST(HfTokenizer, SentencePieceStyleFiles) {
+  const HfTokenizer llama2 = load(sentencepiece_json(false));
+  EXPECT_EQ(llama2.vocab_size(), 264);
+  EXPECT_EQ(llama2.encode("hi hi"), (Ids{263, 263}));
+  EXPECT_EQ(llama2.encode("hi", {.add_post_processor_tokens = true}), (Ids{1, 263}));
+  EXPECT_EQ(llama2.document_separator(), 1);
+  // Each stretch between special tokens gets its own "▁"; bytes stand in for "é".
+  EXPECT_EQ(llama2.encode("hi</s>\u00E9", {.recognize_special_tokens = true}),
+            (Ids{263, 2, 259, 3 + 0xC3, 3 + 0xA9}));
+  EXPECT_EQ(llama2.decode(Ids{263, 2, 259, 3 + 0xC3, 3 + 0xA9}), "hi</s> \u00E9");
+  EXPECT_EQ(llama2.decode(llama2.encode(" hi  ih")), " hi  ih");
+  // An added token matched in normalized text is looked for as normalized: "▁<t>".
+  Json with_added = sentencepiece_json(false);
+  with_added["added_tokens"].push_back(added_token(264, "<t>", false));
+  const HfTokenizer added = load(with_added);
+  EXPECT_EQ(added.encode("hi <t>"), (Ids{263, 264}));
+  EXPECT_EQ(added.encode("<t>"), (Ids{264}));
+  EXPECT_EQ(added.encode("hi<t>"), (Ids{263, 3 + '<', 3 + 't', 3 + '>'}));
+  EXPECT_EQ(added.decode(Ids{263, 264}), "hi <t>");
+
+  // Mistral v0.3's: "▁" only at the start of the input, not after a special token.
+  const HfTokenizer mistral = load(sentencepiece_json(true));
+  EXPECT_EQ(mistral.encode("hi hi"), (Ids{263, 263}));
+  EXPECT_EQ(mistral.encode("hi</s>hi", {.recognize_special_tokens = true}), (Ids{263, 2, 262}));
+  EXPECT_EQ(mistral.encode("</s>hi", {.recognize_special_tokens = true}), (Ids{2, 262}));
+  EXPECT_EQ(mistral.decode(mistral.encode(" hi")), "hi");  // as tokenizers decodes it
+}
+
 TEST(HfTokenizer, LoadsFromAFile) {
   TempDir dir;
   write_text(dir.file("tokenizer.json"), tokenizer_json({"ab"}, {"a b"}).dump(2));
@@ -288,9 +371,7 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
     return load_error(json);
   };
   EXPECT_TRUE(contains(refused([](Json& j) { j["model"]["type"] = "WordPiece"; }),
-                       "tokenizer.json: model.type is \"WordPiece\"; layup reads byte-level BPE"));
-  EXPECT_TRUE(contains(refused([](Json& j) { j["model"]["byte_fallback"] = true; }),
-                       "model.byte_fallback is true; layup supports only false"));
+                       "tokenizer.json: model.type is \"WordPiece\"; layup reads BPE models only"));
   EXPECT_TRUE(
       contains(refused([](Json& j) { j["model"]["dropout"] = 0.1; }), "model.dropout is 0.1"));
   EXPECT_TRUE(contains(refused([](Json& j) { j["model"]["continuing_subword_prefix"] = "##"; }),
@@ -303,7 +384,7 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
                          j["normalizer"] = {{"type", "Lowercase"}};
                        }),
                        "normalizer.type is \"Lowercase\"; layup implements the normalizers NFC, "
-                       "NFD, NFKC and NFKD"));
+                       "NFD, NFKC, NFKD, Prepend and Replace"));
   EXPECT_TRUE(contains(refused([](Json& j) {
                          j["truncation"] = {{"max_length", 8}};
                        }),
@@ -313,9 +394,13 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
   EXPECT_TRUE(contains(refused([](Json& j) {
                          j["pre_tokenizer"] = {{"type", "Whitespace"}};
                        }),
-                       "pre_tokenizer.type is \"Whitespace\""));
+                       "pre_tokenizer.type is \"Whitespace\"; layup reads the pre-tokenizers Split "
+                       "(behavior Isolated), Digits, Metaspace and ByteLevel"));
+  // Without a ByteLevel step the vocabulary is read as text, which the ByteLevel decoder cannot
+  // decode.
   EXPECT_TRUE(contains(refused([](Json& j) { j["pre_tokenizer"] = nullptr; }),
-                       "pre_tokenizer is missing or null"));
+                       "decoder.type is \"ByteLevel\"; ByteLevel decodes a byte-level BPE, and "
+                       "this file's pre-tokenizer has no ByteLevel step"));
   const Json split = {
       {"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Removed"}, {"invert", false}};
   EXPECT_TRUE(contains(
@@ -341,11 +426,12 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
                          j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {split}}};
                          j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Isolated";
                        }),
-                       "pre_tokenizer has no ByteLevel step"));
+                       "this file's pre-tokenizer has no ByteLevel step"));
   EXPECT_TRUE(contains(refused([](Json& j) {
                          j["decoder"] = {{"type", "WordPiece"}};
                        }),
-                       "decoder.type is \"WordPiece\""));
+                       "decoder.type is \"WordPiece\"; a byte-level BPE (pre-tokenizer ByteLevel) "
+                       "is decoded by ByteLevel"));
   EXPECT_TRUE(contains(refused([](Json& j) {
                          j["post_processor"] = {{"type", "BertProcessing"}};
                        }),

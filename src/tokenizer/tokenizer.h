@@ -22,7 +22,8 @@ class Tokenizer {
   // text ("<|endoftext|>") is encoded like any other text, and nothing is added before or after
   // it. (A tokenizer.json's added tokens that are not special are still found, as tokenizers
   // always finds them: HfTokenizer::EncodeOptions.) decode(encode(text)) == text, but for a
-  // tokenizer.json normalizer. Safe to call concurrently.
+  // tokenizer.json normalizer or a SentencePiece-style decoder (HfTokenizer::decode). Safe to
+  // call concurrently.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // The concatenated bytes of the tokens. Throws layup::Error for an id out of range.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
