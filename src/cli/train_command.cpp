@@ -81,6 +81,10 @@ void add_train_command(CLI::App& app) {
                     "What checkpoints hold: full (the weights and the optimizer state: resumable) "
                     "or weights (Hugging Face weights only, a third of the disk: for transformers "
                     "and `layup sample`, not resumable)");
+  add_choice_option(*cmd, "--save-dtype", o.save_dtype, kWeightsDtypeNames,
+                    "The dtype of the checkpoints' model weights (bf16 rounds to nearest even; "
+                    "the training state stays fp32 and a resume is exact either way)")
+      ->default_str("--init-from's dtype, else fp32");
   add_whole_flag(*cmd, "--checkpoint-shard-mb", o.checkpoint_shard_mb, at_least(1),
                  "Split checkpoint files larger than this many MB (10^6 bytes) into shards, as "
                  "Hugging Face's save_pretrained does")

@@ -201,17 +201,22 @@ SavedCheckpoint save_checkpoint_streamed(const std::string& run_dir, const Model
   saved.path = write_checkpoint_dir(
       run_dir, checkpoint.progress.step, options.keep_last, [&](const std::string& dir) {
         save_hf_model_sharded(dir, config, layout, checkpoint.read_params, options.max_shard_bytes,
-                              options.chunk_bytes);
-        if (checkpoint.read_moments)
+                              options.chunk_bytes, options.hf);
+        if (checkpoint.read_moments) {
+          // A resume continues from the weights AdamW holds, not from their bf16 rounding.
+          if (options.hf.dtype != WeightsDtype::kFp32)
+            write_hf_weights(dir, kMasterWeightsBaseName, config, layout, checkpoint.read_params,
+                             WeightsDtype::kFp32, options.max_shard_bytes, options.chunk_bytes);
           save_training_state_streamed(dir, layout, checkpoint.progress, checkpoint.read_moments,
                                        options.max_shard_bytes, options.chunk_bytes);
+        }
         saved.bytes = directory_bytes(dir);
       });
   return saved;
 }
 
 CheckpointBytes checkpoint_bytes(const ParameterLayout& layout, bool weights_only,
-                                 size_t max_shard_bytes) {
+                                 size_t max_shard_bytes, WeightsDtype dtype) {
   // A file's header (its tensors' names, shapes and offsets), an index or config.json: well under
   // this each.
   constexpr size_t kFileAllowance = size_t{1} << 20;
@@ -223,9 +228,14 @@ CheckpointBytes checkpoint_bytes(const ParameterLayout& layout, bool weights_onl
         2 + (data_bytes + max_shard_bytes - 1) / std::max<size_t>(1, max_shard_bytes);
     return data_bytes + files * kFileAllowance;
   };
+  const size_t weight_count = layout.total_count() - padded_rows;
+  const bool bf16 = dtype == WeightsDtype::kBf16;
   CheckpointBytes bytes;
-  bytes.weights = with_files((layout.total_count() - padded_rows) * sizeof(float));
-  if (!weights_only) bytes.training_state = with_files(2 * layout.total_count() * sizeof(float));
+  bytes.weights = with_files(weight_count * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+  if (!weights_only) {
+    bytes.training_state = with_files(2 * layout.total_count() * sizeof(float));
+    if (bf16) bytes.training_state += with_files(weight_count * sizeof(float));
+  }
   return bytes;
 }
 
@@ -307,7 +317,13 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
 
 void load_checkpoint_streamed(const CheckpointInfo& info, const WriteParams& write_params,
                               const WriteMoments& write_moments, size_t chunk_bytes) {
-  load_hf_model_streamed(info.path, info.config, write_params, chunk_bytes);
+  if (info.has_training_state && has_hf_weights_named(info.path, kMasterWeightsBaseName)) {
+    // The model's config.json is checked as load_hf_model_streamed checks it.
+    check_hf_weights(info.path, info.config);
+    read_hf_weights(info.path, kMasterWeightsBaseName, info.config, write_params, chunk_bytes);
+  } else {
+    load_hf_model_streamed(info.path, info.config, write_params, chunk_bytes);
+  }
   if (!info.has_training_state) return;
   const ParameterLayout layout(info.config);
   if (has_sharded_training_state(info.path))

@@ -1,9 +1,11 @@
 // Checkpoints of a training run: `<run_dir>/step-00000100/` holding model.safetensors and
-// config.json (a Hugging Face GPT-2 directory, see hf_checkpoint.h) and training_state.safetensors,
+// config.json (a Hugging Face directory, see hf_checkpoint.h) and training_state.safetensors,
 // or the sharded forms of both (model-*-of-*.safetensors with its index,
-// optimizer-*-of-*.safetensors with its index) where they are larger than a shard. The streamed
-// save and load move the tensors a chunk at a time through callbacks, so a checkpoint never needs
-// the model in memory.
+// optimizer-*-of-*.safetensors with its index) where they are larger than a shard. Weights saved
+// in bf16 are not the run's fp32 master weights: a resumable checkpoint then holds those too, in
+// master_weights.safetensors (or its shards), which a resume reads instead of the bf16 ones. The
+// streamed save and load move the tensors a chunk at a time through callbacks, so a checkpoint
+// never needs the model in memory.
 //
 // A checkpoint appears complete or not at all: it is written into `step-XXXXXXXX.partial/`, every
 // file and the directory are flushed to disk, and only then is the directory renamed to its final
@@ -18,6 +20,8 @@
 #include "io/training_state.h"
 
 namespace layup {
+
+inline constexpr const char* kMasterWeightsBaseName = "master_weights";
 
 // "step-00000100" for step 100.
 std::string checkpoint_dir_name(int64_t step);
@@ -45,6 +49,9 @@ struct CheckpointWriteOptions {
   size_t max_shard_bytes = kDefaultCheckpointShardBytes;
   size_t chunk_bytes = kDefaultStreamChunkBytes;
   int keep_last = 2;
+  // The weights' dtype, the special token ids, the tokenizer's files: written inside the
+  // `.partial` directory with the rest, so a checkpoint has them all or is not there.
+  HfFolderExtras hf;
 };
 
 struct SavedCheckpoint {
@@ -65,11 +72,11 @@ SavedCheckpoint save_checkpoint_streamed(const std::string& run_dir, const Model
 // tensors' bytes, plus an allowance for their files' headers and the JSON files.
 struct CheckpointBytes {
   size_t weights = 0;
-  size_t training_state = 0;  // 0 for weights only
+  size_t training_state = 0;  // 0 for weights only; bf16 weights' fp32 master copy counts here
   size_t total() const { return weights + training_state; }
 };
 CheckpointBytes checkpoint_bytes(const ParameterLayout& layout, bool weights_only,
-                                 size_t max_shard_bytes);
+                                 size_t max_shard_bytes, WeightsDtype dtype = WeightsDtype::kFp32);
 
 // The largest file one checkpoint of `layout` writes with shards of `max_shard_bytes` (its tensors'
 // bytes and the header allowance checkpoint_bytes counts): what a file size limit must let through.
@@ -113,8 +120,9 @@ struct CheckpointInfo {
 // folder's is refused).
 CheckpointInfo read_checkpoint_info(const std::string& dir);
 
-// The checkpoint's weights to `write_params` (load_hf_model_streamed), then, when it has a
-// training state, its moments to `write_moments` (each parameter tensor's m, then its v), from a
+// The checkpoint's weights to `write_params` (load_hf_model_streamed; the fp32 master weights
+// where bf16 ones were saved beside them), then, when it has a training state, its moments to
+// `write_moments` (each parameter tensor's m, then its v), from a
 // single file or shards alike. Memory held: the readers' chunk and one transposed matrix.
 void load_checkpoint_streamed(const CheckpointInfo& info, const WriteParams& write_params,
                               const WriteMoments& write_moments,

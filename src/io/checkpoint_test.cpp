@@ -77,8 +77,9 @@ class CheckpointDir : public ::testing::Test {
 TEST_F(CheckpointDir, SaveAndLoadLatest) {
   const std::string path = save(100);
   EXPECT_EQ(path, run_dir_ + "/step-00000100");
-  EXPECT_EQ(entries(path), (std::vector<std::string>{"config.json", "model.safetensors",
-                                                     "training_state.safetensors"}));
+  EXPECT_EQ(entries(path),
+            (std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors",
+                                      "training_state.safetensors"}));
   const Checkpoint checkpoint = load_checkpoint(run_dir_);
   EXPECT_EQ(checkpoint.path, path);
   EXPECT_TRUE(same_floats(checkpoint.model.params, params_for(100)));

@@ -119,52 +119,107 @@ void check_layout_matches(const ModelConfig& config, const ParameterLayout& layo
               "the one being saved");
 }
 
-// The weights of a checkpoint directory: model.safetensors, or the index and its shards.
-SafetensorsFileSet open_hf_weights(const std::string& dir) {
-  const std::string single_path = join_path(dir, kHfWeightsFileName);
-  const std::string index_path = join_path(dir, shard_index_file_name(kHfShardBaseName));
+std::string single_file_name(const std::string& base_name) {
+  return base_name + ".safetensors";
+}
+
+// The weights of a checkpoint directory: model.safetensors, or the index and its shards (or the
+// same under another base name).
+SafetensorsFileSet open_hf_weights(const std::string& dir,
+                                   const std::string& base_name = kHfShardBaseName) {
+  const std::string single_name = single_file_name(base_name);
+  const std::string index_name = shard_index_file_name(base_name);
+  const std::string single_path = join_path(dir, single_name);
+  const std::string index_path = join_path(dir, index_name);
   std::error_code error;
   const bool single = std::filesystem::exists(single_path, error);
   const bool sharded = std::filesystem::exists(index_path, error);
-  LAYUP_CHECK(!(single && sharded), dir, " holds both ", kHfWeightsFileName, " and ",
-              shard_index_file_name(kHfShardBaseName),
+  LAYUP_CHECK(!(single && sharded), dir, " holds both ", single_name, " and ", index_name,
               ", two saves of the weights; it is ambiguous which to load: remove the older one");
   if (sharded) return SafetensorsFileSet::open_index(index_path);
-  LAYUP_CHECK(single, dir, " holds neither ", kHfWeightsFileName, " nor ",
-              shard_index_file_name(kHfShardBaseName),
-              "; a GPT-2 checkpoint directory needs one of them beside ", kHfConfigFileName);
+  LAYUP_CHECK(single, dir, " holds neither ", single_name, " nor ", index_name,
+              "; a model directory needs one of them beside ", kHfConfigFileName);
   return SafetensorsFileSet::open_single(single_path);
 }
 
 }  // namespace
 
+std::vector<HfCompanionFile> read_hf_companion_files(const std::string& tokenizer_path,
+                                                     const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::vector<HfCompanionFile> files;
+  const auto read = [&](const fs::path& path, const std::string& name) {
+    const std::vector<std::byte> bytes = read_file_bytes(path.string());
+    files.push_back({name, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())});
+  };
+  std::error_code error;
+  if (!tokenizer_path.empty()) {
+    fs::path folder = tokenizer_path;
+    // A tokenizer.json given as a file travels under that name, with its folder's other files
+    // only when it is the folder's own tokenizer.json.
+    if (fs::is_regular_file(folder, error)) {
+      read(folder, "tokenizer.json");
+      folder = folder.filename() == "tokenizer.json" ? folder.parent_path() : fs::path();
+    }
+    if (!folder.empty())
+      for (const char* name : kHfTokenizerFileNames) {
+        const bool taken =
+            std::any_of(files.begin(), files.end(),
+                        [&](const HfCompanionFile& file) { return file.name == name; });
+        if (!taken && fs::is_regular_file(folder / name, error)) read(folder / name, name);
+      }
+  }
+  if (!model_dir.empty() &&
+      fs::is_regular_file(fs::path(model_dir) / kHfGenerationConfigFileName, error))
+    read(fs::path(model_dir) / kHfGenerationConfigFileName, kHfGenerationConfigFileName);
+  return files;
+}
+
+nlohmann::ordered_json derived_generation_config(const HfConfigExtras& config) {
+  nlohmann::ordered_json json;
+  // What GenerationConfig.from_model_config marks: nothing was set but the model's own ids.
+  json["_from_model_config"] = true;
+  for (const auto& [field, ids] : {std::pair{"bos_token_id", &config.bos_token_id},
+                                   std::pair{"eos_token_id", &config.eos_token_id},
+                                   std::pair{"pad_token_id", &config.pad_token_id}})
+    if (!ids->is_null()) json[field] = nlohmann::ordered_json::parse(ids->dump());
+  return json;
+}
+
+WeightsDtype hf_weights_dtype(const std::string& dir) {
+  const SafetensorsFileSet weights = open_hf_weights(dir);
+  for (const SafetensorsFileSet::Located& located : weights.tensors())
+    if (located.tensor->dtype != "BF16") return WeightsDtype::kFp32;
+  return WeightsDtype::kBf16;
+}
+
 void save_hf_model(const std::string& dir, const ModelConfig& config, const ParameterLayout& layout,
-                   const float* params) {
+                   const float* params, const HfFolderExtras& extras) {
   const ReadParams read_params = [params](size_t offset, size_t count, float* out) {
     std::memcpy(out, params + offset, count * sizeof(float));
   };
-  save_hf_model_sharded(dir, config, layout, read_params, std::numeric_limits<size_t>::max());
+  save_hf_model_sharded(dir, config, layout, read_params, std::numeric_limits<size_t>::max(),
+                        kDefaultStreamChunkBytes, extras);
 }
 
 std::vector<SafetensorsTensorShape> hf_tensor_shapes(const ModelConfig& config,
-                                                     const ParameterLayout& layout) {
+                                                     const ParameterLayout& layout,
+                                                     WeightsDtype dtype) {
+  const SafetensorsDtype stored =
+      dtype == WeightsDtype::kBf16 ? SafetensorsDtype::kBF16 : SafetensorsDtype::kF32;
   std::vector<SafetensorsTensorShape> tensors;
   for (const TensorSpec& spec : layout.tensors())
-    tensors.push_back({hf_name(config, spec.name), hf_shape(spec, config)});
+    tensors.push_back({hf_name(config, spec.name), hf_shape(spec, config), stored});
   return tensors;
 }
 
-void save_hf_model_sharded(const std::string& dir, const ModelConfig& config,
-                           const ParameterLayout& layout, const ReadParams& read_params,
-                           size_t max_shard_bytes, size_t chunk_bytes) {
-  validate_config(config);
+void write_hf_weights(const std::string& dir, const std::string& base_name,
+                      const ModelConfig& config, const ParameterLayout& layout,
+                      const ReadParams& read_params, WeightsDtype dtype, size_t max_shard_bytes,
+                      size_t chunk_bytes) {
   check_layout_matches(config, layout);
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  LAYUP_CHECK(!error, "cannot create the checkpoint directory ", dir, ": ", error.message());
-
   const std::vector<TensorSpec>& specs = layout.tensors();
-  const std::vector<SafetensorsTensorShape> tensors = hf_tensor_shapes(config, layout);
+  const std::vector<SafetensorsTensorShape> tensors = hf_tensor_shapes(config, layout, dtype);
 
   const size_t chunk_floats = std::max<size_t>(1, chunk_bytes / sizeof(float));
   // Each element of a transposed matrix comes from a different row of layup's, so the matrix is
@@ -192,30 +247,53 @@ void save_hf_model_sharded(const std::string& dir, const ModelConfig& config,
 
   // transformers refuses safetensors files without this metadata entry.
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
-  const std::string single_path = join_path(dir, kHfWeightsFileName);
-  const std::string index_path = join_path(dir, shard_index_file_name(kHfShardBaseName));
-  const std::vector<SafetensorsShard> plan =
-      plan_shards(tensors, max_shard_bytes, kHfShardBaseName);
+  const std::string single_path = join_path(dir, single_file_name(base_name));
+  const std::string index_path = join_path(dir, shard_index_file_name(base_name));
+  const std::vector<SafetensorsShard> plan = plan_shards(tensors, max_shard_bytes, base_name);
   std::vector<std::string> shard_names;
   if (plan.size() == 1) {
     write_streamed_safetensors(single_path, tensors, source, metadata, chunk_bytes);
   } else {
-    for (const SafetensorsShard& shard :
-         write_sharded_safetensors(dir, kHfShardBaseName, tensors, source,
-                                   {max_shard_bytes, chunk_bytes, metadata, {}})) {
+    for (const SafetensorsShard& shard : write_sharded_safetensors(
+             dir, base_name, tensors, source, {max_shard_bytes, chunk_bytes, metadata, {}})) {
       shard_names.push_back(shard.file_name);
     }
   }
 
-  const std::string config_text = hf_config_json(config).dump(2) + "\n";
-  write_text_atomically(join_path(dir, kHfConfigFileName), config_text);
-
   // What an earlier save in this directory left: a reader must find one set of weights only. The
   // index goes before its shards, so a reader never sees an index naming a removed shard.
+  std::error_code error;
   std::filesystem::remove(plan.size() == 1 ? index_path : single_path, error);
   LAYUP_CHECK(!error, "cannot remove the weights of an earlier save in ", dir, ": ",
               error.message());
-  remove_stale_shards(dir, kHfShardBaseName, shard_names);
+  remove_stale_shards(dir, base_name, shard_names);
+}
+
+void save_hf_model_sharded(const std::string& dir, const ModelConfig& config,
+                           const ParameterLayout& layout, const ReadParams& read_params,
+                           size_t max_shard_bytes, size_t chunk_bytes,
+                           const HfFolderExtras& extras) {
+  validate_config(config);
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  LAYUP_CHECK(!error, "cannot create the checkpoint directory ", dir, ": ", error.message());
+  write_hf_weights(dir, kHfShardBaseName, config, layout, read_params, extras.dtype,
+                   max_shard_bytes, chunk_bytes);
+
+  HfConfigExtras config_extras = extras.config;
+  config_extras.torch_dtype = extras.dtype == WeightsDtype::kBf16 ? "bfloat16" : "float32";
+  const nlohmann::ordered_json config_json = hf_config_json(config, config_extras);
+  write_text_atomically(join_path(dir, kHfConfigFileName), config_json.dump(2) + "\n");
+  bool has_generation_config = false;
+  for (const HfCompanionFile& file : extras.files) {
+    write_text_atomically(join_path(dir, file.name), file.bytes);
+    has_generation_config |= file.name == kHfGenerationConfigFileName;
+  }
+  if (!has_generation_config)
+    write_text_atomically(
+        join_path(dir, kHfGenerationConfigFileName),
+        derived_generation_config(parse_hf_config_extras(config_json, kHfConfigFileName)).dump(2) +
+            "\n");
 }
 
 bool has_hf_weights(const std::string& dir) {
@@ -327,8 +405,20 @@ void load_hf_model_streamed(const std::string& dir, const ModelConfig& config,
          " but the run was planned with ", difference->second,
          " from it: the file was changed while layup read it; start again once nothing writes "
          "to it");
+  read_hf_weights(dir, kHfShardBaseName, config, write_params, chunk_bytes);
+}
+
+bool has_hf_weights_named(const std::string& dir, const std::string& base_name) {
+  std::error_code error;
+  return std::filesystem::is_regular_file(join_path(dir, single_file_name(base_name)), error) ||
+         std::filesystem::is_regular_file(join_path(dir, shard_index_file_name(base_name)), error);
+}
+
+void read_hf_weights(const std::string& dir, const std::string& base_name,
+                     const ModelConfig& config, const WriteParams& write_params,
+                     size_t chunk_bytes) {
   const ParameterLayout layout(config);
-  const SafetensorsFileSet weights = open_hf_weights(dir);
+  const SafetensorsFileSet weights = open_hf_weights(dir, base_name);
   const LocatedWeights located = locate_weights(weights, config, layout);
   const std::vector<SafetensorsFileSet::Located>& sources = located.sources;
   const SafetensorsFileSet::Located& lm_head = located.lm_head;

@@ -126,7 +126,8 @@ class HfCheckpoint : public ::testing::Test {
 };
 
 TEST_F(HfCheckpoint, SaveLoadIsBitIdenticalIncludingZeroPaddedRows) {
-  EXPECT_EQ(snapshot(model_dir_).size(), 2u);  // model.safetensors, config.json, no temporaries
+  // model.safetensors, config.json, generation_config.json, no temporaries
+  EXPECT_EQ(snapshot(model_dir_).size(), 3u);
   const LoadedModel loaded = load_hf_model(model_dir_);
   EXPECT_EQ(loaded.config.n_layer, 2);
   EXPECT_EQ(loaded.config.n_head, 2);
@@ -371,9 +372,11 @@ class HfCheckpointSharded : public HfCheckpoint {
 TEST_F(HfCheckpointSharded, RoundTripIsBitIdenticalAndStreamsInChunks) {
   EXPECT_EQ(save_sharded(sharded_dir_), kChunkBytes / sizeof(float));
   const std::vector<std::string> names = file_names(sharded_dir_);
-  ASSERT_GT(names.size(), 4u);  // config.json, the index and several shards, no temporaries
-  EXPECT_EQ(names.front(), "config.json");
-  EXPECT_EQ(names[1], "model-00001-of-" + names[1].substr(15, 5) + ".safetensors");
+  // config.json, generation_config.json, the index and several shards, no temporaries
+  ASSERT_GT(names.size(), 5u);
+  EXPECT_EQ(names[0], "config.json");
+  EXPECT_EQ(names[1], "generation_config.json");
+  EXPECT_EQ(names[2], "model-00001-of-" + names[2].substr(15, 5) + ".safetensors");
   EXPECT_EQ(names.back(), "model.safetensors.index.json");
   EXPECT_TRUE(has_hf_weights(sharded_dir_));
 
@@ -382,7 +385,7 @@ TEST_F(HfCheckpointSharded, RoundTripIsBitIdenticalAndStreamsInChunks) {
   const size_t padded_rows = (config_.padded_vocab_size - config_.vocab_size) * config_.n_embd;
   EXPECT_EQ(index["metadata"]["total_size"], (layout_->total_count() - padded_rows) * 4);
   EXPECT_EQ(index["weight_map"].size(), layout_->tensors().size());
-  EXPECT_EQ(index["weight_map"]["transformer.wte.weight"], names[1]);
+  EXPECT_EQ(index["weight_map"]["transformer.wte.weight"], names[2]);
 
   EXPECT_TRUE(bit_identical(load_hf_model(sharded_dir_).params, params_));
 
@@ -432,17 +435,22 @@ TEST_F(HfCheckpointSharded, EachSaveRemovesTheWeightFilesOfTheLayoutItReplaces) 
   const std::vector<std::string> fewer = file_names(model_dir_);
   EXPECT_LT(fewer.size(), sharded.size());
   for (const std::string& name : fewer) {
-    EXPECT_TRUE(name == "config.json" || name == "model.safetensors.index.json" ||
-                name.ends_with("-of-0000" + std::to_string(fewer.size() - 2) + ".safetensors"))
+    EXPECT_TRUE(name == "config.json" || name == "generation_config.json" ||
+                name == "model.safetensors.index.json" ||
+                name.ends_with("-of-0000" + std::to_string(fewer.size() - 3) + ".safetensors"))
         << name;
   }
   EXPECT_TRUE(bit_identical(load_hf_model(model_dir_).params, params_));
   // A limit the whole model fits under gives model.safetensors alone, as save_pretrained does.
   save_sharded(model_dir_, 1 << 20);
-  EXPECT_EQ(file_names(model_dir_), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(
+      file_names(model_dir_),
+      (std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors"}));
   save_sharded(model_dir_);
   save_hf_model(model_dir_, config_, *layout_, params_.data());
-  EXPECT_EQ(file_names(model_dir_), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(
+      file_names(model_dir_),
+      (std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors"}));
 }
 
 TEST_F(HfCheckpointSharded, BothLayoutsAtOnceAreAmbiguous) {

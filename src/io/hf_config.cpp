@@ -56,16 +56,26 @@ void require_flag(const nlohmann::json& json, const std::string& field, bool sup
               json[field].dump(), ", which layup does not support (", why, ")");
 }
 
-nlohmann::ordered_json gpt2_config_json(const ModelConfig& config) {
+// An id or list of ids, or null.
+nlohmann::ordered_json token_ids(const nlohmann::json& ids) {
+  return nlohmann::ordered_json::parse(ids.dump());
+}
+
+// `ids`, or `fallback` where they are null.
+nlohmann::ordered_json token_ids_or(const nlohmann::json& ids, int fallback) {
+  return ids.is_null() ? nlohmann::ordered_json(fallback) : token_ids(ids);
+}
+
+nlohmann::ordered_json gpt2_config_json(const ModelConfig& config, const HfConfigExtras& extras) {
   const int end_of_text = std::min(kGpt2EndOfText, config.vocab_size - 1);
   nlohmann::ordered_json json;
   json["activation_function"] = "gelu_new";  // GELU, tanh approximation
   json["architectures"] = nlohmann::ordered_json::array({"GPT2LMHeadModel"});
   // layup trains without dropout, so the model it writes has none either.
   json["attn_pdrop"] = 0.0;
-  json["bos_token_id"] = end_of_text;
+  json["bos_token_id"] = token_ids_or(extras.bos_token_id, end_of_text);
   json["embd_pdrop"] = 0.0;
-  json["eos_token_id"] = end_of_text;
+  json["eos_token_id"] = token_ids_or(extras.eos_token_id, end_of_text);
   json["initializer_range"] = 0.02;
   json["layer_norm_epsilon"] = shortest_double(config.layer_norm_epsilon);
   json["model_type"] = "gpt2";
@@ -75,6 +85,7 @@ nlohmann::ordered_json gpt2_config_json(const ModelConfig& config) {
   json["n_inner"] = nullptr;  // 4 * n_embd
   json["n_layer"] = config.n_layer;
   json["n_positions"] = config.n_positions;
+  if (!extras.pad_token_id.is_null()) json["pad_token_id"] = token_ids(extras.pad_token_id);
   json["reorder_and_upcast_attn"] = false;
   json["resid_pdrop"] = 0.0;
   json["scale_attn_by_inverse_layer_idx"] = false;
@@ -85,7 +96,7 @@ nlohmann::ordered_json gpt2_config_json(const ModelConfig& config) {
   json["summary_type"] = "cls_index";
   json["summary_use_proj"] = true;
   json["tie_word_embeddings"] = true;
-  json["torch_dtype"] = "float32";
+  json["torch_dtype"] = extras.torch_dtype;
   json["use_cache"] = true;
   json["vocab_size"] = config.vocab_size;
   // Ignored by transformers; lets layup restore its own layout exactly.
@@ -316,12 +327,14 @@ ModelConfig parse_llama_config(const nlohmann::json& json, const std::string& so
   return config;
 }
 
-nlohmann::ordered_json llama_config_json(const ModelConfig& config) {
+nlohmann::ordered_json llama_config_json(const ModelConfig& config, const HfConfigExtras& extras) {
   const std::string& type = config.hf_model_type;
   nlohmann::ordered_json json;
   json["architectures"] = nlohmann::ordered_json::array({llama_family_class(type)});
   if (type == "llama") json["attention_bias"] = config.attention_bias;
   json["attention_dropout"] = 0.0;
+  if (!extras.bos_token_id.is_null()) json["bos_token_id"] = token_ids(extras.bos_token_id);
+  if (!extras.eos_token_id.is_null()) json["eos_token_id"] = token_ids(extras.eos_token_id);
   // Qwen2's file has no head_dim (transformers derives it) unless the heads are not an even
   // share of the width.
   if (type != "qwen2" || config.head_dim() * config.n_head != config.n_embd)
@@ -336,6 +349,7 @@ nlohmann::ordered_json llama_config_json(const ModelConfig& config) {
   json["num_attention_heads"] = config.n_head;
   json["num_hidden_layers"] = config.n_layer;
   json["num_key_value_heads"] = config.kv_heads();
+  if (!extras.pad_token_id.is_null()) json["pad_token_id"] = token_ids(extras.pad_token_id);
   json["rms_norm_eps"] = shortest_double(config.layer_norm_epsilon);
   if (config.rope_scaling.llama3) {
     const RopeScaling& r = config.rope_scaling;
@@ -354,7 +368,7 @@ nlohmann::ordered_json llama_config_json(const ModelConfig& config) {
         config.sliding_window > 0 ? nlohmann::ordered_json(config.sliding_window) : nullptr;
   if (type == "qwen2") json["use_sliding_window"] = false;
   json["tie_word_embeddings"] = config.tie_word_embeddings;
-  json["torch_dtype"] = "float32";
+  json["torch_dtype"] = extras.torch_dtype;
   json["use_cache"] = true;
   json["vocab_size"] = config.vocab_size;
   // Ignored by transformers; lets layup restore its own layout exactly.
@@ -364,8 +378,46 @@ nlohmann::ordered_json llama_config_json(const ModelConfig& config) {
 
 }  // namespace
 
-nlohmann::ordered_json hf_config_json(const ModelConfig& config) {
-  return config.is_llama() ? llama_config_json(config) : gpt2_config_json(config);
+nlohmann::ordered_json hf_config_json(const ModelConfig& config, const HfConfigExtras& extras) {
+  return config.is_llama() ? llama_config_json(config, extras) : gpt2_config_json(config, extras);
+}
+
+HfConfigExtras parse_hf_config_extras(const nlohmann::json& json, const std::string& source) {
+  const auto is_id = [](const nlohmann::json& id) {
+    return id.is_number_integer() && id.get<int64_t>() >= 0;
+  };
+  const auto read_ids = [&](const char* field) {
+    if (!json.is_object() || !json.contains(field)) return nlohmann::json();
+    const nlohmann::json& ids = json[field];
+    const bool valid = ids.is_null() || is_id(ids) ||
+                       (ids.is_array() && std::all_of(ids.begin(), ids.end(), is_id));
+    LAYUP_CHECK(valid, source, ": \"", field, "\" is ", ids.dump(),
+                "; a token id is a non-negative integer (or a list of them, or null)");
+    return ids;
+  };
+  HfConfigExtras extras;
+  extras.bos_token_id = read_ids("bos_token_id");
+  extras.eos_token_id = read_ids("eos_token_id");
+  extras.pad_token_id = read_ids("pad_token_id");
+  return extras;
+}
+
+namespace {
+
+nlohmann::json read_json_file(const std::string& path) {
+  const std::vector<std::byte> bytes = read_file_bytes(path);
+  try {
+    return nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
+                                 reinterpret_cast<const char*>(bytes.data()) + bytes.size());
+  } catch (const nlohmann::json::exception& error) {
+    fail(path, " is not valid JSON (", error.what(), "); the file is damaged");
+  }
+}
+
+}  // namespace
+
+HfConfigExtras read_hf_config_extras(const std::string& config_path) {
+  return parse_hf_config_extras(read_json_file(config_path), config_path);
 }
 
 ModelConfig parse_hf_config(const nlohmann::json& json, const std::string& source) {
@@ -385,15 +437,7 @@ ModelConfig parse_hf_config(const nlohmann::json& json, const std::string& sourc
 }
 
 ModelConfig read_hf_config(const std::string& config_path) {
-  const std::vector<std::byte> bytes = read_file_bytes(config_path);
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
-                                 reinterpret_cast<const char*>(bytes.data()) + bytes.size());
-  } catch (const nlohmann::json::exception& error) {
-    fail(config_path, " is not valid JSON (", error.what(), "); the file is damaged");
-  }
-  return parse_hf_config(json, config_path);
+  return parse_hf_config(read_json_file(config_path), config_path);
 }
 
 }  // namespace layup

@@ -37,8 +37,8 @@ LargestFiles largest_saved_files(const ModelConfig& config, const ParameterLayou
     checkpoint.read_moments = [](AdamMoment, size_t, size_t count, float* out) {
       std::fill_n(out, count, 0.25f);
     };
-  const SavedCheckpoint saved =
-      save_checkpoint_streamed(dir.path(), config, layout, checkpoint, {max_shard_bytes});
+  const SavedCheckpoint saved = save_checkpoint_streamed(
+      dir.path(), config, layout, checkpoint, {max_shard_bytes, kDefaultStreamChunkBytes, 2, {}});
   LargestFiles largest;
   for (const fs::directory_entry& entry : fs::directory_iterator(saved.path)) {
     if (entry.file_size() > largest.bytes) largest = {{}, entry.file_size()};

@@ -127,6 +127,20 @@ float bfloat16_to_float(uint16_t bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
 
+uint16_t float_to_bfloat16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  // A NaN's payload may sit in the low half only: keep it a (quiet) NaN.
+  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x0040);
+  // Adding 0x7fff plus the kept half's lowest bit rounds to nearest, ties to the even half; a
+  // carry into the exponent is the correct rounding up (to infinity past the largest value).
+  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+size_t dtype_bytes(SafetensorsDtype dtype) {
+  return dtype == SafetensorsDtype::kBF16 ? sizeof(uint16_t) : sizeof(float);
+}
+
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) fail("cannot open ", path, ": ", std::strerror(errno));
@@ -289,9 +303,9 @@ std::vector<float> SafetensorsReader::read_floats(const std::string& name) const
   return values;
 }
 
-std::string f32_safetensors_header(const std::string& path,
-                                   std::span<const SafetensorsTensorShape> tensors,
-                                   const std::map<std::string, std::string>& metadata) {
+std::string safetensors_header(const std::string& path,
+                               std::span<const SafetensorsTensorShape> tensors,
+                               const std::map<std::string, std::string>& metadata) {
   // ordered_json keeps the metadata first and the tensors in file order, which makes the header
   // readable with `head -c`; readers do not depend on the order.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -305,9 +319,10 @@ std::string f32_safetensors_header(const std::string& path,
                 "' appears twice");
     size_t count = 1;
     for (size_t dim : tensor.shape) count *= dim;
-    const size_t bytes = count * sizeof(float);
+    const size_t bytes = count * dtype_bytes(tensor.dtype);
+    const char* dtype = tensor.dtype == SafetensorsDtype::kBF16 ? "BF16" : "F32";
     header[tensor.name] = {
-        {"dtype", "F32"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
+        {"dtype", dtype}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string header_text = header.dump();
@@ -327,7 +342,7 @@ void write_safetensors(const std::string& path, std::span<const SafetensorsTenso
                 "' has neither data nor a fill function");
     shapes.push_back({tensor.name, tensor.shape});
   }
-  const std::string header = f32_safetensors_header(path, shapes, metadata);
+  const std::string header = safetensors_header(path, shapes, metadata);
 
   write_file_atomically(path, [&](const AppendBytes& append) {
     append(std::as_bytes(std::span(header)));

@@ -7,11 +7,12 @@
 //                            ...}
 //   [data]                  tensor bytes, row-major little-endian, at [begin, end) from the start
 //                           of the data section
-// The writers store F32 only, stream tensors from the caller's memory or a callback, pad the header
-// with spaces to a multiple of 8 bytes (as the reference implementation does) and leaves no gaps,
-// so transformers and the `safetensors` package read its files. The reader validates the whole
-// header before any data is read, then reads F32, F16 and BF16 tensors into float, one tensor at a
-// time, so loading a model needs no second copy of the file in memory.
+// The writers store F32 or BF16 (rounded to nearest even from float), stream tensors from the
+// caller's memory or a callback, pad the header with spaces to a multiple of 8 bytes (as the
+// reference implementation does) and leaves no gaps, so transformers and the `safetensors` package
+// read its files. The reader validates the whole header before any data is read, then reads F32,
+// F16 and BF16 tensors into float, one tensor at a time, so loading a model needs no second copy of
+// the file in memory.
 #pragma once
 
 #include <cstddef>
@@ -84,16 +85,21 @@ struct SafetensorsTensor {
   std::function<void(std::span<float> out)> fill;
 };
 
-// The first bytes of a file of F32 tensors with these names and shapes, stored in this order
+// The dtypes the writers store: the values are always handed over as floats.
+enum class SafetensorsDtype { kF32, kBF16 };
+size_t dtype_bytes(SafetensorsDtype dtype);
+
+// The first bytes of a file of tensors with these names, shapes and dtypes, stored in this order
 // without gaps: the 8-byte header length and the JSON header, padded to a multiple of 8 bytes.
 // Names must be unique, non-empty and not "__metadata__"; `path` names the file in errors.
 struct SafetensorsTensorShape {
   std::string name;
   std::vector<size_t> shape;
+  SafetensorsDtype dtype = SafetensorsDtype::kF32;
 };
-std::string f32_safetensors_header(const std::string& path,
-                                   std::span<const SafetensorsTensorShape> tensors,
-                                   const std::map<std::string, std::string>& metadata);
+std::string safetensors_header(const std::string& path,
+                               std::span<const SafetensorsTensorShape> tensors,
+                               const std::map<std::string, std::string>& metadata);
 
 // Writes the tensors, in the given order, and the metadata to `path` atomically (see
 // atomic_file.h). Names must be unique, non-empty and not "__metadata__".
@@ -103,5 +109,8 @@ void write_safetensors(const std::string& path, std::span<const SafetensorsTenso
 // IEEE half and bfloat16 to float, exactly (every value of both formats is a float).
 float half_to_float(uint16_t bits);
 float bfloat16_to_float(uint16_t bits);
+// The bfloat16 nearest to `value`, ties to even (as torch's .to(torch.bfloat16) rounds); NaN stays
+// a NaN, infinities and overflow past bfloat16's largest value become infinities.
+uint16_t float_to_bfloat16(float value);
 
 }  // namespace layup

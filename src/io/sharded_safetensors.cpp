@@ -84,14 +84,22 @@ void append_streamed_safetensors(const AppendBytes& append, const std::string& p
                                  const TensorRangeSource& source, std::span<float> chunk) {
   LAYUP_CHECK(!chunk.empty(), "internal error: streaming ", path, " through an empty chunk");
   const std::string header =
-      f32_safetensors_header(path, tensors.subspan(first_tensor, count), metadata);
+      safetensors_header(path, tensors.subspan(first_tensor, count), metadata);
   append(std::as_bytes(std::span(header)));
+  std::vector<uint16_t> rounded;  // a chunk's bfloat16 values
   for (size_t i = first_tensor; i < first_tensor + count; ++i) {
     const size_t elements = element_count(tensors[i].shape);
+    const bool bf16 = tensors[i].dtype == SafetensorsDtype::kBF16;
     for (size_t start = 0; start < elements; start += chunk.size()) {
       const std::span<float> piece = chunk.first(std::min(chunk.size(), elements - start));
       source(i, start, piece);
-      append(std::as_bytes(piece));
+      if (!bf16) {
+        append(std::as_bytes(piece));
+        continue;
+      }
+      rounded.resize(piece.size());
+      std::transform(piece.begin(), piece.end(), rounded.begin(), float_to_bfloat16);
+      append(std::as_bytes(std::span<const uint16_t>(rounded)));
     }
   }
 }
@@ -124,7 +132,7 @@ std::vector<SafetensorsShard> plan_shards(std::span<const SafetensorsTensorShape
   LAYUP_CHECK(max_shard_bytes > 0, "the maximum shard size must be at least 1 byte");
   std::vector<SafetensorsShard> shards;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const size_t bytes = element_count(tensors[i].shape) * sizeof(float);
+    const size_t bytes = element_count(tensors[i].shape) * dtype_bytes(tensors[i].dtype);
     // A shard holding data is closed when this tensor would overflow it; an empty one takes the
     // tensor whatever its size, which is how an oversized tensor ends up alone.
     if (shards.empty() ||

@@ -40,7 +40,7 @@ struct SafetensorsShard {
   size_t data_bytes = 0;  // the tensors' bytes; the header adds a few kB
 };
 
-// Splits the F32 tensors, in their order, into shards of at most `max_shard_bytes` tensor bytes,
+// Splits the tensors, in their order, into shards of at most `max_shard_bytes` tensor bytes,
 // as save_pretrained does: a tensor that would overflow the current shard starts the next one, and
 // a tensor larger than the limit gets a shard of its own.
 std::vector<SafetensorsShard> plan_shards(std::span<const SafetensorsTensorShape> tensors,

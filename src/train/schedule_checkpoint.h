@@ -47,10 +47,11 @@ struct CheckpointDiskNeed {
   size_t bytes() const { return checkpoints * each.total(); }
 };
 
-// The need of a run that writes `saves` more checkpoints into a folder holding `existing` ones.
+// The need of a run that writes `saves` more checkpoints into a folder holding `existing` ones,
+// with weights of `dtype`.
 CheckpointDiskNeed checkpoint_disk_need(const ParameterLayout& layout, CheckpointContents contents,
                                         size_t max_shard_bytes, int saves, int keep_last,
-                                        int existing);
+                                        int existing, WeightsDtype dtype = WeightsDtype::kFp32);
 
 // Throws layup::Error when `space` has not `need.bytes()` free, naming both and the flags that
 // would need less.

@@ -73,7 +73,7 @@ TEST(ScheduleCheckpoint, ResumesIntoAnotherPlacementBitForBitSingleOrSharded) {
     SCOPED_TRACE(shard_bytes);
     TempDir dir;
     const SavedCheckpoint saved = save_schedule_checkpoint(
-        dir.path(), *source, progress_at(3), CheckpointContents::kFull, {shard_bytes, 64, 2});
+        dir.path(), *source, progress_at(3), CheckpointContents::kFull, {shard_bytes, 64, 2, {}});
     EXPECT_EQ(saved.path, dir.file("step-00000003"));
     EXPECT_GT(saved.bytes, 11 * layout.total_count());  // all but the padded vocabulary rows
     EXPECT_LT(saved.bytes, 12 * layout.total_count() + (size_t{1} << 20));
@@ -139,7 +139,7 @@ TEST(ScheduleCheckpoint, WeightsOnlyHoldsTheWeightsAndIsNotResumable) {
   std::unique_ptr<Schedule> source = trained_schedule(layout);
   TempDir dir;
   const SavedCheckpoint saved = save_schedule_checkpoint(
-      dir.path(), *source, progress_at(2), CheckpointContents::kWeights, {2000, 64, 2});
+      dir.path(), *source, progress_at(2), CheckpointContents::kWeights, {2000, 64, 2, {}});
   EXPECT_TRUE(exists(saved.path, "model.safetensors.index.json"));
   EXPECT_TRUE(exists(saved.path, "config.json"));
   EXPECT_FALSE(exists(saved.path, "optimizer.safetensors.index.json"));
@@ -164,7 +164,7 @@ TEST(ScheduleCheckpoint, AConfigOfAnotherShapeIsRefusedNamingTheField) {
   TrainingProgress progress = progress_at(4);
   progress.options = {{"n_layer", 3}, {"n_head", 2}, {"n_embd", 16}, {"batch", 2}};
   save_schedule_checkpoint(dir.path(), *source, progress, CheckpointContents::kFull,
-                           {kDefaultCheckpointShardBytes, 64, 2});
+                           {kDefaultCheckpointShardBytes, 64, 2, {}});
   CheckpointInfo info = read_checkpoint_info(dir.path());
   EXPECT_NO_THROW(check_resumable_shape(info));
 

@@ -81,6 +81,7 @@ LAYUP_JSON_ENUM(LayupClip, kLayupClipNames)
 LAYUP_JSON_ENUM(LayupHead, kLayupHeadNames)
 LAYUP_JSON_ENUM(AlgorithmChoice, kAlgorithmChoiceNames)
 LAYUP_JSON_ENUM(CheckpointContents, kCheckpointContentsNames)
+LAYUP_JSON_ENUM(WeightsDtype, kWeightsDtypeNames)
 #undef LAYUP_JSON_ENUM
 
 // A --place override is saved as the flag writes it ("grads=pinned"), and parsed as it is read.
@@ -146,6 +147,7 @@ const std::vector<Setting>& settings() {
       LAYUP_SETTING("keep_checkpoints", "--keep-checkpoints", false, keep_checkpoints),
       LAYUP_SETTING("checkpoint_contents", "--checkpoint-contents", false, checkpoint_contents),
       LAYUP_SETTING("checkpoint_shard_mb", "--checkpoint-shard-mb", false, checkpoint_shard_mb),
+      LAYUP_SETTING("save_dtype", "--save-dtype", false, save_dtype),
       LAYUP_SETTING("log_every", "--log-every", false, log_every),
       LAYUP_SETTING("sample_tokens", "--sample-tokens", false, sample_tokens),
       LAYUP_SETTING("sample_prompt", "--prompt", false, sample_prompt),

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/run_spec.h"
+#include "io/hf_checkpoint.h"
 
 namespace layup {
 
@@ -35,7 +36,10 @@ struct TrainOptions : RunSpec {
   bool checkpoints = true;  // false: --no-checkpoints
   CheckpointContents checkpoint_contents = CheckpointContents::kFull;
   int checkpoint_shard_mb = 5000;  // files of at most this many MB (10^6 bytes) of tensors
-  int log_every = 10;              // progress lines when stderr is not a terminal
+  // The dtype of the checkpoints' model weights; without --save-dtype, --init-from's (fp32 for a
+  // fresh model): choose_save_dtype.
+  WeightsDtype save_dtype = WeightsDtype::kFp32;
+  int log_every = 10;  // progress lines when stderr is not a terminal
   std::string out_dir;
   std::string resume;
   // A Hugging Face model folder (config.json, weights; tokenizer.json for the data and sample

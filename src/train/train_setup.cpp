@@ -124,6 +124,29 @@ ResumePoint find_resume_point(TrainOptions& options) {
   return resume;
 }
 
+void choose_save_dtype(TrainOptions& options) {
+  const std::vector<std::string>& given = options.given_flags;
+  if (std::find(given.begin(), given.end(), "--save-dtype") != given.end() ||
+      !options.resume.empty() || options.init_from.empty())
+    return;
+  options.save_dtype = hf_weights_dtype(options.init_from);
+}
+
+HfFolderExtras read_checkpoint_extras(const TrainOptions& options, const ResumePoint& resume) {
+  HfFolderExtras extras;
+  extras.dtype = options.save_dtype;
+  // The folder the run's weights came from: its config.json's ids, its generation_config.json.
+  const std::string source = resume.from.empty() ? options.init_from : resume.from;
+  if (!source.empty())
+    extras.config = read_hf_config_extras((fs::path(source) / kHfConfigFileName).string());
+  std::string tokenizer = options.tokenizer_dir.empty() ? options.init_from : options.tokenizer_dir;
+  // A checkpoint carries the tokenizer as it was when the run began, whatever became of its source.
+  if (!resume.from.empty() && fs::exists(fs::path(resume.from) / "tokenizer.json"))
+    tokenizer = resume.from;
+  extras.files = read_hf_companion_files(tokenizer, source);
+  return extras;
+}
+
 RunRanks join_ranks(TrainOptions& options, const ResumePoint& resume) {
   // Data parallel (docs/parallel.md): the ranks mpirun started share each step's global batch of
   // --grad-accum micro-batches.
@@ -215,7 +238,7 @@ void check_checkpoints_fit(const TrainOptions& options, int start_step, const Me
     check_checkpoint_disk(
         checkpoint_disk_need(ParameterLayout(options.model), options.checkpoint_contents,
                              shard_bytes, saves, options.keep_checkpoints,
-                             count_checkpoints(options.out_dir)),
+                             count_checkpoints(options.out_dir), options.save_dtype),
         space);
   };
   if (plan == nullptr) {

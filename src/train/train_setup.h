@@ -35,6 +35,16 @@ struct ResumePoint {
 // change only what leaves the trajectory alone: resume_settings) and refuses a finished run.
 ResumePoint find_resume_point(TrainOptions& options);
 
+// Without --save-dtype, a fresh run from --init-from saves its weights in the dtype they came in
+// (hf_weights_dtype); a resumed run keeps its own (resume_settings), a fresh model fp32.
+void choose_save_dtype(TrainOptions& options);
+
+// What the run's checkpoints carry to be handed on as Hugging Face folders (HfFolderExtras), read
+// now from where the run started: the special token ids of --init-from's config.json (or the
+// resumed checkpoint's), the tokenizer's files (--tokenizer's, else --init-from's; a resumed
+// checkpoint's own where it has them) and the source's generation_config.json.
+HfFolderExtras read_checkpoint_extras(const TrainOptions& options, const ResumePoint& resume);
+
 // The ranks mpirun started (one without it) and what this rank does: rank 0 alone writes the run
 // folder, the log and checkpoints and prints; the others train in step with it.
 struct RunRanks {

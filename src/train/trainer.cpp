@@ -16,6 +16,7 @@ TrainResult train(TrainOptions options) {
   const StopSignals stop_signals;
   make_paths_absolute(options);
   const ResumePoint resume = find_resume_point(options);
+  choose_save_dtype(options);
   validate_train_options(options);
   const RunRanks ranks = join_ranks(options, resume);
   check_run_outputs(options, resume, ranks);
@@ -23,6 +24,7 @@ TrainResult train(TrainOptions options) {
   // The run resolved and its memory plan checked against the budgets and this machine before
   // anything is allocated or any data read: a run that cannot fit stops here, saying what would.
   TrainingData data = find_training_data(options, ranks);
+  const HfFolderExtras checkpoint_extras = read_checkpoint_extras(options, resume);
   check_checkpoints_fit(options, resume.step);
   PreparedRun run(train_run_request(options, data, resume, ranks), ranks.world.get(), ranks.out,
                   {options.trace_path}, [&](const PlannedRun& planned) {
@@ -35,7 +37,7 @@ TrainResult train(TrainOptions options) {
 
   refuse_if_stopped(resume);
   create_run_folder(options, resume, ranks);
-  TrainingLoop loop(options, resume, ranks, run, data, tokens_seen);
+  TrainingLoop loop(options, resume, ranks, run, data, tokens_seen, checkpoint_extras);
   loop.print_header();
   TrainResult result = loop.run();
   loop.finish(result);

@@ -106,12 +106,13 @@ void JsonLinesLog::write(const nlohmann::json& record) {
 
 TrainingLoop::TrainingLoop(const TrainOptions& options, const ResumePoint& resume,
                            const RunRanks& ranks, PreparedRun& run, TrainingData& data,
-                           long long tokens_seen)
+                           long long tokens_seen, const HfFolderExtras& checkpoint_extras)
     : options_(options),
       resume_(resume),
       ranks_(ranks),
       run_(run),
       data_(data),
+      checkpoint_extras_(checkpoint_extras),
       tokens_seen_(tokens_seen),
       last_step_(options.until_step > 0 ? options.until_step : options.steps),
       tokens_per_step_(static_cast<long long>(options.batch) * options.seq_len *
@@ -167,7 +168,7 @@ void TrainingLoop::save_checkpoint(int step, TrainResult& result) {
   try {
     saved = save_schedule_checkpoint(
         options_.out_dir, *run_.schedule, state, options_.checkpoint_contents,
-        {shard_bytes, kDefaultStreamChunkBytes, options_.keep_checkpoints});
+        {shard_bytes, kDefaultStreamChunkBytes, options_.keep_checkpoints, checkpoint_extras_});
   } catch (const Error& error) {
     progress_.finish();
     // The cause first: the same words as anywhere else (a full disk, out of memory).

@@ -32,8 +32,10 @@ class JsonLinesLog {
 class TrainingLoop {
  public:
   // Opens the run's log (rank 0; in the run folder, which exists by now) and its progress line.
+  // Each checkpoint carries `checkpoint_extras` (read_checkpoint_extras).
   TrainingLoop(const TrainOptions& options, const ResumePoint& resume, const RunRanks& ranks,
-               PreparedRun& run, TrainingData& data, long long tokens_seen);
+               PreparedRun& run, TrainingData& data, long long tokens_seen,
+               const HfFolderExtras& checkpoint_extras);
 
   // What the run is: the model, batch, schedule, folder and memory plan, and where it resumed.
   void print_header();
@@ -55,6 +57,7 @@ class TrainingLoop {
   const RunRanks& ranks_;
   PreparedRun& run_;
   TrainingData& data_;
+  const HfFolderExtras& checkpoint_extras_;
   long long tokens_seen_;
   const int last_step_;
   const long long tokens_per_step_;
