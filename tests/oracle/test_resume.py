@@ -8,9 +8,13 @@ from safetensors import safe_open
 from oracle_util import TINY_RUN, TINY_TRAINING, binary, read_log, run, tiny_shards
 
 
-def test_resume_is_bitwise_identical_to_a_straight_run(tmp_path):
+# bf16 saves: the weights a user hands on are rounded, the resume reads the fp32 master weights
+# saved beside them.
+@pytest.mark.parametrize("save_dtype", ["fp32", "bf16"])
+def test_resume_is_bitwise_identical_to_a_straight_run(tmp_path, save_dtype):
     shards = tiny_shards(tmp_path / "data")
-    common = [binary("layup"), "train", *TINY_RUN, "--steps", "20", "--data", shards]
+    common = [binary("layup"), "train", *TINY_RUN, "--steps", "20", "--data", shards,
+              "--save-dtype", save_dtype]
     run([*common, "--out", tmp_path / "straight"])
     run([*common, "--until-step", "10", "--out", tmp_path / "split"])
     assert (tmp_path / "split" / "step-00000010").is_dir()
@@ -18,7 +22,10 @@ def test_resume_is_bitwise_identical_to_a_straight_run(tmp_path):
     run([binary("layup"), "train", "--resume", tmp_path / "split", "--steps", "20",
          *TINY_TRAINING, "--data", shards])
 
-    for name in ("model.safetensors", "training_state.safetensors"):
+    names = ["model.safetensors", "training_state.safetensors"]
+    if save_dtype == "bf16":
+        names.append("master_weights.safetensors")
+    for name in names:
         straight = (tmp_path / "straight" / "step-00000020" / name).read_bytes()
         split = (tmp_path / "split" / "step-00000020" / name).read_bytes()
         assert straight == split, f"{name} differs after resume"
