@@ -105,7 +105,7 @@ HfDecoder HfDecoder::read(const Json* decoder, bool byte_level, const std::strin
     return result;
   }
   if (decoder == nullptr) {
-    result.separator_ = " ";
+    result.separator_ = std::string(1, ' ');  // not = " ": GCC 12 warns falsely (-Wrestrict)
     return result;
   }
   result.read_step(*decoder, "decoder", source);
