@@ -342,7 +342,10 @@ class PlannedSchedule final : public Schedule {
         continue;
       }
       if (task.lane != Lane::kDevice) continue;
-      if (waits_for_host(step_plan, task)) progress_.wait_consumed();
+      // A slot's backward waits for its slot (acquire_slot), the head's for its buffers (below);
+      // a forward that waits for the host's copies (offload's next micro-batch) for them all.
+      if (task.kind == TaskKind::kForward && waits_for_host(step_plan, task))
+        progress_.wait_consumed();
       if (task.kind == TaskKind::kForward && task.span == 0) {
         {
           TraceSpan traced(trace_, device_track_, "forward");
