@@ -400,8 +400,7 @@ TEST(MemoryPlan, LayupUpdatesTheHeadOnADiscreteGpu) {
   // A device budget the head's moments break: --layup-head host fits.
   MemoryBudgets budgets;
   budgets.device = on_host.bytes(MemorySide::kDevice) + head;
-  EXPECT_NE(refusal(on_device, budgets).find("--layup-head host (needs"),
-            std::string::npos)
+  EXPECT_NE(refusal(on_device, budgets).find("--layup-head host (needs"), std::string::npos)
       << refusal(on_device, budgets);
   EXPECT_EQ(refusal(on_host, budgets), "");
 
