@@ -62,8 +62,9 @@ class ModelBackend {
   virtual std::string name() const = 0;
 
   // Runs the forward pass, calling `hooks` as ForwardHooks says (each right before the span's
-  // weights are first read). With targets it returns the mean cross-entropy over the B*T
-  // positions (padded-vocabulary logits excluded); without, it returns NaN. B and T must not
+  // weights are first read). With targets it returns the mean cross-entropy over the learned
+  // positions (target >= 0; all B*T positions when every target is learned; 0 when none is), the
+  // padded-vocabulary logits excluded; without targets, it returns NaN. B and T must not
   // exceed the sizes the backend was made for.
   virtual float forward(const ParameterPointers& params, const TokenBatch& batch,
                         ForwardHooks& hooks) = 0;

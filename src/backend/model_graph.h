@@ -178,7 +178,8 @@ void forward(Ops& ops, const Shape& s, const ParameterLayout& layout,
 // The backward through the loss, the LM head and the final norm: overwrites the final norm's span
 // of the gradient (an untied head's included) and the whole embeddings span (a tied head's part
 // of wte, zeros elsewhere), and leaves dL/d(x_L) in d_residual. dloss: d(loss)/d(one position's
-// loss), the loss scale over B*T.
+// loss), the loss scale over the learned positions (B*T when all are); not-learned positions
+// (target < 0) get no gradient.
 template <class Ops, class Arena, class W>
 void backward_head(Ops& ops, const Shape& s, const ParameterLayout& layout,
                    const SpanPointers<const W>& w, Arena& arena, float* final_norm_grad,

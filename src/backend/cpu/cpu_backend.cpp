@@ -210,10 +210,11 @@ float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& bat
   std::copy_n(batch.targets, BT, arena_.targets);
   classifier_forward(arena_.losses, arena_.logsumexp, arena_.logits, arena_.targets, BT, shape_.V,
                      shape_.Vp);
+  learned_targets_ = learned_target_count(batch.targets, BT);
   double total = 0.0;
   for (int n = 0; n < BT; ++n) total += arena_.losses[n];
   next_step_ = BackwardStep::kHead;
-  return static_cast<float>(total / BT);
+  return learned_targets_ > 0 ? static_cast<float>(total / learned_targets_) : 0.0f;
 }
 
 void CpuBackend::backward_head(const ParameterPointers& params, float* final_norm_grad,
@@ -223,7 +224,8 @@ void CpuBackend::backward_head(const ParameterPointers& params, float* final_nor
   LAYUP_CHECK(next_step_ == BackwardStep::kHead,
               "backward_head called in the middle of a backward pass; finish it with the blocks "
               "and backward_embeddings first");
-  const float dloss = loss_scale / shape_.rows;  // d(mean loss) / d(loss of one position), scaled
+  // d(mean loss) / d(loss of one learned position), scaled; 0 when none is learned
+  const float dloss = learned_targets_ > 0 ? loss_scale / learned_targets_ : 0.0f;
   CpuOps ops(shape_, arena_);
   graph::backward_head(ops, shape_, layout_, params, arena_, final_norm_grad, embeddings_grad,
                        dloss);

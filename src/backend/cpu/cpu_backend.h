@@ -63,6 +63,7 @@ class CpuBackend final : public ModelBackend {
 
   BackwardStep next_step_ = BackwardStep::kNeedsForwardWithTargets;
   int next_layer_ = -1;
+  int learned_targets_ = 0;  // of the last forward: the divisor of its mean loss
 };
 
 }  // namespace layup

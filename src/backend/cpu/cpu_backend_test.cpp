@@ -282,6 +282,55 @@ TEST_F(CpuBackendTest, LossScaleScalesEveryGradientExactly) {
   for (size_t i = 0; i < full.size(); ++i) ASSERT_EQ(quarter[i], 0.25f * full[i]) << i;
 }
 
+// Targets below 0 are not learned: the loss is the mean over the learned positions (read off the
+// logits here), so a batch split into two complementary masks gives, weighted by the learned
+// counts, the loss and the gradient of the whole batch. A batch with nothing learned gives 0.
+TEST_F(CpuBackendTest, NotLearnedTargetsLeaveTheLossAndGradientOfTheLearnedMean) {
+  const Batch batch = random_batch(2, 6, config.vocab_size, 21);
+  const int BT = batch.B * batch.T, Vp = config.padded_vocab_size;
+  std::vector<float> all_grads(layout.total_count(), 0.0f);
+  const float all_loss = backend->forward(param_pointers(), batch.view());
+  run_backward(*backend, param_pointers(), layout.pointers(all_grads.data()), config.n_layer);
+
+  // A prompt of 4 positions in the first sequence and of 1 in the second, and its complement.
+  Batch prompt = batch, completion = batch;
+  for (int n = 0; n < BT; ++n) {
+    const bool in_prompt = n < 4 || n == batch.T;
+    (in_prompt ? completion : prompt).targets[n] = kNotLearned;
+  }
+  double weighted_loss = 0.0;
+  std::vector<double> weighted_grads(layout.total_count(), 0.0);
+  for (const Batch* part : {&prompt, &completion}) {
+    const int learned = learned_target_count(part->targets.data(), BT);
+    const float loss = backend->forward(param_pointers(), part->view());
+    double expected = 0.0;
+    for (int n = 0; n < BT; ++n) {
+      if (part->targets[n] < 0) continue;
+      const float* z = backend->logits() + static_cast<size_t>(n) * Vp;
+      double sum = 0.0;
+      for (int v = 0; v < config.vocab_size; ++v) sum += std::exp(double{z[v]});
+      expected += std::log(sum) - z[part->targets[n]];
+    }
+    EXPECT_NEAR(loss, expected / learned, 2e-6 * loss) << learned << " learned";
+    weighted_loss += double{loss} * learned;
+    std::vector<float> grads(layout.total_count(), 0.0f);
+    run_backward(*backend, param_pointers(), layout.pointers(grads.data()), config.n_layer);
+    for (size_t i = 0; i < grads.size(); ++i) weighted_grads[i] += double{grads[i]} * learned;
+  }
+  EXPECT_NEAR(weighted_loss / BT, all_loss, 2e-6 * all_loss);
+  std::vector<double> expected_grads(all_grads.begin(), all_grads.end());
+  for (double& g : expected_grads) g *= BT;
+  expect_close(std::vector<float>(weighted_grads.begin(), weighted_grads.end()), expected_grads,
+               1e-5, 1e-5, "masked gradients, weighted");
+
+  Batch nothing = batch;
+  std::fill(nothing.targets.begin(), nothing.targets.end(), kNotLearned);
+  EXPECT_EQ(backend->forward(param_pointers(), nothing.view()), 0.0f);
+  std::vector<float> grads(layout.total_count(), 1.0f);
+  run_backward(*backend, param_pointers(), layout.pointers(grads.data()), config.n_layer);
+  for (size_t i = 0; i < grads.size(); ++i) ASSERT_EQ(grads[i], 0.0f) << "element " << i;
+}
+
 // Each backward call writes only into the gradient memory it is handed: a block's gradient lands
 // in its slot laid out like one block span, whatever other slots hold.
 TEST_F(CpuBackendTest, BlockGradientsGoToTheGivenSlot) {
@@ -357,7 +406,7 @@ TEST_F(CpuBackendTest, RejectsBatchesThatDoNotFit) {
   bad_token.inputs[2] = config.vocab_size;  // a padded row: not a real token
   EXPECT_THROW(backend->forward(param_pointers(), bad_token.view()), Error);
   Batch bad_target = random_batch(1, 3, config.vocab_size, 1);
-  bad_target.targets[0] = -1;
+  bad_target.targets[0] = config.vocab_size;  // below 0 is "not learned", above V is wrong
   EXPECT_THROW(backend->forward(param_pointers(), bad_target.view()), Error);
   EXPECT_THROW(make_cpu_backend(config, 2, config.n_positions + 1), Error);
   try {

@@ -326,6 +326,7 @@ class CudaBackend final : public ModelBackend {
 
   BackwardStep next_step_ = BackwardStep::kNeedsForwardWithTargets;
   int next_layer_ = -1;
+  int learned_targets_ = 0;  // of the last forward: the divisor of its mean loss
 };
 
 template <class T>
@@ -525,11 +526,12 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.segment_token, host_segment_tokens,
                                    segments_ * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
 
+  learned_targets_ = learned_target_count(batch.targets, BT);
   LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   double total = 0.0;
   for (int n = 0; n < BT; ++n) total += host_losses_[n];
   next_step_ = BackwardStep::kHead;
-  return static_cast<float>(total / BT);
+  return learned_targets_ > 0 ? static_cast<float>(total / learned_targets_) : 0.0f;
 }
 
 template <class T>
@@ -559,7 +561,8 @@ void CudaBackend<T>::backward_head(const ParameterPointers& params, float* final
   LAYUP_CHECK(next_step_ == BackwardStep::kHead,
               "backward_head called in the middle of a backward pass; finish it with the blocks "
               "and backward_embeddings first");
-  const float dloss = loss_scale / sizes_.rows;  // d(mean loss) / d(loss of one position), scaled
+  // d(mean loss) / d(loss of one learned position), scaled; 0 when none is learned
+  const float dloss = learned_targets_ > 0 ? loss_scale / learned_targets_ : 0.0f;
   logits_valid_ = false;  // the head's backward turns them into their gradient, in place
   CudaOps<T> graph_ops = ops();
   graph::backward_head(graph_ops, sizes_, layout_, weights(params), arena_, final_norm_grad,

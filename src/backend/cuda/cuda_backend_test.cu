@@ -233,6 +233,23 @@ TEST_P(CudaBackendTest, LossLogitsAndGradientsMatchCpu) {
   compare_with_cpu(random_batch(3, 17, config.vocab_size, 3));
 }
 
+// Targets below 0 are not learned (a prompt): the loss is the mean over the learned ones and the
+// gradient theirs, as on the CPU; with nothing learned, loss and gradient are 0.
+TEST_P(CudaBackendTest, NotLearnedTargetsMatchCpu) {
+  Batch batch = random_batch(kMaxBatch, kMaxSeqLen, config.vocab_size, 4);
+  for (int b = 0; b < batch.B; ++b)
+    for (int t = 0; t < 1 + 2 * b && t < batch.T; ++t) batch.targets[b * batch.T + t] = kNotLearned;
+  batch.targets.back() = kNotLearned;
+  compare_with_cpu(batch);
+
+  std::fill(batch.targets.begin(), batch.targets.end(), kNotLearned);
+  EXPECT_EQ(gpu->forward(device_params(), batch.view()), 0.0f);
+  auto d_grads = device_gradients();
+  run_backward(*gpu, device_params(), layout.pointers(d_grads->get()), config.n_layer);
+  const std::vector<float> grads = d_grads->download();
+  for (size_t i = 0; i < grads.size(); ++i) ASSERT_EQ(grads[i], 0.0f) << "element " << i;
+}
+
 TEST_P(CudaBackendTest, ForwardWithoutTargetsGivesNanAndTheSameLogits) {
   const Batch batch = random_batch(2, 9, config.vocab_size, 4);
   gpu->forward(device_params(), batch.view());
@@ -341,7 +358,7 @@ TEST_P(CudaBackendTest, RejectsBatchesAndCallsThatDoNotFit) {
   bad_token.inputs[2] = config.vocab_size;  // a padded row: not a real token
   EXPECT_THROW(gpu->forward(device_params(), bad_token.view()), Error);
   Batch bad_target = random_batch(1, 3, config.vocab_size, 1);
-  bad_target.targets[0] = -1;
+  bad_target.targets[0] = config.vocab_size;  // below 0 is "not learned", above V is wrong
   EXPECT_THROW(gpu->forward(device_params(), bad_target.view()), Error);
   EXPECT_THROW(make_cuda_backend(config, 2, config.n_positions + 1, dtype()), Error);
 

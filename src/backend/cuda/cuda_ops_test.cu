@@ -36,6 +36,7 @@
 #include "backend/cuda/ops/matmul.cuh"
 #include "backend/cuda/ops/residual.cuh"
 #include "core/rng.h"
+#include "model/token_batch.h"
 
 namespace layup {
 namespace {
@@ -797,7 +798,8 @@ void check_classifier(const ClassifierCase& shape) {
           (v % 2) ? 1e30f : std::numeric_limits<float>::quiet_NaN();
   logits = rounded<T>(logits);
   std::vector<int32_t> targets = random_tokens(rng, N, V);
-  targets[0] = V - 1;  // the last real column
+  targets[0] = V - 1;                    // the last real column
+  if (N >= 3) targets[1] = kNotLearned;  // loss 0, a row of zeros
 
   std::vector<float> losses_expected(N), lse_expected(N);
   classifier_forward(losses_expected.data(), lse_expected.data(), logits.data(), targets.data(), N,

@@ -11,7 +11,8 @@
 // M = max_b m_b. Subtracting a max keeps every exp in range. The forward saves lse per row, so the
 // backward is a single pass as well: exp(z - lse) is the softmax itself. The padded columns never
 // enter a max or a sum, and their gradient is written as exact zeros so the padded rows of the
-// tied embedding receive none.
+// tied embedding receive none. A row whose target is below 0 is not learned (a prompt token of an
+// instruction example): it is skipped, with loss 0 and a gradient of exact zeros.
 #include "backend/cpu/ops/classifier.h"
 
 #include <Eigen/Core>
@@ -37,6 +38,11 @@ void classifier_forward(float* losses, float* lse, const float* logits, const in
     std::vector<float> block_max(blocks), block_sum(blocks);
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
+      if (targets[n] < 0) {
+        lse[n] = 0.0f;
+        losses[n] = 0.0f;
+        continue;
+      }
       const float* z = logits + static_cast<size_t>(n) * Vp;
       for (int k = 0; k < blocks; ++k) {
         const float* block = z + k * kBlock;
@@ -66,6 +72,10 @@ void classifier_backward(float* dlogits, const float* logits, const float* lse,
   for (int n = 0; n < N; ++n) {
     const float* z = logits + static_cast<size_t>(n) * Vp;
     float* dz = dlogits + static_cast<size_t>(n) * Vp;
+    if (targets[n] < 0) {
+      for (int v = 0; v < Vp; ++v) dz[v] = 0.0f;
+      continue;
+    }
     const float row_lse = lse[n];
     // Elementwise, so dz may be z itself.
 #pragma omp simd

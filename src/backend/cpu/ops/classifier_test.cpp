@@ -1,5 +1,6 @@
 // Softmax cross-entropy forward against a double-precision reference, backward against central
-// finite differences of it; the padded columns are ignored by the loss and get exactly zero.
+// finite differences of it; the padded columns are ignored by the loss and get exactly zero, and so
+// do the rows whose target is not learned.
 #include "backend/cpu/ops/classifier.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "backend/cpu/ops/gradient_check.h"
+#include "model/token_batch.h"
 
 namespace layup {
 namespace {
@@ -146,6 +148,35 @@ TEST_P(ClassifierOp, ResultDoesNotDependOnAlignmentOrThreadCount) {
     }
   }
   omp_set_num_threads(threads);
+}
+
+// A row whose target is below 0 is not learned: loss and lse 0, a gradient of exact zeros, and
+// the other rows exactly as they are without it (its logits may hold anything, NaN included).
+TEST_P(ClassifierOp, NotLearnedRowsGiveZeroAndLeaveTheOthersAlone) {
+  const auto [N, V, Vp] = GetParam();
+  std::vector<float> losses(N), lse(N), dlogits(N * Vp);
+  classifier_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
+  classifier_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), N, V, Vp, 0.5f);
+
+  std::vector<int32_t> masked = targets;
+  std::vector<float> poisoned = logits;
+  for (int n = 0; n < N; n += 2) {
+    masked[n] = n % 4 == 0 ? kNotLearned : -100;
+    std::fill_n(poisoned.begin() + n * Vp, V, std::numeric_limits<float>::quiet_NaN());
+  }
+  std::vector<float> masked_losses(N, 9.0f), masked_lse(N, 9.0f), masked_dlogits(N * Vp, 9.0f);
+  classifier_forward(masked_losses.data(), masked_lse.data(), poisoned.data(), masked.data(), N, V,
+                     Vp);
+  classifier_backward(masked_dlogits.data(), poisoned.data(), masked_lse.data(), masked.data(), N,
+                      V, Vp, 0.5f);
+  for (int n = 0; n < N; ++n) {
+    const bool learned = n % 2 == 1;
+    EXPECT_EQ(masked_losses[n], learned ? losses[n] : 0.0f) << "row " << n;
+    EXPECT_EQ(masked_lse[n], learned ? lse[n] : 0.0f) << "row " << n;
+    for (int v = 0; v < Vp; ++v)
+      ASSERT_EQ(masked_dlogits[n * Vp + v], learned ? dlogits[n * Vp + v] : 0.0f)
+          << "row " << n << " column " << v;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, ClassifierOp,

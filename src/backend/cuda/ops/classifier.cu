@@ -11,6 +11,8 @@
 // backward is one more read-and-write pass. Together they move the same bytes as a single fused
 // kernel would (that one too must read each row twice: once for lse, once to write dlogits), and
 // splitting them keeps the logits intact until the backward, as ModelBackend::logits() promises.
+// A row whose target is below 0 is not learned: the forward skips it (loss 0), the backward writes
+// it as zeros, as the CPU op does.
 #include <cuda_bf16.h>
 
 #include "backend/cuda/ops/classifier.cuh"
@@ -47,6 +49,13 @@ __global__ void __launch_bounds__(kThreads)
     classifier_forward_kernel(float* losses, float* lse, const T* logits, const int32_t* targets,
                               int V, int Vp) {
   const int n = blockIdx.x;
+  if (targets[n] < 0) {  // the same for the whole block, so no thread waits at a barrier below
+    if (threadIdx.x == 0) {
+      lse[n] = 0.0f;
+      losses[n] = 0.0f;
+    }
+    return;
+  }
   const T* z = logits + static_cast<size_t>(n) * Vp;
   constexpr int K = Pack<T>::kSize;
 
@@ -98,7 +107,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int K = Pack<T>::kSize;
 
   auto gradient = [&](int v, float logit) {
-    if (v >= V) return 0.0f;
+    if (v >= V || target < 0) return 0.0f;
     const float probability = expf(logit - row_lse);
     return (probability - (v == target ? 1.0f : 0.0f)) * dloss;
   };
