@@ -11,6 +11,20 @@ float ModelBackend::forward(const ParameterPointers& params, const TokenBatch& b
   return forward(params, batch, no_hooks);
 }
 
+void ModelBackend::start_decode(int /*max_positions*/) {
+  fail("the ", name(), " backend has no key/value cache; sample with --no-kv-cache");
+}
+
+const float* ModelBackend::decode(const ParameterPointers& /*params*/,
+                                  std::span<const int32_t> /*tokens*/) {
+  fail("the ", name(), " backend has no key/value cache; sample with --no-kv-cache");
+}
+
+size_t kv_cache_bytes(const ModelConfig& config, int positions, size_t element_bytes) {
+  return 2 * static_cast<size_t>(config.n_layer) * positions * config.kv_heads() *
+         config.head_dim() * element_bytes;
+}
+
 void check_token_batch(const char* backend_name, const ModelConfig& config, int max_batch,
                        int max_seq_len, const ParameterPointers& params, const TokenBatch& batch) {
   LAYUP_CHECK(params.embeddings && params.final_norm &&

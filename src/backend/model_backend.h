@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "model/model_config.h"
@@ -100,7 +101,27 @@ class ModelBackend {
   // Backward of the token and position embeddings; adds into embeddings_grad, which
   // backward_head wrote.
   virtual void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) = 0;
+
+  // Generation with a key/value cache (layup sample), one sequence at a time. start_decode empties
+  // the cache and makes room for `max_positions` positions (the model's context at most), taking
+  // kv_cache_bytes of memory while the backend lives. decode runs the forward of `tokens` at the
+  // next positions: each attends to the cached keys and values of every earlier position and to
+  // the new tokens before it, then its own join the cache; it returns the logits of the last one
+  // ([padded_vocab], host memory, valid until the next forward or decode). A call takes at most
+  // max_batch x max_seq_len tokens (a longer prompt goes in pieces), and the cache must have
+  // room for them (layup::Error otherwise). The logits are forward's on the same positions up to
+  // float rounding: the attention sums run in another order. A decode leaves nothing for a
+  // backward. The base has no cache and refuses.
+  virtual void start_decode(int max_positions);
+  virtual const float* decode(const ParameterPointers& params, std::span<const int32_t> tokens);
+  // Positions the cache holds now.
+  virtual int decoded_positions() const { return 0; }
 };
+
+// Bytes of a key/value cache of `positions` positions for one sequence, elements of
+// `element_bytes` each (4: fp32, 2: bf16): every block's keys and values, kv_heads x head_dim
+// each per position.
+size_t kv_cache_bytes(const ModelConfig& config, int positions, size_t element_bytes);
 
 // The checks every backend makes on a forward's inputs: parameters for every block, B and T within
 // the sizes the backend was made for, every token id inside the vocabulary. Throws layup::Error

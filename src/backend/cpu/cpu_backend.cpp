@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "backend/cpu/ops/attention.h"
+#include "backend/cpu/ops/attention_decode.h"
 #include "backend/cpu/ops/classifier.h"
 #include "backend/cpu/ops/embedding.h"
 #include "backend/cpu/ops/gelu.h"
@@ -157,6 +158,44 @@ class CpuOps {
   CpuBackendArena& arena_;
 };
 
+// decode's view of the key/value cache, for a call whose new tokens start at position `first`.
+struct CpuDecodeView {
+  float *keys, *values;  // [L, max_positions, kv width]
+  const float *rope_cos, *rope_sin;
+  int max_positions, first;
+};
+
+// The graph's ops for generation (ModelBackend::decode): CpuOps', but for one sequence whose
+// positions start at view.first, with attention over the cache.
+class CpuDecodeOps : public CpuOps {
+ public:
+  CpuDecodeOps(const graph::Shape& shape, CpuBackendArena& arena, const CpuDecodeView& view)
+      : CpuOps(shape, arena), s_(shape), arena_(arena), view_(view) {}
+
+  void embedding_forward(float* out, const float* wte, const float* wpe) {
+    layup::embedding_forward(out, arena_.inputs, wte,
+                             wpe ? wpe + static_cast<size_t>(view_.first) * s_.C : nullptr, 1, s_.T,
+                             s_.C);
+  }
+  void rope_forward(float* qkv) {
+    const size_t offset = static_cast<size_t>(view_.first) * (s_.head_dim / 2);
+    layup::rope_forward(qkv, qkv, view_.rope_cos + offset, view_.rope_sin + offset, 1, s_.T,
+                        s_.heads + s_.kv_heads, s_.head_dim, s_.qkv);
+  }
+  void attention_forward(CpuBlockActivations& a) {
+    const auto layer = static_cast<size_t>(&a - arena_.blocks.data());
+    const size_t layer_offset =
+        layer * view_.max_positions * static_cast<size_t>(s_.kv_heads) * s_.head_dim;
+    attention_decode_forward(a.att_out, view_.keys + layer_offset, view_.values + layer_offset,
+                             a.qkv, s_.T, view_.first, s_.heads, s_.kv_heads, s_.head_dim);
+  }
+
+ private:
+  const graph::Shape& s_;
+  CpuBackendArena& arena_;
+  CpuDecodeView view_;
+};
+
 }  // namespace
 
 CpuBackend::CpuBackend(const ModelConfig& config, int max_batch, int max_seq_len,
@@ -164,7 +203,8 @@ CpuBackend::CpuBackend(const ModelConfig& config, int max_batch, int max_seq_len
     : config_(validated(config)),
       layout_(config),
       max_batch_(max_batch),
-      max_seq_len_(max_seq_len) {
+      max_seq_len_(max_seq_len),
+      accountant_(accountant) {
   // Allocates the list the memory plan sums, then places every buffer in it with the same carve
   // that sized it (cpu_backend_buffers.cpp): what is planned is what is allocated and recorded.
   for (const PlannedAllocation& buffer : cpu_backend_buffers(config, max_batch, max_seq_len)) {
@@ -253,6 +293,53 @@ void CpuBackend::backward_embeddings(const ParameterPointers& /*params*/, float*
   graph::backward_embeddings(ops, layout_.embeddings(), arena_, embeddings_grad);
   // The forward's activations are intact, so the same backward may be run again.
   next_step_ = BackwardStep::kHead;
+}
+
+void CpuBackend::start_decode(int max_positions) {
+  LAYUP_CHECK(max_positions >= 1 && max_positions <= config_.n_positions, "a key/value cache of ",
+              max_positions, " positions; this model has room for 1..", config_.n_positions);
+  DecodeCache& cache = decode_cache_;
+  cache.length = 0;
+  if (cache.max_positions == max_positions) return;
+  cache = DecodeCache();
+  const size_t bytes = kv_cache_bytes(config_, max_positions, sizeof(float));
+  cache.keys.assign(bytes / sizeof(float) / 2, 0.0f);
+  cache.values.assign(bytes / sizeof(float) / 2, 0.0f);
+  cache.record = MemoryRecord(accountant_, MemorySide::kDevice, TensorClass::kActivations,
+                              MemoryKind::kHost, bytes);
+  if (config_.is_llama()) {
+    const int half = config_.head_dim() / 2;
+    std::vector<float> inv_freq(half);
+    rope_inverse_frequencies(inv_freq.data(), config_.head_dim(), config_.rope_theta,
+                             config_.rope_scaling);
+    cache.rope_cos.resize(static_cast<size_t>(max_positions) * half);
+    cache.rope_sin.resize(cache.rope_cos.size());
+    rope_cos_sin(cache.rope_cos.data(), cache.rope_sin.data(), inv_freq.data(), max_positions,
+                 config_.head_dim());
+  }
+  cache.max_positions = max_positions;
+}
+
+const float* CpuBackend::decode(const ParameterPointers& params, std::span<const int32_t> tokens) {
+  DecodeCache& cache = decode_cache_;
+  LAYUP_CHECK(cache.max_positions > 0, "decode needs start_decode first");
+  const int count = static_cast<int>(tokens.size());
+  LAYUP_CHECK(cache.length + count <= cache.max_positions, "the key/value cache holds ",
+              cache.max_positions, " positions and has ", cache.length, " in it; ", count,
+              " more do not fit");
+  const TokenBatch batch{tokens.data(), nullptr, 1, count};
+  check_batch(params, batch);
+  next_step_ = BackwardStep::kNeedsForwardWithTargets;
+  shape_ = graph::shape_of(config_, 1, count);
+  std::copy_n(tokens.data(), count, arena_.inputs);
+  CpuDecodeOps ops(shape_, arena_,
+                   {cache.keys.data(), cache.values.data(), cache.rope_cos.data(),
+                    cache.rope_sin.data(), cache.max_positions, cache.length});
+  struct NoHooks final : ForwardHooks {};
+  NoHooks hooks;
+  graph::forward(ops, shape_, layout_, params, arena_, hooks);
+  cache.length += count;
+  return arena_.logits + static_cast<size_t>(count - 1) * shape_.Vp;
 }
 
 std::unique_ptr<ModelBackend> make_cpu_backend(const ModelConfig& config, int max_batch,

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ class CpuBackend final : public ModelBackend {
                      float* embeddings_grad, float loss_scale) override;
   void backward_block(int layer, const ParameterPointers& params, float* block_grad) override;
   void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) override;
+  void start_decode(int max_positions) override;
+  const float* decode(const ParameterPointers& params, std::span<const int32_t> tokens) override;
+  int decoded_positions() const override { return decode_cache_.length; }
 
  private:
   // Which backward call is legal next; backward runs head, blocks L-1..0, embeddings.
@@ -60,6 +64,16 @@ class CpuBackend final : public ModelBackend {
   std::unique_ptr<char, AlignedDelete> activations_region_, scratch_region_;
   std::vector<MemoryRecord> records_;
   CpuBackendArena arena_;
+
+  // decode's key/value cache: [L, max_positions, kv_heads * head_dim] keys and values, and the
+  // rotary table of its positions (the arena's covers max_seq_len positions only).
+  struct DecodeCache {
+    int max_positions = 0, length = 0;
+    std::vector<float> keys, values, rope_cos, rope_sin;
+    MemoryRecord record;
+  };
+  DecodeCache decode_cache_;
+  std::shared_ptr<MemoryAccountant> accountant_;
 
   BackwardStep next_step_ = BackwardStep::kNeedsForwardWithTargets;
   int next_layer_ = -1;
