@@ -176,6 +176,18 @@ class DelayingDevice final : public Device {
     delays_.maybe_sleep();  // an update on the device thread (update_sites)
     inner_->adamw_update_span(layout, span, params, grads, m, v, step, bf16_weights);
   }
+  void adamw_update_span_state(const ParameterLayout& layout, const Span& span, float* params,
+                               const float* grads, const AdamWMoments& moments,
+                               const AdamWStep& step, void* bf16_weights) override {
+    delays_.maybe_sleep();
+    inner_->adamw_update_span_state(layout, span, params, grads, moments, step, bf16_weights);
+  }
+  void adamw_update_span_part_state(const ParameterLayout& layout, const Span& span, size_t first,
+                                    size_t count, float* params, const float* grads,
+                                    const AdamWMoments& moments, const AdamWStep& step) override {
+    delays_.maybe_sleep();
+    inner_->adamw_update_span_part_state(layout, span, first, count, params, grads, moments, step);
+  }
 
  private:
   std::unique_ptr<Device> inner_;
