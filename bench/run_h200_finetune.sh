@@ -11,6 +11,10 @@
 #           --optimizer-state fp32, bf16, 8bit: log.jsonl of each under $OUT/curves
 #   peer    bench/pytorch_optimizer_state_peer.py on the same shards: fp32 AdamW and torchao's
 #           AdamW8bit, the same steps, batch and schedule: CSVs under $OUT/curves
+#   llama8b Llama 3 8B's shape (random weights), T=2048, 2 x 8 micro-batches, layup mode,
+#           --recompute 3, --device-budget 24G, --optimizer-state ${STATE:-8bit}: calibrated at
+#           its shape, `layup memory` (the split and predicted step), `layup bench` (1 warm-up,
+#           STEPS8B timed steps)
 #   sample  bench/sample_speed.sh's H200 comparison (Llama 3.2 1B shape, random weights)
 # A machine that came back bare between calls builds first. Logs go to $OUT.
 set -uo pipefail
@@ -74,6 +78,20 @@ for phase in ${PHASES:-build}; do
           --csv "$out/curves/torch-$optimizer.csv" > "$out/curves/torch-$optimizer.log" 2>&1
         echo "torch $optimizer: exit $? at ${SECONDS}s; $(tail -n 1 "$out/curves/torch-$optimizer.log")"
       done
+      ;;
+    llama8b)
+      ensure_built
+      shape=(--model llama-3-8b --batch 2 --seq-len 2048 --grad-accum 8 --mode layup --recompute 3
+        --device-budget 24G --clip 1.0 --layup-clip deferred --optimizer-state "${STATE:-8bit}")
+      "$layup" calibrate --model llama-3-8b --batch 2 --seq-len 2048 --recompute 3 \
+        > "$out/calibrate-8b.txt" 2>&1 || echo "calibrate 8b: exit $?"
+      "$layup" memory "${shape[@]}" --device cuda --explain > "$out/memory-8b.txt" 2>&1
+      grep -E "note: layup keeps|host memory at the peak|predicted step  |budget:" "$out/memory-8b.txt"
+      /usr/bin/time -v "$layup" bench "${shape[@]}" --steps "${STEPS8B:-3}" --warmup 1 \
+        --json "$out/8b.json" > "$out/bench-8b.log" 2> "$out/time-8b.txt"
+      echo "8b bench: exit $? at ${SECONDS}s"
+      tail -n 25 "$out/bench-8b.log"
+      grep -E "Maximum resident" "$out/time-8b.txt"
       ;;
     sample)
       ensure_built
