@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "backend/cuda/growable_workspace.h"
 #include "backend/cuda/ops/attention.cuh"
 #include "backend/cuda/ops/attention_cudnn.cuh"
+#include "backend/cuda/ops/attention_decode.cuh"
 #include "backend/cuda/ops/cast.cuh"
 #include "backend/cuda/ops/classifier.cuh"
 #include "backend/cuda/ops/common.cuh"
@@ -212,6 +214,51 @@ class CudaOps {
   cudaStream_t stream_;
 };
 
+// decode's view of the key/value cache, for a call whose new tokens start at position `first`.
+template <class T>
+struct CudaDecodeView {
+  T *keys, *values;  // [L, max_positions, kv width]
+  const float *rope_cos, *rope_sin;
+  int max_positions, first;
+};
+
+// The graph's ops for generation (ModelBackend::decode): CudaOps', but for one sequence whose
+// positions start at view.first, with attention over the cache.
+template <class T>
+class CudaDecodeOps : public CudaOps<T> {
+ public:
+  using BlockActivations = typename CudaArena<T>::BlockActivations;
+
+  CudaDecodeOps(const CudaOps<T>& ops, const graph::Shape& shape, CudaArena<T>& arena,
+                const CudaDecodeView<T>& view, cudaStream_t stream)
+      : CudaOps<T>(ops), s_(shape), arena_(arena), view_(view), stream_(stream) {}
+
+  void embedding_forward(T* out, const T* wte, const T* wpe) {
+    cuda::embedding_forward(out, arena_.tokens, wte,
+                            wpe ? wpe + static_cast<size_t>(view_.first) * s_.C : nullptr, 1, s_.T,
+                            s_.C, stream_);
+  }
+  void rope_forward(T* qkv) {
+    const size_t offset = static_cast<size_t>(view_.first) * (s_.head_dim / 2);
+    cuda::rope_forward(qkv, view_.rope_cos + offset, view_.rope_sin + offset, 1, s_.T,
+                       s_.heads + s_.kv_heads, s_.head_dim, s_.qkv, stream_);
+  }
+  void attention_forward(BlockActivations& a) {
+    const auto layer = static_cast<size_t>(&a - arena_.blocks.data());
+    const size_t layer_offset =
+        layer * view_.max_positions * static_cast<size_t>(s_.kv_heads) * s_.head_dim;
+    cuda::attention_decode_forward(a.att_out, view_.keys + layer_offset,
+                                   view_.values + layer_offset, a.qkv, s_.T, view_.first, s_.heads,
+                                   s_.kv_heads, s_.head_dim, stream_);
+  }
+
+ private:
+  graph::Shape s_;
+  CudaArena<T>& arena_;
+  CudaDecodeView<T> view_;
+  cudaStream_t stream_;
+};
+
 template <class T>
 class CudaBackend final : public ModelBackend {
  public:
@@ -240,6 +287,9 @@ class CudaBackend final : public ModelBackend {
       return arena_.compute_weights + shape_.compute_span_offsets.at(span_index);
   }
   void set_compute_copies_current(bool current) override { compute_copies_current_ = current; }
+  void start_decode(int max_positions) override;
+  const float* decode(const ParameterPointers& params, std::span<const int32_t> tokens) override;
+  int decoded_positions() const override { return decode_length_; }
 
  private:
   enum class BackwardStep { kNeedsForwardWithTargets, kHead, kBlock, kEmbeddings };
@@ -327,6 +377,12 @@ class CudaBackend final : public ModelBackend {
   BackwardStep next_step_ = BackwardStep::kNeedsForwardWithTargets;
   int next_layer_ = -1;
   int learned_targets_ = 0;  // of the last forward: the divisor of its mean loss
+
+  // decode's key/value cache in T, keys then values, [L, max_positions, kv width] each, and the
+  // rotary table of its positions (the arena's covers max_seq_len positions only).
+  CudaAllocation decode_cache_, decode_rope_;
+  MemoryRecord decode_record_;
+  int decode_max_positions_ = 0, decode_length_ = 0;
 };
 
 template <class T>
@@ -594,6 +650,92 @@ void CudaBackend<T>::backward_embeddings(const ParameterPointers& /*params*/,
   graph::backward_embeddings(graph_ops, layout_.embeddings(), arena_, embeddings_grad);
   // The logits were consumed by backward_head: another backward needs another forward.
   next_step_ = BackwardStep::kNeedsForwardWithTargets;
+}
+
+template <class T>
+void CudaBackend<T>::start_decode(int max_positions) {
+  LAYUP_CHECK(max_positions >= 1 && max_positions <= config_.n_positions, "a key/value cache of ",
+              max_positions, " positions; this model has room for 1..", config_.n_positions);
+  decode_length_ = 0;
+  if (decode_max_positions_ == max_positions) return;
+  decode_max_positions_ = 0;
+  decode_record_.reset();
+  decode_cache_.reset();
+  decode_rope_.reset();
+  const size_t bytes = kv_cache_bytes(config_, max_positions, sizeof(T));
+  decode_cache_ = cuda_allocate({MemorySide::kDevice, TensorClass::kActivations,
+                                 MemoryKind::kDevice, bytes, "key/value cache"},
+                                " of " + std::to_string(max_positions) + " positions");
+  LAYUP_CUDA_CHECK(cudaMemset(decode_cache_.get(), 0, bytes));
+  decode_record_ = MemoryRecord(accountant_, MemorySide::kDevice, TensorClass::kActivations,
+                                MemoryKind::kDevice, bytes);
+  if (config_.is_llama()) {
+    const int half = config_.head_dim() / 2;
+    std::vector<float> inv_freq(half), cos(static_cast<size_t>(max_positions) * half),
+        sin(cos.size());
+    rope_inverse_frequencies(inv_freq.data(), config_.head_dim(), config_.rope_theta,
+                             config_.rope_scaling);
+    rope_cos_sin(cos.data(), sin.data(), inv_freq.data(), max_positions, config_.head_dim());
+    const size_t table_bytes = cos.size() * sizeof(float);
+    decode_rope_ = cuda_allocate({MemorySide::kDevice, TensorClass::kActivations,
+                                  MemoryKind::kDevice, 2 * table_bytes, "rotary table"},
+                                 " of the key/value cache");
+    auto* tables = static_cast<char*>(decode_rope_.get());
+    LAYUP_CUDA_CHECK(cudaMemcpy(tables, cos.data(), table_bytes, cudaMemcpyHostToDevice));
+    LAYUP_CUDA_CHECK(
+        cudaMemcpy(tables + table_bytes, sin.data(), table_bytes, cudaMemcpyHostToDevice));
+  }
+  decode_max_positions_ = max_positions;
+}
+
+template <class T>
+const float* CudaBackend<T>::decode(const ParameterPointers& params,
+                                    std::span<const int32_t> tokens) {
+  LAYUP_CHECK(decode_max_positions_ > 0, "decode needs start_decode first");
+  const int count = static_cast<int>(tokens.size());
+  LAYUP_CHECK(decode_length_ + count <= decode_max_positions_, "the key/value cache holds ",
+              decode_max_positions_, " positions and has ", decode_length_, " in it; ", count,
+              " more do not fit");
+  const TokenBatch batch{tokens.data(), nullptr, 1, count};
+  check_batch(params, batch);
+  next_step_ = BackwardStep::kNeedsForwardWithTargets;
+  logits_valid_ = false;
+  sizes_ = graph::shape_of(config_, 1, count);
+  // Host staging: the previous call synchronized, so its upload is done.
+  std::copy_n(tokens.data(), count, host_ints_);
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.tokens, host_ints_, count * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+  T* keys = static_cast<T*>(decode_cache_.get());
+  const size_t half_count =
+      kv_cache_bytes(config_, decode_max_positions_, sizeof(T)) / sizeof(T) / 2;
+  const size_t table = static_cast<size_t>(decode_max_positions_) * (config_.head_dim() / 2);
+  const auto* rope = static_cast<const float*>(decode_rope_.get());
+  CudaDecodeOps<T> graph_ops(ops(), sizes_, arena_,
+                             {keys, keys + half_count, rope, rope ? rope + table : nullptr,
+                              decode_max_positions_, decode_length_},
+                             stream_);
+  struct NoHooks final : ForwardHooks {};
+  NoHooks no_hooks;
+  CastingHooks casting(*this, params, no_hooks);
+  graph::forward(graph_ops, sizes_, layout_, weights(params), arena_, casting);
+  decode_length_ += count;
+
+  // The last position's logits only.
+  const size_t Vp = sizes_.Vp;
+  const T* last = arena_.logits + static_cast<size_t>(count - 1) * Vp;
+  host_logits_.resize(Vp);
+  if constexpr (std::is_same_v<T, float>) {
+    LAYUP_CUDA_CHECK(cudaMemcpyAsync(host_logits_.data(), last, Vp * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+    LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } else {
+    host_logits_raw_.resize(Vp);
+    LAYUP_CUDA_CHECK(cudaMemcpyAsync(host_logits_raw_.data(), last, Vp * sizeof(T),
+                                     cudaMemcpyDeviceToHost, stream_));
+    LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i < Vp; ++i) host_logits_[i] = cuda::to_float(host_logits_raw_[i]);
+  }
+  return host_logits_.data();
 }
 
 }  // namespace
