@@ -13,6 +13,8 @@
 
 namespace layup {
 
+namespace fs = std::filesystem;
+
 LayupEnvironment read_layup_environment(const EnvironmentLookup& lookup) {
   const auto text = [&](const char* name) {
     const char* value = lookup(name);
@@ -29,8 +31,7 @@ LayupEnvironment read_layup_environment(const EnvironmentLookup& lookup) {
   environment.nccl_library = text("LAYUP_NCCL_LIBRARY");
   environment.system_root = text("LAYUP_SYSTEM_ROOT");
   std::error_code error;
-  LAYUP_CHECK(environment.system_root.empty() ||
-                  std::filesystem::is_directory(environment.system_root, error),
+  LAYUP_CHECK(environment.system_root.empty() || fs::is_directory(environment.system_root, error),
               "LAYUP_SYSTEM_ROOT '", environment.system_root,
               "' is not a folder: give a folder holding proc/ and sys/ as the machine's root, or "
               "unset it to read the real one");
@@ -41,10 +42,26 @@ LayupEnvironment read_layup_environment(const EnvironmentLookup& lookup) {
 void apply_layup_environment(const LayupEnvironment& environment) {
   set_adamw_defaults({environment.adamw_isa, environment.adamw_streaming_stores});
   set_system_root(environment.system_root);
-  set_shipped_data_dir(environment.data_dir);
+  // The running binary's own path, whatever the current folder or the name it was started by.
+  std::error_code error;
+  const fs::path executable = fs::read_symlink("/proc/self/exe", error);
+  set_shipped_data_places(shipped_data_places(
+      environment.data_dir, error ? std::string() : executable.string(), LAYUP_DATA_DIR));
 #ifdef LAYUP_HAVE_CUDA
   nccl::set_chosen_nccl_library(environment.nccl_library);
 #endif
+}
+
+std::vector<std::string> shipped_data_places(const std::string& data_dir,
+                                             const std::string& executable,
+                                             const std::string& source_data) {
+  if (!data_dir.empty()) return {data_dir};
+  std::vector<std::string> places;
+  if (!executable.empty())
+    places.push_back(
+        (fs::path(executable).parent_path().parent_path() / "share" / "layup").string());
+  places.push_back(source_data);
+  return places;
 }
 
 }  // namespace layup

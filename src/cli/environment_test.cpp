@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "memory/host_memory.h"
@@ -86,18 +88,55 @@ TEST(Environment, ASystemRootThatIsNotAFolderIsRefused) {
 }
 
 TEST(Environment, AppliedValuesReachTheLibraries) {
+  const std::string data = ::testing::TempDir();
   LayupEnvironment environment;
   environment.adamw_isa = AdamWIsa::kScalar;
   environment.adamw_streaming_stores = false;
-  environment.data_dir = "/somewhere/data";
+  environment.data_dir = data;
   apply_layup_environment(environment);
   EXPECT_EQ(default_adamw_isa(), AdamWIsa::kScalar);
   EXPECT_FALSE(adamw_streaming_stores_allowed());
-  EXPECT_EQ(shipped_data_dir(), "/somewhere/data");
+  EXPECT_EQ(shipped_data_dir(), data);
   apply_layup_environment({});  // the plain defaults back for the other tests
   EXPECT_EQ(default_adamw_isa(), best_adamw_isa());
   EXPECT_TRUE(adamw_streaming_stores_allowed());
-  EXPECT_NE(shipped_data_dir(), "/somewhere/data");
+  // This test binary lies in the build folder: no share/layup beside it, the source tree's data/.
+  EXPECT_EQ(shipped_data_dir(), LAYUP_DATA_DIR);
+}
+
+TEST(Environment, ShippedDataIsLookedForBesideTheBinaryThenInTheSourceTree) {
+  EXPECT_EQ(shipped_data_places("", "/opt/layup/bin/layup", "/src/layup/data"),
+            (std::vector<std::string>{"/opt/layup/share/layup", "/src/layup/data"}));
+  EXPECT_EQ(shipped_data_places("", "", "/src/layup/data"),
+            std::vector<std::string>{"/src/layup/data"});
+  // LAYUP_DATA_DIR overrides both.
+  EXPECT_EQ(shipped_data_places("/mine", "/opt/layup/bin/layup", "/src/layup/data"),
+            std::vector<std::string>{"/mine"});
+}
+
+TEST(Environment, TheFirstPlaceThatExistsHoldsTheShippedData) {
+  const std::filesystem::path root = std::filesystem::path(::testing::TempDir()) / "data_places";
+  std::filesystem::create_directories(root / "second");
+  std::filesystem::create_directories(root / "third");
+  const std::string missing = (root / "first").string(), second = (root / "second").string();
+  set_shipped_data_places({missing, second, (root / "third").string()});
+  EXPECT_EQ(shipped_data_dir(), second);
+
+  // None there: the error names every place looked in, and what to do.
+  set_shipped_data_places({missing, (root / "fourth").string()});
+  std::string message;
+  try {
+    shipped_data_dir();
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("none of: " + missing + ", " + (root / "fourth").string() + ";"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("LAYUP_DATA_DIR"), std::string::npos) << message;
+  EXPECT_NE(message.find("cmake --install"), std::string::npos) << message;
+  apply_layup_environment({});
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <span>
 #include <sstream>
 #include <string_view>
+#include <utility>
 
 #include "core/error.h"
 #include "data/token_cache_key.h"
@@ -358,21 +359,35 @@ ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
 
 namespace {
 
-// Set at start-up (set_shipped_data_dir), then only read.
-std::string& shipped_data_override() {
-  static std::string dir;
-  return dir;
+// Set at start-up (set_shipped_data_places), then only read.
+std::vector<std::string>& shipped_data_places() {
+  static std::vector<std::string> places;
+  return places;
 }
 
 }  // namespace
 
 std::string shipped_data_dir() {
-  const std::string& dir = shipped_data_override();
-  return dir.empty() ? std::string(LAYUP_DATA_DIR) : dir;
+  const std::vector<std::string>& places = shipped_data_places();
+  if (places.empty()) return LAYUP_DATA_DIR;
+  std::error_code error;
+  std::string looked;
+  for (const std::string& place : places) {
+    if (fs::is_directory(place, error)) return place;
+    looked += (looked.empty() ? "" : ", ") + place;
+  }
+  fail("layup's data (the GPT-2 tokenizer, the shipped corpus) is in none of: ", looked,
+       "; set LAYUP_DATA_DIR to the folder holding its gpt2-tokenizer/ and corpus/, install layup "
+       "with `cmake --install` (a binary in PREFIX/bin looks in PREFIX/share/layup), or give "
+       "--tokenizer and --data");
+}
+
+void set_shipped_data_places(std::vector<std::string> places) {
+  shipped_data_places() = std::move(places);
 }
 
 void set_shipped_data_dir(const std::string& dir) {
-  shipped_data_override() = dir;
+  set_shipped_data_places(dir.empty() ? std::vector<std::string>{} : std::vector<std::string>{dir});
 }
 
 std::string default_shard_dir(const Tokenizer& tokenizer, const std::string& tokenizer_path,

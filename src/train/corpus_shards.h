@@ -52,11 +52,15 @@ ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
 std::string default_shard_dir(const Tokenizer& tokenizer, const std::string& tokenizer_path,
                               std::FILE* log);
 
-// Where the shipped data lives: the folder set_shipped_data_dir gave (the CLI takes it from
-// LAYUP_DATA_DIR, cli/environment.h), else the data/ folder of the source tree.
+// Where the shipped data (the GPT-2 tokenizer, the corpus) lives: the first folder that exists of
+// those set_shipped_data_places gave (the CLI's, cli/environment.h), else, none given, the data/
+// folder of the source tree. Throws layup::Error naming every folder it looked in when none exists.
 std::string shipped_data_dir();
 
-// The shipped data's folder from now on; empty: the source tree's. Given once at start-up.
+// The folders the shipped data may be in from now on, in the order they are looked in; empty: the
+// source tree's. Given once at start-up.
+void set_shipped_data_places(std::vector<std::string> places);
+// One folder, or (empty) the source tree's.
 void set_shipped_data_dir(const std::string& dir);
 
 }  // namespace layup
