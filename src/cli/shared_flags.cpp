@@ -208,6 +208,14 @@ void add_optimizer_placement_flags(CLI::App& command, OptimizerPlacement& placem
                 "space less a reserve is the disk's budget");
 }
 
+void add_optimizer_state_flag(CLI::App& command, OptimizerStateKind& kind) {
+  add_choice_option(command, "--optimizer-state", kind, kOptimizerStateKindNames,
+                    "How AdamW keeps its two moments: fp32 (8 bytes a parameter), bf16 (4; each "
+                    "moment rounded to bfloat16) or 8bit (2.03; blockwise dynamic quantisation, "
+                    "256 values a block). bf16 and 8bit are lossy (docs/optimizer_state.md); the "
+                    "master weights and the update stay fp32. --mode gpu only for now");
+}
+
 WholeRange recompute_range() {
   std::string levels;
   for (int level = 0; level <= kMaxRecompute; ++level)

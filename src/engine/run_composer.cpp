@@ -110,6 +110,7 @@ RunRequest run_request_of(const RunSpec& spec) {
   plan.layup_head = spec.layup_head;
   plan.optimizer_placement = spec.optimizer_placement;
   plan.offload_dir = spec.offload_dir;
+  plan.optimizer_state = spec.optimizer_state;
   plan.mode = spec.mode;
   plan.place = spec.place;
   request.cpu_workers = spec.cpu_workers;

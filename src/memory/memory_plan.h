@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/run_choices.h"
 #include "memory/device_attributes.h"
 #include "memory/host_memory.h"
 #include "memory/memory_accountant.h"
@@ -68,7 +69,10 @@ struct MemoryPlanRequest {
   LayupClip layup_clip = LayupClip::kAuto;
   LayupHead layup_head = LayupHead::kAuto;
   OptimizerPlacement optimizer_placement;  // layup; auto is resolved by plan_run
-  std::string offload_dir;                 // layup: where blocks placed on disk keep their state
+  // How AdamW keeps its moments (docs/optimizer_state.md); never chosen by the planner, since
+  // bf16 and 8bit are lossy.
+  OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
+  std::string offload_dir;  // layup: where blocks placed on disk keep their state
   Mode mode = Mode::kGpu;
   DeviceKind device = DeviceKind::kCpu;  // resolved: cpu or cuda
   Dtype dtype = Dtype::kFp32;            // resolved: fp32, or bf16 on cuda

@@ -196,22 +196,20 @@ void encode_moments(const float* m, const float* v, size_t count, const AdamWMom
 void decode_moments(const AdamWMoments& in, size_t count, float* m, float* v) {
   switch (in.kind) {
     case OptimizerStateKind::kFp32:
-      std::copy(in.m_fp32(), in.m_fp32() + count, m);
-      std::copy(in.v_fp32(), in.v_fp32() + count, v);
+      if (m != nullptr) std::copy(in.m_fp32(), in.m_fp32() + count, m);
+      if (v != nullptr) std::copy(in.v_fp32(), in.v_fp32() + count, v);
       return;
     case OptimizerStateKind::kBf16:
-      for (size_t i = 0; i < count; ++i) {
-        m[i] = float_from_bf16(in.m_bf16()[i]);
-        v[i] = float_from_bf16(in.v_bf16()[i]);
-      }
+      for (size_t i = 0; i < count && m != nullptr; ++i) m[i] = float_from_bf16(in.m_bf16()[i]);
+      for (size_t i = 0; i < count && v != nullptr; ++i) v[i] = float_from_bf16(in.v_bf16()[i]);
       return;
     case OptimizerStateKind::kBlockwise8Bit: {
       const Blockwise8BitMap& m_map = signed_moment_map();
       const Blockwise8BitMap& v_map = unsigned_moment_map();
-      for (size_t i = 0; i < count; ++i) {
+      for (size_t i = 0; i < count && m != nullptr; ++i)
         m[i] = m_map.values[in.m_codes()[i]] * in.m_scales[i / kBlock];
+      for (size_t i = 0; i < count && v != nullptr; ++i)
         v[i] = v_map.values[in.v_codes()[i]] * in.v_scales[i / kBlock];
-      }
       return;
     }
   }

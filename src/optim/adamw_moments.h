@@ -167,7 +167,7 @@ double blockwise_8bit_error_bound(const Blockwise8BitMap& map);
 // ---- whole runs (scalar: conversions, checkpoints, tests) -------------------------------------
 
 // The moments of `count` elements from fp32 values into `out`'s kind (8bit: blocks from the first
-// element, the last one short), and back.
+// element, the last one short), and back; decoding skips a null output.
 void encode_moments(const float* m, const float* v, size_t count, const AdamWMoments& out);
 void decode_moments(const AdamWMoments& in, size_t count, float* m, float* v);
 

@@ -14,6 +14,7 @@
 #include "optim/grad_norm.h"
 #include "schedule/mode_schedules.h"
 #include "schedule/optimizer_shards.h"
+#include "schedule/packed_moments.h"
 #include "schedule/schedule.h"
 #include "schedule/span_square_sums.h"
 #include "schedule/step_plan.h"
@@ -23,33 +24,63 @@ namespace layup {
 
 namespace {
 
-// The moments this rank keeps: all of them, or its shard (ZeRO-1) where several share them. The
-// shards are the same on every rank, so the largest is what the plan lists.
-size_t moment_count(const ParameterLayout& layout, const ScheduleOptions& options) {
-  if (options.optimizer_shards <= 1) return layout.total_count();
-  const OptimizerShards shards = optimizer_shards(layout, options.optimizer_shards);
+// ZeRO-1's shards start where a span's sum-of-squares chunk does, so a rank's part of a span
+// starts an 8-bit block of it and ends at one or at the span's end (check_state_part).
+static_assert(kSumOfSquaresChunk % kOptimizerStateBlock == 0);
+
+// A span's part in a shard: `count` elements from element `first` of the span.
+struct ShardPart {
+  size_t first = 0, count = 0;
+};
+ShardPart shard_part(const Span& span, const OptimizerShards& shards, int rank) {
+  const size_t begin = std::max(span.offset, shards.begin(rank));
+  const size_t end = std::min(span.offset + span.count, shards.end(rank));
+  if (begin >= end) return {};
+  return {begin - span.offset, end - begin};
+}
+
+// The moments rank `rank` keeps in the run's kind: every span's, or its part of each (ZeRO-1).
+PackedMoments rank_moments(const ParameterLayout& layout, OptimizerStateKind kind,
+                           const std::optional<OptimizerShards>& shards, int rank) {
+  if (!shards) return PackedMoments::all(kind, layout);
+  std::vector<size_t> counts;
+  for (const Span& span : layout.spans()) counts.push_back(shard_part(span, *shards, rank).count);
+  return PackedMoments::of_counts(kind, std::move(counts));
+}
+
+std::optional<OptimizerShards> shards_of(const ParameterLayout& layout,
+                                         const ScheduleOptions& options) {
+  if (options.optimizer_shards <= 1) return std::nullopt;
+  return optimizer_shards(layout, options.optimizer_shards);
+}
+
+// The floats of this rank's moments buffer. The shards are the same on every rank, so where the
+// rank is not known yet (a plan) the largest is what the plan lists.
+size_t moment_floats(const ParameterLayout& layout, const ScheduleOptions& options) {
+  const std::optional<OptimizerShards> shards = shards_of(layout, options);
   const int rank = options.ranks != nullptr ? options.ranks->rank() : -1;
-  if (rank >= 0) return shards.count(rank);
+  if (!shards || rank >= 0)
+    return rank_moments(layout, options.optimizer_state, shards, std::max(rank, 0)).floats();
   size_t largest = 0;
-  for (int r = 0; r < options.optimizer_shards; ++r) largest = std::max(largest, shards.count(r));
+  for (int r = 0; r < options.optimizer_shards; ++r)
+    largest = std::max(largest, rank_moments(layout, options.optimizer_state, shards, r).floats());
   return largest;
 }
 
 // What gpu mode allocates: every class whole, on the device side; the moments split across the
 // ranks where several train.
 struct GpuBuffers {
-  PlannedAllocation params, grads, m, v, accumulated, span_sums;
+  PlannedAllocation params, grads, moments, accumulated, span_sums;
 
   GpuBuffers(const ParameterLayout& layout, const ScheduleOptions& options, DeviceKinds kinds)
       : params(whole(layout, options, kinds, TensorClass::kMasterWeights,
                      "fp32 weights: read by forward, updated by AdamW")),
         grads(whole(layout, options, kinds, TensorClass::kWeightGrads, "whole-model gradient")),
-        m(placed_buffer(options, kinds, moment_count(layout, options),
-                        TensorClass::kOptimizerMoments, MemorySide::kDevice,
-                        moments_what("AdamW m", options))),
-        v(placed_buffer(options, kinds, moment_count(layout, options),
-                        TensorClass::kOptimizerMoments, MemorySide::kDevice,
-                        moments_what("AdamW v", options))),
+        moments(placed_buffer(options, kinds, moment_floats(layout, options),
+                              TensorClass::kOptimizerMoments, MemorySide::kDevice,
+                              moments_what("AdamW m and v, " + name_of(options.optimizer_state) +
+                                               " (--optimizer-state)",
+                                           options))),
         accumulated(whole(layout, options, kinds, TensorClass::kWeightGrads,
                           "whole-model sum over micro-batches (allocated at the first step)")),
         span_sums(SpanSquareSums::buffer(layout.spans().size(), kinds)) {}
@@ -76,8 +107,7 @@ class GpuSchedule final : public Schedule {
         buffers_(layout, options, device_->kinds()),
         params_(device_->allocate(buffers_.params)),
         grads_(device_->allocate(buffers_.grads)),
-        adam_m_(device_->allocate(buffers_.m)),
-        adam_v_(device_->allocate(buffers_.v)),
+        moments_buffer_(device_->allocate(buffers_.moments)),
         span_sums_(*device_, layout.spans().size()),
         ranks_(options.ranks) {
     // The gradients stay in device memory: summed there.
@@ -85,7 +115,8 @@ class GpuSchedule final : public Schedule {
     LAYUP_CHECK(options.optimizer_shards == 1 || options.optimizer_shards == rank_count(),
                 "internal error: the run was planned for ", options.optimizer_shards, " ranks but ",
                 rank_count(), " run it");
-    if (options.optimizer_shards > 1) shards_ = optimizer_shards(layout, rank_count());
+    shards_ = shards_of(layout, options);
+    moments_ = rank_moments(layout, options.optimizer_state, shards_, rank());
   }
 
   std::string name() const override { return "gpu"; }
@@ -161,17 +192,18 @@ class GpuSchedule final : public Schedule {
 
     AdamWStep adamw = settings.adamw;
     adamw.grad_scale = stats.clip_factor = clip_factor(stats.grad_norm, settings.clip_max_norm);
-    // Where the backend computes with a bf16 copy of the weights, the update writes it too, and
-    // the next forward skips its cast pass (6 bytes a parameter less to move each step).
+    // Where the backend computes with a bf16 copy of the weights, the update writes it too (in
+    // every optimizer state kind), and the next forward skips its cast pass (6 bytes a parameter
+    // less to move each step).
     bool copies_written = true;
     for (size_t i = 0; i < layout_.spans().size(); ++i) {
       const Span& span = layout_.spans()[i];
       TraceSpan traced(trace_, device_track_, trace_name(TaskKind::kAdamW, span.kind), span.layer);
       void* compute_copy = backend_->compute_copy(i);
       copies_written = copies_written && compute_copy != nullptr;
-      device_->adamw_update_span(layout_, span, params_.data() + span.offset,
-                                 grads_.data() + span.offset, adam_m_.data() + span.offset,
-                                 adam_v_.data() + span.offset, adamw, compute_copy);
+      device_->adamw_update_span_state(layout_, span, params_.data() + span.offset,
+                                       grads_.data() + span.offset,
+                                       moments_.in(moments_buffer_.data(), i), adamw, compute_copy);
     }
     if (copies_written) backend_->set_compute_copies_current(true);
     stats.applied = true;
@@ -190,40 +222,56 @@ class GpuSchedule final : public Schedule {
   void export_span(size_t index, const SpanState& out) const override {
     const Span& span = layout_.spans()[index];
     if (out.params) device_->copy_to_host(out.params, params_.data() + span.offset, span.count);
+    if (out.m == nullptr && out.v == nullptr) return;  // the weights alone: every rank has them
     if (shards_) {
-      export_sharded_moments(span, out);
+      export_sharded_moments(index, out);
       return;
     }
-    if (out.m) device_->copy_to_host(out.m, adam_m_.data() + span.offset, span.count);
-    if (out.v) device_->copy_to_host(out.v, adam_v_.data() + span.offset, span.count);
+    if (moments_.kind == OptimizerStateKind::kFp32) {  // straight into `out`
+      const AdamWMoments moments = moments_.in(moments_buffer_.data(), index);
+      if (out.m) device_->copy_to_host(out.m, moments.m_fp32(), span.count);
+      if (out.v) device_->copy_to_host(out.v, moments.v_fp32(), span.count);
+      return;
+    }
+    std::vector<float> packed(moments_.floats(index));
+    device_->copy_to_host(packed.data(), moments_.base(moments_buffer_.data(), index),
+                          packed.size());
+    decode_moments(AdamWMoments::in_buffer(moments_.kind, packed.data(), span.count), span.count,
+                   out.m, out.v);
   }
 
   void import_span(size_t index, const ConstSpanState& in) override {
     const Span& span = layout_.spans()[index];
     backend_->set_compute_copies_current(false);  // the forward casts the new weights
     device_->copy_to_device(params_.data() + span.offset, in.params, span.count);
-    if (shards_) {  // every rank imports every span, and keeps its own part of the moments
-      const Part part = own_part(span);
-      device_->copy_to_device(adam_m_.data() + part.at, in.m + part.first, part.count);
-      device_->copy_to_device(adam_v_.data() + part.at, in.v + part.first, part.count);
+    // Every rank imports every span, and keeps its own part of the moments (ZeRO-1).
+    const size_t first = shards_ ? shard_part(span, *shards_, rank()).first : 0;
+    const size_t count = moments_.counts[index];
+    if (count == 0) return;
+    if (moments_.kind == OptimizerStateKind::kFp32) {
+      const AdamWMoments moments = moments_.in(moments_buffer_.data(), index);
+      device_->copy_to_device(moments.m_fp32(), in.m + first, count);
+      device_->copy_to_device(moments.v_fp32(), in.v + first, count);
       return;
     }
-    device_->copy_to_device(adam_m_.data() + span.offset, in.m, span.count);
-    device_->copy_to_device(adam_v_.data() + span.offset, in.v, span.count);
+    // Coded from the span's (or the part's) first element, as the updates code it.
+    std::vector<float> packed(moments_.floats(index));
+    encode_moments(in.m + first, in.v + first, count,
+                   AdamWMoments::in_buffer(moments_.kind, packed.data(), count));
+    device_->copy_to_device(moments_.base(moments_buffer_.data(), index), packed.data(),
+                            packed.size());
   }
 
   void serve_exports() override {
     if (!shards_ || ranks_->rank() == 0) return;
     for (;;) {
-      uint64_t request[4];  // moment (0: none, the end; 1: m; 2: v), first element, count
+      uint64_t request[4];  // 0: the end; 1: this rank's moments of span request[1]
       ranks_->receive(request, 4, 0);
       if (request[0] == 0) return;
-      const float* moment = request[0] == 1 ? adam_m_.data() : adam_v_.data();
-      const size_t at = request[1] - shards_->begin(ranks_->rank());
-      LAYUP_CHECK(request[1] >= shards_->begin(ranks_->rank()) &&
-                      at + request[2] <= shards_->count(ranks_->rank()),
+      const size_t index = request[1];
+      LAYUP_CHECK(index < layout_.spans().size() && moments_.holds(index),
                   "internal error: rank 0 asked for moments this rank does not own");
-      ranks_->send(moment + at, request[2], 0);
+      ranks_->send(moments_.base(moments_buffer_.data(), index), moments_.floats(index), 0);
     }
   }
 
@@ -234,18 +282,6 @@ class GpuSchedule final : public Schedule {
   }
 
  private:
-  // A span's part in this rank's shard: `count` elements from element `first` of the span, at
-  // `at` in the shard's moments.
-  struct Part {
-    size_t first = 0, count = 0, at = 0;
-  };
-  Part own_part(const Span& span) const {
-    const size_t begin = std::max(span.offset, shards_->begin(ranks_->rank()));
-    const size_t end = std::min(span.offset + span.count, shards_->end(ranks_->rank()));
-    if (begin >= end) return {};
-    return {begin - span.offset, end - begin, begin - shards_->begin(ranks_->rank())};
-  }
-
   // ZeRO-1 (docs/parallel.md): each rank gets the rank-order sum of its shard of the gradient,
   // takes its whole chunks' sums of squares, which every rank then adds in the order every mode
   // adds them; updates its shard; and the shards' new weights go to every rank.
@@ -282,14 +318,15 @@ class GpuSchedule final : public Schedule {
 
     AdamWStep adamw = settings.adamw;
     adamw.grad_scale = stats.clip_factor = clip_factor(stats.grad_norm, settings.clip_max_norm);
-    for (const Span& span : layout_.spans()) {
-      const Part part = own_part(span);
+    for (size_t i = 0; i < layout_.spans().size(); ++i) {
+      const Span& span = layout_.spans()[i];
+      const ShardPart part = shard_part(span, shards, rank);
       if (part.count == 0) continue;
       TraceSpan traced(trace_, device_track_, trace_name(TaskKind::kAdamW, span.kind), span.layer);
       const size_t at = span.offset + part.first;
-      device_->adamw_update_span_part(layout_, span, part.first, part.count, params_.data() + at,
-                                      grads_.data() + at, adam_m_.data() + part.at,
-                                      adam_v_.data() + part.at, adamw);
+      device_->adamw_update_span_part_state(layout_, span, part.first, part.count,
+                                            params_.data() + at, grads_.data() + at,
+                                            moments_.in(moments_buffer_.data(), i), adamw);
     }
     {
       TraceSpan traced(trace_, device_track_, "all_gather_weights");
@@ -301,27 +338,26 @@ class GpuSchedule final : public Schedule {
   }
 
   // Rank 0's export of a span's moments: its own part from its shard, the others' asked of their
-  // owners, who answer in serve_exports.
-  void export_sharded_moments(const Span& span, const SpanState& out) const {
-    if (out.m == nullptr && out.v == nullptr) return;  // the weights alone: every rank has them
+  // owners, who answer in serve_exports; each part decoded from its first element.
+  void export_sharded_moments(size_t index, const SpanState& out) const {
     LAYUP_CHECK(ranks_->rank() == 0,
                 "internal error: only rank 0 exports the optimizer state of a sharded run");
+    const Span& span = layout_.spans()[index];
+    std::vector<float> packed;
     for (int r = 0; r < rank_count(); ++r) {
-      const size_t begin = std::max(span.offset, shards_->begin(r));
-      const size_t end = std::min(span.offset + span.count, shards_->end(r));
-      if (begin >= end) continue;
-      for (const auto& [moment, which, code] :
-           {std::tuple{out.m, &adam_m_, uint64_t{1}}, std::tuple{out.v, &adam_v_, uint64_t{2}}}) {
-        if (moment == nullptr) continue;
-        float* into = moment + (begin - span.offset);
-        if (r == 0) {
-          device_->copy_to_host(into, which->data() + (begin - shards_->begin(0)), end - begin);
-        } else {
-          const uint64_t request[4] = {code, begin, end - begin, 0};
-          ranks_->send(request, 4, r);
-          ranks_->receive(into, end - begin, r);
-        }
+      const ShardPart part = shard_part(span, *shards_, r);
+      if (part.count == 0) continue;
+      packed.resize(PackedMoments::padded_bytes(moments_.kind, part.count) / sizeof(float));
+      if (r == 0) {
+        device_->copy_to_host(packed.data(), moments_.base(moments_buffer_.data(), index),
+                              packed.size());
+      } else {
+        const uint64_t request[4] = {1, index, 0, 0};
+        ranks_->send(request, 4, r);
+        ranks_->receive(packed.data(), packed.size(), r);
       }
+      decode_moments(AdamWMoments::in_buffer(moments_.kind, packed.data(), part.count), part.count,
+                     out.m ? out.m + part.first : nullptr, out.v ? out.v + part.first : nullptr);
     }
   }
 
@@ -331,7 +367,9 @@ class GpuSchedule final : public Schedule {
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
   const GpuBuffers buffers_;
-  DeviceBuffer params_, grads_, adam_m_, adam_v_;
+  DeviceBuffer params_, grads_;
+  DeviceBuffer moments_buffer_;  // this rank's moments in the run's kind, laid out by moments_
+  PackedMoments moments_;
   SpanSquareSums span_sums_;  // each span's gradient sum of squares
   // The sum over micro-batches, allocated on the first step that accumulates.
   DeviceBuffer accumulated_;
@@ -341,6 +379,7 @@ class GpuSchedule final : public Schedule {
   std::unique_ptr<DeviceCollectives> collectives_;
 
   int rank_count() const { return ranks_ ? ranks_->size() : 1; }
+  int rank() const { return ranks_ ? ranks_->rank() : 0; }
 };
 
 }  // namespace
@@ -348,7 +387,7 @@ class GpuSchedule final : public Schedule {
 BufferList gpu_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
                                 DeviceKinds kinds, int micro_batches) {
   const GpuBuffers buffers(layout, options, kinds);
-  BufferList list = {buffers.params, buffers.grads, buffers.m, buffers.v, buffers.span_sums};
+  BufferList list = {buffers.params, buffers.grads, buffers.moments, buffers.span_sums};
   if (micro_batches > 1) list.push_back(buffers.accumulated);
   return list;
 }

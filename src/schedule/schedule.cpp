@@ -199,9 +199,8 @@ std::string describe_update_sites(const std::vector<UpdateSite>& sites) {
   return text + disk;
 }
 
-}  // namespace
-
-std::string describe_schedule(Mode mode, const ScheduleOptions& options, float clip_max_norm) {
+// describe_schedule's line before the optimizer state.
+std::string describe_mode(Mode mode, const ScheduleOptions& options, float clip_max_norm) {
   if (mode == Mode::kGpu)
     return "gpu: weights, gradients and AdamW state on the device; AdamW after backward";
   const int workers = options.cpu_workers > 0 ? options.cpu_workers : allowed_core_count();
@@ -233,6 +232,26 @@ std::string describe_schedule(Mode mode, const ScheduleOptions& options, float c
             "own gradient was finite were already updated)";
   text << "; " << describe_update_sites(options.update_sites);
   return text.str();
+}
+
+}  // namespace
+
+std::string describe_optimizer_state(OptimizerStateKind kind) {
+  switch (kind) {
+    case OptimizerStateKind::kFp32:
+      return "optimizer state: fp32";
+    case OptimizerStateKind::kBf16:
+      return "optimizer state: bf16 (moments rounded to bfloat16, lossy; "
+             "docs/optimizer_state.md)";
+    case OptimizerStateKind::kBlockwise8Bit:
+      return "optimizer state: 8bit (blockwise 8-bit moments, lossy; docs/optimizer_state.md)";
+  }
+  fail("unknown optimizer state kind");
+}
+
+std::string describe_schedule(Mode mode, const ScheduleOptions& options, float clip_max_norm) {
+  return describe_mode(mode, options, clip_max_norm) + "; " +
+         describe_optimizer_state(options.optimizer_state);
 }
 
 }  // namespace layup

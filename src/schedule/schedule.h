@@ -207,6 +207,9 @@ struct ScheduleOptions {
   // its shard, schedule/optimizer_shards.h); 1: every rank keeps them whole. The count is known
   // when the run is planned, the communicator only when it is built: both must agree.
   int optimizer_shards = 1;
+  // How AdamW keeps its moments (--optimizer-state; docs/optimizer_state.md): fp32, or bf16 or
+  // blockwise 8-bit, which are lossy. gpu mode only for now.
+  OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
 
   // The kind placement gives `tensor_class`, else `fallback`.
   MemoryKind kind_of(TensorClass tensor_class, MemoryKind fallback) const {
@@ -244,7 +247,11 @@ std::unique_ptr<Schedule> make_schedule(Mode mode, std::unique_ptr<ModelBackend>
 
 // One line for logs and reports: what the mode does, with these options (CPU workers, 0: one per
 // core; speculative clipping) and this clip threshold (<= 0: none); for `layup`, how clipping is
-// honoured and what a non-finite gradient does.
+// honoured and what a non-finite gradient does; then the optimizer state kind
+// (describe_optimizer_state).
 std::string describe_schedule(Mode mode, const ScheduleOptions& options, float clip_max_norm);
+// "optimizer state: 8bit (blockwise 8-bit moments, lossy; docs/optimizer_state.md)": the kind, and
+// that a compact one is lossy.
+std::string describe_optimizer_state(OptimizerStateKind kind);
 
 }  // namespace layup

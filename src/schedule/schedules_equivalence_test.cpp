@@ -1,7 +1,8 @@
 // The three schedules compute the same training step: on the CPU backend in fp32, losses, norms
 // and every parameter and AdamW moment after 10 steps agree bitwise, with gradient accumulation
 // over micro-batches, with clipping that triggers on some steps, and with no clipping at all
-// (where `layup` updates blocks during backward).
+// (where `layup` updates blocks during backward). gpu mode with bf16 or 8-bit moments is the fp32
+// step from the decoded moments, its new moments coded.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -15,7 +16,9 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "io/test_files.h"
+#include "optim/adamw_moments.h"
 #include "schedule/schedule.h"
+#include "schedule/schedule_plan.h"
 
 namespace layup {
 namespace {
@@ -54,6 +57,8 @@ ClipPlan alternating_clip(bool clip) {
 struct Share {
   int first = 0;
   int taken = -1;
+  // The ranks split the moments (ZeRO-1): rank 0 exports the state, asking the others for theirs.
+  bool sharded = false;
 };
 
 TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan& clip_plan,
@@ -92,7 +97,12 @@ TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan
     run.blocks_redone.push_back(stats.blocks_redone);
     run.blocks_deferred.push_back(stats.blocks_deferred);
   }
+  if (share.sharded && share.first > 0) {
+    schedule->serve_exports();
+    return run;
+  }
   run.tensors = schedule->export_tensors();
+  schedule->end_exports();
   return run;
 }
 
@@ -566,6 +576,97 @@ TEST(SchedulesEquivalence, InitializedSpanBySpanAsWhole) {
   }
 }
 
+// The moments of `tensors` coded span by span in `kind` (8-bit blocks from each span's first
+// element, as every schedule codes them) and decoded again.
+OptimizerTensors with_coded_moments(const ParameterLayout& layout, OptimizerTensors tensors,
+                                    OptimizerStateKind kind) {
+  for (const Span& span : layout.spans()) {
+    std::vector<float> coded(optimizer_moments_bytes(kind, span.count) / sizeof(float) + 1);
+    const AdamWMoments moments = AdamWMoments::in_buffer(kind, coded.data(), span.count);
+    float* m = tensors.adam_m.data() + span.offset;
+    float* v = tensors.adam_v.data() + span.offset;
+    encode_moments(m, v, span.count, moments);
+    decode_moments(moments, span.count, m, v);
+  }
+  return tensors;
+}
+
+// gpu mode with bf16 or 8-bit moments, step by step, is the fp32 update from the decoded moments
+// with its new moments then coded (docs/optimizer_state.md): the weights bit for bit those of an
+// fp32 step from the same state, the moments those of that step coded span by span. Two
+// micro-batches a step, clipped on every other step.
+TEST(SchedulesEquivalence, CompactStateInGpuModeIsTheFp32UpdateWithItsMomentsCoded) {
+  const ModelConfig config = tiny_config();
+  const ParameterLayout layout(config);
+  for (const OptimizerStateKind kind :
+       {OptimizerStateKind::kBf16, OptimizerStateKind::kBlockwise8Bit}) {
+    SCOPED_TRACE(name_of(kind));
+    auto make = [&](OptimizerStateKind state) {
+      return make_schedule(Mode::kGpu, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
+                           layout, {.optimizer_state = state});
+    };
+    std::unique_ptr<Schedule> compact = make(kind), exact = make(OptimizerStateKind::kFp32);
+    compact->import_tensors(fresh_optimizer_tensors(layout, 7));
+    std::mt19937 rng(5);
+    std::vector<int32_t> tokens(4 * kBatch * kSeqLen);
+    float first_loss = 0.0f, last_loss = 0.0f;
+    for (int step = 0; step < 4; ++step) {
+      exact->import_tensors(compact->export_tensors());
+      for (int32_t& token : tokens) token = static_cast<int32_t>(rng() % config.vocab_size);
+      const size_t n = kBatch * kSeqLen;
+      const std::vector<TokenBatch> batches = {
+          {tokens.data(), tokens.data() + n, kBatch, kSeqLen},
+          {tokens.data() + 2 * n, tokens.data() + 3 * n, kBatch, kSeqLen}};
+      UpdateSettings settings;
+      settings.adamw.hyper.lr = 1e-2f;
+      settings.adamw.t = step + 1;
+      settings.clip_max_norm = step % 2 == 0 ? 1e-3f : 1e6f;
+      const StepStats got = compact->step(batches, settings);
+      const StepStats expected = exact->step(batches, settings);
+      ASSERT_TRUE(got.applied);
+      EXPECT_EQ(got.loss, expected.loss);
+      EXPECT_EQ(got.clip_factor, expected.clip_factor);
+      (step == 0 ? first_loss : last_loss) = got.loss;
+      const OptimizerTensors coded = with_coded_moments(layout, exact->export_tensors(), kind);
+      const OptimizerTensors state = compact->export_tensors();
+      EXPECT_TRUE(bitwise_equal(coded.params, state.params)) << "step " << step;
+      EXPECT_TRUE(bitwise_equal(coded.adam_m, state.adam_m)) << "step " << step;
+      EXPECT_TRUE(bitwise_equal(coded.adam_v, state.adam_v)) << "step " << step;
+      // The coding loses something: the test would pass for fp32 moments too otherwise.
+      const OptimizerTensors plain = exact->export_tensors();
+      EXPECT_FALSE(bitwise_equal(plain.adam_v, state.adam_v)) << "step " << step;
+    }
+    EXPECT_NE(first_loss, last_loss);
+  }
+}
+
+TEST(SchedulesEquivalence, CompactStateIsRefusedWhereItIsNotWiredYet) {
+  const ModelConfig config = tiny_config();
+  MemoryPlanRequest request;
+  request.config = config;
+  request.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+  for (const Mode mode : {Mode::kOffload, Mode::kLayup}) {
+    request.mode = mode;
+    try {
+      choose_schedule_options(request, resolve_placement(mode, request.attributes, {}), 0);
+      ADD_FAILURE() << name_of(mode) << " took --optimizer-state 8bit";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("--optimizer-state 8bit runs in --mode gpu only"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  request.mode = Mode::kGpu;
+  const ScheduleOptions options =
+      choose_schedule_options(request, resolve_placement(Mode::kGpu, request.attributes, {}), 0);
+  EXPECT_EQ(options.optimizer_state, OptimizerStateKind::kBlockwise8Bit);
+  EXPECT_NE(describe_schedule(Mode::kGpu, options, 1.0f)
+                .find("optimizer state: 8bit (blockwise 8-bit moments, lossy"),
+            std::string::npos);
+  EXPECT_NE(describe_schedule(Mode::kLayup, {}, 1.0f).find("optimizer state: fp32"),
+            std::string::npos);
+}
+
 TEST(SchedulesEquivalence, LayupWithoutHostGradientRefusesToClipOrAccumulate) {
   const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
@@ -598,6 +699,7 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
   std::unique_ptr<Communicator> world = make_world_communicator();
   if (world->size() < 2)
     GTEST_SKIP() << "one process: mpirun -np 2 runs this (test_data_parallel.py)";
+  const int ranks = world->size();
   const ParameterLayout layout(tiny_config());
   std::vector<UpdateSite> head_and_block_0 = head_on_device(layout);
   head_and_block_0[1] = UpdateSite::kDevice;
@@ -615,19 +717,30 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
       {"layup, head and block 0 on the device, deferred",
        "layup",
        {.update_sites = head_and_block_0}},
+      // ZeRO-1: each rank updates its part of every span, which starts an 8-bit block of it.
+      {"gpu, ZeRO-1", "gpu", {.optimizer_shards = ranks}},
+      {"gpu, ZeRO-1, bf16 state",
+       "gpu",
+       {.optimizer_shards = ranks, .optimizer_state = OptimizerStateKind::kBf16}},
+      {"gpu, ZeRO-1, 8-bit state",
+       "gpu",
+       {.optimizer_shards = ranks, .optimizer_state = OptimizerStateKind::kBlockwise8Bit}},
   };
   const ClipPlan clip_plan = [](int step, std::span<const TokenBatch>) {
     return step % 3 == 2 ? 0.0f : step % 3 == 0 ? 1e-3f : 1e6f;
   };
-  const int ranks = world->size();
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const TrainingRun one = train(with_options(c.mode, c.options), ranks, clip_plan);
+    ScheduleOptions alone = c.options;
+    alone.optimizer_shards = 1;
+    const TrainingRun one = train(with_options(c.mode, alone), ranks, clip_plan);
     ScheduleOptions ranked = c.options;
     ranked.ranks = world.get();
-    const TrainingRun mine =
-        train(with_options(c.mode, ranked), ranks, clip_plan, tiny_config(), {world->rank(), 1});
+    const bool sharded = c.options.optimizer_shards > 1;
+    TrainingRun mine = train(with_options(c.mode, ranked), ranks, clip_plan, tiny_config(),
+                             {world->rank(), 1, sharded});
     EXPECT_NE(one.losses.front(), one.losses.back());
+    if (sharded && world->rank() > 0) mine.tensors = one.tensors;  // rank 0 has compared them
     expect_same(one, mine, c.name);
   }
   world.reset();

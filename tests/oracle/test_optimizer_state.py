@@ -1,0 +1,75 @@
+"""--optimizer-state (docs/optimizer_state.md): bf16 and 8-bit AdamW moments are the user's choice,
+named in the run's log as lossy; they train like fp32 moments, not bit for bit; where a mode does
+not hold them yet the run is refused, never run with fp32 moments instead."""
+import json
+
+import pytest
+
+from oracle_util import TINY_RUN, binary, read_log, run, tiny_shards
+
+LOSSY = {
+    "bf16": "optimizer state: bf16 (moments rounded to bfloat16, lossy; docs/optimizer_state.md)",
+    "8bit": "optimizer state: 8bit (blockwise 8-bit moments, lossy; docs/optimizer_state.md)",
+}
+
+
+def losses(run_dir):
+    return [r["loss"] for r in read_log(run_dir) if "loss" in r]
+
+
+def test_compact_state_is_named_in_the_log_and_trains_like_fp32(tmp_path):
+    shards = tiny_shards(tmp_path / "data")
+    common = [binary("layup"), "train", *TINY_RUN, "--steps", "12", "--device", "cpu",
+              "--mode", "gpu", "--data", shards, "--no-checkpoints"]
+    exact = run([*common, "--out", tmp_path / "fp32"])
+    assert "optimizer state: fp32" in exact.stderr
+    reference = losses(tmp_path / "fp32")
+    for kind, line in LOSSY.items():
+        result = run([*common, "--optimizer-state", kind, "--out", tmp_path / kind])
+        assert line in result.stderr, result.stderr
+        got = losses(tmp_path / kind)
+        assert len(got) == len(reference) == 12
+        assert got[0] == reference[0]  # the first step's loss comes before any update
+        assert got != reference, f"{kind} moments trained bit for bit like fp32's"
+        assert abs(got[-1] - reference[-1]) < 0.02 * reference[-1], (kind, got, reference)
+
+
+def test_bench_reports_the_state_kind(tmp_path):
+    out = tmp_path / "bench.json"
+    run([binary("layup"), "bench", *["--layers", "2", "--heads", "2", "--dim", "32"],
+         "--batch", "2", "--seq-len", "16", "--steps", "2", "--warmup", "1", "--device", "cpu",
+         "--mode", "gpu", "--optimizer-state", "8bit", "--json", out])
+    assert LOSSY["8bit"] in json.loads(out.read_text())["schedule"]
+
+
+@pytest.mark.parametrize("mode", ["offload", "layup"])
+def test_modes_that_do_not_hold_compact_state_yet_refuse_it(tmp_path, mode):
+    result = run([binary("layup"), "train", *TINY_RUN, "--steps", "2", "--device", "cpu",
+                  "--mode", mode, "--optimizer-state", "8bit", "--data",
+                  tiny_shards(tmp_path / "data"), "--out", tmp_path / "run"], check=False)
+    assert result.returncode != 0
+    assert "--optimizer-state 8bit runs in --mode gpu only for now" in result.stderr
+
+
+def test_an_unknown_kind_is_refused_naming_the_kinds(tmp_path):
+    result = run([binary("layup"), "train", "--optimizer-state", "4bit"], check=False)
+    assert result.returncode != 0
+    assert "fp32, bf16, 8bit" in result.stderr and "4bit" in result.stderr
+
+
+def test_zero1_ranks_keep_their_parts_in_the_kind_and_train_like_one_process(tmp_path):
+    """ZeRO-1 over three ranks cuts the embeddings' span inside it, at an 8-bit block's start: the
+    ranks' 8-bit moments are one process's, so the run's losses and checkpoint are too."""
+    from test_data_parallel import COMMON, mpi_missing, ranks
+    if mpi_missing() is not None:
+        pytest.skip(mpi_missing())
+    shards = tiny_shards(tmp_path / "data")
+    args = ["train", *COMMON, "--mode", "gpu", "--optimizer-state", "8bit", "--steps", "3",
+            "--grad-accum", "3", "--data", shards]
+    run([binary("layup"), *args, "--out", tmp_path / "one"])
+    three = ranks(3, [*args, "--out", tmp_path / "three"])
+    assert "this rank's shard of 3 (ZeRO-1)" in three.stderr and LOSSY["8bit"] in three.stderr
+    assert losses(tmp_path / "one") == losses(tmp_path / "three")
+    for name in ("model.safetensors", "training_state.safetensors"):
+        assert (tmp_path / "one" / "step-00000003" / name).read_bytes() == \
+            (tmp_path / "three" / "step-00000003" / name).read_bytes(), name
