@@ -33,7 +33,7 @@ layup_define_layer(energy          1  core)
 layup_define_layer(io              2  core model)
 layup_define_layer(optim           2  core model)
 layup_define_layer(trace           3  core io)
-layup_define_layer(data            3  core io model)
+layup_define_layer(data            3  core io model tokenizer)
 layup_define_layer(memory          4  core io model)
 # the interface (Device, ModelBackend); where optimizer state lives beyond memory (the disk tier's
 # file); the ranks of a data-parallel run and their collectives
@@ -51,7 +51,7 @@ layup_define_layer(sample          9  core backend)
 layup_define_layer(train          10  core model tokenizer energy io optim trace data memory
                                       tier comm schedule engine sample)
 layup_define_layer(study          11  core io memory engine train)
-layup_define_layer(cli            12  core model tokenizer io optim memory backend tier comm
+layup_define_layer(cli            12  core model tokenizer io optim data memory backend tier comm
                                       backend/cuda engine sample train study)
 
 # The layer folder of a path relative to src/ ("backend/cuda/ops/matmul.cu" -> "backend/cuda").

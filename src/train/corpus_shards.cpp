@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <span>
 #include <sstream>
 #include <string_view>
@@ -19,6 +18,7 @@
 
 #include "core/error.h"
 #include "data/token_cache_key.h"
+#include "data/token_flags.h"
 #include "data/token_shard.h"
 #include "io/atomic_file.h"
 #include "tokenizer/utf8.h"
@@ -93,42 +93,37 @@ std::string binary_evidence(std::string_view text) {
   return std::string(percent) + " of its bytes are not valid UTF-8";
 }
 
-// The documents of one input file: a text file is one; a JSON Lines file (.jsonl) is one per
-// line, each an object whose "text" string is the document (other fields are ignored; blank lines
-// are skipped).
-std::vector<std::string> documents_of(const std::string& path, std::string text) {
-  if (fs::path(path).extension() != ".jsonl") return {std::move(text)};
-  std::vector<std::string> documents;
-  std::istringstream lines(text);
-  std::string line;
-  for (size_t number = 1; std::getline(lines, line); ++number) {
-    if (std::all_of(line.begin(), line.end(), is_ascii_space)) continue;
-    nlohmann::json record;
-    try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& error) {
-      fail("cannot tokenize ", path, ": line ", number, " is not valid JSON (", error.what(),
-           "); a .jsonl file holds one JSON object per line, its document in \"text\"");
-    }
-    LAYUP_CHECK(record.is_object() && record.contains("text") && record["text"].is_string(),
-                "cannot tokenize ", path, ": line ", number, " has no \"text\" string (",
-                line.size() > 80 ? line.substr(0, 77) + "..." : line,
-                "); a .jsonl file holds one JSON object per line, its document in \"text\"");
-    documents.push_back(record["text"].get<std::string>());
+// The examples of one input file: a text file is one document; a JSON Lines file (.jsonl) one
+// example per line (data/instruction_data.h).
+std::vector<InstructionExample> examples_of(const std::string& path, std::string text) {
+  if (fs::path(path).extension() != ".jsonl") {
+    InstructionExample document;
+    document.text = std::move(text);
+    return {std::move(document)};
   }
-  LAYUP_CHECK(!documents.empty(), "cannot tokenize ", path, ": it has no JSON lines");
-  return documents;
+  return parse_jsonl_examples(text, path);
 }
 
-// The names of the regular *.bin files in `dir` (layup reads any of them as a token shard),
-// sorted.
-std::vector<std::string> bin_files_in(const fs::path& dir) {
+// Whether any line of the .jsonl files is instruction data, whose shards then carry flags.
+bool has_instruction_examples(const std::vector<std::string>& files) {
+  for (const std::string& file : files) {
+    if (fs::path(file).extension() != ".jsonl") continue;
+    const std::vector<InstructionExample> examples = examples_of(file, read_text_file(file));
+    if (std::any_of(examples.begin(), examples.end(), is_instruction)) return true;
+  }
+  return false;
+}
+
+// The names of the regular *.bin files in `dir` (layup reads any of them as a token shard) and of
+// the *.flags files beside shards, sorted.
+std::vector<std::string> shard_files_in(const fs::path& dir) {
   std::error_code error;
   std::vector<std::string> names;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
     std::error_code ignored;
-    if (name.ends_with(".bin") && entry.is_regular_file(ignored)) names.push_back(name);
+    if ((name.ends_with(".bin") || name.ends_with(".flags")) && entry.is_regular_file(ignored))
+      names.push_back(name);
   }
   LAYUP_CHECK(!error, "cannot list the output folder (--out) ", dir.string(), ": ",
               error.message());
@@ -147,7 +142,7 @@ std::string listed(const std::vector<std::string>& names) {
 
 // The folder the shards go to. Made if missing; until commit(), shards are written to a staging
 // folder inside it, and if commit() is never reached, the staging folder and any folder made here
-// are removed again. *.bin files already there are refused, or replaced by commit().
+// are removed again. *.bin and *.flags files already there are refused, or replaced by commit().
 class OutputFolder {
  public:
   OutputFolder(const std::string& dir, ExistingShards existing)
@@ -176,7 +171,7 @@ class OutputFolder {
                   " is an existing file, not a folder; give a folder for the shards (it is made "
                   "if missing)");
       if (existing_ == ExistingShards::kRefuse) {
-        const std::vector<std::string> older = bin_files_in(dir);
+        const std::vector<std::string> older = shard_files_in(dir);
         LAYUP_CHECK(older.empty(), "the output folder (--out) ", dir, " already holds ",
                     older.size(), older.size() == 1 ? " shard" : " shards", " (", listed(older),
                     "), which layup would read together with the new ones; add --overwrite to "
@@ -204,12 +199,13 @@ class OutputFolder {
   std::string staging() const { return staging_.string(); }
 
   // Moves the staged shards into the folder (replacing files of the same name), with kReplace
-  // after removing the older *.bin files they do not replace, and returns their final paths.
+  // after removing the older *.bin and *.flags files they do not replace (a flags file left beside
+  // a new shard would be read as its flags), and returns their final paths.
   // Only renames and removals are left here, so a failed tokenize never got this far.
   std::vector<std::string> commit(const std::vector<std::string>& staged,
                                   std::vector<std::string>& removed) {
     if (existing_ == ExistingShards::kReplace) {
-      for (const std::string& name : bin_files_in(dir_)) {
+      for (const std::string& name : shard_files_in(dir_)) {
         const bool replaced =
             std::any_of(staged.begin(), staged.end(),
                         [&](const std::string& path) { return fs::path(path).filename() == name; });
@@ -253,23 +249,29 @@ class OutputFolder {
   bool committed_ = false;
 };
 
-// Appends tokens to shards named <prefix>_NNNNNN.bin, starting a new shard when one is full.
-// The ids are written as uint16 when every id of the vocabulary fits, else as uint32.
+// Appends tokens to shards named <prefix>_NNNNNN.bin, starting a new shard when one is full, and
+// with `with_flags` their flags to <prefix>_NNNNNN.flags beside them. The ids are written as
+// uint16 when every id of the vocabulary fits, else as uint32.
 class ShardWriter {
  public:
-  ShardWriter(std::string out_dir, std::string prefix, size_t tokens_per_shard, int vocab_size)
+  ShardWriter(std::string out_dir, std::string prefix, size_t tokens_per_shard, int vocab_size,
+              bool with_flags)
       : out_dir_(std::move(out_dir)),
         prefix_(std::move(prefix)),
         limit_(tokens_per_shard),
-        wide_(vocab_size > 65536) {}
+        wide_(vocab_size > 65536),
+        with_flags_(with_flags) {}
 
-  void append(std::span<const int32_t> ids) {
-    for (int32_t id : ids) {
+  // `flags` has one byte per id.
+  void append(std::span<const int32_t> ids, std::span<const uint8_t> flags) {
+    for (size_t i = 0; i < ids.size(); ++i) {
       if (wide_) {
-        pending32_.push_back(static_cast<uint32_t>(id));
+        pending32_.push_back(static_cast<uint32_t>(ids[i]));
       } else {
-        pending16_.push_back(static_cast<uint16_t>(id));
+        pending16_.push_back(static_cast<uint16_t>(ids[i]));
       }
+      if (with_flags_) pending_flags_.push_back(flags[i]);
+      learned_ += (flags[i] & kTokenLearn) != 0;
       if (pending16_.size() + pending32_.size() == limit_) flush();
     }
     total_ += ids.size();
@@ -278,7 +280,7 @@ class ShardWriter {
   void flush() {
     if (pending16_.empty() && pending32_.empty()) return;
     char name[64];
-    std::snprintf(name, sizeof name, "%s_%06zu.bin", prefix_.c_str(), written_.size());
+    std::snprintf(name, sizeof name, "%s_%06zu.bin", prefix_.c_str(), shards_);
     const std::string path = (fs::path(out_dir_) / name).string();
     if (wide_) {
       write_token_shard(path, std::span<const uint32_t>(pending32_));
@@ -286,40 +288,69 @@ class ShardWriter {
       write_token_shard(path, std::span<const uint16_t>(pending16_));
     }
     written_.push_back(path);
+    if (with_flags_) {
+      written_.push_back(token_flags_path(path));
+      write_token_flags(written_.back(), pending_flags_);
+    }
+    ++shards_;
     pending16_.clear();
     pending32_.clear();
+    pending_flags_.clear();
   }
 
   size_t total() const { return total_; }
+  size_t learned() const { return learned_; }
   const std::vector<std::string>& written() const { return written_; }
 
  private:
   std::string out_dir_, prefix_;
   size_t limit_;
   bool wide_;
+  bool with_flags_;
   size_t total_ = 0;
+  size_t learned_ = 0;
+  size_t shards_ = 0;
   std::vector<uint16_t> pending16_;
   std::vector<uint32_t> pending32_;
+  std::vector<uint8_t> pending_flags_;
   std::vector<std::string> written_;
 };
+
+// Where a file's validation part begins: its last val_fraction of tokens, rounded down, and with
+// flags (several examples) rounded down further to whole examples, so that no example is cut.
+size_t validation_start(std::span<const uint8_t> flags, size_t token_count, double val_fraction,
+                        bool with_flags) {
+  // Rounded down, and val_fraction < 1, so every file keeps at least one training token.
+  const size_t start = token_count - static_cast<size_t>(std::floor(token_count * val_fraction));
+  const size_t examples = static_cast<size_t>(std::count_if(
+      flags.begin(), flags.end(), [](uint8_t flag) { return (flag & kTokenExampleStart) != 0; }));
+  if (!with_flags || examples < 2) return start;
+  size_t position = start;
+  while (position < token_count && !(flags[position] & kTokenExampleStart)) ++position;
+  return position;
+}
 
 }  // namespace
 
 ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
                                  const std::vector<std::string>& text_files,
                                  const std::string& out_dir, double val_fraction,
-                                 ExistingShards existing, size_t tokens_per_shard) {
+                                 ExistingShards existing, size_t tokens_per_shard,
+                                 const ExampleEncoding& encoding) {
   LAYUP_CHECK(!text_files.empty(), "no text files to tokenize");
   LAYUP_CHECK(val_fraction > 0.0 && val_fraction < 1.0, "--val-fraction must lie in (0, 1), got ",
               val_fraction,
               ": it is the share of each file kept for validation, and training needs both a "
               "training and a validation split");
   for (const std::string& file : text_files) check_text_file(file);
-  const int32_t separator = tokenizer.document_separator();  // throws if the tokenizer has none
+  tokenizer.document_separator();  // throws if the tokenizer has none
+  // Every line is checked before anything is written.
+  const bool with_flags = has_instruction_examples(text_files);
+  const ExampleEncoder encoder(tokenizer, encoding.tokenizer_config, encoding.learn);
 
   OutputFolder out(out_dir, existing);
-  ShardWriter train(out.staging(), "train", tokens_per_shard, tokenizer.vocab_size());
-  ShardWriter val(out.staging(), "val", tokens_per_shard, tokenizer.vocab_size());
+  ShardWriter train(out.staging(), "train", tokens_per_shard, tokenizer.vocab_size(), with_flags);
+  ShardWriter val(out.staging(), "val", tokens_per_shard, tokenizer.vocab_size(), with_flags);
   size_t longest_file_tokens = 0;
   for (const std::string& file : text_files) {
     const std::string text = read_text_file(file);
@@ -330,29 +361,36 @@ ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
                    file.c_str(), evidence.c_str());
     }
     std::vector<int32_t> ids;
-    for (const std::string& document : documents_of(file, text)) {
-      ids.push_back(separator);
-      const std::vector<int32_t> text_ids = tokenizer.encode(document);
-      ids.insert(ids.end(), text_ids.begin(), text_ids.end());
+    std::vector<uint8_t> flags;
+    for (const InstructionExample& example : examples_of(file, text)) {
+      encoder.encode(example,
+                     example.line > 0 ? file + ": line " + std::to_string(example.line) : file, ids,
+                     flags);
     }
     longest_file_tokens = std::max(longest_file_tokens, ids.size());
-    // Rounded down, and val_fraction < 1, so every file keeps at least one training token.
-    const size_t val_count = static_cast<size_t>(std::floor(ids.size() * val_fraction));
-    const size_t train_count = ids.size() - val_count;
-    train.append(std::span<const int32_t>(ids).first(train_count));
-    val.append(std::span<const int32_t>(ids).subspan(train_count));
+    const size_t train_count = validation_start(flags, ids.size(), val_fraction, with_flags);
+    // The validation part of a single document is an example of its own.
+    if (train_count < ids.size()) flags[train_count] |= kTokenExampleStart;
+    train.append(std::span<const int32_t>(ids).first(train_count),
+                 std::span<const uint8_t>(flags).first(train_count));
+    val.append(std::span<const int32_t>(ids).subspan(train_count),
+               std::span<const uint8_t>(flags).subspan(train_count));
   }
   LAYUP_CHECK(val.total() > 0, "no validation tokens: each file keeps the last ", val_fraction,
-              " of its tokens for validation, rounded down, and every file is too short for one "
-              "token (the longest has ",
-              longest_file_tokens, " tokens; one needs at least ",
-              static_cast<size_t>(std::ceil(1.0 / val_fraction)),
+              " of its tokens for validation, rounded down", with_flags ? " to whole examples" : "",
+              ", and every file is too short for one token (the longest has ", longest_file_tokens,
+              " tokens; one needs at least ", static_cast<size_t>(std::ceil(1.0 / val_fraction)),
               "); give more text or a larger --val-fraction");
+  LAYUP_CHECK(train.learned() > 0, "no training token is learned: the training examples have no ",
+              "completion or assistant turn (with --learn ", learn_tokens_name(encoding.learn),
+              "); give examples with answers, or --learn all");
   train.flush();
   val.flush();
   std::vector<std::string> staged = train.written();
   staged.insert(staged.end(), val.written().begin(), val.written().end());
   ShardSummary summary{train.total(), val.total(), {}, {}};
+  summary.train_learned_tokens = train.learned();
+  summary.with_flags = with_flags;
   summary.files = out.commit(staged, summary.removed);
   return summary;
 }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "data/instruction_data.h"
 #include "tokenizer/tokenizer.h"
 
 namespace layup {
@@ -14,6 +15,17 @@ struct ShardSummary {
   size_t val_tokens = 0;
   std::vector<std::string> files;    // the shards written
   std::vector<std::string> removed;  // older shards of the folder that they replaced
+  size_t train_learned_tokens = 0;   // training tokens whose prediction the loss learns
+  bool with_flags = false;           // whether each shard has a flags file (instruction data)
+};
+
+inline constexpr size_t kTokensPerShard = 100'000'000;  // a shard's most, by default
+
+// How instruction examples become tokens: the tokenizer's configuration (EOS, chat template) and
+// which tokens are learned.
+struct ExampleEncoding {
+  InstructionTokenizerConfig tokenizer_config;
+  LearnTokens learn = LearnTokens::kCompletions;
 };
 
 // What to do with *.bin files already in the output folder: layup would read them together with
@@ -23,26 +35,31 @@ enum class ExistingShards {
   kReplace,  // remove them once every new shard is written (--overwrite)
 };
 
-// Each text file is one document, and each line of a JSON Lines file (.jsonl) one: its "text"
-// string, as fine-tuning sets are published. A document is the tokenizer's document separator
-// (GPT-2's <|endoftext|>) followed by its tokens, the text all taken as text (Tokenizer::encode).
-// The last val_fraction (rounded down) of every file's tokens goes to validation, the rest to
-// training, so both splits sample every source. Shards are written as <out_dir>/train_000000.bin,
-// val_000000.bin,
-// ... with at most tokens_per_shard tokens each: uint16 ids for a vocabulary of up to 65,536
-// tokens, uint32 ids for a larger one (data/token_shard.h).
+// Each text file is one document, and each line of a JSON Lines file (.jsonl) one example: plain
+// text, {"text"}, {"prompt", "completion"} or {"messages"} (data/instruction_data.h, which says how
+// `encoding` tokenizes each). A document is the tokenizer's document separator (GPT-2's
+// <|endoftext|>) followed by its tokens, the text all taken as text (Tokenizer::encode). When any
+// line is instruction data (prompt/completion or messages), every shard gets a flags file beside it
+// (data/token_flags.h: which tokens are learned, where examples start); otherwise none, as before.
+// The last val_fraction (rounded down; with flags, to whole examples where the file has several)
+// of every file's tokens goes to validation, the rest to training, so both splits sample every
+// source. Shards are written as <out_dir>/train_000000.bin, val_000000.bin, ... with at most
+// tokens_per_shard tokens each: uint16 ids for a vocabulary of up to 65,536 tokens, uint32 ids for
+// a larger one (data/token_shard.h).
 //
 // Bad input is refused with a layup::Error before any tokenizing: a path that is missing, a
-// directory or unreadable, a file with no text (empty or whitespace), val_fraction outside (0, 1),
-// an out_dir that is a file or cannot be made, or that holds *.bin files (with kRefuse). A file
-// that looks binary (a NUL byte, or more than 10% of its bytes outside valid UTF-8) is tokenized
-// with a warning on stderr. A result without a single validation token is refused too. Nothing is
-// written, and no older shard removed, unless all new shards are written.
+// directory or unreadable, a file with no text (empty or whitespace), a .jsonl line that is not
+// one of the forms (naming its line), val_fraction outside (0, 1), an out_dir that is a file or
+// cannot be made, or that holds *.bin or *.flags files (with kRefuse). A file that looks binary (a
+// NUL byte, or more than 10% of its bytes outside valid UTF-8) is tokenized with a warning on
+// stderr. A result without a single validation token, or without a learned training token, is
+// refused too. Nothing is written, and no older shard removed, unless all new shards are written.
 ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
                                  const std::vector<std::string>& text_files,
                                  const std::string& out_dir, double val_fraction,
                                  ExistingShards existing = ExistingShards::kRefuse,
-                                 size_t tokens_per_shard = 100'000'000);
+                                 size_t tokens_per_shard = kTokensPerShard,
+                                 const ExampleEncoding& encoding = {});
 
 // The shipped corpus as the tokenizer loaded from `tokenizer_path` tokenizes it, for the default
 // run: a cache folder under $XDG_CACHE_HOME/layup/shards (else ~/.cache/layup/shards) named by

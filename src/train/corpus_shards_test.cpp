@@ -116,9 +116,9 @@ TEST_F(CorpusShards, JsonLinesAreADocumentPerLine) {
 TEST_F(CorpusShards, JsonLinesWithoutTextAreRefusedByLine) {
   const std::string text = "{\"text\": \"" + prose(5) + "\"}\n";
   EXPECT_TRUE(contains(refused({text_file("a.jsonl", text + "{\"text\": 3}\n")}),
-                       "a.jsonl: line 2 has no \"text\" string ({\"text\": 3})"));
-  EXPECT_TRUE(contains(refused({text_file("b.jsonl", text + text + "not json\n")}),
-                       "b.jsonl: line 3 is not valid JSON"));
+                       "a.jsonl: line 2: \"text\" is number, not a string"));
+  EXPECT_TRUE(contains(refused({text_file("b.jsonl", text + text + "{not json\n")}),
+                       "b.jsonl: line 3: the line starts with '{' but is not valid JSON"));
 }
 
 TEST_F(CorpusShards, InputThatIsNotATextFileIsNamed) {
