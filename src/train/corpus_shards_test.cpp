@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "data/token_flags.h"
 #include "data/token_shard.h"
 #include "io/test_files.h"
 #include "tokenizer/bpe_tokenizer.h"
@@ -221,6 +222,89 @@ TEST_F(CorpusShards, OverwriteReplacesEveryOlderShard) {
   std::vector<uint16_t> expected{static_cast<uint16_t>(gpt2_tokenizer().eot_token())};
   for (int32_t id : gpt2_tokenizer().encode(prose(50))) expected.push_back(id);
   EXPECT_EQ(ids, expected);
+}
+
+// Instruction lines put a flags file beside every shard, split with the shard; a file of several
+// examples gives validation whole examples, a text file's validation part starts an example.
+TEST_F(CorpusShards, InstructionDataGetsFlagsBesideEveryShard) {
+  std::string lines;
+  for (int i = 0; i < 10; ++i)
+    lines += nlohmann::json({{"prompt", "Q" + std::to_string(i) + ": what is it?"},
+                             {"completion", " It is " + std::to_string(i) + "."}})
+                 .dump() +
+             "\n";
+  const std::string jsonl = text_file("pairs.jsonl", lines);
+  const std::string text = text_file("book.txt", prose(10));
+  const ExampleEncoding encoding{
+      read_instruction_tokenizer_config(LAYUP_DATA_DIR "/gpt2-tokenizer"),
+      LearnTokens::kCompletions};
+  const ShardSummary summary = write_corpus_shards(gpt2_tokenizer(), {jsonl, text}, out_, 0.25,
+                                                   ExistingShards::kRefuse, 40, encoding);
+  EXPECT_TRUE(summary.with_flags);
+
+  // What each file tokenizes to, and where its validation part begins.
+  const ExampleEncoder encoder(gpt2_tokenizer(), encoding.tokenizer_config, encoding.learn);
+  std::vector<int32_t> pair_ids, text_ids;
+  std::vector<uint8_t> pair_flags, text_flags;
+  size_t pair_val_start = 0;
+  std::vector<size_t> pair_starts;
+  for (const InstructionExample& example : parse_jsonl_examples(lines, "pairs.jsonl")) {
+    pair_starts.push_back(pair_ids.size());
+    encoder.encode(example, "", pair_ids, pair_flags);
+  }
+  const size_t wanted_val_start = pair_ids.size() - pair_ids.size() / 4;
+  pair_val_start = *std::lower_bound(pair_starts.begin(), pair_starts.end(), wanted_val_start);
+  encoder.encode(parse_example_line(prose(10), ""), "", text_ids, text_flags);
+  const size_t text_val_start = text_ids.size() - text_ids.size() / 4;
+  text_flags[text_val_start] |= kTokenExampleStart;
+
+  std::vector<uint16_t> train_ids, val_ids;
+  std::vector<uint8_t> train_flags, val_flags;
+  for (const std::string& path : summary.files) {
+    if (!path.ends_with(".bin")) continue;
+    const std::vector<uint16_t> ids = read_token_shard(path, 50257);
+    EXPECT_LE(ids.size(), 40u);
+    const std::vector<uint8_t> flags = read_token_flags(token_flags_path(path), ids.size());
+    const bool is_val = fs::path(path).filename().string().starts_with("val_");
+    (is_val ? val_ids : train_ids)
+        .insert((is_val ? val_ids : train_ids).end(), ids.begin(), ids.end());
+    (is_val ? val_flags : train_flags)
+        .insert((is_val ? val_flags : train_flags).end(), flags.begin(), flags.end());
+  }
+  const auto part = [](const auto& all, size_t begin, size_t end) {
+    return std::vector<typename std::decay_t<decltype(all)>::value_type>(all.begin() + begin,
+                                                                         all.begin() + end);
+  };
+  std::vector<int32_t> expected_train = part(pair_ids, 0, pair_val_start);
+  std::vector<uint8_t> expected_train_flags = part(pair_flags, 0, pair_val_start);
+  for (size_t t = 0; t < text_val_start; ++t) {
+    expected_train.push_back(text_ids[t]);
+    expected_train_flags.push_back(text_flags[t]);
+  }
+  std::vector<int32_t> expected_val = part(pair_ids, pair_val_start, pair_ids.size());
+  std::vector<uint8_t> expected_val_flags = part(pair_flags, pair_val_start, pair_ids.size());
+  for (size_t t = text_val_start; t < text_ids.size(); ++t) {
+    expected_val.push_back(text_ids[t]);
+    expected_val_flags.push_back(text_flags[t]);
+  }
+  EXPECT_EQ(std::vector<int32_t>(train_ids.begin(), train_ids.end()), expected_train);
+  EXPECT_EQ(train_flags, expected_train_flags);
+  EXPECT_EQ(std::vector<int32_t>(val_ids.begin(), val_ids.end()), expected_val);
+  EXPECT_EQ(val_flags, expected_val_flags);
+  EXPECT_EQ(summary.train_learned_tokens,
+            static_cast<size_t>(std::count_if(train_flags.begin(), train_flags.end(),
+                                              [](uint8_t flag) { return flag & kTokenLearn; })));
+  EXPECT_LT(summary.train_learned_tokens, train_ids.size());
+
+  // Text alone again: --overwrite removes the flags files too, which would not fit the new shards.
+  const ShardSummary text_only =
+      write_corpus_shards(gpt2_tokenizer(), {text}, out_, 0.25, ExistingShards::kReplace);
+  EXPECT_FALSE(text_only.with_flags);
+  for (const auto& entry : fs::directory_iterator(out_))
+    EXPECT_NE(entry.path().extension(), ".flags") << entry.path();
+  // And flags files alone stand in the way of a tokenize without --overwrite.
+  write_text(out_ + "/train_000009.flags", "older flags");
+  EXPECT_TRUE(contains(refused({text}, 0.25, out_), "already holds 3 shards"));
 }
 
 // The default run's cache of the shipped corpus, under a corpus and a cache folder of the test's.
