@@ -47,7 +47,7 @@ layup_define_layer(schedule        7  core model optim trace memory backend tier
 # the composition root: picks a backend, plans, builds a run
 layup_define_layer(engine          8  core model io optim memory backend tier backend/cpu
                                       backend/cuda schedule)
-layup_define_layer(sample          9  core backend)
+layup_define_layer(sample          9  core model memory backend backend/cpu backend/cuda)
 layup_define_layer(train          10  core model tokenizer energy io optim trace data memory
                                       tier comm schedule engine sample)
 layup_define_layer(study          11  core io memory engine train)

@@ -1,5 +1,6 @@
 // Pins sampling: top-k never leaves the k likeliest tokens, the padded vocabulary is never drawn,
-// and the context window slides.
+// the context window slides; and what stops generation: a stop token (not kept), a stop text
+// (kept), a full cache.
 #include "sample/generate.h"
 
 #include <gtest/gtest.h>
@@ -42,6 +43,66 @@ TEST(Generate, SameSeedSameText) {
   Rng a(9), b(9);
   EXPECT_EQ(generate(uniform, {0}, 8, kVocab, kPadded, {20, 0.7f, 0}, a),
             generate(uniform, {0}, 8, kVocab, kPadded, {20, 0.7f, 0}, b));
+}
+
+// Greedy text that spells the tokens of `script` in turn (one-hot logits), and counts what it was
+// given; room for `room` appends after the prompt.
+class ScriptedModel final : public NextTokenModel {
+ public:
+  ScriptedModel(std::vector<int32_t> script, int room) : script_(std::move(script)), room_(room) {}
+  const float* append(std::span<const int32_t> tokens) override {
+    appended_ += static_cast<int>(tokens.size());
+    ++calls_;
+    logits_.assign(kPadded, 0.0f);
+    logits_[script_.at(calls_ - 1)] = 10.0f;
+    return logits_.data();
+  }
+  bool has_room() const override { return calls_ <= room_; }
+  int appended_ = 0, calls_ = 0;
+
+ private:
+  std::vector<int32_t> script_;
+  int room_;
+  std::vector<float> logits_;
+};
+
+const SamplingOptions kGreedy{8, 1.0f, 1};
+
+TEST(Generate, StopsAtAStopTokenWithoutKeepingIt) {
+  ScriptedModel model({4, 5, 9, 6, 6, 6}, 100);
+  Rng rng(1);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  const GenerationResult result = generate(model, prompt, kVocab, kGreedy, {{9, 8}, {}, {}}, rng);
+  EXPECT_EQ(result.tokens, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(result.reason, StopReason::kStopToken);
+  EXPECT_EQ(model.appended_, 5);  // the prompt, then 4 and 5
+}
+
+TEST(Generate, StopsAfterTheTokenThatCompletesAStopText) {
+  ScriptedModel model({1, 2, 3, 4, 5, 6, 7}, 100);
+  const auto spell = [](std::span<const int32_t> ids) {
+    std::string text;
+    for (int32_t id : ids) text += static_cast<char>('a' + id);  // 1 -> "b", 2 -> "c", ...
+    return text;
+  };
+  Rng rng(1);
+  const std::vector<int32_t> prompt = {0};
+  GenerationResult result = generate(model, prompt, kVocab, kGreedy, {{}, {"x", "cd"}, spell}, rng);
+  EXPECT_EQ(result.tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(result.reason, StopReason::kStopText);
+  ScriptedModel unstopped({1, 2, 3, 4, 5, 6, 7, 8, 9}, 100);
+  result = generate(unstopped, prompt, kVocab, kGreedy, {{}, {"zz"}, spell}, rng);
+  EXPECT_EQ(result.tokens.size(), 8u);
+  EXPECT_EQ(result.reason, StopReason::kTokenLimit);
+}
+
+TEST(Generate, StopsWhenTheModelHasNoRoom) {
+  ScriptedModel model({1, 2, 3, 4, 5, 6, 7}, 2);
+  Rng rng(1);
+  const std::vector<int32_t> prompt = {0};
+  const GenerationResult result = generate(model, prompt, kVocab, kGreedy, {}, rng);
+  EXPECT_EQ(result.tokens, (std::vector<int32_t>{1, 2, 3}));  // the third needs no room
+  EXPECT_EQ(result.reason, StopReason::kContextFull);
 }
 
 }  // namespace
