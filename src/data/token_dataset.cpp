@@ -1,12 +1,16 @@
-// Shard discovery, the concatenated token dataset, and the training and validation batchers.
+// Shard discovery, the concatenated token dataset with its flags, the packing of examples, and the
+// training and validation batchers.
 #include "data/token_dataset.h"
 
 #include <glob.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
+#include <numeric>
 
 #include "core/error.h"
+#include "data/token_flags.h"
 #include "data/token_shard.h"
 
 namespace layup {
@@ -136,7 +140,11 @@ TokenDataset::TokenDataset(const std::vector<std::string>& shard_paths, int voca
     : shard_paths_(shard_paths) {
   LAYUP_CHECK(!shard_paths.empty(), "a token dataset needs at least one shard");
   wide_ = vocab_size > 65536;
+  std::vector<size_t> shard_starts;
+  std::vector<std::vector<uint8_t>> shard_flags;
+  bool any_flags = false;
   for (const std::string& path : shard_paths) {
+    shard_starts.push_back(size());
     if (wide_) {
       const std::vector<uint32_t> shard = read_token_shard_as_uint32(path, vocab_size);
       tokens32_.insert(tokens32_.end(), shard.begin(), shard.end());
@@ -144,7 +152,82 @@ TokenDataset::TokenDataset(const std::vector<std::string>& shard_paths, int voca
       const std::vector<uint16_t> shard = read_token_shard(path, vocab_size);
       tokens16_.insert(tokens16_.end(), shard.begin(), shard.end());
     }
+    const std::string flags_path = token_flags_path(path);
+    std::error_code error;
+    shard_flags.emplace_back();
+    if (fs::exists(flags_path, error)) {
+      shard_flags.back() = read_token_flags(flags_path, size() - shard_starts.back());
+      any_flags = true;
+    }
   }
+  if (!any_flags) return;
+  // A shard without flags is one example of learned tokens; every shard begins an example.
+  flags_.assign(size(), kTokenLearn);
+  for (size_t i = 0; i < shard_paths.size(); ++i) {
+    std::copy(shard_flags[i].begin(), shard_flags[i].end(), flags_.begin() + shard_starts[i]);
+    flags_[shard_starts[i]] |= kTokenExampleStart;
+  }
+}
+
+void TokenDataset::copy_packed_window(const PackedWindow& window, int seq_len, int32_t* inputs,
+                                      int32_t* targets) const {
+  for (int t = 0; t < seq_len; ++t) {
+    const size_t position = window.start + t;
+    // Padding: token 0 as input (causal attention keeps it out of every real position).
+    inputs[t] = t < window.length ? static_cast<int32_t>(token(position)) : 0;
+    targets[t] = t + 1 < window.length && learned(position + 1)
+                     ? static_cast<int32_t>(token(position + 1))
+                     : kNotLearned;
+  }
+}
+
+PackedExamples pack_examples(const TokenDataset& dataset, int seq_len) {
+  const size_t window_tokens = static_cast<size_t>(seq_len) + 1;
+  PackedExamples packed;
+  // Tokens [start, start + length) of the window being filled; its learned targets.
+  PackedWindow open;
+  size_t open_learned = 0;
+  // The learned targets of tokens [start, start + length) as inputs.
+  auto learned_in = [&](size_t start, size_t length) {
+    size_t count = 0;
+    for (size_t p = start + 1; p < start + length; ++p) count += dataset.learned(p);
+    return count;
+  };
+  auto close = [&] {
+    if (open.length > 0 && open_learned > 0) {
+      packed.windows.push_back(open);
+      packed.learned_targets += open_learned;
+    }
+    open = PackedWindow{};
+    open_learned = 0;
+  };
+  const size_t size = dataset.size();
+  for (size_t start = 0; start < size;) {
+    size_t end = start + 1;
+    while (end < size && !(dataset.flags(end) & kTokenExampleStart)) ++end;
+    ++packed.examples;
+    size_t length = end - start;
+    if (length > window_tokens) {
+      // Whole windows that overlap by one token (each target in one window), then the rest as an
+      // example of its own.
+      close();
+      ++packed.split_examples;
+      for (; length > window_tokens; start += seq_len, length -= seq_len) {
+        open = PackedWindow{start, static_cast<int>(window_tokens)};
+        open_learned = learned_in(start, window_tokens);
+        close();
+      }
+    }
+    if (open.length > 0 && static_cast<size_t>(open.length) + length > window_tokens) close();
+    if (open.length == 0) open.start = start;
+    open.length += static_cast<int>(length);
+    // The target of the window's token before this example is the example's first token, which
+    // learned() leaves out as it begins an example.
+    open_learned += learned_in(start, length);
+    start = end;
+  }
+  close();
+  return packed;
 }
 
 void TokenDataset::copy_window(size_t start, int seq_len, int32_t* inputs, int32_t* targets) const {
@@ -164,16 +247,57 @@ TokenDataset TokenDataset::open(const std::string& data_dir, const std::string& 
 }
 
 BatchSampler::BatchSampler(const TokenDataset& dataset, int batch, int seq_len, uint64_t seed)
-    : dataset_(&dataset), batch_(batch), seq_len_(seq_len), rng_(seed) {
+    : dataset_(&dataset), batch_(batch), seq_len_(seq_len), seed_(seed), rng_(seed) {
   check_batch_shape(batch, seq_len);
+  if (dataset.has_flags()) {
+    packed_ = std::make_unique<const PackedExamples>(pack_examples(dataset, seq_len));
+    LAYUP_CHECK(!packed_->windows.empty(), "the training data's flags learn no target in its ",
+                packed_->examples,
+                " examples; tokenize it with the completions or assistant "
+                "turns learned");
+    LAYUP_CHECK(packed_->windows.size() <= UINT32_MAX, "the training data packs into ",
+                packed_->windows.size(),
+                " windows, more than layup can shuffle (2^32 - 1); use a "
+                "longer sequence length");
+    return;
+  }
   LAYUP_CHECK(dataset_->size() >= static_cast<size_t>(seq_len) + 1, "the training data has ",
               dataset_->size(), " tokens, too few for one sequence of T=", seq_len,
               " (T+1 tokens are needed for inputs and targets); use more data or a shorter "
               "sequence length");
 }
 
+// Fisher-Yates with a generator of its own per pass, so a resume rebuilds any pass from the seed.
+void BatchSampler::shuffle_pass(uint64_t pass) {
+  pass_ = pass;
+  order_.resize(packed_->windows.size());
+  std::iota(order_.begin(), order_.end(), 0u);
+  Rng rng(seed_ + 0xD1B54A32D192ED03ull * (pass + 1));
+  for (size_t i = order_.size() - 1; i > 0; --i) std::swap(order_[i], order_[rng.below(i + 1)]);
+}
+
+void BatchSampler::set_state(uint64_t state) {
+  if (!packed_) {
+    rng_.set_state(state);
+    return;
+  }
+  windows_drawn_ = state;  // the pass's order is made when its first window is drawn
+}
+
 void BatchSampler::next(TokenBatchBuffer& out) {
   resize_batch(out, batch_, seq_len_);
+  if (packed_) {
+    const size_t windows = packed_->windows.size();
+    for (int b = 0; b < batch_; ++b) {
+      if (windows_drawn_ / windows != pass_) shuffle_pass(windows_drawn_ / windows);
+      const PackedWindow& window = packed_->windows[order_[windows_drawn_ % windows]];
+      ++windows_drawn_;
+      const size_t row = static_cast<size_t>(b) * seq_len_;
+      dataset_->copy_packed_window(window, seq_len_, out.inputs.data() + row,
+                                   out.targets.data() + row);
+    }
+    return;
+  }
   // Starts in [0, size - T - 1], so the window's last token (the last target) is in range.
   const uint64_t start_count = dataset_->size() - static_cast<size_t>(seq_len_);
   for (int b = 0; b < batch_; ++b) {
@@ -193,6 +317,18 @@ ValidationBatches::ValidationBatches(const TokenDataset& dataset, int batch, int
                                      int max_batches)
     : dataset_(&dataset), batch_(batch), seq_len_(seq_len), count_(0) {
   check_batch_shape(batch, seq_len);
+  if (dataset.has_flags()) {
+    packed_windows_ = pack_examples(dataset, seq_len).windows;
+    const size_t whole_batches = packed_windows_.size() / static_cast<size_t>(batch);
+    LAYUP_CHECK(whole_batches >= 1, "the validation data packs into ", packed_windows_.size(),
+                " windows of T+1=", seq_len + 1,
+                " tokens with a learned target, fewer than one "
+                "batch of B=",
+                batch, "; use more validation data or a smaller batch");
+    count_ = static_cast<int>(std::min<size_t>(
+        max_batches > 0 ? std::min<size_t>(whole_batches, max_batches) : whole_batches, 1u << 30));
+    return;
+  }
   LAYUP_CHECK(dataset_->size() >= static_cast<size_t>(seq_len) + 1, "the validation data has ",
               dataset_->size(), " tokens, too few for one sequence of T=", seq_len,
               " (T+1 tokens are needed for inputs and targets); use more data or a shorter "
@@ -217,6 +353,11 @@ void ValidationBatches::get(int index, TokenBatchBuffer& out) const {
   for (int b = 0; b < batch_; ++b) {
     const size_t window = static_cast<size_t>(index) * batch_ + b;
     const size_t row = static_cast<size_t>(b) * seq_len_;
+    if (!packed_windows_.empty()) {
+      dataset_->copy_packed_window(packed_windows_[window], seq_len_, out.inputs.data() + row,
+                                   out.targets.data() + row);
+      continue;
+    }
     dataset_->copy_window(window * seq_len_, seq_len_, out.inputs.data() + row,
                           out.targets.data() + row);
   }
