@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "core/error.h"
+#include "data/instruction_data.h"
 #include "io/hf_checkpoint.h"
 #include "memory/plan_file.h"
 #include "train/progress_line.h"
@@ -93,10 +94,17 @@ void add_train_command(CLI::App& app) {
   add_whole_flag(*cmd, "--log-every", o.log_every, at_least(1),
                  "Progress line every N updates when stderr is not a terminal")
       ->capture_default_str();
-  add_path_flag(*cmd, "--data", o.data_dir, "folder",
-                "Folder of train_*.bin / val_*.bin token shards (the shipped corpus is "
-                "tokenized once into ~/.cache/layup)")
+  add_path_flag(*cmd, "--data", o.data_dir, "folder or file",
+                "Folder of train_*.bin / val_*.bin token shards, or a .jsonl file of examples "
+                "(or a text file) as `layup tokenize` reads it, tokenized once into "
+                "~/.cache/layup (as is the shipped corpus)")
       ->default_str("the shipped corpus");
+  add_parsed_flag(
+      *cmd, "--learn", o.learn, "completions|all",
+      [](const std::string& text) { parse_learn_tokens(text); },
+      "With a --data file: which tokens of prompt/completion and chat lines the loss learns, as "
+      "`layup tokenize --learn`")
+      ->capture_default_str();
   add_path_flag(*cmd, "--tokenizer", o.tokenizer_dir, "folder or tokenizer.json",
                 "A tokenizer.json, or a folder with one or with GPT-2's gpt2.tiktoken or "
                 "encoder.json + vocab.bpe")

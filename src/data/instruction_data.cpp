@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -226,7 +227,14 @@ ExampleEncoder::ExampleEncoder(const Tokenizer& tokenizer, const InstructionToke
                                LearnTokens learn)
     : tokenizer_(tokenizer), config_(config), learn_(learn) {
   if (config_.chat_template) {
-    auto chat = std::make_shared<const ChatTemplate>(*config_.chat_template);
+    std::shared_ptr<const ChatTemplate> chat;
+    try {
+      chat = std::make_shared<const ChatTemplate>(*config_.chat_template);
+    } catch (const Error& error) {
+      // Refused only when a chat line needs it: prompt/completion data does not.
+      template_error_ = error.what();
+      return;
+    }
     const ChatTemplateContext base{config_.bos_token, config_.eos_token, false};
     render_chat_ = [chat, base](std::span<const ChatMessage> messages, bool generation_prompt) {
       ChatTemplateContext context = base;
@@ -300,6 +308,8 @@ void ExampleEncoder::encode(const InstructionExample& example, const std::string
 
 void ExampleEncoder::encode_chat(const InstructionExample& example, const std::string& where,
                                  std::vector<int32_t>& ids, std::vector<uint8_t>& flags) const {
+  LAYUP_CHECK(template_error_.empty(), where, ": the chat template of ", config_.source,
+              " cannot be used: ", template_error_);
   LAYUP_CHECK(render_chat_ != nullptr, where,
               ": a chat example is rendered with the model's chat "
               "template, and ",

@@ -95,7 +95,7 @@ class ExampleEncoder {
       std::function<std::string(std::span<const ChatMessage>, bool add_generation_prompt)>;
 
   // `tokenizer` must outlive the encoder. Chat lines are rendered with config.chat_template; a
-  // config without one is refused only when a chat line comes.
+  // config without one, or with one the renderer refuses, is refused only when a chat line comes.
   ExampleEncoder(const Tokenizer& tokenizer, const InstructionTokenizerConfig& config,
                  LearnTokens learn);
   // With a renderer of one's own (tests).
@@ -119,6 +119,7 @@ class ExampleEncoder {
   InstructionTokenizerConfig config_;
   LearnTokens learn_;
   ChatRenderer render_chat_;
+  std::string template_error_;  // why the config's chat template was refused, if it was
 };
 
 }  // namespace layup

@@ -428,6 +428,51 @@ void set_shipped_data_dir(const std::string& dir) {
   set_shipped_data_places(dir.empty() ? std::vector<std::string>{} : std::vector<std::string>{dir});
 }
 
+namespace {
+
+// The shards of `files` in the token cache folder `name` (under $XDG_CACHE_HOME/layup/shards, else
+// ~/.cache/layup/shards), made first if missing. `what` and `tokenizer_path` say in the log what
+// is tokenized and by which tokenizer; `count` how many files that is, when it is several.
+std::string cached_shards(const Tokenizer& tokenizer, const std::vector<std::string>& files,
+                          const std::string& name, const std::string& what,
+                          const std::string& count, const std::string& tokenizer_path,
+                          double val_fraction, const ExampleEncoding& encoding, std::FILE* log) {
+  const char* cache = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const fs::path base = cache && *cache ? fs::path(cache) : fs::path(home ? home : ".") / ".cache";
+  const fs::path dir = base / "layup" / "shards" / name;
+  std::error_code error;
+  if (fs::is_directory(dir, error)) {
+    std::fprintf(log, "data: %s as %s tokenizes it, cached in %s\n", what.c_str(),
+                 tokenizer_path.c_str(), dir.string().c_str());
+    return dir.string();
+  }
+  // Made under a name of this process's own and renamed whole, so the cache folder either holds
+  // every shard or does not exist, even when several ranks make it at once or one is killed.
+  const fs::path staging =
+      base / "layup" / "shards" / ("." + name + ".partial-" + std::to_string(getpid()));
+  std::fprintf(log, "data: tokenizing %s%s with %s into %s\n", what.c_str(), count.c_str(),
+               tokenizer_path.c_str(), dir.string().c_str());
+  // Made first, so that a failed tokenize removes only its own staging folder.
+  fs::create_directories(staging.parent_path(), error);
+  LAYUP_CHECK(!error, "cannot create the token cache folder ", staging.parent_path().string(), ": ",
+              error.message(), "; give --data DIR with token shards instead");
+  fs::remove_all(staging, error);
+  write_corpus_shards(tokenizer, files, staging.string(), val_fraction, ExistingShards::kReplace,
+                      kTokensPerShard, encoding);
+  fs::rename(staging, dir, error);
+  if (error) {
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+    // Another process made the same cache first: its shards are the same.
+    LAYUP_CHECK(fs::is_directory(dir, ignored), "cannot move the tokenized ", what, " to ",
+                dir.string(), ": ", error.message());
+  }
+  return dir.string();
+}
+
+}  // namespace
+
 std::string default_shard_dir(const Tokenizer& tokenizer, const std::string& tokenizer_path,
                               std::FILE* log) {
   const fs::path corpus = fs::path(shipped_data_dir()) / "corpus";
@@ -444,36 +489,30 @@ std::string default_shard_dir(const Tokenizer& tokenizer, const std::string& tok
   constexpr double kValFraction = 0.05;
   const std::string key = token_cache_key(tokenizer_source_files(tokenizer_path), files,
                                           "val_fraction=" + std::to_string(kValFraction));
-  const char* cache = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  const fs::path base = cache && *cache ? fs::path(cache) : fs::path(home ? home : ".") / ".cache";
-  const fs::path dir = base / "layup" / "shards" / ("shipped-corpus-" + key);
-  if (fs::is_directory(dir, error)) {
-    std::fprintf(log, "data: the shipped corpus as %s tokenizes it, cached in %s\n",
-                 tokenizer_path.c_str(), dir.string().c_str());
-    return dir.string();
-  }
-  // Made under a name of this process's own and renamed whole, so the cache folder either holds
-  // every shard or does not exist, even when several ranks make it at once or one is killed.
-  const fs::path staging = base / "layup" / "shards" /
-                           (".shipped-corpus-" + key + ".partial-" + std::to_string(getpid()));
-  std::fprintf(log, "data: tokenizing the shipped corpus (%zu files) with %s into %s\n",
-               files.size(), tokenizer_path.c_str(), dir.string().c_str());
-  // Made first, so that a failed tokenize removes only its own staging folder.
-  fs::create_directories(staging.parent_path(), error);
-  LAYUP_CHECK(!error, "cannot create the token cache folder ", staging.parent_path().string(), ": ",
-              error.message(), "; give --data DIR with token shards instead");
-  fs::remove_all(staging, error);
-  write_corpus_shards(tokenizer, files, staging.string(), kValFraction, ExistingShards::kReplace);
-  fs::rename(staging, dir, error);
-  if (error) {
-    std::error_code ignored;
-    fs::remove_all(staging, ignored);
-    // Another process made the same cache first: its shards are the same.
-    LAYUP_CHECK(fs::is_directory(dir, ignored), "cannot move the tokenized corpus to ",
-                dir.string(), ": ", error.message());
-  }
-  return dir.string();
+  return cached_shards(tokenizer, files, "shipped-corpus-" + key, "the shipped corpus",
+                       " (" + std::to_string(files.size()) + " files)", tokenizer_path,
+                       kValFraction, {}, log);
+}
+
+bool is_data_file(const std::string& path) {
+  const fs::path extension = fs::path(path).extension();
+  std::error_code ignored;
+  return (extension == ".jsonl" || extension == ".txt") && fs::is_regular_file(path, ignored);
+}
+
+std::string data_file_shard_dir(const Tokenizer& tokenizer, const std::string& tokenizer_path,
+                                const std::string& data_file, const ExampleEncoding& encoding,
+                                std::FILE* log) {
+  constexpr double kValFraction = 0.05;
+  std::vector<std::string> tokenizer_files = tokenizer_source_files(tokenizer_path);
+  for (const std::string& file : instruction_tokenizer_config_files(tokenizer_path))
+    tokenizer_files.push_back(file);
+  const std::string key =
+      token_cache_key(tokenizer_files, {data_file},
+                      "val_fraction=" + std::to_string(kValFraction) +
+                          " examples=1 learn=" + learn_tokens_name(encoding.learn));
+  return cached_shards(tokenizer, {data_file}, fs::path(data_file).stem().string() + "-" + key,
+                       data_file, "", tokenizer_path, kValFraction, encoding, log);
 }
 
 }  // namespace layup

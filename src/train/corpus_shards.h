@@ -69,6 +69,18 @@ ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
 std::string default_shard_dir(const Tokenizer& tokenizer, const std::string& tokenizer_path,
                               std::FILE* log);
 
+// The shards of one data file (`train --data FILE`: a .jsonl or text file, as write_corpus_shards
+// reads it, split with --val-fraction's default), in the token cache beside the shipped corpus's:
+// a folder named by the file's stem and token_cache_key of the tokenizer's files with its
+// tokenizer_config.json and chat_template.jinja (EOS, chat template), the file, the split and
+// `encoding.learn`, so that a change to any of them makes a new cache. Made as default_shard_dir
+// makes its cache.
+// Whether `train --data PATH` names a file to tokenize (a .jsonl or .txt file), not shards.
+bool is_data_file(const std::string& path);
+std::string data_file_shard_dir(const Tokenizer& tokenizer, const std::string& tokenizer_path,
+                                const std::string& data_file, const ExampleEncoding& encoding,
+                                std::FILE* log);
+
 // Where the shipped data (the GPT-2 tokenizer, the corpus) lives: the first folder that exists of
 // those set_shipped_data_places gave (the CLI's, cli/environment.h), else, none given, the data/
 // folder of the source tree. Throws layup::Error naming every folder it looked in when none exists.

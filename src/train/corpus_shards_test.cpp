@@ -16,6 +16,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "data/token_flags.h"
 #include "data/token_shard.h"
@@ -400,6 +401,45 @@ TEST_F(DefaultShardDir, AnotherTokenizerOrTextGetsACacheOfItsOwn) {
   EXPECT_NE(third, first);
   EXPECT_NE(third, second);
   EXPECT_EQ(cache_entries().size(), 3u);
+}
+
+// A `train --data FILE` cache changes with the file, the tokenizer's config (EOS, chat template)
+// and --learn; the same inputs find it again.
+TEST_F(DefaultShardDir, DataFileCacheIsKeyedByFileConfigAndLearn) {
+  fs::create_directory(dir_.file("tok"));
+  fs::copy_file(shipped_ + "/gpt2.tiktoken", dir_.file("tok/gpt2.tiktoken"));
+  write_text(dir_.file("tok/tokenizer_config.json"), R"({"eos_token": "<|endoftext|>"})");
+  std::string lines;
+  for (int i = 0; i < 40; ++i)
+    lines += nlohmann::json({{"prompt", prose(1)}, {"completion", " yes"}}).dump() + "\n";
+  const std::string data = dir_.file("pairs.jsonl");
+  write_text(data, lines);
+  const auto cache = [&](LearnTokens learn) {
+    const std::string tokenizer = dir_.file("tok");
+    const ExampleEncoding encoding{read_instruction_tokenizer_config(tokenizer), learn};
+    std::FILE* log = std::fopen("/dev/null", "w");
+    const std::string made =
+        data_file_shard_dir(*load_tokenizer(tokenizer), tokenizer, data, encoding, log);
+    std::fclose(log);
+    return made;
+  };
+  const std::string first = cache(LearnTokens::kCompletions);
+  EXPECT_TRUE(fs::path(first).filename().string().starts_with("pairs-"));
+  EXPECT_TRUE(fs::exists(first + "/train_000000.flags"));
+  EXPECT_EQ(cache(LearnTokens::kCompletions), first);
+  const std::string all = cache(LearnTokens::kAll);
+  EXPECT_NE(all, first);
+  write_text(dir_.file("tok/tokenizer_config.json"), R"({"eos_token": "<|endoftext|>", "x": 1})");
+  const std::string config = cache(LearnTokens::kCompletions);
+  write_text(dir_.file("tok/chat_template.jinja"), "{{ messages }}");
+  const std::string chat_template = cache(LearnTokens::kCompletions);
+  write_text(data, lines + lines);
+  const std::string text = cache(LearnTokens::kCompletions);
+  const std::vector<std::string> made = {first, all, config, chat_template, text};
+  EXPECT_EQ(std::set<std::string>(made.begin(), made.end()).size(), made.size());
+  EXPECT_TRUE(is_data_file(data));
+  EXPECT_FALSE(is_data_file(dir_.path()));
+  EXPECT_FALSE(is_data_file(first + "/train_000000.bin"));
 }
 
 TEST_F(CorpusShards, BinaryLookingFilesAreTokenizedWithAWarning) {

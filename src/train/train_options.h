@@ -12,10 +12,11 @@
 namespace layup {
 
 struct TrainOptions : RunSpec {
-  // Data: a folder of train_*.bin / val_*.bin token shards; empty = the shipped corpus,
-  // tokenized once into a cache folder.
+  // Data: a folder of train_*.bin / val_*.bin token shards, or a .jsonl or text file tokenized
+  // into a cache folder; empty = the shipped corpus, tokenized once into a cache folder.
   std::string data_dir;
-  std::string tokenizer_dir;  // for the final sample and the default data; empty = shipped
+  std::string learn = "completions";  // --learn for a data file: parse_learn_tokens
+  std::string tokenizer_dir;          // for the final sample and the default data; empty = shipped
 
   // Optimization.
   int steps = 300;

@@ -207,9 +207,15 @@ TrainingData find_training_data(const TrainOptions& options, const RunRanks& ran
   data.tokenizer = load_tokenizer(data.tokenizer_dir);
   // With --data the shards' own ids are checked first (when they are read), naming the shard.
   if (options.data_dir.empty()) check_tokenizer_fits_model(data, options.model);
-  const std::string data_dir =
-      options.data_dir.empty() ? default_shard_dir(*data.tokenizer, data.tokenizer_dir, ranks.out)
-                               : options.data_dir;
+  std::string data_dir = options.data_dir;
+  if (data_dir.empty()) {
+    data_dir = default_shard_dir(*data.tokenizer, data.tokenizer_dir, ranks.out);
+  } else if (is_data_file(data_dir)) {
+    const ExampleEncoding encoding{read_instruction_tokenizer_config(data.tokenizer_dir),
+                                   parse_learn_tokens(options.learn)};
+    data_dir =
+        data_file_shard_dir(*data.tokenizer, data.tokenizer_dir, data_dir, encoding, ranks.out);
+  }
   data.shards = find_data_folder_shards(data_dir);
   check_ranks_agree(*ranks.world, {{"the data shards", describe_shards(data.shards)}});
   return data;
