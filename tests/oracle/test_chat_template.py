@@ -1,0 +1,219 @@
+"""layup's chat-template renderer against transformers' own (render_jinja_template: jinja2 with
+trim_blocks, lstrip_blocks and transformers' globals), byte for byte.
+
+The model families' templates are in data/chat_templates/ (see its README for where they come
+from); each renders a set of conversations on both sides: with and without a system message,
+several turns, the generation prompt on and off, Unicode, empty content, text that looks like
+template syntax, a tool turn, roles that do not alternate (Mistral and Llama 2 refuse them with
+raise_exception: layup must refuse with the same message) and no messages at all. Small templates
+below then pin the Jinja pieces one by one (whitespace control, scoping, filters, tests,
+slicing). The C++ side runs through layup_chat_template_tool, once per file.
+"""
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+try:
+    import jinja2
+    from transformers.utils.chat_template_utils import render_jinja_template
+except ImportError:  # pragma: no cover
+    pytest.skip("transformers and jinja2 are needed", allow_module_level=True)
+
+from oracle_util import binary
+
+TEMPLATES = pathlib.Path(__file__).parent / "data" / "chat_templates"
+
+TOKENS = {
+    "llama2": ("<s>", "</s>"), "mistral_v0_1": ("<s>", "</s>"), "mistral_v0_3": ("<s>", "</s>"),
+    "llama3": ("<|begin_of_text|>", "<|eot_id|>"), "llama3_1": ("<|begin_of_text|>", "<|eot_id|>"),
+    "llama3_2": ("<|begin_of_text|>", "<|eot_id|>"),
+    "qwen2": ("", "<|im_end|>"), "qwen2_5": ("", "<|im_end|>"),
+    "smollm": ("<|im_start|>", "<|im_end|>"), "smollm2": ("<|im_start|>", "<|im_end|>"),
+}
+
+
+def turns(*pairs):
+    return [{"role": role, "content": content} for role, content in pairs]
+
+
+CONVERSATIONS = [
+    turns(("user", "Hello!")),
+    turns(("user", "What is 2+2?"), ("assistant", "4."), ("user", "And 3+3?"), ("assistant", "6.")),
+    turns(("system", "You are terse."), ("user", "Hi"), ("assistant", "Hello.")),
+    turns(("system", "  padded system \n"), ("user", "  padded question\n\n"),
+          ("assistant", "\tpadded answer  ")),
+    turns(("user", "Grüße, 世界! 👋🏽 e\u0301 \u00a0nbsp\u3000ideographic"),
+          ("assistant", "Ответ: ✓ — 𝔘𝔫𝔦𝔠𝔬𝔡𝔢")),
+    turns(("user", ""), ("assistant", "")),
+    turns(("user", "Is {{ this }} {% raw %} text? {# no #}"), ("assistant", "Yes: {%- it -%} is.")),
+    turns(("user", "line one\nline two\r\nline three"), ("assistant", "a\n\nb\n")),
+    turns(("user", "call the tool"), ("assistant", "calling"), ("tool", "{\"result\": 42}"),
+          ("user", "thanks")),
+    turns(("user", "one"), ("user", "two")),
+    turns(("assistant", "I speak first"), ("user", "ok")),
+    turns(("system", "only a system message")),
+    [],
+]
+
+
+def render_transformers(template, case):
+    try:
+        rendered, _ = render_jinja_template(
+            conversations=[case["messages"]], chat_template=template,
+            add_generation_prompt=case["add_generation_prompt"],
+            bos_token=case["bos_token"], eos_token=case["eos_token"])
+        return {"text": rendered[0]}
+    except jinja2.exceptions.TemplateError as error:
+        return {"error": str(error)}
+    except (TypeError, ValueError, LookupError, ArithmeticError) as error:
+        return {"error": str(error)}
+
+
+def render_layup(tmp_path, template_path, cases):
+    cases_path, out_path = tmp_path / "cases.json", tmp_path / "out.json"
+    cases_path.write_text(json.dumps(cases))
+    subprocess.run([binary("layup_chat_template_tool"), str(template_path), str(cases_path),
+                    str(out_path)], check=True, capture_output=True)
+    return json.loads(out_path.read_text())
+
+
+def check_same(expected, got, label):
+    if "text" in expected:
+        assert got == expected, f"{label}: layup {got!r}\n  transformers {expected!r}"
+    else:
+        assert "error" in got, f"{label}: transformers fails ({expected['error']}), layup gave {got!r}"
+
+
+@pytest.mark.parametrize("family", sorted(TOKENS))
+def test_family_templates_render_as_transformers(tmp_path, family):
+    template_path = TEMPLATES / f"{family}.jinja"
+    template = template_path.read_text()
+    bos, eos = TOKENS[family]
+    cases = [{"messages": messages, "bos_token": bos, "eos_token": eos,
+              "add_generation_prompt": generation}
+             for messages in CONVERSATIONS for generation in (False, True)]
+    got = render_layup(tmp_path, template_path, cases)
+    rendered = 0
+    for case, result in zip(cases, got):
+        expected = render_transformers(template, case)
+        check_same(expected, result, f"{family} {case}")
+        rendered += "text" in expected
+    assert rendered >= 8, f"{family}: only {rendered} conversations rendered"
+
+
+def test_role_alternation_is_refused_with_the_templates_message(tmp_path):
+    messages = turns(("user", "one"), ("user", "two"))
+    for family, phrase in [("mistral_v0_1", "conversation roles must alternate"),
+                           ("mistral_v0_3", "conversation roles must alternate"),
+                           ("llama2", "Conversation roles must alternate")]:
+        case = {"messages": messages, "bos_token": "<s>", "eos_token": "</s>",
+                "add_generation_prompt": False}
+        expected = render_transformers((TEMPLATES / f"{family}.jinja").read_text(), case)
+        assert phrase in expected["error"]
+        got = render_layup(tmp_path, TEMPLATES / f"{family}.jinja", [case])[0]
+        assert expected["error"] in got.get("error", ""), (family, got)
+
+
+# Small templates, each one Jinja feature (or a few) against jinja2 as transformers sets it up.
+PIECES = [
+    # whitespace control, trim_blocks and lstrip_blocks
+    "a  \n  {% if true %}\n  x\n  {% endif %}\n  b\n",
+    "a {%- if true -%} b {%- endif %} c",
+    "{% if true %}  \n x{% endif %}",
+    "  {%+ if true %}kept{% endif %}",
+    "{% if true +%}\nkept newline{% endif %}",
+    "{{ 'x' }}\n{{ 'y' -}}\n  z\n",
+    "{# a comment #}\nafter\n  {# indented #}\n  x {#- tight -#} y",
+    "line\r\nwindows\rold mac\n\n",
+    "\t{% for i in [1, 2] %}\n\t{{ i }}\n\t{% endfor %}\n",
+    "{%- for m in messages -%}\n  [{{ m.role }}]\n{%- endfor %}",
+    # literals and escapes
+    "{{ 'a\\x41\\u00e9\\d\\n\\t\\'\\\\' }}|{{ \"dq \\\"q\\\"\" }}|{{ 'ab' 'cd' }}",
+    "{{ none }}{{ true }}{{ False }}{{ 12_000 }}{{ -3 }}",
+    # operators
+    "{{ 7 % 3 }} {{ -7 % 3 }} {{ 7 // -2 }} {{ 2 * 3 + 1 }} {{ 1 + 2 ~ 3 }} {{ 'a' ~ 1 ~ none }}",
+    "{{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 'b' > 'a' }} {{ true == 1 }} {{ [1, 'a'] == [1, 'a'] }}",
+    "{{ 'ell' in 'hello' }} {{ 'x' not in 'hello' }} {{ 2 in [1, 2] }} {{ 'role' in messages[0] }}",
+    "{{ not true or false and true }} {{ '' or 'default' }} {{ 'a' and 'b' }} {{ 0 or none }}",
+    "{{ 'yes' if messages else 'no' }}|{{ 'shown' if false }}|{{ [1] + [2] == [1, 2] }}",
+    # attribute, item, slices
+    "{{ messages[0].role }} {{ messages[0]['content'] }} {{ messages[-1].role }} {{ messages.0.role }}",
+    "{{ messages[1:] | length }} {{ messages[:1][0].role }} {{ messages[::-1][0].role }}",
+    "{{ 'héllo wörld'[1:4] }} {{ 'héllo'[-1] }} {{ 'abcdef'[::2] }} {{ 'abc'[5:] }}|",
+    "{{ messages[9] is defined }} {{ messages[0].missing is defined }} {{ nothing is undefined }}",
+    "[{{ nothing }}]{{ nothing | length }}{% for x in nothing %}never{% endfor %}",
+    # loops
+    "{% for m in messages %}{{ loop.index0 }}{{ loop.index }}{{ loop.first }}{{ loop.last }}"
+    "{{ loop.length }}{{ loop.revindex }};{% endfor %}",
+    "{% for m in messages if m.role == 'user' %}{{ loop.index }}:{{ m.content }} {% endfor %}",
+    "{% for m in [] %}x{% else %}empty{% endfor %}",
+    "{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}"
+    "{% break %}{% endif %}{{ i }}{% endfor %}",
+    "{% for k, v in {'a': 1, 'b': 'two'}.items() %}{{ k }}={{ v }},{% endfor %}",
+    "{% for k in {'z': 1, 'a': 2} %}{{ k }}{% endfor %}{% for c in 'hé' %}[{{ c }}]{% endfor %}",
+    "{% for a in [1, 2] %}{% for b in [3, 4] %}{{ loop.index }}{{ a }}{{ b }} {% endfor %}"
+    "{{ loop.index }}{% endfor %}",
+    # scoping and namespace
+    "{% set x = 1 %}{% for i in [1, 2] %}{{ x }}{% set x = 2 %}{{ x }}{% endfor %}{{ x }}",
+    "{% if true %}{% set y = 'leaks' %}{% endif %}{{ y }}",
+    "{% set ns = namespace(found=false, n=0) %}{% for m in messages %}"
+    "{% if m.role == 'assistant' %}{% set ns.found = true %}{% endif %}"
+    "{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.found }} {{ ns.n }}",
+    "{% set messages = messages[1:] %}{{ messages | length }}",
+    # filters
+    "{{ '  a b  ' | trim }}|{{ 'xxhixx' | trim('x') }}|{{ 'Hi' | upper }}{{ 'Hi' | lower }}",
+    "{{ messages | length }} {{ 'héllo' | length }} {{ {'a': 1} | length }} {{ [1, 2] | count }}",
+    "{{ messages[0] | tojson }}|{{ {'k': [1, true, none, 'é\"\\n']} | tojson(indent=2) }}",
+    "{{ [] | tojson }} {{ {} | tojson(indent=4) }} {{ 'tab\\there' | tojson }}",
+    "{{ ['a', 'b', 'c'] | join(', ') }} {{ [1, 2] | join }}",
+    "{{ ['a', 'b'] | first }}{{ ['a', 'b'] | last }}{{ 'xyz' | first }}{{ [] | first is defined }}",
+    "{{ nothing | default('dflt') }} {{ '' | default('dflt') }} {{ '' | default('dflt', true) }}",
+    "{{ [1, 'code', 'x'] | reject('equalto', 'code') | list | length }}"
+    "{{ ['a', 1] | select('string') | join }}",
+    "{{ messages | selectattr('role', 'equalto', 'user') | list | length }}"
+    "{{ messages | rejectattr('role', 'equalto', 'user') | list | length }}",
+    "{% for k, v in {'a': 'x', 'b': 'y'} | items %}{{ k }}{{ v }}{% endfor %}{{ 5 | string }}",
+    # tests
+    "{{ 'a' is string }}{{ 1 is string }}{{ 1 is number }}{{ true is number }}{{ true is boolean }}"
+    "{{ 1 is integer }}{{ none is none }}{{ {} is mapping }}{{ 'a' is iterable }}{{ 1 is iterable }}",
+    "{{ 3 is odd }}{{ 3 is even }}{{ 'a' is eq('a') }}"
+    "{{ 1 is ne(2) }}{{ nothing is not defined }}{{ true is true }}{{ 0 is false }}",
+    # methods
+    "{{ '  a  '.strip() }}|{{ 'xxa'.lstrip('x') }}|{{ 'a  '.rstrip() }}|{{ 'abc'.startswith('ab') }}"
+    "{{ 'abc'.endswith(('x', 'c')) }}",
+    "{{ ' a  b\\tc '.split() | join('/') }}|{{ 'a,b,,c'.split(',') | join('/') }}|"
+    "{{ 'aXbX'.replace('X', '-') }}|{{ 'MiXed'.lower() }}{{ 'MiXed'.upper() }}",
+    "{{ messages[0].get('role') }} {{ messages[0].get('nope') }} {{ messages[0].get('nope', 3) }}"
+    " {{ messages[0].keys() | list | join(',') }} {{ messages[0].values() | list | length }}",
+    # errors: both sides refuse
+    "{{ raise_exception('custom refusal') }}",
+    "{{ nothing.attr }}",
+    "{{ 'a' + 1 }}",
+    "{{ 1 // 0 }}",
+    "{% for m in none %}{% endfor %}",
+    "{% set x = 1 %}{{ x.y.z }}",
+]
+
+
+@pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")
+def test_jinja_pieces_render_as_transformers(tmp_path):
+    messages = turns(("system", "sys"), ("user", "u1"), ("assistant", "a1"), ("user", "u2"))
+    cases = [{"template": piece, "messages": messages, "bos_token": "<s>", "eos_token": "</s>",
+              "add_generation_prompt": False} for piece in PIECES]
+    got = render_layup(tmp_path, TEMPLATES / "smollm.jinja", cases)
+    for case, result in zip(cases, got):
+        expected = render_transformers(case["template"], case)
+        check_same(expected, result, repr(case["template"]))
+        if "error" in expected and "custom refusal" in case["template"]:
+            assert "custom refusal" in result["error"]
+
+
+def test_llama3_2_takes_todays_date(tmp_path):
+    """strftime_now is the local date, as transformers' (the test could only fail at midnight)."""
+    case = {"messages": turns(("user", "hi")), "bos_token": "<s>", "eos_token": "</s>",
+            "add_generation_prompt": True}
+    got = render_layup(tmp_path, TEMPLATES / "llama3_2.jinja", [case])[0]
+    import datetime
+    assert "Today Date: " + datetime.datetime.now().strftime("%d %b %Y") in got["text"]
