@@ -42,6 +42,7 @@ struct SampleFlags {
   SamplingOptions sampling{200, 0.8f, 40};
   uint64_t seed = 1;
   std::vector<std::string> stop;
+  std::vector<int32_t> prompt_ids;  // instead of --prompt: the ids as they are
   bool chat = false, no_bos = false, ignore_eos = false, no_kv_cache = false;
   DeviceKind device = DeviceKind::kCpu;
   Dtype dtype = Dtype::kAuto;
@@ -116,6 +117,12 @@ std::vector<int32_t> bos_ids(const Tokenizer& tokenizer, const nlohmann::json& t
 // with BOS before it; special tokens' spellings become their ids, as in transformers.
 std::vector<int32_t> prompt_ids(const SampleFlags& flags, const Tokenizer& tokenizer,
                                 const fs::path& tokenizer_config_path) {
+  if (!flags.prompt_ids.empty()) {
+    LAYUP_CHECK(!flags.chat,
+                "--chat renders the text of --prompt; --prompt-ids are given as they "
+                "are: use one of them");
+    return flags.prompt_ids;
+  }
   const auto* hf = dynamic_cast<const HfTokenizer*>(&tokenizer);
   const nlohmann::json tokenizer_config = read_json_if_present(tokenizer_config_path);
   if (!flags.chat) {
@@ -224,8 +231,8 @@ void run_sample(const SampleFlags& flags) {
   if (prompt.empty()) prompt.push_back(tokenizer.document_separator());
   // A model may have fewer tokens than its tokenizer; an id beyond them has no embedding row.
   for (size_t i = 0; i < prompt.size(); ++i) {
-    LAYUP_CHECK(prompt[i] < config.vocab_size, "--prompt: its token ", i, " (id ", prompt[i],
-                ") is outside the model's vocabulary of ", config.vocab_size,
+    LAYUP_CHECK(prompt[i] >= 0 && prompt[i] < config.vocab_size, "--prompt: its token ", i, " (id ",
+                prompt[i], ") is outside the model's vocabulary of ", config.vocab_size,
                 " tokens; use a prompt of text this model was trained on, or the tokenizer it "
                 "was trained with (--tokenizer)");
   }
@@ -298,8 +305,14 @@ void add_sample_command(CLI::App& app) {
                 "A checkpoint folder (model.safetensors + config.json, e.g. from Hugging Face "
                 "save_pretrained) or a run folder (its latest checkpoint)")
       ->required();
-  add_text_flag(*cmd, "--prompt", flags->prompt, "text", "Text to continue")
-      ->default_str("a newline");
+  CLI::Option* prompt = add_text_flag(*cmd, "--prompt", flags->prompt, "text", "Text to continue")
+                            ->default_str("a newline");
+  cmd->add_option("--prompt-ids", flags->prompt_ids,
+                  "Token ids to continue instead of --prompt, as they are (no BOS added): e.g. "
+                  "the ids another engine is given, to compare with it")
+      ->type_name("id,id,...")
+      ->delimiter(',')
+      ->excludes(prompt);
   add_whole_flag(*cmd, "--tokens", flags->sampling.new_tokens, at_least(1),
                  "Tokens to generate at most (fewer where an end-of-sequence token, a --stop text "
                  "or the model's context comes first)")

@@ -158,3 +158,17 @@ def test_a_model_that_does_not_fit_is_refused_before_it_is_read(tmp_path):
     assert "layup sample needs" in result.stderr and "of host memory" in result.stderr
     assert "weights" in result.stderr and "key/value cache" in result.stderr
     assert result.stdout == ""
+
+
+def test_prompt_ids_are_the_prompt_as_given(tmp_path):
+    """--prompt-ids (a benchmark's way to give two engines the same ids) continues those ids as
+    --prompt continues the text that spells them; with --chat it is refused."""
+    random_hf_model(tmp_path / "model", n_positions=32)
+    ids = local_gpt2_encoding().encode(PROMPT)
+    flags = ["--tokens", "4", "--top-k", "1", "--ignore-eos"]
+    from_text, _ = sample(tmp_path / "model", "--prompt", PROMPT, *flags)
+    from_ids, _ = sample(tmp_path / "model", "--prompt-ids", ",".join(map(str, ids)), *flags)
+    assert from_ids == from_text
+    refused = run([binary("layup"), "sample", "--checkpoint", tmp_path / "model", "--prompt-ids",
+                   "1,2", "--chat"], check=False)
+    assert refused.returncode == 1 and "--prompt-ids" in refused.stderr
