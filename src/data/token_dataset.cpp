@@ -141,8 +141,7 @@ TokenDataset::TokenDataset(const std::vector<std::string>& shard_paths, int voca
   LAYUP_CHECK(!shard_paths.empty(), "a token dataset needs at least one shard");
   wide_ = vocab_size > 65536;
   std::vector<size_t> shard_starts;
-  std::vector<std::vector<uint8_t>> shard_flags;
-  bool any_flags = false;
+  std::vector<std::string> flags_paths;  // "" where a shard has none
   for (const std::string& path : shard_paths) {
     shard_starts.push_back(size());
     if (wide_) {
@@ -152,19 +151,22 @@ TokenDataset::TokenDataset(const std::vector<std::string>& shard_paths, int voca
       const std::vector<uint16_t> shard = read_token_shard(path, vocab_size);
       tokens16_.insert(tokens16_.end(), shard.begin(), shard.end());
     }
-    const std::string flags_path = token_flags_path(path);
     std::error_code error;
-    shard_flags.emplace_back();
-    if (fs::exists(flags_path, error)) {
-      shard_flags.back() = read_token_flags(flags_path, size() - shard_starts.back());
-      any_flags = true;
-    }
+    const std::string flags_path = token_flags_path(path);
+    flags_paths.push_back(fs::exists(flags_path, error) ? flags_path : std::string());
   }
-  if (!any_flags) return;
+  shard_starts.push_back(size());
+  if (std::all_of(flags_paths.begin(), flags_paths.end(),
+                  [](const std::string& path) { return path.empty(); }))
+    return;
   // A shard without flags is one example of learned tokens; every shard begins an example.
   flags_.assign(size(), kTokenLearn);
   for (size_t i = 0; i < shard_paths.size(); ++i) {
-    std::copy(shard_flags[i].begin(), shard_flags[i].end(), flags_.begin() + shard_starts[i]);
+    if (!flags_paths[i].empty()) {
+      const std::vector<uint8_t> flags =
+          read_token_flags(flags_paths[i], shard_starts[i + 1] - shard_starts[i]);
+      std::copy(flags.begin(), flags.end(), flags_.begin() + shard_starts[i]);
+    }
     flags_[shard_starts[i]] |= kTokenExampleStart;
   }
 }

@@ -1,14 +1,17 @@
 """The masked loss of instruction fine-tuning against transformers: a window whose prompt targets
 are not learned (layup's target -1, transformers' label -100) gives the same loss (the mean over
 the learned targets), logits and every gradient, on a tiny GPT-2 and a tiny Llama; a window with
-nothing learned gives loss 0 and no gradient."""
+nothing learned gives loss 0 and no gradient. Then `layup train` on token shards with flags files
+beside them: examples packed into windows, prompts and the targets between examples not learned,
+the step's and the validation loss equal transformers' on the same windows."""
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from oracle_util import VOCAB, binary, random_hf_model, relative_error, run, target_env
+from oracle_util import (VOCAB, binary, random_hf_model, read_log, relative_error, run,
+                         target_env)
 
 B, T = 2, 24
 # Not-learned targets per sequence: a prompt of 9 targets, and one of 17 (a shorter completion).
@@ -83,3 +86,84 @@ def test_a_window_with_nothing_learned_has_loss_zero_and_no_gradient(tmp_path):
     assert load_file(tmp_path / "out" / "outputs.safetensors")["loss"].item() == 0.0
     for name, grad in load_file(tmp_path / "out" / "grads" / "model.safetensors").items():
         assert torch.count_nonzero(grad) == 0, name
+
+
+def write_flagged_shard(path, tokens, flags):
+    """A uint16 token shard as `layup tokenize` writes it, and its flags file beside it."""
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 1, len(tokens)]
+    path.write_bytes(header.tobytes() + np.asarray(tokens, dtype="<u2").tobytes())
+    header[:3] = [20261205, 1, len(tokens)]
+    path.with_suffix(".flags").write_bytes(header.tobytes() + bytes(flags))
+
+
+def examples_shard(path, examples, rng):
+    """A shard of random examples, each (length, prompt): the first `prompt` tokens not learned,
+    the first token beginning the example. Returns the tokens and their flags."""
+    tokens, flags = [], []
+    for length, prompt in examples:
+        tokens += rng.integers(0, VOCAB, size=length).tolist()
+        flags += [(2 if i == 0 else 0) | (1 if i >= prompt else 0) for i in range(length)]
+    write_flagged_shard(path, tokens, flags)
+    return tokens, flags
+
+
+def packed_batch(tokens, flags, windows, T):
+    """The inputs and labels (-100 where not learned) of windows (start, length) as layup packs
+    them: padding after the window's tokens, a target learned where its flag says so and it
+    begins no example."""
+    inputs = torch.zeros(len(windows), T, dtype=torch.long)
+    labels = torch.full((len(windows), T), -100, dtype=torch.long)
+    for w, (start, length) in enumerate(windows):
+        for t in range(min(length, T)):
+            inputs[w, t] = tokens[start + t]
+            if t + 1 < length and flags[start + t + 1] == 1:
+                labels[w, t] = tokens[start + t + 1]
+    return inputs, labels
+
+
+def test_train_on_flagged_shards_learns_the_packed_completions_only(tmp_path):
+    """Two windows of T+1 = 17 tokens in each split, so one batch of B = 2 holds all of them in
+    whatever order the shuffle draws: the step's loss is the mean over their learned targets. A
+    learning rate too small to move a weight leaves the validation loss on the start's weights."""
+    T = 16
+    model = random_hf_model(tmp_path / "model")
+    rng = np.random.default_rng(5)
+    data = tmp_path / "data"
+    data.mkdir()
+    # (10, 4) + (6, 2) pack into one window of 16 tokens; (12, 5) does not fit after them, and
+    # with (5, 1) fills the second window exactly.
+    train = examples_shard(data / "train_000000.bin", [(10, 4), (6, 2), (12, 5), (5, 1)], rng)
+    val = examples_shard(data / "val_000000.bin", [(7, 3), (9, 9), (17, 6)], rng)
+    run([binary("layup"), "train", "--init-from", tmp_path / "model", "--data", data, "--steps",
+         "1", "--lr", "1e-30", "--min-lr", "1e-30", "--warmup", "0", "--batch", "2", "--seq-len",
+         str(T), "--eval-every", "1", "--eval-batches", "1", "--sample-tokens", "0",
+         "--no-checkpoints", "--out", tmp_path / "run"])
+    log = read_log(tmp_path / "run")
+    [step] = [entry for entry in log if "loss" in entry]
+    evaluations = [entry["val_loss"] for entry in log if "val_loss" in entry]
+    assert evaluations
+
+    def expected_loss(shard, windows):
+        inputs, labels = packed_batch(*shard, windows, T)
+        with torch.no_grad():
+            logits = model(inputs).logits
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+    assert relative_error(step["loss"], expected_loss(train, [(0, 16), (16, 17)])) < 1e-5
+    for val_loss in evaluations:
+        assert relative_error(val_loss, expected_loss(val, [(0, 16), (16, 17)])) < 1e-5
+
+
+def test_train_refuses_flags_that_learn_nothing(tmp_path):
+    random_hf_model(tmp_path / "model")
+    rng = np.random.default_rng(6)
+    data = tmp_path / "data"
+    data.mkdir()
+    examples_shard(data / "train_000000.bin", [(10, 10), (8, 8)], rng)
+    examples_shard(data / "val_000000.bin", [(10, 3)], rng)
+    result = run([binary("layup"), "train", "--init-from", tmp_path / "model", "--data", data,
+                  "--steps", "1", "--batch", "1", "--seq-len", "16", "--sample-tokens", "0",
+                  "--no-checkpoints", "--out", tmp_path / "run"], check=False)
+    assert result.returncode == 1
+    assert "the training data's flags learn no target in its 2 examples" in result.stderr
