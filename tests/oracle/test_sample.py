@@ -172,3 +172,35 @@ def test_prompt_ids_are_the_prompt_as_given(tmp_path):
     refused = run([binary("layup"), "sample", "--checkpoint", tmp_path / "model", "--prompt-ids",
                    "1,2", "--chat"], check=False)
     assert refused.returncode == 1 and "--prompt-ids" in refused.stderr
+
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{% endif %}")
+
+
+def test_chat_renders_the_template_and_prints_the_reply(tmp_path):
+    """--chat: the prompt as one user message through the model's chat template, tokenized as
+    apply_chat_template(add_generation_prompt=True) tokenizes it; greedy, the reply is the one
+    transformers generates from those ids."""
+    pytest.importorskip("tokenizers")
+    raw = byte_level_tokenizer()
+    raw.add_special_tokens(["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<|begin_of_text|>",
+                                        eos_token="<|eot_id|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(tmp_path / "model")
+    model = llama_gqa(tmp_path / "model", vocab_size=len(tokenizer), n_positions=64,
+                      eos_token_id=tokenizer.eos_token_id).eval()
+    messages = [{"role": "user", "content": "It was the best of times"}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.eos_token_id) == 1
+    reply = greedy_ids(model, ids, 6)
+    out, _ = sample(tmp_path / "model", "--chat", "--prompt", messages[0]["content"], "--tokens",
+                    "6", "--top-k", "1", "--ignore-eos")
+    # transformers spells bytes that are not UTF-8 as U+FFFD; layup prints them as they are.
+    assert out.decode(errors="replace") == tokenizer.decode(reply) + "\n"
