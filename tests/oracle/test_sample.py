@@ -11,7 +11,7 @@ import torch
 from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, LlamaTokenizerFast,
                           PreTrainedTokenizerFast)
 
-from oracle_util import VOCAB, binary, local_gpt2_encoding, random_hf_model, run
+from oracle_util import VOCAB, binary, local_gpt2_encoding, random_hf_model, run, target_env
 
 PROMPT = "It was the best of times, it was the worst of times"
 
@@ -30,10 +30,10 @@ def llama_gqa(path, vocab_size=VOCAB, n_positions=256, **ids):
     return model
 
 
-def sample(checkpoint, *flags):
+def sample(checkpoint, *flags, device=("--device", "cpu")):
     """stdout as bytes (a few random tokens need not end on a UTF-8 boundary), stderr as text."""
-    result = subprocess.run([binary("layup"), "sample", "--checkpoint", str(checkpoint), "--device",
-                             "cpu", *flags], capture_output=True)
+    result = subprocess.run([binary("layup"), "sample", "--checkpoint", str(checkpoint), *device,
+                             *flags], capture_output=True)
     assert result.returncode == 0, result.stderr.decode(errors="replace")
     return result.stdout, result.stderr.decode(errors="replace")
 
@@ -58,6 +58,23 @@ def test_the_cache_decodes_what_the_recomputed_window_decodes(tmp_path, family):
         assert len(cached) > len(prompt) + 8
         assert "key/value cache" in cached_log and "recomputed" in recomputed_log
         assert "decode: 15 tokens in" in cached_log and "tokens/s" in cached_log
+
+
+@pytest.mark.parametrize("dtype, tokens", [("fp32", "16"), ("bf16", "4")])
+def test_cuda_decodes_what_the_cpu_decodes(tmp_path, dtype, tokens):
+    """On the GPU (skipped without one), with the cache and without: the CPU's greedy text, in
+    fp32, and in bf16 over the first few tokens (the head's leads are far above bf16's rounding
+    there)."""
+    target_env("cuda", dtype)
+    llama_gqa(tmp_path / "model")
+    common = ["--prompt", " ".join([PROMPT] * 13), "--tokens", tokens, "--top-k", "1",
+              "--ignore-eos"]
+    expected, _ = sample(tmp_path / "model", *common)
+    for flags in ([], ["--no-kv-cache"]):
+        out, log = sample(tmp_path / "model", *common, *flags,
+                          device=("--device", "cuda", "--dtype", dtype))
+        assert out == expected
+        assert f"cuda in {dtype}" in log
 
 
 def test_the_cache_stops_at_the_models_context(tmp_path):
