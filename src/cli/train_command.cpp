@@ -105,6 +105,9 @@ void add_train_command(CLI::App& app) {
       "With a --data file: which tokens of prompt/completion and chat lines the loss learns, as "
       "`layup tokenize --learn`")
       ->capture_default_str();
+  cmd->add_flag("--no-packing{false}", o.pack_examples,
+                "Instruction data: one example per window, the rest padding, instead of packing "
+                "as many whole examples as fit (packed examples attend to the ones before them)");
   add_path_flag(*cmd, "--tokenizer", o.tokenizer_dir, "folder or tokenizer.json",
                 "A tokenizer.json, or a folder with one or with GPT-2's gpt2.tiktoken or "
                 "encoder.json + vocab.bpe")

@@ -183,7 +183,7 @@ void TokenDataset::copy_packed_window(const PackedWindow& window, int seq_len, i
   }
 }
 
-PackedExamples pack_examples(const TokenDataset& dataset, int seq_len) {
+PackedExamples pack_examples(const TokenDataset& dataset, int seq_len, ExamplePacking packing) {
   const size_t window_tokens = static_cast<size_t>(seq_len) + 1;
   PackedExamples packed;
   // Tokens [start, start + length) of the window being filled; its learned targets.
@@ -220,7 +220,9 @@ PackedExamples pack_examples(const TokenDataset& dataset, int seq_len) {
         close();
       }
     }
-    if (open.length > 0 && static_cast<size_t>(open.length) + length > window_tokens) close();
+    if (open.length > 0 && (packing == ExamplePacking::kOnePerWindow ||
+                            static_cast<size_t>(open.length) + length > window_tokens))
+      close();
     if (open.length == 0) open.start = start;
     open.length += static_cast<int>(length);
     // The target of the window's token before this example is the example's first token, which
@@ -248,11 +250,12 @@ TokenDataset TokenDataset::open(const std::string& data_dir, const std::string& 
   return TokenDataset(split == "train" ? shards.train : shards.val, vocab_size);
 }
 
-BatchSampler::BatchSampler(const TokenDataset& dataset, int batch, int seq_len, uint64_t seed)
+BatchSampler::BatchSampler(const TokenDataset& dataset, int batch, int seq_len, uint64_t seed,
+                           ExamplePacking packing)
     : dataset_(&dataset), batch_(batch), seq_len_(seq_len), seed_(seed), rng_(seed) {
   check_batch_shape(batch, seq_len);
   if (dataset.has_flags()) {
-    packed_ = std::make_unique<const PackedExamples>(pack_examples(dataset, seq_len));
+    packed_ = std::make_unique<const PackedExamples>(pack_examples(dataset, seq_len, packing));
     LAYUP_CHECK(!packed_->windows.empty(), "the training data's flags learn no target in its ",
                 packed_->examples,
                 " examples; tokenize it with the completions or assistant "
@@ -316,11 +319,11 @@ TokenBatchBuffer BatchSampler::next() {
 }
 
 ValidationBatches::ValidationBatches(const TokenDataset& dataset, int batch, int seq_len,
-                                     int max_batches)
+                                     int max_batches, ExamplePacking packing)
     : dataset_(&dataset), batch_(batch), seq_len_(seq_len), count_(0) {
   check_batch_shape(batch, seq_len);
   if (dataset.has_flags()) {
-    packed_windows_ = pack_examples(dataset, seq_len).windows;
+    packed_windows_ = pack_examples(dataset, seq_len, packing).windows;
     const size_t whole_batches = packed_windows_.size() / static_cast<size_t>(batch);
     LAYUP_CHECK(whole_batches >= 1, "the validation data packs into ", packed_windows_.size(),
                 " windows of T+1=", seq_len + 1,

@@ -18,7 +18,9 @@
 // window (the later pieces do not see the start of the example). Examples packed into one window
 // attend to the ones before them, and positions run on across them (0..T-1 over the window):
 // neither attention op isolates examples yet. Training draws the windows in a shuffled order, a
-// new permutation per pass, seeded by the run's seed; validation takes them in order.
+// new permutation per pass, seeded by the run's seed; validation takes them in order. With
+// ExamplePacking::kOnePerWindow each window holds one example (or one piece of a long one), so
+// no example sees another, at the cost of the padding.
 #pragma once
 
 #include <cstddef>
@@ -102,6 +104,9 @@ class TokenDataset {
   std::vector<uint8_t> flags_;  // one per token; empty for plain text
 };
 
+// Whether a window of instruction data holds as many whole examples as fit (kPack), or one.
+enum class ExamplePacking { kPack, kOnePerWindow };
+
 // The windows of instruction data for sequences of seq_len tokens (see the top of this file), in
 // the order of the examples. A window without a learned target (an example that is all prompt)
 // is left out.
@@ -111,7 +116,8 @@ struct PackedExamples {
   size_t split_examples = 0;  // longer than seq_len + 1 tokens, split over several windows
   size_t learned_targets = 0;
 };
-PackedExamples pack_examples(const TokenDataset& dataset, int seq_len);
+PackedExamples pack_examples(const TokenDataset& dataset, int seq_len,
+                             ExamplePacking packing = ExamplePacking::kPack);
 
 // The token ids of one batch, owned; view() is what a ModelBackend takes.
 struct TokenBatchBuffer {
@@ -127,8 +133,9 @@ struct TokenBatchBuffer {
 class BatchSampler {
  public:
   // Throws layup::Error when the dataset has fewer than seq_len + 1 tokens, or, for instruction
-  // data, no learned target.
-  BatchSampler(const TokenDataset& dataset, int batch, int seq_len, uint64_t seed);
+  // data, no learned target. `packing` applies to instruction data only.
+  BatchSampler(const TokenDataset& dataset, int batch, int seq_len, uint64_t seed,
+               ExamplePacking packing = ExamplePacking::kPack);
 
   // Draws the next batch. Plain text: B start positions in [0, size - T - 1], one Rng draw each,
   // in order. Instruction data: the next B packed windows of the current pass's permutation.
@@ -168,7 +175,8 @@ class ValidationBatches {
   // max_batches <= 0 takes every whole batch that fits. Throws layup::Error when not even one
   // batch fits, saying how many tokens (or packed windows) there are and how many one batch
   // needs.
-  ValidationBatches(const TokenDataset& dataset, int batch, int seq_len, int max_batches);
+  ValidationBatches(const TokenDataset& dataset, int batch, int seq_len, int max_batches,
+                    ExamplePacking packing = ExamplePacking::kPack);
 
   int size() const { return count_; }
   void get(int index, TokenBatchBuffer& out) const;

@@ -319,6 +319,17 @@ TEST(PackedInstructionData, ExamplesArePackedWholeInOrderAndLongOnesSplit) {
   for (size_t p = 0; p < dataset.size(); ++p)
     if (dataset.learned(p)) learned.insert(static_cast<int32_t>(p));
   EXPECT_EQ(seen, learned);
+
+  // One example per window: the same pieces, none sharing a window.
+  const PackedExamples alone = pack_examples(dataset, 8, ExamplePacking::kOnePerWindow);
+  const std::vector<std::pair<size_t, int>> expected_alone = {{0, 4},  {4, 3},  {7, 5},  {12, 9},
+                                                              {20, 9}, {28, 4}, {32, 2}, {43, 3}};
+  ASSERT_EQ(alone.windows.size(), expected_alone.size());
+  for (size_t w = 0; w < expected_alone.size(); ++w) {
+    EXPECT_EQ(alone.windows[w].start, expected_alone[w].first) << "window " << w;
+    EXPECT_EQ(alone.windows[w].length, expected_alone[w].second) << "window " << w;
+  }
+  EXPECT_EQ(alone.learned_targets, packed.learned_targets);  // none lost, none gained
 }
 
 TEST(PackedInstructionData, SamplerShufflesEachPassAndResumesFromItsState) {

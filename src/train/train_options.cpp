@@ -141,6 +141,7 @@ const std::vector<Setting>& settings() {
       LAYUP_SETTING("seed", "--seed", true, seed),
       LAYUP_SETTING("data_dir", "--data", true, data_dir),
       LAYUP_SETTING("learn", "--learn", true, learn),
+      LAYUP_SETTING("pack_examples", "--no-packing", true, pack_examples),
       LAYUP_SETTING("tokenizer_dir", "--tokenizer", false, tokenizer_dir),
       LAYUP_SETTING("eval_every", "--eval-every", false, eval_every),
       LAYUP_SETTING("eval_batches", "--eval-batches", false, eval_batches),

@@ -16,7 +16,8 @@ struct TrainOptions : RunSpec {
   // into a cache folder; empty = the shipped corpus, tokenized once into a cache folder.
   std::string data_dir;
   std::string learn = "completions";  // --learn for a data file: parse_learn_tokens
-  std::string tokenizer_dir;          // for the final sample and the default data; empty = shipped
+  bool pack_examples = true;  // false: --no-packing (instruction data: one example per window)
+  std::string tokenizer_dir;  // for the final sample and the default data; empty = shipped
 
   // Optimization.
   int steps = 300;

@@ -226,10 +226,12 @@ void read_training_data(TrainingData& data, const TrainOptions& options) {
   data.train = std::make_unique<TokenDataset>(data.shards.train, vocab_size);
   data.val = std::make_unique<TokenDataset>(data.shards.val, vocab_size);
   if (!options.data_dir.empty()) check_tokenizer_fits_model(data, options.model);
-  data.sampler =
-      std::make_unique<BatchSampler>(*data.train, options.batch, options.seq_len, options.seed);
+  const ExamplePacking packing =
+      options.pack_examples ? ExamplePacking::kPack : ExamplePacking::kOnePerWindow;
+  data.sampler = std::make_unique<BatchSampler>(*data.train, options.batch, options.seq_len,
+                                                options.seed, packing);
   data.validation = std::make_unique<ValidationBatches>(*data.val, options.batch, options.seq_len,
-                                                        options.eval_batches);
+                                                        options.eval_batches, packing);
 }
 
 void check_checkpoints_fit(const TrainOptions& options, int start_step, const MemoryPlan* plan) {

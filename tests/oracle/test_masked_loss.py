@@ -122,23 +122,38 @@ def packed_batch(tokens, flags, windows, T):
     return inputs, labels
 
 
-def test_train_on_flagged_shards_learns_the_packed_completions_only(tmp_path):
-    """Two windows of T+1 = 17 tokens in each split, so one batch of B = 2 holds all of them in
-    whatever order the shuffle draws: the step's loss is the mean over their learned targets. A
-    learning rate too small to move a weight leaves the validation loss on the start's weights."""
-    T = 16
+# The examples (length, prompt) of each split, and the windows (start, length) they make at
+# T = 16 (windows of 17 tokens). Packed: (10, 4) + (6, 2) fill one window of 16 tokens; (12, 5)
+# does not fit after them, and with (5, 1) fills the second exactly; in validation (9, 9), all
+# prompt, packs after (7, 3). One example per window (--no-packing): each its own window, the
+# all-prompt one left out.
+TRAIN = [(10, 4), (6, 2), (12, 5), (5, 1)]
+PACKINGS = {
+    "packed": dict(flags=[], batch=2, val=[(7, 3), (9, 9), (17, 6)],
+                   train_windows=[(0, 16), (16, 17)], val_windows=[(0, 16), (16, 17)]),
+    "one-per-window": dict(flags=["--no-packing"], batch=4,
+                           val=[(7, 3), (9, 9), (17, 6), (5, 1), (6, 2)],
+                           train_windows=[(0, 10), (10, 6), (16, 12), (28, 5)],
+                           val_windows=[(0, 7), (16, 17), (33, 5), (38, 6)]),
+}
+
+
+@pytest.mark.parametrize("packing", sorted(PACKINGS))
+def test_train_on_flagged_shards_learns_the_completions_only(tmp_path, packing):
+    """One batch holds every training window, in whatever order the shuffle draws them: the
+    step's loss is the mean over their learned targets. A learning rate too small to move a
+    weight leaves every validation loss on the start's weights."""
+    T, case = 16, PACKINGS[packing]
     model = random_hf_model(tmp_path / "model")
     rng = np.random.default_rng(5)
     data = tmp_path / "data"
     data.mkdir()
-    # (10, 4) + (6, 2) pack into one window of 16 tokens; (12, 5) does not fit after them, and
-    # with (5, 1) fills the second window exactly.
-    train = examples_shard(data / "train_000000.bin", [(10, 4), (6, 2), (12, 5), (5, 1)], rng)
-    val = examples_shard(data / "val_000000.bin", [(7, 3), (9, 9), (17, 6)], rng)
+    train = examples_shard(data / "train_000000.bin", TRAIN, rng)
+    val = examples_shard(data / "val_000000.bin", case["val"], rng)
     run([binary("layup"), "train", "--init-from", tmp_path / "model", "--data", data, "--steps",
-         "1", "--lr", "1e-30", "--min-lr", "1e-30", "--warmup", "0", "--batch", "2", "--seq-len",
-         str(T), "--eval-every", "1", "--eval-batches", "1", "--sample-tokens", "0",
-         "--no-checkpoints", "--out", tmp_path / "run"])
+         "1", "--lr", "1e-30", "--min-lr", "1e-30", "--warmup", "0", "--batch", case["batch"],
+         "--seq-len", T, "--eval-every", "1", "--eval-batches", "1", "--sample-tokens", "0",
+         "--no-checkpoints", "--out", tmp_path / "run", *case["flags"]])
     log = read_log(tmp_path / "run")
     [step] = [entry for entry in log if "loss" in entry]
     evaluations = [entry["val_loss"] for entry in log if "val_loss" in entry]
@@ -150,9 +165,9 @@ def test_train_on_flagged_shards_learns_the_packed_completions_only(tmp_path):
             logits = model(inputs).logits
         return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
 
-    assert relative_error(step["loss"], expected_loss(train, [(0, 16), (16, 17)])) < 1e-5
+    assert relative_error(step["loss"], expected_loss(train, case["train_windows"])) < 1e-5
     for val_loss in evaluations:
-        assert relative_error(val_loss, expected_loss(val, [(0, 16), (16, 17)])) < 1e-5
+        assert relative_error(val_loss, expected_loss(val, case["val_windows"])) < 1e-5
 
 
 def test_train_refuses_flags_that_learn_nothing(tmp_path):
