@@ -213,7 +213,7 @@ void add_optimizer_state_flag(CLI::App& command, OptimizerStateKind& kind) {
                     "How AdamW keeps its two moments: fp32 (8 bytes a parameter), bf16 (4; each "
                     "moment rounded to bfloat16) or 8bit (2.03; blockwise dynamic quantisation, "
                     "256 values a block). bf16 and 8bit are lossy (docs/optimizer_state.md); the "
-                    "master weights and the update stay fp32. --mode gpu only for now");
+                    "master weights and the update stay fp32");
 }
 
 WholeRange recompute_range() {

@@ -47,17 +47,23 @@ BufferList process_buffers(const MemoryPlanRequest& r, const ParameterLayout& la
   const bool cuda = r.device == DeviceKind::kCuda;
   size_t largest_span = 0;
   for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
+  // Compact moments are coded or decoded on the host on their way in or out, beside the span's
+  // fp32 values.
+  const size_t span_bytes =
+      3 * largest_span * f + (r.optimizer_state == OptimizerStateKind::kFp32
+                                  ? 0
+                                  : optimizer_moments_bytes(r.optimizer_state, largest_span) + f);
   BufferList list;
   if (r.streams_checkpoints)
     list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost,
-             3 * largest_span * f + 2 * largest_tensor * f + 2 * kStreamedWriteBufferBytes,
+             span_bytes + 2 * largest_tensor * f + 2 * kStreamedWriteBufferBytes,
              "one span's parameters and moments on their way into the schedule (fresh or resumed) "
              "or out of it (a checkpoint), and the checkpoint writer's or reader's scratch: its "
              "chunk and a matrix it transposes, a tensor each at most, and the file writer's two "
              "buffers",
              false, true}};
   else
-    list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost, 3 * largest_span * f,
+    list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost, span_bytes,
              "one span's fresh parameters and moments on their way into the schedule", false,
              true}};
   if (r.data_bytes > 0)
@@ -125,7 +131,8 @@ RunMemory plan_run_memory(const MemoryPlanRequest& r, int cpu_workers) {
   append(plan.allocations, run.step.buffers);
   append(plan.allocations, backend_and_device_buffers(r, plan.placement));
   append(plan.allocations, process_buffers(r, layout));
-  plan.disk_bytes = disk_state_bytes(DiskTier::records(layout, run.schedule.update_sites));
+  plan.disk_bytes = disk_state_bytes(
+      DiskTier::records(layout, run.schedule.update_sites, run.schedule.optimizer_state));
 
   if (cuda) {
     if (r.dtype == Dtype::kBf16)

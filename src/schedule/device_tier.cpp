@@ -1,15 +1,28 @@
 // DeviceTier: packed device buffers for the device-updated spans, and their AdamW.
 #include "schedule/device_tier.h"
 
+#include <vector>
+
 #include "core/error.h"
 #include "schedule/step_plan.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
 
+namespace {
+
+PackedMoments device_moments(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
+                             OptimizerStateKind kind) {
+  return PackedMoments::of(kind, layout, [&](size_t index) {
+    return index < sites.size() && sites[index] == UpdateSite::kDevice;
+  });
+}
+
+}  // namespace
+
 DeviceTier::Buffers DeviceTier::buffers(const ParameterLayout& layout,
                                         const std::vector<UpdateSite>& sites, MemoryKind grads_kind,
-                                        DeviceKinds kinds) {
+                                        DeviceKinds kinds, OptimizerStateKind kind) {
   const std::vector<Span>& all = layout.spans();
   LAYUP_CHECK(sites.empty() || sites.size() == all.size(), "the update sites name ", sites.size(),
               " spans, but the model has ", all.size(),
@@ -24,10 +37,9 @@ DeviceTier::Buffers DeviceTier::buffers(const ParameterLayout& layout,
   const size_t f = sizeof(float);
   const MemorySide side = MemorySide::kDevice;
   if (moments == 0) return buffers;
-  buffers.m = {side, TensorClass::kOptimizerMoments, kinds.own, moments * f,
-               "AdamW m of the device-updated spans"};
-  buffers.v = {side, TensorClass::kOptimizerMoments, kinds.own, moments * f,
-               "AdamW v of the device-updated spans"};
+  buffers.moments = {side, TensorClass::kOptimizerMoments, kinds.own,
+                     device_moments(layout, sites, kind).bytes,
+                     "AdamW m and v of the device-updated spans, " + name_of(kind)};
   if (block_floats > 0)
     buffers.block_grads = {side, TensorClass::kWeightGrads, grads_kind, block_floats * f,
                            "gradients of the device-updated blocks"};
@@ -40,7 +52,7 @@ DeviceTier::Buffers DeviceTier::buffers(const ParameterLayout& layout,
 
 BufferList DeviceTier::Buffers::list(bool several_micro_batches) const {
   BufferList list;
-  for (const std::optional<PlannedAllocation>& buffer : {m, v, block_grads})
+  for (const std::optional<PlannedAllocation>& buffer : {moments, block_grads})
     if (buffer) list.push_back(*buffer);
   if (head_sums && several_micro_batches) list.push_back(*head_sums);
   return list;
@@ -48,10 +60,11 @@ BufferList DeviceTier::Buffers::list(bool several_micro_batches) const {
 
 DeviceTier::DeviceTier(Device& device, const ParameterLayout& layout,
                        const std::vector<UpdateSite>& sites, MemoryKind grads_kind,
-                       float* embeddings_grad, float* final_norm_grad)
+                       float* embeddings_grad, float* final_norm_grad, OptimizerStateKind kind)
     : device_(device),
       layout_(layout),
-      buffers_(buffers(layout, sites, grads_kind, device.kinds())),
+      buffers_(buffers(layout, sites, grads_kind, device.kinds(), kind)),
+      moments_(device_moments(layout, sites, kind)),
       at_(layout.spans().size(), kNotHere),
       block_at_(layout.config().n_layer, kNotHere),
       head_sum_at_(layout.spans().size(), kNotHere),
@@ -71,8 +84,7 @@ DeviceTier::DeviceTier(Device& device, const ParameterLayout& layout,
       head_sum_count_ += all[index].count;
     }
   }
-  if (buffers_.m) m_ = device.allocate(*buffers_.m);
-  if (buffers_.v) v_ = device.allocate(*buffers_.v);
+  if (buffers_.moments) moments_buffer_ = device.allocate(*buffers_.moments);
   if (buffers_.block_grads) block_grads_ = device.allocate(*buffers_.block_grads);
 }
 
@@ -114,9 +126,9 @@ void DeviceTier::update(const AdamWStep& adamw, const std::vector<float*>& weigh
   for (const size_t index : spans_) {
     const Span& span = layout_.spans()[index];
     TraceSpan traced(trace, track, trace_name(TaskKind::kAdamW, span.kind), span.layer);
-    device_.adamw_update_span(layout_, span, weights[index], gradient(index),
-                              m_.data() + at_[index], v_.data() + at_[index], adamw,
-                              compute_copies.empty() ? nullptr : compute_copies[index]);
+    device_.adamw_update_span_state(layout_, span, weights[index], gradient(index),
+                                    moments_.in(moments_buffer_.data(), index), adamw,
+                                    compute_copies.empty() ? nullptr : compute_copies[index]);
   }
 }
 
@@ -124,15 +136,31 @@ void DeviceTier::read_span(size_t index, const SpanState& out, const float* weig
   LAYUP_CHECK(holds(index), "span ", index, " is not updated on the device");
   const size_t count = layout_.spans()[index].count;
   if (out.params) device_.copy_to_host(out.params, weights, count);
-  if (out.m) device_.copy_to_host(out.m, m_.data() + at_[index], count);
-  if (out.v) device_.copy_to_host(out.v, v_.data() + at_[index], count);
+  const AdamWMoments moments = moments_.in(moments_buffer_.data(), index);
+  if (moments.kind == OptimizerStateKind::kFp32) {
+    if (out.m) device_.copy_to_host(out.m, moments.m_fp32(), count);
+    if (out.v) device_.copy_to_host(out.v, moments.v_fp32(), count);
+    return;
+  }
+  if (out.m == nullptr && out.v == nullptr) return;
+  std::vector<float> coded(moments_.floats(index));
+  device_.copy_to_host(coded.data(), moments_.base(moments_buffer_.data(), index), coded.size());
+  decode_moments(AdamWMoments::in_buffer(moments.kind, coded.data(), count), count, out.m, out.v);
 }
 
 void DeviceTier::write_span(size_t index, const float* m, const float* v) {
   LAYUP_CHECK(holds(index), "span ", index, " is not updated on the device");
   const size_t count = layout_.spans()[index].count;
-  device_.copy_to_device(m_.data() + at_[index], m, count);
-  device_.copy_to_device(v_.data() + at_[index], v, count);
+  const AdamWMoments moments = moments_.in(moments_buffer_.data(), index);
+  if (moments.kind == OptimizerStateKind::kFp32) {
+    device_.copy_to_device(moments.m_fp32(), m, count);
+    device_.copy_to_device(moments.v_fp32(), v, count);
+    return;
+  }
+  // Coded from the span's first element, as its updates code it.
+  std::vector<float> coded(moments_.floats(index));
+  encode_moments(m, v, count, AdamWMoments::in_buffer(moments.kind, coded.data(), count));
+  device_.copy_to_device(moments_.base(moments_buffer_.data(), index), coded.data(), coded.size());
 }
 
 }  // namespace layup

@@ -27,11 +27,12 @@ std::string span_name(const Span& span) {
 }  // namespace
 
 std::vector<DiskRecord> DiskTier::records(const ParameterLayout& layout,
-                                          const std::vector<UpdateSite>& sites) {
+                                          const std::vector<UpdateSite>& sites,
+                                          OptimizerStateKind kind) {
   std::vector<DiskRecord> records;
   for (size_t index = 0; index < sites.size(); ++index)
     if (sites[index] == UpdateSite::kDisk)
-      records.push_back({layout.spans()[index].count, span_name(layout.spans()[index])});
+      records.push_back({layout.spans()[index].count, span_name(layout.spans()[index]), kind});
   return records;
 }
 
@@ -45,8 +46,8 @@ BufferList DiskTier::staging_buffers(const std::vector<DiskRecord>& records, siz
 }
 
 BufferList DiskTier::buffers(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
-                             size_t slots, DeviceKinds kinds) {
-  const std::vector<DiskRecord> disk = records(layout, sites);
+                             size_t slots, DeviceKinds kinds, OptimizerStateKind kind) {
+  const std::vector<DiskRecord> disk = records(layout, sites, kind);
   if (disk.empty()) return {};
   BufferList list = staging_buffers(disk, slots, kinds.host_copy);
   append(list, DiskStateStore::buffers());
@@ -54,13 +55,14 @@ BufferList DiskTier::buffers(const ParameterLayout& layout, const std::vector<Up
 }
 
 DiskUsage DiskTier::disk_usage(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
-                               const std::string& dir) {
-  return DiskStateStore::disk_usage(dir, records(layout, sites));
+                               const std::string& dir, OptimizerStateKind kind) {
+  return DiskStateStore::disk_usage(dir, records(layout, sites, kind));
 }
 
 DiskTier::DiskTier(Device& device, const ParameterLayout& layout,
-                   const std::vector<UpdateSite>& sites, const std::string& dir, size_t slots)
-    : device_(device), layout_(layout), record_of_(layout.spans().size(), kNotHere) {
+                   const std::vector<UpdateSite>& sites, const std::string& dir, size_t slots,
+                   OptimizerStateKind kind)
+    : device_(device), layout_(layout), kind_(kind), record_of_(layout.spans().size(), kNotHere) {
   LAYUP_CHECK(sites.size() == layout.spans().size(), "the update sites name ", sites.size(),
               " spans, but the model has ", layout.spans().size());
   for (size_t index = 0; index < sites.size(); ++index) {
@@ -75,7 +77,7 @@ DiskTier::DiskTier(Device& device, const ParameterLayout& layout,
   LAYUP_CHECK(!dir.empty(),
               "blocks placed on disk need a directory for their file: give --offload-dir");
   LAYUP_CHECK(slots >= 1, "the disk tier needs at least one staging slot");
-  const std::vector<DiskRecord> disk = records(layout, sites);
+  const std::vector<DiskRecord> disk = records(layout, sites, kind);
   store_ = std::make_unique<DiskStateStore>(dir, disk);
   for (const PlannedAllocation& buffer : staging_buffers(disk, slots, device.host_memory_kind())) {
     Slot slot;
@@ -123,11 +125,17 @@ void DiskTier::expect(const std::vector<size_t>& spans) {
   changed_.notify_all();
 }
 
+AdamWMoments DiskTier::moments_in(size_t span, float* record) const {
+  const DiskRecordLayout& layout = record_layout(span);
+  if (kind_ == OptimizerStateKind::kFp32)
+    return AdamWMoments::fp32(record + layout.m_offset(), record + layout.v_offset());
+  return AdamWMoments::in_buffer(kind_, record + layout.m_offset(), layout.count);
+}
+
 DiskTier::Lease DiskTier::lease_of(size_t slot) {
-  const DiskRecordLayout& layout = record_layout(slots_[slot].span);
+  const size_t span = slots_[slot].span;
   float* data = slots_[slot].data;
-  return {slots_[slot].span, slot, data + layout.params_offset(), data + layout.m_offset(),
-          data + layout.v_offset()};
+  return {span, slot, data + record_layout(span).params_offset(), moments_in(span, data)};
 }
 
 size_t DiskTier::slot_holding(size_t span) const {
@@ -334,18 +342,28 @@ void DiskTier::read_span(size_t span, const SpanState& out) {
     slots_[slot].ticket.wait();
     slots_[slot].state = SlotState::kReady;
   }
+  const size_t count = layout_.spans()[span].count;
   if (slot != kNotHere) {
     const Lease lease = lease_of(slot);
-    const size_t count = layout_.spans()[span].count;
     if (out.params) std::copy_n(lease.params, count, out.params);
-    if (out.m) std::copy_n(lease.m, count, out.m);
-    if (out.v) std::copy_n(lease.v, count, out.v);
+    decode_moments(lease.moments, count, out.m, out.v);
     return;
   }
   // Under the lock: the ring starts no read of it meanwhile.
-  store_->read_parts(record_of_[span], out.params, out.m, out.v);
-  const size_t parts = (out.params != nullptr) + (out.m != nullptr) + (out.v != nullptr);
-  traffic_.bytes_read += parts * record_layout(span).part_floats * sizeof(float);
+  const DiskRecordLayout& layout = record_layout(span);
+  if (kind_ == OptimizerStateKind::kFp32) {
+    store_->read_parts(record_of_[span], out.params, out.m, out.v);
+    const size_t parts = (out.params != nullptr) + (out.m != nullptr) + (out.v != nullptr);
+    traffic_.bytes_read += parts * layout.part_floats * sizeof(float);
+    return;
+  }
+  const bool moments = out.m != nullptr || out.v != nullptr;
+  std::vector<float> coded(moments ? layout.moment_bytes / sizeof(float) : 0);
+  store_->read_parts(record_of_[span], out.params, moments ? coded.data() : nullptr);
+  if (moments)
+    decode_moments(AdamWMoments::in_buffer(kind_, coded.data(), count), count, out.m, out.v);
+  traffic_.bytes_read += (out.params != nullptr ? layout.part_floats * sizeof(float) : 0) +
+                         coded.size() * sizeof(float);
 }
 
 void DiskTier::write_span(size_t span, const ConstSpanState& in) {
@@ -360,8 +378,19 @@ void DiskTier::write_span(size_t span, const ConstSpanState& in) {
     slots_[slot].state = SlotState::kFree;
     slots_[slot].span = kNotHere;
   }
-  store_->write_parts(record_of_[span], in.params, in.m, in.v);
-  traffic_.bytes_written += record_layout(span).bytes;  // null m, v: zeros written
+  const DiskRecordLayout& layout = record_layout(span);
+  if (kind_ == OptimizerStateKind::kFp32) {
+    store_->write_parts(record_of_[span], in.params, in.m, in.v);
+  } else if (in.m == nullptr || in.v == nullptr) {
+    store_->write_parts(record_of_[span], in.params, nullptr);
+  } else {
+    // Coded from the span's first element, as its updates code it.
+    std::vector<float> coded(layout.moment_bytes / sizeof(float));
+    encode_moments(in.m, in.v, layout.count,
+                   AdamWMoments::in_buffer(kind_, coded.data(), layout.count));
+    store_->write_parts(record_of_[span], in.params, coded.data());
+  }
+  traffic_.bytes_written += layout.bytes;  // null m, v: zeros written
 }
 
 DiskTraffic DiskTier::traffic() {

@@ -1,7 +1,8 @@
 // DiskTier: the spans the layup schedule keeps on disk (UpdateSite::kDisk): their fp32 master
-// weights and AdamW moments in one DiskStateStore file under ScheduleOptions::offload_dir, and a
-// ring of staging slots in host memory (pinned on CUDA) that an update reads a span into, updates
-// in place, sends to the device from and writes back. See docs/schedules.md ("The disk tier").
+// weights and AdamW moments (in the run's optimizer state kind) in one DiskStateStore file under
+// ScheduleOptions::offload_dir, and a ring of staging slots in host memory (pinned on CUDA) that an
+// update reads a span into, updates in place, sends to the device from and writes back. See
+// docs/schedules.md ("The disk tier").
 //
 // Read-ahead: the schedule says in which order it will update the disk spans (expect); the ring's
 // thread reads the next ones into free slots before they are asked for, and completes the
@@ -28,6 +29,7 @@
 
 #include "backend/device.h"
 #include "model/parameter_layout.h"
+#include "optim/adamw_moments.h"
 #include "schedule/schedule.h"
 #include "tier/disk_state_store.h"
 
@@ -36,9 +38,10 @@ namespace layup {
 class DiskTier {
  public:
   // `sites`: one per span (the disk spans are those at UpdateSite::kDisk), in `dir`, with `slots`
-  // staging slots. `device` must outlive this.
+  // staging slots, the moments in `kind`. `device` must outlive this.
   DiskTier(Device& device, const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
-           const std::string& dir, size_t slots);
+           const std::string& dir, size_t slots,
+           OptimizerStateKind kind = OptimizerStateKind::kFp32);
   // Finishes the write-backs (an error is printed: nobody is left to throw it to).
   ~DiskTier();
   DiskTier(const DiskTier&) = delete;
@@ -46,13 +49,16 @@ class DiskTier {
 
   // The disk spans of `sites` as the store's records, in layout order.
   static std::vector<DiskRecord> records(const ParameterLayout& layout,
-                                         const std::vector<UpdateSite>& sites);
+                                         const std::vector<UpdateSite>& sites,
+                                         OptimizerStateKind kind = OptimizerStateKind::kFp32);
   // What it allocates on the host (the slots, each padded to align it for direct I/O, and the
   // store's bounce buffer), and on disk.
   static BufferList buffers(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
-                            size_t slots, DeviceKinds kinds);
+                            size_t slots, DeviceKinds kinds,
+                            OptimizerStateKind kind = OptimizerStateKind::kFp32);
   static DiskUsage disk_usage(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
-                              const std::string& dir);
+                              const std::string& dir,
+                              OptimizerStateKind kind = OptimizerStateKind::kFp32);
 
   bool holds(size_t span) const { return record_of_[span] != kNotHere; }
   const std::vector<size_t>& spans() const { return spans_; }
@@ -69,8 +75,7 @@ class DiskTier {
     size_t span = 0;
     size_t slot = 0;
     float* params = nullptr;
-    float* m = nullptr;
-    float* v = nullptr;
+    AdamWMoments moments;  // in the slot, in the run's kind
   };
   // The span's state, read ahead or read now; the slot is the caller's until put_back.
   Lease take(size_t span);
@@ -104,6 +109,8 @@ class DiskTier {
   static BufferList staging_buffers(const std::vector<DiskRecord>& records, size_t slots,
                                     MemoryKind kind);
   Lease lease_of(size_t slot);
+  // Where a span's moments lie in `record`, a buffer holding its record.
+  AdamWMoments moments_in(size_t span, float* record) const;
   // Under mutex_ (dropped while waiting): returns once every write-back is done; throws the first
   // failed transfer.
   void wait_for_write_backs(std::unique_lock<std::mutex>& lock);
@@ -126,6 +133,7 @@ class DiskTier {
 
   Device& device_;
   const ParameterLayout& layout_;
+  const OptimizerStateKind kind_;
   std::vector<size_t> spans_;
   std::vector<size_t> record_of_;  // per span: its record in the store, or kNotHere
   std::unique_ptr<DiskStateStore> store_;

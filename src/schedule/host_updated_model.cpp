@@ -65,22 +65,32 @@ PackedSpans HostUpdatedModel::device_copy_spans(const ParameterLayout& layout,
   });
 }
 
+PackedMoments HostUpdatedModel::host_moments(const ParameterLayout& layout,
+                                             const ScheduleOptions& options) {
+  check_update_sites(layout, options);
+  return PackedMoments::of(options.optimizer_state, layout,
+                           [&](size_t index) { return on_host(options, index); });
+}
+
 HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layout,
                                                     const ScheduleOptions& options,
                                                     DeviceKinds kinds) {
   const PackedSpans host = host_spans(layout, options);
+  const PackedMoments moments = host_moments(layout, options);
   const PackedSpans device_copy = device_copy_spans(layout, options);
   auto host_state = [&](TensorClass tensor_class, std::string what) {
-    return placed_buffer(options, kinds, host.count, tensor_class, MemorySide::kHost,
-                         std::move(what));
+    return placed_buffer(
+        options, kinds,
+        tensor_class == TensorClass::kOptimizerMoments ? moments.floats() : host.count,
+        tensor_class, MemorySide::kHost, std::move(what));
   };
+  const std::string kind = name_of(options.optimizer_state);
   Buffers buffers;
   buffers.master = host_state(TensorClass::kMasterWeights,
                               options.weights_in_place
                                   ? "fp32 master weights (the device computes with them in place)"
                                   : "fp32 master weights");
-  buffers.m = host_state(TensorClass::kOptimizerMoments, "AdamW m");
-  buffers.v = host_state(TensorClass::kOptimizerMoments, "AdamW v");
+  buffers.moments = host_state(TensorClass::kOptimizerMoments, "AdamW m and v, " + kind);
   buffers.span_sums = SpanSquareSums::buffer(layout.spans().size(), kinds);
   if (device_copy.count > 0)
     buffers.weights = placed_buffer(
@@ -100,21 +110,22 @@ HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layou
     buffers.spare_master =
         host_state(TensorClass::kMasterWeights,
                    "spare fp32 master weights (speculative clipping writes the new state here)");
-    buffers.spare_m = host_state(TensorClass::kOptimizerMoments, "spare AdamW m");
-    buffers.spare_v = host_state(TensorClass::kOptimizerMoments, "spare AdamW v");
+    buffers.spare_moments =
+        host_state(TensorClass::kOptimizerMoments, "spare AdamW m and v, " + kind);
   }
   if (options.host_gradient)
     buffers.gradient = HostGradient::buffers(layout, cpu_spans(layout, options), kinds);
   if (any_on_disk(options))
-    buffers.disk_staging = DiskTier::buffers(layout, options.update_sites,
-                                             static_cast<size_t>(options.disk_slots), kinds);
+    buffers.disk_staging =
+        DiskTier::buffers(layout, options.update_sites, static_cast<size_t>(options.disk_slots),
+                          kinds, options.optimizer_state);
   return buffers;
 }
 
 BufferList HostUpdatedModel::Buffers::list() const {
-  BufferList list = {master, m, v, span_sums};
+  BufferList list = {master, moments, span_sums};
   for (const std::optional<PlannedAllocation>& buffer :
-       {weights, landing_staging, spare_master, spare_m, spare_v})
+       {weights, landing_staging, spare_master, spare_moments})
     if (buffer) list.push_back(*buffer);
   if (gradient) append(list, gradient->list());
   append(list, disk_staging);
@@ -133,6 +144,7 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
       host_spans_(host_spans(layout, options)),
       cpu_spans_(cpu_spans(layout, options)),
       device_copy_spans_(device_copy_spans(layout, options)),
+      host_moments_(host_moments(layout, options)),
       ranks_(options.ranks != nullptr && options.ranks->size() > 1 ? options.ranks : nullptr),
       device_sums_(*device_, layout.spans().size()) {
   LAYUP_CHECK(ranks_ == nullptr || options.host_gradient,
@@ -160,14 +172,12 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
   }
   const Buffers listed = buffers(layout, options, device_->kinds());
   host_params_ = device_->allocate(listed.master);
-  host_m_ = device_->allocate(listed.m);
-  host_v_ = device_->allocate(listed.v);
+  host_moments_buffer_ = device_->allocate(listed.moments);
   if (listed.weights) params_ = device_->allocate(*listed.weights);
   if (listed.landing_staging) landing_staging_ = device_->allocate(*listed.landing_staging);
   if (listed.spare_master) {
     spare_params_ = device_->allocate(*listed.spare_master);
-    spare_m_ = device_->allocate(*listed.spare_m);
-    spare_v_ = device_->allocate(*listed.spare_v);
+    spare_moments_ = device_->allocate(*listed.spare_moments);
   }
   HostAdamWOptions adamw_options;
   adamw_options.workers = options.cpu_workers;
@@ -176,9 +186,9 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
     host_gradient_ =
         std::make_unique<HostGradient>(*device_, layout_, cpu_spans_, *host_adamw_, device_sums_);
   if (any_on_disk(options))
-    disk_tier_ =
-        std::make_unique<DiskTier>(*device_, layout_, options.update_sites, options.offload_dir,
-                                   static_cast<size_t>(options.disk_slots));
+    disk_tier_ = std::make_unique<DiskTier>(
+        *device_, layout_, options.update_sites, options.offload_dir,
+        static_cast<size_t>(options.disk_slots), options.optimizer_state);
 }
 
 size_t HostUpdatedModel::host_at(size_t index) const {
@@ -224,8 +234,11 @@ void HostUpdatedModel::export_span(size_t index, const SpanState& out) const {
   const size_t count = layout_.spans()[index].count;
   const size_t at = host_at(index);
   if (out.params) copy_in_parallel(out.params, host_params_.data() + at, count);
-  if (out.m) copy_in_parallel(out.m, host_m_.data() + at, count);
-  if (out.v) copy_in_parallel(out.v, host_v_.data() + at, count);
+  const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
+  if (moments.kind != OptimizerStateKind::kFp32)
+    return decode_moments(moments, count, out.m, out.v);
+  if (out.m) copy_in_parallel(out.m, moments.m_fp32(), count);
+  if (out.v) copy_in_parallel(out.v, moments.v_fp32(), count);
 }
 
 void HostUpdatedModel::import_span(size_t index, const ConstSpanState& in) {
@@ -233,8 +246,13 @@ void HostUpdatedModel::import_span(size_t index, const ConstSpanState& in) {
   if (host_spans_.holds(index)) {
     const size_t at = host_spans_.at[index];
     copy_in_parallel(host_params_.data() + at, in.params, count);
-    copy_in_parallel(host_m_.data() + at, in.m, count);
-    copy_in_parallel(host_v_.data() + at, in.v, count);
+    const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
+    if (moments.kind != OptimizerStateKind::kFp32) {
+      encode_moments(in.m, in.v, count, moments);  // coded from the span's first element
+    } else {
+      copy_in_parallel(moments.m_fp32(), in.m, count);
+      copy_in_parallel(moments.v_fp32(), in.v, count);
+    }
   }
   if (disk_tier_ && disk_tier_->holds(index)) disk_tier_->write_span(index, in);
   send_weights_now(index, in.params);
@@ -250,14 +268,13 @@ double HostUpdatedModel::device_sum_of_squares(size_t index) {
 
 HostUpdatedModel::OptimizerState HostUpdatedModel::spare_state() {
   LAYUP_CHECK(speculative_clip_, "this schedule keeps no spare optimizer state");
-  return {spare_params_.data(), spare_m_.data(), spare_v_.data()};
+  return {spare_params_.data(), spare_moments_.data()};
 }
 
 void HostUpdatedModel::promote_spare_state() {
   LAYUP_CHECK(speculative_clip_, "this schedule keeps no spare optimizer state");
   std::swap(host_params_, spare_params_);
-  std::swap(host_m_, spare_m_);
-  std::swap(host_v_, spare_v_);
+  std::swap(host_moments_buffer_, spare_moments_);
 }
 
 void HostUpdatedModel::refresh_device_weights(size_t index) {
@@ -283,15 +300,15 @@ void HostUpdatedModel::update_span(size_t index, const float* grads, const Optim
   // Where the state is read and written: the host's packed state, or a disk span's staging slot,
   // which goes back to disk once updated and is free again when its weights have landed too.
   std::optional<DiskTier::Lease> lease;
-  AdamWBuffers buffers{};
+  AdamWStateBuffers buffers{};
   if (disk_tier_ && disk_tier_->holds(index)) {
     TraceSpan traced(trace_, trace_track, "read from disk", span.layer);
     lease = disk_tier_->take(index);
-    buffers = {lease->params, grads, lease->m, lease->v, lease->params, lease->m, lease->v};
+    buffers = AdamWStateBuffers::in_place(lease->params, grads, lease->moments);
   } else {
     const size_t at = host_at(index);
-    buffers = {from.params + at, grads,     from.m + at, from.v + at,
-               to.params + at,   to.m + at, to.v + at};
+    buffers = {from.params + at, grads, host_moments_.in(from.moments, index), to.params + at,
+               host_moments_.in(to.moments, index)};
   }
   const float* master = buffers.params_out;
   TraceRecorder* const trace = trace_ != nullptr && trace_->recording() ? trace_ : nullptr;

@@ -2,7 +2,8 @@
 // weights in the device's memory (what forward and backward read), and on the host the fp32 master
 // weights, the gradient accumulated over micro-batches and the AdamW moments of the spans the host
 // updates (every span in offload; in layup those ScheduleOptions::update_sites leaves on the host),
-// packed in layout order (PackedSpans). A span's state is read and written span by span
+// packed in layout order (PackedSpans; the moments in the run's optimizer state kind,
+// PackedMoments). A span's state is read and written span by span
 // (export_span, import_span); the device copy is refreshed from it after each update
 // (update_span). What it allocates with which ScheduleOptions is listed by buffers(); what the
 // options mean (weights in place, no host gradient, speculative clipping, weights landing in the
@@ -23,6 +24,7 @@
 #include "optim/host_adamw.h"
 #include "schedule/disk_tier.h"
 #include "schedule/host_gradient.h"
+#include "schedule/packed_moments.h"
 #include "schedule/packed_spans.h"
 #include "schedule/schedule.h"
 #include "schedule/span_square_sums.h"
@@ -65,12 +67,12 @@ class HostUpdatedModel {
 
   // What it allocates with `options` on a device handing out `kinds` (the HostGradient's too).
   struct Buffers {
-    PlannedAllocation master, m, v, span_sums;
+    PlannedAllocation master, moments, span_sums;
     // The device's fp32 copy (none with weights_in_place; with weights_land_in_compute_copy, of
     // the device-updated spans only) and the staging the landing casts through.
     std::optional<PlannedAllocation> weights, landing_staging;
-    std::optional<PlannedAllocation> spare_master, spare_m, spare_v;  // speculative_clip
-    std::optional<HostGradient::Buffers> gradient;                    // host_gradient
+    std::optional<PlannedAllocation> spare_master, spare_moments;  // speculative_clip
+    std::optional<HostGradient::Buffers> gradient;                 // host_gradient
     BufferList disk_staging;  // the disk tier's slots (spans at UpdateSite::kDisk)
     BufferList list() const;
   };
@@ -83,6 +85,8 @@ class HostUpdatedModel {
   static PackedSpans cpu_spans(const ParameterLayout& layout, const ScheduleOptions& options);
   static PackedSpans device_copy_spans(const ParameterLayout& layout,
                                        const ScheduleOptions& options);
+  // The moments of host_spans in the run's optimizer state kind.
+  static PackedMoments host_moments(const ParameterLayout& layout, const ScheduleOptions& options);
 
   // The weights the device computes with, span by span: its own copy; or the master weights in
   // place; or, for a span whose weights land in the compute copy, the master weights, which the
@@ -98,14 +102,13 @@ class HostUpdatedModel {
   double device_sum_of_squares(size_t index);
 
   // One copy of the host's optimizer state: master weights and AdamW moments of the host-updated
-  // spans, packed (host_spans).
+  // spans, packed (host_spans; the moments as host_moments lays them out).
   struct OptimizerState {
     float* params;
-    float* m;
-    float* v;
+    float* moments;
   };
   // The state export_span returns and (with weights_in_place) the device computes with.
-  OptimizerState current_state() { return {host_params_.data(), host_m_.data(), host_v_.data()}; }
+  OptimizerState current_state() { return {host_params_.data(), host_moments_buffer_.data()}; }
   // The second copy ScheduleOptions::speculative_clip keeps: a speculative step writes its new
   // state there, leaving the current one to redo the step from.
   OptimizerState spare_state();
@@ -161,14 +164,15 @@ class HostUpdatedModel {
   // ScheduleOptions
   const bool weights_in_place_, speculative_clip_, weights_land_in_compute_copy_;
   const PackedSpans host_spans_, cpu_spans_, device_copy_spans_;
-  DeviceBuffer params_;           // the device's fp32 copy (device_copy_spans_)
-  DeviceBuffer landing_staging_;  // with weights_land_in_compute_copy
+  const PackedMoments host_moments_;  // where each host span's moments lie in a state's buffer
+  DeviceBuffer params_;               // the device's fp32 copy (device_copy_spans_)
+  DeviceBuffer landing_staging_;      // with weights_land_in_compute_copy
   // fp32 master weights (pinned on CUDA unless placed otherwise) and the AdamW moments (plain
   // host memory unless placed otherwise) of the host-updated spans, packed.
   DeviceBuffer host_params_;
-  DeviceBuffer host_m_, host_v_;
+  DeviceBuffer host_moments_buffer_;
   // The spare copy of master weights and moments, with speculative_clip only.
-  DeviceBuffer spare_params_, spare_m_, spare_v_;
+  DeviceBuffer spare_params_, spare_moments_;
   std::unique_ptr<HostAdamW> host_adamw_;
   Communicator* const ranks_;  // ScheduleOptions::ranks where several train; else null
   // Per span, the sum of squares the device took of its gradient (start_device_sum_of_squares).

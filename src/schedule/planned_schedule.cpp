@@ -101,7 +101,8 @@ class PlannedSchedule final : public Schedule {
         grads_kind_(gradients_kind(options_, model_.device().kinds())),
         gradients_(model_.device(), layout, whole_gradient(mode), grads_kind_),
         device_tier_(model_.device(), layout_, options_.update_sites, grads_kind_,
-                     gradients_.head(0), gradients_.head(layout.spans().size() - 1)),
+                     gradients_.head(0), gradients_.head(layout.spans().size() - 1),
+                     options_.optimizer_state),
         host_head_spans_(host_updated_head_spans(layout, options_.update_sites)),
         route_(make_gradient_route(model_.host_gradient(), model_.device(), layout_, grads_kind_,
                                    host_head_spans_)),
@@ -729,7 +730,8 @@ class PlannedSchedule final : public Schedule {
     const MemoryKind grads_kind = gradients_kind(options, kinds);
     BufferList list = HostUpdatedModel::buffers(layout, options, kinds).list();
     append(list, MicroBatchGradients::buffers(layout, whole_gradient(mode), grads_kind));
-    append(list, DeviceTier::buffers(layout, options.update_sites, grads_kind, kinds)
+    append(list, DeviceTier::buffers(layout, options.update_sites, grads_kind, kinds,
+                                     options.optimizer_state)
                      .list(micro_batches > 1));
     append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
                                         host_updated_head_spans(layout, options.update_sites)));

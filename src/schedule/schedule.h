@@ -207,8 +207,8 @@ struct ScheduleOptions {
   // its shard, schedule/optimizer_shards.h); 1: every rank keeps them whole. The count is known
   // when the run is planned, the communicator only when it is built: both must agree.
   int optimizer_shards = 1;
-  // How AdamW keeps its moments (--optimizer-state; docs/optimizer_state.md): fp32, or bf16 or
-  // blockwise 8-bit, which are lossy. gpu mode only for now.
+  // How AdamW keeps its moments in every mode and tier (--optimizer-state;
+  // docs/optimizer_state.md): fp32, or bf16 or blockwise 8-bit, which are lossy.
   OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
 
   // The kind placement gives `tensor_class`, else `fallback`.

@@ -22,10 +22,6 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
   options.host_gradient = r.mode != Mode::kLayup || r.clip > 0.0f || r.grad_accum > 1;
   // ZeRO-1 on the CPU backend for now; on GPUs every rank keeps the whole state.
   options.optimizer_shards = r.mode == Mode::kGpu && !cuda ? r.ranks : 1;
-  LAYUP_CHECK(r.optimizer_state == OptimizerStateKind::kFp32 || r.mode == Mode::kGpu,
-              "--optimizer-state ", name_of(r.optimizer_state),
-              " runs in --mode gpu only for now; ", name_of(r.mode),
-              " mode keeps fp32 moments: use --optimizer-state fp32 or --mode gpu");
   options.optimizer_state = r.optimizer_state;
   // auto: where host and device share one memory, the spare copy would come out of what the
   // activations need.

@@ -640,32 +640,124 @@ TEST(SchedulesEquivalence, CompactStateInGpuModeIsTheFp32UpdateWithItsMomentsCod
   }
 }
 
-TEST(SchedulesEquivalence, CompactStateIsRefusedWhereItIsNotWiredYet) {
-  const ModelConfig config = tiny_config();
+// The run's choice reaches the schedule and its log line, which says that a compact kind is lossy.
+TEST(SchedulesEquivalence, TheOptimizerStateKindIsCarriedAndNamed) {
   MemoryPlanRequest request;
-  request.config = config;
+  request.config = tiny_config();
   request.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
-  for (const Mode mode : {Mode::kOffload, Mode::kLayup}) {
+  for (const Mode mode : {Mode::kGpu, Mode::kOffload, Mode::kLayup}) {
     request.mode = mode;
-    try {
-      choose_schedule_options(request, resolve_placement(mode, request.attributes, {}), 0);
-      ADD_FAILURE() << name_of(mode) << " took --optimizer-state 8bit";
-    } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find("--optimizer-state 8bit runs in --mode gpu only"),
-                std::string::npos)
-          << error.what();
-    }
+    const ScheduleOptions options =
+        choose_schedule_options(request, resolve_placement(mode, request.attributes, {}), 0);
+    EXPECT_EQ(options.optimizer_state, OptimizerStateKind::kBlockwise8Bit) << name_of(mode);
+    EXPECT_NE(describe_schedule(mode, options, 1.0f)
+                  .find("; optimizer state: 8bit (blockwise 8-bit moments, lossy"),
+              std::string::npos)
+        << describe_schedule(mode, options, 1.0f);
   }
-  request.mode = Mode::kGpu;
-  const ScheduleOptions options =
-      choose_schedule_options(request, resolve_placement(Mode::kGpu, request.attributes, {}), 0);
-  EXPECT_EQ(options.optimizer_state, OptimizerStateKind::kBlockwise8Bit);
-  EXPECT_NE(describe_schedule(Mode::kGpu, options, 1.0f)
-                .find("optimizer state: 8bit (blockwise 8-bit moments, lossy"),
-            std::string::npos);
-  EXPECT_NE(describe_schedule(Mode::kLayup, {}, 1.0f).find("optimizer state: fp32"),
+  EXPECT_NE(describe_schedule(Mode::kLayup, {}, 1.0f).find("; optimizer state: fp32"),
             std::string::npos);
 }
+
+// gpu == offload == layup with bf16 and 8-bit moments too, bit for bit: every placement (host,
+// device, disk), clipping deferred and speculative and none (updates overlapping the backward),
+// one micro-batch and two, and the state exported and imported again (initialize_fresh).
+class CompactStateEquivalence : public testing::TestWithParam<OptimizerStateKind> {
+ protected:
+  ScheduleOptions with_kind(ScheduleOptions options) const {
+    options.optimizer_state = GetParam();
+    return options;
+  }
+  TrainingRun gpu(int micro_batches, bool clip, const ModelConfig& config = tiny_config()) const {
+    return train(with_options("gpu", with_kind({})), micro_batches, clip, config);
+  }
+};
+
+TEST_P(CompactStateEquivalence, EveryModeTrainsTheSame) {
+  for (const auto& [micro_batches, clip] : {std::pair{2, true}, {1, false}, {2, false}}) {
+    SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
+                 (clip ? "clipped" : "unclipped"));
+    const TrainingRun expected = gpu(micro_batches, clip);
+    EXPECT_NE(expected.losses.front(), expected.losses.back());
+    // Not fp32's moments: the kind reached the schedule.
+    const TrainingRun fp32 = train(with_options("gpu", {}), micro_batches, clip);
+    EXPECT_FALSE(bitwise_equal(fp32.tensors.adam_v, expected.tensors.adam_v));
+    expect_same(expected, train(with_options("offload", with_kind({})), micro_batches, clip),
+                "offload");
+    expect_same(expected, train(with_options("layup", with_kind({})), micro_batches, clip),
+                "layup, deferred");
+    expect_same(
+        expected,
+        train(with_options("layup", with_kind({.speculative_clip = true})), micro_batches, clip),
+        "layup, speculative");
+    expect_same(
+        expected,
+        train(with_options("layup", with_kind({.weights_in_place = true})), micro_batches, clip),
+        "layup, weights in place");
+  }
+  expect_same(gpu(1, false),
+              train(with_options("layup", with_kind({.host_gradient = false})), 1, false),
+              "layup, slots only");
+}
+
+TEST_P(CompactStateEquivalence, EveryPlacementTrainsTheSame) {
+  const ParameterLayout layout(tiny_config());
+  const size_t spans = layout.spans().size();
+  test_files::TempDir dir;
+  std::vector<UpdateSite> mixed = head_on_device(layout);  // embeddings, final norm: device
+  mixed[1 + 0] = UpdateSite::kDisk;
+  mixed[1 + 1] = UpdateSite::kDevice;
+  mixed[1 + 2] = UpdateSite::kDisk;
+  std::vector<UpdateSite> block_1_and_head = head_on_device(layout);
+  block_1_and_head[1 + 1] = UpdateSite::kDevice;
+  std::vector<UpdateSite> every_block(spans, UpdateSite::kDisk);
+  every_block.front() = every_block.back() = UpdateSite::kHost;
+  const struct {
+    const char* name;
+    ScheduleOptions options;
+  } placements[] = {
+      {"block 1 and the head on the device, deferred", {.update_sites = block_1_and_head}},
+      {"block 1 and the head on the device, speculative",
+       {.speculative_clip = true, .update_sites = block_1_and_head}},
+      {"blocks 0 and 2 on disk, 1 and the head on the device, 1 slot",
+       {.update_sites = mixed, .offload_dir = dir.path(), .disk_slots = 1}},
+      {"every block on disk, 2 slots, master weights in place",
+       {.weights_in_place = true,
+        .update_sites = every_block,
+        .offload_dir = dir.path(),
+        .disk_slots = 2}},
+  };
+  for (const auto& [micro_batches, clip] : {std::pair{2, true}, {1, false}}) {
+    SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
+                 (clip ? "clipped" : "unclipped"));
+    const TrainingRun expected = gpu(micro_batches, clip);
+    for (const auto& [name, options] : placements)
+      expect_same(expected, train(with_options("layup", with_kind(options)), micro_batches, clip),
+                  name);
+  }
+}
+
+TEST_P(CompactStateEquivalence, TheLlamaFamilyTrainsTheSameAcrossTiers) {
+  ModelConfig config = llama_config(3, 4, 2, 32, 48, 16, 61);
+  config.attention_bias = true;
+  const ParameterLayout layout(config);
+  test_files::TempDir dir;
+  std::vector<UpdateSite> sites = head_on_device(layout);
+  sites[1 + 0] = UpdateSite::kDisk;
+  sites[1 + 1] = UpdateSite::kHost;
+  sites[1 + 2] = UpdateSite::kDevice;
+  const ScheduleOptions tiers{.update_sites = sites, .offload_dir = dir.path(), .disk_slots = 1};
+  expect_same(gpu(2, true, config), train(with_options("layup", with_kind(tiers)), 2, true, config),
+              "layup, Llama, disk/host/device");
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CompactStateEquivalence,
+                         testing::Values(OptimizerStateKind::kBf16,
+                                         OptimizerStateKind::kBlockwise8Bit),
+                         [](const testing::TestParamInfo<OptimizerStateKind>& info) {
+                           return info.param == OptimizerStateKind::kBf16 ? std::string("bf16")
+                                                                          : std::string("8bit");
+                         });
 
 TEST(SchedulesEquivalence, LayupWithoutHostGradientRefusesToClipOrAccumulate) {
   const ModelConfig config = tiny_config();

@@ -116,17 +116,25 @@ std::atomic<unsigned> next_file_number{0};
 
 // ---- layout and planning -----------------------------------------------------------------------
 
-DiskRecordLayout disk_record_layout(size_t count) {
+DiskRecordLayout disk_record_layout(size_t count, OptimizerStateKind kind) {
   DiskRecordLayout layout;
   layout.count = count;
+  layout.kind = kind;
   layout.part_floats = round_up(count * sizeof(float), kDiskAlignment) / sizeof(float);
-  layout.bytes = 3 * layout.part_floats * sizeof(float);
+  if (kind == OptimizerStateKind::kFp32) {
+    layout.bytes = 3 * layout.part_floats * sizeof(float);
+  } else {
+    layout.moment_bytes = round_up(optimizer_moments_bytes(kind, count), sizeof(float));
+    layout.bytes =
+        layout.part_floats * sizeof(float) + round_up(layout.moment_bytes, kDiskAlignment);
+  }
   return layout;
 }
 
 size_t disk_state_bytes(const std::vector<DiskRecord>& records) {
   size_t bytes = 0;
-  for (const DiskRecord& record : records) bytes += disk_record_layout(record.count).bytes;
+  for (const DiskRecord& record : records)
+    bytes += disk_record_layout(record.count, record.kind).bytes;
   return bytes;
 }
 
@@ -134,7 +142,8 @@ DiskStagingRing disk_staging_ring(const std::vector<DiskRecord>& records, size_t
   DiskStagingRing ring;
   ring.slots = slots;
   for (const DiskRecord& record : records)
-    ring.slot_bytes = std::max(ring.slot_bytes, disk_record_layout(record.count).bytes);
+    ring.slot_bytes =
+        std::max(ring.slot_bytes, disk_record_layout(record.count, record.kind).bytes);
   return ring;
 }
 
@@ -206,7 +215,7 @@ DiskStateStore::DiskStateStore(const std::string& dir, std::vector<DiskRecord> r
   for (size_t i = 0; i < records_.size(); ++i) {
     if (records_[i].name.empty()) records_[i].name = "record " + std::to_string(i);
     LAYUP_CHECK(records_[i].count > 0, "the disk tier's ", records_[i].name, " holds no floats");
-    layouts_.push_back(disk_record_layout(records_[i].count));
+    layouts_.push_back(disk_record_layout(records_[i].count, records_[i].kind));
     offsets_.push_back(file_bytes_);
     file_bytes_ += layouts_.back().bytes;
   }
@@ -448,18 +457,48 @@ std::string DiskStateStore::transfer_chunk(DiskOp op, size_t record, size_t file
 
 void DiskStateStore::write_parts(size_t record, const float* params, const float* m,
                                  const float* v) {
-  LAYUP_CHECK(params != nullptr, "write_parts needs the master weights of ",
+  LAYUP_CHECK(layouts_.at(record).kind == OptimizerStateKind::kFp32,
+              "internal error: fp32 moments written to a record of ",
+              name_of(layouts_.at(record).kind), " moments");
+  write_record_parts(
+      record, {reinterpret_cast<const std::byte*>(params), reinterpret_cast<const std::byte*>(m),
+               reinterpret_cast<const std::byte*>(v)});
+}
+
+void DiskStateStore::write_parts(size_t record, const float* params, const void* moments) {
+  LAYUP_CHECK(layouts_.at(record).kind != OptimizerStateKind::kFp32,
+              "internal error: compact moments written to a record of fp32 moments");
+  write_record_parts(
+      record, {reinterpret_cast<const std::byte*>(params), static_cast<const std::byte*>(moments)});
+}
+
+void DiskStateStore::read_parts(size_t record, float* params, float* m, float* v) {
+  LAYUP_CHECK(layouts_.at(record).kind == OptimizerStateKind::kFp32,
+              "internal error: fp32 moments read from a record of ",
+              name_of(layouts_.at(record).kind), " moments");
+  read_record_parts(record, {reinterpret_cast<std::byte*>(params), reinterpret_cast<std::byte*>(m),
+                             reinterpret_cast<std::byte*>(v)});
+}
+
+void DiskStateStore::read_parts(size_t record, float* params, void* moments) {
+  LAYUP_CHECK(layouts_.at(record).kind != OptimizerStateKind::kFp32,
+              "internal error: compact moments read from a record of fp32 moments");
+  read_record_parts(record,
+                    {reinterpret_cast<std::byte*>(params), static_cast<std::byte*>(moments)});
+}
+
+void DiskStateStore::write_record_parts(size_t record, const std::vector<const std::byte*>& parts) {
+  LAYUP_CHECK(parts[0] != nullptr, "write_parts needs the master weights of ",
               records_.at(record).name);
   claim(record, "write");
   ReleaseRecord release{busy_[record]};
   std::lock_guard lock(bounce_mutex_);
   std::string failure;
   const DiskRecordLayout& layout = layouts_[record];
-  const float* parts[3] = {params, m, v};
-  const size_t part_bytes = layout.part_floats * sizeof(float);
-  const size_t data_bytes = layout.count * sizeof(float);
-  for (int part = 0; part < 3 && failure.empty(); ++part) {
-    const auto* source = reinterpret_cast<const std::byte*>(parts[part]);
+  for (size_t part = 0; part < layout.parts() && failure.empty(); ++part) {
+    const std::byte* source = parts[part];
+    const size_t data_bytes = layout.part_data_bytes(part);
+    const size_t part_bytes = round_up(data_bytes, kDiskAlignment);
     for (size_t done = 0; done < part_bytes && failure.empty(); done += options_.chunk_bytes) {
       const size_t bytes = std::min(options_.chunk_bytes, part_bytes - done);
       // The data, then zeros: for a null moment, and for the padding after each part.
@@ -467,30 +506,31 @@ void DiskStateStore::write_parts(size_t record, const float* params, const float
       const size_t copied = source == nullptr ? 0 : std::min(bytes, left);
       if (copied > 0) std::memcpy(bounce_.get(), source + done, copied);
       std::memset(bounce_.get() + copied, 0, bytes - copied);
-      failure = transfer_chunk(DiskOp::kWrite, record, offsets_[record] + part * part_bytes + done,
-                               bounce_.get(), bytes);
+      failure =
+          transfer_chunk(DiskOp::kWrite, record, offsets_[record] + layout.part_offset(part) + done,
+                         bounce_.get(), bytes);
     }
   }
   if (!failure.empty()) throw Error(failure);
 }
 
-void DiskStateStore::read_parts(size_t record, float* params, float* m, float* v) {
+void DiskStateStore::read_record_parts(size_t record, const std::vector<std::byte*>& parts) {
   claim(record, "read");
   ReleaseRecord release{busy_[record]};
   std::lock_guard lock(bounce_mutex_);
   std::string failure;
   const DiskRecordLayout& layout = layouts_[record];
-  float* parts[3] = {params, m, v};
-  const size_t part_bytes = layout.part_floats * sizeof(float);
-  const size_t data_bytes = layout.count * sizeof(float);
-  for (int part = 0; part < 3 && failure.empty(); ++part) {
-    if (parts[part] == nullptr) continue;
-    auto* target = reinterpret_cast<std::byte*>(parts[part]);
+  for (size_t part = 0; part < layout.parts() && failure.empty(); ++part) {
+    std::byte* target = parts[part];
+    if (target == nullptr) continue;
+    const size_t data_bytes = layout.part_data_bytes(part);
+    const size_t part_bytes = round_up(data_bytes, kDiskAlignment);
     for (size_t done = 0; done < data_bytes && failure.empty(); done += options_.chunk_bytes) {
       // Whole aligned blocks from the disk; only the data, not the padding, to the caller.
       const size_t bytes = std::min(options_.chunk_bytes, part_bytes - done);
-      failure = transfer_chunk(DiskOp::kRead, record, offsets_[record] + part * part_bytes + done,
-                               bounce_.get(), bytes);
+      failure =
+          transfer_chunk(DiskOp::kRead, record, offsets_[record] + layout.part_offset(part) + done,
+                         bounce_.get(), bytes);
       if (failure.empty())
         std::memcpy(target + done, bounce_.get(), std::min(bytes, data_bytes - done));
     }

@@ -1,8 +1,10 @@
 // DiskStateStore: the disk tier's storage, the optimizer state (fp32 master weights, AdamW m and
 // v) of the spans placed on disk, in one file under --offload-dir, moved by a few I/O threads.
 //
-// Each span is one record: its params, m and v, each padded to 4096 bytes, one after the other
-// in one 4096-aligned extent of the file, so one read or write of a span is one sequential
+// Each span is one record: its params, m and v (fp32 moments), or its params and its moments in
+// a compact optimizer state kind (bf16 or 8bit, laid out as AdamWMoments::in_buffer lays them out
+// in one buffer), each part padded to 4096 bytes, one after the other in one 4096-aligned extent
+// of the file, so one read or write of a span is one sequential
 // transfer that direct I/O (O_DIRECT) can do without the page cache. A transfer is cut into
 // chunks (4 MiB by default) that the I/O threads run in parallel, so one span's read keeps
 // several requests in the disk's queue. The whole file is reserved (fallocate) at construction:
@@ -29,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/run_choices.h"
 #include "memory/planned_allocation.h"
 
 namespace layup {
@@ -39,23 +42,36 @@ constexpr size_t kDiskAlignment = 4096;
 
 // One span placed on disk.
 struct DiskRecord {
-  size_t count = 0;  // the span's floats; the record holds params, m and v of that many each
+  size_t count = 0;  // the span's floats; the record holds their params and moments
   std::string name;  // for messages, e.g. "block 7" (default "record <index>")
+  OptimizerStateKind kind = OptimizerStateKind::kFp32;  // how the moments are kept
 };
 
-// Where params, m and v sit in a record: in its extent of the file and, identically, in a
-// staging buffer that reads or writes it whole. Each part starts 4096-aligned.
+// Where the parts sit in a record: in its extent of the file and, identically, in a staging
+// buffer that reads or writes it whole. Each part starts 4096-aligned: the params (count floats);
+// then fp32 moments as two parts, m and v (count floats each), or compact ones as one part,
+// laid out by AdamWMoments::in_buffer.
 struct DiskRecordLayout {
-  size_t count = 0;        // floats of each part
-  size_t part_floats = 0;  // from one part's start to the next: count rounded up to 4096 bytes
-  size_t bytes = 0;        // the whole record, 3 parts
+  size_t count = 0;  // the span's floats
+  OptimizerStateKind kind = OptimizerStateKind::kFp32;
+  size_t part_floats = 0;   // the params part, start to end: count rounded up to 4096 bytes
+  size_t moment_bytes = 0;  // compact: the moments' bytes (a multiple of 4); fp32: 0
+  size_t bytes = 0;         // the whole record
 
-  size_t params_offset() const { return 0; }  // in floats
-  size_t m_offset() const { return part_floats; }
-  size_t v_offset() const { return 2 * part_floats; }
+  size_t params_offset() const { return 0; }           // in floats
+  size_t m_offset() const { return part_floats; }      // fp32: m; compact: the moments part
+  size_t v_offset() const { return 2 * part_floats; }  // fp32 only
+  // The parts in order: 3 (params, m, v) or 2 (params, moments); each one's offset in the record
+  // and the bytes of data in it (the rest, up to the next part, is zero padding).
+  size_t parts() const { return kind == OptimizerStateKind::kFp32 ? 3 : 2; }
+  size_t part_offset(size_t part) const { return part * part_floats * sizeof(float); }
+  size_t part_data_bytes(size_t part) const {
+    return part == 0 || kind == OptimizerStateKind::kFp32 ? count * sizeof(float) : moment_bytes;
+  }
 };
 
-DiskRecordLayout disk_record_layout(size_t count);
+DiskRecordLayout disk_record_layout(size_t count,
+                                    OptimizerStateKind kind = OptimizerStateKind::kFp32);
 
 // The bytes of the file that holds `records`.
 size_t disk_state_bytes(const std::vector<DiskRecord>& records);
@@ -149,8 +165,13 @@ class DiskStateStore {
   // Synchronous copies between the record and three separate arrays of layout(record).count
   // floats, anywhere in memory (no alignment needed), through the bounce buffer: for the initial
   // fill and for export. write_parts takes null m or v as zeros; read_parts skips a null part.
+  // For records of fp32 moments.
   void write_parts(size_t record, const float* params, const float* m, const float* v);
   void read_parts(size_t record, float* params, float* m, float* v);
+  // The same for records of compact moments: `moments` holds layout(record).moment_bytes (null:
+  // zeros, a fresh optimizer, when writing; skipped when reading).
+  void write_parts(size_t record, const float* params, const void* moments);
+  void read_parts(size_t record, float* params, void* moments);
 
   // Writes back what buffered I/O holds in the page cache and drops this file's pages from it,
   // so the next reads come from the disk (bench-disk; nothing for direct I/O to do).
@@ -179,6 +200,9 @@ class DiskStateStore {
   };
 
   DiskTicket submit(DiskOp op, size_t record, std::byte* data);
+  // write_parts and read_parts: one array per part of the record's layout.
+  void write_record_parts(size_t record, const std::vector<const std::byte*>& parts);
+  void read_record_parts(size_t record, const std::vector<std::byte*>& parts);
   // pread/pwrite of one chunk until done; "" or the message of what failed.
   std::string transfer_chunk(DiskOp op, size_t record, size_t file_offset, std::byte* data,
                              size_t bytes) const;

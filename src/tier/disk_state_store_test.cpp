@@ -183,6 +183,54 @@ TEST(DiskStateStore, PartsFromAnywhereInMemoryRoundTripWithZeroMomentsAndPadding
   }
 }
 
+// Compact moments (bf16, 8bit) are one part after the params, of exactly their bytes, padded to
+// the alignment: a record is smaller than fp32's three parts.
+TEST(DiskRecordLayout, CompactMomentsAreOnePartOfTheirBytes) {
+  for (size_t count : {size_t{1}, size_t{1025}, size_t{70001}}) {
+    const DiskRecordLayout fp32 = disk_record_layout(count);
+    for (const OptimizerStateKind kind :
+         {OptimizerStateKind::kBf16, OptimizerStateKind::kBlockwise8Bit}) {
+      const DiskRecordLayout layout = disk_record_layout(count, kind);
+      EXPECT_EQ(layout.parts(), 2u);
+      EXPECT_EQ(layout.part_floats, fp32.part_floats);
+      EXPECT_EQ(layout.moment_bytes % sizeof(float), 0u);
+      EXPECT_GE(layout.moment_bytes, optimizer_moments_bytes(kind, count));
+      EXPECT_LT(layout.moment_bytes, optimizer_moments_bytes(kind, count) + sizeof(float));
+      EXPECT_EQ(layout.part_offset(1), layout.m_offset() * sizeof(float));
+      EXPECT_EQ(layout.bytes % kDiskAlignment, 0u);
+      EXPECT_GE(layout.bytes, layout.part_offset(1) + layout.moment_bytes);
+      EXPECT_LT(layout.bytes, layout.part_offset(1) + layout.moment_bytes + kDiskAlignment);
+      EXPECT_LT(layout.bytes, fp32.bytes);
+    }
+  }
+  EXPECT_EQ(disk_record_layout(4096, OptimizerStateKind::kBf16).bytes, 4u * 4096 + 4u * 4096);
+}
+
+TEST(DiskStateStore, CompactMomentsRoundTripAsOnePart) {
+  test_files::TempDir dir;
+  const OptimizerStateKind kind = OptimizerStateKind::kBlockwise8Bit;
+  DiskStateStore store(dir.path(), {{1025, "block 0", kind}, {70001, "block 1", kind}},
+                       small_chunks());
+  for (size_t r = 0; r < 2; ++r) {
+    const DiskRecordLayout& layout = store.layout(r);
+    std::vector<float> params(layout.count);
+    std::vector<std::byte> moments(layout.moment_bytes);
+    fill_random(reinterpret_cast<std::byte*>(params.data()), params.size() * 4, 9);
+    fill_random(moments.data(), moments.size(), 10);
+    store.write_parts(r, params.data(), moments.data());
+    std::vector<float> params_back(layout.count);
+    std::vector<std::byte> moments_back(layout.moment_bytes);
+    store.read_parts(r, params_back.data(), moments_back.data());
+    EXPECT_EQ(std::memcmp(params.data(), params_back.data(), params.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(moments.data(), moments_back.data(), moments.size()), 0);
+    // A fresh optimizer: zero moments. fp32's parts are refused for a compact record.
+    store.write_parts(r, params.data(), nullptr);
+    store.read_parts(r, nullptr, moments_back.data());
+    for (const std::byte byte : moments_back) ASSERT_EQ(byte, std::byte{0});
+    EXPECT_THROW(store.read_parts(r, params_back.data(), nullptr, nullptr), Error);
+  }
+}
+
 TEST(DiskStateStore, ConcurrentTransfersOfDifferentRecordsFromManyThreads) {
   test_files::TempDir dir;
   std::vector<DiskRecord> records;
