@@ -19,7 +19,7 @@ struct TokenizeFlags {
   std::string tokenizer;
   double val_fraction = 0.05;
   bool overwrite = false;
-  std::string learn = "completions";
+  LearnTokens learn = LearnTokens::kCompletions;
 };
 
 }  // namespace
@@ -49,13 +49,11 @@ void add_tokenize_command(CLI::App& app) {
                 "Replace the *.bin files already in --out (without it they are refused: layup "
                 "would read them together with the new shards); they are removed only once "
                 "every new shard is written");
-  add_parsed_flag(
-      *cmd, "--learn", flags->learn, "completions|all",
-      [](const std::string& text) { parse_learn_tokens(text); },
+  add_choice_option(
+      *cmd, "--learn", flags->learn, kLearnTokensNames,
       "Which tokens of prompt/completion and chat lines the loss learns, written to a .flags "
       "file beside each shard: completions (the completion, the assistant turns) or all; "
-      "text is always learned whole")
-      ->capture_default_str();
+      "text is always learned whole");
   add_path_flag(*cmd, "--tokenizer", flags->tokenizer, "folder or tokenizer.json",
                 "Folder with GPT-2's gpt2.tiktoken or encoder.json + vocab.bpe, or with a Hugging "
                 "Face tokenizer.json (byte-level BPE: Llama 3, Qwen2, SmolLM...), or that "
@@ -71,15 +69,14 @@ void add_tokenize_command(CLI::App& app) {
             ? (std::filesystem::path(shipped_data_dir()) / "gpt2-tokenizer").string()
             : flags->tokenizer;
     const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(tokenizer_dir);
-    const ExampleEncoding encoding{read_instruction_tokenizer_config(tokenizer_dir),
-                                   parse_learn_tokens(flags->learn)};
+    const ExampleEncoding encoding{read_instruction_tokenizer_config(tokenizer_dir), flags->learn};
     const ShardSummary summary =
         write_corpus_shards(*tokenizer, flags->files, flags->out, flags->val_fraction,
                             flags->overwrite ? ExistingShards::kReplace : ExistingShards::kRefuse,
                             kTokensPerShard, encoding);
     if (summary.with_flags) {
       std::printf("%zu training tokens (%zu learned, --learn %s), %zu validation tokens\n",
-                  summary.train_tokens, summary.train_learned_tokens, flags->learn.c_str(),
+                  summary.train_tokens, summary.train_learned_tokens, name_of(flags->learn).c_str(),
                   summary.val_tokens);
     } else {
       std::printf("%zu training tokens, %zu validation tokens\n", summary.train_tokens,

@@ -99,12 +99,10 @@ void add_train_command(CLI::App& app) {
                 "(or a text file) as `layup tokenize` reads it, tokenized once into "
                 "~/.cache/layup (as is the shipped corpus)")
       ->default_str("the shipped corpus");
-  add_parsed_flag(
-      *cmd, "--learn", o.learn, "completions|all",
-      [](const std::string& text) { parse_learn_tokens(text); },
+  add_choice_option(
+      *cmd, "--learn", o.learn, kLearnTokensNames,
       "With a --data file: which tokens of prompt/completion and chat lines the loss learns, as "
-      "`layup tokenize --learn`")
-      ->capture_default_str();
+      "`layup tokenize --learn`");
   cmd->add_flag("--no-packing{false}", o.pack_examples,
                 "Instruction data: one example per window, the rest padding, instead of packing "
                 "as many whole examples as fit (packed examples attend to the ones before them)");

@@ -172,16 +172,6 @@ std::vector<InstructionExample> parse_jsonl_examples(std::string_view text,
   return examples;
 }
 
-LearnTokens parse_learn_tokens(const std::string& name) {
-  if (name == "completions") return LearnTokens::kCompletions;
-  if (name == "all") return LearnTokens::kAll;
-  fail("--learn takes completions or all, not '", name, "'");
-}
-
-const char* learn_tokens_name(LearnTokens learn) {
-  return learn == LearnTokens::kAll ? "all" : "completions";
-}
-
 std::vector<std::string> instruction_tokenizer_config_files(const std::string& tokenizer_path) {
   const fs::path folder = tokenizer_folder(tokenizer_path);
   std::vector<std::string> files;

@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/run_choices.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -68,8 +69,11 @@ enum class LearnTokens {
   kCompletions,  // the completion of prompt/completion lines, the assistant turns of chat lines
   kAll,          // every token
 };
-LearnTokens parse_learn_tokens(const std::string& name);  // "completions" or "all"
-const char* learn_tokens_name(LearnTokens learn);
+inline constexpr EnumNames<LearnTokens, 2> kLearnTokensNames = {
+    {{LearnTokens::kCompletions, "completions"}, {LearnTokens::kAll, "all"}}};
+inline std::string name_of(LearnTokens learn) {
+  return name_in(kLearnTokensNames, learn);
+}
 
 // What tokenizing instruction examples needs beyond the tokenizer, from its tokenizer_config.json.
 struct InstructionTokenizerConfig {

@@ -76,9 +76,8 @@ TEST(InstructionExamples, BadLinesNameTheirNumberAndTheProblem) {
                        "has the field \"tool_calls\""));
   EXPECT_TRUE(contains(error_message([] { parse_jsonl_examples("\n \n", "e.jsonl"); }),
                        "e.jsonl: it has no lines with text"));
-  EXPECT_EQ(parse_learn_tokens("all"), LearnTokens::kAll);
-  EXPECT_TRUE(contains(error_message([] { parse_learn_tokens("prompts"); }),
-                       "--learn takes completions or all"));
+  EXPECT_EQ(parse_in(kLearnTokensNames, "all", "--learn"), LearnTokens::kAll);
+  EXPECT_EQ(name_of(LearnTokens::kCompletions), "completions");
 }
 
 TEST(InstructionExamples, TextIsTodaysDocumentEveryTokenLearned) {

@@ -382,7 +382,7 @@ ShardSummary write_corpus_shards(const Tokenizer& tokenizer,
               " tokens; one needs at least ", static_cast<size_t>(std::ceil(1.0 / val_fraction)),
               "); give more text or a larger --val-fraction");
   LAYUP_CHECK(train.learned() > 0, "no training token is learned: the training examples have no ",
-              "completion or assistant turn (with --learn ", learn_tokens_name(encoding.learn),
+              "completion or assistant turn (with --learn ", name_of(encoding.learn),
               "); give examples with answers, or --learn all");
   train.flush();
   val.flush();
@@ -507,10 +507,9 @@ std::string data_file_shard_dir(const Tokenizer& tokenizer, const std::string& t
   std::vector<std::string> tokenizer_files = tokenizer_source_files(tokenizer_path);
   for (const std::string& file : instruction_tokenizer_config_files(tokenizer_path))
     tokenizer_files.push_back(file);
-  const std::string key =
-      token_cache_key(tokenizer_files, {data_file},
-                      "val_fraction=" + std::to_string(kValFraction) +
-                          " examples=1 learn=" + learn_tokens_name(encoding.learn));
+  const std::string key = token_cache_key(tokenizer_files, {data_file},
+                                          "val_fraction=" + std::to_string(kValFraction) +
+                                              " examples=1 learn=" + name_of(encoding.learn));
   return cached_shards(tokenizer, {data_file}, fs::path(data_file).stem().string() + "-" + key,
                        data_file, "", tokenizer_path, kValFraction, encoding, log);
 }

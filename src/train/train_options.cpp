@@ -82,6 +82,7 @@ LAYUP_JSON_ENUM(LayupHead, kLayupHeadNames)
 LAYUP_JSON_ENUM(AlgorithmChoice, kAlgorithmChoiceNames)
 LAYUP_JSON_ENUM(CheckpointContents, kCheckpointContentsNames)
 LAYUP_JSON_ENUM(WeightsDtype, kWeightsDtypeNames)
+LAYUP_JSON_ENUM(LearnTokens, kLearnTokensNames)
 #undef LAYUP_JSON_ENUM
 
 // A --place override is saved as the flag writes it ("grads=pinned"), and parsed as it is read.

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "data/instruction_data.h"
 #include "engine/run_spec.h"
 #include "io/hf_checkpoint.h"
 
@@ -15,7 +16,7 @@ struct TrainOptions : RunSpec {
   // Data: a folder of train_*.bin / val_*.bin token shards, or a .jsonl or text file tokenized
   // into a cache folder; empty = the shipped corpus, tokenized once into a cache folder.
   std::string data_dir;
-  std::string learn = "completions";  // --learn for a data file: parse_learn_tokens
+  LearnTokens learn = LearnTokens::kCompletions;  // which tokens of a --data file are learned
   bool pack_examples = true;  // false: --no-packing (instruction data: one example per window)
   std::string tokenizer_dir;  // for the final sample and the default data; empty = shipped
 

@@ -212,7 +212,7 @@ TrainingData find_training_data(const TrainOptions& options, const RunRanks& ran
     data_dir = default_shard_dir(*data.tokenizer, data.tokenizer_dir, ranks.out);
   } else if (is_data_file(data_dir)) {
     const ExampleEncoding encoding{read_instruction_tokenizer_config(data.tokenizer_dir),
-                                   parse_learn_tokens(options.learn)};
+                                   options.learn};
     data_dir =
         data_file_shard_dir(*data.tokenizer, data.tokenizer_dir, data_dir, encoding, ranks.out);
   }
