@@ -2,6 +2,7 @@
 #include "tokenizer/jinja_render.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <ctime>
 #include <map>
 
@@ -306,6 +307,7 @@ class Renderer {
         const Value value = eval(*e.args[0]);
         require_defined(value, e.line);
         if (!value.is_number()) error(e.line, "cannot negate a " + type_name(value));
+        if (as_int(value) == INT64_MIN) error(e.line, "integer overflow in -");
         return Value::of(-as_int(value));
       }
       case Expr::Type::Binary:
@@ -405,9 +407,13 @@ class Renderer {
       error(e.line, "unsupported operand types for " + op + ": '" + type_name(left) + "' and '" +
                         type_name(right) + "'");
     const int64_t a = as_int(left), b = as_int(right);
-    if (op == "+") return Value::of(a + b);
-    if (op == "-") return Value::of(a - b);
-    if (op == "*") return Value::of(a * b);
+    // Python's integers do not overflow; layup's refuse to rather than wrap.
+    int64_t result = 0;
+    if ((op == "+" && __builtin_add_overflow(a, b, &result)) ||
+        (op == "-" && __builtin_sub_overflow(a, b, &result)) ||
+        (op == "*" && __builtin_mul_overflow(a, b, &result)) || (b == -1 && a == INT64_MIN))
+      error(e.line, "integer overflow in " + op);
+    if (op == "+" || op == "-" || op == "*") return Value::of(result);
     if (b == 0) error(e.line, "integer division or modulo by zero");
     // Python's // and % round towards negative infinity.
     int64_t quotient = a / b, remainder = a % b;
@@ -633,8 +639,10 @@ class Renderer {
       const std::time_t now = std::time(nullptr);
       std::tm local{};
       localtime_r(&now, &local);
-      char buffer[256];
+      char buffer[1024];
       const size_t length = std::strftime(buffer, sizeof buffer, a[0].string.c_str(), &local);
+      if (length == 0 && !a[0].string.empty())
+        error(e.line, "strftime_now's format gives no text or too long a text");
       return Value::of(std::string(buffer, length));
     }
     // range(stop) / range(start, stop[, step]); jinja2's sandbox allows at most 100000 items.

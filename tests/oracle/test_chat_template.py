@@ -129,12 +129,16 @@ PIECES = [
     "line\r\nwindows\rold mac\n\n",
     "\t{% for i in [1, 2] %}\n\t{{ i }}\n\t{% endfor %}\n",
     "{%- for m in messages -%}\n  [{{ m.role }}]\n{%- endfor %}",
+    "  {% if true %}at the start{% endif %}\n  {{ 'output' }} {% if true %}mid-line{% endif %}",
+    "{% if false %}a{% elif messages | length != 0 %}b{% elif true %}c{% else %}d{% endif %}",
     # literals and escapes
+    "{{ 'é👋 \\u00e9' }} {{ \"中文\" ~ '\\U0001F600' }}",
     "{{ 'a\\x41\\u00e9\\d\\n\\t\\'\\\\' }}|{{ \"dq \\\"q\\\"\" }}|{{ 'ab' 'cd' }}",
     "{{ none }}{{ true }}{{ False }}{{ 12_000 }}{{ -3 }}",
     # operators
     "{{ 7 % 3 }} {{ -7 % 3 }} {{ 7 // -2 }} {{ 2 * 3 + 1 }} {{ 1 ~ 2 * 3 }} {{ 'a' ~ 1 ~ none }}",
     "{{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 'b' > 'a' }} {{ true == 1 }} {{ [1, 'a'] == [1, 'a'] }}",
+    "{{ 'abc' < 'abd' }} {{ 'é' > 'z' }} {{ 2 >= 2 }} {{ 1 <= 0 }} {{ none is not none }}",
     "{{ 'ell' in 'hello' }} {{ 'x' not in 'hello' }} {{ 2 in [1, 2] }} {{ 'role' in messages[0] }}",
     "{{ not true or false and true }} {{ '' or 'default' }} {{ 'a' and 'b' }} {{ 0 or none }}",
     "{{ 'yes' if messages else 'no' }}|{{ 'shown' if false }}|{{ [1] + [2] == [1, 2] }}",
@@ -149,6 +153,8 @@ PIECES = [
     "{{ loop.length }}{{ loop.revindex }};{% endfor %}",
     "{% for m in messages if m.role == 'user' %}{{ loop.index }}:{{ m.content }} {% endfor %}",
     "{% for m in [] %}x{% else %}empty{% endfor %}",
+    "{% for i in range(1, 10, 3) %}{{ loop.previtem is defined }}{{ loop.nextitem }}"
+    "{{ loop.revindex0 }}|{% endfor %}{% for i in range(3, 0, -1) %}{{ i }}{% endfor %}",
     "{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}"
     "{% break %}{% endif %}{{ i }}{% endfor %}",
     "{% for k, v in {'a': 1, 'b': 'two'}.items() %}{{ k }}={{ v }},{% endfor %}",
