@@ -201,8 +201,8 @@ const char* stop_reason_text(StopReason reason) {
     case StopReason::kStopText:
       return "--stop text";
     case StopReason::kContextFull:
-      return "the model's context is full (the key/value cache cannot slide; --no-kv-cache "
-             "slides the window instead)";
+      return "the model's context (or attention window) is full: the key/value cache cannot "
+             "slide; --no-kv-cache slides the window instead";
   }
   return "";
 }
@@ -242,8 +242,13 @@ void run_sample(const SampleFlags& flags) {
   // The longest sequence: the prompt and the new tokens, within the model's context. Without a
   // cache the backend holds activations for all of it (not for 128k positions of a model made for
   // them); with one, for a piece of the prompt.
-  const int positions = static_cast<int>(
-      std::min<size_t>(config.n_positions, prompt.size() + flags.sampling.new_tokens));
+  // Mistral's sliding_window bounds it too: layup's attention sees every earlier position, which
+  // is the model's own attention only within the window.
+  const int context = config.sliding_window > 0
+                          ? std::min(config.n_positions, config.sliding_window)
+                          : config.n_positions;
+  const int positions =
+      static_cast<int>(std::min<size_t>(context, prompt.size() + flags.sampling.new_tokens));
   const int piece = kv_cache ? std::min(positions, kPromptPieceTokens) : positions;
   const SampleMemoryPlan plan = plan_sample_memory(
       {config, target.device, target.dtype == Dtype::kBf16, positions, piece, kv_cache});

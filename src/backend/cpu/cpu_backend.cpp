@@ -296,8 +296,8 @@ void CpuBackend::backward_embeddings(const ParameterPointers& /*params*/, float*
 }
 
 void CpuBackend::start_decode(int max_positions) {
-  LAYUP_CHECK(max_positions >= 1 && max_positions <= config_.n_positions, "a key/value cache of ",
-              max_positions, " positions; this model has room for 1..", config_.n_positions);
+  LAYUP_CHECK(max_positions >= 1, "a key/value cache needs room for a position at least");
+  check_sequence_length(config_, max_positions);
   DecodeCache& cache = decode_cache_;
   cache.length = 0;
   if (cache.max_positions == max_positions) return;

@@ -654,8 +654,8 @@ void CudaBackend<T>::backward_embeddings(const ParameterPointers& /*params*/,
 
 template <class T>
 void CudaBackend<T>::start_decode(int max_positions) {
-  LAYUP_CHECK(max_positions >= 1 && max_positions <= config_.n_positions, "a key/value cache of ",
-              max_positions, " positions; this model has room for 1..", config_.n_positions);
+  LAYUP_CHECK(max_positions >= 1, "a key/value cache needs room for a position at least");
+  check_sequence_length(config_, max_positions);
   decode_length_ = 0;
   if (decode_max_positions_ == max_positions) return;
   decode_max_positions_ = 0;
