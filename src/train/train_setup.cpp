@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "data/token_flags.h"
 #include "engine/backend_factory.h"
 #include "memory/memory_plan.h"
 #include "model/parameter_layout.h"
@@ -58,7 +59,8 @@ void check_run_folder(const TrainOptions& options, bool continues_this_folder) {
        "`, choose another --out, or add --overwrite to replace it");
 }
 
-// The bytes the training and validation tokens take in memory once read: their shards' sizes.
+// The bytes the training and validation tokens take in memory once read: their shards' sizes,
+// and their flags files' (instruction data, one byte a token) where there are some.
 size_t token_shard_bytes(const DataFolderShards& shards) {
   size_t bytes = 0;
   for (const std::vector<std::string>* paths : {&shards.train, &shards.val})
@@ -67,6 +69,8 @@ size_t token_shard_bytes(const DataFolderShards& shards) {
       const uintmax_t size = fs::file_size(path, error);
       LAYUP_CHECK(!error, "cannot read the size of the token shard ", path, ": ", error.message());
       bytes += size;
+      const uintmax_t flags_size = fs::file_size(token_flags_path(path), error);
+      if (!error) bytes += flags_size;
     }
   return bytes;
 }

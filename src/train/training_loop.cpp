@@ -140,6 +140,18 @@ void TrainingLoop::print_header() {
     std::fprintf(out, "  %d ranks (mpirun), %d micro-batches of each step on each\n", ranks_.count,
                  o.grad_accum / ranks_.count);
   if (run_.trace) std::fprintf(out, "  trace: %s (every step)\n", o.trace_path.c_str());
+  if (const PackedExamples* packed = data_.sampler->packed()) {
+    // What the flags made of the data, and how examples share a window (docs/models.md).
+    const double positions = static_cast<double>(packed->windows.size()) * o.seq_len;
+    std::fprintf(out,
+                 "  instruction data: %zu examples in %zu windows of %d tokens, %s; %zu split over "
+                 "several windows; %zu targets learned (%.1f%% of the positions)\n",
+                 packed->examples, packed->windows.size(), o.seq_len + 1,
+                 o.pack_examples ? "packed (each attends to the examples before it in its window)"
+                                 : "one per window (--no-packing)",
+                 packed->split_examples, packed->learned_targets,
+                 100.0 * static_cast<double>(packed->learned_targets) / positions);
+  }
   if (const std::string storage = run_.schedule->storage_report(); !storage.empty())
     std::fprintf(out, "  %s\n", storage.c_str());
   std::fprintf(out, "%s", format_memory_plan(run_.planned.plan, run_.planned.budgets).c_str());
