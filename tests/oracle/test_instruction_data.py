@@ -1,10 +1,11 @@
 """`layup tokenize` of instruction data against transformers: the token ids and the learn masks of
 chat and prompt/completion lines, read back from the shards and their .flags files.
 
-Small byte-level BPE tokenizers are trained here with `tokenizers` (no network), each with the
-special tokens of one model family and saved with a tokenizer_config.json that holds its BOS, EOS
-and the family's chat template (the renderer's test templates, data/chat_templates/); transformers
-loads the same folder. What layup must give, per example:
+Small tokenizers are trained here with `tokenizers` (no network): byte-level BPEs with the special
+tokens of Llama 3 and of ChatML (Qwen2, SmolLM), and SentencePiece-style ones shaped as Llama 2's
+and Mistral v0.3's. Each is saved with a tokenizer_config.json that holds its BOS, EOS and a chat
+template of its family (the renderer's test templates, data/chat_templates/); transformers loads
+the same folder. What layup must give, per example:
   - chat (`{"messages"}`): ids = apply_chat_template(messages, tokenize=True). Learned (the mask
     TRL's assistant-only loss and open-instruct compute by rendering prefixes): for each assistant
     message i, the ids from len(apply_chat_template(messages[:i], add_generation_prompt=True))
@@ -29,21 +30,29 @@ try:
 except ImportError:  # pragma: no cover
     pytest.skip("transformers and tokenizers are needed", allow_module_level=True)
 
+import test_hf_tokenizer_spm as spm
 from oracle_util import binary
 
 TEMPLATES = pathlib.Path(__file__).parent / "data" / "chat_templates"
 LEARN, START = 1, 2
 
-# family: (special tokens, bos, eos, whether the post-processor puts BOS in front, templates)
+# family: (special tokens, bos, eos, whether the post-processor puts BOS in front, templates).
+# The byte-level families are trained here; "llama2" and "mistral" are SentencePiece-style
+# tokenizer.json files shaped as the published ones (test_hf_tokenizer_spm.py says how): Llama 2's
+# legacy normalizer, and Mistral v0.3's Metaspace with [INST] and [/INST] as control tokens.
 FAMILIES = {
     "llama3": (["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                 "<|end_header_id|>", "<|eot_id|>"], "<|begin_of_text|>", "<|eot_id|>", True,
-               ["llama3", "llama3_2"]),
+               ["llama3", "llama3_1", "llama3_2"]),
     "chatml": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", False,
-               ["qwen2_5", "smollm2"]),
+               ["qwen2", "qwen2_5", "smollm", "smollm2"]),
+    "byte-level-inst": (["<unk>", "<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>", True,
+                        ["mistral_v0_3"]),
+    "llama2": (["<unk>", "<s>", "</s>"], "<s>", "</s>", True, ["llama2", "mistral_v0_1"]),
     "mistral": (["<unk>", "<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>", True,
-                ["mistral_v0_3", "llama2"]),
+                ["mistral_v0_3"]),
 }
+SENTENCEPIECE_FAMILIES = ("llama2", "mistral")
 
 
 def turns(*pairs):
@@ -68,21 +77,33 @@ PAIRS = [
 ]
 
 
-def train_tokenizer(folder, corpus, specials, bos, eos, bos_in_front, template):
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=800, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator([corpus], trainer)
-    tokenizer.add_special_tokens(specials)
-    steps = [processors.ByteLevel(trim_offsets=False)]
-    if bos_in_front:
-        steps.append(processors.TemplateProcessing(
-            single=f"{bos} $A", special_tokens=[(bos, tokenizer.token_to_id(bos))]))
-    tokenizer.post_processor = processors.Sequence(steps)
-    folder.mkdir()
-    tokenizer.save(str(folder / "tokenizer.json"))
+def train_tokenizer(folder, corpus, family, template):
+    specials, bos, eos, bos_in_front, _ = FAMILIES[family]
+    if family in SENTENCEPIECE_FAMILIES:
+        trained, merges = spm.train(
+            [corpus], pre_tokenizers.Metaspace(replacement=spm.BAR, prepend_scheme="always",
+                                               split=True), limit_alphabet=90)
+        model = models.BPE(vocab=spm.sentencepiece_vocab(trained), merges=merges,
+                           unk_token="<unk>", fuse_unk=True, byte_fallback=True)
+        shape = ({"normalizer": spm.LLAMA2_NORMALIZER} if family == "llama2"
+                 else {"pre_tokenizer": spm.MISTRAL_V03_PRE_TOKENIZER})
+        spm.save(folder, model, specials=specials, decoder=spm.LLAMA2_DECODER, template=True,
+                 **shape)
+    else:
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=800, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tokenizer.train_from_iterator([corpus], trainer)
+        tokenizer.add_special_tokens(specials)
+        steps = [processors.ByteLevel(trim_offsets=False)]
+        if bos_in_front:
+            steps.append(processors.TemplateProcessing(
+                single=f"{bos} $A", special_tokens=[(bos, tokenizer.token_to_id(bos))]))
+        tokenizer.post_processor = processors.Sequence(steps)
+        folder.mkdir()
+        tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": bos, "eos_token": eos, "chat_template": template,
         "tokenizer_class": "PreTrainedTokenizerFast"}))
@@ -159,12 +180,10 @@ def corpus(data_dir):
 CASES = [(family, template) for family, spec in FAMILIES.items() for template in spec[4]]
 
 
-@pytest.mark.parametrize("family,template", CASES, ids=[case[1] for case in CASES])
+@pytest.mark.parametrize("family,template", CASES, ids=[f"{case[1]}-{case[0]}" for case in CASES])
 def test_ids_and_masks_equal_transformers(tmp_path, corpus, family, template):
-    specials, bos, eos, bos_in_front, _ = FAMILIES[family]
     folder = tmp_path / "tokenizer"
-    train_tokenizer(folder, corpus, specials, bos, eos, bos_in_front,
-                    (TEMPLATES / f"{template}.jinja").read_text())
+    train_tokenizer(folder, corpus, family, (TEMPLATES / f"{template}.jinja").read_text())
     hf = AutoTokenizer.from_pretrained(str(folder))
 
     lines, examples = [], []
@@ -174,12 +193,12 @@ def test_ids_and_masks_equal_transformers(tmp_path, corpus, family, template):
         except Exception:  # a template that refuses a system message (Llama 2's alternation)
             continue
         if not prefixes_hold(hf, messages):
-            assert template == "mistral_v0_3", "the other templates render prefixes"
+            assert template.startswith("mistral_v0_3"), "the other templates render prefixes"
             continue
         lines.append(json.dumps({"messages": messages}))
         examples.append(("chat", messages))
     for prompt, completion in PAIRS:
-        completion = completion.format(eos=eos)
+        completion = completion.format(eos=FAMILIES[family][2])
         lines.append(json.dumps({"prompt": prompt, "completion": completion}))
         examples.append(("pair", (prompt, completion)))
     assert len(examples) >= 8
@@ -220,10 +239,8 @@ def test_ids_and_masks_equal_transformers(tmp_path, corpus, family, template):
 
 
 def test_refusals_name_the_line(tmp_path, corpus):
-    specials, bos, eos, bos_in_front, _ = FAMILIES["mistral"]
     folder = tmp_path / "tokenizer"
-    train_tokenizer(folder, corpus, specials, bos, eos, bos_in_front,
-                    (TEMPLATES / "mistral_v0_3.jinja").read_text())
+    train_tokenizer(folder, corpus, "mistral", (TEMPLATES / "mistral_v0_3.jinja").read_text())
     good = json.dumps({"messages": turns(("user", "a"), ("assistant", "b"))})
     cases = {
         # the template's raise_exception, as transformers raises it
