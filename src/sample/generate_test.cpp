@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 
 namespace layup {
@@ -94,6 +95,35 @@ TEST(Generate, StopsAfterTheTokenThatCompletesAStopText) {
   result = generate(unstopped, prompt, kVocab, kGreedy, {{}, {"zz"}, spell}, rng);
   EXPECT_EQ(result.tokens.size(), 8u);
   EXPECT_EQ(result.reason, StopReason::kTokenLimit);
+}
+
+// A prompt longer than the cache keeps its last positions: the window the recomputed model starts
+// from, and the same logits within float rounding; then the cache has no room.
+TEST(Generate, KvCacheModelKeepsAPromptsLastPositions) {
+  const ModelConfig config = gpt2_config(2, 2, 16, 16, 61);
+  const ParameterLayout layout(config);
+  std::vector<float> params(layout.total_count());
+  Rng rng(3);
+  for (float& value : params) value = 0.3f * rng.normal();
+  const ParameterPointers pointers = layout.pointers<const float>(params.data());
+  std::vector<int32_t> prompt(20);
+  for (int32_t& token : prompt) token = static_cast<int32_t>(rng.below(61));
+
+  const std::unique_ptr<ModelBackend> full = make_cpu_backend(config, 1, 16);
+  RecomputeModel recomputed(
+      [&](const TokenBatch& batch) {
+        full->forward(pointers, batch);
+        return full->logits();
+      },
+      16, config.padded_vocab_size);
+  const float* expected = recomputed.append(prompt);
+  const std::unique_ptr<ModelBackend> pieces = make_cpu_backend(config, 1, 6);
+  KvCacheModel cached(*pieces, pointers, 16, 6);
+  const float* actual = cached.append(prompt);
+  for (int v = 0; v < config.vocab_size; ++v)
+    EXPECT_NEAR(actual[v], expected[v], 1e-4 * (1.0 + std::fabs(expected[v])));
+  EXPECT_EQ(pieces->decoded_positions(), 16);
+  EXPECT_FALSE(cached.has_room());
 }
 
 TEST(Generate, StopsWhenTheModelHasNoRoom) {
