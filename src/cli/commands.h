@@ -86,7 +86,7 @@ void add_layup_head_flag(CLI::App& command, LayupHead& layup_head);
 void add_optimizer_placement_flags(CLI::App& command, OptimizerPlacement& placement,
                                    std::string& offload_dir);
 
-// --optimizer-state fp32|bf16|8bit (OptimizerStateKind), for `train` and `bench`.
+// --optimizer-state fp32|bf16|8bit (OptimizerStateKind), for `train`, `bench` and `memory`.
 void add_optimizer_state_flag(CLI::App& command, OptimizerStateKind& kind);
 
 // --seed for `train`, `bench`, `study` and `sample`: a whole number from 0 to 2^64 - 1.

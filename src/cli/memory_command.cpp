@@ -84,6 +84,7 @@ void add_memory_command(CLI::App& app) {
   add_clip_flags(*cmd, flags->clip_text, flags->layup_clip);
   add_layup_head_flag(*cmd, flags->layup_head);
   add_optimizer_placement_flags(*cmd, flags->optimizer_placement, flags->offload_dir);
+  add_optimizer_state_flag(*cmd, flags->optimizer_state);
   add_choice_option(*cmd, "--mode", flags->mode, kModeNames,
                     "Also print this mode's plan allocation by allocation (cuda plans without a "
                     "GPU too, with a discrete GPU's attributes); without it the predicted step "
@@ -130,12 +131,13 @@ void add_memory_command(CLI::App& app) {
     std::printf(
         "layup memory: %s (%d layers, %d heads, width %d; %.1fM parameters), B=%d x T=%d%s, %s "
         "on %s\n"
-        "computed from the code's allocations; nothing is allocated\n\n",
+        "%s\ncomputed from the code's allocations; nothing is allocated\n\n",
         base.model_name.c_str(), config.n_layer, config.n_head, config.n_embd,
         parameter_count(config) / 1e6, base.batch, base.seq_len,
         base.grad_accum > 1 ? (" x" + std::to_string(base.grad_accum) + " accumulation").c_str()
                             : "",
-        name_of(base.dtype).c_str(), name_of(base.device).c_str());
+        name_of(base.dtype).c_str(), name_of(base.device).c_str(),
+        describe_optimizer_state(base.optimizer_state).c_str());
 
     std::string table = row("", modes);
     for (MemorySide side : kAllMemorySides) {

@@ -22,6 +22,7 @@
 #include "engine/step_time_model.h"
 #include "io/streamed_file_writer.h"
 #include "model/parameter_layout.h"
+#include "schedule/packed_moments.h"
 #include "schedule/random_step.h"
 #include "schedule/schedule.h"
 #include "schedule/schedule_plan.h"
@@ -751,6 +752,74 @@ TEST(MemoryPlan, OptimizerPlacementSplitsTheBlocksBetweenDeviceAndHost) {
   request.optimizer_placement = OptimizerPlacement::parse("device:13");
   EXPECT_NE(error_of([&] { plan_memory(request); }).find("more blocks than the model's 12"),
             std::string::npos);
+}
+
+// --optimizer-state: the plan counts each kind's bytes wherever the moments live (gpu mode's
+// device buffer, layup's host, device and disk tiers), auto places blocks by them, and the planner
+// never chooses a lossy kind itself: not under a budget that only a compact kind would fit.
+TEST(MemoryPlan, CompactStateIsCountedInItsBytesAndNeverChosenUnasked) {
+  const ModelConfig config = named_config("gpt2");
+  const ParameterLayout layout(config);
+  auto moments = [&](OptimizerStateKind kind) {
+    size_t bytes = 0;
+    for (const Span& span : layout.spans()) bytes += PackedMoments::padded_bytes(kind, span.count);
+    return bytes;
+  };
+  for (const std::string mode : {"gpu", "layup"}) {
+    SCOPED_TRACE(mode);
+    MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, mode, 8, 1024));
+    request.layup_clip = LayupClip::kDeferred;
+    request.optimizer_placement = OptimizerPlacement::parse("host");
+    for (const OptimizerStateKind kind : {OptimizerStateKind::kFp32, OptimizerStateKind::kBf16,
+                                          OptimizerStateKind::kBlockwise8Bit}) {
+      request.optimizer_state = kind;
+      const MemoryPlan plan = plan_memory(request);
+      EXPECT_EQ(plan.bytes(TensorClass::kOptimizerMoments), moments(kind)) << name_of(kind);
+    }
+  }
+  EXPECT_EQ(moments(OptimizerStateKind::kFp32), 8 * layout.total_count());
+  EXPECT_LT(moments(OptimizerStateKind::kBlockwise8Bit), 2.04 * layout.total_count());
+
+  // auto against a device budget that holds four blocks' fp32 state places more blocks with 8-bit.
+  MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, "layup", 8, 1024));
+  request.layup_clip = LayupClip::kDeferred;
+  request.optimizer_placement = OptimizerPlacement::parse("device:4");
+  MemoryBudgets budgets;
+  budgets.device = plan_memory(request).bytes(MemorySide::kDevice);
+  request.optimizer_placement = {};
+  const int fp32_blocks =
+      resolve_optimizer_placement(request, budgets).optimizer_placement.device_blocks;
+  EXPECT_EQ(fp32_blocks, 4);
+  request.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+  const MemoryPlanRequest compact = resolve_optimizer_placement(request, budgets);
+  EXPECT_GT(compact.optimizer_placement.device_blocks, fp32_blocks);
+  EXPECT_EQ(compact.optimizer_state, OptimizerStateKind::kBlockwise8Bit);
+
+  // The disk file shrinks to the kind's records.
+  request.optimizer_state = OptimizerStateKind::kFp32;
+  request.offload_dir = "/offload";
+  request.optimizer_placement = OptimizerPlacement::parse("disk:6");
+  const size_t fp32_disk = plan_memory(request).disk_bytes;
+  request.optimizer_state = OptimizerStateKind::kBf16;
+  EXPECT_LT(plan_memory(request).disk_bytes, fp32_disk * 2 / 3 + 6 * 2 * 4096);
+
+  // A host budget fp32's state does not fit: the planner refuses (offering what it may, none of
+  // it a lossy kind) and never resolves to one.
+  request.optimizer_state = OptimizerStateKind::kFp32;
+  request.offload_dir.clear();
+  request.optimizer_placement = {};
+  MemoryBudgets tight;
+  tight.device = budgets.device;
+  tight.host = plan_memory(request).bytes(MemorySide::kHost) / 2;
+  const MemoryPlanRequest resolved = resolve_optimizer_placement(request, tight);
+  EXPECT_EQ(resolved.optimizer_state, OptimizerStateKind::kFp32);
+  const MemoryPlan plan = plan_memory(resolved);
+  EXPECT_EQ(schedule_of(plan).optimizer_state, OptimizerStateKind::kFp32);
+  for (const PlanAlternative& alternative : plan.alternatives)
+    EXPECT_EQ(alternative.request.optimizer_state, OptimizerStateKind::kFp32) << alternative.flag;
+  const std::string refused = refusal(plan, tight);
+  EXPECT_NE(refused, "");
+  EXPECT_EQ(refused.find("--optimizer-state"), std::string::npos) << refused;
 }
 
 // The disk tier: disk:D takes the last D blocks' master weights and moments off the host into a

@@ -15,8 +15,12 @@ namespace layup {
 
 namespace {
 
-constexpr double kFloatBytes = 4.0;   // fp32 gradients down, fp32 weights up
-constexpr double kStateBytes = 12.0;  // a disk span's params, m and v
+constexpr double kFloatBytes = 4.0;  // fp32 gradients down, fp32 weights up
+// A disk span's record a parameter: its fp32 master weight and its moments in `kind`.
+double state_bytes(OptimizerStateKind kind, double floats) {
+  return 4.0 * floats +
+         static_cast<double>(optimizer_moments_bytes(kind, static_cast<size_t>(floats)));
+}
 // Steps simulated; the last one's period is the steady state (each step carries the tail of the
 // one before, and two steps back no longer matters).
 constexpr int kSimulatedSteps = 4;
@@ -83,7 +87,9 @@ Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
   const bool updates_beside_gradients =
       plan.mode == Mode::kLayup && plan.window == UpdateWindow::kDuringBackward;
   for (size_t i = 0; i < work.floats.size(); ++i) {
-    const double bytes = plan.spans[i].site == UpdateSite::kDisk ? kStateBytes * work.floats[i] : 0;
+    const double bytes = plan.spans[i].site == UpdateSite::kDisk
+                             ? state_bytes(request.optimizer_state, work.floats[i])
+                             : 0;
     work.disk_read_s.push_back(seconds(bytes, disk_rate(rates, rates.disk_read_bytes_per_s)));
     work.disk_write_s.push_back(seconds(bytes, disk_rate(rates, rates.disk_write_bytes_per_s)));
     // Beside each update run the weights of the span updated before it going back (a span's

@@ -42,6 +42,9 @@ struct StepTimeRequest {
   // The step's tasks, as the run's schedule issues them (compile_step_plan): the model times each
   // and simulates them on their lanes, so it follows whatever the schedule does.
   StepPlan plan;
+  // The moments' kind: a disk span's record is its bytes (the CPU's AdamW rate is fp32's as
+  // calibrated, whatever the kind).
+  OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
 };
 
 // One span's work on each resource in a step, in seconds.

@@ -1,6 +1,8 @@
 // The schedule's choices for a run (schedule_plan.h).
 #include "schedule/schedule_plan.h"
 
+#include <cstdio>
+
 #include "core/error.h"
 #include "model/parameter_layout.h"
 
@@ -107,7 +109,17 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
   const bool cuda = r.device == DeviceKind::kCuda;
   const ParameterLayout layout(r.config);
   const size_t all = layout.total_count() * sizeof(float);
-  const size_t head = (layout.embeddings().count + layout.final_norm().count) * sizeof(float);
+  const OptimizerStateKind kind = r.optimizer_state;
+  // Master weights and moments, in the run's optimizer state kind.
+  const size_t state = all + optimizer_moments_bytes(kind, layout.total_count());
+  const size_t head_moments = optimizer_moments_bytes(kind, layout.embeddings().count) +
+                              optimizer_moments_bytes(kind, layout.final_norm().count);
+  // 12 (fp32), 8 (bf16) or 6.03 (8bit): a disk record's bytes a parameter.
+  char record_bytes[16];
+  std::snprintf(
+      record_bytes, sizeof record_bytes, "%.3g",
+      4.0 + static_cast<double>(optimizer_moments_bytes(kind, 100 * kOptimizerStateBlock)) /
+                (100.0 * kOptimizerStateBlock));
   const std::string memory = cuda ? "an integrated GPU" : "the CPU backend";
   const bool one_memory = !cuda || r.attributes.integrated;
   if (one_memory && !options.weights_in_place)
@@ -127,7 +139,7 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
         "is (" +
         std::string(r.layup_head == LayupHead::kAuto ? "--layup-head auto on a discrete GPU"
                                                      : "--layup-head device") +
-        "): their AdamW moments take " + format_bytes(2 * head) +
+        "): their AdamW moments take " + format_bytes(head_moments) +
         " of device memory, and the host keeps no state of them; --layup-head host updates "
         "them on the CPU with the blocks");
   int device_blocks = 0;
@@ -148,8 +160,8 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
         std::to_string(r.config.n_layer - 1) + " in a file under " + r.offload_dir +
         " (--optimizer-placement " + r.optimizer_placement.name() + "), " +
         std::to_string(options.disk_slots) +
-        " blocks' worth of host memory stage them: each step reads and writes 12 bytes a "
-        "parameter of them, which hides under the GPU's work only in steps long enough");
+        " blocks' worth of host memory stage them: each step reads and writes " + record_bytes +
+        " bytes a parameter of them, which hides under the GPU's work only in steps long enough");
   if (options.weights_land_in_compute_copy)
     notes.push_back(
         "the host-updated spans' new weights land in the backend's bf16 compute copy, cast on "
@@ -157,7 +169,7 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
   if (options.speculative_clip)
     notes.push_back(
         "clipping in layup is speculative: a second copy of the master weights and moments (" +
-        format_bytes(3 * all) +
+        format_bytes(state) +
         ") lets blocks update during backward and be redone when the step is clipped; "
         "--layup-clip deferred keeps one copy and updates the blocks after backward");
   else if (r.mode == Mode::kLayup && r.clip > 0.0f && r.layup_clip == LayupClip::kAuto &&
@@ -169,7 +181,7 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
     notes.push_back(
         "clipping in layup is deferred (--layup-clip auto on an integrated GPU: a speculative "
         "second copy of the master weights and moments, " +
-        format_bytes(3 * all) +
+        format_bytes(state) +
         ", would share the one memory with everything else): the blocks are updated after "
         "backward; --layup-clip speculative overlaps them with it");
   return notes;

@@ -96,3 +96,19 @@ def test_zero1_ranks_keep_their_parts_in_the_kind_and_train_like_one_process(tmp
     for name in ("model.safetensors", "training_state.safetensors"):
         assert (tmp_path / "one" / "step-00000003" / name).read_bytes() == \
             (tmp_path / "three" / "step-00000003" / name).read_bytes(), name
+
+
+def test_layup_memory_counts_the_kinds_bytes_and_names_the_kind():
+    """`layup memory --optimizer-state 8bit` plans the smaller state: gpu mode's moments on the
+    device take about a quarter of fp32's."""
+    def moments_mib(kind):
+        out = run([binary("layup"), "memory", "--model", "gpt2", "--device", "cuda",
+                   "--optimizer-state", kind]).stdout
+        assert ("optimizer state: " + kind) in out.splitlines()[1], out
+        row = next(line for line in out.splitlines() if line.strip().startswith("optimizer moments"))
+        value, unit = row.split()[2:4]  # the gpu column
+        return float(value) * {"MiB": 1, "GiB": 1024}[unit]
+
+    fp32, bf16, blockwise = moments_mib("fp32"), moments_mib("bf16"), moments_mib("8bit")
+    assert bf16 == pytest.approx(fp32 / 2, rel=1e-3)
+    assert blockwise == pytest.approx(fp32 * 2.03125 / 8, rel=1e-3)
