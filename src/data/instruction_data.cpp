@@ -301,9 +301,7 @@ void ExampleEncoder::encode_chat(const InstructionExample& example, const std::s
   LAYUP_CHECK(template_error_.empty(), where, ": the chat template of ", config_.source,
               " cannot be used: ", template_error_);
   LAYUP_CHECK(render_chat_ != nullptr, where,
-              ": a chat example is rendered with the model's chat "
-              "template, and ",
-              config_.source,
+              ": a chat example is rendered with the model's chat template, and ", config_.source,
               " has none (\"chat_template\"); give the tokenizer folder of a chat model "
               "(--tokenizer), or write the examples as prompt/completion");
   const std::span<const ChatMessage> messages = example.messages;
@@ -325,8 +323,8 @@ void ExampleEncoder::encode_chat(const InstructionExample& example, const std::s
   flags.resize(ids.size(), 0);
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role != "assistant") continue;
-    // The turn's tokens are those that rendering it adds to the conversation before it (and
-    // the template's assistant header, which add_generation_prompt writes).
+    // The turn's tokens: what rendering it adds to the conversation before it, less the
+    // assistant header that add_generation_prompt already writes there.
     const std::string before = i == 0 ? std::string() : render(messages.first(i), true);
     const std::string through = render(messages.first(i + 1), false);
     LAYUP_CHECK(whole.starts_with(through) && through.starts_with(before), where,

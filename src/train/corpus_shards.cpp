@@ -507,6 +507,8 @@ std::string data_file_shard_dir(const Tokenizer& tokenizer, const std::string& t
   std::vector<std::string> tokenizer_files = tokenizer_source_files(tokenizer_path);
   for (const std::string& file : instruction_tokenizer_config_files(tokenizer_path))
     tokenizer_files.push_back(file);
+  // "examples=1" is raised when layup would tokenize the same examples into other ids or flags,
+  // so that caches made before are not reused.
   const std::string key = token_cache_key(tokenizer_files, {data_file},
                                           "val_fraction=" + std::to_string(kValFraction) +
                                               " examples=1 learn=" + name_of(encoding.learn));
