@@ -1,6 +1,7 @@
 // `layup bench-adamw`: the CPU AdamW rate on fp32 master weights and moments (optim/host_adamw.h)
-// and, in the same run over the same arrays, the plain OpenMP loop it replaces; prints G params/s
-// and GB/s of memory traffic as a table, and with --json writes them into a file.
+// and, in the same run over the same arrays, the plain OpenMP loop it replaces, and the rate with
+// bf16 and 8-bit moments (--optimizer-state); prints G params/s and GB/s of memory traffic as a
+// table, and with --json writes them into a file.
 #include <omp.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <memory>
@@ -23,6 +25,7 @@
 #include "memory/host_memory_need.h"
 #include "optim/adamw.h"
 #include "optim/adamw_simd.h"
+#include "optim/adamw_state.h"
 #include "optim/adamw_timing.h"
 #include "optim/host_adamw.h"
 #include "tier/output_file.h"
@@ -36,6 +39,12 @@ namespace {
 // params, m and v (12 bytes). The written lines were read just before, so no extra
 // read-for-ownership traffic arises: 28 bytes in all.
 constexpr double kBytesPerParam = 28.0;
+// With compact moments: p and g read, p written (12 bytes), and the moments read and written: 4
+// bytes each way in bf16, 2 in 8bit (plus a block's two scales, 8 bytes in 256 parameters).
+double bytes_per_param(OptimizerStateKind kind) {
+  return kind == OptimizerStateKind::kFp32 ? kBytesPerParam
+                                           : 12.0 + 2.0 * optimizer_moments_bytes(kind, 256) / 256;
+}
 constexpr int kWarmupUpdates = kAdamWWarmupUpdates;
 
 struct AdamWBenchFlags {
@@ -83,12 +92,13 @@ void plain_openmp_adamw(float* params, const float* grads, float* m, float* v, s
   }
 }
 
-nlohmann::json timing_json(const AdamWTiming& timing, size_t params) {
+nlohmann::json timing_json(const AdamWTiming& timing, size_t params,
+                           double bytes = kBytesPerParam) {
   return {{"seconds", timing.seconds},
           {"median_params_per_s", params / timing.median_s},
           {"best_params_per_s", params / timing.best_s},
-          {"median_gb_per_s", params * kBytesPerParam / timing.median_s / 1e9},
-          {"best_gb_per_s", params * kBytesPerParam / timing.best_s / 1e9}};
+          {"median_gb_per_s", params * bytes / timing.median_s / 1e9},
+          {"best_gb_per_s", params * bytes / timing.best_s / 1e9}};
 }
 
 void run_adamw_bench(const AdamWBenchFlags& flags) {
@@ -160,6 +170,33 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
       },
       [] {});
   const bool streams = adamw_isa_streams(engine.isa());
+  // bf16 and 8-bit moments in place, in the second copy's m, which holds either (4 bytes a
+  // parameter; a tiny --params may need more for 8bit's block scales).
+  struct KindTiming {
+    OptimizerStateKind kind;
+    AdamWTiming timing;
+  };
+  std::vector<KindTiming> kind_timings;
+  for (const OptimizerStateKind kind :
+       {OptimizerStateKind::kBf16, OptimizerStateKind::kBlockwise8Bit}) {
+    const size_t bytes = optimizer_moments_bytes(kind, n);
+    FloatBuffer own;
+    float* buffer = m2.get();
+    if (bytes > n * sizeof(float)) {
+      own = allocate_floats((bytes + sizeof(float) - 1) / sizeof(float));
+      buffer = own.get();
+    }
+    std::memset(buffer, 0, bytes);  // the zero state of every kind
+    const AdamWMoments moments = AdamWMoments::in_buffer(kind, buffer, n);
+    kind_timings.push_back(
+        {kind, time_adamw_updates(
+                   flags.repeats,
+                   [&](const AdamWStep& step) {
+                     engine.update(AdamWStateBuffers::in_place(params.get(), grads.get(), moments),
+                                   n, step, true);
+                   },
+                   [] {})});
+  }
   // The OpenMP loop after, not interleaved: libgomp's threads spin after each region and would
   // steal the engine's cores. Same thread count, for a like-for-like ratio.
   const int saved_threads = omp_get_max_threads();
@@ -176,11 +213,10 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
   const double ratio = openmp_timing.median_s / engine_timing.median_s;
 
   const auto row = [&](const char* variant, const char* isa, int workers, const char* pinned,
-                       const AdamWTiming& timing) {
+                       const AdamWTiming& timing, double bytes = kBytesPerParam) {
     std::printf("  %-18s %-9s %7d  %-6s %11.3f %9.3f %12.1f %9.1f\n", variant, isa, workers, pinned,
                 n / timing.median_s / 1e9, n / timing.best_s / 1e9,
-                n * kBytesPerParam / timing.median_s / 1e9,
-                n * kBytesPerParam / timing.best_s / 1e9);
+                n * bytes / timing.median_s / 1e9, n * bytes / timing.best_s / 1e9);
   };
   std::printf("  %-18s %-9s %7s  %-6s %11s %9s %12s %9s\n", "variant", "ISA", "workers", "pinned",
               "Gparam/s med", "best", "GB/s med", "best");
@@ -190,10 +226,16 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
       engine.worker_count(), engine.pinned() ? "yes" : "no", out_of_place_timing);
   row("plain OpenMP loop", "compiler", engine.worker_count(), openmp_bound ? "bound" : "no",
       openmp_timing);
+  for (const KindTiming& each : kind_timings)
+    row(("moments " + name_of(each.kind)).c_str(), adamw_isa_name(engine.isa()),
+        engine.worker_count(), engine.pinned() ? "yes" : "no", each.timing,
+        bytes_per_param(each.kind));
   std::printf("  HostAdamW / plain OpenMP loop (median): %.2fx\n", ratio);
   std::printf("  %s\n", engine_report.c_str());
   std::printf("  pinning: %s\n", engine.pin_status().c_str());
-  std::printf("  traffic: 28 bytes per parameter (reads p, g, m, v; writes p, m, v)\n");
+  std::printf(
+      "  traffic: 28 bytes per parameter (reads p, g, m, v; writes p, m, v); with bf16 "
+      "moments 20, with 8-bit ones 16.06 (--optimizer-state, docs/optimizer_state.md)\n");
   std::printf("  out of place: into a second copy of p, m, v, the copies swapping every update%s\n",
               streams ? "; streaming stores (LAYUP_ADAMW_STREAM=0 turns them off)"
               : adamw_streaming_stores_allowed() ? "; plain stores (this ISA does not stream)"
@@ -221,6 +263,15 @@ void run_adamw_bench(const AdamWBenchFlags& flags) {
           {"bound", openmp_bound},
           {"timing", timing_json(openmp_timing, n)}}},
         {"ratio_median", ratio},
+        {"optimizer_states",
+         [&] {
+           nlohmann::json kinds = nlohmann::json::object();
+           for (const KindTiming& each : kind_timings)
+             kinds[name_of(each.kind)] = {
+                 {"bytes_per_param", bytes_per_param(each.kind)},
+                 {"timing", timing_json(each.timing, n, bytes_per_param(each.kind))}};
+           return kinds;
+         }()},
         {"report", engine_report},
         {"machine", {{"cpu", cpu_model_name()}, {"online_cores", sysconf(_SC_NPROCESSORS_ONLN)}}},
         {"date", utc_now()},
@@ -238,7 +289,8 @@ void add_adamw_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "bench-adamw",
       "Time the CPU AdamW on fp32 master weights and moments (pinned workers, SIMD) against a "
-      "plain OpenMP loop over the same arrays: G params/s and GB/s of memory traffic.");
+      "plain OpenMP loop over the same arrays, and with bf16 and 8-bit moments: G params/s and "
+      "GB/s of memory traffic.");
   add_whole_flag(*cmd, "--params", flags->params, at_least(1),
                  "Parameters to update (default: gpt2-small's)")
       ->capture_default_str();
