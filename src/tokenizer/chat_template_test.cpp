@@ -118,6 +118,8 @@ TEST(ChatTemplate, RefusesWhatIsOutsideTheSubsetWhenParsed) {
   EXPECT_TRUE(contains(refusal("{{ x"), "never closed"));
   EXPECT_TRUE(contains(refusal("{# x"), "never closed"));
   EXPECT_TRUE(contains(refusal("{{ 'a' is eq 'a' }}"), "without parentheses"));
+  // jinja2 knows no "+}}": the "+" is an operator missing its right side.
+  EXPECT_TRUE(contains(refusal("{{ 'x' +}}"), "line 1"));
 }
 
 TEST(ChatTemplate, PrintingAListIsRefusedRatherThanGuessed) {

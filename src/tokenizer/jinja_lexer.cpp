@@ -282,7 +282,9 @@ class Lexer {
       const auto closes_at = [&](size_t at) {
         return at + 1 < source_.size() && source_[at] == close && source_[at + 1] == '}';
       };
-      if (depth == 0 && (c == '-' || c == '+') && closes_at(position_ + 1)) {
+      // "+}}" is no end: jinja2 has no "+" before "}}", so the "+" is an operator there.
+      const bool sign_closes = c == '-' || (c == '+' && type == Segment::Type::Statement);
+      if (depth == 0 && sign_closes && closes_at(position_ + 1)) {
         position_ += 3;
         finish_tag(c, type == Segment::Type::Statement);
         break;

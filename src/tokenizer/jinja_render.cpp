@@ -384,7 +384,7 @@ class Renderer {
     if (object.kind == Value::Kind::String)
       return Value::of(
           join(slice_of(code_points(object.string), bound(0), bound(1), bound(2), e.line)));
-    error(e.line, "cannot slice a " + type_name(object));
+    error(e.line, "slicing a " + type_name(object) + " is not supported");
   }
 
   Value binary(const Expr& e) {
@@ -403,6 +403,11 @@ class Renderer {
       items.insert(items.end(), right.list->begin(), right.list->end());
       return Value::of(std::move(items));
     }
+    if (op == "*" && (left.kind == Value::Kind::String || left.kind == Value::Kind::List ||
+                      right.kind == Value::Kind::String || right.kind == Value::Kind::List))
+      return repeat(left, right, e.line);
+    if (op == "%" && left.kind == Value::Kind::String)
+      error(e.line, "string formatting with % is not supported");
     if (!left.is_number() || !right.is_number())
       error(e.line, "unsupported operand types for " + op + ": '" + type_name(left) + "' and '" +
                         type_name(right) + "'");
@@ -424,6 +429,31 @@ class Renderer {
     return Value::of(op == "//" ? quotient : remainder);
   }
 
+  // Python's sequence * count (either way round): the sequence repeated, empty for count <= 0.
+  static Value repeat(const Value& left, const Value& right, int line) {
+    const bool left_is_count = left.is_number();
+    const Value& sequence = left_is_count ? right : left;
+    const Value& count = left_is_count ? left : right;
+    if (!count.is_number())
+      error(line, "can't multiply a " + type_name(sequence) + " by a " + type_name(count));
+    const int64_t times = as_int(count);
+    const size_t size =
+        sequence.kind == Value::Kind::String ? sequence.string.size() : sequence.list->size();
+    if (times > 0 && size > 0 && static_cast<uint64_t>(times) > (1u << 20) / size)
+      error(line, "a repeated sequence would be too long");
+    std::string text;
+    List items;
+    for (int64_t i = 0; i < times; ++i) {
+      if (sequence.kind == Value::Kind::String) {
+        text += sequence.string;
+      } else {
+        items.insert(items.end(), sequence.list->begin(), sequence.list->end());
+      }
+    }
+    return sequence.kind == Value::Kind::String ? Value::of(std::move(text))
+                                                : Value::of(std::move(items));
+  }
+
   static bool compare(const std::string& op, const Value& left, const Value& right, int line) {
     if (op == "==") return equal(left, right);
     if (op == "!=") return !equal(left, right);
@@ -434,6 +464,8 @@ class Renderer {
           error(line, "'in <string>' requires a string on the left, not a " + type_name(left));
         found = right.string.find(left.string) != std::string::npos;
       } else if (right.kind == Value::Kind::Dict) {
+        if (left.kind == Value::Kind::List || left.kind == Value::Kind::Dict)
+          error(line, "unhashable type: '" + type_name(left) + "'");
         found = left.kind == Value::Kind::String && right.find(left.string);
       } else if (right.kind == Value::Kind::List) {
         found = std::any_of(right.list->begin(), right.list->end(),

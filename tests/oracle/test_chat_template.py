@@ -11,6 +11,7 @@ slicing). The C++ side runs through layup_chat_template_tool, once per file.
 """
 import json
 import pathlib
+import random
 import subprocess
 
 import pytest
@@ -219,6 +220,52 @@ def test_jinja_pieces_render_as_transformers(tmp_path):
         assert ("text" in expected) == (case["template"] in PIECES), (case["template"], expected)
         check_same(expected, result, repr(case["template"]))
     assert "custom refusal" in got[len(PIECES)]["error"]
+
+
+def random_layout(rng, depth=0):
+    """Random nesting of text, output, comment, set, if and for tags, each side of each tag with
+    or without "-" / "+", around text of spaces, tabs, newlines and Unicode spaces: the cases of
+    trim_blocks, lstrip_blocks and whitespace control that meet."""
+    texts = ["", " ", "  ", "\n", "\n\n", "\t", " \n ", "x", "a b", "\n  ", "\u3000", "\u00a0\n"]
+
+    def text():
+        return "".join(rng.choice(texts) for _ in range(rng.randint(0, 3)))
+
+    def sign(plus=True):
+        return rng.choice(["", "", "-", "+"] if plus else ["", "", "-"])
+
+    out = []
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.random()
+        if kind < 0.3:
+            out.append(text())
+        elif kind < 0.5:
+            out.append("{{%s messages[0].content ~ x %s}}" % (sign(), sign(False)))
+        elif kind < 0.6:
+            out.append("{#%s c %s#}" % (sign(), sign()))
+        elif kind < 0.7:
+            out.append("{%%%s set x = 'v' %s%%}" % (sign(), sign()))
+        elif kind < 0.85 and depth < 3:
+            out.append("{%%%s if true %s%%}" % (sign(), sign()) + text() + random_layout(rng, depth + 1)
+                       + "{%%%s else %s%%}x{%%%s endif %s%%}" % (sign(), sign(), sign(), sign()))
+        elif depth < 3:
+            out.append("{%%%s for m in messages %s%%}" % (sign(), sign()) + text()
+                       + random_layout(rng, depth + 1) + "{%%%s endfor %s%%}" % (sign(), sign()))
+    return "".join(out)
+
+
+def test_random_whitespace_layouts_render_as_transformers(tmp_path):
+    rng = random.Random(44)
+    messages = turns(("user", " hi\n"), ("assistant", "yo"))
+    cases = [{"template": random_layout(rng) + "\n", "messages": messages, "bos_token": "",
+              "eos_token": "", "add_generation_prompt": False} for _ in range(400)]
+    got = render_layup(tmp_path, TEMPLATES / "smollm.jinja", cases)
+    rendered = 0
+    for case, result in zip(cases, got):
+        expected = render_transformers(case["template"], case)
+        check_same(expected, result, repr(case["template"]))
+        rendered += "text" in expected
+    assert rendered > 300
 
 
 def test_llama3_2_takes_todays_date(tmp_path):
