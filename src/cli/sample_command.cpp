@@ -231,7 +231,8 @@ void run_sample(const SampleFlags& flags) {
   if (prompt.empty()) prompt.push_back(tokenizer.document_separator());
   // A model may have fewer tokens than its tokenizer; an id beyond them has no embedding row.
   for (size_t i = 0; i < prompt.size(); ++i) {
-    LAYUP_CHECK(prompt[i] >= 0 && prompt[i] < config.vocab_size, "--prompt: its token ", i, " (id ",
+    LAYUP_CHECK(prompt[i] >= 0 && prompt[i] < config.vocab_size,
+                flags.prompt_ids.empty() ? "--prompt" : "--prompt-ids", ": its token ", i, " (id ",
                 prompt[i], ") is outside the model's vocabulary of ", config.vocab_size,
                 " tokens; use a prompt of text this model was trained on, or the tokenizer it "
                 "was trained with (--tokenizer)");
@@ -239,11 +240,10 @@ void run_sample(const SampleFlags& flags) {
 
   const ComputeTarget target = resolve_compute_target({flags.device, flags.dtype});
   const bool kv_cache = !flags.no_kv_cache;
-  // The longest sequence: the prompt and the new tokens, within the model's context. Without a
-  // cache the backend holds activations for all of it (not for 128k positions of a model made for
-  // them); with one, for a piece of the prompt.
-  // Mistral's sliding_window bounds it too: layup's attention sees every earlier position, which
-  // is the model's own attention only within the window.
+  // The longest sequence: the prompt and the new tokens, within the model's context, and within
+  // Mistral's sliding_window (layup's attention sees every earlier position: the model's own
+  // attention only inside the window). Without a cache the backend holds activations for all of
+  // it (not for 128k positions of a model made for them); with one, for a piece of the prompt.
   const int context = config.sliding_window > 0
                           ? std::min(config.n_positions, config.sliding_window)
                           : config.n_positions;
@@ -291,13 +291,14 @@ void run_sample(const SampleFlags& flags) {
   std::vector<int32_t> shown = flags.chat ? std::vector<int32_t>() : prompt;
   shown.insert(shown.end(), result.tokens.begin(), result.tokens.end());
   std::printf("%s\n", tokenizer.decode(shown).c_str());
+  // The first new token comes from the prompt's forward; each later one from a forward of its own.
+  const int prefilled = std::min(static_cast<int>(prompt.size()), positions);
   const int decoded = std::max(0, static_cast<int>(result.tokens.size()) - 1);
   std::fprintf(stderr,
                "prefill: %d tokens in %.3f s (%.1f tokens/s); decode: %d tokens in %.3f s (%.1f "
                "tokens/s); stopped: %s\n",
-               result.prompt_tokens, result.prefill_seconds,
-               tokens_per_s(result.prompt_tokens, result.prefill_seconds), decoded,
-               result.decode_seconds, tokens_per_s(decoded, result.decode_seconds),
+               prefilled, result.prefill_seconds, tokens_per_s(prefilled, result.prefill_seconds),
+               decoded, result.decode_seconds, tokens_per_s(decoded, result.decode_seconds),
                stop_reason_text(result.reason));
 }
 
