@@ -192,4 +192,11 @@ inline constexpr size_t optimizer_moments_bytes(OptimizerStateKind kind, size_t 
   return 0;
 }
 
+// The same rounded up to whole floats: what one span's moments take where the spans' moments
+// follow one another (an 8-bit span's block scales must start 4-byte aligned), and the coded
+// moments a span's state carries out of a schedule and into a checkpoint.
+inline constexpr size_t optimizer_moments_padded_bytes(OptimizerStateKind kind, size_t count) {
+  return (optimizer_moments_bytes(kind, count) + sizeof(float) - 1) / sizeof(float) * sizeof(float);
+}
+
 }  // namespace layup

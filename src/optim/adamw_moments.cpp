@@ -5,6 +5,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -191,6 +192,20 @@ void encode_moments(const float* m, const float* v, size_t count, const AdamWMom
       return;
     }
   }
+}
+
+void copy_moments(const AdamWMoments& from, const AdamWMoments& to, size_t count) {
+  LAYUP_CHECK(from.kind == to.kind, "internal error: ", name_of(from.kind), " moments copied into ",
+              name_of(to.kind), " ones");
+  const size_t element = from.kind == OptimizerStateKind::kFp32   ? sizeof(float)
+                         : from.kind == OptimizerStateKind::kBf16 ? sizeof(uint16_t)
+                                                                  : sizeof(uint8_t);
+  std::memmove(to.m, from.m, count * element);
+  std::memmove(to.v, from.v, count * element);
+  if (from.kind != OptimizerStateKind::kBlockwise8Bit) return;
+  const size_t blocks = optimizer_state_blocks(count);
+  std::memmove(to.m_scales, from.m_scales, blocks * sizeof(float));
+  std::memmove(to.v_scales, from.v_scales, blocks * sizeof(float));
 }
 
 void decode_moments(const AdamWMoments& in, size_t count, float* m, float* v) {

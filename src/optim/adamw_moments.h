@@ -170,5 +170,8 @@ double blockwise_8bit_error_bound(const Blockwise8BitMap& map);
 // element, the last one short), and back; decoding skips a null output.
 void encode_moments(const float* m, const float* v, size_t count, const AdamWMoments& out);
 void decode_moments(const AdamWMoments& in, size_t count, float* m, float* v);
+// The coded moments of `count` elements from `from` to `to` (both of one kind, in host memory),
+// bit for bit: the values (8bit: codes) and the block scales.
+void copy_moments(const AdamWMoments& from, const AdamWMoments& to, size_t count);
 
 }  // namespace layup

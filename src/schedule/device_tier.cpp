@@ -137,6 +137,11 @@ void DeviceTier::read_span(size_t index, const SpanState& out, const float* weig
   const size_t count = layout_.spans()[index].count;
   if (out.params) device_.copy_to_host(out.params, weights, count);
   const AdamWMoments moments = moments_.in(moments_buffer_.data(), index);
+  if (out.coded != nullptr) {  // the buffer's layout of the span is the coded one
+    device_.copy_to_host(static_cast<float*>(out.coded),
+                         moments_.base(moments_buffer_.data(), index), moments_.floats(index));
+    return;
+  }
   if (moments.kind == OptimizerStateKind::kFp32) {
     if (out.m) device_.copy_to_host(out.m, moments.m_fp32(), count);
     if (out.v) device_.copy_to_host(out.v, moments.v_fp32(), count);
@@ -148,18 +153,23 @@ void DeviceTier::read_span(size_t index, const SpanState& out, const float* weig
   decode_moments(AdamWMoments::in_buffer(moments.kind, coded.data(), count), count, out.m, out.v);
 }
 
-void DeviceTier::write_span(size_t index, const float* m, const float* v) {
+void DeviceTier::write_span(size_t index, const ConstSpanState& in) {
   LAYUP_CHECK(holds(index), "span ", index, " is not updated on the device");
   const size_t count = layout_.spans()[index].count;
   const AdamWMoments moments = moments_.in(moments_buffer_.data(), index);
+  if (in.coded != nullptr) {
+    device_.copy_to_device(moments_.base(moments_buffer_.data(), index),
+                           static_cast<const float*>(in.coded), moments_.floats(index));
+    return;
+  }
   if (moments.kind == OptimizerStateKind::kFp32) {
-    device_.copy_to_device(moments.m_fp32(), m, count);
-    device_.copy_to_device(moments.v_fp32(), v, count);
+    device_.copy_to_device(moments.m_fp32(), in.m, count);
+    device_.copy_to_device(moments.v_fp32(), in.v, count);
     return;
   }
   // Coded from the span's first element, as its updates code it.
   std::vector<float> coded(moments_.floats(index));
-  encode_moments(m, v, count, AdamWMoments::in_buffer(moments.kind, coded.data(), count));
+  encode_moments(in.m, in.v, count, AdamWMoments::in_buffer(moments.kind, coded.data(), count));
   device_.copy_to_device(moments_.base(moments_buffer_.data(), index), coded.data(), coded.size());
 }
 

@@ -70,9 +70,9 @@ class DeviceTier {
               const std::vector<void*>& compute_copies, TraceRecorder* trace, int track);
 
   // A device-updated span's weights (from `weights`, its place in the device copy) and moments
-  // into `out`; its moments from `m` and `v` (host memory laid out like the span).
+  // into `out`; its moments from `in` (host memory laid out like the span, or coded).
   void read_span(size_t index, const SpanState& out, const float* weights) const;
-  void write_span(size_t index, const float* m, const float* v);
+  void write_span(size_t index, const ConstSpanState& in);
 
  private:
   static constexpr size_t kNotHere = static_cast<size_t>(-1);

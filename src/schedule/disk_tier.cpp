@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -343,27 +344,37 @@ void DiskTier::read_span(size_t span, const SpanState& out) {
     slots_[slot].state = SlotState::kReady;
   }
   const size_t count = layout_.spans()[span].count;
+  // Where `out` wants the moments coded, as the run keeps them.
+  const std::optional<AdamWMoments> coded_out =
+      out.coded != nullptr ? std::optional(AdamWMoments::in_buffer(kind_, out.coded, count))
+                           : std::nullopt;
   if (slot != kNotHere) {
     const Lease lease = lease_of(slot);
     if (out.params) std::copy_n(lease.params, count, out.params);
-    decode_moments(lease.moments, count, out.m, out.v);
+    if (coded_out)
+      copy_moments(lease.moments, *coded_out, count);
+    else
+      decode_moments(lease.moments, count, out.m, out.v);
     return;
   }
   // Under the lock: the ring starts no read of it meanwhile.
   const DiskRecordLayout& layout = record_layout(span);
   if (kind_ == OptimizerStateKind::kFp32) {
-    store_->read_parts(record_of_[span], out.params, out.m, out.v);
-    const size_t parts = (out.params != nullptr) + (out.m != nullptr) + (out.v != nullptr);
+    float* m = coded_out ? coded_out->m_fp32() : out.m;
+    float* v = coded_out ? coded_out->v_fp32() : out.v;
+    store_->read_parts(record_of_[span], out.params, m, v);
+    const size_t parts = (out.params != nullptr) + (m != nullptr) + (v != nullptr);
     traffic_.bytes_read += parts * layout.part_floats * sizeof(float);
     return;
   }
-  const bool moments = out.m != nullptr || out.v != nullptr;
-  std::vector<float> coded(moments ? layout.moment_bytes / sizeof(float) : 0);
-  store_->read_parts(record_of_[span], out.params, moments ? coded.data() : nullptr);
-  if (moments)
+  const bool decoded = out.m != nullptr || out.v != nullptr;
+  std::vector<float> coded(!coded_out && decoded ? layout.moment_bytes / sizeof(float) : 0);
+  void* moments = coded_out ? out.coded : decoded ? coded.data() : nullptr;
+  store_->read_parts(record_of_[span], out.params, moments);
+  if (!coded_out && decoded)
     decode_moments(AdamWMoments::in_buffer(kind_, coded.data(), count), count, out.m, out.v);
   traffic_.bytes_read += (out.params != nullptr ? layout.part_floats * sizeof(float) : 0) +
-                         coded.size() * sizeof(float);
+                         (moments != nullptr ? layout.moment_bytes : 0);
 }
 
 void DiskTier::write_span(size_t span, const ConstSpanState& in) {
@@ -380,7 +391,11 @@ void DiskTier::write_span(size_t span, const ConstSpanState& in) {
   }
   const DiskRecordLayout& layout = record_layout(span);
   if (kind_ == OptimizerStateKind::kFp32) {
-    store_->write_parts(record_of_[span], in.params, in.m, in.v);
+    const float* coded = static_cast<const float*>(in.coded);
+    store_->write_parts(record_of_[span], in.params, coded ? coded : in.m,
+                        coded ? coded + layout.count : in.v);
+  } else if (in.coded != nullptr) {
+    store_->write_parts(record_of_[span], in.params, in.coded);
   } else if (in.m == nullptr || in.v == nullptr) {
     store_->write_parts(record_of_[span], in.params, nullptr);
   } else {

@@ -120,6 +120,7 @@ class GpuSchedule final : public Schedule {
   }
 
   std::string name() const override { return "gpu"; }
+  OptimizerStateKind optimizer_state() const override { return moments_.kind; }
   const ParameterLayout& layout() const override { return layout_; }
   void set_trace(TraceRecorder* recorder) override {
     trace_ = recorder;
@@ -222,9 +223,15 @@ class GpuSchedule final : public Schedule {
   void export_span(size_t index, const SpanState& out) const override {
     const Span& span = layout_.spans()[index];
     if (out.params) device_->copy_to_host(out.params, params_.data() + span.offset, span.count);
-    if (out.m == nullptr && out.v == nullptr) return;  // the weights alone: every rank has them
+    // The weights alone: every rank has them.
+    if (out.m == nullptr && out.v == nullptr && out.coded == nullptr) return;
     if (shards_) {
       export_sharded_moments(index, out);
+      return;
+    }
+    if (out.coded != nullptr) {  // the buffer's layout of the span is the coded one
+      device_->copy_to_host(static_cast<float*>(out.coded),
+                            moments_.base(moments_buffer_.data(), index), moments_.floats(index));
       return;
     }
     if (moments_.kind == OptimizerStateKind::kFp32) {  // straight into `out`
@@ -248,6 +255,15 @@ class GpuSchedule final : public Schedule {
     const size_t first = shards_ ? shard_part(span, *shards_, rank()).first : 0;
     const size_t count = moments_.counts[index];
     if (count == 0) return;
+    if (in.coded != nullptr) {
+      std::vector<float> packed(moments_.floats(index));
+      const AdamWMoments all = coded_moments(in.coded, span.count);
+      copy_moments(all.at(first), AdamWMoments::in_buffer(moments_.kind, packed.data(), count),
+                   count);
+      device_->copy_to_device(moments_.base(moments_buffer_.data(), index), packed.data(),
+                              packed.size());
+      return;
+    }
     if (moments_.kind == OptimizerStateKind::kFp32) {
       const AdamWMoments moments = moments_.in(moments_buffer_.data(), index);
       device_->copy_to_device(moments.m_fp32(), in.m + first, count);
@@ -356,8 +372,12 @@ class GpuSchedule final : public Schedule {
         ranks_->send(request, 4, r);
         ranks_->receive(packed.data(), packed.size(), r);
       }
-      decode_moments(AdamWMoments::in_buffer(moments_.kind, packed.data(), part.count), part.count,
-                     out.m ? out.m + part.first : nullptr, out.v ? out.v + part.first : nullptr);
+      const AdamWMoments got = AdamWMoments::in_buffer(moments_.kind, packed.data(), part.count);
+      if (out.coded != nullptr)
+        copy_moments(got, coded_moments(out.coded, span.count).at(part.first), part.count);
+      else
+        decode_moments(got, part.count, out.m ? out.m + part.first : nullptr,
+                       out.v ? out.v + part.first : nullptr);
     }
   }
 
@@ -379,6 +399,10 @@ class GpuSchedule final : public Schedule {
   std::unique_ptr<DeviceCollectives> collectives_;
 
   int rank_count() const { return ranks_ ? ranks_->size() : 1; }
+  // A span's coded moments (SpanState::coded), read or written through AdamWMoments.
+  AdamWMoments coded_moments(const void* coded, size_t count) const {
+    return AdamWMoments::in_buffer(moments_.kind, const_cast<void*>(coded), count);
+  }
   int rank() const { return ranks_ ? ranks_->rank() : 0; }
 };
 

@@ -235,6 +235,8 @@ void HostUpdatedModel::export_span(size_t index, const SpanState& out) const {
   const size_t at = host_at(index);
   if (out.params) copy_in_parallel(out.params, host_params_.data() + at, count);
   const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
+  if (out.coded != nullptr)
+    return copy_moments(moments, AdamWMoments::in_buffer(moments.kind, out.coded, count), count);
   if (moments.kind != OptimizerStateKind::kFp32)
     return decode_moments(moments, count, out.m, out.v);
   if (out.m) copy_in_parallel(out.m, moments.m_fp32(), count);
@@ -247,7 +249,10 @@ void HostUpdatedModel::import_span(size_t index, const ConstSpanState& in) {
     const size_t at = host_spans_.at[index];
     copy_in_parallel(host_params_.data() + at, in.params, count);
     const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
-    if (moments.kind != OptimizerStateKind::kFp32) {
+    if (in.coded != nullptr) {
+      copy_moments(AdamWMoments::in_buffer(moments.kind, const_cast<void*>(in.coded), count),
+                   moments, count);
+    } else if (moments.kind != OptimizerStateKind::kFp32) {
       encode_moments(in.m, in.v, count, moments);  // coded from the span's first element
     } else {
       copy_in_parallel(moments.m_fp32(), in.m, count);

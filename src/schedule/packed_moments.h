@@ -26,8 +26,7 @@ struct PackedMoments {
   // floats, and an 8-bit run's block scales that follow it must be 4-byte aligned. fp32 and bf16
   // runs take no padding.
   static size_t padded_bytes(OptimizerStateKind kind, size_t count) {
-    return (optimizer_moments_bytes(kind, count) + sizeof(float) - 1) / sizeof(float) *
-           sizeof(float);
+    return optimizer_moments_padded_bytes(kind, count);
   }
 
   // The moments of `counts[i]` elements of span i, for each span (0: none), in layout order.

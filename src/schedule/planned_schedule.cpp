@@ -135,6 +135,7 @@ class PlannedSchedule final : public Schedule {
   ~PlannedSchedule() override { wait_for_cpu_side(); }
 
   std::string name() const override { return name_of(mode_); }
+  OptimizerStateKind optimizer_state() const override { return options_.optimizer_state; }
 
   const ParameterLayout& layout() const override { return layout_; }
 
@@ -162,7 +163,7 @@ class PlannedSchedule final : public Schedule {
   void import_span(size_t index, const ConstSpanState& in) override {
     finish_updates();
     model_.import_span(index, in);  // host state, and the weights to the device
-    if (device_tier_.holds(index)) device_tier_.write_span(index, in.m, in.v);
+    if (device_tier_.holds(index)) device_tier_.write_span(index, in);
   }
   std::string cpu_adamw_report() const override {
     finish_updates();  // count every update of the steps so far

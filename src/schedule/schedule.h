@@ -57,15 +57,21 @@ struct OptimizerTensors {
 };
 
 // One span's master weights and AdamW moments, each laid out like the span (Span::count floats).
+// `coded`, where set, carries the moments instead, as the run's optimizer state kind keeps them
+// (AdamWMoments::in_buffer's layout of the span, optimizer_moments_padded_bytes): bit for bit,
+// which decoding to m and v and coding again is not in 8bit (a checkpoint, a resume). m and v
+// are then not used.
 struct SpanState {
   float* params;
   float* m;
   float* v;
+  void* coded = nullptr;
 };
 struct ConstSpanState {
   const float* params;
   const float* m;
   const float* v;
+  const void* coded = nullptr;
 };
 
 // The state a run starts from: parameters initialized from `seed` (model/init.h), zero moments.
@@ -116,6 +122,9 @@ class Schedule {
   // `out` (a checkpoint pass that writes only the weights, or only one moment).
   virtual void export_span(size_t index, const SpanState& out) const = 0;
   virtual void import_span(size_t index, const ConstSpanState& in) = 0;
+  // The kind its moments are kept in (ScheduleOptions::optimizer_state): what SpanState::coded
+  // holds.
+  virtual OptimizerStateKind optimizer_state() const = 0;
   // Where the optimizer state is split across ranks (ZeRO-1), rank 0's export_span asks the
   // other ranks for what they own: while rank 0 exports (a checkpoint), every other rank calls
   // serve_exports, which answers until rank 0 calls end_exports. Every rank imports every span

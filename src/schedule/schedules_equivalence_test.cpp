@@ -751,6 +751,79 @@ TEST_P(CompactStateEquivalence, TheLlamaFamilyTrainsTheSameAcrossTiers) {
               "layup, Llama, disk/host/device");
 }
 
+// A span's coded moments (SpanState::coded) carry the state out of a schedule and into another
+// bit for bit: 5 steps in gpu mode, the state handed span by span to layup with its spans on the
+// device, the host and the disk (or to ZeRO-free gpu again), 5 more steps: the 10 steps of a run
+// that never stopped. Two micro-batches, clipped on every other step.
+TEST_P(CompactStateEquivalence, CodedStateCarriesARunOnBitForBit) {
+  const ModelConfig config = tiny_config();
+  const ParameterLayout layout(config);
+  test_files::TempDir dir;
+  std::vector<UpdateSite> mixed = head_on_device(layout);
+  mixed[1 + 0] = UpdateSite::kDisk;
+  mixed[1 + 2] = UpdateSite::kDevice;
+  std::mt19937 rng(77);
+  const size_t n = kBatch * kSeqLen;
+  std::vector<std::vector<int32_t>> tokens(kSteps, std::vector<int32_t>(4 * n));
+  for (std::vector<int32_t>& step : tokens)
+    for (int32_t& token : step) token = static_cast<int32_t>(rng() % config.vocab_size);
+  auto run = [&](Schedule& schedule, int first, int last, std::vector<float>& losses) {
+    for (int step = first; step < last; ++step) {
+      const int32_t* t = tokens[step].data();
+      const std::vector<TokenBatch> batches = {{t, t + n, kBatch, kSeqLen},
+                                               {t + 2 * n, t + 3 * n, kBatch, kSeqLen}};
+      UpdateSettings settings;
+      settings.adamw.hyper.lr = 1e-2f;
+      settings.adamw.t = step + 1;
+      settings.clip_max_norm = step % 2 == 0 ? 1e-3f : 1e6f;
+      losses.push_back(schedule.step(batches, settings).loss);
+    }
+  };
+  auto make = [&](Mode mode, const ScheduleOptions& options) {
+    return make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
+                         with_kind(options));
+  };
+  std::vector<float> straight_losses;
+  std::unique_ptr<Schedule> straight = make(Mode::kGpu, {});
+  straight->import_tensors(fresh_optimizer_tensors(layout, 3));
+  run(*straight, 0, kSteps, straight_losses);
+  const OptimizerTensors expected = straight->export_tensors();
+
+  for (const auto& [mode, options] : {std::pair{Mode::kLayup, ScheduleOptions{.update_sites = mixed,
+                                                              .offload_dir = dir.path(),
+                                                              .disk_slots = 1}},
+                                      std::pair{Mode::kGpu, ScheduleOptions{}}}) {
+    SCOPED_TRACE(name_of(mode));
+    std::vector<float> losses;
+    std::unique_ptr<Schedule> first = make(Mode::kGpu, {});
+    first->import_tensors(fresh_optimizer_tensors(layout, 3));
+    run(*first, 0, kSteps / 2, losses);
+    std::unique_ptr<Schedule> second = make(mode, options);
+    EXPECT_EQ(second->optimizer_state(), GetParam());
+    for (size_t index = 0; index < layout.spans().size(); ++index) {
+      const Span& span = layout.spans()[index];
+      std::vector<float> params(span.count);
+      std::vector<float> coded(optimizer_moments_padded_bytes(GetParam(), span.count) / 4);
+      first->export_span(index, {params.data(), nullptr, nullptr, coded.data()});
+      second->import_span(index, {params.data(), nullptr, nullptr, coded.data()});
+      // And back out of the second, coded and decoded, as the first has them.
+      std::vector<float> again(coded.size(), -1.0f), m(span.count), v(span.count),
+          first_m(span.count), first_v(span.count);
+      second->export_span(index, {nullptr, nullptr, nullptr, again.data()});
+      EXPECT_TRUE(bitwise_equal(coded, again)) << "span " << index;
+      second->export_span(index, {nullptr, m.data(), v.data()});
+      first->export_span(index, {nullptr, first_m.data(), first_v.data()});
+      EXPECT_TRUE(bitwise_equal(m, first_m) && bitwise_equal(v, first_v)) << "span " << index;
+    }
+    run(*second, kSteps / 2, kSteps, losses);
+    EXPECT_TRUE(bitwise_equal(losses, straight_losses));
+    const OptimizerTensors got = second->export_tensors();
+    EXPECT_TRUE(bitwise_equal(expected.params, got.params));
+    EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m));
+    EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, CompactStateEquivalence,
                          testing::Values(OptimizerStateKind::kBf16,
                                          OptimizerStateKind::kBlockwise8Bit),
