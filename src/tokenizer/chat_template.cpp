@@ -57,14 +57,18 @@ std::optional<std::string> chat_template_from_config(const std::string& tokenize
   // The list form: [{"name": "default", "template": "..."}, {"name": "tool_use", ...}].
   LAYUP_CHECK(found->is_array(), tokenizer_config_path,
               ": chat_template is neither a string nor a list of named templates");
+  std::string names;
   for (const nlohmann::json& entry : *found) {
     LAYUP_CHECK(entry.is_object() && entry.contains("name") && entry["name"].is_string() &&
                     entry.contains("template") && entry["template"].is_string(),
                 tokenizer_config_path,
                 ": each chat_template entry needs a \"name\" and a \"template\" string");
     if (entry["name"] == "default") return entry["template"].get<std::string>();
+    names += (names.empty() ? "" : ", ") + entry["name"].get<std::string>();
   }
-  return std::nullopt;
+  // transformers, too, refuses to guess which of several named templates is meant.
+  fail(tokenizer_config_path, ": chat_template names several templates (", names,
+       ") and none \"default\"; layup renders only the default one");
 }
 
 }  // namespace layup

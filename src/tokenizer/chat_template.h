@@ -51,8 +51,9 @@ class ChatTemplate {
 };
 
 // The template text from a model folder's tokenizer_config.json ("chat_template", a string or
-// the list form's "default"); nullopt where it has none. A chat_template.jinja file beside it (how
-// transformers saves templates now) comes first, as transformers reads it.
+// the list form's "default", a layup::Error where the list has none); nullopt where it has none. A
+// chat_template.jinja file beside it (how transformers saves templates now) comes first, as
+// transformers reads it.
 std::optional<std::string> chat_template_from_config(const std::string& tokenizer_config_path);
 
 }  // namespace layup

@@ -137,9 +137,11 @@ TEST(ChatTemplate, FindsTheTemplateOfAModelFolder) {
   write_text(config, R"({"chat_template": [{"name": "tool_use", "template": "T"},
                                            {"name": "default", "template": "D"}]})");
   EXPECT_EQ(chat_template_from_config(config), "D");
+  write_text(config, R"({"chat_template": [{"name": "tool_use", "template": "T"}]})");
+  EXPECT_TRUE(contains(error_message([&] { chat_template_from_config(config); }),
+                       "(tool_use) and none \"default\""));
   write_text(dir.file("chat_template.jinja"), "from the file");
   EXPECT_EQ(chat_template_from_config(config), "from the file");
-  write_text(dir.file("chat_template.jinja"), "");
   std::filesystem::remove(dir.file("chat_template.jinja"));
   write_text(config, "{not json");
   EXPECT_TRUE(
