@@ -1,10 +1,11 @@
 """layup's chat-template renderer against transformers' own (render_jinja_template: jinja2 with
 trim_blocks, lstrip_blocks and transformers' globals), byte for byte.
 
-The model families' templates are in data/chat_templates/ (see its README for where they come
-from); each renders a set of conversations on both sides: with and without a system message,
-several turns, the generation prompt on and off, Unicode, empty content, text that looks like
-template syntax, a tool turn, roles that do not alternate (Mistral and Llama 2 refuse them with
+The model families' templates (those named in issue 44, and Qwen3's and Gemma 2's beside them)
+are in data/chat_templates/ (its README says where they come from); each renders a set of
+conversations on both sides: with and without a system message, several turns, the generation
+prompt on and off, Unicode, empty content, text that looks like template syntax, a tool turn,
+thinking turns, roles that do not alternate (Mistral and Llama 2 refuse them with
 raise_exception: layup must refuse with the same message) and no messages at all. Small templates
 below then pin the Jinja pieces one by one (whitespace control, scoping, filters, tests,
 slicing). The C++ side runs through layup_chat_template_tool, once per file.
@@ -32,6 +33,7 @@ TOKENS = {
     "llama3_2": ("<|begin_of_text|>", "<|eot_id|>"),
     "qwen2": ("", "<|im_end|>"), "qwen2_5": ("", "<|im_end|>"),
     "smollm": ("<|im_start|>", "<|im_end|>"), "smollm2": ("<|im_start|>", "<|im_end|>"),
+    "qwen3": ("", "<|im_end|>"), "gemma2": ("<bos>", "<eos>"),
 }
 
 
@@ -52,6 +54,8 @@ CONVERSATIONS = [
     turns(("user", "line one\nline two\r\nline three"), ("assistant", "a\n\nb\n")),
     turns(("user", "call the tool"), ("assistant", "calling"), ("tool", "{\"result\": 42}"),
           ("user", "thanks")),
+    turns(("user", "think"), ("assistant", "<think>\nsteps\n</think>\n\nanswer"), ("user", "again"),
+          ("assistant", "<think>more</think>final")),
     turns(("user", "one"), ("user", "two")),
     turns(("assistant", "I speak first"), ("user", "ok")),
     turns(("system", "only a system message")),
