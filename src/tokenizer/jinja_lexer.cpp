@@ -21,17 +21,17 @@ bool is_python_space(char32_t c) {
 
 namespace {
 
-// The byte length of the whitespace run that ends at `end` (Python's rstrip).
+// The byte length of the whitespace run that ends the text (what Python's rstrip() removes).
 size_t trailing_space_bytes(std::string_view text) {
-  size_t keep = text.size();
-  // Walk forwards, remembering where the last non-space code point ends.
+  // Walk forwards (UTF-8 cannot be decoded backwards safely), remembering where the last
+  // non-space code point ends.
   size_t last_end = 0;
   for (size_t i = 0; i < text.size();) {
     const Utf8CodePoint point = decode_utf8_at(text, i);
     i += point.byte_count;
     if (!point.valid || !is_python_space(point.code_point)) last_end = i;
   }
-  return keep - last_end;
+  return text.size() - last_end;
 }
 
 // The byte length of the whitespace run that starts at `begin` (regex \s*).
@@ -243,8 +243,8 @@ class Lexer {
     segments_.push_back({Segment::Type::Text, std::string(text), {}, line_});
   }
 
-  // After a closing "}}", "%}" or "#}" at position_ - its width: the sign before it decides what
-  // follows is eaten.
+  // Called with position_ just past a tag's "}}", "%}" or "#}": "-" before it eats the
+  // whitespace after, a statement or comment without "+" eats one newline (trim_blocks).
   void finish_tag(char sign, bool is_block) {
     if (sign == '-') {
       const size_t eaten = leading_space_bytes(source_, position_);
