@@ -38,6 +38,8 @@ struct Value {
     return v;
   }
   static Value of(std::string s) { return make(Kind::String, std::move(s)); }
+  // Without it a string literal would convert to bool.
+  static Value of(const char* s) { return of(std::string(s)); }
   static Value of(List items) {
     Value v = make(Kind::List);
     v.list = std::make_shared<List>(std::move(items));
