@@ -341,6 +341,10 @@ Checkpoint load_checkpoint(const std::string& dir) {
   static_cast<TrainingProgress&>(checkpoint.state) = info.progress;
   const ParameterLayout layout(info.config);
   checkpoint.model.params.assign(layout.total_count(), 0.0f);
+  LAYUP_CHECK(
+      !info.has_training_state || info.progress.optimizer_state == OptimizerStateKind::kFp32,
+      info.path, " holds ", name_of(info.progress.optimizer_state),
+      " optimizer state, which only a run resumes (layup train --resume)");
   if (info.has_training_state) {
     checkpoint.state.adam_m.resize(layout.total_count());
     checkpoint.state.adam_v.resize(layout.total_count());

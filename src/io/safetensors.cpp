@@ -138,7 +138,15 @@ uint16_t float_to_bfloat16(float value) {
 }
 
 size_t dtype_bytes(SafetensorsDtype dtype) {
-  return dtype == SafetensorsDtype::kBF16 ? sizeof(uint16_t) : sizeof(float);
+  switch (dtype) {
+    case SafetensorsDtype::kBF16:
+      return sizeof(uint16_t);
+    case SafetensorsDtype::kU8:
+      return sizeof(uint8_t);
+    case SafetensorsDtype::kF32:
+      break;
+  }
+  return sizeof(float);
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
@@ -279,9 +287,19 @@ void SafetensorsReader::read_floats(const SafetensorsTensorInfo& tensor, size_t 
     read_bytes(tensor.data_begin + first * sizeof(float), std::as_writable_bytes(out), name);
     return;
   }
+  if (tensor.dtype == "U8") {  // each byte as the float of its value
+    std::vector<uint8_t> staging(std::min<size_t>(out.size(), size_t{1} << 20));
+    for (size_t start = 0; start < out.size(); start += staging.size()) {
+      const size_t count = std::min(staging.size(), out.size() - start);
+      std::span<uint8_t> chunk(staging.data(), count);
+      read_bytes(tensor.data_begin + first + start, std::as_writable_bytes(chunk), name);
+      for (size_t i = 0; i < count; ++i) out[start + i] = chunk[i];
+    }
+    return;
+  }
   LAYUP_CHECK(tensor.dtype == "F16" || tensor.dtype == "BF16", "cannot read tensor '", name,
               "' of ", path_, ": its dtype is ", tensor.dtype,
-              "; layup reads F32, F16 and BF16 tensors");
+              "; layup reads F32, F16 and BF16 tensors (and U8 ones as bytes)");
   const bool is_half = tensor.dtype == "F16";
   // Convert in chunks so a large half-precision tensor needs no full-size staging copy.
   std::vector<uint16_t> staging(std::min<size_t>(out.size(), size_t{1} << 20));
@@ -320,7 +338,9 @@ std::string safetensors_header(const std::string& path,
     size_t count = 1;
     for (size_t dim : tensor.shape) count *= dim;
     const size_t bytes = count * dtype_bytes(tensor.dtype);
-    const char* dtype = tensor.dtype == SafetensorsDtype::kBF16 ? "BF16" : "F32";
+    const char* dtype = tensor.dtype == SafetensorsDtype::kBF16 ? "BF16"
+                        : tensor.dtype == SafetensorsDtype::kU8 ? "U8"
+                                                                : "F32";
     header[tensor.name] = {
         {"dtype", dtype}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;

@@ -86,7 +86,9 @@ struct SafetensorsTensor {
 };
 
 // The dtypes the writers store: the values are always handed over as floats.
-enum class SafetensorsDtype { kF32, kBF16 };
+// What layup writes: F32, BF16, and U8 (bytes, such as compact optimizer state, handed to the
+// writers as floats of the values 0..255).
+enum class SafetensorsDtype { kF32, kBF16, kU8 };
 size_t dtype_bytes(SafetensorsDtype dtype);
 
 // The first bytes of a file of tensors with these names, shapes and dtypes, stored in this order

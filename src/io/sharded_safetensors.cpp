@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -87,12 +88,24 @@ void append_streamed_safetensors(const AppendBytes& append, const std::string& p
       safetensors_header(path, tensors.subspan(first_tensor, count), metadata);
   append(std::as_bytes(std::span(header)));
   std::vector<uint16_t> rounded;  // a chunk's bfloat16 values
+  std::vector<uint8_t> bytes;     // a chunk's bytes of a U8 tensor
   for (size_t i = first_tensor; i < first_tensor + count; ++i) {
     const size_t elements = element_count(tensors[i].shape);
     const bool bf16 = tensors[i].dtype == SafetensorsDtype::kBF16;
     for (size_t start = 0; start < elements; start += chunk.size()) {
       const std::span<float> piece = chunk.first(std::min(chunk.size(), elements - start));
       source(i, start, piece);
+      if (tensors[i].dtype == SafetensorsDtype::kU8) {
+        bytes.resize(piece.size());
+        for (size_t k = 0; k < piece.size(); ++k) {
+          LAYUP_CHECK(piece[k] >= 0.0f && piece[k] <= 255.0f && piece[k] == std::floor(piece[k]),
+                      "internal error: ", piece[k], " written as a byte of tensor '",
+                      tensors[i].name, "' of ", path);
+          bytes[k] = static_cast<uint8_t>(piece[k]);
+        }
+        append(std::as_bytes(std::span<const uint8_t>(bytes)));
+        continue;
+      }
       if (!bf16) {
         append(std::as_bytes(piece));
         continue;

@@ -21,6 +21,7 @@ constexpr const char* kShardFormatTag = "layup-training-state-shard";
 constexpr const char* kFormatVersion = "1";
 constexpr const char* kMomentM = "adamw.m";
 constexpr const char* kMomentV = "adamw.v";
+constexpr const char* kCodedMoments = "adamw.coded";
 
 template <class Number>
 std::string number_text(Number value) {
@@ -66,6 +67,7 @@ Metadata progress_metadata(const std::string& path, const ParameterLayout& layou
       {"last_val_loss", number_text(progress.last_val_loss)},
       {"best_val_loss", number_text(progress.best_val_loss)},
       {"options", progress.options.dump()},
+      {"optimizer_state", name_of(progress.optimizer_state)},
   };
 }
 
@@ -88,6 +90,16 @@ TrainingProgress parse_progress(const Metadata& metadata, const std::string& pat
   LAYUP_CHECK(progress.step >= 0 && progress.tokens_seen >= 0, path, ": negative step (",
               progress.step, ") or tokens seen (", progress.tokens_seen,
               "); the training state is damaged");
+  if (const auto kind = metadata.find("optimizer_state"); kind != metadata.end()) {
+    try {
+      progress.optimizer_state =
+          parse_in(kOptimizerStateKindNames, kind->second, "optimizer state kind");
+    } catch (const Error&) {
+      fail(path, ": metadata entry \"optimizer_state\" is '", kind->second,
+           "', which this build of layup does not know (fp32, bf16, 8bit); the training state is "
+           "damaged or of a newer layup");
+    }
+  }
   const std::string options_text = metadata_entry(metadata, path, "options");
   try {
     progress.options = nlohmann::json::parse(options_text);
@@ -171,6 +183,33 @@ std::vector<MomentTensor> moment_tensors(const ParameterLayout& layout) {
   return tensors;
 }
 
+// The coded state's tensors (a compact kind): one over every span, or one per span (sharded).
+std::vector<SafetensorsTensorShape> coded_tensor_shapes(const ParameterLayout& layout,
+                                                        OptimizerStateKind kind, bool sharded) {
+  const std::vector<size_t> offsets = coded_moments_offsets(layout, kind);
+  if (!sharded) return {{kCodedMoments, {offsets.back()}, SafetensorsDtype::kU8}};
+  std::vector<SafetensorsTensorShape> shapes;
+  for (size_t index = 0; index + 1 < offsets.size(); ++index)
+    shapes.push_back({std::string(kCodedMoments) + "." + std::to_string(index),
+                      {offsets[index + 1] - offsets[index]},
+                      SafetensorsDtype::kU8});
+  return shapes;
+}
+
+// The coded tensor `shape` names, found in `files` (or its single file) and checked against it.
+void check_coded_tensor(const SafetensorsTensorInfo* tensor, const SafetensorsTensorShape& shape,
+                        const std::string& path, OptimizerStateKind kind) {
+  LAYUP_CHECK(tensor, path, " has no tensor '", shape.name, "' of the ", name_of(kind),
+              " optimizer state its metadata names; the training state is damaged");
+  LAYUP_CHECK(tensor->dtype == "U8", path, ": tensor '", shape.name, "' is ", tensor->dtype,
+              "; coded optimizer state must be U8");
+  LAYUP_CHECK(tensor->shape == shape.shape, path, ": tensor '", shape.name, "' holds ",
+              tensor->element_count, " bytes but a model of this shape has ", shape.shape[0],
+              " of ", name_of(kind),
+              " moments there; this training state belongs to a different "
+              "model");
+}
+
 std::string join_path(const std::string& dir, const std::string& name) {
   return (std::filesystem::path(dir) / name).string();
 }
@@ -189,8 +228,17 @@ Metadata index_metadata(const SafetensorsFileSet& files) {
 
 }  // namespace
 
+std::vector<size_t> coded_moments_offsets(const ParameterLayout& layout, OptimizerStateKind kind) {
+  std::vector<size_t> offsets = {0};
+  for (const Span& span : layout.spans())
+    offsets.push_back(offsets.back() + optimizer_moments_padded_bytes(kind, span.count));
+  return offsets;
+}
+
 void save_training_state(const std::string& path, const ParameterLayout& layout,
                          const TrainingState& state) {
+  LAYUP_CHECK(state.optimizer_state == OptimizerStateKind::kFp32,
+              "internal error: a whole training state holds fp32 moments");
   const size_t count = layout.total_count();
   LAYUP_CHECK(state.adam_m.size() == count && state.adam_v.size() == count, "cannot write ", path,
               ": the AdamW moments hold ", state.adam_m.size(), " and ", state.adam_v.size(),
@@ -238,12 +286,19 @@ void save_training_state_sharded(const std::string& dir, const ParameterLayout& 
               " for the training state: ", error.message());
 
   const std::vector<MomentTensor> moments = moment_tensors(layout);
-  const std::vector<SafetensorsTensorShape> tensors = moment_tensor_shapes(layout);
+  const bool coded = progress.optimizer_state != OptimizerStateKind::kFp32;
+  const std::vector<size_t> coded_offsets = coded_moments_offsets(layout, progress.optimizer_state);
+  const std::vector<SafetensorsTensorShape> tensors =
+      coded ? coded_tensor_shapes(layout, progress.optimizer_state, true)
+            : moment_tensor_shapes(layout);
   const std::vector<SafetensorsShard> shards = write_sharded_safetensors(
       dir, kOptimizerShardBaseName, tensors,
       [&](size_t index, size_t first, std::span<float> out) {
-        read_moments(moments[index].moment, moments[index].spec->offset + first, out.size(),
-                     out.data());
+        if (coded)
+          read_moments(AdamMoment::kCoded, coded_offsets[index] + first, out.size(), out.data());
+        else
+          read_moments(moments[index].moment, moments[index].spec->offset + first, out.size(),
+                       out.data());
       },
       options);
 
@@ -258,19 +313,26 @@ void save_training_state_sharded(const std::string& dir, const ParameterLayout& 
 void save_training_state_streamed(const std::string& dir, const ParameterLayout& layout,
                                   const TrainingProgress& progress, const ReadMoments& read_moments,
                                   size_t max_shard_bytes, size_t chunk_bytes) {
-  if (plan_shards(moment_tensor_shapes(layout), max_shard_bytes, kOptimizerShardBaseName).size() >
-      1) {
+  const bool coded = progress.optimizer_state != OptimizerStateKind::kFp32;
+  const std::vector<SafetensorsTensorShape> sharded =
+      coded ? coded_tensor_shapes(layout, progress.optimizer_state, true)
+            : moment_tensor_shapes(layout);
+  if (plan_shards(sharded, max_shard_bytes, kOptimizerShardBaseName).size() > 1) {
     save_training_state_sharded(dir, layout, progress, read_moments, max_shard_bytes, chunk_bytes);
     return;
   }
   const std::string path = join_path(dir, kTrainingStateFileName);
   const size_t count = layout.total_count();
-  const SafetensorsTensorShape flat[] = {{kMomentM, {count}}, {kMomentV, {count}}};
+  const std::vector<SafetensorsTensorShape> flat =
+      coded ? coded_tensor_shapes(layout, progress.optimizer_state, false)
+            : std::vector<SafetensorsTensorShape>{{kMomentM, {count}}, {kMomentV, {count}}};
   write_streamed_safetensors(
       path, flat,
       [&](size_t index, size_t first, std::span<float> out) {
-        read_moments(index == 0 ? AdamMoment::kFirst : AdamMoment::kSecond, first, out.size(),
-                     out.data());
+        const AdamMoment moment = coded        ? AdamMoment::kCoded
+                                  : index == 0 ? AdamMoment::kFirst
+                                               : AdamMoment::kSecond;
+        read_moments(moment, first, out.size(), out.data());
       },
       progress_metadata(path, layout, progress), chunk_bytes);
   // A sharded save of an earlier run in `dir`: one state only, the index first.
@@ -295,6 +357,20 @@ TrainingProgress load_training_state_streamed(const std::string& path,
                                               size_t chunk_bytes) {
   const SafetensorsReader reader(path);
   const TrainingProgress progress = parse_progress(reader.metadata(), path);
+  if (progress.optimizer_state != OptimizerStateKind::kFp32) {
+    const SafetensorsTensorShape shape =
+        coded_tensor_shapes(layout, progress.optimizer_state, false).front();
+    const SafetensorsTensorInfo* tensor = reader.find(shape.name);
+    check_coded_tensor(tensor, shape, path, progress.optimizer_state);
+    std::vector<float> chunk(
+        std::max<size_t>(1, std::min(chunk_bytes / sizeof(float), shape.shape[0])));
+    for (size_t start = 0; start < shape.shape[0]; start += chunk.size()) {
+      const std::span<float> piece(chunk.data(), std::min(chunk.size(), shape.shape[0] - start));
+      reader.read_floats(*tensor, start, piece);
+      write_moments(AdamMoment::kCoded, start, piece.size(), piece.data());
+    }
+    return progress;
+  }
   // Copies (a few fields each): GCC 13 takes a reference returned here for one into the
   // temporary std::string argument (-Wdangling-reference).
   const SafetensorsTensorInfo m = find_moment(reader, kMomentM, layout);
@@ -336,6 +412,29 @@ TrainingProgress load_training_state_sharded(const std::string& dir, const Param
               parameter_count, " parameters, but the model has ", layout.total_count(),
               "; this training state belongs to a different model");
 
+  if (progress.optimizer_state != OptimizerStateKind::kFp32) {
+    const std::vector<SafetensorsTensorShape> shapes =
+        coded_tensor_shapes(layout, progress.optimizer_state, true);
+    const std::vector<size_t> offsets = coded_moments_offsets(layout, progress.optimizer_state);
+    for (const SafetensorsTensorShape& shape : shapes)
+      check_coded_tensor(files.find(shape.name).tensor, shape, index_path,
+                         progress.optimizer_state);
+    LAYUP_CHECK(files.tensors().size() == shapes.size(), index_path, " lists ",
+                files.tensors().size(), " tensors, but a model of this shape has ", shapes.size(),
+                " of coded moments; the training state is damaged or of a different model");
+    std::vector<float> chunk(
+        std::max<size_t>(1, std::min(chunk_bytes / sizeof(float), offsets.back())));
+    for (size_t index = 0; index < shapes.size(); ++index) {
+      const SafetensorsFileSet::Located located = files.find(shapes[index].name);
+      for (size_t start = 0; start < located.tensor->element_count; start += chunk.size()) {
+        const std::span<float> piece(chunk.data(),
+                                     std::min(chunk.size(), located.tensor->element_count - start));
+        located.file->read_floats(*located.tensor, start, piece);
+        write_moments(AdamMoment::kCoded, offsets[index] + start, piece.size(), piece.data());
+      }
+    }
+    return progress;
+  }
   const std::vector<MomentTensor> moments = moment_tensors(layout);
   std::vector<SafetensorsFileSet::Located> sources;
   for (const MomentTensor& moment : moments) {

@@ -7,6 +7,13 @@
 // integers in decimal and floating-point values in their shortest round-trip form, so they come
 // back exactly. Using safetensors keeps the file inspectable with standard tools.
 //
+// With a compact optimizer state kind (bf16, 8bit: docs/optimizer_state.md) the moments are kept
+// as the run keeps them, bit for bit (decoding 8-bit moments and coding them again is not exact):
+// one U8 tensor "adamw.coded", each span's coded moments (AdamWMoments::in_buffer's layout of the
+// span, optimizer_moments_padded_bytes) one after another in layout order; sharded, one tensor
+// "adamw.coded.<span index>" per span. The metadata's "optimizer_state" names the kind (a state
+// without it is fp32's, as every state written before there were kinds).
+//
 // A state too large to hold in memory (a 13B model's moments take 104 GB) is written sharded
 // instead: optimizer-0000k-of-0000n.safetensors plus optimizer.safetensors.index.json in the
 // checkpoint directory, in Hugging Face's sharded layout (sharded_safetensors.h). There each
@@ -23,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/run_choices.h"
 #include "io/sharded_safetensors.h"
 #include "model/parameter_layout.h"
 
@@ -39,6 +47,9 @@ struct TrainingProgress {
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: not measured yet
   double best_val_loss = std::numeric_limits<double>::quiet_NaN();
   nlohmann::json options = nlohmann::json::object();  // the run's settings, as the trainer sees fit
+  // How the moments are kept (ReadMoments and WriteMoments move AdamMoment::kCoded bytes where
+  // it is not fp32).
+  OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
 };
 
 struct TrainingState : TrainingProgress {
@@ -56,7 +67,13 @@ void save_training_state(const std::string& path, const ParameterLayout& layout,
 // offending index, its parameter and value).
 TrainingState load_training_state(const std::string& path, const ParameterLayout& layout);
 
-enum class AdamMoment { kFirst, kSecond };  // AdamW's m and v
+// AdamW's m and v; or, in a compact kind, both coded: `offset` and `count` are then bytes of the
+// spans' coded moments one after another (coded_moments_offsets), each byte a float of its value.
+enum class AdamMoment { kFirst, kSecond, kCoded };
+
+// Where each span's coded moments start in `kind` (optimizer_moments_padded_bytes each, in layout
+// order), and one more entry: their total.
+std::vector<size_t> coded_moments_offsets(const ParameterLayout& layout, OptimizerStateKind kind);
 
 // Reads `count` values of `moment` from flat layout offset `offset` on into `out`; `count` never
 // exceeds the stream's chunk.

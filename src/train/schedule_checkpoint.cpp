@@ -23,10 +23,13 @@ namespace fs = std::filesystem;
 
 constexpr size_t kNoSpan = std::numeric_limits<size_t>::max();
 
-enum class Field { kParams, kFirstMoment, kSecondMoment };
+// kCoded: a compact optimizer state's coded moments, addressed in bytes (coded_moments_offsets).
+enum class Field { kParams, kFirstMoment, kSecondMoment, kCoded };
 
 Field field_of(AdamMoment moment) {
-  return moment == AdamMoment::kFirst ? Field::kFirstMoment : Field::kSecondMoment;
+  return moment == AdamMoment::kFirst    ? Field::kFirstMoment
+         : moment == AdamMoment::kSecond ? Field::kSecondMoment
+                                         : Field::kCoded;
 }
 
 // The index in layout.spans() of the span holding flat offset `offset`.
@@ -39,13 +42,28 @@ size_t span_of(const std::vector<Span>& spans, size_t offset) {
 // One span's parameters and moments, sized for the largest span.
 struct SpanBuffers {
   std::vector<float> params, m, v;
+  // A compact kind: the span's coded moments, and where each span's start in the coded stream.
+  std::vector<float> coded;
+  std::vector<size_t> coded_at;
 
-  explicit SpanBuffers(const ParameterLayout& layout) {
+  SpanBuffers(const ParameterLayout& layout, OptimizerStateKind kind) {
     size_t largest = 0;
     for (const Span& span : layout.spans()) largest = std::max(largest, span.count);
     params.assign(largest, 0.0f);
-    m.assign(largest, 0.0f);
-    v.assign(largest, 0.0f);
+    if (kind == OptimizerStateKind::kFp32) {
+      m.assign(largest, 0.0f);
+      v.assign(largest, 0.0f);
+      return;
+    }
+    coded.assign(optimizer_moments_padded_bytes(kind, largest) / sizeof(float), 0.0f);
+    coded_at = coded_moments_offsets(layout, kind);
+  }
+  uint8_t* coded_bytes() { return reinterpret_cast<uint8_t*>(coded.data()); }
+  // The span whose coded moments hold byte `offset` of the stream.
+  size_t coded_span(size_t offset) const {
+    return static_cast<size_t>(std::upper_bound(coded_at.begin(), coded_at.end(), offset) -
+                               coded_at.begin()) -
+           1;
   }
   float* field(Field which) {
     return which == Field::kParams ? params.data()
@@ -59,10 +77,11 @@ struct SpanBuffers {
 class SpanExporter {
  public:
   explicit SpanExporter(const Schedule& schedule)
-      : schedule_(schedule), buffers_(schedule.layout()) {}
+      : schedule_(schedule), buffers_(schedule.layout(), schedule.optimizer_state()) {}
 
   void read(Field field, size_t offset, size_t count, float* out) {
     const std::vector<Span>& spans = schedule_.layout().spans();
+    if (field == Field::kCoded) return read_coded(offset, count, out);
     while (count > 0) {
       const size_t index = span_of(spans, offset);
       // Only the field asked for: a pass over the weights (or one moment) moves a third of the
@@ -85,9 +104,28 @@ class SpanExporter {
   }
 
  private:
+  // The coded moments' bytes [offset, offset + count), each as a float of its value.
+  void read_coded(size_t offset, size_t count, float* out) {
+    size_t& exported = exported_[static_cast<size_t>(Field::kCoded)];
+    while (count > 0) {
+      const size_t index = buffers_.coded_span(offset);
+      if (index != exported) {
+        schedule_.export_span(index, {nullptr, nullptr, nullptr, buffers_.coded.data()});
+        exported = index;
+      }
+      const size_t first = offset - buffers_.coded_at[index];
+      const size_t piece = std::min(count, buffers_.coded_at[index + 1] - offset);
+      const uint8_t* bytes = buffers_.coded_bytes() + first;
+      for (size_t i = 0; i < piece; ++i) out[i] = bytes[i];
+      offset += piece;
+      out += piece;
+      count -= piece;
+    }
+  }
+
   const Schedule& schedule_;
   SpanBuffers buffers_;
-  std::array<size_t, 3> exported_ = {kNoSpan, kNoSpan, kNoSpan};  // per Field
+  std::array<size_t, 4> exported_ = {kNoSpan, kNoSpan, kNoSpan, kNoSpan};  // per Field
 };
 
 // Takes one pass of the readers' writes (increasing offsets, each element once) and imports each
@@ -101,16 +139,34 @@ class SpanImporter {
 
   void write(Field field, size_t offset, size_t count, const float* in) {
     const std::vector<Span>& spans = schedule_.layout().spans();
+    const bool coded = field == Field::kCoded;
     while (count > 0) {
-      const size_t index = span_of(spans, offset);
+      const size_t index = coded ? buffers_.coded_span(offset) : span_of(spans, offset);
       if (index != current_) start(index);
       const Span& span = spans[index];
-      const size_t piece = std::min(count, span.offset + span.count - offset);
-      std::memcpy(buffers_.field(field) + (offset - span.offset), in, piece * sizeof(float));
+      size_t piece = 0;
+      if (coded) {  // bytes, each a float of its value
+        const size_t first = offset - buffers_.coded_at[index];
+        piece = std::min(count, buffers_.coded_at[index + 1] - offset);
+        uint8_t* bytes = buffers_.coded_bytes() + first;
+        for (size_t i = 0; i < piece; ++i) bytes[i] = static_cast<uint8_t>(in[i]);
+      } else {
+        piece = std::min(count, span.offset + span.count - offset);
+        std::memcpy(buffers_.field(field) + (offset - span.offset), in, piece * sizeof(float));
+      }
       filled_ += piece;
-      if (filled_ == (moments_ ? 2 : 1) * span.count) {
-        schedule_.import_span(index,
-                              {buffers_.params.data(), buffers_.m.data(), buffers_.v.data()});
+      const size_t full = !moments_ ? span.count
+                          : coded   ? buffers_.coded_at[index + 1] - buffers_.coded_at[index]
+                                    : 2 * span.count;
+      if (filled_ == full) {
+        // A compact kind's weights pass imports the coded buffer, zero until the moments pass
+        // fills it: fresh moments, as fp32's zero m and v.
+        if (buffers_.coded.empty())
+          schedule_.import_span(index,
+                                {buffers_.params.data(), buffers_.m.data(), buffers_.v.data()});
+        else
+          schedule_.import_span(index,
+                                {buffers_.params.data(), nullptr, nullptr, buffers_.coded.data()});
         current_ = kNoSpan;
         ++imported_;
       }
@@ -153,6 +209,7 @@ SavedCheckpoint save_schedule_checkpoint(const std::string& run_dir, const Sched
   SpanExporter exporter(schedule);
   StreamedCheckpoint checkpoint;
   checkpoint.progress = progress;
+  checkpoint.progress.optimizer_state = schedule.optimizer_state();  // the moments as kept
   checkpoint.read_params = [&exporter](size_t offset, size_t count, float* out) {
     exporter.read(Field::kParams, offset, count, out);
   };
@@ -199,7 +256,15 @@ void load_schedule_checkpoint(const CheckpointInfo& info, Schedule& schedule) {
          " (from its training state's settings or the command line); put "
          "back the ",
          kHfConfigFileName, " saved with this checkpoint, or resume from another one");
-  SpanBuffers buffers(layout);
+  // Compact moments resume only in their own kind, bit for bit; fp32 ones may be coded into
+  // another kind where the run asks for it (a state written before kinds existed, resumed with
+  // --optimizer-state bf16|8bit).
+  const OptimizerStateKind saved = info.progress.optimizer_state;
+  LAYUP_CHECK(saved == OptimizerStateKind::kFp32 || saved == schedule.optimizer_state(),
+              "cannot resume ", info.path, ": its optimizer state is ", name_of(saved),
+              " and this run keeps ", name_of(schedule.optimizer_state()),
+              " moments; resume with --optimizer-state ", name_of(saved));
+  SpanBuffers buffers(layout, saved);
   SpanImporter weights(schedule, buffers, false);
   SpanImporter moments(schedule, buffers, true);
   load_checkpoint_streamed(
@@ -216,7 +281,7 @@ void load_schedule_checkpoint(const CheckpointInfo& info, Schedule& schedule) {
 
 void load_schedule_weights(const std::string& hf_dir, Schedule& schedule) {
   const ParameterLayout& layout = schedule.layout();
-  SpanBuffers buffers(layout);
+  SpanBuffers buffers(layout, OptimizerStateKind::kFp32);  // zero moments, coded in any kind
   SpanImporter weights(schedule, buffers, false);
   load_hf_model_streamed(hf_dir, layout.config(),
                          [&weights](size_t offset, size_t count, const float* in) {

@@ -82,6 +82,7 @@ LAYUP_JSON_ENUM(LayupHead, kLayupHeadNames)
 LAYUP_JSON_ENUM(AlgorithmChoice, kAlgorithmChoiceNames)
 LAYUP_JSON_ENUM(CheckpointContents, kCheckpointContentsNames)
 LAYUP_JSON_ENUM(WeightsDtype, kWeightsDtypeNames)
+LAYUP_JSON_ENUM(OptimizerStateKind, kOptimizerStateKindNames)
 LAYUP_JSON_ENUM(LearnTokens, kLearnTokensNames)
 #undef LAYUP_JSON_ENUM
 
@@ -139,6 +140,9 @@ const std::vector<Setting>& settings() {
       LAYUP_SETTING("beta2", "--beta2", true, beta2),
       LAYUP_SETTING("eps", "--eps", true, eps),
       LAYUP_SETTING("clip", "--clip", true, clip),
+      // A run saved before kinds existed has none: fp32, or whatever --optimizer-state asks for
+      // (its moments are then coded into that kind when the run resumes).
+      LAYUP_SETTING("optimizer_state", "--optimizer-state", true, optimizer_state),
       LAYUP_SETTING("seed", "--seed", true, seed),
       LAYUP_SETTING("data_dir", "--data", true, data_dir),
       LAYUP_SETTING("learn", "--learn", true, learn),

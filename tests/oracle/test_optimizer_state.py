@@ -112,3 +112,77 @@ def test_layup_memory_counts_the_kinds_bytes_and_names_the_kind():
     fp32, bf16, blockwise = moments_mib("fp32"), moments_mib("bf16"), moments_mib("8bit")
     assert bf16 == pytest.approx(fp32 / 2, rel=1e-3)
     assert blockwise == pytest.approx(fp32 * 2.03125 / 8, rel=1e-3)
+
+
+@pytest.mark.parametrize("kind, then, shard_mb", [
+    ("8bit", "gpu", "5000"),   # one file
+    ("8bit", "layup", "1"),    # resumed in another mode, its state sharded
+    ("bf16", "offload", "5000"),
+])
+def test_resume_carries_the_coded_state_bit_for_bit(tmp_path, kind, then, shard_mb):
+    """A checkpoint keeps the moments as the run codes them (U8 tensors, the kind in the
+    metadata): 4 steps, a stop and 4 more steps equal 8 straight, in the same kind."""
+    shards = tiny_shards(tmp_path / "data")
+    common = [binary("layup"), "train", *RUN, "--steps", "8", "--data", shards,
+              "--optimizer-state", kind, "--checkpoint-shard-mb", shard_mb]
+    run([*common, "--mode", "gpu", "--out", tmp_path / "straight"])
+    run([*common, "--mode", "gpu", "--until-step", "4", "--out", tmp_path / "split"])
+    run([binary("layup"), "train", "--resume", tmp_path / "split", "--mode", then])
+    assert losses(tmp_path / "straight") == losses(tmp_path / "split")
+
+    def state(run_dir):
+        step = run_dir / "step-00000008"
+        files = sorted(step.glob("optimizer-*.safetensors")) or [step / "training_state.safetensors"]
+        tensors, metadata = {}, {}
+        for file in files:
+            with safe_open(str(file), "np") as f:
+                metadata.update(f.metadata() or {})
+                tensors.update({name: f.get_tensor(name) for name in f.keys()})
+        return tensors, metadata
+
+    (straight, meta), (split, _) = state(tmp_path / "straight"), state(tmp_path / "split")
+    for model in (tmp_path / "straight" / "step-00000008").glob("model*.safetensors"):
+        assert model.read_bytes() == \
+            (tmp_path / "split" / "step-00000008" / model.name).read_bytes(), model.name
+    assert straight.keys() == split.keys() and all(n.startswith("adamw.coded") for n in straight)
+    assert all(straight[n].dtype.name == "uint8" and (straight[n] == split[n]).all()
+               for n in straight)
+    if shard_mb == "5000":
+        assert meta["optimizer_state"] == kind
+
+
+def test_resume_with_another_kind_is_refused_naming_both(tmp_path):
+    shards = tiny_shards(tmp_path / "data")
+    run([binary("layup"), "train", *RUN, "--steps", "4", "--until-step", "2", "--data", shards,
+         "--optimizer-state", "8bit", "--out", tmp_path / "run"])
+    result = run([binary("layup"), "train", "--resume", tmp_path / "run", "--optimizer-state",
+                  "fp32"], check=False)
+    assert result.returncode != 0
+    assert "--optimizer-state" in result.stderr and "8bit" in result.stderr \
+        and "fp32" in result.stderr, result.stderr
+
+
+def test_a_state_saved_before_kinds_resumes_as_fp32_or_coded_when_asked(tmp_path):
+    """A training state without "optimizer_state" (layup before the flag) holds fp32 moments: it
+    resumes as fp32, or coded into 8bit where --optimizer-state asks for it."""
+    from safetensors.numpy import save_file
+    shards = tiny_shards(tmp_path / "data")
+    run([binary("layup"), "train", *RUN, "--steps", "4", "--until-step", "2", "--data", shards,
+         "--out", tmp_path / "old"])
+    path = tmp_path / "old" / "step-00000002" / "training_state.safetensors"
+    with safe_open(str(path), "np") as f:
+        metadata = dict(f.metadata())
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    del metadata["optimizer_state"]
+    options = json.loads(metadata["options"])
+    del options["optimizer_state"]
+    metadata["options"] = json.dumps(options)
+    save_file(tensors, str(path), metadata=metadata)
+    import shutil
+    shutil.copytree(tmp_path / "old", tmp_path / "coded")
+    resumed = run([binary("layup"), "train", "--resume", tmp_path / "old"])
+    assert "optimizer state: fp32" in resumed.stderr
+    coded = run([binary("layup"), "train", "--resume", tmp_path / "coded", "--optimizer-state",
+                 "8bit"])
+    assert LOSSY["8bit"] in coded.stderr
+    assert len(losses(tmp_path / "coded")) == 4
