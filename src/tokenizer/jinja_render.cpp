@@ -394,6 +394,8 @@ class Renderer {
     if (op == "or") return truthy(left) ? left : eval(*e.args[1]);
     const Value right = eval(*e.args[1]);
     if (op == "~") return Value::of(text_of(left, e.line) + text_of(right, e.line));
+    if (op == "%" && left.kind == Value::Kind::String)
+      error(e.line, "string formatting with % is not supported");
     require_defined(left, e.line);
     require_defined(right, e.line);
     if (op == "+" && left.kind == Value::Kind::String && right.kind == Value::Kind::String)
@@ -406,8 +408,6 @@ class Renderer {
     if (op == "*" && (left.kind == Value::Kind::String || left.kind == Value::Kind::List ||
                       right.kind == Value::Kind::String || right.kind == Value::Kind::List))
       return repeat(left, right, e.line);
-    if (op == "%" && left.kind == Value::Kind::String)
-      error(e.line, "string formatting with % is not supported");
     if (!left.is_number() || !right.is_number())
       error(e.line, "unsupported operand types for " + op + ": '" + type_name(left) + "' and '" +
                         type_name(right) + "'");

@@ -72,7 +72,7 @@ def render_transformers(template, case):
         return {"text": rendered[0]}
     except jinja2.exceptions.TemplateError as error:
         return {"error": str(error)}
-    except (TypeError, ValueError, LookupError, ArithmeticError) as error:
+    except (TypeError, ValueError, LookupError, ArithmeticError, AttributeError) as error:
         return {"error": str(error)}
 
 
@@ -270,6 +270,69 @@ def test_random_whitespace_layouts_render_as_transformers(tmp_path):
         check_same(expected, result, repr(case["template"]))
         rendered += "text" in expected
     assert rendered > 300
+
+
+def random_expression(rng, depth=0):
+    """A random expression over values of every kind, with the operators, filters, tests, methods,
+    subscripts and slices of the subset (not range() or tuples, which jinja2 keeps as Python types
+    layup's lists stand for, nor the filters jinja2 evaluates lazily)."""
+    atoms = ["0", "1", "-2", "7", "true", "false", "none", "''", "'a'", "' x y '", "'héllo'",
+             "'a,b'", "'AbC'", "[1, 2, 3]", "['a', 'b']", "[]", "{'k': 'v', 'n': 1}", "messages",
+             "messages[0]", "m", "nothing", "ns.n", "ns", "'\\u3000x\\t'"]
+    operators = ["+", "-", "*", "//", "%", "~", "==", "!=", "<", ">", "<=", ">=", "in", "not in",
+                 "and", "or"]
+    filters = ["trim", "length", "upper", "lower", "tojson", "first", "last", "list", "string",
+               "default('d')", "join(',')", "join", "count", "tojson(indent=2)",
+               "default('d', true)"]
+    tests = ["defined", "undefined", "none", "string", "number", "integer", "boolean", "mapping",
+             "iterable", "true", "false", "odd", "even", "eq(1)", "ne('a')", "equalto('a')"]
+    methods = ["strip()", "lstrip('x')", "rstrip()", "startswith('a')", "endswith(('o', 'b'))",
+               "split()", "split(',')", "upper()", "lower()", "replace('a', 'z')", "get('role')",
+               "get('x', 2)"]
+    kind = rng.random()
+    if depth > 3 or kind < 0.3:
+        return rng.choice(atoms)
+    sub = lambda: random_expression(rng, depth + 1)  # noqa: E731
+    if kind < 0.5:
+        return "(%s %s %s)" % (sub(), rng.choice(operators), sub())
+    if kind < 0.6:
+        return "(%s | %s)" % (sub(), rng.choice(filters))
+    if kind < 0.68:
+        return "(%s is %s%s)" % (sub(), rng.choice(["", "not "]), rng.choice(tests))
+    if kind < 0.76:
+        return "%s.%s" % (rng.choice(atoms), rng.choice(methods))
+    if kind < 0.82:
+        return "%s[%s]" % (rng.choice(atoms), rng.choice(["0", "-1", "'role'", "1:", ":-1",
+                                                            "::-1", "5", "1:2"]))
+    if kind < 0.88:
+        return "(not %s)" % sub()
+    if kind < 0.94:
+        return "(%s if %s else %s)" % (sub(), sub(), sub())
+    return "%s.%s" % (rng.choice(atoms), rng.choice(["role", "content", "n", "x"]))
+
+
+@pytest.mark.filterwarnings("ignore::SyntaxWarning")
+def test_random_expressions_evaluate_as_transformers(tmp_path):
+    """Where jinja2 prints a value, layup prints the same or refuses by name (a list's Python
+    spelling, upper() of non-ASCII text...); where jinja2 fails, layup fails."""
+    rng = random.Random(44)
+    messages = turns(("user", " hi "), ("assistant", "yo"))
+    cases = [{"template": "{% set ns = namespace(n=3) %}{% set m = messages[-1] %}{{ "
+                          + random_expression(rng) + " }}",
+              "messages": messages, "bos_token": "", "eos_token": "",
+              "add_generation_prompt": False} for _ in range(600)]
+    got = render_layup(tmp_path, TEMPLATES / "smollm.jinja", cases)
+    same = 0
+    for case, result in zip(cases, got):
+        expected = render_transformers(case["template"], case)
+        if "text" in expected and "error" in result:
+            assert any(refusal in result["error"] for refusal in
+                       ["not supported", "printing a", "non-ASCII", "used without calling"]), (
+                case["template"], expected, result)
+            continue
+        check_same(expected, result, repr(case["template"]))
+        same += "text" in expected
+    assert same > 200
 
 
 def test_llama3_2_takes_todays_date(tmp_path):
