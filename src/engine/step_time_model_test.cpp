@@ -173,6 +173,13 @@ TEST(StepTimeModel, DiskSpansAreBoundByTheDisksRates) {
   EXPECT_EQ(p.bound_by, "disk");
   EXPECT_GT(p.spans[7].disk_s, 0.0);
   EXPECT_EQ(p.spans[2].disk_s, 0.0);
+
+  // A compact optimizer state kind moves its records' bytes: 8 a parameter with bf16 moments.
+  StepTimeRequest bf16 = r;
+  bf16.optimizer_state = OptimizerStateKind::kBf16;
+  const StepTimePrediction q = predict_step_time(bf16, rates());
+  EXPECT_NEAR(q.disk_read_s, 8.0 * disk_floats / 1.1e9, 1e-9);
+  EXPECT_NEAR(q.disk_write_s, 8.0 * disk_floats / 1.5e9, 1e-9);
 }
 
 // Where the disk's rate with reads and writes at once was measured, both are timed by it: the
