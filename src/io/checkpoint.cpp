@@ -216,7 +216,8 @@ SavedCheckpoint save_checkpoint_streamed(const std::string& run_dir, const Model
 }
 
 CheckpointBytes checkpoint_bytes(const ParameterLayout& layout, bool weights_only,
-                                 size_t max_shard_bytes, WeightsDtype dtype) {
+                                 size_t max_shard_bytes, WeightsDtype dtype,
+                                 OptimizerStateKind kind) {
   // A file's header (its tensors' names, shapes and offsets), an index or config.json: well under
   // this each.
   constexpr size_t kFileAllowance = size_t{1} << 20;
@@ -233,7 +234,9 @@ CheckpointBytes checkpoint_bytes(const ParameterLayout& layout, bool weights_onl
   CheckpointBytes bytes;
   bytes.weights = with_files(weight_count * (bf16 ? sizeof(uint16_t) : sizeof(float)));
   if (!weights_only) {
-    bytes.training_state = with_files(2 * layout.total_count() * sizeof(float));
+    bytes.training_state =
+        with_files(kind == OptimizerStateKind::kFp32 ? 2 * layout.total_count() * sizeof(float)
+                                                     : coded_moments_offsets(layout, kind).back());
     if (bf16) bytes.training_state += with_files(weight_count * sizeof(float));
   }
   return bytes;

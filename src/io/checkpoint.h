@@ -75,8 +75,10 @@ struct CheckpointBytes {
   size_t training_state = 0;  // 0 for weights only; bf16 weights' fp32 master copy counts here
   size_t total() const { return weights + training_state; }
 };
+// `kind`: how the training state keeps the moments (coded where not fp32).
 CheckpointBytes checkpoint_bytes(const ParameterLayout& layout, bool weights_only,
-                                 size_t max_shard_bytes, WeightsDtype dtype = WeightsDtype::kFp32);
+                                 size_t max_shard_bytes, WeightsDtype dtype = WeightsDtype::kFp32,
+                                 OptimizerStateKind kind = OptimizerStateKind::kFp32);
 
 // The largest file one checkpoint of `layout` writes with shards of `max_shard_bytes` (its tensors'
 // bytes and the header allowance checkpoint_bytes counts): what a file size limit must let through.

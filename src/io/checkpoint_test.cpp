@@ -251,5 +251,23 @@ TEST(CheckpointNames, StepDirectoryName) {
   EXPECT_EQ(checkpoint_dir_name(123456789), "step-123456789");
 }
 
+// A checkpoint of compact optimizer state takes its coded moments' bytes, not fp32's.
+TEST(CheckpointBytes, TheTrainingStateFollowsTheOptimizerStateKind) {
+  const ParameterLayout layout(gpt2_config(2, 2, 64, 64, 50257));
+  const size_t shard = size_t{5000} * 1000 * 1000;
+  const size_t fp32 = checkpoint_bytes(layout, false, shard).training_state;
+  const size_t bf16 =
+      checkpoint_bytes(layout, false, shard, WeightsDtype::kFp32, OptimizerStateKind::kBf16)
+          .training_state;
+  const size_t blockwise = checkpoint_bytes(layout, false, shard, WeightsDtype::kFp32,
+                                            OptimizerStateKind::kBlockwise8Bit)
+                               .training_state;
+  const size_t moments = layout.total_count();
+  EXPECT_GE(fp32, 8 * moments);
+  EXPECT_EQ(fp32 - bf16, 4 * moments);  // the same allowance for the files
+  EXPECT_GE(blockwise, 2 * moments);
+  EXPECT_LT(blockwise, bf16 - 1.9 * moments);
+}
+
 }  // namespace
 }  // namespace layup

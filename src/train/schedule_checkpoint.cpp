@@ -292,10 +292,10 @@ void load_schedule_weights(const std::string& hf_dir, Schedule& schedule) {
 
 CheckpointDiskNeed checkpoint_disk_need(const ParameterLayout& layout, CheckpointContents contents,
                                         size_t max_shard_bytes, int saves, int keep_last,
-                                        int existing, WeightsDtype dtype) {
+                                        int existing, WeightsDtype dtype, OptimizerStateKind kind) {
   CheckpointDiskNeed need;
-  need.each =
-      checkpoint_bytes(layout, contents == CheckpointContents::kWeights, max_shard_bytes, dtype);
+  need.each = checkpoint_bytes(layout, contents == CheckpointContents::kWeights, max_shard_bytes,
+                               dtype, kind);
   need.contents = contents;
   need.keep_last = keep_last;
   // Before the i-th save the folder holds min(existing + i - 1, keep_last) checkpoints, during it

@@ -48,10 +48,11 @@ struct CheckpointDiskNeed {
 };
 
 // The need of a run that writes `saves` more checkpoints into a folder holding `existing` ones,
-// with weights of `dtype`.
+// with weights of `dtype` and moments of `kind`.
 CheckpointDiskNeed checkpoint_disk_need(const ParameterLayout& layout, CheckpointContents contents,
                                         size_t max_shard_bytes, int saves, int keep_last,
-                                        int existing, WeightsDtype dtype = WeightsDtype::kFp32);
+                                        int existing, WeightsDtype dtype = WeightsDtype::kFp32,
+                                        OptimizerStateKind kind = OptimizerStateKind::kFp32);
 
 // Throws layup::Error when `space` has not `need.bytes()` free, naming both and the flags that
 // would need less.

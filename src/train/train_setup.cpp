@@ -250,7 +250,8 @@ void check_checkpoints_fit(const TrainOptions& options, int start_step, const Me
     check_checkpoint_disk(
         checkpoint_disk_need(ParameterLayout(options.model), options.checkpoint_contents,
                              shard_bytes, saves, options.keep_checkpoints,
-                             count_checkpoints(options.out_dir), options.save_dtype),
+                             count_checkpoints(options.out_dir), options.save_dtype,
+                             options.optimizer_state),
         space);
   };
   if (plan == nullptr) {
