@@ -117,6 +117,7 @@ bool names_a_path(const CLI::Option* option) {
                                               "folder",
                                               "directory",
                                               "folder or tokenizer.json",
+                                              "folder or file",
                                               "model folder",
                                               "checkpoint or run folder",
                                               "name, model folder or config.json",
