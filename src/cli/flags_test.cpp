@@ -153,6 +153,7 @@ const std::map<std::tuple<std::string, std::string, std::string>, std::string>& 
       {{"calibrate", "--cpu-seconds", "0"}, "at least"},
       {{"sample", "--top-k", "0"}, "[sampling]"},
       {{"sample", "--seed", "0"}, "seed"},
+      {{"sample", "--prompt-ids", "0"}, "token ids"},
   };
   return table;
 }

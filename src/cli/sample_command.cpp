@@ -318,6 +318,7 @@ void add_sample_command(CLI::App& app) {
                   "the ids another engine is given, to compare with it")
       ->type_name("id,id,...")
       ->delimiter(',')
+      ->check(whole_validator<int32_t>(shown_as(at_least(0), "a token id (an integer ≥ 0)")))
       ->excludes(prompt);
   add_whole_flag(*cmd, "--tokens", flags->sampling.new_tokens, at_least(1),
                  "Tokens to generate at most (fewer where an end-of-sequence token, a --stop text "
