@@ -89,23 +89,13 @@ std::vector<int32_t> eos_token_ids(const std::string& checkpoint) {
   return result;
 }
 
-// The ids transformers' tokenizer(prompt) puts before the text: BOS where tokenizer_config.json
-// says add_bos_token (Llama 2, Mistral: their tokenizer classes rebuild the post-processor from
-// it), else the tokens the post-processor's template puts there (Llama 3's <|begin_of_text|>).
-// GPT-2's own files (not a tokenizer.json) add nothing.
-std::vector<int32_t> bos_ids(const Tokenizer& tokenizer, const nlohmann::json& tokenizer_config) {
+// The ids transformers' tokenizer(prompt) puts before the text: the tokens tokenizer.json's
+// post-processor template puts there (Llama 3's <|begin_of_text|>, Llama 2's and Mistral's <s>).
+// transformers (5.x) does not read tokenizer_config.json's add_bos_token where a tokenizer.json
+// exists, so neither does layup. GPT-2's own files (not a tokenizer.json) add nothing.
+std::vector<int32_t> bos_ids(const Tokenizer& tokenizer) {
   const auto* hf = dynamic_cast<const HfTokenizer*>(&tokenizer);
   if (!hf) return {};
-  if (tokenizer_config.is_object() && tokenizer_config.contains("add_bos_token") &&
-      tokenizer_config["add_bos_token"].is_boolean()) {
-    if (!tokenizer_config["add_bos_token"].get<bool>()) return {};
-    const std::string bos =
-        special_token_text(tokenizer_config.value("bos_token", nlohmann::json()));
-    const std::optional<int32_t> id = bos.empty() ? std::nullopt : hf->added_token_id(bos);
-    LAYUP_CHECK(id.has_value(), "tokenizer_config.json says add_bos_token, but its bos_token (\"",
-                bos, "\") is not a token of tokenizer.json; give --no-bos");
-    return {*id};
-  }
   // The post-processor's tokens before a text: where the text's own ids start in what it makes.
   const std::vector<int32_t> text = hf->encode("a", {});
   const std::vector<int32_t> with = hf->encode("a", {.add_post_processor_tokens = true});
@@ -126,8 +116,7 @@ std::vector<int32_t> prompt_ids(const SampleFlags& flags, const Tokenizer& token
   const auto* hf = dynamic_cast<const HfTokenizer*>(&tokenizer);
   const nlohmann::json tokenizer_config = read_json_if_present(tokenizer_config_path);
   if (!flags.chat) {
-    std::vector<int32_t> ids =
-        flags.no_bos ? std::vector<int32_t>() : bos_ids(tokenizer, tokenizer_config);
+    std::vector<int32_t> ids = flags.no_bos ? std::vector<int32_t>() : bos_ids(tokenizer);
     const std::vector<int32_t> text =
         hf ? hf->encode(flags.prompt, {.recognize_special_tokens = true})
            : tokenizer.encode(flags.prompt);
@@ -137,12 +126,17 @@ std::vector<int32_t> prompt_ids(const SampleFlags& flags, const Tokenizer& token
   LAYUP_CHECK(hf,
               "--chat needs the model's tokenizer.json and tokenizer_config.json (GPT-2's own "
               "files have no chat template); drop --chat, or give --tokenizer");
+  // chat_template.jinja beside the config is read first, and may be there without one.
+  const bool has_template_file =
+      fs::is_regular_file(tokenizer_config_path.parent_path() / "chat_template.jinja");
   const std::optional<std::string> source =
-      fs::exists(tokenizer_config_path) ? chat_template_from_config(tokenizer_config_path.string())
-                                        : std::nullopt;
+      has_template_file || fs::exists(tokenizer_config_path)
+          ? chat_template_from_config(tokenizer_config_path.string())
+          : std::nullopt;
   LAYUP_CHECK(source.has_value(), "--chat: ", tokenizer_config_path.string(),
               fs::exists(tokenizer_config_path) ? " has no chat_template" : " does not exist",
-              "; this model has no chat template, drop --chat");
+              " and there is no chat_template.jinja beside it; this model has no chat template, "
+              "drop --chat");
   ChatTemplateContext context;
   context.bos_token = special_token_text(tokenizer_config.value("bos_token", nlohmann::json()));
   context.eos_token = special_token_text(tokenizer_config.value("eos_token", nlohmann::json()));
@@ -343,8 +337,8 @@ void add_sample_command(CLI::App& app) {
                 "Send --prompt as one user message through the model's chat template "
                 "(tokenizer_config.json's chat_template) and print the reply only");
   cmd->add_flag("--no-bos", flags->no_bos,
-                "Put no BOS token before the prompt (by default it gets one where the tokenizer's "
-                "config adds one, as transformers does)");
+                "Put no BOS token before the prompt (by default it gets one where tokenizer.json's "
+                "post-processor puts one, as transformers does)");
   cmd->add_flag("--ignore-eos", flags->ignore_eos,
                 "Go on past the end-of-sequence token (generation_config.json's or config.json's "
                 "eos_token_id; by default generation stops there, the token not printed)");

@@ -136,10 +136,13 @@ def byte_level_tokenizer():
     return tokenizer
 
 
-@pytest.mark.parametrize("style", ["llama3-template", "add-bos-token", "no-bos"])
+@pytest.mark.parametrize("style", ["llama3-template", "add-bos-token", "no-bos",
+                                   "config-disagrees"])
 def test_bos_goes_where_transformers_tokenizer_puts_it(tmp_path, style):
     """Llama 3's post-processor template puts <|begin_of_text|> first; Llama 2's and Mistral's
-    tokenizer_config.json say add_bos_token; with neither there is none. --no-bos leaves it out."""
+    tokenizer classes write add_bos_token into theirs; with neither there is none. Where
+    tokenizer_config.json says add_bos_token but tokenizer.json's template has no BOS, transformers
+    (5.x) follows tokenizer.json, and so does layup. --no-bos leaves it out."""
     pytest.importorskip("tokenizers")
     from tokenizers import processors
     raw = byte_level_tokenizer()
@@ -153,13 +156,19 @@ def test_bos_goes_where_transformers_tokenizer_puts_it(tmp_path, style):
         tokenizer = LlamaTokenizerFast(tokenizer_object=raw, add_bos_token=style == "add-bos-token",
                                        add_eos_token=False, legacy=False, **special)
     tokenizer.save_pretrained(tmp_path / "model")
+    if style == "config-disagrees":
+        config_path = tmp_path / "model" / "tokenizer_config.json"
+        config = json.loads(config_path.read_text())
+        config["add_bos_token"] = True
+        config_path.write_text(json.dumps(config))
     llama_gqa(tmp_path / "model", vocab_size=len(tokenizer), n_positions=64,
               eos_token_id=tokenizer.eos_token_id)
     expected = AutoTokenizer.from_pretrained(tmp_path / "model")(PROMPT).input_ids
-    assert (expected[0] == tokenizer.bos_token_id) == (style != "no-bos")
+    has_bos = style in ("llama3-template", "add-bos-token")
+    assert (expected[0] == tokenizer.bos_token_id) == has_bos
     out, _ = sample(tmp_path / "model", "--prompt", PROMPT, "--tokens", "1", "--ignore-eos")
     assert out.startswith(tokenizer.decode(expected).encode())
-    assert out.startswith(b"<|begin_of_text|>") == (style != "no-bos")
+    assert out.startswith(b"<|begin_of_text|>") == has_bos
     plain, _ = sample(tmp_path / "model", "--prompt", PROMPT, "--tokens", "1", "--no-bos")
     assert plain.startswith(PROMPT.encode())
 
