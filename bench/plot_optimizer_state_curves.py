@@ -40,8 +40,11 @@ def main(png_path, runs):
     for run in runs:
         label, path = run.split("=", 1)
         curves.append((label, path.endswith(".jsonl"), *read_curve(path)))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=150)
-    for engine_is_layup, ax, title in ((True, axes[0], "layup"), (False, axes[1], "PyTorch")):
+    engines = [(is_layup, title) for is_layup, title in ((True, "layup"), (False, "PyTorch"))
+               if any(c[1] == is_layup for c in curves)]
+    fig, axes = plt.subplots(1, len(engines), figsize=(5.5 * len(engines), 4.2), dpi=150,
+                             squeeze=False)
+    for (engine_is_layup, title), ax in zip(engines, axes[0]):
         for label, is_layup, steps, losses in curves:
             if is_layup == engine_is_layup:
                 ax.plot(steps[1:], losses[1:], label=label)  # step 0 (~10.9) squashes the axis
