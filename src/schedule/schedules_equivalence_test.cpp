@@ -405,19 +405,28 @@ TEST(SchedulesEquivalence, BlocksOnDiskTrainTheSame) {
       << describe_schedule(Mode::kLayup, placements[0].options, 1.0f);
 }
 
-// The Llama family across the three tiers in one run: block 0's optimizer state on disk, block 1
-// on the host, block 2, the embeddings and the untied head (in the final norm's span) on the
-// device; bit for bit with gpu mode, clipped and not, with one micro-batch and two.
-TEST(SchedulesEquivalence, TheLlamaFamilyTrainsTheSameAcrossTiers) {
+// A Llama-family model (biases in attention) across the three tiers: block 0's optimizer state on
+// disk under `dir`, block 1 on the host, block 2, the embeddings and the untied head (in the final
+// norm's span) on the device.
+ModelConfig llama_with_biases() {
   ModelConfig config = llama_config(3, 4, 2, 32, 48, 16, 61);
   config.attention_bias = true;
-  const ParameterLayout layout(config);
-  test_files::TempDir dir;
-  std::vector<UpdateSite> sites = head_on_device(layout);
+  return config;
+}
+ScheduleOptions llama_across_tiers(const ModelConfig& config, const test_files::TempDir& dir) {
+  std::vector<UpdateSite> sites = head_on_device(ParameterLayout(config));
   sites[1 + 0] = UpdateSite::kDisk;
   sites[1 + 1] = UpdateSite::kHost;
   sites[1 + 2] = UpdateSite::kDevice;
-  const ScheduleOptions tiers{.update_sites = sites, .offload_dir = dir.path(), .disk_slots = 1};
+  return {.update_sites = sites, .offload_dir = dir.path(), .disk_slots = 1};
+}
+
+// The Llama family across the three tiers in one run, bit for bit with gpu mode, clipped and not,
+// with one micro-batch and two.
+TEST(SchedulesEquivalence, TheLlamaFamilyTrainsTheSameAcrossTiers) {
+  const ModelConfig config = llama_with_biases();
+  test_files::TempDir dir;
+  const ScheduleOptions tiers = llama_across_tiers(config, dir);
   for (const int micro_batches : {1, 2})
     for (const bool clip : {false, true}) {
       SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
@@ -738,15 +747,9 @@ TEST_P(CompactStateEquivalence, EveryPlacementTrainsTheSame) {
 }
 
 TEST_P(CompactStateEquivalence, TheLlamaFamilyTrainsTheSameAcrossTiers) {
-  ModelConfig config = llama_config(3, 4, 2, 32, 48, 16, 61);
-  config.attention_bias = true;
-  const ParameterLayout layout(config);
+  const ModelConfig config = llama_with_biases();
   test_files::TempDir dir;
-  std::vector<UpdateSite> sites = head_on_device(layout);
-  sites[1 + 0] = UpdateSite::kDisk;
-  sites[1 + 1] = UpdateSite::kHost;
-  sites[1 + 2] = UpdateSite::kDevice;
-  const ScheduleOptions tiers{.update_sites = sites, .offload_dir = dir.path(), .disk_slots = 1};
+  const ScheduleOptions tiers = llama_across_tiers(config, dir);
   expect_same(gpu(2, true, config), train(with_options("layup", with_kind(tiers)), 2, true, config),
               "layup, Llama, disk/host/device");
 }
