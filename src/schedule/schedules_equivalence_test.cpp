@@ -351,6 +351,15 @@ TEST(SchedulesEquivalence, BlocksUpdatedOnTheDeviceTrainTheSame) {
       << describe_schedule(Mode::kLayup, {.update_sites = block_1_and_head}, 1.0f);
 }
 
+// Blocks 0 and 2 on disk, block 1 and the head (embeddings, final norm) on the device.
+std::vector<UpdateSite> disk_device_disk(const ParameterLayout& layout) {
+  std::vector<UpdateSite> sites = head_on_device(layout);
+  sites[1 + 0] = UpdateSite::kDisk;
+  sites[1 + 1] = UpdateSite::kDevice;
+  sites[1 + 2] = UpdateSite::kDisk;
+  return sites;
+}
+
 // Blocks whose optimizer state lives on disk (UpdateSite::kDisk: a file under offload_dir, staged
 // through a ring of host slots), mixed with device- and host-updated spans in one run: the same
 // steps, bit for bit, with and without clipping (deferred), with one micro-batch and two, unclipped
@@ -360,10 +369,7 @@ TEST(SchedulesEquivalence, BlocksOnDiskTrainTheSame) {
   const ParameterLayout layout(tiny_config());
   const size_t spans = layout.spans().size();
   test_files::TempDir dir;
-  std::vector<UpdateSite> mixed = head_on_device(layout);  // embeddings, final norm: device
-  mixed[1 + 0] = UpdateSite::kDisk;
-  mixed[1 + 1] = UpdateSite::kDevice;
-  mixed[1 + 2] = UpdateSite::kDisk;
+  const std::vector<UpdateSite> mixed = disk_device_disk(layout);
   std::vector<UpdateSite> host_and_disk(spans, UpdateSite::kHost);
   host_and_disk[1 + 1] = host_and_disk[1 + 2] = UpdateSite::kDisk;
   std::vector<UpdateSite> every_block(spans, UpdateSite::kDisk);
@@ -713,10 +719,7 @@ TEST_P(CompactStateEquivalence, EveryPlacementTrainsTheSame) {
   const ParameterLayout layout(tiny_config());
   const size_t spans = layout.spans().size();
   test_files::TempDir dir;
-  std::vector<UpdateSite> mixed = head_on_device(layout);  // embeddings, final norm: device
-  mixed[1 + 0] = UpdateSite::kDisk;
-  mixed[1 + 1] = UpdateSite::kDevice;
-  mixed[1 + 2] = UpdateSite::kDisk;
+  const std::vector<UpdateSite> mixed = disk_device_disk(layout);
   std::vector<UpdateSite> block_1_and_head = head_on_device(layout);
   block_1_and_head[1 + 1] = UpdateSite::kDevice;
   std::vector<UpdateSite> every_block(spans, UpdateSite::kDisk);
