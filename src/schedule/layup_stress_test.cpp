@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "schedule/forwarding_device_test_support.h"
 #include "schedule/schedule.h"
 
 namespace layup {
@@ -103,42 +104,31 @@ class DelayingBackend final : public ModelBackend {
 };
 
 // The CPU device with a delay before each operation the schedules' threads use to hand data over.
-class DelayingDevice final : public Device {
+class DelayingDevice final : public ForwardingDevice {
  public:
   DelayingDevice(std::unique_ptr<Device> inner, RandomDelays& delays)
-      : Device(inner->accountant()), inner_(std::move(inner)), delays_(delays) {}
-  std::string name() const override { return inner_->name(); }
-  // Buffers come from the inner device, which also frees them.
+      : ForwardingDevice(std::move(inner)), delays_(delays) {}
   DeviceBuffer allocate_kind(size_t count, TensorClass c, MemorySide side,
                              MemoryKind kind) override {
     // What it calls device memory is the inner device's host memory.
-    if (claims_device_memory_ && kind == MemoryKind::kDevice) kind = inner_->memory_kind();
-    return inner_->allocate_kind(count, c, side, kind);
+    if (claims_device_memory_ && kind == MemoryKind::kDevice) kind = inner().memory_kind();
+    return inner().allocate_kind(count, c, side, kind);
   }
-  void release(float* data, MemoryKind kind) override { inner_->release(data, kind); }
   // claim_device_memory: report device memory, which the host cannot read in place, so that a
   // schedule copies gradients out as on a discrete GPU (the CPU device's copies are memcpys).
   MemoryKind memory_kind() const override {
-    return claims_device_memory_ ? MemoryKind::kDevice : inner_->memory_kind();
+    return claims_device_memory_ ? MemoryKind::kDevice : inner().memory_kind();
   }
   void claim_device_memory() { claims_device_memory_ = true; }
-  MemoryKind host_memory_kind() const override { return inner_->host_memory_kind(); }
-  void copy_to_device(float* dst, const float* src, size_t count) override {
-    inner_->copy_to_device(dst, src, count);
-  }
-  void copy_to_host(float* dst, const float* src, size_t count) override {
-    inner_->copy_to_host(dst, src, count);
-  }
-  std::shared_ptr<const DeviceFence> fence() override { return inner_->fence(); }
   void wait_for(const DeviceFence& fence) override {
     delays_.maybe_sleep();
-    inner_->wait_for(fence);
+    inner().wait_for(fence);
   }
   void copy_to_host_after(const DeviceFence& after, float* dst, const float* src,
                           size_t count) override {
     delays_.maybe_sleep();
     if (count == slow_copy_count_ && before_slow_copy_) before_slow_copy_();
-    inner_->copy_to_host_after(after, dst, src, count);
+    inner().copy_to_host_after(after, dst, src, count);
   }
   // Runs `hook` on the copying thread before every copy out of device memory of `count` floats
   // (a test may hold such a copy back there). Set it only while no step runs.
@@ -150,47 +140,40 @@ class DelayingDevice final : public Device {
                             std::function<void()> landed) override {
     delays_.maybe_sleep();
     ++transfers_to_device_;
-    inner_->copy_to_device_async(dst, src, count, std::move(landed));
+    inner().copy_to_device_async(dst, src, count, std::move(landed));
   }
   void copy_to_compute_copy_async(void* dst, const float* src, size_t count, float* staging,
                                   size_t staging_count, std::function<void()> landed) override {
     delays_.maybe_sleep();
     ++transfers_to_device_;
-    inner_->copy_to_compute_copy_async(dst, src, count, staging, staging_count, std::move(landed));
+    inner().copy_to_compute_copy_async(dst, src, count, staging, staging_count, std::move(landed));
   }
   int transfers_to_device() const { return transfers_to_device_; }
   void fill_zero(float* dst, size_t count) override {
     delays_.maybe_sleep();
-    inner_->fill_zero(dst, count);
+    inner().fill_zero(dst, count);
   }
-  void add(float* dst, const float* src, size_t count) override { inner_->add(dst, src, count); }
-  double sum_of_squares(const float* x, size_t count) override {
-    return inner_->sum_of_squares(x, count);
-  }
-  void start_sum_of_squares(const float* x, size_t count, double* result) override {
-    inner_->start_sum_of_squares(x, count, result);
-  }
+  // An update on the device thread (update_sites), in any optimizer state kind.
   void adamw_update_span(const ParameterLayout& layout, const Span& span, float* params,
                          const float* grads, float* m, float* v, const AdamWStep& step,
                          void* bf16_weights) override {
-    delays_.maybe_sleep();  // an update on the device thread (update_sites)
-    inner_->adamw_update_span(layout, span, params, grads, m, v, step, bf16_weights);
+    delays_.maybe_sleep();
+    inner().adamw_update_span(layout, span, params, grads, m, v, step, bf16_weights);
   }
   void adamw_update_span_state(const ParameterLayout& layout, const Span& span, float* params,
                                const float* grads, const AdamWMoments& moments,
                                const AdamWStep& step, void* bf16_weights) override {
     delays_.maybe_sleep();
-    inner_->adamw_update_span_state(layout, span, params, grads, moments, step, bf16_weights);
+    inner().adamw_update_span_state(layout, span, params, grads, moments, step, bf16_weights);
   }
   void adamw_update_span_part_state(const ParameterLayout& layout, const Span& span, size_t first,
                                     size_t count, float* params, const float* grads,
                                     const AdamWMoments& moments, const AdamWStep& step) override {
     delays_.maybe_sleep();
-    inner_->adamw_update_span_part_state(layout, span, first, count, params, grads, moments, step);
+    inner().adamw_update_span_part_state(layout, span, first, count, params, grads, moments, step);
   }
 
  private:
-  std::unique_ptr<Device> inner_;
   RandomDelays& delays_;
   std::atomic<int> transfers_to_device_{0};
   bool claims_device_memory_ = false;
