@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -19,6 +20,8 @@
 #include "model/parameter_layout.h"
 #include "model/shape_limits.h"
 #include "model/token_batch.h"
+#include "optim/adamw_moments.h"
+#include "optim/adamw_state.h"
 #include "optim/adamw_timing.h"
 #include "optim/host_adamw.h"
 #include "tier/disk_throughput.h"
@@ -41,6 +44,12 @@ constexpr RateField kRateFields[] = {
     {"gpu_adamw_params_per_s", &MachineRates::gpu_adamw_params_per_s},
     {"cpu_adamw_params_per_s", &MachineRates::cpu_adamw_params_per_s},
     {"cpu_adamw_alone_params_per_s", &MachineRates::cpu_adamw_alone_params_per_s},
+    {"gpu_adamw_bf16_params_per_s", &MachineRates::gpu_adamw_bf16_params_per_s},
+    {"cpu_adamw_bf16_params_per_s", &MachineRates::cpu_adamw_bf16_params_per_s},
+    {"cpu_adamw_bf16_alone_params_per_s", &MachineRates::cpu_adamw_bf16_alone_params_per_s},
+    {"gpu_adamw_8bit_params_per_s", &MachineRates::gpu_adamw_8bit_params_per_s},
+    {"cpu_adamw_8bit_params_per_s", &MachineRates::cpu_adamw_8bit_params_per_s},
+    {"cpu_adamw_8bit_alone_params_per_s", &MachineRates::cpu_adamw_8bit_alone_params_per_s},
     {"host_add_floats_per_s", &MachineRates::host_add_floats_per_s},
     {"d2h_bytes_per_s", &MachineRates::d2h_bytes_per_s},
     {"h2d_bytes_per_s", &MachineRates::h2d_bytes_per_s},
@@ -70,8 +79,8 @@ double median_seconds(int repeats, Work work, double min_seconds = 0.0) {
   return median_of(seconds);
 }
 
-void say(FILE* log, const char* what, double value, const char* unit) {
-  if (log) std::fprintf(log, "  %-34s %10.3g %s\n", what, value, unit);
+void say(FILE* log, const std::string& what, double value, const char* unit) {
+  if (log) std::fprintf(log, "  %-44s %10.3g %s\n", what.c_str(), value, unit);
 }
 
 // The median seconds of forward and backward of `layout`'s model (the options' model cut to a
@@ -102,20 +111,47 @@ double time_training(const CalibrationOptions& options, BackendAndDevice& comput
   });
 }
 
-// The device's AdamW on one block span.
+// The fp32 AdamW rates and each compact kind's, where MachineRates keeps them.
+struct AdamWRateFields {
+  OptimizerStateKind kind;
+  std::optional<double> MachineRates::*gpu;
+  std::optional<double> MachineRates::*cpu;
+  std::optional<double> MachineRates::*cpu_alone;
+};
+constexpr AdamWRateFields kAdamWRateFields[] = {
+    {OptimizerStateKind::kFp32, &MachineRates::gpu_adamw_params_per_s,
+     &MachineRates::cpu_adamw_params_per_s, &MachineRates::cpu_adamw_alone_params_per_s},
+    {OptimizerStateKind::kBf16, &MachineRates::gpu_adamw_bf16_params_per_s,
+     &MachineRates::cpu_adamw_bf16_params_per_s, &MachineRates::cpu_adamw_bf16_alone_params_per_s},
+    {OptimizerStateKind::kBlockwise8Bit, &MachineRates::gpu_adamw_8bit_params_per_s,
+     &MachineRates::cpu_adamw_8bit_params_per_s, &MachineRates::cpu_adamw_8bit_alone_params_per_s},
+};
+
+// The floats of one buffer holding `count` parameters' moments of `kind`.
+size_t moment_floats(OptimizerStateKind kind, size_t count) {
+  return optimizer_moments_padded_bytes(kind, count) / sizeof(float);
+}
+
+// A rate's name in the log: "CPU AdamW", "CPU AdamW (8bit moments)".
+std::string adamw_what(const std::string& what, OptimizerStateKind kind) {
+  return kind == OptimizerStateKind::kFp32 ? what : what + " (" + name_of(kind) + " moments)";
+}
+
+// The device's AdamW on one block span with moments of `kind`.
 double measure_gpu_adamw(const CalibrationOptions& options, Device& device,
-                         const ParameterLayout& layout) {
+                         const ParameterLayout& layout, OptimizerStateKind kind) {
   const Span& span = layout.spans()[1];
   DeviceBuffer params = device.allocate(span.count, TensorClass::kMasterWeights);
   DeviceBuffer grads = device.allocate(span.count, TensorClass::kWeightGrads);
-  DeviceBuffer m = device.allocate(span.count, TensorClass::kOptimizerMoments);
-  DeviceBuffer v = device.allocate(span.count, TensorClass::kOptimizerMoments);
+  DeviceBuffer moments =
+      device.allocate(moment_floats(kind, span.count), TensorClass::kOptimizerMoments);
+  device.fill_zero(moments.data(), moments.count());
+  const AdamWMoments state = AdamWMoments::in_buffer(kind, moments.data(), span.count);
   AdamWStep step;
   step.hyper = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
   const double seconds = median_seconds(options.repeats, [&] {
     ++step.t;
-    device.adamw_update_span(layout, span, params.data(), grads.data(), m.data(), v.data(), step,
-                             nullptr);
+    device.adamw_update_span_state(layout, span, params.data(), grads.data(), state, step, nullptr);
     device.wait_for(*device.fence());
   });
   return static_cast<double>(span.count) / seconds;
@@ -354,8 +390,10 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
                      "  (the blocks' and the head's rates apart: timing too noisy to split)\n");
       }
     }
-    rates.gpu_adamw_params_per_s = measure_gpu_adamw(options, *compute.device, layout);
-    say(log, "device AdamW", *rates.gpu_adamw_params_per_s / 1e9, "G params/s");
+    for (const AdamWRateFields& fields : kAdamWRateFields) {
+      rates.*fields.gpu = measure_gpu_adamw(options, *compute.device, layout, fields.kind);
+      say(log, adamw_what("device AdamW", fields.kind), *(rates.*fields.gpu) / 1e9, "G params/s");
+    }
 
     Device& device = *compute.device;
     const size_t floats = std::max<size_t>(1, options.link_bytes / sizeof(float));
@@ -385,39 +423,43 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
     const DeviceBuffer grads_buffer = device.allocate_host(n, TensorClass::kWeightGrads);
     float* params = params_buffer.data();
     float* grads = grads_buffer.data();
-    std::vector<float> m(n), v(n);
+    // Moments in plain memory, one buffer as a span's (fp32's the largest, so it serves all).
+    std::vector<float> moments(moment_floats(OptimizerStateKind::kFp32, n));
     engine.for_each_worker_share(n, [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
         params[i] = 0.02f * static_cast<float>(static_cast<int>(i % 2001) - 1000) * 1e-3f;
         grads[i] = 1e-3f * params[i];
       }
     });
-    const auto adamw_rate = [&] {
+    const auto adamw_rate = [&](OptimizerStateKind kind) {
+      std::fill(moments.begin(), moments.end(), 0.0f);
+      const AdamWStateBuffers buffers = AdamWStateBuffers::in_place(
+          params, grads, AdamWMoments::in_buffer(kind, moments.data(), n));
       const AdamWTiming timing = time_adamw_updates(
-          options.repeats,
-          [&](const AdamWStep& step) {
-            engine.update(params, grads, m.data(), v.data(), n, step, true);
-          },
+          options.repeats, [&](const AdamWStep& step) { engine.update(buffers, n, step, true); },
           [] {}, options.cpu_seconds);
       return static_cast<double>(n) / timing.median_s;
     };
     // Where the device's memory is the host's (the CPU backend) there are no copies to run beside.
     const bool copies_apart = device.kinds().own != MemoryKind::kHost;
-    if (copies_apart) {
-      rates.cpu_adamw_alone_params_per_s = adamw_rate();
-      say(log, "CPU AdamW, no copies beside", *rates.cpu_adamw_alone_params_per_s / 1e9,
-          "G params/s");
-    }
+    if (copies_apart)
+      for (const AdamWRateFields& fields : kAdamWRateFields) {
+        rates.*fields.cpu_alone = adamw_rate(fields.kind);
+        say(log, adamw_what("CPU AdamW, no copies beside", fields.kind),
+            *(rates.*fields.cpu_alone) / 1e9, "G params/s");
+      }
     const std::jthread copies([&](const std::stop_token& stop) {
       while (copies_apart && !stop.stop_requested()) {
         device.copy_to_host(on_host.data(), on_device.data(), floats);
         device.copy_to_device(on_device.data(), on_host.data(), floats);
       }
     });
-    rates.cpu_adamw_params_per_s = adamw_rate();
-    say(log, copies_apart ? "CPU AdamW beside copies" : "CPU AdamW",
-        *rates.cpu_adamw_params_per_s / 1e9, "G params/s");
-    if (!copies_apart) rates.cpu_adamw_alone_params_per_s = rates.cpu_adamw_params_per_s;
+    for (const AdamWRateFields& fields : kAdamWRateFields) {
+      rates.*fields.cpu = adamw_rate(fields.kind);
+      say(log, adamw_what(copies_apart ? "CPU AdamW beside copies" : "CPU AdamW", fields.kind),
+          *(rates.*fields.cpu) / 1e9, "G params/s");
+      if (!copies_apart) rates.*fields.cpu_alone = rates.*fields.cpu;
+    }
     // The host's gradient accumulation: one float add per element, split as the workers split it.
     const double add_s = median_seconds(
         options.repeats,
@@ -449,7 +491,7 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
       const double median = median_of(passes);
       const auto [low, high] = std::minmax_element(passes.begin(), passes.end());
       if (log)
-        std::fprintf(log, "  %-34s %10.3g GB/s (median of %zu passes, %.2f-%.2f)\n", what.c_str(),
+        std::fprintf(log, "  %-44s %10.3g GB/s (median of %zu passes, %.2f-%.2f)\n", what.c_str(),
                      median / 1e9, passes.size(), *low / 1e9, *high / 1e9);
       return median;
     };
@@ -471,17 +513,20 @@ std::string format_machine_rates(const MachineRates& r) {
                         const char* unit_name) {
     char row[128];
     if (rate)
-      std::snprintf(row, sizeof row, "  %-28s %10.2f %s\n", what, *rate / unit, unit_name);
+      std::snprintf(row, sizeof row, "  %-44s %10.2f %s\n", what, *rate / unit, unit_name);
     else
-      std::snprintf(row, sizeof row, "  %-28s %10s\n", what, "-");
+      std::snprintf(row, sizeof row, "  %-44s %10s\n", what, "-");
     text += row;
   };
   line("device training FLOP rate", r.gpu_flops, 1e12, "TFLOP/s");
   line("  of it the blocks", r.gpu_block_flops, 1e12, "TFLOP/s");
   line("  the head, embeddings, loss", r.gpu_head_flops, 1e12, "TFLOP/s");
-  line("device AdamW", r.gpu_adamw_params_per_s, 1e9, "G params/s");
-  line("CPU AdamW", r.cpu_adamw_params_per_s, 1e9, "G params/s");
-  line("CPU AdamW, no copies beside", r.cpu_adamw_alone_params_per_s, 1e9, "G params/s");
+  for (const AdamWRateFields& fields : kAdamWRateFields) {
+    line(adamw_what("device AdamW", fields.kind).c_str(), r.*fields.gpu, 1e9, "G params/s");
+    line(adamw_what("CPU AdamW", fields.kind).c_str(), r.*fields.cpu, 1e9, "G params/s");
+    line(adamw_what("CPU AdamW, no copies beside", fields.kind).c_str(), r.*fields.cpu_alone, 1e9,
+         "G params/s");
+  }
   line("host gradient add", r.host_add_floats_per_s, 1e9, "G floats/s");
   line("device to host", r.d2h_bytes_per_s, 1e9, "GB/s");
   line("host to device", r.h2d_bytes_per_s, 1e9, "GB/s");

@@ -53,6 +53,7 @@ TEST(Calibration, RoundTripsThroughItsFileAndKeepsAbsentRatesAbsent) {
   calibration.rates.gpu_flops = 4.8e14;
   calibration.rates.cpu_adamw_params_per_s = 3.4e9;
   calibration.rates.cpu_adamw_alone_params_per_s = 4.1e9;
+  calibration.rates.cpu_adamw_8bit_params_per_s = 2.2e9;
   calibration.rates.d2h_bytes_per_s = 5.1e10;
   calibration.rates.disk_mixed_bytes_per_s = 1.7e9;
   const fs::path path = scratch("sub/dir/calibration.json");
@@ -70,6 +71,8 @@ TEST(Calibration, RoundTripsThroughItsFileAndKeepsAbsentRatesAbsent) {
   EXPECT_EQ(read->rates.gpu_flops, 4.8e14);
   EXPECT_EQ(read->rates.cpu_adamw_params_per_s, 3.4e9);
   EXPECT_EQ(read->rates.cpu_adamw_alone_params_per_s, 4.1e9);
+  EXPECT_EQ(read->rates.cpu_adamw_8bit_params_per_s, 2.2e9);
+  EXPECT_FALSE(read->rates.cpu_adamw_bf16_params_per_s.has_value());
   EXPECT_EQ(read->rates.d2h_bytes_per_s, 5.1e10);
   EXPECT_EQ(read->rates.disk_mixed_bytes_per_s, 1.7e9);
   EXPECT_FALSE(read->rates.disk_read_bytes_per_s.has_value());
@@ -182,7 +185,10 @@ TEST(Calibration, MeasuresEveryRateOnTheCpuBackend) {
        {rates.gpu_flops, rates.gpu_adamw_params_per_s, rates.cpu_adamw_params_per_s,
         rates.cpu_adamw_alone_params_per_s, rates.host_add_floats_per_s, rates.d2h_bytes_per_s,
         rates.h2d_bytes_per_s, rates.disk_read_bytes_per_s, rates.disk_write_bytes_per_s,
-        rates.disk_mixed_bytes_per_s}) {
+        rates.disk_mixed_bytes_per_s, rates.gpu_adamw_bf16_params_per_s,
+        rates.cpu_adamw_bf16_params_per_s, rates.cpu_adamw_bf16_alone_params_per_s,
+        rates.gpu_adamw_8bit_params_per_s, rates.cpu_adamw_8bit_params_per_s,
+        rates.cpu_adamw_8bit_alone_params_per_s}) {
     ASSERT_TRUE(rate.has_value());
     EXPECT_GT(*rate, 0.0);
   }
@@ -190,6 +196,10 @@ TEST(Calibration, MeasuresEveryRateOnTheCpuBackend) {
   // The CPU backend's device memory is the host's: no copies to time the AdamW beside, one rate.
   EXPECT_EQ(rates.cpu_adamw_alone_params_per_s, rates.cpu_adamw_params_per_s);
   EXPECT_NE(format_machine_rates(rates).find("CPU AdamW, no copies beside"), std::string::npos);
+  // Each compact kind's AdamW is timed in its own kind, and printed by its name.
+  EXPECT_EQ(rates.cpu_adamw_8bit_alone_params_per_s, rates.cpu_adamw_8bit_params_per_s);
+  EXPECT_NE(printed.find("CPU AdamW (8bit moments)"), std::string::npos) << printed;
+  EXPECT_NE(format_machine_rates(rates).find("device AdamW (bf16 moments)"), std::string::npos);
   options.disk_dir.clear();
   EXPECT_FALSE(measure_machine_rates(options).disk_read_bytes_per_s.has_value());
   fs::remove_all(dir);

@@ -213,7 +213,7 @@ std::vector<std::string> missing_rates(const StepTimeRequest& request, const Mac
   return missing;
 }
 
-StepTimePrediction predict_step_time(const StepTimeRequest& request, const MachineRates& rates) {
+StepTimePrediction predict_step_time(const StepTimeRequest& request, const MachineRates& measured) {
   validate_config(request.config);
   const StepPlan& plan = request.plan;
   LAYUP_CHECK(request.batch > 0 && request.seq_len > 0,
@@ -222,15 +222,20 @@ StepTimePrediction predict_step_time(const StepTimeRequest& request, const Machi
   LAYUP_CHECK(plan.spans.size() == spans && !plan.tasks.empty(),
               "the step-time model got a plan of ", plan.spans.size(), " spans for a model of ",
               spans, " (embeddings, ", request.config.n_layer, " blocks, final norm)");
-  const std::vector<std::string> missing = missing_rates(request, rates);
+  const std::vector<std::string> missing = missing_rates(request, measured);
   if (!missing.empty()) {
     std::string list;
     for (const std::string& each : missing) list += (list.empty() ? "" : "; ") + each;
     throw Error("the step-time model lacks " + list);
   }
 
+  bool fp32_stands_in = false;
+  const MachineRates rates = rates_for_state(measured, request.optimizer_state, &fp32_stands_in);
   const Work work = work_of(request, rates);
   StepTimePrediction p;
+  if (fp32_stands_in)
+    p.rates_note = "AdamW timed at fp32's rate: this calibration has no " +
+                   name_of(request.optimizer_state) + " rate (run layup calibrate again)";
   p.spans.resize(spans);
   p.tasks = plan.tasks.size();
   std::vector<double> durations;
@@ -296,6 +301,27 @@ StepTimePrediction predict_step_time(const StepTimeRequest& request, const Machi
   return p;
 }
 
+MachineRates rates_for_state(const MachineRates& rates, OptimizerStateKind kind,
+                             bool* fp32_stands_in) {
+  if (fp32_stands_in != nullptr) *fp32_stands_in = false;
+  if (kind == OptimizerStateKind::kFp32) return rates;
+  const bool bf16 = kind == OptimizerStateKind::kBf16;
+  MachineRates out = rates;
+  const auto take = [&](const std::optional<double>& from, std::optional<double>& to) {
+    if (from)
+      to = from;
+    else if (to && fp32_stands_in != nullptr)
+      *fp32_stands_in = true;
+  };
+  take(bf16 ? rates.gpu_adamw_bf16_params_per_s : rates.gpu_adamw_8bit_params_per_s,
+       out.gpu_adamw_params_per_s);
+  take(bf16 ? rates.cpu_adamw_bf16_params_per_s : rates.cpu_adamw_8bit_params_per_s,
+       out.cpu_adamw_params_per_s);
+  take(bf16 ? rates.cpu_adamw_bf16_alone_params_per_s : rates.cpu_adamw_8bit_alone_params_per_s,
+       out.cpu_adamw_alone_params_per_s);
+  return out;
+}
+
 std::string format_step_time(const StepTimePrediction& p) {
   const auto ms = [](double s) {
     char text[32];
@@ -318,6 +344,7 @@ std::string format_step_time(const StepTimePrediction& p) {
   if (p.cpu_adamw_s + p.to_host_s > 0)
     text += "    exposed          " + ms(p.exposed_s) + " the GPU waits; " + ms(p.hidden_s) +
             " of the busiest other side hidden under the GPU\n";
+  if (!p.rates_note.empty()) text += "    note             " + p.rates_note + "\n";
   return text;
 }
 

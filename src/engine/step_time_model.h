@@ -27,6 +27,12 @@ struct MachineRates {
   // only part of each update (docs/time_model.md).
   std::optional<double> cpu_adamw_params_per_s;
   std::optional<double> cpu_adamw_alone_params_per_s;
+  // The same three AdamW rates with compact moments (--optimizer-state bf16 and 8bit): the above
+  // are fp32's. Absent in a calibration made before they were timed.
+  std::optional<double> gpu_adamw_bf16_params_per_s, cpu_adamw_bf16_params_per_s,
+      cpu_adamw_bf16_alone_params_per_s;
+  std::optional<double> gpu_adamw_8bit_params_per_s, cpu_adamw_8bit_params_per_s,
+      cpu_adamw_8bit_alone_params_per_s;
   std::optional<double> host_add_floats_per_s;  // the host's gradient accumulation, dst += src
   std::optional<double> d2h_bytes_per_s, h2d_bytes_per_s;               // the link, each way
   std::optional<double> disk_read_bytes_per_s, disk_write_bytes_per_s;  // direct I/O
@@ -42,10 +48,16 @@ struct StepTimeRequest {
   // The step's tasks, as the run's schedule issues them (compile_step_plan): the model times each
   // and simulates them on their lanes, so it follows whatever the schedule does.
   StepPlan plan;
-  // The moments' kind: a disk span's record is its bytes (the CPU's AdamW rate is fp32's as
-  // calibrated, whatever the kind).
+  // The moments' kind: a disk span's record is its bytes, and the AdamW rates are the kind's
+  // (rates_for_state).
   OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
 };
+
+// `rates` with the AdamW rates of `kind` where the fp32 ones stand (the model times every AdamW
+// by those); a compact kind's rate that was not measured stays fp32's, and `*fp32_stands_in` (if
+// given) says whether any did.
+MachineRates rates_for_state(const MachineRates& rates, OptimizerStateKind kind,
+                             bool* fp32_stands_in = nullptr);
 
 // One span's work on each resource in a step, in seconds.
 struct SpanTimes {
@@ -70,6 +82,8 @@ struct StepTimePrediction {
   std::string bound_by;          // "GPU", or the busiest resource when the GPU waits
   std::vector<SpanTimes> spans;  // per span, layout order
   size_t tasks = 0;              // the plan's tasks it timed, per step
+  // Where a compact state kind's AdamW was timed at fp32's rate (its own was not calibrated).
+  std::string rates_note;
 };
 
 // The rates a request needs that `rates` lacks, each named with how to measure it ("disk read and

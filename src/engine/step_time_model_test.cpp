@@ -293,5 +293,25 @@ TEST(StepTimeModel, FormatsTheParts) {
   EXPECT_NE(text.find("exposed"), std::string::npos);
 }
 
+TEST(StepTimeModel, TimesAdamWAtTheStateKindsOwnRateAndSaysWhereFp32sStandsIn) {
+  const StepTimeRequest fp32 = request(Mode::kLayup);
+  StepTimeRequest eight_bit = fp32;
+  eight_bit.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+  MachineRates m = rates();
+  // Without an 8bit rate the fp32 one stands in, and the prediction says so.
+  const StepTimePrediction stand_in = predict_step_time(eight_bit, m);
+  EXPECT_DOUBLE_EQ(stand_in.cpu_adamw_s, predict_step_time(fp32, m).cpu_adamw_s);
+  EXPECT_NE(format_step_time(stand_in).find("no 8bit rate"), std::string::npos)
+      << format_step_time(stand_in);
+  EXPECT_TRUE(predict_step_time(fp32, m).rates_note.empty());
+  // With one, the CPU's AdamW takes twice as long at half the rate; fp32 runs are not touched.
+  m.cpu_adamw_8bit_params_per_s = 2e9;
+  m.gpu_adamw_8bit_params_per_s = 50e9;
+  const StepTimePrediction own = predict_step_time(eight_bit, m);
+  EXPECT_NEAR(own.cpu_adamw_s, 2.0 * predict_step_time(fp32, m).cpu_adamw_s, 1e-12);
+  EXPECT_TRUE(own.rates_note.empty());
+  EXPECT_DOUBLE_EQ(predict_step_time(fp32, m).cpu_adamw_s, stand_in.cpu_adamw_s);
+}
+
 }  // namespace
 }  // namespace layup
