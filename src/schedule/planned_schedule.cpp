@@ -100,9 +100,7 @@ class PlannedSchedule final : public Schedule {
         model_(std::move(backend), std::move(device), layout, options_),
         grads_kind_(gradients_kind(options_, model_.device().kinds())),
         gradients_(model_.device(), layout, whole_gradient(mode), grads_kind_),
-        device_tier_(model_.device(), layout_, options_.update_sites, grads_kind_,
-                     gradients_.head(0), gradients_.head(layout.spans().size() - 1),
-                     options_.optimizer_state),
+        device_tier_(model_.device(), layout_, options_, gradients_, grads_kind_),
         host_head_spans_(host_updated_head_spans(layout, options_.update_sites)),
         route_(make_gradient_route(model_.host_gradient(), model_.device(), layout_, grads_kind_,
                                    host_head_spans_)),
@@ -113,8 +111,9 @@ class PlannedSchedule final : public Schedule {
     LAYUP_CHECK(model_.host_gradient() != nullptr || !model_.speculative_clip(),
                 "speculative clipping needs the whole-model gradient on the host (it may redo "
                 "every block's update once the norm is known)");
-    // The device-updated spans' gradients are summed over the ranks where they are.
-    if (model_.ranks() != nullptr && !device_tier_.spans().empty())
+    // The device-updated spans' gradients are summed over the ranks where they are (ZeRO-1: by
+    // the device tier, into each rank's part).
+    if (model_.ranks() != nullptr && !device_tier_.spans().empty() && !device_tier_.sharded())
       collectives_ = join_device_collectives(model_.device(), *model_.ranks());
     LAYUP_CHECK(device_tier_.spans().empty() || !model_.weights_in_place(),
                 "updating spans on the device (the head, or blocks) needs the device's own copy of "
@@ -165,6 +164,8 @@ class PlannedSchedule final : public Schedule {
     model_.import_span(index, in);  // host state, and the weights to the device
     if (device_tier_.holds(index)) device_tier_.write_span(index, in);
   }
+  void serve_exports() override { device_tier_.serve_exports(); }
+  void end_exports() override { device_tier_.end_exports(); }
   std::string cpu_adamw_report() const override {
     finish_updates();  // count every update of the steps so far
     return model_.cpu_adamw_report();
@@ -218,8 +219,12 @@ class PlannedSchedule final : public Schedule {
     // forward in the device's order; on the CPU backend it runs here.
     if (!device_tier_.spans().empty())
       device_thread_.run([&] {
-        device_tier_.update(adamw, device_tier_weights_, device_tier_compute_copies_, trace_,
-                            device_track_);
+        const bool copies_written = device_tier_.update(
+            adamw, device_tier_weights_, device_tier_compute_copies_, trace_, device_track_);
+        // Where the update wrote every span's compute copy, the next forward skips its cast (with
+        // weights landing there, the copies are always current).
+        if (!model_.weights_land_in_compute_copy())
+          model_.backend().set_compute_copies_current(copies_written);
       });
     if (context.timing->speculative()) model_.promote_spare_state();
     if (step_plan.weights_before_return) finish_updates();
@@ -437,7 +442,8 @@ class PlannedSchedule final : public Schedule {
       }
       gradients_.slots().release(lease);  // its next backward runs after the add, in device order
     }
-    if (last) model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+    if (last && !device_tier_.sharded())
+      model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
   }
 
   // Device thread: block `layer`'s gradient (in the slot `lease` holds, else in the whole-model
@@ -511,7 +517,8 @@ class PlannedSchedule final : public Schedule {
           continue;
         }
         if (!(first && last)) device_tier_.add(index, micro_batch, first);
-        if (last) model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+        if (last && !device_tier_.sharded())
+          model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
       }
     }
     std::shared_ptr<const DeviceFence> written = model_.device().fence();
@@ -539,11 +546,15 @@ class PlannedSchedule final : public Schedule {
         }
       if (last) {
         model_.device().wait_for(written);
-        for (const size_t index : device_tier_.spans()) {
-          span_sum_sq_[index] = model_.device_sum_of_squares(index);
-          // The device is idle until step() returns: the sums go in its order from here.
-          if (model_.ranks() != nullptr)
-            span_sum_sq_[index] = sum_device_gradient_over_ranks(index);
+        // The device is idle until step() returns: the sums go in its order from here.
+        if (device_tier_.sharded()) {
+          device_tier_.reduce_scatter(span_sum_sq_, trace_, consumer_track_);
+        } else {
+          for (const size_t index : device_tier_.spans()) {
+            span_sum_sq_[index] = model_.device_sum_of_squares(index);
+            if (model_.ranks() != nullptr)
+              span_sum_sq_[index] = sum_device_gradient_over_ranks(index);
+          }
         }
         if (one_micro_batch)
           for (const size_t index : host_head_spans_)
@@ -731,8 +742,7 @@ class PlannedSchedule final : public Schedule {
     const MemoryKind grads_kind = gradients_kind(options, kinds);
     BufferList list = HostUpdatedModel::buffers(layout, options, kinds).list();
     append(list, MicroBatchGradients::buffers(layout, whole_gradient(mode), grads_kind));
-    append(list, DeviceTier::buffers(layout, options.update_sites, grads_kind, kinds,
-                                     options.optimizer_state)
+    append(list, DeviceTier::buffers(layout, options, whole_gradient(mode), grads_kind, kinds)
                      .list(micro_batches > 1));
     append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
                                         host_updated_head_spans(layout, options.update_sites)));
