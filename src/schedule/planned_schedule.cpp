@@ -1,15 +1,17 @@
-// The executor of the plans whose spans are updated on the host: `layup` (the paper's schedule)
-// and `offload` (its baseline: the same tasks with every gradient copied after the whole backward,
-// updated after the norm, the step returning once the weights have landed). It composes
-// HostUpdatedModel, MicroBatchGradients (slots, or the whole-model gradient) and three policies
-// chosen once from ScheduleOptions (the full semantics: docs/schedules.md):
+// The executor of every mode's plan: `layup` (the paper's schedule), `offload` (its baseline: the
+// same tasks with every gradient copied after the whole backward, updated after the norm, the step
+// returning once the weights have landed) and `gpu` (every span updated on the device from the
+// whole-model gradient, nothing on the host). It composes HostUpdatedModel, MicroBatchGradients
+// (slots, or the whole-model gradient) and three policies chosen once from ScheduleOptions (the
+// full semantics: docs/schedules.md):
 //
 //   GradientRoute  where a host-updated span's gradient goes: the host accumulator, a landing
-//                  buffer, or read in place (gradient_route.h)
+//                  buffer, or read in place (gradient_route.h); none where no span is
 //   UpdateTiming   when a host-updated block is updated: during backward (no clipping), once the
 //                  norm is known (deferred), or speculatively (update_timing.h)
-//   DeviceTier     the spans update_sites places on the device, updated by the device's AdamW
-//                  once the norm is known (device_tier.h); every other span is updated on the CPU
+//   DeviceTier     the spans update_sites places on the device (gpu: every span), updated by the
+//                  device's AdamW once the norm is known, their moments split across the ranks
+//                  with ZeRO-1 (device_tier.h); every other span is updated on the CPU
 //
 // The device thread runs the device lane of the step's plan (step_plan.h, compiled once per
 // micro-batch count and clipping) and hands each gradient on where the plan copies it; the
@@ -74,20 +76,33 @@ namespace layup {
 namespace {
 
 // The options a mode's schedule runs with: offload brings every span's whole gradient to the host
-// and updates every span there, once the norm is known.
-ScheduleOptions mode_options(Mode mode, ScheduleOptions options) {
+// and updates every span there, once the norm is known; gpu updates every span on the device, from
+// the gradient summed there, and keeps nothing on the host.
+ScheduleOptions mode_options(Mode mode, const ParameterLayout& layout, ScheduleOptions options) {
   if (mode == Mode::kOffload) {
     options.host_gradient = true;
     options.speculative_clip = false;
     options.update_sites.clear();
     options.weights_land_in_compute_copy = false;
   }
+  if (mode == Mode::kGpu) {
+    options.host_gradient = false;
+    options.speculative_clip = false;
+    options.weights_in_place = false;
+    options.weights_land_in_compute_copy = false;
+    options.update_sites.assign(layout.spans().size(), UpdateSite::kDevice);
+  }
   return options;
 }
 
-// Whether the mode's backward writes the whole-model gradient (offload) rather than slots.
+// Whether the mode's backward writes the whole-model gradient (gpu, offload) rather than slots.
 bool whole_gradient(Mode mode) {
-  return mode == Mode::kOffload;
+  return mode != Mode::kLayup;
+}
+
+// Whether the CPU updates any span (the host's or the disk's).
+bool cpu_updates(const ParameterLayout& layout, const ScheduleOptions& options) {
+  return HostUpdatedModel::cpu_spans(layout, options).count > 0;
 }
 
 class PlannedSchedule final : public Schedule {
@@ -96,14 +111,16 @@ class PlannedSchedule final : public Schedule {
                   const ParameterLayout& layout, const ScheduleOptions& options)
       : mode_(mode),
         layout_(layout),
-        options_(mode_options(mode, options)),
-        model_(std::move(backend), std::move(device), layout, options_),
+        options_(mode_options(mode, layout, options)),
+        model_(std::move(backend), std::move(device), layout, options_, mode == Mode::kGpu),
         grads_kind_(gradients_kind(options_, model_.device().kinds())),
         gradients_(model_.device(), layout, whole_gradient(mode), grads_kind_),
         device_tier_(model_.device(), layout_, options_, gradients_, grads_kind_),
         host_head_spans_(host_updated_head_spans(layout, options_.update_sites)),
-        route_(make_gradient_route(model_.host_gradient(), model_.device(), layout_, grads_kind_,
-                                   host_head_spans_)),
+        route_(cpu_updates(layout, options_)
+                   ? make_gradient_route(model_.host_gradient(), model_.device(), layout_,
+                                         grads_kind_, host_head_spans_)
+                   : nullptr),
         timing_(options_.speculative_clip),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_updated_(layout.config().n_layer, 0),
@@ -121,11 +138,13 @@ class PlannedSchedule final : public Schedule {
                 "update those spans on the host, or keep the weights in device memory");
     if (!device_tier_.spans().empty()) {
       device_tier_weights_.assign(layout.spans().size(), nullptr);
-      if (model_.weights_land_in_compute_copy())
+      // Where weights land in the compute copy, or every span is updated on the device, the
+      // device's AdamW writes the compute copies too.
+      if (model_.weights_land_in_compute_copy() || !cpu_updates(layout, options_))
         device_tier_compute_copies_.assign(layout.spans().size(), nullptr);
       for (const size_t index : device_tier_.spans()) {
         device_tier_weights_[index] = model_.device_copy() + model_.device_copy_at(index);
-        if (model_.weights_land_in_compute_copy())
+        if (!device_tier_compute_copies_.empty())
           device_tier_compute_copies_[index] = model_.backend().compute_copy(index);
       }
     }
@@ -161,6 +180,8 @@ class PlannedSchedule final : public Schedule {
   }
   void import_span(size_t index, const ConstSpanState& in) override {
     finish_updates();
+    // The forward casts the new weights, unless they land in the compute copy.
+    if (!model_.weights_land_in_compute_copy()) model_.backend().set_compute_copies_current(false);
     model_.import_span(index, in);  // host state, and the weights to the device
     if (device_tier_.holds(index)) device_tier_.write_span(index, in);
   }
@@ -276,7 +297,8 @@ class PlannedSchedule final : public Schedule {
   void check_step(size_t micro_batches, float clip_max_norm) const {
     LAYUP_CHECK(micro_batches > 0, "a training step needs at least one micro-batch");
     LAYUP_CHECK(!broken_, "the layup schedule failed in an earlier step and cannot continue");
-    LAYUP_CHECK(model_.host_gradient() != nullptr || (clip_max_norm <= 0.0f && micro_batches == 1),
+    LAYUP_CHECK(model_.host_gradient() != nullptr || route_ == nullptr ||
+                    (clip_max_norm <= 0.0f && micro_batches == 1),
                 "this layup schedule keeps no whole-model gradient on the host (planned for "
                 "--clip none and one micro-batch, as a unified-memory device wants), so it cannot "
                 "clip (asked: ",
@@ -373,10 +395,15 @@ class PlannedSchedule final : public Schedule {
         backward_embeddings(params, first, last, context.head);
       } else if (task.kind == TaskKind::kBackward) {
         const int layer = task.span - 1;
+        if (step_plan.spans[task.span].site == UpdateSite::kDevice) {
+          backward_block_on_device(layer, params, first, last);  // its gradient stays there
+          continue;
+        }
         switch (step_plan.spans[task.span].gradient) {
           case GradientTarget::kOwnBuffer:
-            backward_block_on_device(layer, params, first, last);  // its gradient stays there
-            break;
+            fail("internal error: block ", layer,
+                 "'s gradient has a buffer of its own, and the "
+                 "plan updates it on the host");
           case GradientTarget::kSlot:
             leases[task.span] = acquire_slot(layer);
             backward_block(layer, leases[task.span]->data, params, first, last);
@@ -426,13 +453,20 @@ class PlannedSchedule final : public Schedule {
     if (first && last) model_.start_device_sum_of_squares(1 + static_cast<size_t>(layer), grad);
   }
 
-  // Device thread: a device-updated block's backward into its own gradient; with several
-  // micro-batches through a slot, added there.
+  // Device thread: a device-updated block's backward into its own gradient (gpu: its part of the
+  // whole-model gradient); with several micro-batches through a slot (gpu: that part), added
+  // into the sum.
   void backward_block_on_device(int layer, const ParameterPointers& params, bool first, bool last) {
     const size_t index = 1 + layer;
     if (first && last) {
       TraceSpan traced(trace_, device_track_, "backward_block", layer);
       model_.backend().backward_block(layer, params, device_tier_.block_gradient(layer));
+    } else if (gradients_.whole()) {
+      {
+        TraceSpan traced(trace_, device_track_, "backward_block", layer);
+        model_.backend().backward_block(layer, params, gradients_.block(layer));
+      }
+      device_tier_.add(index, gradients_.block(layer), first);
     } else {
       const SlotLease lease = acquire_slot(layer);
       {
@@ -738,14 +772,15 @@ class PlannedSchedule final : public Schedule {
   static BufferList buffers(Mode mode, const ParameterLayout& layout,
                             const ScheduleOptions& mode_agnostic, DeviceKinds kinds,
                             int micro_batches) {
-    const ScheduleOptions options = mode_options(mode, mode_agnostic);
+    const ScheduleOptions options = mode_options(mode, layout, mode_agnostic);
     const MemoryKind grads_kind = gradients_kind(options, kinds);
-    BufferList list = HostUpdatedModel::buffers(layout, options, kinds).list();
+    BufferList list = HostUpdatedModel::buffers(layout, options, kinds, mode == Mode::kGpu).list();
     append(list, MicroBatchGradients::buffers(layout, whole_gradient(mode), grads_kind));
     append(list, DeviceTier::buffers(layout, options, whole_gradient(mode), grads_kind, kinds)
                      .list(micro_batches > 1));
-    append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
-                                        host_updated_head_spans(layout, options.update_sites)));
+    if (cpu_updates(layout, options))
+      append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
+                                          host_updated_head_spans(layout, options.update_sites)));
     return list;
   }
 
@@ -785,6 +820,19 @@ class PlannedSchedule final : public Schedule {
 };
 
 }  // namespace
+
+BufferList gpu_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
+                                DeviceKinds kinds, int micro_batches) {
+  return PlannedSchedule::buffers(Mode::kGpu, layout, options, kinds, micro_batches);
+}
+
+std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,
+                                            std::unique_ptr<Device> device,
+                                            const ParameterLayout& layout,
+                                            const ScheduleOptions& options) {
+  return std::make_unique<PlannedSchedule>(Mode::kGpu, std::move(backend), std::move(device),
+                                           layout, options);
+}
 
 BufferList offload_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
                                     DeviceKinds kinds) {
