@@ -69,7 +69,7 @@ size_t moment_bytes(const ParameterLayout& layout, const ScheduleOptions& option
 
 DeviceTier::Buffers DeviceTier::buffers(const ParameterLayout& layout,
                                         const ScheduleOptions& options, bool whole_gradient,
-                                        MemoryKind grads_kind, DeviceKinds kinds) {
+                                        MemoryKind grads_kind, MemoryKind moments_kind) {
   const std::vector<Span>& all = layout.spans();
   const std::vector<UpdateSite>& sites = options.update_sites;
   LAYUP_CHECK(sites.empty() || sites.size() == all.size(), "the update sites name ", sites.size(),
@@ -92,8 +92,8 @@ DeviceTier::Buffers DeviceTier::buffers(const ParameterLayout& layout,
                          : "AdamW m and v of the device-updated spans, " + kind;
   if (options.optimizer_shards > 1)
     what += ", this rank's shard of " + std::to_string(options.optimizer_shards) + " (ZeRO-1)";
-  buffers.moments = {side, TensorClass::kOptimizerMoments, kinds.own, moment_bytes(layout, options),
-                     std::move(what)};
+  buffers.moments = {side, TensorClass::kOptimizerMoments, moments_kind,
+                     moment_bytes(layout, options), std::move(what)};
   if (block_floats > 0)
     buffers.block_grads = {side, TensorClass::kWeightGrads, grads_kind, block_floats * f,
                            "gradients of the device-updated blocks"};
@@ -116,11 +116,11 @@ BufferList DeviceTier::Buffers::list(bool several_micro_batches) const {
 
 DeviceTier::DeviceTier(Device& device, const ParameterLayout& layout,
                        const ScheduleOptions& options, const MicroBatchGradients& gradients,
-                       MemoryKind grads_kind)
+                       MemoryKind grads_kind, MemoryKind moments_kind)
     : device_(device),
       layout_(layout),
       gradients_(gradients),
-      buffers_(buffers(layout, options, gradients.whole(), grads_kind, device.kinds())),
+      buffers_(buffers(layout, options, gradients.whole(), grads_kind, moments_kind)),
       ranks_(options.ranks != nullptr && options.ranks->size() > 1 ? options.ranks : nullptr),
       shards_(shards_of(layout, options)),
       moments_(rank_moments(layout, options, shards_, rank())),
@@ -211,6 +211,13 @@ std::vector<size_t> DeviceTier::bounds_within(size_t begin, size_t end) const {
   for (const size_t bound : shards_->bounds)
     bounds.push_back(std::clamp(bound, begin, end) - begin);
   return bounds;
+}
+
+void DeviceTier::sum_over_ranks(DeviceCollectives& collectives) {
+  for_each_run([this](size_t index) { return gradient(index); },
+               [&](float* data, size_t begin, size_t end) {
+                 collectives.sum_in_rank_order(data, end - begin);
+               });
 }
 
 void DeviceTier::reduce_scatter(std::vector<double>& span_sum_sq, TraceRecorder* trace, int track) {

@@ -37,9 +37,10 @@ class DeviceTier {
  public:
   // Of `options`: update_sites (one per span, or empty: no span on the device), optimizer_state,
   // optimizer_shards and ranks. `gradients` is where the backward writes one micro-batch. `device`
-  // and `gradients` must outlive this.
+  // and `gradients` must outlive this. Its gradient buffers take memory of `grads_kind`, the
+  // moments of `moments_kind`.
   DeviceTier(Device& device, const ParameterLayout& layout, const ScheduleOptions& options,
-             const MicroBatchGradients& gradients, MemoryKind grads_kind);
+             const MicroBatchGradients& gradients, MemoryKind grads_kind, MemoryKind moments_kind);
 
   // What it allocates with `options` (none where no span is on the device): the packed moments and
   // block gradients at construction, the sums over micro-batches at the first step of several.
@@ -50,7 +51,7 @@ class DeviceTier {
     BufferList list(bool several_micro_batches) const;
   };
   static Buffers buffers(const ParameterLayout& layout, const ScheduleOptions& options,
-                         bool whole_gradient, MemoryKind grads_kind, DeviceKinds kinds);
+                         bool whole_gradient, MemoryKind grads_kind, MemoryKind moments_kind);
 
   // Whether span `index` is updated on the device.
   bool holds(size_t index) const { return at_[index] != kNotHere; }
@@ -70,6 +71,10 @@ class DeviceTier {
   // Device thread: span `index`'s gradient this step, once its backward is done: the sum, or the
   // only micro-batch's (which a data-parallel run sums over the ranks in place).
   float* gradient(size_t index) const;
+  // Consumer, several ranks without ZeRO-1, after the step's device work: every device-updated
+  // span's gradient summed over the ranks in place (rank order, from +0), one collective per run
+  // of spans that lie one after another.
+  void sum_over_ranks(DeviceCollectives& collectives);
   // Consumer, ZeRO-1, after the step's device work: every device-updated span's gradient summed
   // over the ranks into this rank's part only (rank order, from +0), and into span_sum_sq[index]
   // the sum of squares of each span's whole sum, from every rank's whole chunks added in the order

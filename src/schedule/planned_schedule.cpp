@@ -115,7 +115,8 @@ class PlannedSchedule final : public Schedule {
         model_(std::move(backend), std::move(device), layout, options_, mode == Mode::kGpu),
         grads_kind_(gradients_kind(options_, model_.device().kinds())),
         gradients_(model_.device(), layout, whole_gradient(mode), grads_kind_),
-        device_tier_(model_.device(), layout_, options_, gradients_, grads_kind_),
+        device_tier_(model_.device(), layout_, options_, gradients_, grads_kind_,
+                     device_moments_kind(mode, options_, model_.device().kinds())),
         host_head_spans_(host_updated_head_spans(layout, options_.update_sites)),
         route_(cpu_updates(layout, options_)
                    ? make_gradient_route(model_.host_gradient(), model_.device(), layout_,
@@ -476,7 +477,7 @@ class PlannedSchedule final : public Schedule {
       }
       gradients_.slots().release(lease);  // its next backward runs after the add, in device order
     }
-    if (last && !device_tier_.sharded())
+    if (last && model_.ranks() == nullptr)
       model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
   }
 
@@ -527,13 +528,24 @@ class PlannedSchedule final : public Schedule {
     }
   }
 
-  // Consumer, after the step's device work: device-updated span `index`'s gradient summed over the
-  // ranks in place (rank order, from +0, as the host's sums) and the sum's sum of squares.
-  double sum_device_gradient_over_ranks(size_t index) {
-    float* gradient = device_tier_.gradient(index);
-    collectives_->sum_in_rank_order(gradient, layout_.spans()[index].count);
-    model_.start_device_sum_of_squares(index, gradient);
-    return model_.device_sum_of_squares(index);
+  // Consumer, after the step's device work (the device is idle until step() returns, so the sums
+  // go in its order from here): the device-updated spans' sums of squares, which with several
+  // ranks are of their gradient summed over the ranks (ZeRO-1: into each rank's part by the device
+  // tier; else in place, rank order from +0 as the host's sums, then taken again).
+  void device_spans_sums_of_squares() {
+    if (device_tier_.sharded()) {
+      device_tier_.reduce_scatter(span_sum_sq_, trace_, consumer_track_);
+      return;
+    }
+    if (model_.ranks() != nullptr) {
+      TraceSpan traced(trace_, consumer_track_, "sum_over_ranks");
+      device_tier_.sum_over_ranks(*collectives_);
+      for (const size_t index : device_tier_.spans())
+        model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+      model_.device().wait_for(*model_.device().fence());
+    }
+    for (const size_t index : device_tier_.spans())
+      span_sum_sq_[index] = model_.device_sum_of_squares(index);
   }
 
   // Device thread: the embeddings' backward (tied wte's second part), the device-updated head
@@ -551,7 +563,7 @@ class PlannedSchedule final : public Schedule {
           continue;
         }
         if (!(first && last)) device_tier_.add(index, micro_batch, first);
-        if (last && !device_tier_.sharded())
+        if (last && model_.ranks() == nullptr)
           model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
       }
     }
@@ -580,16 +592,7 @@ class PlannedSchedule final : public Schedule {
         }
       if (last) {
         model_.device().wait_for(written);
-        // The device is idle until step() returns: the sums go in its order from here.
-        if (device_tier_.sharded()) {
-          device_tier_.reduce_scatter(span_sum_sq_, trace_, consumer_track_);
-        } else {
-          for (const size_t index : device_tier_.spans()) {
-            span_sum_sq_[index] = model_.device_sum_of_squares(index);
-            if (model_.ranks() != nullptr)
-              span_sum_sq_[index] = sum_device_gradient_over_ranks(index);
-          }
-        }
+        device_spans_sums_of_squares();
         if (one_micro_batch)
           for (const size_t index : host_head_spans_)
             span_sum_sq_[index] = model_.device_sum_of_squares(index);
@@ -762,6 +765,15 @@ class PlannedSchedule final : public Schedule {
     return spans;
   }
 
+  // The device-updated spans' moments' kind: gpu's placement places its moments (every one of
+  // them on the device side); offload's and layup's places the host's, and the device tier's take
+  // the device's own memory.
+  static MemoryKind device_moments_kind(Mode mode, const ScheduleOptions& options,
+                                        DeviceKinds kinds) {
+    return mode == Mode::kGpu ? options.kind_of(TensorClass::kOptimizerMoments, kinds.own)
+                              : kinds.own;
+  }
+
   // The weight gradients' kind: the placement's, else the device's own memory.
   static MemoryKind gradients_kind(const ScheduleOptions& options, DeviceKinds kinds) {
     return options.kind_of(TensorClass::kWeightGrads, kinds.own);
@@ -776,7 +788,8 @@ class PlannedSchedule final : public Schedule {
     const MemoryKind grads_kind = gradients_kind(options, kinds);
     BufferList list = HostUpdatedModel::buffers(layout, options, kinds, mode == Mode::kGpu).list();
     append(list, MicroBatchGradients::buffers(layout, whole_gradient(mode), grads_kind));
-    append(list, DeviceTier::buffers(layout, options, whole_gradient(mode), grads_kind, kinds)
+    append(list, DeviceTier::buffers(layout, options, whole_gradient(mode), grads_kind,
+                                     device_moments_kind(mode, options, kinds))
                      .list(micro_batches > 1));
     if (cpu_updates(layout, options))
       append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
