@@ -297,7 +297,8 @@ class PlannedSchedule final : public Schedule {
 
   void check_step(size_t micro_batches, float clip_max_norm) const {
     LAYUP_CHECK(micro_batches > 0, "a training step needs at least one micro-batch");
-    LAYUP_CHECK(!broken_, "the layup schedule failed in an earlier step and cannot continue");
+    LAYUP_CHECK(!broken_, "the ", name_of(mode_),
+                " schedule failed in an earlier step and cannot continue");
     LAYUP_CHECK(model_.host_gradient() != nullptr || route_ == nullptr ||
                     (clip_max_norm <= 0.0f && micro_batches == 1),
                 "this layup schedule keeps no whole-model gradient on the host (planned for "
