@@ -16,8 +16,8 @@
 // backward_embeddings ADDS the input embedding's part to the span the head wrote (the tied token
 // embedding receives gradient from the head first and from the input embedding last). So one
 // backward pass leaves one micro-batch's complete gradient in the memory it was given, which
-// nobody has to zero first; summing micro-batches is the schedule's (each adds them in a fixed
-// order of its own, see gpu_schedule.cpp).
+// nobody has to zero first; summing micro-batches is the schedule's (in one fixed order, see
+// docs/schedules.md, "Micro-batch accumulation").
 //
 // Forward hooks: a schedule whose weight updates may still be landing when the next forward
 // starts passes ForwardHooks, called right before the first read of each span's weights

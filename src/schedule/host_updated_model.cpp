@@ -74,10 +74,13 @@ PackedMoments HostUpdatedModel::host_moments(const ParameterLayout& layout,
 
 HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layout,
                                                     const ScheduleOptions& options,
-                                                    DeviceKinds kinds) {
+                                                    DeviceKinds kinds, bool master_on_device) {
   const PackedSpans host = host_spans(layout, options);
   const PackedMoments moments = host_moments(layout, options);
   const PackedSpans device_copy = device_copy_spans(layout, options);
+  LAYUP_CHECK(!master_on_device || cpu_spans(layout, options).count == 0,
+              "internal error: the device's copy is the master weights, and the host updates "
+              "spans from master weights of its own");
   auto host_state = [&](TensorClass tensor_class, std::string what) {
     return placed_buffer(
         options, kinds,
@@ -92,7 +95,11 @@ HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layou
                                   : "fp32 master weights");
   buffers.moments = host_state(TensorClass::kOptimizerMoments, "AdamW m and v, " + kind);
   buffers.span_sums = SpanSquareSums::buffer(layout.spans().size(), kinds);
-  if (device_copy.count > 0)
+  if (master_on_device)
+    buffers.weights =
+        placed_buffer(options, kinds, device_copy.count, TensorClass::kMasterWeights,
+                      MemorySide::kDevice, "fp32 weights: read by forward, updated by AdamW");
+  else if (device_copy.count > 0)
     buffers.weights = placed_buffer(
         options, kinds, device_copy.count, TensorClass::kWeights, MemorySide::kDevice,
         options.weights_land_in_compute_copy ? "fp32 weights of the device-updated spans"
@@ -123,7 +130,11 @@ HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layou
 }
 
 BufferList HostUpdatedModel::Buffers::list() const {
-  BufferList list = {master, moments, span_sums};
+  BufferList list;
+  // No host state where no span is updated on the host.
+  for (const PlannedAllocation& buffer : {master, moments})
+    if (buffer.bytes > 0) list.push_back(buffer);
+  list.push_back(span_sums);
   for (const std::optional<PlannedAllocation>& buffer :
        {weights, landing_staging, spare_master, spare_moments})
     if (buffer) list.push_back(*buffer);
@@ -134,7 +145,7 @@ BufferList HostUpdatedModel::Buffers::list() const {
 
 HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
                                    std::unique_ptr<Device> device, const ParameterLayout& layout,
-                                   const ScheduleOptions& options)
+                                   const ScheduleOptions& options, bool master_on_device)
     : layout_(layout),
       backend_(std::move(backend)),
       device_(std::move(device)),
@@ -147,7 +158,7 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
       host_moments_(host_moments(layout, options)),
       ranks_(options.ranks != nullptr && options.ranks->size() > 1 ? options.ranks : nullptr),
       device_sums_(*device_, layout.spans().size()) {
-  LAYUP_CHECK(ranks_ == nullptr || options.host_gradient,
+  LAYUP_CHECK(ranks_ == nullptr || options.host_gradient || cpu_spans_.count == 0,
               "several ranks sum each span's gradient on the host, and this schedule keeps none "
               "there (layup with --clip none and one micro-batch a rank); clip, or give each "
               "rank two micro-batches");
@@ -170,18 +181,21 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
     // device tier's AdamW), so no forward casts.
     backend_->set_compute_copies_current(true);
   }
-  const Buffers listed = buffers(layout, options, device_->kinds());
-  host_params_ = device_->allocate(listed.master);
-  host_moments_buffer_ = device_->allocate(listed.moments);
+  const Buffers listed = buffers(layout, options, device_->kinds(), master_on_device);
+  if (listed.master.bytes > 0) host_params_ = device_->allocate(listed.master);
+  if (listed.moments.bytes > 0) host_moments_buffer_ = device_->allocate(listed.moments);
   if (listed.weights) params_ = device_->allocate(*listed.weights);
   if (listed.landing_staging) landing_staging_ = device_->allocate(*listed.landing_staging);
   if (listed.spare_master) {
     spare_params_ = device_->allocate(*listed.spare_master);
     spare_moments_ = device_->allocate(*listed.spare_moments);
   }
-  HostAdamWOptions adamw_options;
-  adamw_options.workers = options.cpu_workers;
-  host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
+  // The CPU workers only where the CPU updates spans or sums gradients.
+  if (cpu_spans_.count > 0 || listed.gradient) {
+    HostAdamWOptions adamw_options;
+    adamw_options.workers = options.cpu_workers;
+    host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
+  }
   if (listed.gradient)
     host_gradient_ =
         std::make_unique<HostGradient>(*device_, layout_, cpu_spans_, *host_adamw_, device_sums_);
@@ -224,7 +238,7 @@ void HostUpdatedModel::set_trace(TraceRecorder* recorder) {
   trace_ = recorder;
   to_device_track_ = recorder != nullptr ? recorder->track("to device") : 0;
   worker_tracks_.clear();
-  if (recorder != nullptr)
+  if (recorder != nullptr && host_adamw_)
     for (int worker = 0; worker < host_adamw_->worker_count(); ++worker)
       worker_tracks_.push_back(recorder->track("cpu worker " + std::to_string(worker)));
 }

@@ -1,9 +1,10 @@
-// The model as `offload` and `layup` keep it, a component both compose: the compute copy of the
+// The model as the planned schedule keeps it (every mode composes it): the compute copy of the
 // weights in the device's memory (what forward and backward read), and on the host the fp32 master
 // weights, the gradient accumulated over micro-batches and the AdamW moments of the spans the host
-// updates (every span in offload; in layup those ScheduleOptions::update_sites leaves on the host),
-// packed in layout order (PackedSpans; the moments in the run's optimizer state kind,
-// PackedMoments). A span's state is read and written span by span
+// updates (every span in offload; in layup those ScheduleOptions::update_sites leaves on the host;
+// none in gpu, whose device copy is then the master weights and which has no host state and no
+// CPU workers), packed in layout order (PackedSpans; the moments in the run's optimizer state
+// kind, PackedMoments). A span's state is read and written span by span
 // (export_span, import_span); the device copy is refreshed from it after each update
 // (update_span). What it allocates with which ScheduleOptions is listed by buffers(); what the
 // options mean (weights in place, no host gradient, speculative clipping, weights landing in the
@@ -35,8 +36,11 @@ class HostUpdatedModel {
  public:
   // cpu_workers (options): HostAdamW workers, one per core from the first allowed one (0: every
   // core this process may use).
+  // master_on_device (gpu, where no span is updated on the host): the device's copy is the master
+  // weights, placed and listed as the master weights' class.
   HostUpdatedModel(std::unique_ptr<ModelBackend> backend, std::unique_ptr<Device> device,
-                   const ParameterLayout& layout, const ScheduleOptions& options);
+                   const ParameterLayout& layout, const ScheduleOptions& options,
+                   bool master_on_device = false);
 
   ModelBackend& backend() const { return *backend_; }
   Device& device() const { return *device_; }
@@ -54,8 +58,8 @@ class HostUpdatedModel {
   // every span into the device's copy. The caller waits first for updates still in flight.
   void export_span(size_t index, const SpanState& out) const;
   void import_span(size_t index, const ConstSpanState& in);
-  std::string cpu_adamw_report() const { return host_adamw_->report(); }
-  double cpu_adamw_rate() const { return host_adamw_->rate_params_per_s(); }
+  std::string cpu_adamw_report() const { return host_adamw_ ? host_adamw_->report() : ""; }
+  double cpu_adamw_rate() const { return host_adamw_ ? host_adamw_->rate_params_per_s() : 0.0; }
   std::string storage_report() const {
     return disk_tier_ ? "disk tier: " + disk_tier_->describe() : "";
   }
@@ -77,7 +81,7 @@ class HostUpdatedModel {
     BufferList list() const;
   };
   static Buffers buffers(const ParameterLayout& layout, const ScheduleOptions& options,
-                         DeviceKinds kinds);
+                         DeviceKinds kinds, bool master_on_device = false);
 
   // The spans whose state the host keeps; those the CPU updates (the host's and the disk's),
   // whose gradient the host accumulates; and those the device keeps an fp32 copy of.

@@ -9,7 +9,8 @@
 namespace layup {
 
 // The `gpu` mode: parameters, full gradients and AdamW state in the backend's memory; forward,
-// full backward, clip, update. Of ScheduleOptions, its placement, ranks and optimizer shards.
+// full backward, clip, update: the planned schedule with every span updated on the device and
+// nothing on the host. Of ScheduleOptions, its placement, ranks, optimizer shards and state kind.
 std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,
                                             std::unique_ptr<Device> device,
                                             const ParameterLayout& layout,

@@ -1,15 +1,17 @@
-// The executor of the plans whose spans are updated on the host: `layup` (the paper's schedule)
-// and `offload` (its baseline: the same tasks with every gradient copied after the whole backward,
-// updated after the norm, the step returning once the weights have landed). It composes
-// HostUpdatedModel, MicroBatchGradients (slots, or the whole-model gradient) and three policies
-// chosen once from ScheduleOptions (the full semantics: docs/schedules.md):
+// The executor of every mode's plan: `layup` (the paper's schedule), `offload` (its baseline: the
+// same tasks with every gradient copied after the whole backward, updated after the norm, the step
+// returning once the weights have landed) and `gpu` (every span updated on the device from the
+// whole-model gradient, nothing on the host). It composes HostUpdatedModel, MicroBatchGradients
+// (slots, or the whole-model gradient) and three policies chosen once from ScheduleOptions (the
+// full semantics: docs/schedules.md):
 //
 //   GradientRoute  where a host-updated span's gradient goes: the host accumulator, a landing
-//                  buffer, or read in place (gradient_route.h)
+//                  buffer, or read in place (gradient_route.h); none where no span is
 //   UpdateTiming   when a host-updated block is updated: during backward (no clipping), once the
 //                  norm is known (deferred), or speculatively (update_timing.h)
-//   DeviceTier     the spans update_sites places on the device, updated by the device's AdamW
-//                  once the norm is known (device_tier.h); every other span is updated on the CPU
+//   DeviceTier     the spans update_sites places on the device (gpu: every span), updated by the
+//                  device's AdamW once the norm is known, their moments split across the ranks
+//                  with ZeRO-1 (device_tier.h); every other span is updated on the CPU
 //
 // The device thread runs the device lane of the step's plan (step_plan.h, compiled once per
 // micro-batch count and clipping) and hands each gradient on where the plan copies it; the
@@ -74,20 +76,33 @@ namespace layup {
 namespace {
 
 // The options a mode's schedule runs with: offload brings every span's whole gradient to the host
-// and updates every span there, once the norm is known.
-ScheduleOptions mode_options(Mode mode, ScheduleOptions options) {
+// and updates every span there, once the norm is known; gpu updates every span on the device, from
+// the gradient summed there, and keeps nothing on the host.
+ScheduleOptions mode_options(Mode mode, const ParameterLayout& layout, ScheduleOptions options) {
   if (mode == Mode::kOffload) {
     options.host_gradient = true;
     options.speculative_clip = false;
     options.update_sites.clear();
     options.weights_land_in_compute_copy = false;
   }
+  if (mode == Mode::kGpu) {
+    options.host_gradient = false;
+    options.speculative_clip = false;
+    options.weights_in_place = false;
+    options.weights_land_in_compute_copy = false;
+    options.update_sites.assign(layout.spans().size(), UpdateSite::kDevice);
+  }
   return options;
 }
 
-// Whether the mode's backward writes the whole-model gradient (offload) rather than slots.
+// Whether the mode's backward writes the whole-model gradient (gpu, offload) rather than slots.
 bool whole_gradient(Mode mode) {
-  return mode == Mode::kOffload;
+  return mode != Mode::kLayup;
+}
+
+// Whether the CPU updates any span (the host's or the disk's).
+bool cpu_updates(const ParameterLayout& layout, const ScheduleOptions& options) {
+  return HostUpdatedModel::cpu_spans(layout, options).count > 0;
 }
 
 class PlannedSchedule final : public Schedule {
@@ -96,16 +111,17 @@ class PlannedSchedule final : public Schedule {
                   const ParameterLayout& layout, const ScheduleOptions& options)
       : mode_(mode),
         layout_(layout),
-        options_(mode_options(mode, options)),
-        model_(std::move(backend), std::move(device), layout, options_),
+        options_(mode_options(mode, layout, options)),
+        model_(std::move(backend), std::move(device), layout, options_, mode == Mode::kGpu),
         grads_kind_(gradients_kind(options_, model_.device().kinds())),
         gradients_(model_.device(), layout, whole_gradient(mode), grads_kind_),
-        device_tier_(model_.device(), layout_, options_.update_sites, grads_kind_,
-                     gradients_.head(0), gradients_.head(layout.spans().size() - 1),
-                     options_.optimizer_state),
+        device_tier_(model_.device(), layout_, options_, gradients_, grads_kind_,
+                     device_moments_kind(mode, options_, model_.device().kinds())),
         host_head_spans_(host_updated_head_spans(layout, options_.update_sites)),
-        route_(make_gradient_route(model_.host_gradient(), model_.device(), layout_, grads_kind_,
-                                   host_head_spans_)),
+        route_(cpu_updates(layout, options_)
+                   ? make_gradient_route(model_.host_gradient(), model_.device(), layout_,
+                                         grads_kind_, host_head_spans_)
+                   : nullptr),
         timing_(options_.speculative_clip),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_updated_(layout.config().n_layer, 0),
@@ -113,8 +129,9 @@ class PlannedSchedule final : public Schedule {
     LAYUP_CHECK(model_.host_gradient() != nullptr || !model_.speculative_clip(),
                 "speculative clipping needs the whole-model gradient on the host (it may redo "
                 "every block's update once the norm is known)");
-    // The device-updated spans' gradients are summed over the ranks where they are.
-    if (model_.ranks() != nullptr && !device_tier_.spans().empty())
+    // The device-updated spans' gradients are summed over the ranks where they are (ZeRO-1: by
+    // the device tier, into each rank's part).
+    if (model_.ranks() != nullptr && !device_tier_.spans().empty() && !device_tier_.sharded())
       collectives_ = join_device_collectives(model_.device(), *model_.ranks());
     LAYUP_CHECK(device_tier_.spans().empty() || !model_.weights_in_place(),
                 "updating spans on the device (the head, or blocks) needs the device's own copy of "
@@ -122,11 +139,13 @@ class PlannedSchedule final : public Schedule {
                 "update those spans on the host, or keep the weights in device memory");
     if (!device_tier_.spans().empty()) {
       device_tier_weights_.assign(layout.spans().size(), nullptr);
-      if (model_.weights_land_in_compute_copy())
+      // Where weights land in the compute copy, or every span is updated on the device, the
+      // device's AdamW writes the compute copies too.
+      if (model_.weights_land_in_compute_copy() || !cpu_updates(layout, options_))
         device_tier_compute_copies_.assign(layout.spans().size(), nullptr);
       for (const size_t index : device_tier_.spans()) {
         device_tier_weights_[index] = model_.device_copy() + model_.device_copy_at(index);
-        if (model_.weights_land_in_compute_copy())
+        if (!device_tier_compute_copies_.empty())
           device_tier_compute_copies_[index] = model_.backend().compute_copy(index);
       }
     }
@@ -162,9 +181,13 @@ class PlannedSchedule final : public Schedule {
   }
   void import_span(size_t index, const ConstSpanState& in) override {
     finish_updates();
+    // The forward casts the new weights, unless they land in the compute copy.
+    if (!model_.weights_land_in_compute_copy()) model_.backend().set_compute_copies_current(false);
     model_.import_span(index, in);  // host state, and the weights to the device
     if (device_tier_.holds(index)) device_tier_.write_span(index, in);
   }
+  void serve_exports() override { device_tier_.serve_exports(); }
+  void end_exports() override { device_tier_.end_exports(); }
   std::string cpu_adamw_report() const override {
     finish_updates();  // count every update of the steps so far
     return model_.cpu_adamw_report();
@@ -218,8 +241,12 @@ class PlannedSchedule final : public Schedule {
     // forward in the device's order; on the CPU backend it runs here.
     if (!device_tier_.spans().empty())
       device_thread_.run([&] {
-        device_tier_.update(adamw, device_tier_weights_, device_tier_compute_copies_, trace_,
-                            device_track_);
+        const bool copies_written = device_tier_.update(
+            adamw, device_tier_weights_, device_tier_compute_copies_, trace_, device_track_);
+        // Where the update wrote every span's compute copy, the next forward skips its cast (with
+        // weights landing there, the copies are always current).
+        if (!model_.weights_land_in_compute_copy())
+          model_.backend().set_compute_copies_current(copies_written);
       });
     if (context.timing->speculative()) model_.promote_spare_state();
     if (step_plan.weights_before_return) finish_updates();
@@ -270,8 +297,10 @@ class PlannedSchedule final : public Schedule {
 
   void check_step(size_t micro_batches, float clip_max_norm) const {
     LAYUP_CHECK(micro_batches > 0, "a training step needs at least one micro-batch");
-    LAYUP_CHECK(!broken_, "the layup schedule failed in an earlier step and cannot continue");
-    LAYUP_CHECK(model_.host_gradient() != nullptr || (clip_max_norm <= 0.0f && micro_batches == 1),
+    LAYUP_CHECK(!broken_, "the ", name_of(mode_),
+                " schedule failed in an earlier step and cannot continue");
+    LAYUP_CHECK(model_.host_gradient() != nullptr || route_ == nullptr ||
+                    (clip_max_norm <= 0.0f && micro_batches == 1),
                 "this layup schedule keeps no whole-model gradient on the host (planned for "
                 "--clip none and one micro-batch, as a unified-memory device wants), so it cannot "
                 "clip (asked: ",
@@ -368,10 +397,15 @@ class PlannedSchedule final : public Schedule {
         backward_embeddings(params, first, last, context.head);
       } else if (task.kind == TaskKind::kBackward) {
         const int layer = task.span - 1;
+        if (step_plan.spans[task.span].site == UpdateSite::kDevice) {
+          backward_block_on_device(layer, params, first, last);  // its gradient stays there
+          continue;
+        }
         switch (step_plan.spans[task.span].gradient) {
           case GradientTarget::kOwnBuffer:
-            backward_block_on_device(layer, params, first, last);  // its gradient stays there
-            break;
+            fail("internal error: block ", layer,
+                 "'s gradient has a buffer of its own, and the "
+                 "plan updates it on the host");
           case GradientTarget::kSlot:
             leases[task.span] = acquire_slot(layer);
             backward_block(layer, leases[task.span]->data, params, first, last);
@@ -421,13 +455,20 @@ class PlannedSchedule final : public Schedule {
     if (first && last) model_.start_device_sum_of_squares(1 + static_cast<size_t>(layer), grad);
   }
 
-  // Device thread: a device-updated block's backward into its own gradient; with several
-  // micro-batches through a slot, added there.
+  // Device thread: a device-updated block's backward into its own gradient (gpu: its part of the
+  // whole-model gradient); with several micro-batches through a slot (gpu: that part), added
+  // into the sum.
   void backward_block_on_device(int layer, const ParameterPointers& params, bool first, bool last) {
     const size_t index = 1 + layer;
     if (first && last) {
       TraceSpan traced(trace_, device_track_, "backward_block", layer);
       model_.backend().backward_block(layer, params, device_tier_.block_gradient(layer));
+    } else if (gradients_.whole()) {
+      {
+        TraceSpan traced(trace_, device_track_, "backward_block", layer);
+        model_.backend().backward_block(layer, params, gradients_.block(layer));
+      }
+      device_tier_.add(index, gradients_.block(layer), first);
     } else {
       const SlotLease lease = acquire_slot(layer);
       {
@@ -437,7 +478,8 @@ class PlannedSchedule final : public Schedule {
       }
       gradients_.slots().release(lease);  // its next backward runs after the add, in device order
     }
-    if (last) model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+    if (last && model_.ranks() == nullptr)
+      model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
   }
 
   // Device thread: block `layer`'s gradient (in the slot `lease` holds, else in the whole-model
@@ -487,13 +529,24 @@ class PlannedSchedule final : public Schedule {
     }
   }
 
-  // Consumer, after the step's device work: device-updated span `index`'s gradient summed over the
-  // ranks in place (rank order, from +0, as the host's sums) and the sum's sum of squares.
-  double sum_device_gradient_over_ranks(size_t index) {
-    float* gradient = device_tier_.gradient(index);
-    collectives_->sum_in_rank_order(gradient, layout_.spans()[index].count);
-    model_.start_device_sum_of_squares(index, gradient);
-    return model_.device_sum_of_squares(index);
+  // Consumer, after the step's device work (the device is idle until step() returns, so the sums
+  // go in its order from here): the device-updated spans' sums of squares, which with several
+  // ranks are of their gradient summed over the ranks (ZeRO-1: into each rank's part by the device
+  // tier; else in place, rank order from +0 as the host's sums, then taken again).
+  void device_spans_sums_of_squares() {
+    if (device_tier_.sharded()) {
+      device_tier_.reduce_scatter(span_sum_sq_, trace_, consumer_track_);
+      return;
+    }
+    if (model_.ranks() != nullptr) {
+      TraceSpan traced(trace_, consumer_track_, "sum_over_ranks");
+      device_tier_.sum_over_ranks(*collectives_);
+      for (const size_t index : device_tier_.spans())
+        model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+      model_.device().wait_for(*model_.device().fence());
+    }
+    for (const size_t index : device_tier_.spans())
+      span_sum_sq_[index] = model_.device_sum_of_squares(index);
   }
 
   // Device thread: the embeddings' backward (tied wte's second part), the device-updated head
@@ -511,7 +564,8 @@ class PlannedSchedule final : public Schedule {
           continue;
         }
         if (!(first && last)) device_tier_.add(index, micro_batch, first);
-        if (last) model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+        if (last && model_.ranks() == nullptr)
+          model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
       }
     }
     std::shared_ptr<const DeviceFence> written = model_.device().fence();
@@ -539,12 +593,7 @@ class PlannedSchedule final : public Schedule {
         }
       if (last) {
         model_.device().wait_for(written);
-        for (const size_t index : device_tier_.spans()) {
-          span_sum_sq_[index] = model_.device_sum_of_squares(index);
-          // The device is idle until step() returns: the sums go in its order from here.
-          if (model_.ranks() != nullptr)
-            span_sum_sq_[index] = sum_device_gradient_over_ranks(index);
-        }
+        device_spans_sums_of_squares();
         if (one_micro_batch)
           for (const size_t index : host_head_spans_)
             span_sum_sq_[index] = model_.device_sum_of_squares(index);
@@ -717,6 +766,15 @@ class PlannedSchedule final : public Schedule {
     return spans;
   }
 
+  // The device-updated spans' moments' kind: gpu's placement places its moments (every one of
+  // them on the device side); offload's and layup's places the host's, and the device tier's take
+  // the device's own memory.
+  static MemoryKind device_moments_kind(Mode mode, const ScheduleOptions& options,
+                                        DeviceKinds kinds) {
+    return mode == Mode::kGpu ? options.kind_of(TensorClass::kOptimizerMoments, kinds.own)
+                              : kinds.own;
+  }
+
   // The weight gradients' kind: the placement's, else the device's own memory.
   static MemoryKind gradients_kind(const ScheduleOptions& options, DeviceKinds kinds) {
     return options.kind_of(TensorClass::kWeightGrads, kinds.own);
@@ -727,15 +785,16 @@ class PlannedSchedule final : public Schedule {
   static BufferList buffers(Mode mode, const ParameterLayout& layout,
                             const ScheduleOptions& mode_agnostic, DeviceKinds kinds,
                             int micro_batches) {
-    const ScheduleOptions options = mode_options(mode, mode_agnostic);
+    const ScheduleOptions options = mode_options(mode, layout, mode_agnostic);
     const MemoryKind grads_kind = gradients_kind(options, kinds);
-    BufferList list = HostUpdatedModel::buffers(layout, options, kinds).list();
+    BufferList list = HostUpdatedModel::buffers(layout, options, kinds, mode == Mode::kGpu).list();
     append(list, MicroBatchGradients::buffers(layout, whole_gradient(mode), grads_kind));
-    append(list, DeviceTier::buffers(layout, options.update_sites, grads_kind, kinds,
-                                     options.optimizer_state)
+    append(list, DeviceTier::buffers(layout, options, whole_gradient(mode), grads_kind,
+                                     device_moments_kind(mode, options, kinds))
                      .list(micro_batches > 1));
-    append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
-                                        host_updated_head_spans(layout, options.update_sites)));
+    if (cpu_updates(layout, options))
+      append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
+                                          host_updated_head_spans(layout, options.update_sites)));
     return list;
   }
 
@@ -775,6 +834,19 @@ class PlannedSchedule final : public Schedule {
 };
 
 }  // namespace
+
+BufferList gpu_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
+                                DeviceKinds kinds, int micro_batches) {
+  return PlannedSchedule::buffers(Mode::kGpu, layout, options, kinds, micro_batches);
+}
+
+std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backend,
+                                            std::unique_ptr<Device> device,
+                                            const ParameterLayout& layout,
+                                            const ScheduleOptions& options) {
+  return std::make_unique<PlannedSchedule>(Mode::kGpu, std::move(backend), std::move(device),
+                                           layout, options);
+}
 
 BufferList offload_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
                                     DeviceKinds kinds) {

@@ -212,9 +212,10 @@ struct ScheduleOptions {
   // each block's backward ends, on its gradient consumer), layup's device-updated spans where they
   // are. Not owned.
   Communicator* ranks = nullptr;
-  // gpu mode: the ranks its AdamW moments are split across (ZeRO-1: each rank keeps and updates
-  // its shard, schedule/optimizer_shards.h); 1: every rank keeps them whole. The count is known
-  // when the run is planned, the communicator only when it is built: both must agree.
+  // The ranks the moments of the device-updated spans (gpu mode: every span) are split across
+  // (ZeRO-1: each rank keeps and updates its part of each, schedule/optimizer_shards.h; the CPU
+  // backend only); 1: every rank keeps them whole. The count is known when the run is planned,
+  // the communicator only when it is built: both must agree.
   int optimizer_shards = 1;
   // How AdamW keeps its moments in every mode and tier (--optimizer-state;
   // docs/optimizer_state.md): fp32, or bf16 or blockwise 8-bit, which are lossy.

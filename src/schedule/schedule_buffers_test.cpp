@@ -85,5 +85,33 @@ TEST(ScheduleBuffers, EveryCellTheAccountantMeasuresIsListed) {
   }
 }
 
+// gpu's plan updates every span on the device: its buffers are one fp32 copy of the weights (the
+// master weights), the whole-model gradient (and with several micro-batches its sum), the moments,
+// and on the host nothing but the device's sums of squares.
+TEST(ScheduleBuffers, GpuModeKeepsOneCopyOfTheWeightsAndNoHostState) {
+  const ParameterLayout layout(gpt2_config(3, 2, 32, 16, 61));
+  const size_t n = layout.total_count() * sizeof(float);
+  for (int micro_batches : {1, 2}) {
+    SCOPED_TRACE(micro_batches);
+    size_t device = 0, weights = 0, grads = 0, moments = 0;
+    for (const PlannedAllocation& buffer :
+         schedule_buffers(Mode::kGpu, layout, {}, make_cpu_device()->kinds(), micro_batches)) {
+      if (buffer.side == MemorySide::kHost) {
+        EXPECT_EQ(buffer.tensor_class, TensorClass::kScratch) << buffer.what;
+        continue;
+      }
+      device += buffer.bytes;
+      EXPECT_NE(buffer.tensor_class, TensorClass::kWeights) << buffer.what;
+      weights += buffer.tensor_class == TensorClass::kMasterWeights ? buffer.bytes : 0;
+      grads += buffer.tensor_class == TensorClass::kWeightGrads ? buffer.bytes : 0;
+      moments += buffer.tensor_class == TensorClass::kOptimizerMoments ? buffer.bytes : 0;
+    }
+    EXPECT_EQ(weights, n);
+    EXPECT_EQ(grads, n * static_cast<size_t>(micro_batches));
+    EXPECT_EQ(moments, 2 * n);
+    EXPECT_EQ(device, weights + grads + moments);
+  }
+}
+
 }  // namespace
 }  // namespace layup

@@ -874,6 +874,7 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
   const ParameterLayout layout(tiny_config());
   std::vector<UpdateSite> head_and_block_0 = head_on_device(layout);
   head_and_block_0[1] = UpdateSite::kDevice;
+  const std::vector<UpdateSite> every_span_on_device(layout.spans().size(), UpdateSite::kDevice);
   struct Case {
     std::string name, mode;
     ScheduleOptions options;
@@ -896,6 +897,21 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
       {"gpu, ZeRO-1, 8-bit state",
        "gpu",
        {.optimizer_shards = ranks, .optimizer_state = OptimizerStateKind::kBlockwise8Bit}},
+      // ZeRO-1 of layup's device-updated spans, beside host-updated blocks or for every span.
+      {"layup, head on the device, ZeRO-1",
+       "layup",
+       {.update_sites = head_on_device(layout), .optimizer_shards = ranks}},
+      {"layup, head and block 0 on the device, ZeRO-1, speculative, bf16 state",
+       "layup",
+       {.speculative_clip = true,
+        .update_sites = head_and_block_0,
+        .optimizer_shards = ranks,
+        .optimizer_state = OptimizerStateKind::kBf16}},
+      {"layup, every span on the device, ZeRO-1, 8-bit state",
+       "layup",
+       {.update_sites = every_span_on_device,
+        .optimizer_shards = ranks,
+        .optimizer_state = OptimizerStateKind::kBlockwise8Bit}},
   };
   const ClipPlan clip_plan = [](int step, std::span<const TokenBatch>) {
     return step % 3 == 2 ? 0.0f : step % 3 == 0 ? 1e-3f : 1e6f;

@@ -76,9 +76,19 @@ TEST(StepPlan, EveryTaskWaitsOnlyForEarlierOnesInEveryModeAndPlacement) {
 }
 
 TEST(StepPlan, GpuModeRunsEverythingOnTheDevice) {
+  for (const int micro_batches : {1, 2})
+    for (const bool clipping : {false, true}) {
+      const StepPlan plan = plan_of(Mode::kGpu, micro_batches, clipping);
+      for (const PlanTask& task : plan.tasks)
+        EXPECT_TRUE(task.lane == Lane::kDevice || task.lane == Lane::kStep) << plan.task_name(task);
+      for (const SpanPlan& span : plan.spans) {
+        EXPECT_EQ(span.site, UpdateSite::kDevice);
+        EXPECT_EQ(span.gradient, GradientTarget::kWholeGradient);
+      }
+      EXPECT_FALSE(plan.host_gradient);
+      EXPECT_EQ(plan.window, UpdateWindow::kAfterNorm);
+    }
   const StepPlan plan = plan_of(Mode::kGpu, 2);
-  for (const PlanTask& task : plan.tasks)
-    EXPECT_TRUE(task.lane == Lane::kDevice || task.lane == Lane::kStep) << plan.task_name(task);
   // Both micro-batches summed from +0.
   EXPECT_EQ(plan.count(TaskKind::kAddGradient, Lane::kDevice), 12);
   EXPECT_EQ(plan.count(TaskKind::kAdamW, Lane::kDevice), 6);

@@ -1,7 +1,8 @@
 // The schedules run the step plans they are compiled to: a traced step's device work (each
 // backward and each AdamW on the device) comes in the order of its plan's device lane, named as
 // its tasks, in every mode and placement; the host's updates come in its CPU lane's order where
-// the plan orders them (offload, and layup's after the norm with several micro-batches).
+// the plan orders them (offload, and layup's after the norm with several micro-batches); gpu's
+// runs nothing on the host's CPU workers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -78,6 +79,14 @@ TEST(StepPlanTrace, EveryModesDeviceWorkFollowsItsPlan) {
         ASSERT_TRUE(random_step(*schedule, config(), kBatch, kSeqLen, micro_batches, clip).applied);
         schedule->set_trace(nullptr);  // waits for updates still in flight
         EXPECT_EQ(traced(trace, "GPU"), planned(plan, Lane::kDevice));
+        // gpu's plan puts nothing on the host's lanes, and the executor starts no CPU worker for
+        // it and sends no weights.
+        if (mode == Mode::kGpu)
+          for (const TraceEvent& event : trace.events()) {
+            const std::string track = trace.track_name(event.track);
+            EXPECT_FALSE(starts_with(track, "cpu worker") || track == "to device")
+                << event.name << " on " << track;
+          }
         // The host's updates follow the CPU lane where the head's gradient is on the host before
         // the norm (offload; layup after the norm with several micro-batches, which the host
         // sums). Elsewhere the coordinator takes the head's update ahead of queued blocks
