@@ -10,7 +10,9 @@ if ! "$venv/bin/python" -c "import torch, transformers, tiktoken, safetensors, n
   echo "installing the Python oracles into $venv"
   python3 -m venv "$venv" || { apt-get install -y -qq -o DPkg::Lock::Timeout=600 python3-venv && python3 -m venv "$venv"; }
   "$venv/bin/pip" install -q --upgrade pip
-  "$venv/bin/pip" install -q "${oracles[@]}"
+  # --no-compile: the oracles import a small part of these packages, compiled on first import;
+  # byte-compiling all ~11,600 files at install takes about a CPU-minute from the builds beside it.
+  "$venv/bin/pip" install -q --no-compile "${oracles[@]}"
 fi
 # The cuDNN frontend's headers, which the CUDA build compiles its fused attention against (torch
 # brings cuDNN itself). Only the headers are used, so not the package's Python dependencies.
