@@ -61,6 +61,7 @@
 #include "schedule/forward_waits.h"
 #include "schedule/gradient_route.h"
 #include "schedule/host_updated_model.h"
+#include "schedule/layer_major_buffers.h"
 #include "schedule/micro_batch_gradients.h"
 #include "schedule/mode_schedules.h"
 #include "schedule/release_once.h"
@@ -107,6 +108,8 @@ class PlannedSchedule final : public Schedule {
         route_(make_gradient_route(model_.host_gradient(), model_.device(), layout_, grads_kind_,
                                    host_head_spans_)),
         timing_(options_.speculative_clip),
+        layer_major_(model_.device(), layout_, LayerMajorBuffers::shape_of(mode, layout_, options_),
+                     grads_kind_, model_.device().kinds().host_copy),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_updated_(layout.config().n_layer, 0),
         progress_(layout.spans().size()) {
@@ -178,7 +181,7 @@ class PlannedSchedule final : public Schedule {
 
   StepStats step(std::span<const TokenBatch> micro_batches,
                  const UpdateSettings& settings) override {
-    check_step(micro_batches.size(), settings.clip_max_norm);
+    check_step(micro_batches, settings.clip_max_norm);
     const StepPlan& step_plan = plan_for(micro_batches.size(), settings.clip_max_norm > 0.0f);
     const StepContext context = begin_step(step_plan, settings);
     double loss_sum = 0.0;
@@ -268,15 +271,25 @@ class PlannedSchedule final : public Schedule {
     return micro_batches * static_cast<size_t>(model_.rank_count());
   }
 
-  void check_step(size_t micro_batches, float clip_max_norm) const {
-    LAYUP_CHECK(micro_batches > 0, "a training step needs at least one micro-batch");
+  void check_step(std::span<const TokenBatch> micro_batches, float clip_max_norm) const {
+    LAYUP_CHECK(!micro_batches.empty(), "a training step needs at least one micro-batch");
     LAYUP_CHECK(!broken_, "the layup schedule failed in an earlier step and cannot continue");
-    LAYUP_CHECK(model_.host_gradient() != nullptr || (clip_max_norm <= 0.0f && micro_batches == 1),
+    const bool layer_major = options_.accumulation == Accumulation::kLayerMajor;
+    LAYUP_CHECK(model_.host_gradient() != nullptr ||
+                    (clip_max_norm <= 0.0f && (micro_batches.size() == 1 || layer_major)),
                 "this layup schedule keeps no whole-model gradient on the host (planned for "
-                "--clip none and one micro-batch, as a unified-memory device wants), so it cannot "
+                "--clip none and one micro-batch, or layer-major accumulation), so it cannot "
                 "clip (asked: ",
-                clip_max_norm, ") or accumulate (asked: ", micro_batches,
+                clip_max_norm,
+                ") or accumulate micro-batch by micro-batch (asked: ", micro_batches.size(),
                 " micro-batches); plan the run with clipping or --grad-accum to keep one");
+    if (layer_major)
+      for (const TokenBatch& batch : micro_batches)
+        LAYUP_CHECK(
+            batch.batch == micro_batches[0].batch && batch.seq_len == micro_batches[0].seq_len,
+            "layer-major accumulation needs micro-batches of one shape (got ", batch.batch, " x ",
+            batch.seq_len, " beside ", micro_batches[0].batch, " x ", micro_batches[0].seq_len,
+            "); use --accumulate micro-batch-major");
   }
 
   // step(), before the device thread starts. Nothing here is touched by what may still run from
@@ -285,6 +298,9 @@ class PlannedSchedule final : public Schedule {
     std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
     std::fill(block_updated_.begin(), block_updated_.end(), 0);
     device_tier_.begin_step(static_cast<size_t>(step_plan.micro_batches));
+    if (step_plan.accumulation == Accumulation::kLayerMajor)
+      layer_major_.begin_step(static_cast<size_t>(step_plan.micro_batches),
+                              model_.backend().micro_batch_state_bytes());
     StepContext context;
     // A plan that updates after the norm whether it clips or not (offload's) says so; else the
     // clip threshold and the last step choose (UpdateTiming).
@@ -332,11 +348,15 @@ class PlannedSchedule final : public Schedule {
     const int final_norm = static_cast<int>(layout_.spans().size()) - 1;
     bool update_now = false;
     std::vector<std::optional<SlotLease>> leases(layout_.spans().size());  // per block span
+    const bool layer_major = step_plan.accumulation == Accumulation::kLayerMajor;
     for (const PlanTask& task : step_plan.tasks) {
-      if (task.micro_batch < 0) continue;
-      const size_t k = static_cast<size_t>(task.micro_batch);
-      const bool first = k == 0;
-      const bool last = k + 1 == micro_batches.size();
+      // A copy once a step is of a sum the device took (layer-major): to the host it is one
+      // micro-batch's gradient.
+      const bool summed = task.micro_batch < 0;
+      if (summed && task.lane != Lane::kToHost) continue;
+      const size_t k = summed ? 0 : static_cast<size_t>(task.micro_batch);
+      const bool first = summed || k == 0;
+      const bool last = summed || k + 1 == micro_batches.size();
       const bool block = task.span > 0 && task.span < final_norm;
       if (task.lane == Lane::kToHost && block) {
         hand_on(task.span - 1, std::exchange(leases[task.span], std::nullopt), first, last,
@@ -361,11 +381,25 @@ class PlannedSchedule final : public Schedule {
         // before backward_head overwrites them.
         if (!first) progress_.wait_consumed();
         progress_.wait_head_landed();
+        if (layer_major) {
+          backward_head_layer_major(params, k, loss_scale);
+          continue;
+        }
         TraceSpan traced(trace_, device_track_, trace_name(task.kind, SpanKind::kFinalNorm));
         model_.backend().backward_head(params, gradients_.head(layout_.spans().size() - 1),
                                        gradients_.head(0), loss_scale);
       } else if (task.kind == TaskKind::kBackward && task.span == 0) {
-        backward_embeddings(params, first, last, context.head);
+        if (layer_major)
+          backward_embeddings_layer_major(params, k, last, context.head);
+        else
+          backward_embeddings(params, first, last, context.head);
+      } else if (task.kind == TaskKind::kBackward && layer_major) {
+        const int layer = task.span - 1;
+        if (first && step_plan.spans[task.span].gradient == GradientTarget::kSlot)
+          leases[task.span] = acquire_slot(layer);
+        backward_block_layer_major(layer, step_plan.spans[task.span].gradient,
+                                   leases[task.span] ? leases[task.span]->data : nullptr, params, k,
+                                   last);
       } else if (task.kind == TaskKind::kBackward) {
         const int layer = task.span - 1;
         switch (step_plan.spans[task.span].gradient) {
@@ -438,6 +472,92 @@ class PlannedSchedule final : public Schedule {
       gradients_.slots().release(lease);  // its next backward runs after the add, in device order
     }
     if (last) model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+  }
+
+  // Device thread, layer-major: micro-batch k's head backward into the head outputs, the final
+  // norm's added into its sum (the embeddings' is complete only after its input's part), and the
+  // micro-batch parked in its store until its first block's backward.
+  void backward_head_layer_major(const ParameterPointers& params, size_t k, float loss_scale) {
+    const size_t final_norm = layout_.spans().size() - 1;
+    TraceSpan traced(trace_, device_track_, trace_name(TaskKind::kBackward, SpanKind::kFinalNorm));
+    float* final_norm_grad = head_output(final_norm, k);
+    model_.backend().backward_head(params, final_norm_grad, head_output(0, k), loss_scale);
+    model_.backend().park_micro_batch(layer_major_.store(k), /*with_inputs=*/true);
+    add_to_head_sum(final_norm, final_norm_grad, k == 0);
+  }
+
+  // Device thread, layer-major: block `layer`'s backward of micro-batch k from its store into the
+  // block output, added into the block's sum: the slot (`slot`), its part of the whole-model
+  // gradient, or the device tier's; after the last micro-batch the sum's sum of squares, as for
+  // one micro-batch's gradient.
+  void backward_block_layer_major(int layer, GradientTarget target, float* slot,
+                                  const ParameterPointers& params, size_t k, bool last) {
+    const size_t index = 1 + static_cast<size_t>(layer);
+    const size_t count = layout_.spans()[index].count;
+    TraceSpan traced(trace_, device_track_, "backward_block", layer);
+    model_.backend().resume_micro_batch(layer_major_.store(k), layer);
+    model_.backend().backward_block(layer, params, layer_major_.block_output());
+    model_.backend().park_micro_batch(layer_major_.store(k), /*with_inputs=*/false);
+    float* sum = nullptr;
+    if (target == GradientTarget::kOwnBuffer) {
+      device_tier_.add(index, layer_major_.block_output(), k == 0);
+      sum = device_tier_.gradient(index);
+    } else {
+      sum = target == GradientTarget::kSlot ? slot : gradients_.block(layer);
+      add_in_order(sum, layer_major_.block_output(), count, k == 0);
+    }
+    if (last) model_.start_device_sum_of_squares(index, sum);
+  }
+
+  // Device thread, layer-major: micro-batch k's embedding backward (the head's part of a tied
+  // embedding is in its output since the micro-batch's backward_head; an untied head's part is
+  // zeros), added into the embeddings' sum; after the last, the head's sums handed on as one
+  // micro-batch's gradient.
+  void backward_embeddings_layer_major(const ParameterPointers& params, size_t k, bool last,
+                                       const std::shared_ptr<HeadUpdate>& head) {
+    float* output = head_output(0, k);
+    {
+      TraceSpan traced(trace_, device_track_, "backward_embeddings");
+      if (!layout_.config().tie_word_embeddings)
+        model_.device().fill_zero(output, layout_.spans()[0].count);
+      model_.backend().resume_micro_batch(layer_major_.store(k), -1);
+      model_.backend().backward_embeddings(params, output);
+      add_to_head_sum(0, output, k == 0);
+    }
+    if (!last) return;
+    for (const size_t index : {size_t{0}, layout_.spans().size() - 1})
+      model_.start_device_sum_of_squares(
+          index, device_tier_.holds(index) ? device_tier_.gradient(index) : gradients_.head(index));
+    std::shared_ptr<const DeviceFence> written = model_.device().fence();
+    progress_.consume_submitted();
+    if (head != nullptr) progress_.head_landing_submitted();
+    consumer_.submit([this, written, head] {
+      run_task([&] { consume_head(*written, /*first=*/true, /*last=*/true, head); });
+    });
+  }
+
+  // Layer-major: where micro-batch k's backward writes head span `index`'s gradient: an output of
+  // its own, or (a device-updated head span, whose sum the device tier keeps) where one
+  // micro-batch's lies otherwise.
+  float* head_output(size_t index, size_t k) const {
+    float* own = layer_major_.head_output(index, k);
+    return own != nullptr ? own : gradients_.head(index);
+  }
+
+  // Layer-major: one micro-batch's gradient of head span `index` into the span's sum: the device
+  // tier's, else where one micro-batch's gradient lies otherwise (what the consumer reads).
+  void add_to_head_sum(size_t index, const float* micro_batch, bool first) {
+    if (device_tier_.holds(index))
+      device_tier_.add(index, micro_batch, first);
+    else
+      add_in_order(gradients_.head(index), micro_batch, layout_.spans()[index].count, first);
+  }
+
+  // sum = 0 + micro-batch at the first, then sum += each, one float add per element: the
+  // additions the host's accumulator makes (HostGradient::accumulate), so the sum has its bits.
+  void add_in_order(float* sum, const float* micro_batch, size_t count, bool first) {
+    if (first) model_.device().fill_zero(sum, count);
+    model_.device().add(sum, micro_batch, count);
   }
 
   // Device thread: block `layer`'s gradient (in the slot `lease` holds, else in the whole-model
@@ -736,6 +856,10 @@ class PlannedSchedule final : public Schedule {
                      .list(micro_batches > 1));
     append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
                                         host_updated_head_spans(layout, options.update_sites)));
+    if (options.accumulation == Accumulation::kLayerMajor && micro_batches > 1)
+      append(list, LayerMajorBuffers::buffers(
+                       layout, LayerMajorBuffers::shape_of(mode, layout, options), grads_kind,
+                       kinds.host_copy, micro_batches, options.micro_batch_state_bytes));
     return list;
   }
 
@@ -758,6 +882,7 @@ class PlannedSchedule final : public Schedule {
   const std::vector<size_t> host_head_spans_;
   const std::unique_ptr<GradientRoute> route_;
   UpdateTiming timing_;
+  LayerMajorBuffers layer_major_;  // allocated at the first layer-major step
   // This step's, written by the consumer and read by step() after wait_consumed: per span the sum
   // of squares of its gradient; per block whether it was updated during backward.
   std::vector<double> span_sum_sq_;

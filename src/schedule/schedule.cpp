@@ -250,8 +250,12 @@ std::string describe_optimizer_state(OptimizerStateKind kind) {
 }
 
 std::string describe_schedule(Mode mode, const ScheduleOptions& options, float clip_max_norm) {
-  return describe_mode(mode, options, clip_max_norm) + "; " +
-         describe_optimizer_state(options.optimizer_state);
+  std::string text = describe_mode(mode, options, clip_max_norm);
+  if (mode != Mode::kGpu && options.accumulation == Accumulation::kLayerMajor)
+    text +=
+        "; micro-batches layer-major (each block's backward of every micro-batch in turn, "
+        "summed on the device)";
+  return text + "; " + describe_optimizer_state(options.optimizer_state);
 }
 
 }  // namespace layup

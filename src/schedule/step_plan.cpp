@@ -119,6 +119,12 @@ class PlanBuilder {
     disk_order();
     for (size_t j = 0; j < std::min(disk_.size(), static_cast<size_t>(plan_.disk_slots)); ++j)
       disk_read_[disk_[j]] = add(TaskKind::kReadState, Lane::kDisk, disk_[j], -1, {});
+    if (plan_.accumulation == Accumulation::kLayerMajor) {
+      layer_major();
+      finish_step();
+      cross_step_waits();
+      return;
+    }
     int after_copies = -1;  // offload: the last copy of the micro-batch before
     for (int k = 0; k < plan_.micro_batches; ++k) {
       const bool last = k + 1 == plan_.micro_batches;
@@ -162,6 +168,67 @@ class PlanBuilder {
       if (plan_.spans[i].site == UpdateSite::kDisk) disk_.push_back(i);
     if (plan_.window == UpdateWindow::kDuringBackward) std::reverse(disk_.begin(), disk_.end());
   }
+
+  // Layer-major: every micro-batch's forward and head backward, then each block's backward of
+  // every micro-batch in turn, each added into the block's sum on the device, the sum handed to
+  // the host once; the embeddings' backward of every micro-batch last, then the head's sums.
+  void layer_major() {
+    const int final_norm = spans_ - 1;
+    for (int k = 0; k < plan_.micro_batches; ++k) {
+      for (int i = 0; i < spans_; ++i) {
+        const int task = add(TaskKind::kForward, Lane::kDevice, i, k, {});
+        if (k == 0) first_forward_.push_back(task);
+      }
+      backward_head(k);
+      add(TaskKind::kAddGradient, Lane::kDevice, final_norm, k, {last_task()});
+    }
+    for (int layer = layers_ - 1; layer >= 0; --layer) {
+      const int span = 1 + layer;
+      const bool slot = plan_.spans[span].gradient == GradientTarget::kSlot;
+      // The sum is taken in slot layer % 2, free once the host has the block two above.
+      const int slot_index = layer % 2;
+      int summed = -1;
+      for (int k = 0; k < plan_.micro_batches; ++k) {
+        std::vector<int> after;
+        if (slot && k == 0 && slot_user_[slot_index] >= 0) after.push_back(slot_user_[slot_index]);
+        const int task = add(TaskKind::kBackward, Lane::kDevice, span, k, std::move(after));
+        if (slot && k == 0 && slot_user_[slot_index] < 0) first_slot_backward_[slot_index] = task;
+        summed = add(TaskKind::kAddGradient, Lane::kDevice, span, k, {task});
+      }
+      if (plan_.mode == Mode::kOffload || !on_cpu_side(span)) continue;
+      const int copy = sum_to_host(span, summed);
+      if (slot) slot_user_[slot_index] = copy;
+      if (plan_.window == UpdateWindow::kDuringBackward) update(span, {on_host_[span]});
+    }
+    for (int k = 0; k < plan_.micro_batches; ++k) {
+      const int task = add(TaskKind::kBackward, Lane::kDevice, 0, k, {});
+      last_backward_ = add(TaskKind::kAddGradient, Lane::kDevice, 0, k, {task});
+    }
+    if (plan_.mode == Mode::kOffload) {
+      // As offload copies one micro-batch: the head's spans first, then the blocks in forward
+      // order, one after the other.
+      int previous = last_backward_;
+      std::vector<int> order = {0, final_norm};
+      for (int i = 1; i < final_norm; ++i) order.push_back(i);
+      for (const int i : order) previous = sum_to_host(i, previous);
+      return;
+    }
+    for (const int i : {0, final_norm})
+      if (on_cpu_side(i)) sum_to_host(i, last_backward_);
+  }
+
+  // Layer-major: span `span`'s sum over the micro-batches to the host in one copy once `summed`
+  // is done, summed over the ranks after. Returns the copy.
+  int sum_to_host(int span, int summed) {
+    const int copy = add(TaskKind::kGradientToHost, Lane::kToHost, span, -1, {summed});
+    on_host_[span] = copy;
+    if (span == 0 || span == spans_ - 1) head_copy_[span] = copy;
+    if (plan_.ranks > 1)
+      on_host_[span] = add(TaskKind::kSumOverRanks, Lane::kCpu, span, -1, {copy});
+    return copy;
+  }
+
+  int last_task() const { return static_cast<int>(plan_.tasks.size()) - 1; }
 
   // backward_head: the final norm's (and the LM head's) backward, which also starts the
   // embeddings' gradient. In layup it overwrites the head's gradient buffers: the host must have
@@ -238,7 +305,9 @@ class PlanBuilder {
                           -1, {on_host_[i] >= 0 ? on_host_[i] : last_backward_});
     std::vector<int> after = {last_backward_};
     const bool host_sums = plan_.mode == Mode::kOffload ||
-                           (plan_.host_gradient && plan_.micro_batches > 1) || plan_.ranks > 1;
+                           (plan_.host_gradient && plan_.micro_batches > 1 &&
+                            plan_.accumulation == Accumulation::kMicroBatchMajor) ||
+                           plan_.ranks > 1;
     if (host_sums)
       for (int i = 0; i < spans_; ++i)
         if (on_host_[i] >= 0) after.push_back(on_host_[i]);
@@ -337,6 +406,7 @@ StepPlan compile_step_plan(Mode mode, const ParameterLayout& layout, const Sched
     if (s.site == UpdateSite::kDisk) plan.disk_slots = options.disk_slots;
   }
   plan.host_gradient = mode == Mode::kOffload || (mode == Mode::kLayup && options.host_gradient);
+  if (mode != Mode::kGpu && micro_batches > 1) plan.accumulation = options.accumulation;
   plan.weights_before_return = mode == Mode::kOffload;
   plan.speculative = mode == Mode::kLayup && clipping && options.speculative_clip;
   plan.window = mode == Mode::kLayup && (!clipping || options.speculative_clip)
