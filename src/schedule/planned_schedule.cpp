@@ -105,17 +105,26 @@ class PlannedSchedule final : public Schedule {
                      gradients_.head(0), gradients_.head(layout.spans().size() - 1),
                      options_.optimizer_state),
         host_head_spans_(host_updated_head_spans(layout, options_.update_sites)),
-        route_(make_gradient_route(model_.host_gradient(), model_.device(), layout_, grads_kind_,
-                                   host_head_spans_)),
+        route_(make_gradient_route(options_.host_gradient ? model_.host_gradient() : nullptr,
+                                   model_.device(), layout_, grads_kind_,
+                                   block_route_head_spans(options_, host_head_spans_))),
+        head_route_(head_accumulator_only(options_) && model_.host_gradient() != nullptr
+                        ? make_gradient_route(model_.host_gradient(), model_.device(), layout_,
+                                              grads_kind_, {})
+                        : nullptr),
         timing_(options_.speculative_clip),
-        layer_major_(model_.device(), layout_, LayerMajorBuffers::shape_of(mode, layout_, options_),
-                     grads_kind_, model_.device().kinds().host_copy),
+        layer_major_(model_.device(), layout_, whole_gradient(mode), grads_kind_,
+                     model_.device().kinds().host_copy),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_updated_(layout.config().n_layer, 0),
         progress_(layout.spans().size()) {
-    LAYUP_CHECK(model_.host_gradient() != nullptr || !model_.speculative_clip(),
+    head_routed_.resize(layout.spans().size());
+    LAYUP_CHECK(options_.host_gradient || !model_.speculative_clip(),
                 "speculative clipping needs the whole-model gradient on the host (it may redo "
                 "every block's update once the norm is known)");
+    LAYUP_CHECK(options_.accumulation != Accumulation::kLayerMajor || model_.ranks() == nullptr,
+                "--accumulate layer-major runs on one rank for now; with several ranks use "
+                "--accumulate micro-batch-major");
     // The device-updated spans' gradients are summed over the ranks where they are.
     if (model_.ranks() != nullptr && !device_tier_.spans().empty())
       collectives_ = join_device_collectives(model_.device(), *model_.ranks());
@@ -275,7 +284,7 @@ class PlannedSchedule final : public Schedule {
     LAYUP_CHECK(!micro_batches.empty(), "a training step needs at least one micro-batch");
     LAYUP_CHECK(!broken_, "the layup schedule failed in an earlier step and cannot continue");
     const bool layer_major = options_.accumulation == Accumulation::kLayerMajor;
-    LAYUP_CHECK(model_.host_gradient() != nullptr ||
+    LAYUP_CHECK(options_.host_gradient ||
                     (clip_max_norm <= 0.0f && (micro_batches.size() == 1 || layer_major)),
                 "this layup schedule keeps no whole-model gradient on the host (planned for "
                 "--clip none and one micro-batch, or layer-major accumulation), so it cannot "
@@ -382,7 +391,7 @@ class PlannedSchedule final : public Schedule {
         if (!first) progress_.wait_consumed();
         progress_.wait_head_landed();
         if (layer_major) {
-          backward_head_layer_major(params, k, loss_scale);
+          backward_head_layer_major(params, k, last, loss_scale);
           continue;
         }
         TraceSpan traced(trace_, device_track_, trace_name(task.kind, SpanKind::kFinalNorm));
@@ -474,90 +483,171 @@ class PlannedSchedule final : public Schedule {
     if (last) model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
   }
 
-  // Device thread, layer-major: micro-batch k's head backward into the head outputs, the final
-  // norm's added into its sum (the embeddings' is complete only after its input's part), and the
-  // micro-batch parked in its store until its first block's backward.
-  void backward_head_layer_major(const ParameterPointers& params, size_t k, float loss_scale) {
+  // Device thread, layer-major: micro-batch k's head backward, parked in its store until its
+  // first block's backward; the final norm's gradient (complete now) added into the device tier's
+  // sum or handed to the host, which sums it as it sums a micro-batch-major step's.
+  void backward_head_layer_major(const ParameterPointers& params, size_t k, bool last,
+                                 float loss_scale) {
     const size_t final_norm = layout_.spans().size() - 1;
-    TraceSpan traced(trace_, device_track_, trace_name(TaskKind::kBackward, SpanKind::kFinalNorm));
-    float* final_norm_grad = head_output(final_norm, k);
-    model_.backend().backward_head(params, final_norm_grad, head_output(0, k), loss_scale);
-    model_.backend().park_micro_batch(layer_major_.store(k), /*with_inputs=*/true);
-    add_to_head_sum(final_norm, final_norm_grad, k == 0);
+    float* final_norm_grad = gradients_.head(final_norm);
+    {
+      TraceSpan traced(trace_, device_track_,
+                       trace_name(TaskKind::kBackward, SpanKind::kFinalNorm));
+      model_.backend().backward_head(params, final_norm_grad, embeddings_output(k), loss_scale);
+      model_.backend().park_micro_batch(layer_major_.store(k), /*with_inputs=*/true);
+      if (device_tier_.holds(final_norm)) device_tier_.add(final_norm, final_norm_grad, k == 0);
+    }
+    if (!device_tier_.holds(final_norm))
+      hand_on_head_span(final_norm, final_norm_grad, k == 0, last);
   }
 
-  // Device thread, layer-major: block `layer`'s backward of micro-batch k from its store into the
-  // block output, added into the block's sum: the slot (`slot`), its part of the whole-model
-  // gradient, or the device tier's; after the last micro-batch the sum's sum of squares, as for
-  // one micro-batch's gradient.
+  // Layer-major: where micro-batch k's backward writes the embeddings' gradient. A tied
+  // embedding's holds the LM head's part from backward_head until the input's part is added at
+  // the end of the backward: one buffer a micro-batch.
+  float* embeddings_output(size_t k) const {
+    float* own = layer_major_.embeddings_output(k);
+    return own != nullptr ? own : gradients_.head(0);
+  }
+
+  // Device thread, layer-major: the embeddings' gradient of micro-batch k (written by
+  // backward_head, or an untied head's zeros written here again, then the input's part added),
+  // summed as the final norm's; after the last, every sum of squares and the head's landing.
+  void backward_embeddings_layer_major(const ParameterPointers& params, size_t k, bool last,
+                                       const std::shared_ptr<HeadUpdate>& head) {
+    float* output = embeddings_output(k);
+    const bool on_device = device_tier_.holds(0);
+    {
+      TraceSpan traced(trace_, device_track_, "backward_embeddings");
+      if (layer_major_.embeddings_output(k) == nullptr) {
+        // The consumer has taken the micro-batch before's from here.
+        if (!on_device && k > 0) progress_.wait_consumed();
+        model_.device().fill_zero(output, layout_.spans()[0].count);
+      }
+      model_.backend().resume_micro_batch(layer_major_.store(k), -1);
+      model_.backend().backward_embeddings(params, output);
+      if (on_device) device_tier_.add(0, output, k == 0);
+    }
+    if (!last) {
+      if (!on_device) hand_on_head_span(0, output, k == 0, false);
+      return;
+    }
+    for (const size_t index : device_tier_.spans())
+      if (index == 0 || index + 1 == layout_.spans().size())
+        model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+    std::shared_ptr<const DeviceFence> written = model_.device().fence();
+    progress_.consume_submitted();
+    if (head != nullptr) progress_.head_landing_submitted();
+    consumer_.submit([this, written, output, on_device, head] {
+      run_task([&] {
+        {
+          TraceSpan traced(trace_, consumer_track_, "consume head");
+          if (!on_device) take_head_span(0, output, *written, /*first=*/false, /*last=*/true);
+          model_.device().wait_for(*written);
+          for (const size_t index : device_tier_.spans())
+            span_sum_sq_[index] = model_.device_sum_of_squares(index);
+          progress_.consume_done();
+        }
+        std::vector<RoutedGradient> routed;
+        for (const size_t index : host_head_spans_) routed.push_back(head_routed_[index]);
+        head_gradients_landed(head, std::move(routed));
+      });
+    });
+  }
+
+  // Device thread, layer-major: one micro-batch's gradient of host-updated head span `index` at
+  // `data` to the consumer, which adds it into the host's sum.
+  void hand_on_head_span(size_t index, const float* data, bool first, bool last) {
+    std::shared_ptr<const DeviceFence> written = model_.device().fence();
+    progress_.consume_submitted();
+    consumer_.submit([this, index, data, written, first, last] {
+      run_task([&] {
+        {
+          TraceSpan traced(trace_, consumer_track_, "consume head");
+          take_head_span(index, data, *written, first, last);
+        }
+        progress_.consume_done();
+      });
+    });
+  }
+
+  // Consumer, layer-major: a head span's gradient of one micro-batch into the host's sum; after
+  // the last, the sum's sum of squares and where it lies, kept for the head's landing.
+  void take_head_span(size_t index, const float* data, const DeviceFence& written, bool first,
+                      bool last) {
+    RoutedGradient routed = head_route().take({index, data, &written, -1, nullptr}, first, last);
+    if (!last) return;
+    span_sum_sq_[index] = routed.host_sum_sq;
+    head_routed_[index] = std::move(routed);
+  }
+
+  // The route of the host-updated head spans' gradients: the blocks' route, or (layer-major
+  // without a whole host gradient) the host's sum of the head alone.
+  GradientRoute& head_route() const { return head_route_ ? *head_route_ : *route_; }
+
+  // Layer-major without a whole host gradient: the host sums only the head's micro-batches.
+  static bool head_accumulator_only(const ScheduleOptions& options) {
+    return options.accumulation == Accumulation::kLayerMajor && !options.host_gradient;
+  }
+  // The head spans the blocks' route lands (a landing buffer each, where it has them): none where
+  // the head has a route of its own.
+  static std::vector<size_t> block_route_head_spans(const ScheduleOptions& options,
+                                                    const std::vector<size_t>& head_spans) {
+    return head_accumulator_only(options) ? std::vector<size_t>{} : head_spans;
+  }
+
+  // Device thread, layer-major: block `layer`'s backward of micro-batch k from its store, summed
+  // over the micro-batches (after the last, the sum's sum of squares, as for one micro-batch's
+  // gradient):
+  //   a slot (`slot`, slot layer % 2): the first micro-batch's written there, each later one's
+  //     into the other slot (free once the host has the block above) and added;
+  //   a device-updated block: each written into slot layer % 2 and added into its own sum;
+  //   offload: each written into the block output and added into its part of the whole gradient.
+  // A sum that starts from the first micro-batch's gradient (the slot) differs from one that
+  // starts from +0 (the others, the host's) only in the sign of an element that is zero in every
+  // micro-batch, which no norm, moment or weight can tell.
   void backward_block_layer_major(int layer, GradientTarget target, float* slot,
                                   const ParameterPointers& params, size_t k, bool last) {
     const size_t index = 1 + static_cast<size_t>(layer);
     const size_t count = layout_.spans()[index].count;
+    std::optional<SlotLease> scratch_slot;
+    float* output = nullptr;
+    switch (target) {
+      case GradientTarget::kSlot:
+        if (k == 1) other_slot_ = acquire_slot(layer + 1);
+        output = k == 0 ? slot : other_slot_->data;
+        break;
+      case GradientTarget::kOwnBuffer:
+        scratch_slot = acquire_slot(layer);
+        output = scratch_slot->data;
+        break;
+      case GradientTarget::kWholeGradient:
+        output = layer_major_.block_output();
+        break;
+    }
     TraceSpan traced(trace_, device_track_, "backward_block", layer);
     model_.backend().resume_micro_batch(layer_major_.store(k), layer);
-    model_.backend().backward_block(layer, params, layer_major_.block_output());
+    model_.backend().backward_block(layer, params, output);
     model_.backend().park_micro_batch(layer_major_.store(k), /*with_inputs=*/false);
     float* sum = nullptr;
-    if (target == GradientTarget::kOwnBuffer) {
-      device_tier_.add(index, layer_major_.block_output(), k == 0);
-      sum = device_tier_.gradient(index);
-    } else {
-      sum = target == GradientTarget::kSlot ? slot : gradients_.block(layer);
-      add_in_order(sum, layer_major_.block_output(), count, k == 0);
+    switch (target) {
+      case GradientTarget::kSlot:
+        sum = slot;
+        if (k > 0) model_.device().add(sum, output, count);
+        // The next user of the other slot is the device, after this add in its order.
+        if (last && other_slot_) gradients_.slots().release(*std::exchange(other_slot_, {}));
+        break;
+      case GradientTarget::kOwnBuffer:
+        device_tier_.add(index, output, k == 0);
+        gradients_.slots().release(*scratch_slot);
+        sum = device_tier_.gradient(index);
+        break;
+      case GradientTarget::kWholeGradient:
+        sum = gradients_.block(layer);
+        if (k == 0) model_.device().fill_zero(sum, count);
+        model_.device().add(sum, output, count);
+        break;
     }
     if (last) model_.start_device_sum_of_squares(index, sum);
-  }
-
-  // Device thread, layer-major: micro-batch k's embedding backward (the head's part of a tied
-  // embedding is in its output since the micro-batch's backward_head; an untied head's part is
-  // zeros), added into the embeddings' sum; after the last, the head's sums handed on as one
-  // micro-batch's gradient.
-  void backward_embeddings_layer_major(const ParameterPointers& params, size_t k, bool last,
-                                       const std::shared_ptr<HeadUpdate>& head) {
-    float* output = head_output(0, k);
-    {
-      TraceSpan traced(trace_, device_track_, "backward_embeddings");
-      if (!layout_.config().tie_word_embeddings)
-        model_.device().fill_zero(output, layout_.spans()[0].count);
-      model_.backend().resume_micro_batch(layer_major_.store(k), -1);
-      model_.backend().backward_embeddings(params, output);
-      add_to_head_sum(0, output, k == 0);
-    }
-    if (!last) return;
-    for (const size_t index : {size_t{0}, layout_.spans().size() - 1})
-      model_.start_device_sum_of_squares(
-          index, device_tier_.holds(index) ? device_tier_.gradient(index) : gradients_.head(index));
-    std::shared_ptr<const DeviceFence> written = model_.device().fence();
-    progress_.consume_submitted();
-    if (head != nullptr) progress_.head_landing_submitted();
-    consumer_.submit([this, written, head] {
-      run_task([&] { consume_head(*written, /*first=*/true, /*last=*/true, head); });
-    });
-  }
-
-  // Layer-major: where micro-batch k's backward writes head span `index`'s gradient: an output of
-  // its own, or (a device-updated head span, whose sum the device tier keeps) where one
-  // micro-batch's lies otherwise.
-  float* head_output(size_t index, size_t k) const {
-    float* own = layer_major_.head_output(index, k);
-    return own != nullptr ? own : gradients_.head(index);
-  }
-
-  // Layer-major: one micro-batch's gradient of head span `index` into the span's sum: the device
-  // tier's, else where one micro-batch's gradient lies otherwise (what the consumer reads).
-  void add_to_head_sum(size_t index, const float* micro_batch, bool first) {
-    if (device_tier_.holds(index))
-      device_tier_.add(index, micro_batch, first);
-    else
-      add_in_order(gradients_.head(index), micro_batch, layout_.spans()[index].count, first);
-  }
-
-  // sum = 0 + micro-batch at the first, then sum += each, one float add per element: the
-  // additions the host's accumulator makes (HostGradient::accumulate), so the sum has its bits.
-  void add_in_order(float* sum, const float* micro_batch, size_t count, bool first) {
-    if (first) model_.device().fill_zero(sum, count);
-    model_.device().add(sum, micro_batch, count);
   }
 
   // Device thread: block `layer`'s gradient (in the slot `lease` holds, else in the whole-model
@@ -654,7 +744,7 @@ class PlannedSchedule final : public Schedule {
       TraceSpan traced(trace_, consumer_track_, "consume head");
       if (!one_micro_batch)
         for (const size_t index : host_head_spans_) {
-          routed.push_back(route_->take(head_source(index, written), first, last));
+          routed.push_back(head_route().take(head_source(index, written), first, last));
           if (last) span_sum_sq_[index] = routed.back().host_sum_sq;
         }
       if (last) {
@@ -672,7 +762,7 @@ class PlannedSchedule final : public Schedule {
           // The norm needs the head's gradient summed over the ranks: it lands first.
           if (one_micro_batch)
             for (const size_t index : host_head_spans_)
-              routed.push_back(route_->take(head_source(index, written), first, last));
+              routed.push_back(head_route().take(head_source(index, written), first, last));
           for (const size_t index : host_head_spans_)
             span_sum_sq_[index] = model_.sum_gradient_over_ranks(index);
         }
@@ -680,8 +770,15 @@ class PlannedSchedule final : public Schedule {
       progress_.consume_done();
       if (one_micro_batch && model_.ranks() == nullptr)
         for (const size_t index : host_head_spans_)
-          routed.push_back(route_->take(head_source(index, written), first, last));
+          routed.push_back(head_route().take(head_source(index, written), first, last));
     }
+    head_gradients_landed(head, std::move(routed));
+  }
+
+  // Consumer: the host-updated head spans' gradients of the step are where `routed` says (one per
+  // span, in host_head_spans_ order); their update goes once step() has decided it too.
+  void head_gradients_landed(const std::shared_ptr<HeadUpdate>& head,
+                             std::vector<RoutedGradient> routed) {
     if (head == nullptr) return;
     bool submit = false;
     {
@@ -854,12 +951,14 @@ class PlannedSchedule final : public Schedule {
     append(list, DeviceTier::buffers(layout, options.update_sites, grads_kind, kinds,
                                      options.optimizer_state)
                      .list(micro_batches > 1));
-    append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
-                                        host_updated_head_spans(layout, options.update_sites)));
+    append(list, gradient_route_buffers(
+                     options.host_gradient, layout, grads_kind, kinds,
+                     block_route_head_spans(
+                         options, host_updated_head_spans(layout, options.update_sites))));
     if (options.accumulation == Accumulation::kLayerMajor && micro_batches > 1)
-      append(list, LayerMajorBuffers::buffers(
-                       layout, LayerMajorBuffers::shape_of(mode, layout, options), grads_kind,
-                       kinds.host_copy, micro_batches, options.micro_batch_state_bytes));
+      append(list,
+             LayerMajorBuffers::buffers(layout, whole_gradient(mode), grads_kind, kinds.host_copy,
+                                        micro_batches, options.micro_batch_state_bytes));
     return list;
   }
 
@@ -881,8 +980,14 @@ class PlannedSchedule final : public Schedule {
   std::vector<void*> device_tier_compute_copies_;
   const std::vector<size_t> host_head_spans_;
   const std::unique_ptr<GradientRoute> route_;
+  const std::unique_ptr<GradientRoute> head_route_;  // null: the head goes route_'s way
+  // Layer-major, per span: where the consumer left a host-updated head span's sum of the step.
+  std::vector<RoutedGradient> head_routed_;
   UpdateTiming timing_;
   LayerMajorBuffers layer_major_;  // allocated at the first layer-major step
+  // Layer-major, device thread: the slot a block's later micro-batches write before they are
+  // added into the block's own slot.
+  std::optional<SlotLease> other_slot_;
   // This step's, written by the consumer and read by step() after wait_consumed: per span the sum
   // of squares of its gradient; per block whether it was updated during backward.
   std::vector<double> span_sum_sq_;

@@ -180,41 +180,51 @@ class PlanBuilder {
         if (k == 0) first_forward_.push_back(task);
       }
       backward_head(k);
-      add(TaskKind::kAddGradient, Lane::kDevice, final_norm, k, {last_task()});
+      head_path(final_norm, last_task(), k);
     }
     for (int layer = layers_ - 1; layer >= 0; --layer) {
       const int span = 1 + layer;
       const bool slot = plan_.spans[span].gradient == GradientTarget::kSlot;
-      // The sum is taken in slot layer % 2, free once the host has the block two above.
-      const int slot_index = layer % 2;
+      // The sum is taken in slot layer % 2, free once the host has the block two above; the
+      // later micro-batches are written into the other slot, free once it has the block above,
+      // and added.
       int summed = -1;
       for (int k = 0; k < plan_.micro_batches; ++k) {
+        const int acquired = !slot ? -1 : k == 0 ? layer % 2 : k == 1 ? (layer + 1) % 2 : -1;
         std::vector<int> after;
-        if (slot && k == 0 && slot_user_[slot_index] >= 0) after.push_back(slot_user_[slot_index]);
+        if (acquired >= 0 && slot_user_[acquired] >= 0) after.push_back(slot_user_[acquired]);
         const int task = add(TaskKind::kBackward, Lane::kDevice, span, k, std::move(after));
-        if (slot && k == 0 && slot_user_[slot_index] < 0) first_slot_backward_[slot_index] = task;
-        summed = add(TaskKind::kAddGradient, Lane::kDevice, span, k, {task});
+        if (acquired >= 0 && slot_user_[acquired] < 0 && first_slot_backward_[acquired] < 0)
+          first_slot_backward_[acquired] = task;
+        summed =
+            slot && k == 0 ? task : add(TaskKind::kAddGradient, Lane::kDevice, span, k, {task});
       }
       if (plan_.mode == Mode::kOffload || !on_cpu_side(span)) continue;
       const int copy = sum_to_host(span, summed);
-      if (slot) slot_user_[slot_index] = copy;
+      if (slot) slot_user_[layer % 2] = copy;
       if (plan_.window == UpdateWindow::kDuringBackward) update(span, {on_host_[span]});
     }
     for (int k = 0; k < plan_.micro_batches; ++k) {
-      const int task = add(TaskKind::kBackward, Lane::kDevice, 0, k, {});
-      last_backward_ = add(TaskKind::kAddGradient, Lane::kDevice, 0, k, {task});
+      last_backward_ = add(TaskKind::kBackward, Lane::kDevice, 0, k, {});
+      head_path(0, last_backward_, k);
     }
     if (plan_.mode == Mode::kOffload) {
-      // As offload copies one micro-batch: the head's spans first, then the blocks in forward
-      // order, one after the other.
+      // The blocks' sums in forward order, one after the other, as offload copies.
       int previous = last_backward_;
-      std::vector<int> order = {0, final_norm};
-      for (int i = 1; i < final_norm; ++i) order.push_back(i);
-      for (const int i : order) previous = sum_to_host(i, previous);
+      for (int i = 1; i < final_norm; ++i) previous = sum_to_host(i, previous);
+    }
+  }
+
+  // Layer-major: a head span's gradient of micro-batch k, as micro-batch-major sums it: added
+  // into the device tier's sum, or to the host and added there after the first.
+  void head_path(int span, int computed, int k) {
+    if (!on_cpu_side(span)) {
+      add(TaskKind::kAddGradient, Lane::kDevice, span, k, {computed});
       return;
     }
-    for (const int i : {0, final_norm})
-      if (on_cpu_side(i)) sum_to_host(i, last_backward_);
+    const int copy = add(TaskKind::kGradientToHost, Lane::kToHost, span, k, {computed});
+    on_host_[span] = head_copy_[span] = copy;
+    if (k > 0) on_host_[span] = add(TaskKind::kAddGradient, Lane::kCpu, span, k, {copy});
   }
 
   // Layer-major: span `span`'s sum over the micro-batches to the host in one copy once `summed`
@@ -235,7 +245,7 @@ class PlanBuilder {
   // taken the micro-batch before's.
   void backward_head(int k) {
     std::vector<int> after;
-    if (layup() && k > 0)
+    if ((layup() || plan_.accumulation == Accumulation::kLayerMajor) && k > 0)
       for (const int i : {0, spans_ - 1})
         if (head_copy_[i] >= 0) after.push_back(head_copy_[i]);
     const int task = add(TaskKind::kBackward, Lane::kDevice, spans_ - 1, k, std::move(after));
@@ -304,10 +314,10 @@ class PlanBuilder {
         on_host_[i] = add(TaskKind::kSumOverRanks, on_cpu_side(i) ? Lane::kCpu : Lane::kDevice, i,
                           -1, {on_host_[i] >= 0 ? on_host_[i] : last_backward_});
     std::vector<int> after = {last_backward_};
+    // Layer-major: the host sums the head's micro-batches (its spans the host updates).
     const bool host_sums = plan_.mode == Mode::kOffload ||
-                           (plan_.host_gradient && plan_.micro_batches > 1 &&
-                            plan_.accumulation == Accumulation::kMicroBatchMajor) ||
-                           plan_.ranks > 1;
+                           (plan_.host_gradient && plan_.micro_batches > 1) ||
+                           plan_.accumulation == Accumulation::kLayerMajor || plan_.ranks > 1;
     if (host_sums)
       for (int i = 0; i < spans_; ++i)
         if (on_host_[i] >= 0) after.push_back(on_host_[i]);
