@@ -45,6 +45,9 @@ struct StepTimeRequest {
   // The moments' kind: a disk span's record is its bytes (the CPU's AdamW rate is fp32's as
   // calibrated, whatever the kind).
   OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
+  // Bytes of one activation (4: fp32, 2: bf16): layer-major accumulation moves a block's input and
+  // residual gradient in and the gradient out at every block's backward of every micro-batch.
+  int activation_bytes = 4;
 };
 
 // One span's work on each resource in a step, in seconds.

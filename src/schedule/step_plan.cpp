@@ -485,6 +485,10 @@ std::string StepPlan::describe() const {
   }
   // Each lane's tasks in order, those of the first micro-batch and those once a step; runs of
   // one kind over consecutive blocks in one item ("adamw blocks 11..0").
+  if (accumulation == Accumulation::kLayerMajor)
+    text +=
+        "  layer-major: every micro-batch's forward and backward_head first, then each block's "
+        "backward of every micro-batch in turn, summed on the device and copied once\n";
   if (micro_batches > 1) text += "  each lane, the first micro-batch and the step's own tasks:\n";
   for (int lane = 0; lane < kLaneCount; ++lane) {
     std::vector<std::string> items;

@@ -698,12 +698,12 @@ void CudaBackend<T>::park_micro_batch(void* store, bool with_inputs) {
 
 template <class T>
 void CudaBackend<T>::resume_micro_batch(const void* store, int layer) {
-  LAYUP_CHECK(next_step_ != BackwardStep::kNeedsForwardWithTargets && layer >= -1 &&
-                  layer < config_.n_layer && recompute_ >= 3,
-              "resume_micro_batch(", layer,
-              ") needs a forward first, a block of the model (or "
-              "-1: the embeddings) and --recompute 3 (a block's backward computes its forward "
-              "again; this backend runs --recompute ",
+  // A parked store is the proof of a forward: another micro-batch's backward_embeddings may have
+  // ended the backend's own backward since.
+  LAYUP_CHECK(layer >= -1 && layer < config_.n_layer && recompute_ >= 3, "resume_micro_batch(",
+              layer,
+              ") needs a block of the model (or -1: the embeddings) and --recompute 3 (a block's "
+              "backward computes its forward again; this backend runs --recompute ",
               recompute_, ")");
   const auto segments = parked_segments_.find(store);
   LAYUP_CHECK(segments != parked_segments_.end(),

@@ -658,12 +658,8 @@ TEST_P(CudaBackendTest, LayerMajorAccumulationMatchesCpu) {
       worst = std::max(worst, error);
       EXPECT_LE(error, tol.gradients) << "micro-batch " << k << ", gradient of " << tensor.name;
     }
-    std::printf(
-        "[ %s %s ] layer-major micro-batch %d: worst gradient error %.2e
-        ",
-        GetParam()
-            .model,
-        compute_dtype_name(dtype()), k, worst);
+    std::printf("[ %s %s ] layer-major micro-batch %d: worst gradient error %.2e\n",
+                GetParam().model, compute_dtype_name(dtype()), k, worst);
   }
 
   // Whole steps: equal-shape micro-batches, as layer-major needs.
