@@ -1007,8 +1007,8 @@ class PlannedSchedule final : public Schedule {
 }  // namespace
 
 BufferList offload_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
-                                    DeviceKinds kinds) {
-  return PlannedSchedule::buffers(Mode::kOffload, layout, options, kinds, 1);
+                                    DeviceKinds kinds, int micro_batches) {
+  return PlannedSchedule::buffers(Mode::kOffload, layout, options, kinds, micro_batches);
 }
 
 std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> backend,

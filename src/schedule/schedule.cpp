@@ -117,7 +117,7 @@ BufferList schedule_buffers(Mode mode, const ParameterLayout& layout,
     case Mode::kGpu:
       return gpu_schedule_buffers(layout, options, kinds, micro_batches);
     case Mode::kOffload:
-      return offload_schedule_buffers(layout, options, kinds);
+      return offload_schedule_buffers(layout, options, kinds, micro_batches);
     case Mode::kLayup:
       return layup_schedule_buffers(layout, options, kinds, micro_batches);
   }
