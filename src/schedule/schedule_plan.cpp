@@ -185,9 +185,10 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
     notes.push_back(
         "micro-batches accumulate layer-major (--accumulate layer-major): each block's backward "
         "of every micro-batch in turn, summed on the device, so the host gets one gradient a "
-        "span and adds none" +
-        std::string(options.host_gradient ? " (it keeps one to clip by the global norm)"
-                                          : " and keeps no gradient of its own") +
+        "block and sums only the head's micro-batches" +
+        std::string(options.host_gradient
+                        ? " (it keeps a whole gradient to clip by the global norm)"
+                        : " (it keeps no whole-model gradient)") +
         "; the " + std::to_string(r.grad_accum) + " micro-batches' block inputs take " +
         format_bytes(static_cast<size_t>(r.grad_accum) * options.micro_batch_state_bytes) +
         " of host memory (pinned on CUDA; each crosses the link at every block's backward), and "
