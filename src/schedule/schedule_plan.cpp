@@ -24,8 +24,9 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
   // Layer-major accumulation sums the micro-batches on the device: the host keeps a gradient only
   // to clip (the norm needs every block's before the first update).
   // gpu mode sums where the gradient lies already: the choice changes nothing there (a note says
-  // so).
-  const bool layer_major = r.accumulation == Accumulation::kLayerMajor && r.mode != Mode::kGpu;
+  // so); one micro-batch has nothing to sum.
+  const bool layer_major =
+      r.accumulation == Accumulation::kLayerMajor && r.mode != Mode::kGpu && r.grad_accum > 1;
   LAYUP_CHECK(!layer_major || !cuda || r.recompute >= 3,
               "--accumulate layer-major keeps each micro-batch's block inputs only and computes "
               "each block's forward again in its backward: it needs --recompute 3 (got ",
