@@ -20,6 +20,42 @@ const float* ModelBackend::decode(const ParameterPointers& /*params*/,
   fail("the ", name(), " backend has no key/value cache; sample with --no-kv-cache");
 }
 
+size_t ModelBackend::micro_batch_state_bytes() const {
+  fail("the ", name(),
+       " backend cannot interleave micro-batches; use --accumulate "
+       "micro-batch-major");
+}
+void ModelBackend::park_micro_batch(void* /*store*/, bool /*with_inputs*/) {
+  fail("the ", name(),
+       " backend cannot interleave micro-batches; use --accumulate "
+       "micro-batch-major");
+}
+void ModelBackend::resume_micro_batch(const void* /*store*/, int /*layer*/) {
+  fail("the ", name(),
+       " backend cannot interleave micro-batches; use --accumulate "
+       "micro-batch-major");
+}
+
+MicroBatchStoreLayout micro_batch_store_layout(const ModelConfig& config, int batch, int seq_len,
+                                               size_t element_bytes) {
+  // Every part starts on 64 bytes: whole cache lines, aligned vector loads.
+  const auto aligned = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
+  const size_t rows = static_cast<size_t>(batch) * seq_len;
+  const size_t activation = aligned(rows * config.n_embd * element_bytes);
+  MicroBatchStoreLayout layout;
+  layout.tokens = 0;
+  layout.d_residual = aligned((4 * rows + 1) * sizeof(int32_t));
+  layout.residual = layout.d_residual + activation;
+  layout.stride = activation;
+  layout.bytes = layout.residual + static_cast<size_t>(config.n_layer) * activation;
+  return layout;
+}
+
+size_t micro_batch_state_bytes(const ModelConfig& config, int batch, int seq_len,
+                               size_t element_bytes) {
+  return micro_batch_store_layout(config, batch, seq_len, element_bytes).bytes;
+}
+
 size_t kv_cache_bytes(const ModelConfig& config, int positions, size_t element_bytes) {
   return 2 * static_cast<size_t>(config.n_layer) * positions * config.kv_heads() *
          config.head_dim() * element_bytes;

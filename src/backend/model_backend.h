@@ -102,6 +102,22 @@ class ModelBackend {
   // backward_head wrote.
   virtual void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) = 0;
 
+  // Layer-major accumulation (docs/schedules.md, "Micro-batch accumulation") runs block l's
+  // backward of every micro-batch before block l-1's, and the backend keeps one micro-batch's
+  // activations. Between its backward calls a micro-batch waits in a store of the schedule's
+  // (micro_batch_state_bytes() bytes of memory the backend's copies reach, aligned as a float
+  // buffer): its tokens, every block's input (what each block's forward is computed again from)
+  // and the residual stream's gradient where its backward has reached. In each micro-batch's order:
+  //   forward, backward_head, park_micro_batch(store, /*with_inputs=*/true)
+  //   resume_micro_batch(store, l), backward_block(l), park_micro_batch(store, false)  l = L-1..0
+  //   resume_micro_batch(store, -1), backward_embeddings
+  // A backward_block after resume_micro_batch computes the block's forward again from its input
+  // first (the last block's too), bit for bit what the forward computed. Every micro-batch of
+  // one interleaved backward has the same B and T. The base refuses.
+  virtual size_t micro_batch_state_bytes() const;
+  virtual void park_micro_batch(void* store, bool with_inputs);
+  virtual void resume_micro_batch(const void* store, int layer);
+
   // Generation with a key/value cache (layup sample), one sequence at a time. start_decode empties
   // the cache and makes room for `max_positions` positions (the model's context at most), taking
   // kv_cache_bytes of memory while the backend lives. decode runs the forward of `tokens` at the
@@ -122,6 +138,25 @@ class ModelBackend {
 // `element_bytes` each (4: fp32, 2: bf16): every block's keys and values, kv_heads x head_dim
 // each per position.
 size_t kv_cache_bytes(const ModelConfig& config, int positions, size_t element_bytes);
+
+// Bytes of one micro-batch's store (ModelBackend::micro_batch_state_bytes) at B x T, activations
+// of `element_bytes` each (4: fp32, 2: bf16): the residual stream's gradient and every block's
+// input, L + 1 of [B*T, C], after the tokens and the embedding backward's grouping of them.
+size_t micro_batch_state_bytes(const ModelConfig& config, int batch, int seq_len,
+                               size_t element_bytes);
+
+// Where each part of such a store lies, in bytes from its start, for B x T at most.
+struct MicroBatchStoreLayout {
+  size_t tokens = 0;      // int32 [4 B*T + 1]: the tokens, then what a backend derives from them
+  size_t d_residual = 0;  // [B*T, C] elements
+  size_t residual = 0;    // L of [B*T, C] elements, `stride` bytes apart: the blocks' inputs
+  size_t stride = 0;
+  size_t bytes = 0;
+
+  size_t block_input(int layer) const { return residual + static_cast<size_t>(layer) * stride; }
+};
+MicroBatchStoreLayout micro_batch_store_layout(const ModelConfig& config, int batch, int seq_len,
+                                               size_t element_bytes);
 
 // The checks every backend makes on a forward's inputs: parameters for every block, B and T within
 // the sizes the backend was made for, every token id inside the vocabulary. Throws layup::Error

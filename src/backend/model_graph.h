@@ -204,15 +204,16 @@ void backward_head(Ops& ops, const Shape& s, const ParameterLayout& layout,
 //   >= 1  the MLP activation's output again, from its saved input;
 //   >= 2  also each norm's output, from its input and saved statistics, right before it is read;
 //   3     the block's forward up to the activation first, from its input residual[layer] (the
-//         last block's activations are still there from the forward).
+//         last block's activations are still there from the forward, unless `last_kept` is
+//         false: the forward of another micro-batch ran since, layer-major accumulation).
 // Recomputed values are the forward's, bit for bit, where the backend recomputes with the kernel
 // the forward ran (CUDA's bf16 GELU runs in the matmul's epilogue forward: a rounding may differ).
 template <class Ops, class Arena, class W>
 void backward_block(Ops& ops, const Shape& s, const BlockOffsets& o, int layer, const W* p,
-                    float* g, Arena& arena, int recompute) {
+                    float* g, Arena& arena, int recompute, bool last_kept = true) {
   auto& a = arena.blocks[layer];
   const auto* x = arena.residual[layer];
-  if (recompute >= 3 && layer + 1 < s.L) {
+  if (recompute >= 3 && (layer + 1 < s.L || !last_kept)) {
     ops.norm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, x, p + o.ln_1_weight,
                      tensor_at(p, o.ln_1_bias));
     block_forward_to_activation(ops, s, o, layer, p, arena);

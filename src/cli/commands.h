@@ -88,6 +88,8 @@ void add_optimizer_placement_flags(CLI::App& command, OptimizerPlacement& placem
 
 // --optimizer-state fp32|bf16|8bit (OptimizerStateKind), for `train`, `bench` and `memory`.
 void add_optimizer_state_flag(CLI::App& command, OptimizerStateKind& kind);
+// --accumulate: how offload and layup sum the micro-batches (micro-batch-major or layer-major).
+void add_accumulate_flag(CLI::App& command, Accumulation& accumulation);
 
 // --seed for `train`, `bench`, `study` and `sample`: a whole number from 0 to 2^64 - 1.
 void add_seed_flag(CLI::App& command, uint64_t& seed, const std::string& description);

@@ -85,6 +85,7 @@ void add_memory_command(CLI::App& app) {
   add_layup_head_flag(*cmd, flags->layup_head);
   add_optimizer_placement_flags(*cmd, flags->optimizer_placement, flags->offload_dir);
   add_optimizer_state_flag(*cmd, flags->optimizer_state);
+  add_accumulate_flag(*cmd, flags->accumulation);
   add_choice_option(*cmd, "--mode", flags->mode, kModeNames,
                     "Also print this mode's plan allocation by allocation (cuda plans without a "
                     "GPU too, with a discrete GPU's attributes); without it the predicted step "

@@ -216,6 +216,16 @@ void add_optimizer_state_flag(CLI::App& command, OptimizerStateKind& kind) {
                     "master weights and the update stay fp32");
 }
 
+void add_accumulate_flag(CLI::App& command, Accumulation& accumulation) {
+  add_choice_option(command, "--accumulate", accumulation, kAccumulationNames,
+                    "offload and layup with --grad-accum above 1: micro-batch-major (each "
+                    "micro-batch's forward and backward in turn, its gradient added into the "
+                    "host's fp32 sum) or layer-major (every micro-batch's forward first, keeping "
+                    "its block inputs; then each block's backward of every micro-batch, summed on "
+                    "the device: the host gets one gradient a block and keeps no sum; needs "
+                    "--recompute 3 on CUDA). The same bits either way (docs/schedules.md)");
+}
+
 WholeRange recompute_range() {
   std::string levels;
   for (int level = 0; level <= kMaxRecompute; ++level)

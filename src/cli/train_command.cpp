@@ -65,6 +65,7 @@ void add_train_command(CLI::App& app) {
   add_layup_head_flag(*cmd, o.layup_head);
   add_optimizer_placement_flags(*cmd, o.optimizer_placement, o.offload_dir);
   add_optimizer_state_flag(*cmd, o.optimizer_state);
+  add_accumulate_flag(*cmd, o.accumulation);
   add_whole_flag(*cmd, "--eval-every", o.eval_every, at_least(0),
                  "Validation every N updates (0: never)")
       ->capture_default_str();

@@ -32,6 +32,12 @@ enum class LayupHead { kAuto, kDevice, kHost };
 // 8-bit codes of a dynamic map with one fp32 scale per block of kOptimizerStateBlock values. One
 // kind for the whole model; the master weights are fp32 in every kind.
 enum class OptimizerStateKind { kFp32, kBf16, kBlockwise8Bit };
+// How offload and layup sum the micro-batches of a step (--accumulate; docs/schedules.md,
+// "Micro-batch accumulation"): micro-batch by micro-batch, each one's gradient added into the
+// host's fp32 sum; or layer-major, every micro-batch's forward first, then each block's backward
+// of every micro-batch in turn, summed on the device, so the host gets one gradient a block.
+// Both give the same bits.
+enum class Accumulation { kMicroBatchMajor, kLayerMajor };
 // What a training run's checkpoints hold: the weights and the training state (resumable), or the
 // weights only (an export for transformers or `layup sample`, a third of the disk).
 enum class CheckpointContents { kFull, kWeights };
@@ -123,6 +129,10 @@ inline constexpr EnumNames<OptimizerStateKind, 3> kOptimizerStateKindNames = {
      {OptimizerStateKind::kBf16, "bf16"},
      {OptimizerStateKind::kBlockwise8Bit, "8bit"}}};
 
+inline constexpr EnumNames<Accumulation, 2> kAccumulationNames = {
+    {{Accumulation::kMicroBatchMajor, "micro-batch-major"},
+     {Accumulation::kLayerMajor, "layer-major"}}};
+
 inline constexpr EnumNames<CheckpointContents, 2> kCheckpointContentsNames = {
     {{CheckpointContents::kFull, "full"}, {CheckpointContents::kWeights, "weights"}}};
 
@@ -165,6 +175,9 @@ inline std::string name_of(CheckpointContents contents) {
 }
 inline std::string name_of(OptimizerStateKind kind) {
   return name_in(kOptimizerStateKindNames, kind);
+}
+inline std::string name_of(Accumulation accumulation) {
+  return name_in(kAccumulationNames, accumulation);
 }
 
 // 8-bit moments are quantised in blocks of this many consecutive values of a span (or of a rank's

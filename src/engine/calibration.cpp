@@ -504,7 +504,13 @@ MachineRates measure_machine_rates(const CalibrationOptions& options, FILE* log)
 }
 
 StepTimeRequest step_time_request(const MemoryPlanRequest& plan, const StepPlan& step) {
-  return {plan.config, plan.batch, plan.seq_len, plan.recompute, step, plan.optimizer_state};
+  return {plan.config,
+          plan.batch,
+          plan.seq_len,
+          plan.recompute,
+          step,
+          plan.optimizer_state,
+          plan.dtype == Dtype::kBf16 ? 2 : 4};
 }
 
 std::string format_machine_rates(const MachineRates& r) {

@@ -102,52 +102,84 @@ TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
   for (const char* mode_name : {"gpu", "offload", "layup"}) {
     const std::string mode = mode_name;
     for (int grad_accum : {1, 2})
-      for (float clip : {1.0f, 0.0f}) {
-        SCOPED_TRACE(mode + " x" + std::to_string(grad_accum) + " clip " + std::to_string(clip));
-        MemoryPlanRequest request = cpu_request(config, mode, kBatch, kSeqLen, grad_accum);
-        request.clip = clip;
-        const RunMemory run = plan_run_memory(request, 1);
-        const MemoryPlan& plan = run.plan;
-        auto accountant = std::make_shared<MemoryAccountant>();
-        std::unique_ptr<Schedule> schedule =
-            make_schedule(plan.request.mode, make_cpu_backend(config, kBatch, kSeqLen, accountant),
-                          make_cpu_device(accountant), layout, run.schedule);
-        schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
-
-        // One step, so that what is allocated at the first step (gpu mode's accumulator) is too.
-        ASSERT_TRUE(random_step(*schedule, config, kBatch, kSeqLen, grad_accum, clip).applied);
-
-        size_t accounted = 0;
-        for (MemorySide side : kAllMemorySides)
-          for (TensorClass c : kAllTensorClasses)
-            for (MemoryKind kind : kAllMemoryKinds) {
-              const size_t planned = plan.accounted_bytes(side, c, kind);
-              const MemoryUsage measured = accountant->cell(side, c, kind);
-              EXPECT_EQ(measured.peak, planned)
-                  << memory_side_name(side) << " " << tensor_class_label(c) << " "
-                  << memory_kind_name(kind);
-              EXPECT_EQ(measured.current, planned);
-              accounted += planned;
-            }
-        // Everything but the process's own allowance and the transient copies is measured: the
-        // backend's activations and scratch too.
-        EXPECT_GT(
-            plan.accounted_bytes(MemorySide::kDevice, TensorClass::kActivations, MemoryKind::kHost),
-            0u);
-        for (const PlannedAllocation& a : plan.allocations) {
-          if (!a.accounted) {
-            EXPECT_TRUE(a.transient || a.tensor_class == TensorClass::kScratch) << a.what;
+      for (float clip : {1.0f, 0.0f})
+        for (const Accumulation accumulation :
+             {Accumulation::kMicroBatchMajor, Accumulation::kLayerMajor}) {
+          if (accumulation == Accumulation::kLayerMajor && (grad_accum == 1 || mode == "gpu"))
+            continue;
+          SCOPED_TRACE(mode + " x" + std::to_string(grad_accum) + " clip " + std::to_string(clip) +
+                       " " + name_of(accumulation));
+          MemoryPlanRequest request = cpu_request(config, mode, kBatch, kSeqLen, grad_accum);
+          request.clip = clip;
+          request.accumulation = accumulation;
+          const RunMemory run = plan_run_memory(request, 1);
+          // Layer-major layup keeps a whole host gradient only to clip (the head's sum apart).
+          if (mode == "layup" && accumulation == Accumulation::kLayerMajor) {
+            EXPECT_EQ(run.schedule.host_gradient, clip > 0.0f);
           }
+          const MemoryPlan& plan = run.plan;
+          auto accountant = std::make_shared<MemoryAccountant>();
+          std::unique_ptr<Schedule> schedule = make_schedule(
+              plan.request.mode, make_cpu_backend(config, kBatch, kSeqLen, accountant),
+              make_cpu_device(accountant), layout, run.schedule);
+          schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
+
+          // One step, so that what is allocated at the first step (gpu mode's accumulator) is too.
+          ASSERT_TRUE(random_step(*schedule, config, kBatch, kSeqLen, grad_accum, clip).applied);
+
+          size_t accounted = 0;
+          for (MemorySide side : kAllMemorySides)
+            for (TensorClass c : kAllTensorClasses)
+              for (MemoryKind kind : kAllMemoryKinds) {
+                const size_t planned = plan.accounted_bytes(side, c, kind);
+                const MemoryUsage measured = accountant->cell(side, c, kind);
+                EXPECT_EQ(measured.peak, planned)
+                    << memory_side_name(side) << " " << tensor_class_label(c) << " "
+                    << memory_kind_name(kind);
+                EXPECT_EQ(measured.current, planned);
+                accounted += planned;
+              }
+          // Everything but the process's own allowance and the transient copies is measured: the
+          // backend's activations and scratch too.
+          EXPECT_GT(plan.accounted_bytes(MemorySide::kDevice, TensorClass::kActivations,
+                                         MemoryKind::kHost),
+                    0u);
+          for (const PlannedAllocation& a : plan.allocations) {
+            if (!a.accounted) {
+              EXPECT_TRUE(a.transient || a.tensor_class == TensorClass::kScratch) << a.what;
+            }
+          }
+          EXPECT_EQ(accountant->total().peak, accounted);
+          const std::string report = format_memory_report(plan, *accountant);
+          EXPECT_NE(report.find("every accounted cell matches the plan exactly"), std::string::npos)
+              << report;
+          // What the accountant cannot see is labelled as planned.
+          EXPECT_NE(report.find("planned only, NOT measured"), std::string::npos) << report;
+          expect_one_step_plan(run);
         }
-        EXPECT_EQ(accountant->total().peak, accounted);
-        const std::string report = format_memory_report(plan, *accountant);
-        EXPECT_NE(report.find("every accounted cell matches the plan exactly"), std::string::npos)
-            << report;
-        // What the accountant cannot see is labelled as planned.
-        EXPECT_NE(report.find("planned only, NOT measured"), std::string::npos) << report;
-        expect_one_step_plan(run);
-      }
   }
+}
+
+// Layer-major accumulation on CUDA computes each block's forward again from its input: it needs
+// --recompute 3, and says so. gpu mode sums where the gradients lie and ignores it, with a note.
+TEST(MemoryPlan, LayerMajorNeedsRecomputeThreeOnCuda) {
+  const ModelConfig config = gpt2_config(6, 2, 64, 64);
+  MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, "layup", 2, 64, 4));
+  request.accumulation = Accumulation::kLayerMajor;
+  EXPECT_NE(error_of([&] { plan_run_memory(request); }).find("--recompute 3"), std::string::npos)
+      << error_of([&] { plan_run_memory(request); });
+  request.recompute = 3;
+  const RunMemory run = plan_run_memory(request);
+  EXPECT_EQ(run.step.accumulation, Accumulation::kLayerMajor);
+  EXPECT_GT(run.plan.bytes(MemorySide::kHost, TensorClass::kActivations), 0u) << "the stores";
+  request.mode = Mode::kGpu;
+  request.recompute = 0;
+  const RunMemory gpu = plan_run_memory(request);
+  EXPECT_EQ(gpu.step.accumulation, Accumulation::kMicroBatchMajor);
+  bool noted = false;
+  for (const std::string& note : gpu.plan.notes)
+    noted = noted || note.find("changes nothing there") != std::string::npos;
+  EXPECT_TRUE(noted);
 }
 
 // Every mode and placement on a discrete GPU (planned only): the step plan's sites are the

@@ -111,6 +111,7 @@ RunRequest run_request_of(const RunSpec& spec) {
   plan.optimizer_placement = spec.optimizer_placement;
   plan.offload_dir = spec.offload_dir;
   plan.optimizer_state = spec.optimizer_state;
+  plan.accumulation = spec.accumulation;
   plan.mode = spec.mode;
   plan.place = spec.place;
   request.cpu_workers = spec.cpu_workers;

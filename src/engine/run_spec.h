@@ -44,6 +44,8 @@ struct RunSpec {
   std::string offload_dir;  // layup: the directory of the blocks placed on disk (--offload-dir)
   // How AdamW keeps its moments (--optimizer-state): fp32, or the lossy bf16 or 8bit.
   OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
+  // How offload and layup sum the micro-batches (--accumulate): the same bits either way.
+  Accumulation accumulation = Accumulation::kMicroBatchMajor;
 
   // Memory (memory/memory_plan.h): budgets in bytes (the CLI parsed "16G"; none: no budget),
   // checked against the run's memory plan before anything is allocated, and the --place

@@ -80,6 +80,13 @@ Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
   work.block_forward_s = seconds(tokens * block_forward_flops, block_rate);
   work.block_backward_s =
       seconds(tokens * block_forward_flops * (request.recompute >= 3 ? 3.0 : 2.0), block_rate);
+  if (plan.accumulation == Accumulation::kLayerMajor) {
+    // The micro-batch's stored block input and residual gradient in, the gradient back out, in
+    // the device's order beside its compute (ModelBackend::park_micro_batch).
+    const double activation = tokens * C * request.activation_bytes;
+    work.block_backward_s += seconds(2.0 * activation, rates.h2d_bytes_per_s) +
+                             seconds(activation, rates.d2h_bytes_per_s);
+  }
   work.head_forward_s = seconds(tokens * head_forward_flops, head_rate);
   work.head_backward_s = 2.0 * work.head_forward_s;
   const ParameterLayout layout(c);

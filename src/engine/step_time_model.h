@@ -51,6 +51,9 @@ struct StepTimeRequest {
   // The moments' kind: a disk span's record is its bytes, and the AdamW rates are the kind's
   // (rates_for_state).
   OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
+  // Bytes of one activation (4: fp32, 2: bf16): layer-major accumulation moves a block's input and
+  // residual gradient in and the gradient out at every block's backward of every micro-batch.
+  int activation_bytes = 4;
 };
 
 // `rates` with the AdamW rates of `kind` where the fp32 ones stand (the model times every AdamW

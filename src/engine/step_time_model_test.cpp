@@ -38,13 +38,15 @@ std::vector<UpdateSite> sites(UpdateSite blocks, UpdateSite head, int disk_from 
 // A request for GPT-2 small, its step planned as the schedule of `mode` with these update sites
 // (layup; empty: every span on the host) runs it, clipping or not.
 StepTimeRequest request(Mode mode, int micro_batches = 1, std::vector<UpdateSite> update_sites = {},
-                        bool clipping = false) {
+                        bool clipping = false,
+                        Accumulation accumulation = Accumulation::kMicroBatchMajor) {
   StepTimeRequest r;
   r.config = gpt2_config(12, 12, 768, 1024);
   r.batch = 8;
   r.seq_len = 1024;
   ScheduleOptions options;
   options.update_sites = std::move(update_sites);
+  options.accumulation = accumulation;
   r.plan = compile_step_plan(mode, ParameterLayout(r.config), options,
                              device_kinds_of(DeviceKind::kCuda), micro_batches, clipping);
   return r;
@@ -132,6 +134,26 @@ TEST(StepTimeModel, AccumulationScalesTheComputeAndAddsOnTheHost) {
   // gpu mode too.
   EXPECT_NEAR(predict_step_time(request(Mode::kGpu, 4), rates()).gpu_compute_s,
               4.0 * predict_step_time(request(Mode::kGpu, 1), rates()).gpu_compute_s, 1e-9);
+}
+
+// Layer-major (docs/time_model.md): each block's gradient crosses the link once a step instead of
+// once a micro-batch, the host adds only the head's, and every block's backward of a micro-batch
+// moves three of its activations over the link.
+TEST(StepTimeModel, LayerMajorCopiesEachBlockOnceAndMovesItsActivations) {
+  const auto sites_on_host = sites(UpdateSite::kHost, UpdateSite::kHost);
+  const StepTimeRequest micro_batch_major = request(Mode::kLayup, 4, sites_on_host);
+  StepTimeRequest layer_major =
+      request(Mode::kLayup, 4, sites_on_host, false, Accumulation::kLayerMajor);
+  layer_major.activation_bytes = 2;
+  const StepTimePrediction mb = predict_step_time(micro_batch_major, rates());
+  const StepTimePrediction lm = predict_step_time(layer_major, rates());
+  const double block_bytes = 4.0 * ParameterLayout(layer_major.config).block().count;
+  EXPECT_NEAR(mb.spans[1].to_host_s, 4.0 * block_bytes / 50e9, 1e-9);
+  EXPECT_NEAR(lm.spans[1].to_host_s, block_bytes / 50e9, 1e-9);
+  EXPECT_EQ(lm.spans[1].add_s, 0.0);
+  EXPECT_GT(lm.spans[0].add_s, 0.0) << "the host still sums the head's micro-batches";
+  const double moved = 3.0 * 8 * 1024 * 768 * 2 / 50e9;  // B T C activations of 2 bytes, thrice
+  EXPECT_NEAR(lm.spans[1].backward_s, mb.spans[1].backward_s + 4.0 * moved, 1e-9);
 }
 
 // N of the PaLM count is the matmul weights: GPT-2's 12 L C^2 + V C; in the Llama family every

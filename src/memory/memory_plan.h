@@ -72,6 +72,9 @@ struct MemoryPlanRequest {
   // How AdamW keeps its moments (docs/optimizer_state.md); never chosen by the planner, since
   // bf16 and 8bit are lossy.
   OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
+  // How offload and layup sum the micro-batches (docs/schedules.md): layer-major keeps each
+  // micro-batch's block inputs and sums on the device, and the host keeps no sum.
+  Accumulation accumulation = Accumulation::kMicroBatchMajor;
   std::string offload_dir;  // layup: where blocks placed on disk keep their state
   Mode mode = Mode::kGpu;
   DeviceKind device = DeviceKind::kCpu;  // resolved: cpu or cuda

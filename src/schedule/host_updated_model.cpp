@@ -55,6 +55,18 @@ PackedSpans HostUpdatedModel::cpu_spans(const ParameterLayout& layout,
   return PackedSpans::of(layout, [&](size_t index) { return on_cpu(options, index); });
 }
 
+PackedSpans HostUpdatedModel::gradient_spans(const ParameterLayout& layout,
+                                             const ScheduleOptions& options) {
+  if (options.host_gradient) return cpu_spans(layout, options);
+  // Layer-major without a whole gradient: the host still sums the head's micro-batches (the
+  // device would need a head-sized sum of its own; blocks are summed in their slots).
+  const size_t last = layout.spans().size() - 1;
+  const bool layer_major = options.accumulation == Accumulation::kLayerMajor;
+  return PackedSpans::of(layout, [&](size_t index) {
+    return layer_major && (index == 0 || index == last) && on_cpu(options, index);
+  });
+}
+
 PackedSpans HostUpdatedModel::device_copy_spans(const ParameterLayout& layout,
                                                 const ScheduleOptions& options) {
   check_update_sites(layout, options);
@@ -120,8 +132,8 @@ HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layou
     buffers.spare_moments =
         host_state(TensorClass::kOptimizerMoments, "spare AdamW m and v, " + kind);
   }
-  if (options.host_gradient)
-    buffers.gradient = HostGradient::buffers(layout, cpu_spans(layout, options), kinds);
+  if (const PackedSpans summed = gradient_spans(layout, options); summed.count > 0)
+    buffers.gradient = HostGradient::buffers(layout, summed, kinds);
   if (any_on_disk(options))
     buffers.disk_staging =
         DiskTier::buffers(layout, options.update_sites, static_cast<size_t>(options.disk_slots),
@@ -197,8 +209,8 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
     host_adamw_ = std::make_unique<HostAdamW>(adamw_options);
   }
   if (listed.gradient)
-    host_gradient_ =
-        std::make_unique<HostGradient>(*device_, layout_, cpu_spans_, *host_adamw_, device_sums_);
+    host_gradient_ = std::make_unique<HostGradient>(
+        *device_, layout_, gradient_spans(layout_, options), *host_adamw_, device_sums_);
   if (any_on_disk(options))
     disk_tier_ = std::make_unique<DiskTier>(
         *device_, layout_, options.update_sites, options.offload_dir,

@@ -49,7 +49,9 @@ class HostUpdatedModel {
   bool weights_in_place() const { return weights_in_place_; }
   bool weights_land_in_compute_copy() const { return weights_land_in_compute_copy_; }
   bool speculative_clip() const { return speculative_clip_; }
-  // The gradient accumulated over micro-batches (null without ScheduleOptions::host_gradient).
+  // The gradient accumulated over micro-batches (null without ScheduleOptions::host_gradient):
+  // every host-updated span's, or (layer-major accumulation without a whole gradient) the
+  // host-updated head spans' only.
   HostGradient* host_gradient() const { return host_gradient_.get(); }
   // The spans at UpdateSite::kDisk (null where there are none).
   DiskTier* disk_tier() const { return disk_tier_.get(); }
@@ -87,6 +89,8 @@ class HostUpdatedModel {
   // whose gradient the host accumulates; and those the device keeps an fp32 copy of.
   static PackedSpans host_spans(const ParameterLayout& layout, const ScheduleOptions& options);
   static PackedSpans cpu_spans(const ParameterLayout& layout, const ScheduleOptions& options);
+  // The spans host_gradient() keeps.
+  static PackedSpans gradient_spans(const ParameterLayout& layout, const ScheduleOptions& options);
   static PackedSpans device_copy_spans(const ParameterLayout& layout,
                                        const ScheduleOptions& options);
   // The moments of host_spans in the run's optimizer state kind.

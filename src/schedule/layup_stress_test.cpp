@@ -96,6 +96,15 @@ class DelayingBackend final : public ModelBackend {
     delays_.maybe_sleep();
     inner_->backward_embeddings(params, embeddings_grad);
   }
+  size_t micro_batch_state_bytes() const override { return inner_->micro_batch_state_bytes(); }
+  void park_micro_batch(void* store, bool with_inputs) override {
+    delays_.maybe_sleep();
+    inner_->park_micro_batch(store, with_inputs);
+  }
+  void resume_micro_batch(const void* store, int layer) override {
+    delays_.maybe_sleep();
+    inner_->resume_micro_batch(store, layer);
+  }
 
  private:
   std::unique_ptr<ModelBackend> inner_;
@@ -306,13 +315,22 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
   // through the slots to the CPU.
   std::vector<UpdateSite> block_1_and_head = head_on_device(layout);
   block_1_and_head[1 + 1] = UpdateSite::kDevice;
+  const Trained mixed_two = train(gpu(), layout, Clipping::kMixed, 2);
   expect_same(
-      train(gpu(), layout, Clipping::kMixed, 2),
+      mixed_two,
       train(delayed_layup(
                 {.cpu_workers = 2, .speculative_clip = true, .update_sites = block_1_and_head},
                 /*discrete=*/true),
             layout, Clipping::kMixed, 2),
       "layup, speculative clipping, block 1 and the head on the device, two micro-batches");
+  // Layer-major accumulation: each block's two micro-batches in its two slots in turn (the second
+  // waits for the host to take the block above out), block 1 summed on the device, the head too.
+  ScheduleOptions layer_major{
+      .cpu_workers = 2, .speculative_clip = true, .update_sites = block_1_and_head};
+  layer_major.accumulation = Accumulation::kLayerMajor;
+  expect_same(mixed_two,
+              train(delayed_layup(layer_major, /*discrete=*/true), layout, Clipping::kMixed, 2),
+              "layup, layer-major, speculative clipping, block 1 and the head on the device");
   std::vector<UpdateSite> block_1(layout.spans().size(), UpdateSite::kHost);
   block_1[1 + 1] = UpdateSite::kDevice;
   expect_same(

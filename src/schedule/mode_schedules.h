@@ -28,7 +28,7 @@ std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> ba
                                                 const ParameterLayout& layout,
                                                 const ScheduleOptions& options);
 BufferList offload_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
-                                    DeviceKinds kinds);
+                                    DeviceKinds kinds, int micro_batches);
 
 // The `layup` mode (the paper's schedule): the device thread runs backward block by block into two
 // gradient slots (WeightGradSlots); each finished slot is handed to the CPU, and that block is

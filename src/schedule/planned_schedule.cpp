@@ -63,6 +63,7 @@
 #include "schedule/forward_waits.h"
 #include "schedule/gradient_route.h"
 #include "schedule/host_updated_model.h"
+#include "schedule/layer_major_buffers.h"
 #include "schedule/micro_batch_gradients.h"
 #include "schedule/mode_schedules.h"
 #include "schedule/release_once.h"
@@ -91,6 +92,7 @@ ScheduleOptions mode_options(Mode mode, const ParameterLayout& layout, ScheduleO
     options.weights_in_place = false;
     options.weights_land_in_compute_copy = false;
     options.update_sites.assign(layout.spans().size(), UpdateSite::kDevice);
+    options.accumulation = Accumulation::kMicroBatchMajor;  // its sums are on the device anyway
   }
   return options;
 }
@@ -119,16 +121,27 @@ class PlannedSchedule final : public Schedule {
                      device_moments_kind(mode, options_, model_.device().kinds())),
         host_head_spans_(host_updated_head_spans(layout, options_.update_sites)),
         route_(cpu_updates(layout, options_)
-                   ? make_gradient_route(model_.host_gradient(), model_.device(), layout_,
-                                         grads_kind_, host_head_spans_)
+                   ? make_gradient_route(options_.host_gradient ? model_.host_gradient() : nullptr,
+                                         model_.device(), layout_, grads_kind_,
+                                         block_route_head_spans(options_, host_head_spans_))
                    : nullptr),
+        head_route_(head_accumulator_only(options_) && model_.host_gradient() != nullptr
+                        ? make_gradient_route(model_.host_gradient(), model_.device(), layout_,
+                                              grads_kind_, {})
+                        : nullptr),
         timing_(options_.speculative_clip),
+        layer_major_(model_.device(), layout_, whole_gradient(mode), grads_kind_,
+                     model_.device().kinds().host_copy),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_updated_(layout.config().n_layer, 0),
         progress_(layout.spans().size()) {
-    LAYUP_CHECK(model_.host_gradient() != nullptr || !model_.speculative_clip(),
+    head_routed_.resize(layout.spans().size());
+    LAYUP_CHECK(options_.host_gradient || !model_.speculative_clip(),
                 "speculative clipping needs the whole-model gradient on the host (it may redo "
                 "every block's update once the norm is known)");
+    LAYUP_CHECK(options_.accumulation != Accumulation::kLayerMajor || model_.ranks() == nullptr,
+                "--accumulate layer-major runs on one rank for now; with several ranks use "
+                "--accumulate micro-batch-major");
     // The device-updated spans' gradients are summed over the ranks where they are (ZeRO-1: by
     // the device tier, into each rank's part).
     if (model_.ranks() != nullptr && !device_tier_.spans().empty() && !device_tier_.sharded())
@@ -201,7 +214,7 @@ class PlannedSchedule final : public Schedule {
 
   StepStats step(std::span<const TokenBatch> micro_batches,
                  const UpdateSettings& settings) override {
-    check_step(micro_batches.size(), settings.clip_max_norm);
+    check_step(micro_batches, settings.clip_max_norm);
     const StepPlan& step_plan = plan_for(micro_batches.size(), settings.clip_max_norm > 0.0f);
     const StepContext context = begin_step(step_plan, settings);
     double loss_sum = 0.0;
@@ -295,17 +308,26 @@ class PlannedSchedule final : public Schedule {
     return micro_batches * static_cast<size_t>(model_.rank_count());
   }
 
-  void check_step(size_t micro_batches, float clip_max_norm) const {
-    LAYUP_CHECK(micro_batches > 0, "a training step needs at least one micro-batch");
+  void check_step(std::span<const TokenBatch> micro_batches, float clip_max_norm) const {
+    LAYUP_CHECK(!micro_batches.empty(), "a training step needs at least one micro-batch");
     LAYUP_CHECK(!broken_, "the ", name_of(mode_),
                 " schedule failed in an earlier step and cannot continue");
-    LAYUP_CHECK(model_.host_gradient() != nullptr || route_ == nullptr ||
-                    (clip_max_norm <= 0.0f && micro_batches == 1),
+    const bool layer_major = options_.accumulation == Accumulation::kLayerMajor;
+    LAYUP_CHECK(options_.host_gradient || route_ == nullptr ||
+                    (clip_max_norm <= 0.0f && (micro_batches.size() == 1 || layer_major)),
                 "this layup schedule keeps no whole-model gradient on the host (planned for "
-                "--clip none and one micro-batch, as a unified-memory device wants), so it cannot "
+                "--clip none and one micro-batch, or layer-major accumulation), so it cannot "
                 "clip (asked: ",
-                clip_max_norm, ") or accumulate (asked: ", micro_batches,
+                clip_max_norm,
+                ") or accumulate micro-batch by micro-batch (asked: ", micro_batches.size(),
                 " micro-batches); plan the run with clipping or --grad-accum to keep one");
+    if (layer_major)
+      for (const TokenBatch& batch : micro_batches)
+        LAYUP_CHECK(
+            batch.batch == micro_batches[0].batch && batch.seq_len == micro_batches[0].seq_len,
+            "layer-major accumulation needs micro-batches of one shape (got ", batch.batch, " x ",
+            batch.seq_len, " beside ", micro_batches[0].batch, " x ", micro_batches[0].seq_len,
+            "); use --accumulate micro-batch-major");
   }
 
   // step(), before the device thread starts. Nothing here is touched by what may still run from
@@ -314,6 +336,9 @@ class PlannedSchedule final : public Schedule {
     std::fill(span_sum_sq_.begin(), span_sum_sq_.end(), 0.0);
     std::fill(block_updated_.begin(), block_updated_.end(), 0);
     device_tier_.begin_step(static_cast<size_t>(step_plan.micro_batches));
+    if (step_plan.accumulation == Accumulation::kLayerMajor)
+      layer_major_.begin_step(static_cast<size_t>(step_plan.micro_batches),
+                              model_.backend().micro_batch_state_bytes());
     StepContext context;
     // A plan that updates after the norm whether it clips or not (offload's) says so; else the
     // clip threshold and the last step choose (UpdateTiming).
@@ -361,11 +386,15 @@ class PlannedSchedule final : public Schedule {
     const int final_norm = static_cast<int>(layout_.spans().size()) - 1;
     bool update_now = false;
     std::vector<std::optional<SlotLease>> leases(layout_.spans().size());  // per block span
+    const bool layer_major = step_plan.accumulation == Accumulation::kLayerMajor;
     for (const PlanTask& task : step_plan.tasks) {
-      if (task.micro_batch < 0) continue;
-      const size_t k = static_cast<size_t>(task.micro_batch);
-      const bool first = k == 0;
-      const bool last = k + 1 == micro_batches.size();
+      // A copy once a step is of a sum the device took (layer-major): to the host it is one
+      // micro-batch's gradient.
+      const bool summed = task.micro_batch < 0;
+      if (summed && task.lane != Lane::kToHost) continue;
+      const size_t k = summed ? 0 : static_cast<size_t>(task.micro_batch);
+      const bool first = summed || k == 0;
+      const bool last = summed || k + 1 == micro_batches.size();
       const bool block = task.span > 0 && task.span < final_norm;
       if (task.lane == Lane::kToHost && block) {
         hand_on(task.span - 1, std::exchange(leases[task.span], std::nullopt), first, last,
@@ -390,11 +419,25 @@ class PlannedSchedule final : public Schedule {
         // before backward_head overwrites them.
         if (!first) progress_.wait_consumed();
         progress_.wait_head_landed();
+        if (layer_major) {
+          backward_head_layer_major(params, k, last, loss_scale);
+          continue;
+        }
         TraceSpan traced(trace_, device_track_, trace_name(task.kind, SpanKind::kFinalNorm));
         model_.backend().backward_head(params, gradients_.head(layout_.spans().size() - 1),
                                        gradients_.head(0), loss_scale);
       } else if (task.kind == TaskKind::kBackward && task.span == 0) {
-        backward_embeddings(params, first, last, context.head);
+        if (layer_major)
+          backward_embeddings_layer_major(params, k, last, context.head);
+        else
+          backward_embeddings(params, first, last, context.head);
+      } else if (task.kind == TaskKind::kBackward && layer_major) {
+        const int layer = task.span - 1;
+        if (first && step_plan.spans[task.span].gradient == GradientTarget::kSlot)
+          leases[task.span] = acquire_slot(layer);
+        backward_block_layer_major(layer, step_plan.spans[task.span].gradient,
+                                   leases[task.span] ? leases[task.span]->data : nullptr, params, k,
+                                   last);
       } else if (task.kind == TaskKind::kBackward) {
         const int layer = task.span - 1;
         if (step_plan.spans[task.span].site == UpdateSite::kDevice) {
@@ -480,6 +523,173 @@ class PlannedSchedule final : public Schedule {
     }
     if (last && model_.ranks() == nullptr)
       model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+  }
+
+  // Device thread, layer-major: micro-batch k's head backward, parked in its store until its
+  // first block's backward; the final norm's gradient (complete now) added into the device tier's
+  // sum or handed to the host, which sums it as it sums a micro-batch-major step's.
+  void backward_head_layer_major(const ParameterPointers& params, size_t k, bool last,
+                                 float loss_scale) {
+    const size_t final_norm = layout_.spans().size() - 1;
+    float* final_norm_grad = gradients_.head(final_norm);
+    {
+      TraceSpan traced(trace_, device_track_,
+                       trace_name(TaskKind::kBackward, SpanKind::kFinalNorm));
+      model_.backend().backward_head(params, final_norm_grad, embeddings_output(k), loss_scale);
+      model_.backend().park_micro_batch(layer_major_.store(k), /*with_inputs=*/true);
+      if (device_tier_.holds(final_norm)) device_tier_.add(final_norm, final_norm_grad, k == 0);
+    }
+    if (!device_tier_.holds(final_norm))
+      hand_on_head_span(final_norm, final_norm_grad, k == 0, last);
+  }
+
+  // Layer-major: where micro-batch k's backward writes the embeddings' gradient. A tied
+  // embedding's holds the LM head's part from backward_head until the input's part is added at
+  // the end of the backward: one buffer a micro-batch.
+  float* embeddings_output(size_t k) const {
+    float* own = layer_major_.embeddings_output(k);
+    return own != nullptr ? own : gradients_.head(0);
+  }
+
+  // Device thread, layer-major: the embeddings' gradient of micro-batch k (written by
+  // backward_head, or an untied head's zeros written here again, then the input's part added),
+  // summed as the final norm's; after the last, every sum of squares and the head's landing.
+  void backward_embeddings_layer_major(const ParameterPointers& params, size_t k, bool last,
+                                       const std::shared_ptr<HeadUpdate>& head) {
+    float* output = embeddings_output(k);
+    const bool on_device = device_tier_.holds(0);
+    {
+      TraceSpan traced(trace_, device_track_, "backward_embeddings");
+      if (layer_major_.embeddings_output(k) == nullptr) {
+        // The consumer has taken the micro-batch before's from here.
+        if (!on_device && k > 0) progress_.wait_consumed();
+        model_.device().fill_zero(output, layout_.spans()[0].count);
+      }
+      model_.backend().resume_micro_batch(layer_major_.store(k), -1);
+      model_.backend().backward_embeddings(params, output);
+      if (on_device) device_tier_.add(0, output, k == 0);
+    }
+    if (!last) {
+      if (!on_device) hand_on_head_span(0, output, k == 0, false);
+      return;
+    }
+    for (const size_t index : device_tier_.spans())
+      if (index == 0 || index + 1 == layout_.spans().size())
+        model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+    std::shared_ptr<const DeviceFence> written = model_.device().fence();
+    progress_.consume_submitted();
+    if (head != nullptr) progress_.head_landing_submitted();
+    consumer_.submit([this, written, output, on_device, head] {
+      run_task([&] {
+        {
+          TraceSpan traced(trace_, consumer_track_, "consume head");
+          if (!on_device) take_head_span(0, output, *written, /*first=*/false, /*last=*/true);
+          model_.device().wait_for(*written);
+          for (const size_t index : device_tier_.spans())
+            span_sum_sq_[index] = model_.device_sum_of_squares(index);
+          progress_.consume_done();
+        }
+        std::vector<RoutedGradient> routed;
+        for (const size_t index : host_head_spans_) routed.push_back(head_routed_[index]);
+        head_gradients_landed(head, std::move(routed));
+      });
+    });
+  }
+
+  // Device thread, layer-major: one micro-batch's gradient of host-updated head span `index` at
+  // `data` to the consumer, which adds it into the host's sum.
+  void hand_on_head_span(size_t index, const float* data, bool first, bool last) {
+    std::shared_ptr<const DeviceFence> written = model_.device().fence();
+    progress_.consume_submitted();
+    consumer_.submit([this, index, data, written, first, last] {
+      run_task([&] {
+        {
+          TraceSpan traced(trace_, consumer_track_, "consume head");
+          take_head_span(index, data, *written, first, last);
+        }
+        progress_.consume_done();
+      });
+    });
+  }
+
+  // Consumer, layer-major: a head span's gradient of one micro-batch into the host's sum; after
+  // the last, the sum's sum of squares and where it lies, kept for the head's landing.
+  void take_head_span(size_t index, const float* data, const DeviceFence& written, bool first,
+                      bool last) {
+    RoutedGradient routed = head_route().take({index, data, &written, -1, nullptr}, first, last);
+    if (!last) return;
+    span_sum_sq_[index] = routed.host_sum_sq;
+    head_routed_[index] = std::move(routed);
+  }
+
+  // The route of the host-updated head spans' gradients: the blocks' route, or (layer-major
+  // without a whole host gradient) the host's sum of the head alone.
+  GradientRoute& head_route() const { return head_route_ ? *head_route_ : *route_; }
+
+  // Layer-major without a whole host gradient: the host sums only the head's micro-batches.
+  static bool head_accumulator_only(const ScheduleOptions& options) {
+    return options.accumulation == Accumulation::kLayerMajor && !options.host_gradient;
+  }
+  // The head spans the blocks' route lands (a landing buffer each, where it has them): none where
+  // the head has a route of its own.
+  static std::vector<size_t> block_route_head_spans(const ScheduleOptions& options,
+                                                    const std::vector<size_t>& head_spans) {
+    return head_accumulator_only(options) ? std::vector<size_t>{} : head_spans;
+  }
+
+  // Device thread, layer-major: block `layer`'s backward of micro-batch k from its store, summed
+  // over the micro-batches (after the last, the sum's sum of squares, as for one micro-batch's
+  // gradient):
+  //   a slot (`slot`, slot layer % 2): the first micro-batch's written there, each later one's
+  //     into the other slot (free once the host has the block above) and added;
+  //   a device-updated block: each written into slot layer % 2 and added into its own sum;
+  //   offload: each written into the block output and added into its part of the whole gradient.
+  // A sum that starts from the first micro-batch's gradient (the slot) differs from one that
+  // starts from +0 (the others, the host's) only in the sign of an element that is zero in every
+  // micro-batch, which no norm, moment or weight can tell.
+  void backward_block_layer_major(int layer, GradientTarget target, float* slot,
+                                  const ParameterPointers& params, size_t k, bool last) {
+    const size_t index = 1 + static_cast<size_t>(layer);
+    const size_t count = layout_.spans()[index].count;
+    std::optional<SlotLease> scratch_slot;
+    float* output = nullptr;
+    switch (target) {
+      case GradientTarget::kSlot:
+        if (k == 1) other_slot_ = acquire_slot(layer + 1);
+        output = k == 0 ? slot : other_slot_->data;
+        break;
+      case GradientTarget::kOwnBuffer:
+        scratch_slot = acquire_slot(layer);
+        output = scratch_slot->data;
+        break;
+      case GradientTarget::kWholeGradient:
+        output = layer_major_.block_output();
+        break;
+    }
+    TraceSpan traced(trace_, device_track_, "backward_block", layer);
+    model_.backend().resume_micro_batch(layer_major_.store(k), layer);
+    model_.backend().backward_block(layer, params, output);
+    model_.backend().park_micro_batch(layer_major_.store(k), /*with_inputs=*/false);
+    float* sum = nullptr;
+    switch (target) {
+      case GradientTarget::kSlot:
+        sum = slot;
+        if (k > 0) model_.device().add(sum, output, count);
+        // The next user of the other slot is the device, after this add in its order.
+        if (last && other_slot_) gradients_.slots().release(*std::exchange(other_slot_, {}));
+        break;
+      case GradientTarget::kOwnBuffer:
+        device_tier_.add(index, output, k == 0);
+        gradients_.slots().release(*scratch_slot);
+        sum = device_tier_.gradient(index);
+        break;
+      case GradientTarget::kWholeGradient:
+        sum = gradients_.block(layer);
+        if (k == 0) model_.device().fill_zero(sum, count);
+        model_.device().add(sum, output, count);
+        break;
+    }
+    if (last) model_.start_device_sum_of_squares(index, sum);
   }
 
   // Device thread: block `layer`'s gradient (in the slot `lease` holds, else in the whole-model
@@ -588,7 +798,7 @@ class PlannedSchedule final : public Schedule {
       TraceSpan traced(trace_, consumer_track_, "consume head");
       if (!one_micro_batch)
         for (const size_t index : host_head_spans_) {
-          routed.push_back(route_->take(head_source(index, written), first, last));
+          routed.push_back(head_route().take(head_source(index, written), first, last));
           if (last) span_sum_sq_[index] = routed.back().host_sum_sq;
         }
       if (last) {
@@ -601,7 +811,7 @@ class PlannedSchedule final : public Schedule {
           // The norm needs the head's gradient summed over the ranks: it lands first.
           if (one_micro_batch)
             for (const size_t index : host_head_spans_)
-              routed.push_back(route_->take(head_source(index, written), first, last));
+              routed.push_back(head_route().take(head_source(index, written), first, last));
           for (const size_t index : host_head_spans_)
             span_sum_sq_[index] = model_.sum_gradient_over_ranks(index);
         }
@@ -609,8 +819,15 @@ class PlannedSchedule final : public Schedule {
       progress_.consume_done();
       if (one_micro_batch && model_.ranks() == nullptr)
         for (const size_t index : host_head_spans_)
-          routed.push_back(route_->take(head_source(index, written), first, last));
+          routed.push_back(head_route().take(head_source(index, written), first, last));
     }
+    head_gradients_landed(head, std::move(routed));
+  }
+
+  // Consumer: the host-updated head spans' gradients of the step are where `routed` says (one per
+  // span, in host_head_spans_ order); their update goes once step() has decided it too.
+  void head_gradients_landed(const std::shared_ptr<HeadUpdate>& head,
+                             std::vector<RoutedGradient> routed) {
     if (head == nullptr) return;
     bool submit = false;
     {
@@ -793,8 +1010,14 @@ class PlannedSchedule final : public Schedule {
                                      device_moments_kind(mode, options, kinds))
                      .list(micro_batches > 1));
     if (cpu_updates(layout, options))
-      append(list, gradient_route_buffers(options.host_gradient, layout, grads_kind, kinds,
-                                          host_updated_head_spans(layout, options.update_sites)));
+      append(list, gradient_route_buffers(
+                       options.host_gradient, layout, grads_kind, kinds,
+                       block_route_head_spans(
+                           options, host_updated_head_spans(layout, options.update_sites))));
+    if (options.accumulation == Accumulation::kLayerMajor && micro_batches > 1)
+      append(list,
+             LayerMajorBuffers::buffers(layout, whole_gradient(mode), grads_kind, kinds.host_copy,
+                                        micro_batches, options.micro_batch_state_bytes));
     return list;
   }
 
@@ -816,7 +1039,14 @@ class PlannedSchedule final : public Schedule {
   std::vector<void*> device_tier_compute_copies_;
   const std::vector<size_t> host_head_spans_;
   const std::unique_ptr<GradientRoute> route_;
+  const std::unique_ptr<GradientRoute> head_route_;  // null: the head goes route_'s way
+  // Layer-major, per span: where the consumer left a host-updated head span's sum of the step.
+  std::vector<RoutedGradient> head_routed_;
   UpdateTiming timing_;
+  LayerMajorBuffers layer_major_;  // allocated at the first layer-major step
+  // Layer-major, device thread: the slot a block's later micro-batches write before they are
+  // added into the block's own slot.
+  std::optional<SlotLease> other_slot_;
   // This step's, written by the consumer and read by step() after wait_consumed: per span the sum
   // of squares of its gradient; per block whether it was updated during backward.
   std::vector<double> span_sum_sq_;
@@ -849,8 +1079,8 @@ std::unique_ptr<Schedule> make_gpu_schedule(std::unique_ptr<ModelBackend> backen
 }
 
 BufferList offload_schedule_buffers(const ParameterLayout& layout, const ScheduleOptions& options,
-                                    DeviceKinds kinds) {
-  return PlannedSchedule::buffers(Mode::kOffload, layout, options, kinds, 1);
+                                    DeviceKinds kinds, int micro_batches) {
+  return PlannedSchedule::buffers(Mode::kOffload, layout, options, kinds, micro_batches);
 }
 
 std::unique_ptr<Schedule> make_offload_schedule(std::unique_ptr<ModelBackend> backend,

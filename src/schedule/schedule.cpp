@@ -117,7 +117,7 @@ BufferList schedule_buffers(Mode mode, const ParameterLayout& layout,
     case Mode::kGpu:
       return gpu_schedule_buffers(layout, options, kinds, micro_batches);
     case Mode::kOffload:
-      return offload_schedule_buffers(layout, options, kinds);
+      return offload_schedule_buffers(layout, options, kinds, micro_batches);
     case Mode::kLayup:
       return layup_schedule_buffers(layout, options, kinds, micro_batches);
   }
@@ -250,8 +250,12 @@ std::string describe_optimizer_state(OptimizerStateKind kind) {
 }
 
 std::string describe_schedule(Mode mode, const ScheduleOptions& options, float clip_max_norm) {
-  return describe_mode(mode, options, clip_max_norm) + "; " +
-         describe_optimizer_state(options.optimizer_state);
+  std::string text = describe_mode(mode, options, clip_max_norm);
+  if (mode != Mode::kGpu && options.accumulation == Accumulation::kLayerMajor)
+    text +=
+        "; micro-batches layer-major (each block's backward of every micro-batch in turn, "
+        "summed on the device)";
+  return text + "; " + describe_optimizer_state(options.optimizer_state);
 }
 
 }  // namespace layup

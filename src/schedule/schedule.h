@@ -220,6 +220,14 @@ struct ScheduleOptions {
   // How AdamW keeps its moments in every mode and tier (--optimizer-state;
   // docs/optimizer_state.md): fp32, or bf16 or blockwise 8-bit, which are lossy.
   OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
+  // offload and layup with several micro-batches (--accumulate; docs/schedules.md, "Micro-batch
+  // accumulation"): layer-major runs every micro-batch's forward first, keeps each one's block
+  // inputs in a store of micro_batch_state_bytes (ModelBackend::micro_batch_state_bytes) in host
+  // memory, and sums each block's gradient over the micro-batches on the device, so the host
+  // gets one gradient a block and sums only the head's (without host_gradient it keeps no other
+  // gradient). The same bits either way.
+  Accumulation accumulation = Accumulation::kMicroBatchMajor;
+  size_t micro_batch_state_bytes = 0;  // what the memory plan counts per micro-batch
 
   // The kind placement gives `tensor_class`, else `fallback`.
   MemoryKind kind_of(TensorClass tensor_class, MemoryKind fallback) const {

@@ -21,7 +21,23 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
               "--place weights=pinned makes the GPU compute with the master weights where they "
               "lie, and --place master=host puts them where the GPU cannot read; use "
               "master=pinned (the default) or leave the weights on the device");
-  options.host_gradient = r.mode != Mode::kLayup || r.clip > 0.0f || r.grad_accum > 1;
+  // Layer-major accumulation sums the micro-batches on the device: the host keeps a gradient only
+  // to clip (the norm needs every block's before the first update).
+  // gpu mode sums where the gradient lies already: the choice changes nothing there (a note says
+  // so); one micro-batch has nothing to sum.
+  const bool layer_major =
+      r.accumulation == Accumulation::kLayerMajor && r.mode != Mode::kGpu && r.grad_accum > 1;
+  LAYUP_CHECK(!layer_major || !cuda || r.recompute >= 3,
+              "--accumulate layer-major keeps each micro-batch's block inputs only and computes "
+              "each block's forward again in its backward: it needs --recompute 3 (got ",
+              r.recompute, ")");
+  options.accumulation = layer_major ? Accumulation::kLayerMajor : Accumulation::kMicroBatchMajor;
+  options.micro_batch_state_bytes =
+      layer_major ? micro_batch_state_bytes(r.config, r.batch, r.seq_len,
+                                            cuda && r.dtype == Dtype::kBf16 ? 2 : 4)
+                  : 0;
+  options.host_gradient =
+      r.mode != Mode::kLayup || r.clip > 0.0f || (r.grad_accum > 1 && !layer_major);
   // ZeRO-1 on the CPU backend for now; on GPUs every rank keeps the whole state.
   options.optimizer_shards = r.mode == Mode::kGpu && !cuda ? r.ranks : 1;
   options.optimizer_state = r.optimizer_state;
@@ -105,6 +121,10 @@ bool updates_head_on_device(const ScheduleOptions& options) {
 std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
                                         const ScheduleOptions& options) {
   std::vector<std::string> notes;
+  if (r.mode == Mode::kGpu && r.accumulation == Accumulation::kLayerMajor && r.grad_accum > 1)
+    notes.push_back(
+        "gpu mode sums the micro-batches where their gradients lie, on the device: "
+        "--accumulate layer-major changes nothing there");
   if (r.mode == Mode::kGpu) return notes;
   const bool cuda = r.device == DeviceKind::kCuda;
   const ParameterLayout layout(r.config);
@@ -162,6 +182,18 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
         std::to_string(options.disk_slots) +
         " blocks' worth of host memory stage them: each step reads and writes " + record_bytes +
         " bytes a parameter of them, which hides under the GPU's work only in steps long enough");
+  if (options.accumulation == Accumulation::kLayerMajor && r.grad_accum > 1)
+    notes.push_back(
+        "micro-batches accumulate layer-major (--accumulate layer-major): each block's backward "
+        "of every micro-batch in turn, summed on the device, so the host gets one gradient a "
+        "block and sums only the head's micro-batches" +
+        std::string(options.host_gradient
+                        ? " (it keeps a whole gradient to clip by the global norm)"
+                        : " (it keeps no whole-model gradient)") +
+        "; the " + std::to_string(r.grad_accum) + " micro-batches' block inputs take " +
+        format_bytes(static_cast<size_t>(r.grad_accum) * options.micro_batch_state_bytes) +
+        " of host memory (pinned on CUDA; each crosses the link at every block's backward), and "
+        "each block's forward runs again in backward");
   if (options.weights_land_in_compute_copy)
     notes.push_back(
         "the host-updated spans' new weights land in the backend's bf16 compute copy, cast on "

@@ -444,6 +444,57 @@ TEST(SchedulesEquivalence, TheLlamaFamilyTrainsTheSameAcrossTiers) {
     }
 }
 
+// Layer-major accumulation (ScheduleOptions::accumulation): every micro-batch's forward first,
+// then each block's backward of every micro-batch in turn, summed on the device, the host getting
+// one gradient a span (and keeping none without clipping). Bit for bit the micro-batch-major run
+// of the same options, with two and three micro-batches, clipped and not, in offload and layup
+// with the head on the host and on the device; clipped with three, speculative clipping, blocks
+// on disk and on the device, and an untied Llama head (the others: GPT-2's tied one).
+TEST(SchedulesEquivalence, LayerMajorAccumulationTrainsLikeMicroBatchMajor) {
+  const ParameterLayout layout(tiny_config());
+  test_files::TempDir dir;
+  const ModelConfig llama = llama_with_biases();
+  const struct {
+    const char* name;
+    const char* mode;
+    ScheduleOptions options;
+    ModelConfig config;
+    bool every_count_and_clipping;  // else three micro-batches, clipped
+  } runs[] = {
+      {"offload", "offload", {}, tiny_config(), true},
+      {"layup, the head on the host", "layup", {}, tiny_config(), true},
+      {"layup, the head on the device",
+       "layup",
+       {.update_sites = head_on_device(layout)},
+       tiny_config(),
+       true},
+      {"layup, speculative clipping", "layup", {.speculative_clip = true}, tiny_config(), false},
+      {"layup, blocks on disk and on the device",
+       "layup",
+       {.update_sites = disk_device_disk(layout), .offload_dir = dir.path(), .disk_slots = 1},
+       tiny_config(),
+       false},
+      {"layup, Llama across tiers", "layup", llama_across_tiers(llama, dir), llama, false},
+  };
+  for (const int micro_batches : {2, 3})
+    for (const bool clip : {false, true})
+      for (const auto& [name, mode, options, config, every] : runs) {
+        if (!every && !(micro_batches == 3 && clip)) continue;
+        SCOPED_TRACE(std::string(name) + ", " + std::to_string(micro_batches) + " micro-batches, " +
+                     (clip ? "clipped" : "unclipped"));
+        const TrainingRun micro_batch_major =
+            train(with_options(mode, options), micro_batches, clip, config);
+        EXPECT_NE(micro_batch_major.losses.front(), micro_batch_major.losses.back());
+        ScheduleOptions layer_major = options;
+        layer_major.accumulation = Accumulation::kLayerMajor;
+        // As the run's plan chooses: a host gradient only to clip.
+        layer_major.host_gradient = clip || options.speculative_clip;
+        expect_same(micro_batch_major,
+                    train(with_options(mode, layer_major), micro_batches, clip, config),
+                    std::string(mode) + ", layer-major");
+      }
+}
+
 // What the disk tier refuses before a step: no directory, speculative clipping (no second copy of
 // the state on disk), a directory that does not exist, the head on disk.
 TEST(SchedulesEquivalence, BlocksOnDiskRefuseWhatTheyCannotDo) {

@@ -132,6 +132,13 @@ class WatchedBackend final : public ModelBackend {
   void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) override {
     inner_->backward_embeddings(params, embeddings_grad);
   }
+  size_t micro_batch_state_bytes() const override { return inner_->micro_batch_state_bytes(); }
+  void park_micro_batch(void* store, bool with_inputs) override {
+    inner_->park_micro_batch(store, with_inputs);
+  }
+  void resume_micro_batch(const void* store, int layer) override {
+    inner_->resume_micro_batch(store, layer);
+  }
 
  private:
   std::unique_ptr<ModelBackend> inner_;

@@ -119,6 +119,12 @@ class PlanBuilder {
     disk_order();
     for (size_t j = 0; j < std::min(disk_.size(), static_cast<size_t>(plan_.disk_slots)); ++j)
       disk_read_[disk_[j]] = add(TaskKind::kReadState, Lane::kDisk, disk_[j], -1, {});
+    if (plan_.accumulation == Accumulation::kLayerMajor) {
+      layer_major();
+      finish_step();
+      cross_step_waits();
+      return;
+    }
     int after_copies = -1;  // offload: the last copy of the micro-batch before
     for (int k = 0; k < plan_.micro_batches; ++k) {
       const bool last = k + 1 == plan_.micro_batches;
@@ -163,12 +169,83 @@ class PlanBuilder {
     if (plan_.window == UpdateWindow::kDuringBackward) std::reverse(disk_.begin(), disk_.end());
   }
 
+  // Layer-major: every micro-batch's forward and head backward, then each block's backward of
+  // every micro-batch in turn, each added into the block's sum on the device, the sum handed to
+  // the host once; the embeddings' backward of every micro-batch last, then the head's sums.
+  void layer_major() {
+    const int final_norm = spans_ - 1;
+    for (int k = 0; k < plan_.micro_batches; ++k) {
+      for (int i = 0; i < spans_; ++i) {
+        const int task = add(TaskKind::kForward, Lane::kDevice, i, k, {});
+        if (k == 0) first_forward_.push_back(task);
+      }
+      backward_head(k);
+      head_path(final_norm, last_task(), k);
+    }
+    for (int layer = layers_ - 1; layer >= 0; --layer) {
+      const int span = 1 + layer;
+      const bool slot = plan_.spans[span].gradient == GradientTarget::kSlot;
+      // The sum is taken in slot layer % 2, free once the host has the block two above; the
+      // later micro-batches are written into the other slot, free once it has the block above,
+      // and added.
+      int summed = -1;
+      for (int k = 0; k < plan_.micro_batches; ++k) {
+        const int acquired = !slot ? -1 : k == 0 ? layer % 2 : k == 1 ? (layer + 1) % 2 : -1;
+        std::vector<int> after;
+        if (acquired >= 0 && slot_user_[acquired] >= 0) after.push_back(slot_user_[acquired]);
+        const int task = add(TaskKind::kBackward, Lane::kDevice, span, k, std::move(after));
+        if (acquired >= 0 && slot_user_[acquired] < 0 && first_slot_backward_[acquired] < 0)
+          first_slot_backward_[acquired] = task;
+        summed =
+            slot && k == 0 ? task : add(TaskKind::kAddGradient, Lane::kDevice, span, k, {task});
+      }
+      if (plan_.mode == Mode::kOffload || !on_cpu_side(span)) continue;
+      const int copy = sum_to_host(span, summed);
+      if (slot) slot_user_[layer % 2] = copy;
+      if (plan_.window == UpdateWindow::kDuringBackward) update(span, {on_host_[span]});
+    }
+    for (int k = 0; k < plan_.micro_batches; ++k) {
+      last_backward_ = add(TaskKind::kBackward, Lane::kDevice, 0, k, {});
+      head_path(0, last_backward_, k);
+    }
+    if (plan_.mode == Mode::kOffload) {
+      // The blocks' sums in forward order, one after the other, as offload copies.
+      int previous = last_backward_;
+      for (int i = 1; i < final_norm; ++i) previous = sum_to_host(i, previous);
+    }
+  }
+
+  // Layer-major: a head span's gradient of micro-batch k, as micro-batch-major sums it: added
+  // into the device tier's sum, or to the host and added there after the first.
+  void head_path(int span, int computed, int k) {
+    if (!on_cpu_side(span)) {
+      add(TaskKind::kAddGradient, Lane::kDevice, span, k, {computed});
+      return;
+    }
+    const int copy = add(TaskKind::kGradientToHost, Lane::kToHost, span, k, {computed});
+    on_host_[span] = head_copy_[span] = copy;
+    if (k > 0) on_host_[span] = add(TaskKind::kAddGradient, Lane::kCpu, span, k, {copy});
+  }
+
+  // Layer-major: span `span`'s sum over the micro-batches to the host in one copy once `summed`
+  // is done, summed over the ranks after. Returns the copy.
+  int sum_to_host(int span, int summed) {
+    const int copy = add(TaskKind::kGradientToHost, Lane::kToHost, span, -1, {summed});
+    on_host_[span] = copy;
+    if (span == 0 || span == spans_ - 1) head_copy_[span] = copy;
+    if (plan_.ranks > 1)
+      on_host_[span] = add(TaskKind::kSumOverRanks, Lane::kCpu, span, -1, {copy});
+    return copy;
+  }
+
+  int last_task() const { return static_cast<int>(plan_.tasks.size()) - 1; }
+
   // backward_head: the final norm's (and the LM head's) backward, which also starts the
   // embeddings' gradient. In layup it overwrites the head's gradient buffers: the host must have
   // taken the micro-batch before's.
   void backward_head(int k) {
     std::vector<int> after;
-    if (layup() && k > 0)
+    if ((layup() || plan_.accumulation == Accumulation::kLayerMajor) && k > 0)
       for (const int i : {0, spans_ - 1})
         if (head_copy_[i] >= 0) after.push_back(head_copy_[i]);
     const int task = add(TaskKind::kBackward, Lane::kDevice, spans_ - 1, k, std::move(after));
@@ -237,8 +314,10 @@ class PlanBuilder {
         on_host_[i] = add(TaskKind::kSumOverRanks, on_cpu_side(i) ? Lane::kCpu : Lane::kDevice, i,
                           -1, {on_host_[i] >= 0 ? on_host_[i] : last_backward_});
     std::vector<int> after = {last_backward_};
+    // Layer-major: the host sums the head's micro-batches (its spans the host updates).
     const bool host_sums = plan_.mode == Mode::kOffload ||
-                           (plan_.host_gradient && plan_.micro_batches > 1) || plan_.ranks > 1;
+                           (plan_.host_gradient && plan_.micro_batches > 1) ||
+                           plan_.accumulation == Accumulation::kLayerMajor || plan_.ranks > 1;
     if (host_sums)
       for (int i = 0; i < spans_; ++i)
         if (on_host_[i] >= 0) after.push_back(on_host_[i]);
@@ -337,6 +416,7 @@ StepPlan compile_step_plan(Mode mode, const ParameterLayout& layout, const Sched
     if (s.site == UpdateSite::kDisk) plan.disk_slots = options.disk_slots;
   }
   plan.host_gradient = mode == Mode::kOffload || (mode == Mode::kLayup && options.host_gradient);
+  if (mode != Mode::kGpu && micro_batches > 1) plan.accumulation = options.accumulation;
   plan.weights_before_return = mode == Mode::kOffload;
   plan.speculative = mode == Mode::kLayup && clipping && options.speculative_clip;
   plan.window = mode == Mode::kLayup && (!clipping || options.speculative_clip)
@@ -405,6 +485,10 @@ std::string StepPlan::describe() const {
   }
   // Each lane's tasks in order, those of the first micro-batch and those once a step; runs of
   // one kind over consecutive blocks in one item ("adamw blocks 11..0").
+  if (accumulation == Accumulation::kLayerMajor)
+    text +=
+        "  layer-major: every micro-batch's forward and backward_head first, then each block's "
+        "backward of every micro-batch in turn, summed on the device and copied once\n";
   if (micro_batches > 1) text += "  each lane, the first micro-batch and the step's own tasks:\n";
   for (int lane = 0; lane < kLaneCount; ++lane) {
     std::vector<std::string> items;

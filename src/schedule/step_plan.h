@@ -71,8 +71,12 @@ struct StepPlan {
   int micro_batches = 1;
   int ranks = 1;
   UpdateWindow window = UpdateWindow::kAfterNorm;
-  bool speculative = false;    // updates during backward are redone when the step is clipped
-  bool host_gradient = false;  // the host sums the micro-batches of its spans
+  bool speculative = false;  // updates during backward are redone when the step is clipped
+  // The host keeps a whole gradient of its spans (micro-batch-major: the sum it adds into).
+  bool host_gradient = false;
+  // Layer-major (offload, layup; several micro-batches): the device sums every span's
+  // micro-batches and the host gets each span's sum in one copy; else the host sums them.
+  Accumulation accumulation = Accumulation::kMicroBatchMajor;
   // The step returns once every span's new weights are on the device (offload: nothing of a step
   // runs beside the next), else the next forward waits for each span's.
   bool weights_before_return = false;

@@ -20,9 +20,11 @@ const ParameterLayout& layout() {
 constexpr DeviceKinds kKinds{MemoryKind::kDevice, MemoryKind::kPinnedMapped};
 
 StepPlan plan_of(Mode mode, int micro_batches = 1, bool clipping = false,
-                 std::vector<UpdateSite> sites = {}) {
+                 std::vector<UpdateSite> sites = {},
+                 Accumulation accumulation = Accumulation::kMicroBatchMajor) {
   ScheduleOptions options;
   options.update_sites = std::move(sites);
+  options.accumulation = accumulation;
   return compile_step_plan(mode, layout(), options, kKinds, micro_batches, clipping);
 }
 
@@ -51,28 +53,76 @@ TEST(StepPlan, EveryTaskWaitsOnlyForEarlierOnesInEveryModeAndPlacement) {
   for (const Mode mode : {Mode::kGpu, Mode::kOffload, Mode::kLayup})
     for (const int micro_batches : {1, 3})
       for (const bool clipping : {false, true})
-        for (const auto& sites : placements) {
-          const StepPlan plan = plan_of(mode, micro_batches, clipping, sites);
-          for (size_t t = 0; t < plan.tasks.size(); ++t) {
-            for (const int before : plan.tasks[t].after) EXPECT_LT(before, static_cast<int>(t));
-            for (const int before : plan.tasks[t].after_last_step)
-              EXPECT_LT(before, static_cast<int>(plan.tasks.size()));
-          }
-          EXPECT_EQ(plan.count(TaskKind::kNorm, Lane::kStep), 1);
-          // Every span is updated once a step, and computed forward and backward per micro-batch.
-          for (int span = 0; span < 6; ++span) {
-            int updates = 0, forwards = 0, backwards = 0;
-            for (const PlanTask& task : plan.tasks) {
-              if (task.span != span) continue;
-              updates += task.kind == TaskKind::kAdamW;
-              forwards += task.kind == TaskKind::kForward;
-              backwards += task.kind == TaskKind::kBackward;
+        for (const auto& sites : placements)
+          for (const Accumulation accumulation :
+               {Accumulation::kMicroBatchMajor, Accumulation::kLayerMajor}) {
+            const StepPlan plan = plan_of(mode, micro_batches, clipping, sites, accumulation);
+            for (size_t t = 0; t < plan.tasks.size(); ++t) {
+              for (const int before : plan.tasks[t].after) EXPECT_LT(before, static_cast<int>(t));
+              for (const int before : plan.tasks[t].after_last_step)
+                EXPECT_LT(before, static_cast<int>(plan.tasks.size()));
             }
-            EXPECT_EQ(updates, 1) << name_of(mode) << " span " << span;
-            EXPECT_EQ(forwards, micro_batches);
-            EXPECT_EQ(backwards, micro_batches);
+            EXPECT_EQ(plan.count(TaskKind::kNorm, Lane::kStep), 1);
+            // Every span is updated once a step, and computed forward and backward per micro-batch.
+            for (int span = 0; span < 6; ++span) {
+              int updates = 0, forwards = 0, backwards = 0;
+              for (const PlanTask& task : plan.tasks) {
+                if (task.span != span) continue;
+                updates += task.kind == TaskKind::kAdamW;
+                forwards += task.kind == TaskKind::kForward;
+                backwards += task.kind == TaskKind::kBackward;
+              }
+              EXPECT_EQ(updates, 1) << name_of(mode) << " span " << span;
+              EXPECT_EQ(forwards, micro_batches);
+              EXPECT_EQ(backwards, micro_batches);
+            }
           }
-        }
+}
+
+// Layer-major (three micro-batches): every forward and head backward first; then each block's
+// backward of every micro-batch in turn, each added into its sum on the device, the sum copied to
+// the host once, the slot's first user waiting for the copy two blocks above; the embeddings'
+// backwards last. The host sums only the head's micro-batches, as micro-batch-major does. gpu
+// mode and one micro-batch ignore it.
+TEST(StepPlan, LayerMajorSumsEachBlockOnTheDeviceAndCopiesItOnce) {
+  const StepPlan plan = plan_of(Mode::kLayup, 3, false, {}, Accumulation::kLayerMajor);
+  EXPECT_EQ(plan.accumulation, Accumulation::kLayerMajor);
+  EXPECT_EQ(plan.count(TaskKind::kAddGradient, Lane::kCpu), 2 * 2);  // the head's, after k = 0
+  EXPECT_EQ(plan.count(TaskKind::kGradientToHost, Lane::kToHost), 4 + 2 * 3);
+  // The first micro-batch's block gradient is written into the slot, the later ones added.
+  EXPECT_EQ(plan.count(TaskKind::kAddGradient, Lane::kDevice), 4 * 2);
+  const int last_forward = find(plan, TaskKind::kForward, 5, 2);
+  for (int span = 1; span <= 4; ++span) {
+    const int copy = find(plan, TaskKind::kGradientToHost, span);
+    EXPECT_EQ(plan.tasks[copy].micro_batch, -1);
+    for (int k = 0; k < 3; ++k) {
+      const int backward = find(plan, TaskKind::kBackward, span, k);
+      EXPECT_GT(backward, last_forward) << "block " << span - 1;
+      EXPECT_LT(backward, copy);
+      if (span < 4) {
+        EXPECT_GT(backward, find(plan, TaskKind::kBackward, span + 1, 2));
+      }
+    }
+    EXPECT_TRUE(waits_for(plan, copy, find(plan, TaskKind::kAddGradient, span, 2)));
+    if (span <= 2) {
+      EXPECT_TRUE(waits_for(plan, find(plan, TaskKind::kBackward, span, 0),
+                            find(plan, TaskKind::kGradientToHost, span + 2)));
+    }
+    if (span <= 3) {  // the later micro-batches take the other slot, the block above's
+      EXPECT_TRUE(waits_for(plan, find(plan, TaskKind::kBackward, span, 1),
+                            find(plan, TaskKind::kGradientToHost, span + 1)));
+    }
+  }
+  EXPECT_GT(find(plan, TaskKind::kBackward, 0, 0), find(plan, TaskKind::kBackward, 1, 2));
+  EXPECT_TRUE(waits_for(plan, find(plan, TaskKind::kGradientToHost, 0, 2),
+                        find(plan, TaskKind::kBackward, 0, 2)));
+  EXPECT_TRUE(waits_for(plan, find(plan, TaskKind::kBackward, 5, 1),
+                        find(plan, TaskKind::kGradientToHost, 5, 0)))
+      << "backward_head overwrites the final norm's gradient the host takes";
+  EXPECT_EQ(plan_of(Mode::kGpu, 3, false, {}, Accumulation::kLayerMajor).accumulation,
+            Accumulation::kMicroBatchMajor);
+  EXPECT_EQ(plan_of(Mode::kLayup, 1, false, {}, Accumulation::kLayerMajor).accumulation,
+            Accumulation::kMicroBatchMajor);
 }
 
 TEST(StepPlan, GpuModeRunsEverythingOnTheDevice) {

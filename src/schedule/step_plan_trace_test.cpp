@@ -64,38 +64,50 @@ TEST(StepPlanTrace, EveryModesDeviceWorkFollowsItsPlan) {
       {Mode::kLayup, two_blocks_on_device}};
   for (const auto& [mode, sites] : runs)
     for (const int micro_batches : {1, 2})
-      for (const float clip : {0.0f, 1e-3f}) {
-        SCOPED_TRACE(name_of(mode) + " x" + std::to_string(micro_batches) +
-                     (clip > 0 ? " clipped" : "") + (sites.empty() ? "" : " with device spans"));
-        ScheduleOptions options;
-        options.update_sites = sites;
-        const StepPlan plan =
-            compile_step_plan(mode, layout, options, DeviceKinds{}, micro_batches, clip > 0.0f);
-        std::unique_ptr<Schedule> schedule = make_schedule(
-            mode, make_cpu_backend(config(), kBatch, kSeqLen), make_cpu_device(), layout, options);
-        schedule->initialize_fresh(3);
-        TraceRecorder trace;
-        schedule->set_trace(&trace);
-        ASSERT_TRUE(random_step(*schedule, config(), kBatch, kSeqLen, micro_batches, clip).applied);
-        schedule->set_trace(nullptr);  // waits for updates still in flight
-        EXPECT_EQ(traced(trace, "GPU"), planned(plan, Lane::kDevice));
-        // gpu's plan puts nothing on the host's lanes, and the executor starts no CPU worker for
-        // it and sends no weights.
-        if (mode == Mode::kGpu)
-          for (const TraceEvent& event : trace.events()) {
-            const std::string track = trace.track_name(event.track);
-            EXPECT_FALSE(starts_with(track, "cpu worker") || track == "to device")
-                << event.name << " on " << track;
+      for (const float clip : {0.0f, 1e-3f})
+        for (const Accumulation accumulation :
+             {Accumulation::kMicroBatchMajor, Accumulation::kLayerMajor}) {
+          if (accumulation == Accumulation::kLayerMajor &&
+              (mode == Mode::kGpu || micro_batches == 1))
+            continue;
+          SCOPED_TRACE(name_of(mode) + " x" + std::to_string(micro_batches) +
+                       (clip > 0 ? " clipped" : "") + (sites.empty() ? "" : " with device spans") +
+                       " " + name_of(accumulation));
+          ScheduleOptions options;
+          options.update_sites = sites;
+          options.accumulation = accumulation;
+          // Layer-major keeps a host gradient only to clip.
+          options.host_gradient = accumulation == Accumulation::kMicroBatchMajor || clip > 0.0f;
+          const StepPlan plan =
+              compile_step_plan(mode, layout, options, DeviceKinds{}, micro_batches, clip > 0.0f);
+          std::unique_ptr<Schedule> schedule =
+              make_schedule(mode, make_cpu_backend(config(), kBatch, kSeqLen), make_cpu_device(),
+                            layout, options);
+          schedule->initialize_fresh(3);
+          TraceRecorder trace;
+          schedule->set_trace(&trace);
+          ASSERT_TRUE(
+              random_step(*schedule, config(), kBatch, kSeqLen, micro_batches, clip).applied);
+          schedule->set_trace(nullptr);  // waits for updates still in flight
+          EXPECT_EQ(traced(trace, "GPU"), planned(plan, Lane::kDevice));
+          // gpu's plan puts nothing on the host's lanes, and the executor starts no CPU worker for
+          // it and sends no weights.
+          if (mode == Mode::kGpu)
+            for (const TraceEvent& event : trace.events()) {
+              const std::string track = trace.track_name(event.track);
+              EXPECT_FALSE(starts_with(track, "cpu worker") || track == "to device")
+                  << event.name << " on " << track;
+            }
+          // The host's updates follow the CPU lane where the head's gradient is on the host before
+          // the norm (offload; layup after the norm with several micro-batches, which the host
+          // sums micro-batch-major). Elsewhere the coordinator takes the head's update ahead of
+          // queued blocks whenever its gradient lands.
+          if (plan.window == UpdateWindow::kAfterNorm &&
+              (mode == Mode::kOffload ||
+               (micro_batches > 1 && accumulation == Accumulation::kMicroBatchMajor))) {
+            EXPECT_EQ(traced(trace, "cpu workers"), planned(plan, Lane::kCpu));
           }
-        // The host's updates follow the CPU lane where the head's gradient is on the host before
-        // the norm (offload; layup after the norm with several micro-batches, which the host
-        // sums). Elsewhere the coordinator takes the head's update ahead of queued blocks
-        // whenever its gradient lands.
-        if (plan.window == UpdateWindow::kAfterNorm &&
-            (mode == Mode::kOffload || micro_batches > 1)) {
-          EXPECT_EQ(traced(trace, "cpu workers"), planned(plan, Lane::kCpu));
         }
-      }
 }
 
 }  // namespace

@@ -134,6 +134,7 @@ std::vector<SharedSetting> bench_settings_ranks_share(const BenchmarkOptions& op
                                          {"--layup-clip", name_of(options.layup_clip)},
                                          {"--layup-head", name_of(options.layup_head)},
                                          {"--optimizer-state", name_of(options.optimizer_state)},
+                                         {"--accumulate", name_of(options.accumulation)},
                                          {"--recompute", std::to_string(options.recompute)},
                                          {"--algorithms", name_of(options.algorithms)}};
   add_placement_flags(settings, options);

@@ -83,6 +83,7 @@ LAYUP_JSON_ENUM(AlgorithmChoice, kAlgorithmChoiceNames)
 LAYUP_JSON_ENUM(CheckpointContents, kCheckpointContentsNames)
 LAYUP_JSON_ENUM(WeightsDtype, kWeightsDtypeNames)
 LAYUP_JSON_ENUM(OptimizerStateKind, kOptimizerStateKindNames)
+LAYUP_JSON_ENUM(Accumulation, kAccumulationNames)
 LAYUP_JSON_ENUM(LearnTokens, kLearnTokensNames)
 #undef LAYUP_JSON_ENUM
 
@@ -163,6 +164,7 @@ const std::vector<Setting>& settings() {
       LAYUP_SETTING("mode", "--mode", false, mode),
       LAYUP_SETTING("layup_clip", "--layup-clip", false, layup_clip),
       LAYUP_SETTING("layup_head", "--layup-head", false, layup_head),
+      LAYUP_SETTING("accumulation", "--accumulate", false, accumulation),
       LAYUP_SETTING("recompute", "--recompute", false, recompute),
       LAYUP_SETTING("algorithms", "--algorithms", false, algorithms),
       LAYUP_SETTING("place", "--place", false, place),

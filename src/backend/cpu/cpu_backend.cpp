@@ -240,6 +240,7 @@ float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& bat
   shape_ = graph::shape_of(config_, batch.batch, batch.seq_len);
   const int BT = shape_.rows;
   std::copy_n(batch.inputs, BT, arena_.inputs);
+  resumed_ = false;
   CpuOps ops(shape_, arena_);
   graph::forward(ops, shape_, layout_, params, arena_, hooks);
 
@@ -281,7 +282,7 @@ void CpuBackend::backward_block(int layer, const ParameterPointers& params, floa
               next_step_ == BackwardStep::kBlock ? std::to_string(next_layer_) : "");
   CpuOps ops(shape_, arena_);
   graph::backward_block(ops, shape_, layout_.block(), layer, params.blocks[layer], block_grad,
-                        arena_, /*recompute=*/0);
+                        arena_, /*recompute=*/resumed_ ? 3 : 0, /*last_kept=*/!resumed_);
   next_layer_ = layer - 1;
   if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
 }
@@ -293,6 +294,49 @@ void CpuBackend::backward_embeddings(const ParameterPointers& /*params*/, float*
   graph::backward_embeddings(ops, layout_.embeddings(), arena_, embeddings_grad);
   // The forward's activations are intact, so the same backward may be run again.
   next_step_ = BackwardStep::kHead;
+}
+
+size_t CpuBackend::micro_batch_state_bytes() const {
+  return layup::micro_batch_state_bytes(config_, max_batch_, max_seq_len_, sizeof(float));
+}
+
+void CpuBackend::park_micro_batch(void* store, bool with_inputs) {
+  LAYUP_CHECK(next_step_ == BackwardStep::kBlock || next_step_ == BackwardStep::kEmbeddings,
+              "park_micro_batch belongs between a micro-batch's backward calls (after its "
+              "backward_head or a block's)");
+  const MicroBatchStoreLayout at =
+      micro_batch_store_layout(config_, max_batch_, max_seq_len_, sizeof(float));
+  char* base = static_cast<char*>(store);
+  const size_t activation = static_cast<size_t>(shape_.rows) * shape_.C;
+  std::copy_n(arena_.d_residual, activation, reinterpret_cast<float*>(base + at.d_residual));
+  if (!with_inputs) return;
+  std::copy_n(arena_.inputs, shape_.rows, reinterpret_cast<int32_t*>(base + at.tokens));
+  for (int layer = 0; layer < config_.n_layer; ++layer)
+    std::copy_n(arena_.residual[layer], activation,
+                reinterpret_cast<float*>(base + at.block_input(layer)));
+}
+
+void CpuBackend::resume_micro_batch(const void* store, int layer) {
+  LAYUP_CHECK(next_step_ != BackwardStep::kNeedsForwardWithTargets && layer >= -1 &&
+                  layer < config_.n_layer,
+              "resume_micro_batch(", layer,
+              ") needs a forward first and a block of the model "
+              "(or -1: the embeddings)");
+  const MicroBatchStoreLayout at =
+      micro_batch_store_layout(config_, max_batch_, max_seq_len_, sizeof(float));
+  const char* base = static_cast<const char*>(store);
+  const size_t activation = static_cast<size_t>(shape_.rows) * shape_.C;
+  std::copy_n(reinterpret_cast<const float*>(base + at.d_residual), activation, arena_.d_residual);
+  if (layer >= 0) {
+    std::copy_n(reinterpret_cast<const float*>(base + at.block_input(layer)), activation,
+                arena_.residual[layer]);
+    next_step_ = BackwardStep::kBlock;
+  } else {
+    std::copy_n(reinterpret_cast<const int32_t*>(base + at.tokens), shape_.rows, arena_.inputs);
+    next_step_ = BackwardStep::kEmbeddings;
+  }
+  next_layer_ = layer;
+  resumed_ = true;
 }
 
 void CpuBackend::start_decode(int max_positions) {

@@ -39,6 +39,9 @@ class CpuBackend final : public ModelBackend {
                      float* embeddings_grad, float loss_scale) override;
   void backward_block(int layer, const ParameterPointers& params, float* block_grad) override;
   void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) override;
+  size_t micro_batch_state_bytes() const override;
+  void park_micro_batch(void* store, bool with_inputs) override;
+  void resume_micro_batch(const void* store, int layer) override;
   void start_decode(int max_positions) override;
   const float* decode(const ParameterPointers& params, std::span<const int32_t> tokens) override;
   int decoded_positions() const override { return decode_cache_.length; }
@@ -78,6 +81,9 @@ class CpuBackend final : public ModelBackend {
   BackwardStep next_step_ = BackwardStep::kNeedsForwardWithTargets;
   int next_layer_ = -1;
   int learned_targets_ = 0;  // of the last forward: the divisor of its mean loss
+  // A micro-batch was resumed since the last forward: its blocks' activations are not in the
+  // arena, and each block's backward computes them again from its input.
+  bool resumed_ = false;
 };
 
 }  // namespace layup

@@ -355,6 +355,52 @@ TEST_F(CpuBackendTest, BlockGradientsGoToTheGivenSlot) {
   EXPECT_TRUE(std::equal(head.begin(), head.begin() + layout.embeddings().count, whole.begin()));
 }
 
+// Layer-major accumulation's interleaving (ModelBackend::park_micro_batch): three micro-batches'
+// forwards and head backwards first, each parked in a store, then each block's backward of every
+// micro-batch, and the embeddings' last, give every gradient of each micro-batch bit for bit as
+// its own backward right after its forward does (the blocks' forwards computed again from their
+// stored inputs, the last block's too).
+TEST_F(CpuBackendTest, InterleavedMicroBatchesGiveEachOnesOwnGradients) {
+  constexpr int kMicroBatches = 3;
+  std::vector<Batch> batches;
+  std::vector<std::vector<float>> expected, interleaved;
+  for (int k = 0; k < kMicroBatches; ++k) {
+    batches.push_back(random_batch(2, 5, config.vocab_size, 40 + k));
+    expected.emplace_back(layout.total_count(), 0.0f);
+    interleaved.emplace_back(layout.total_count(), -1.0f);
+    backend->forward(param_pointers(), batches[k].view());
+    run_backward(*backend, param_pointers(), layout.pointers(expected[k].data()), config.n_layer);
+  }
+  const size_t store_bytes = backend->micro_batch_state_bytes();
+  EXPECT_EQ(store_bytes, micro_batch_state_bytes(config, kMaxBatch, kMaxSeqLen, sizeof(float)));
+  std::vector<std::vector<float>> stores(kMicroBatches,
+                                         std::vector<float>(store_bytes / sizeof(float) + 1));
+  for (int k = 0; k < kMicroBatches; ++k) {
+    const GradientPointers g = layout.pointers(interleaved[k].data());
+    backend->forward(param_pointers(), batches[k].view());
+    backend->backward_head(param_pointers(), g.final_norm, g.embeddings, 1.0f);
+    backend->park_micro_batch(stores[k].data(), /*with_inputs=*/true);
+  }
+  for (int l = config.n_layer - 1; l >= 0; --l)
+    for (int k = 0; k < kMicroBatches; ++k) {
+      backend->resume_micro_batch(stores[k].data(), l);
+      backend->backward_block(l, param_pointers(),
+                              layout.pointers(interleaved[k].data()).blocks[l]);
+      backend->park_micro_batch(stores[k].data(), /*with_inputs=*/false);
+    }
+  for (int k = 0; k < kMicroBatches; ++k) {
+    backend->resume_micro_batch(stores[k].data(), -1);
+    backend->backward_embeddings(param_pointers(),
+                                 layout.pointers(interleaved[k].data()).embeddings);
+    ASSERT_EQ(
+        std::memcmp(interleaved[k].data(), expected[k].data(), expected[k].size() * sizeof(float)),
+        0)
+        << "micro-batch " << k;
+  }
+  EXPECT_NE(expected[0], expected[1]);
+  EXPECT_THROW(backend->resume_micro_batch(stores[0].data(), config.n_layer), Error);
+}
+
 // Hooks that, when called for a span, write that span's new weights into the parameters the
 // forward is reading: the forward then gives the new weights' loss and logits only if it reads
 // each span after its hook (and never before), which is what a schedule whose updates land during

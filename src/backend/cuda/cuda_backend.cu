@@ -20,9 +20,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_arena.h"
@@ -280,6 +282,11 @@ class CudaBackend final : public ModelBackend {
                      float* embeddings_grad, float loss_scale) override;
   void backward_block(int layer, const ParameterPointers& params, float* block_grad) override;
   void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) override;
+  size_t micro_batch_state_bytes() const override {
+    return layup::micro_batch_state_bytes(config_, max_batch_, max_seq_len_, sizeof(T));
+  }
+  void park_micro_batch(void* store, bool with_inputs) override;
+  void resume_micro_batch(const void* store, int layer) override;
   void* compute_copy(size_t span_index) override {
     if constexpr (std::is_same_v<T, float>)
       return nullptr;
@@ -377,6 +384,12 @@ class CudaBackend final : public ModelBackend {
   BackwardStep next_step_ = BackwardStep::kNeedsForwardWithTargets;
   int next_layer_ = -1;
   int learned_targets_ = 0;  // of the last forward: the divisor of its mean loss
+  // A micro-batch was resumed since the last forward (ModelBackend::resume_micro_batch): each
+  // block's backward computes the block's forward again, the last block's too.
+  bool resumed_ = false;
+  // Per parked store, its embedding backward's segment count (the rest of the grouping lies in
+  // the store, in device memory).
+  std::map<const void*, int> parked_segments_;
 
   // decode's key/value cache in T, keys then values, [L, max_positions, kv width] each, and the
   // rotary table of its positions (the arena's covers max_seq_len positions only).
@@ -549,6 +562,7 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
                                    cudaMemcpyHostToDevice, stream_));
   CastingHooks casting(*this, params, hooks);
   CudaOps<T> graph_ops = ops();
+  resumed_ = false;
   graph::forward(graph_ops, sizes_, layout_, weights(params), arena_, casting);
   logits_valid_ = true;
 
@@ -636,7 +650,7 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
               next_step_ == BackwardStep::kBlock ? std::to_string(next_layer_) : "");
   CudaOps<T> graph_ops = ops();
   graph::backward_block(graph_ops, sizes_, layout_.block(), layer, weights(params).blocks[layer],
-                        block_grad, arena_, recompute_);
+                        block_grad, arena_, recompute_, /*last_kept=*/!resumed_);
   next_layer_ = layer - 1;
   if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
 }
@@ -650,6 +664,77 @@ void CudaBackend<T>::backward_embeddings(const ParameterPointers& /*params*/,
   graph::backward_embeddings(graph_ops, layout_.embeddings(), arena_, embeddings_grad);
   // The logits were consumed by backward_head: another backward needs another forward.
   next_step_ = BackwardStep::kNeedsForwardWithTargets;
+}
+
+template <class T>
+void CudaBackend<T>::park_micro_batch(void* store, bool with_inputs) {
+  LAYUP_CHECK(next_step_ == BackwardStep::kBlock || next_step_ == BackwardStep::kEmbeddings,
+              "park_micro_batch belongs between a micro-batch's backward calls (after its "
+              "backward_head or a block's)");
+  const MicroBatchStoreLayout at =
+      micro_batch_store_layout(config_, max_batch_, max_seq_len_, sizeof(T));
+  char* base = static_cast<char*>(store);
+  const size_t rows = static_cast<size_t>(sizes_.rows);
+  const size_t activation_bytes = rows * sizes_.C * sizeof(T);
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(base + at.d_residual, arena_.d_residual, activation_bytes,
+                                   cudaMemcpyDefault, stream_));
+  if (!with_inputs) return;
+  // The tokens and the embedding backward's grouping of them, in the order the store keeps them.
+  auto* ints = reinterpret_cast<int32_t*>(base + at.tokens);
+  const std::array<std::pair<const int32_t*, size_t>, 4> parts = {{{arena_.tokens, rows},
+                                                                   {arena_.positions, rows},
+                                                                   {arena_.segment_start, rows + 1},
+                                                                   {arena_.segment_token, rows}}};
+  for (const auto& [from, count] : parts) {
+    LAYUP_CUDA_CHECK(
+        cudaMemcpyAsync(ints, from, count * sizeof(int32_t), cudaMemcpyDefault, stream_));
+    ints += count;
+  }
+  for (int layer = 0; layer < config_.n_layer; ++layer)
+    LAYUP_CUDA_CHECK(cudaMemcpyAsync(base + at.block_input(layer), arena_.residual[layer],
+                                     activation_bytes, cudaMemcpyDefault, stream_));
+  parked_segments_[store] = segments_;
+}
+
+template <class T>
+void CudaBackend<T>::resume_micro_batch(const void* store, int layer) {
+  // A parked store is the proof of a forward: another micro-batch's backward_embeddings may have
+  // ended the backend's own backward since.
+  LAYUP_CHECK(layer >= -1 && layer < config_.n_layer && recompute_ >= 3, "resume_micro_batch(",
+              layer,
+              ") needs a block of the model (or -1: the embeddings) and --recompute 3 (a block's "
+              "backward computes its forward again; this backend runs --recompute ",
+              recompute_, ")");
+  const auto segments = parked_segments_.find(store);
+  LAYUP_CHECK(segments != parked_segments_.end(),
+              "resume_micro_batch of a store no micro-batch was parked in");
+  const MicroBatchStoreLayout at =
+      micro_batch_store_layout(config_, max_batch_, max_seq_len_, sizeof(T));
+  const char* base = static_cast<const char*>(store);
+  const size_t rows = static_cast<size_t>(sizes_.rows);
+  const size_t activation_bytes = rows * sizes_.C * sizeof(T);
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.d_residual, base + at.d_residual, activation_bytes,
+                                   cudaMemcpyDefault, stream_));
+  if (layer >= 0) {
+    LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.residual[layer], base + at.block_input(layer),
+                                     activation_bytes, cudaMemcpyDefault, stream_));
+    next_step_ = BackwardStep::kBlock;
+  } else {
+    const auto* ints = reinterpret_cast<const int32_t*>(base + at.tokens);
+    const std::array<std::pair<int32_t*, size_t>, 4> parts = {{{arena_.tokens, rows},
+                                                               {arena_.positions, rows},
+                                                               {arena_.segment_start, rows + 1},
+                                                               {arena_.segment_token, rows}}};
+    for (const auto& [to, count] : parts) {
+      LAYUP_CUDA_CHECK(
+          cudaMemcpyAsync(to, ints, count * sizeof(int32_t), cudaMemcpyDefault, stream_));
+      ints += count;
+    }
+    segments_ = segments->second;
+    next_step_ = BackwardStep::kEmbeddings;
+  }
+  next_layer_ = layer;
+  resumed_ = true;
 }
 
 template <class T>

@@ -613,6 +613,92 @@ TEST_P(CudaBackendTest, LayupHeadOnDeviceAgrees) {
   }
 }
 
+// Layer-major accumulation on the GPU at --recompute 3. The backend's interleaving
+// (ModelBackend::park_micro_batch): two micro-batches' forwards and head backwards first, each
+// parked in a store in device memory, then each block's backward of both (the block's forward
+// computed again from its stored input, the last block's too), the embeddings' last: each
+// micro-batch's gradients against the CPU's backward of that micro-batch alone. Then layup and
+// offload with --accumulate layer-major for 5 steps against gpu mode.
+TEST_P(CudaBackendTest, LayerMajorAccumulationMatchesCpu) {
+  constexpr int kMicroBatches = 2;
+  const Tolerances tol = tolerances();
+  auto backend = make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype(), /*recompute=*/3);
+  std::vector<Batch> batches;
+  std::vector<std::vector<float>> cpu_grads;
+  std::vector<std::unique_ptr<DeviceArray<float>>> gpu_grads, stores;
+  const size_t store_floats = backend->micro_batch_state_bytes() / sizeof(float) + 1;
+  for (int k = 0; k < kMicroBatches; ++k) {
+    batches.push_back(random_batch(kMaxBatch, kMaxSeqLen, config.vocab_size, 500 + k));
+    cpu_grads.emplace_back(layout.total_count(), 0.0f);
+    cpu->forward(host_params(), batches[k].view());
+    run_backward(*cpu, host_params(), layout.pointers(cpu_grads[k].data()), config.n_layer);
+    gpu_grads.push_back(device_gradients());
+    stores.push_back(std::make_unique<DeviceArray<float>>(store_floats));
+  }
+  for (int k = 0; k < kMicroBatches; ++k) {
+    const GradientPointers g = layout.pointers(gpu_grads[k]->get());
+    backend->forward(device_params(), batches[k].view());
+    backend->backward_head(device_params(), g.final_norm, g.embeddings, 1.0f);
+    backend->park_micro_batch(stores[k]->get(), /*with_inputs=*/true);
+  }
+  for (int l = config.n_layer - 1; l >= 0; --l)
+    for (int k = 0; k < kMicroBatches; ++k) {
+      backend->resume_micro_batch(stores[k]->get(), l);
+      backend->backward_block(l, device_params(), layout.pointers(gpu_grads[k]->get()).blocks[l]);
+      backend->park_micro_batch(stores[k]->get(), /*with_inputs=*/false);
+    }
+  for (int k = 0; k < kMicroBatches; ++k) {
+    backend->resume_micro_batch(stores[k]->get(), -1);
+    backend->backward_embeddings(device_params(), layout.pointers(gpu_grads[k]->get()).embeddings);
+    const std::vector<float> gpu = gpu_grads[k]->download();
+    double worst = 0.0;
+    for (const TensorSpec& tensor : layout.tensors()) {
+      const double error = relative_error(slice(gpu, tensor.offset, tensor.count),
+                                          slice(cpu_grads[k], tensor.offset, tensor.count));
+      worst = std::max(worst, error);
+      EXPECT_LE(error, tol.gradients) << "micro-batch " << k << ", gradient of " << tensor.name;
+    }
+    std::printf("[ %s %s ] layer-major micro-batch %d: worst gradient error %.2e\n",
+                GetParam().model, compute_dtype_name(dtype()), k, worst);
+  }
+
+  // Whole steps: equal-shape micro-batches, as layer-major needs.
+  const auto run = [&](const std::string& mode, Accumulation accumulation, float clip) {
+    ModeRun result;
+    ScheduleOptions options{.cpu_workers = 2, .host_gradient = clip > 0.0f || mode != "layup"};
+    options.accumulation = accumulation;
+    std::unique_ptr<Schedule> schedule =
+        make_schedule(parse_in(kModeNames, mode, "mode"),
+                      make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype(), /*recompute=*/3),
+                      make_cuda_device(), layout, options);
+    schedule->import_tensors(
+        {params, std::vector<float>(params.size(), 0.0f), std::vector<float>(params.size(), 0.0f)});
+    UpdateSettings settings;
+    settings.adamw.hyper.lr = 1e-3f;
+    settings.adamw.hyper.eps = 1e-6f;
+    settings.clip_max_norm = clip;
+    for (int step = 1; step <= 5; ++step) {
+      const Batch a = random_batch(kMaxBatch, kMaxSeqLen, config.vocab_size, 600 + step);
+      const Batch b = random_batch(kMaxBatch, kMaxSeqLen, config.vocab_size, 700 + step);
+      const TokenBatch micro_batches[] = {a.view(), b.view()};
+      settings.adamw.t = step;
+      const StepStats stats = schedule->step(micro_batches, settings);
+      EXPECT_TRUE(stats.applied) << mode << " step " << step;
+      result.losses.push_back(stats.loss);
+    }
+    result.state = schedule->export_tensors();
+    return result;
+  };
+  for (const float clip : {1.0f, 0.0f}) {
+    const ModeRun gpu_run = run("gpu", Accumulation::kMicroBatchMajor, clip);
+    const std::string clip_name = clip > 0.0f ? ", clip 1.0" : ", clip none";
+    expect_agrees(run("layup", Accumulation::kLayerMajor, clip), gpu_run,
+                  "layup, layer-major" + clip_name);
+    expect_agrees(run("offload", Accumulation::kLayerMajor, clip), gpu_run,
+                  "offload, layer-major" + clip_name);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, CudaBackendTest,
                          ::testing::Values(BackendCase{ComputeDtype::kFloat32, "gpt2"},
                                            BackendCase{ComputeDtype::kBFloat16, "gpt2"},
