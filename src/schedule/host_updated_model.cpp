@@ -9,7 +9,6 @@
 
 #include "core/error.h"
 #include "memory/parallel_pages.h"
-#include "optim/adamw_state.h"
 #include "schedule/step_plan.h"
 #include "trace/trace_recorder.h"
 
@@ -404,6 +403,28 @@ void HostUpdatedModel::send_weights_now(size_t index, const float* weights) {
   landed.get_future().wait();
 }
 
+HostUpdatedModel::WorkerShares::WorkerShares(const HostUpdatedModel& model, const Span& span)
+    : starts_us(model.worker_tracks_.size(), 0.0), name(trace_name(TaskKind::kAdamW, span.kind)) {
+  TraceRecorder* const trace =
+      model.trace_ != nullptr && model.trace_->recording() ? model.trace_ : nullptr;
+  if (span.kind == SpanKind::kBlock) {
+    // Appended piece by piece: `" " + std::to_string(...)` trips GCC 12's -Wrestrict.
+    name += ' ';
+    name += std::to_string(span.layer);
+  }
+  if (trace == nullptr || model.worker_tracks_.empty()) return;
+  hook = [this, trace, tracks = &model.worker_tracks_](int worker, bool started) {
+    if (started) {
+      starts_us[worker] = trace->now_us();
+      return;
+    }
+    try {
+      trace->add_span((*tracks)[worker], name, starts_us[worker], trace->now_us());
+    } catch (...) {  // a lost trace span is not worth failing the update for
+    }
+  };
+}
+
 void HostUpdatedModel::update_span_part(size_t index, const float* grads, const AdamWStep& adamw,
                                         int trace_track) {
   LAYUP_CHECK(shards_, "internal error: a part's update without optimizer shards");
@@ -412,9 +433,12 @@ void HostUpdatedModel::update_span_part(size_t index, const float* grads, const 
   const OptimizerShards::Part part = shards_->part(span, ranks_->rank());
   if (part.count > 0) {
     TraceSpan traced(trace_, trace_track, trace_name(TaskKind::kAdamW, span.kind), span.layer);
-    adamw_update_span_part(layout_, span, part.first, part.count, master + part.first,
-                           grads + part.first, host_moments_.in(host_moments_buffer_.data(), index),
-                           adamw);
+    WorkerShares shares(*this, span);
+    host_adamw_->update_span_part(
+        layout_, span, part.first, part.count,
+        AdamWStateBuffers::in_place(master + part.first, grads + part.first,
+                                    host_moments_.in(host_moments_buffer_.data(), index)),
+        adamw, shares.hook);
   }
   {
     TraceSpan traced(trace_, trace_track, "all_gather_weights", span.layer);
@@ -444,27 +468,8 @@ void HostUpdatedModel::update_span(size_t index, const float* grads, const Optim
   TraceRecorder* const trace = trace_ != nullptr && trace_->recording() ? trace_ : nullptr;
   {
     TraceSpan traced(trace_, trace_track, trace_name(TaskKind::kAdamW, span.kind), span.layer);
-    // With a trace, each worker's share on its own track, under the same name.
-    std::vector<double> share_start_us(worker_tracks_.size(), 0.0);
-    std::string name = trace_name(TaskKind::kAdamW, span.kind);
-    if (span.kind == SpanKind::kBlock) {
-      // Appended piece by piece: `" " + std::to_string(...)` trips GCC 12's -Wrestrict.
-      name += ' ';
-      name += std::to_string(span.layer);
-    }
-    HostAdamW::ShareHook on_share;
-    if (trace != nullptr && !worker_tracks_.empty())
-      on_share = [&](int worker, bool started) {
-        if (started) {
-          share_start_us[worker] = trace->now_us();
-          return;
-        }
-        try {
-          trace->add_span(worker_tracks_[worker], name, share_start_us[worker], trace->now_us());
-        } catch (...) {  // a lost trace span is not worth failing the update for
-        }
-      };
-    host_adamw_->update_span(layout_, span, buffers, adamw, on_share);
+    WorkerShares shares(*this, span);
+    host_adamw_->update_span(layout_, span, buffers, adamw, shares.hook);
   }
   std::function<void()> slot_free;
   if (lease) {

@@ -182,6 +182,17 @@ class HostUpdatedModel {
   size_t device_copy_at(size_t index) const;
 
  private:
+  // With a trace, each HostAdamW worker's share of one span's AdamW on its own track, under the
+  // span's AdamW name (`hook`, handed to HostAdamW; it refers to this object).
+  struct WorkerShares {
+    WorkerShares(const HostUpdatedModel& model, const Span& span);
+    WorkerShares(const WorkerShares&) = delete;
+    WorkerShares& operator=(const WorkerShares&) = delete;
+    std::vector<double> starts_us;
+    std::string name;
+    HostAdamW::ShareHook hook;
+  };
+
   // ZeRO-1's export of span `index`'s moments, rank 0 asking each owner for its part.
   void export_moment_parts(size_t index, const SpanState& out) const;
 
