@@ -2,6 +2,7 @@
 #include "schedule/schedule_plan.h"
 
 #include <cstdio>
+#include <string>
 
 #include "core/error.h"
 #include "model/parameter_layout.h"
@@ -22,8 +23,8 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
               "lie, and --place master=host puts them where the GPU cannot read; use "
               "master=pinned (the default) or leave the weights on the device");
   options.host_gradient = r.mode != Mode::kLayup || r.clip > 0.0f || r.grad_accum > 1;
-  // ZeRO-1 on the CPU backend for now; on GPUs every rank keeps the whole state.
-  options.optimizer_shards = r.mode == Mode::kGpu && !cuda ? r.ranks : 1;
+  // ZeRO-1 in every mode on the CPU backend for now; on GPUs every rank keeps the whole state.
+  options.optimizer_shards = !cuda ? r.ranks : 1;
   options.optimizer_state = r.optimizer_state;
   // auto: where host and device share one memory, the spare copy would come out of what the
   // activations need.
@@ -37,7 +38,9 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
   const bool speculate =
       r.layup_clip == LayupClip::kSpeculative ||
       (r.layup_clip == LayupClip::kAuto && disk_blocks == 0 && !(cuda && r.attributes.integrated));
-  options.speculative_clip = r.mode == Mode::kLayup && r.clip > 0.0f && speculate;
+  // ZeRO-1 updates the host's blocks once the norm is known (docs/parallel.md): no speculation.
+  options.speculative_clip =
+      r.mode == Mode::kLayup && r.clip > 0.0f && speculate && options.optimizer_shards <= 1;
   if (r.mode == Mode::kLayup && r.layup_head == LayupHead::kDevice) {
     LAYUP_CHECK(!options.weights_in_place,
                 "--layup-head device updates the head in the device's copy of the weights, and "
@@ -133,6 +136,12 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
                     ") is a second whole-model gradient, kept for clipping by the global "
                     "norm and for accumulation; layup with --clip none and one "
                     "micro-batch updates each block from its slot and keeps none");
+  if (r.mode == Mode::kLayup && r.layup_clip == LayupClip::kSpeculative && r.clip > 0.0f &&
+      options.optimizer_shards > 1)
+    notes.push_back("with the optimizer state split across the " +
+                    std::to_string(options.optimizer_shards) +
+                    " ranks (ZeRO-1) layup updates the host's blocks once the norm is known: "
+                    "--layup-clip speculative runs as deferred (the same result)");
   if (r.mode == Mode::kLayup && updates_head_on_device(options))
     notes.push_back(
         "layup updates the embeddings and the final norm on the device, where their gradient "
