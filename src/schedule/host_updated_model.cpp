@@ -288,8 +288,8 @@ void HostUpdatedModel::export_span(size_t index, const SpanState& out) const {
   const size_t count = layout_.spans()[index].count;
   const size_t at = host_at(index);
   if (out.params) copy_in_parallel(out.params, host_params_.data() + at, count);
-  const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
   if (shards_) return export_moment_parts(index, out);
+  const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
   if (out.coded != nullptr)
     return copy_moments(moments, AdamWMoments::in_buffer(moments.kind, out.coded, count), count);
   if (moments.kind != OptimizerStateKind::kFp32)
@@ -342,30 +342,36 @@ void HostUpdatedModel::import_span(size_t index, const ConstSpanState& in) {
   if (host_spans_.holds(index)) {
     const size_t at = host_spans_.at[index];
     copy_in_parallel(host_params_.data() + at, in.params, count);
-    const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
     if (shards_) {
-      // Every rank imports the whole span and keeps its part of the moments.
-      const OptimizerShards::Part part = shards_->part(layout_.spans()[index], ranks_->rank());
-      if (part.count == 0) {
-      } else if (in.coded != nullptr) {
-        copy_moments(AdamWMoments::in_buffer(moments.kind, const_cast<void*>(in.coded), count)
-                         .at(part.first),
-                     moments, part.count);
-      } else {
-        encode_moments(in.m + part.first, in.v + part.first, part.count, moments);
-      }
-    } else if (in.coded != nullptr) {
-      copy_moments(AdamWMoments::in_buffer(moments.kind, const_cast<void*>(in.coded), count),
-                   moments, count);
-    } else if (moments.kind != OptimizerStateKind::kFp32) {
-      encode_moments(in.m, in.v, count, moments);  // coded from the span's first element
+      import_moment_part(index, in);
     } else {
-      copy_in_parallel(moments.m_fp32(), in.m, count);
-      copy_in_parallel(moments.v_fp32(), in.v, count);
+      const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
+      if (in.coded != nullptr) {
+        copy_moments(AdamWMoments::in_buffer(moments.kind, const_cast<void*>(in.coded), count),
+                     moments, count);
+      } else if (moments.kind != OptimizerStateKind::kFp32) {
+        encode_moments(in.m, in.v, count, moments);  // coded from the span's first element
+      } else {
+        copy_in_parallel(moments.m_fp32(), in.m, count);
+        copy_in_parallel(moments.v_fp32(), in.v, count);
+      }
     }
   }
   if (disk_tier_ && disk_tier_->holds(index)) disk_tier_->write_span(index, in);
   send_weights_now(index, in.params);
+}
+
+void HostUpdatedModel::import_moment_part(size_t index, const ConstSpanState& in) {
+  const Span& span = layout_.spans()[index];
+  const OptimizerShards::Part part = shards_->part(span, ranks_->rank());
+  if (part.count == 0) return;
+  const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
+  if (in.coded != nullptr)
+    copy_moments(AdamWMoments::in_buffer(moments.kind, const_cast<void*>(in.coded), span.count)
+                     .at(part.first),
+                 moments, part.count);
+  else  // coded from the part's first element, as its updates code it
+    encode_moments(in.m + part.first, in.v + part.first, part.count, moments);
 }
 
 void HostUpdatedModel::start_device_sum_of_squares(size_t index, const float* device_grad) {

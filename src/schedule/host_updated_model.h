@@ -195,6 +195,8 @@ class HostUpdatedModel {
 
   // ZeRO-1's export of span `index`'s moments, rank 0 asking each owner for its part.
   void export_moment_parts(size_t index, const SpanState& out) const;
+  // ZeRO-1's import: this rank's part of span `index`'s moments from the whole span's `in`.
+  void import_moment_part(size_t index, const ConstSpanState& in);
 
   const ParameterLayout layout_;
   std::unique_ptr<ModelBackend> backend_;

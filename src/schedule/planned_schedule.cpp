@@ -38,7 +38,10 @@
 // the pinned HostAdamW workers; CpuProgress tells each who is done. Updates may still be landing
 // when step() returns: a forward waits span by span (ForwardWaits); export_tensors,
 // import_tensors, set_trace and the destructor wait for all. Trace tracks and span names, and what
-// a non-finite step leaves: docs/schedules.md.
+// a non-finite step leaves: docs/schedules.md. With several ranks, MPI is called by one thread at a
+// time: the consumer during the step (the sums over the ranks), then step() itself (the loss; with
+// ZeRO-1 of the host's state, every host span's update and the gather of its weights), then the
+// device thread (the device tier's update).
 //
 // Every micro-batch's gradient is summed with one float add per element in micro-batch order,
 // and the norm is the sum of per-span sums of squares in layout order: what `gpu` and `offload`
