@@ -259,7 +259,8 @@ class PlannedSchedule final : public Schedule {
     adamw.grad_scale = stats.clip_factor = clip_factor(stats.grad_norm, settings.clip_max_norm);
     const bool clipped = stats.clip_factor < 1.0f;
     timing_.end_step(clipped);
-    // The step returns without waiting for these: the next forward waits span by span.
+    // The step returns without waiting for these (the next forward waits span by span), except
+    // with ZeRO-1 of the host's state, whose updates run here.
     if (model_.sharded()) {
       update_host_parts(adamw);
     } else {

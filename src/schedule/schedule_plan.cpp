@@ -136,12 +136,6 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
                     ") is a second whole-model gradient, kept for clipping by the global "
                     "norm and for accumulation; layup with --clip none and one "
                     "micro-batch updates each block from its slot and keeps none");
-  if (r.mode == Mode::kLayup && r.layup_clip == LayupClip::kSpeculative && r.clip > 0.0f &&
-      options.optimizer_shards > 1)
-    notes.push_back("with the optimizer state split across the " +
-                    std::to_string(options.optimizer_shards) +
-                    " ranks (ZeRO-1) layup updates the host's blocks once the norm is known: "
-                    "--layup-clip speculative runs as deferred (the same result)");
   if (r.mode == Mode::kLayup && updates_head_on_device(options))
     notes.push_back(
         "layup updates the embeddings and the final norm on the device, where their gradient "
@@ -175,7 +169,14 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
     notes.push_back(
         "the host-updated spans' new weights land in the backend's bf16 compute copy, cast on "
         "arrival: the device keeps no fp32 copy of them");
-  if (options.speculative_clip)
+  const bool zero_one_host = r.mode == Mode::kLayup && options.optimizer_shards > 1;
+  if (zero_one_host)
+    notes.push_back("with the optimizer state split across the " +
+                    std::to_string(options.optimizer_shards) +
+                    " ranks (ZeRO-1) layup updates the host's blocks once the step's norm is "
+                    "known, after backward, clipping or not (--layup-clip speculative runs as "
+                    "deferred, with the same result)");
+  else if (options.speculative_clip)
     notes.push_back(
         "clipping in layup is speculative: a second copy of the master weights and moments (" +
         format_bytes(state) +

@@ -98,6 +98,11 @@ def test_three_ranks_split_the_moments_and_train_bitwise(tmp_path, shards, mode)
     three = ranks(3, [*args, "--out", tmp_path / "three"])
     assert "this rank's shard of 3 (ZeRO-1)" in three.stderr, three.stderr
     assert moments_bytes(three.stderr) < 0.4 * moments_bytes(one.stderr)
+    # `layup memory --ranks 3` plans one such rank (the largest shard) without starting any.
+    plan = run([binary("layup"), "memory", *TINY_MODEL, "--seq-len", "32", "--batch", "2",
+                "--grad-accum", "3", "--device", "cpu", "--mode", MODES[mode][1], "--ranks", "3"])
+    assert "this rank's shard of 3 (ZeRO-1)" in plan.stdout, plan.stdout
+    assert moments_bytes(plan.stdout) < 0.4 * moments_bytes(one.stderr)
     assert losses(tmp_path / "one") == losses(tmp_path / "three")
     assert files(tmp_path / "one" / "step-00000003") == files(tmp_path / "three" / "step-00000003")
 
