@@ -34,6 +34,7 @@ struct MemoryFlags : RunSpec {
   std::string clip_text = "1.0";  // layup keeps a whole host gradient only to clip or accumulate
   std::string plan_path;
   std::string calibration_path;  // the step-time model's rates (empty: the default cache)
+  int ranks = 1;                 // plan one rank of an mpirun of this many
 };
 
 // The run the flags describe; plan_only resolves auto like `layup train` does, and an explicit
@@ -44,7 +45,9 @@ RunRequest run_request(const MemoryFlags& flags) {
   spec.model_name = flags.model_flags.name();
   spec.clip = parse_clip_flag(flags.clip_text);
   spec.place = place_flags_with_plan(flags.plan_path, flags.place);
-  return run_request_of(spec);
+  RunRequest request = run_request_of(spec);
+  request.plan.ranks = flags.ranks;
+  return request;
 }
 
 std::string row(const std::string& label, const std::vector<std::string>& columns) {
@@ -86,6 +89,10 @@ void add_memory_command(CLI::App& app) {
   add_optimizer_placement_flags(*cmd, flags->optimizer_placement, flags->offload_dir);
   add_optimizer_state_flag(*cmd, flags->optimizer_state);
   add_accumulate_flag(*cmd, flags->accumulation);
+  add_whole_flag(*cmd, "--ranks", flags->ranks, at_least(1),
+                 "Plan one rank of `mpirun -np N layup train`: on the CPU backend each rank keeps "
+                 "its shard of the AdamW moments (ZeRO-1)")
+      ->capture_default_str();
   add_choice_option(*cmd, "--mode", flags->mode, kModeNames,
                     "Also print this mode's plan allocation by allocation (cuda plans without a "
                     "GPU too, with a discrete GPU's attributes); without it the predicted step "

@@ -169,13 +169,28 @@ void HostAdamW::update_span(const ParameterLayout& layout, const Span& span, flo
 void HostAdamW::update_span(const ParameterLayout& layout, const Span& span,
                             const AdamWBuffers& buffers, const AdamWStep& step,
                             const ShareHook& on_share) {
+  update_span_part(layout, span, 0, span.count, buffers, step, on_share);
+}
+
+void HostAdamW::update_span(const ParameterLayout& layout, const Span& span,
+                            const AdamWStateBuffers& buffers, const AdamWStep& step,
+                            const ShareHook& on_share) {
+  update_span_part(layout, span, 0, span.count, buffers, step, on_share);
+}
+
+void HostAdamW::update_span_part(const ParameterLayout& layout, const Span& span, size_t first,
+                                 size_t count, const AdamWBuffers& buffers, const AdamWStep& step,
+                                 const ShareHook& on_share) {
   std::lock_guard call(call_mutex_);
   const Clock::time_point start = Clock::now();
   tensors_.clear();
   size_t total = 0;
   for (const TensorSpec& tensor : layout.tensors_in(span)) {
-    tensors_.push_back({buffers.at(tensor.offset_in_span), tensor.count, tensor.weight_decay});
-    total += tensor.count;
+    const size_t begin = std::max(first, tensor.offset_in_span);
+    const size_t stop = std::min(first + count, tensor.offset_in_span + tensor.count);
+    if (begin >= stop) continue;
+    tensors_.push_back({buffers.at(begin - first), stop - begin, tensor.weight_decay});
+    total += stop - begin;
   }
   with_decay_ = adamw_constants(step, true);
   without_decay_ = adamw_constants(step, false);
@@ -186,25 +201,26 @@ void HostAdamW::update_span(const ParameterLayout& layout, const Span& span,
   count_update(total, std::chrono::duration<double>(Clock::now() - start).count());
 }
 
-void HostAdamW::update_span(const ParameterLayout& layout, const Span& span,
-                            const AdamWStateBuffers& buffers, const AdamWStep& step,
-                            const ShareHook& on_share) {
+void HostAdamW::update_span_part(const ParameterLayout& layout, const Span& span, size_t first,
+                                 size_t count, const AdamWStateBuffers& buffers,
+                                 const AdamWStep& step, const ShareHook& on_share) {
   if (buffers.kind() == OptimizerStateKind::kFp32) {
-    update_span(layout, span, buffers.fp32(), step, on_share);
+    update_span_part(layout, span, first, count, buffers.fp32(), step, on_share);
     return;
   }
+  check_state_part(buffers.kind(), span, first, count);
   const AdamWStateKernel kernel = adamw_state_kernel(buffers.kind(), isa_);
   std::lock_guard call(call_mutex_);
   const Clock::time_point start = Clock::now();
   tensors_.clear();
-  state_job_ = StateJob{buffers, span.count, kernel, decay_runs(layout, span, 0, span.count)};
+  state_job_ = StateJob{buffers, count, kernel, decay_runs(layout, span, first, count)};
   with_decay_ = adamw_constants(step, true);
   task_ = nullptr;
   share_hook_ = on_share ? &on_share : nullptr;
-  if (span.count > 0) run_job();
+  if (count > 0) run_job();
   share_hook_ = nullptr;
   state_job_.reset();
-  count_update(span.count, std::chrono::duration<double>(Clock::now() - start).count());
+  count_update(count, std::chrono::duration<double>(Clock::now() - start).count());
 }
 
 void HostAdamW::update(float* params, const float* grads, float* m, float* v, size_t count,

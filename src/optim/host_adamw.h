@@ -100,6 +100,16 @@ class HostAdamW {
                    const AdamWStateBuffers& buffers, const AdamWStep& step,
                    const ShareHook& on_share = {});
 
+  // The same on elements [first, first + count) of the span (a rank's part, ZeRO-1), `buffers`
+  // starting at the part's first element; bitwise what update_span gives those elements. In bf16
+  // and 8-bit state the part must pass check_state_part.
+  void update_span_part(const ParameterLayout& layout, const Span& span, size_t first, size_t count,
+                        const AdamWBuffers& buffers, const AdamWStep& step,
+                        const ShareHook& on_share = {});
+  void update_span_part(const ParameterLayout& layout, const Span& span, size_t first, size_t count,
+                        const AdamWStateBuffers& buffers, const AdamWStep& step,
+                        const ShareHook& on_share = {});
+
   // AdamW on `count` contiguous parameters (as adamw_update).
   void update(float* params, const float* grads, float* m, float* v, size_t count,
               const AdamWStep& step, bool decay);

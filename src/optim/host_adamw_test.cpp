@@ -159,6 +159,62 @@ TEST(HostAdamW, StateKindsMatchTheSpanUpdateForAnyWorkerCount) {
   }
 }
 
+// ZeRO-1's parts: a span updated in parts cut at 8-bit blocks (the last one at the span's end),
+// each part's moments coded on their own from its first element, gives the whole span's bits.
+TEST(HostAdamW, PartsOfASpanMatchTheWholeSpanInEveryKind) {
+  const ParameterLayout layout = small_layout();
+  const Span& block = layout.spans()[1];
+  const std::vector<size_t> cuts = {0, kOptimizerStateBlock, 5 * kOptimizerStateBlock, block.count};
+  ASSERT_LT(cuts[2], block.count);
+  HostAdamWOptions options;
+  options.workers = 3;
+  HostAdamW engine(options);
+  for (OptimizerStateKind kind :
+       {OptimizerStateKind::kFp32, OptimizerStateKind::kBf16, OptimizerStateKind::kBlockwise8Bit}) {
+    const State start = random_state(block.count, 9);
+    const auto moments_of = [&](std::vector<uint8_t>& buffer, size_t first, size_t count) {
+      buffer.assign(optimizer_moments_padded_bytes(kind, count), 0);
+      const AdamWMoments moments = AdamWMoments::in_buffer(kind, buffer.data(), count);
+      encode_moments(start.m.data() + first, start.v.data() + first, count, moments);
+      return moments;
+    };
+    std::vector<uint8_t> whole_buffer;
+    const AdamWMoments whole = moments_of(whole_buffer, 0, block.count);
+    std::vector<float> expected = start.params, got = start.params;
+    engine.update_span(layout, block,
+                       AdamWStateBuffers::in_place(expected.data(), start.grads.data(), whole),
+                       step_number(0));
+    std::vector<float> expected_m(block.count), expected_v(block.count);
+    decode_moments(whole, block.count, expected_m.data(), expected_v.data());
+    std::vector<float> got_m(block.count), got_v(block.count);
+    for (size_t p = 0; p + 1 < cuts.size(); ++p) {
+      const size_t first = cuts[p], count = cuts[p + 1] - cuts[p];
+      std::vector<uint8_t> buffer;
+      const AdamWMoments part = moments_of(buffer, first, count);
+      engine.update_span_part(
+          layout, block, first, count,
+          AdamWStateBuffers::in_place(got.data() + first, start.grads.data() + first, part),
+          step_number(0));
+      decode_moments(part, count, got_m.data() + first, got_v.data() + first);
+    }
+    EXPECT_TRUE(same_bits(got, expected)) << name_of(kind);
+    EXPECT_TRUE(same_bits(got_m, expected_m)) << name_of(kind);
+    EXPECT_TRUE(same_bits(got_v, expected_v)) << name_of(kind);
+  }
+  // In 8-bit state a part must start a block.
+  std::vector<float> params(block.count), grads(block.count);
+  std::vector<uint8_t> buffer(
+      optimizer_moments_padded_bytes(OptimizerStateKind::kBlockwise8Bit, 8));
+  EXPECT_THROW(
+      engine.update_span_part(
+          layout, block, 3, 8,
+          AdamWStateBuffers::in_place(
+              params.data(), grads.data(),
+              AdamWMoments::in_buffer(OptimizerStateKind::kBlockwise8Bit, buffer.data(), 8)),
+          step_number(0)),
+      Error);
+}
+
 TEST(HostAdamW, StateKindsRawUpdatesMatchTheLoop) {
   HostAdamWOptions options;
   options.workers = 3;

@@ -30,15 +30,9 @@ std::optional<OptimizerShards> shards_of(const ParameterLayout& layout,
   return optimizer_shards(layout, options.optimizer_shards);
 }
 
-// A span's part in a shard: `count` elements from element `first` of the span.
-struct ShardPart {
-  size_t first = 0, count = 0;
-};
+using ShardPart = OptimizerShards::Part;
 ShardPart shard_part(const Span& span, const OptimizerShards& shards, int rank) {
-  const size_t begin = std::max(span.offset, shards.begin(rank));
-  const size_t end = std::min(span.offset + span.count, shards.end(rank));
-  if (begin >= end) return {};
-  return {begin - span.offset, end - begin};
+  return shards.part(span, rank);
 }
 
 // The moments rank `rank` keeps: every device-updated span's, or its part of each (ZeRO-1).
@@ -207,10 +201,7 @@ void DeviceTier::for_each_run(At at, Run run) const {
 }
 
 std::vector<size_t> DeviceTier::bounds_within(size_t begin, size_t end) const {
-  std::vector<size_t> bounds;
-  for (const size_t bound : shards_->bounds)
-    bounds.push_back(std::clamp(bound, begin, end) - begin);
-  return bounds;
+  return shards_->bounds_within(begin, end);
 }
 
 void DeviceTier::sum_over_ranks(DeviceCollectives& collectives) {
@@ -308,7 +299,7 @@ void DeviceTier::read_span(size_t index, const SpanState& out, const float* weig
       device_.copy_to_host(packed.data(), moments_.base(moments_buffer_.data(), index),
                            packed.size());
     } else {
-      const uint64_t request[4] = {1, index, 0, 0};
+      const uint64_t request[4] = {kSendMoments, index, 0, 0};
       ranks_->send(request, 4, r);
       ranks_->receive(packed.data(), packed.size(), r);
     }
@@ -352,24 +343,11 @@ void DeviceTier::write_span(size_t index, const ConstSpanState& in) {
   device_.copy_to_device(base, packed.data(), packed.size());
 }
 
-void DeviceTier::serve_exports() {
-  if (!shards_ || rank() == 0) return;
-  for (;;) {
-    uint64_t request[4];  // 0: the end; 1: this rank's moments of span request[1]
-    ranks_->receive(request, 4, 0);
-    if (request[0] == 0) return;
-    const size_t index = request[1];
-    LAYUP_CHECK(index < layout_.spans().size() && moments_.holds(index),
-                "internal error: rank 0 asked for moments this rank does not own");
-    // The device's memory is the host's (ZeRO-1 runs on the CPU backend).
-    ranks_->send(moments_.base(moments_buffer_.data(), index), moments_.floats(index), 0);
-  }
-}
-
-void DeviceTier::end_exports() {
-  if (!shards_) return;
-  const uint64_t end[4] = {0, 0, 0, 0};
-  for (int r = 1; r < rank_count(); ++r) ranks_->send(end, 4, r);
+void DeviceTier::send_moments(size_t index) const {
+  LAYUP_CHECK(shards_ && index < layout_.spans().size() && moments_.holds(index),
+              "internal error: rank 0 asked for moments this rank does not own");
+  // The device's memory is the host's (ZeRO-1 runs on the CPU backend).
+  ranks_->send(moments_.base(moments_buffer_.data(), index), moments_.floats(index), 0);
 }
 
 }  // namespace layup

@@ -91,14 +91,13 @@ class DeviceTier {
 
   // A device-updated span's weights (from `weights`, its place in the device copy) and moments
   // into `out`; its moments from `in` (host memory laid out like the span, or coded). ZeRO-1: only
-  // rank 0 reads moments, asking each other rank for its part (which it answers in
-  // serve_exports); every rank writes the whole span and keeps its part.
+  // rank 0 reads moments, asking each other rank for its part (which it answers with
+  // send_moments); every rank writes the whole span and keeps its part.
   void read_span(size_t index, const SpanState& out, const float* weights) const;
   void write_span(size_t index, const ConstSpanState& in);
-  // ZeRO-1 (Schedule::serve_exports, end_exports): a rank other than 0 answers rank 0's requests
-  // for its parts until rank 0 ends them.
-  void serve_exports();
-  void end_exports();
+  // ZeRO-1, a rank other than 0 (Schedule::serve_exports): its part of span `index`'s moments to
+  // rank 0, which asked for them.
+  void send_moments(size_t index) const;
 
  private:
   static constexpr size_t kNotHere = static_cast<size_t>(-1);

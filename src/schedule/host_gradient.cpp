@@ -189,6 +189,23 @@ double HostGradient::sum_over_ranks(size_t index, Communicator& ranks) {
   return add_chunk_sums(chunk_sums.data(), chunks);
 }
 
+double HostGradient::reduce_scatter(size_t index, Communicator& ranks,
+                                    const OptimizerShards& shards) {
+  const Span& whole = layout_.spans()[index];
+  float* summed = span(index);
+  ranks.reduce_scatter_in_rank_order(
+      summed, shards.bounds_within(whole.offset, whole.offset + whole.count));
+  // Shards are cut where chunks start, so this rank's part is whole chunks of the span.
+  const std::vector<size_t> chunk_bounds = shards.chunk_bounds_of(index);
+  const size_t chunks = chunk_bounds.back();
+  std::vector<double> chunk_sums(chunks, 0.0);
+  const int rank = ranks.rank();
+  chunked_pass(summed, whole.count, chunk_bounds[rank], chunk_bounds[rank + 1], {},
+               chunk_sums.data());
+  ranks.all_gather(chunk_sums.data(), chunk_bounds);
+  return add_chunk_sums(chunk_sums.data(), chunks);
+}
+
 void HostGradient::chunked_pass(const float* squared, size_t count, size_t first_chunk,
                                 size_t end_chunk,
                                 const std::function<void(size_t, size_t)>& combine,

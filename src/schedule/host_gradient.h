@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "model/parameter_layout.h"
 #include "optim/host_adamw.h"
+#include "schedule/optimizer_shards.h"
 #include "schedule/packed_spans.h"
 #include "schedule/span_square_sums.h"
 
@@ -71,6 +72,10 @@ class HostGradient {
   // one process of N micro-batches gives. Every rank calls it for the same spans in the same
   // order, from one thread at a time.
   double sum_over_ranks(size_t index, Communicator& ranks);
+  // ZeRO-1: the same sum, into this rank's part of the span only (its shard of `shards`; the rest
+  // of the span is left undefined), and the sum of squares of the whole sum, from every rank's
+  // chunks of it added in the order sum_over_ranks adds them (the same bits).
+  double reduce_scatter(size_t index, Communicator& ranks, const OptimizerShards& shards);
 
  private:
   // Chunks [first_chunk, end_chunk) of a span of `count` floats over the workers, whole chunks

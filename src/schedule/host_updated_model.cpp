@@ -77,11 +77,34 @@ PackedSpans HostUpdatedModel::device_copy_spans(const ParameterLayout& layout,
   });
 }
 
+std::optional<OptimizerShards> HostUpdatedModel::host_shards(const ParameterLayout& layout,
+                                                             const ScheduleOptions& options) {
+  if (options.optimizer_shards <= 1 || host_spans(layout, options).count == 0) return std::nullopt;
+  return optimizer_shards(layout, options.optimizer_shards);
+}
+
 PackedMoments HostUpdatedModel::host_moments(const ParameterLayout& layout,
                                              const ScheduleOptions& options) {
   check_update_sites(layout, options);
-  return PackedMoments::of(options.optimizer_state, layout,
-                           [&](size_t index) { return on_host(options, index); });
+  const std::optional<OptimizerShards> shards = host_shards(layout, options);
+  if (!shards)
+    return PackedMoments::of(options.optimizer_state, layout,
+                             [&](size_t index) { return on_host(options, index); });
+  // ZeRO-1: this rank's part of each host span. The shards are the same on every rank, so where
+  // the rank is not known yet (a plan) the largest is what the plan lists.
+  auto of_rank = [&](int rank) {
+    std::vector<size_t> counts(layout.spans().size(), 0);
+    for (size_t index = 0; index < counts.size(); ++index)
+      if (on_host(options, index)) counts[index] = shards->part(layout.spans()[index], rank).count;
+    return PackedMoments::of_counts(options.optimizer_state, std::move(counts));
+  };
+  if (options.ranks != nullptr) return of_rank(options.ranks->rank());
+  PackedMoments largest = of_rank(0);
+  for (int rank = 1; rank < options.optimizer_shards; ++rank) {
+    PackedMoments moments = of_rank(rank);
+    if (moments.bytes > largest.bytes) largest = std::move(moments);
+  }
+  return largest;
 }
 
 HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layout,
@@ -105,7 +128,11 @@ HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layou
                               options.weights_in_place
                                   ? "fp32 master weights (the device computes with them in place)"
                                   : "fp32 master weights");
-  buffers.moments = host_state(TensorClass::kOptimizerMoments, "AdamW m and v, " + kind);
+  std::string moments_what = "AdamW m and v, " + kind;
+  if (host_shards(layout, options))
+    moments_what +=
+        ", this rank's shard of " + std::to_string(options.optimizer_shards) + " (ZeRO-1)";
+  buffers.moments = host_state(TensorClass::kOptimizerMoments, std::move(moments_what));
   buffers.span_sums = SpanSquareSums::buffer(layout.spans().size(), kinds);
   if (master_on_device)
     buffers.weights =
@@ -169,7 +196,20 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
       device_copy_spans_(device_copy_spans(layout, options)),
       host_moments_(host_moments(layout, options)),
       ranks_(options.ranks != nullptr && options.ranks->size() > 1 ? options.ranks : nullptr),
+      shards_(host_shards(layout, options)),
       device_sums_(*device_, layout.spans().size()) {
+  if (shards_) {
+    LAYUP_CHECK(ranks_ != nullptr && ranks_->size() == options.optimizer_shards,
+                "internal error: the run was planned for ", options.optimizer_shards, " ranks but ",
+                rank_count(), " run it");
+    // Every host span is updated once the norm is known, on the thread that gathers its weights.
+    LAYUP_CHECK(!speculative_clip_,
+                "ZeRO-1 (the moments split across the ranks) updates the host's spans once the "
+                "norm is known; use --layup-clip deferred");
+    LAYUP_CHECK(!weights_land_in_compute_copy_,
+                "ZeRO-1 gathers the fp32 weights, and with weights landing in the compute copy "
+                "the device computes with the bf16 copy the gather would not write");
+  }
   LAYUP_CHECK(ranks_ == nullptr || options.host_gradient || cpu_spans_.count == 0,
               "several ranks sum each span's gradient on the host, and this schedule keeps none "
               "there (layup with --clip none and one micro-batch a rank); clip, or give each "
@@ -260,6 +300,7 @@ void HostUpdatedModel::export_span(size_t index, const SpanState& out) const {
   const size_t count = layout_.spans()[index].count;
   const size_t at = host_at(index);
   if (out.params) copy_in_parallel(out.params, host_params_.data() + at, count);
+  if (shards_) return export_moment_parts(index, out);
   const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
   if (out.coded != nullptr)
     return copy_moments(moments, AdamWMoments::in_buffer(moments.kind, out.coded, count), count);
@@ -269,24 +310,80 @@ void HostUpdatedModel::export_span(size_t index, const SpanState& out) const {
   if (out.v) copy_in_parallel(out.v, moments.v_fp32(), count);
 }
 
+void HostUpdatedModel::export_moment_parts(size_t index, const SpanState& out) const {
+  if (out.m == nullptr && out.v == nullptr && out.coded == nullptr) return;
+  LAYUP_CHECK(ranks_->rank() == 0,
+              "internal error: only rank 0 exports the optimizer state of a sharded run");
+  const Span& span = layout_.spans()[index];
+  const OptimizerStateKind kind = host_moments_.kind;
+  // Each rank's part decoded from its first element: this rank's from its buffer, the others'
+  // asked of their owners.
+  std::vector<float> received;
+  for (int rank = 0; rank < rank_count(); ++rank) {
+    const OptimizerShards::Part part = shards_->part(span, rank);
+    if (part.count == 0) continue;
+    float* packed = nullptr;
+    if (rank == 0) {
+      packed = host_moments_.base(host_moments_buffer_.data(), index);
+    } else {
+      received.resize(PackedMoments::padded_bytes(kind, part.count) / sizeof(float));
+      const uint64_t request[4] = {kSendMoments, index, 0, 0};
+      ranks_->send(request, 4, rank);
+      ranks_->receive(received.data(), received.size(), rank);
+      packed = received.data();
+    }
+    const AdamWMoments in_part = AdamWMoments::in_buffer(kind, packed, part.count);
+    if (out.coded != nullptr)
+      copy_moments(in_part, AdamWMoments::in_buffer(kind, out.coded, span.count).at(part.first),
+                   part.count);
+    else
+      decode_moments(in_part, part.count, out.m ? out.m + part.first : nullptr,
+                     out.v ? out.v + part.first : nullptr);
+  }
+}
+
+void HostUpdatedModel::send_moments(size_t index) const {
+  LAYUP_CHECK(shards_ && index < layout_.spans().size() && host_moments_.holds(index),
+              "internal error: rank 0 asked for moments this rank does not own");
+  ranks_->send(host_moments_.base(host_moments_buffer_.data(), index), host_moments_.floats(index),
+               0);
+}
+
 void HostUpdatedModel::import_span(size_t index, const ConstSpanState& in) {
   const size_t count = layout_.spans()[index].count;
   if (host_spans_.holds(index)) {
     const size_t at = host_spans_.at[index];
     copy_in_parallel(host_params_.data() + at, in.params, count);
-    const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
-    if (in.coded != nullptr) {
-      copy_moments(AdamWMoments::in_buffer(moments.kind, const_cast<void*>(in.coded), count),
-                   moments, count);
-    } else if (moments.kind != OptimizerStateKind::kFp32) {
-      encode_moments(in.m, in.v, count, moments);  // coded from the span's first element
+    if (shards_) {
+      import_moment_part(index, in);
     } else {
-      copy_in_parallel(moments.m_fp32(), in.m, count);
-      copy_in_parallel(moments.v_fp32(), in.v, count);
+      const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
+      if (in.coded != nullptr) {
+        copy_moments(AdamWMoments::in_buffer(moments.kind, const_cast<void*>(in.coded), count),
+                     moments, count);
+      } else if (moments.kind != OptimizerStateKind::kFp32) {
+        encode_moments(in.m, in.v, count, moments);  // coded from the span's first element
+      } else {
+        copy_in_parallel(moments.m_fp32(), in.m, count);
+        copy_in_parallel(moments.v_fp32(), in.v, count);
+      }
     }
   }
   if (disk_tier_ && disk_tier_->holds(index)) disk_tier_->write_span(index, in);
   send_weights_now(index, in.params);
+}
+
+void HostUpdatedModel::import_moment_part(size_t index, const ConstSpanState& in) {
+  const Span& span = layout_.spans()[index];
+  const OptimizerShards::Part part = shards_->part(span, ranks_->rank());
+  if (part.count == 0) return;
+  const AdamWMoments moments = host_moments_.in(host_moments_buffer_.data(), index);
+  if (in.coded != nullptr)
+    copy_moments(AdamWMoments::in_buffer(moments.kind, const_cast<void*>(in.coded), span.count)
+                     .at(part.first),
+                 moments, part.count);
+  else  // coded from the part's first element, as its updates code it
+    encode_moments(in.m + part.first, in.v + part.first, part.count, moments);
 }
 
 void HostUpdatedModel::start_device_sum_of_squares(size_t index, const float* device_grad) {
@@ -324,6 +421,50 @@ void HostUpdatedModel::send_weights_now(size_t index, const float* weights) {
   landed.get_future().wait();
 }
 
+HostUpdatedModel::WorkerShares::WorkerShares(const HostUpdatedModel& model, const Span& span)
+    : starts_us(model.worker_tracks_.size(), 0.0), name(trace_name(TaskKind::kAdamW, span.kind)) {
+  TraceRecorder* const trace =
+      model.trace_ != nullptr && model.trace_->recording() ? model.trace_ : nullptr;
+  if (span.kind == SpanKind::kBlock) {
+    // Appended piece by piece: `" " + std::to_string(...)` trips GCC 12's -Wrestrict.
+    name += ' ';
+    name += std::to_string(span.layer);
+  }
+  if (trace == nullptr || model.worker_tracks_.empty()) return;
+  hook = [this, trace, tracks = &model.worker_tracks_](int worker, bool started) {
+    if (started) {
+      starts_us[worker] = trace->now_us();
+      return;
+    }
+    try {
+      trace->add_span((*tracks)[worker], name, starts_us[worker], trace->now_us());
+    } catch (...) {  // a lost trace span is not worth failing the update for
+    }
+  };
+}
+
+void HostUpdatedModel::update_span_part(size_t index, const float* grads, const AdamWStep& adamw,
+                                        int trace_track) {
+  LAYUP_CHECK(shards_, "internal error: a part's update without optimizer shards");
+  const Span& span = layout_.spans()[index];
+  float* master = host_params_.data() + host_at(index);
+  const OptimizerShards::Part part = shards_->part(span, ranks_->rank());
+  if (part.count > 0) {
+    TraceSpan traced(trace_, trace_track, trace_name(TaskKind::kAdamW, span.kind), span.layer);
+    WorkerShares shares(*this, span);
+    host_adamw_->update_span_part(
+        layout_, span, part.first, part.count,
+        AdamWStateBuffers::in_place(master + part.first, grads + part.first,
+                                    host_moments_.in(host_moments_buffer_.data(), index)),
+        adamw, shares.hook);
+  }
+  {
+    TraceSpan traced(trace_, trace_track, "all_gather_weights", span.layer);
+    ranks_->all_gather(master, shards_->bounds_within(span.offset, span.offset + span.count));
+  }
+  send_weights_now(index, master);
+}
+
 void HostUpdatedModel::update_span(size_t index, const float* grads, const OptimizerState& from,
                                    const OptimizerState& to, const AdamWStep& adamw,
                                    int trace_track, std::function<void()> landed) {
@@ -345,27 +486,8 @@ void HostUpdatedModel::update_span(size_t index, const float* grads, const Optim
   TraceRecorder* const trace = trace_ != nullptr && trace_->recording() ? trace_ : nullptr;
   {
     TraceSpan traced(trace_, trace_track, trace_name(TaskKind::kAdamW, span.kind), span.layer);
-    // With a trace, each worker's share on its own track, under the same name.
-    std::vector<double> share_start_us(worker_tracks_.size(), 0.0);
-    std::string name = trace_name(TaskKind::kAdamW, span.kind);
-    if (span.kind == SpanKind::kBlock) {
-      // Appended piece by piece: `" " + std::to_string(...)` trips GCC 12's -Wrestrict.
-      name += ' ';
-      name += std::to_string(span.layer);
-    }
-    HostAdamW::ShareHook on_share;
-    if (trace != nullptr && !worker_tracks_.empty())
-      on_share = [&](int worker, bool started) {
-        if (started) {
-          share_start_us[worker] = trace->now_us();
-          return;
-        }
-        try {
-          trace->add_span(worker_tracks_[worker], name, share_start_us[worker], trace->now_us());
-        } catch (...) {  // a lost trace span is not worth failing the update for
-        }
-      };
-    host_adamw_->update_span(layout_, span, buffers, adamw, on_share);
+    WorkerShares shares(*this, span);
+    host_adamw_->update_span(layout_, span, buffers, adamw, shares.hook);
   }
   std::function<void()> slot_free;
   if (lease) {

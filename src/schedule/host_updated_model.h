@@ -25,6 +25,7 @@
 #include "optim/host_adamw.h"
 #include "schedule/disk_tier.h"
 #include "schedule/host_gradient.h"
+#include "schedule/optimizer_shards.h"
 #include "schedule/packed_moments.h"
 #include "schedule/packed_spans.h"
 #include "schedule/schedule.h"
@@ -93,8 +94,15 @@ class HostUpdatedModel {
   static PackedSpans gradient_spans(const ParameterLayout& layout, const ScheduleOptions& options);
   static PackedSpans device_copy_spans(const ParameterLayout& layout,
                                        const ScheduleOptions& options);
-  // The moments of host_spans in the run's optimizer state kind.
+  // The moments of host_spans in the run's optimizer state kind (ZeRO-1: this rank's part of each).
   static PackedMoments host_moments(const ParameterLayout& layout, const ScheduleOptions& options);
+  // ZeRO-1 of the host's state (ScheduleOptions::optimizer_shards > 1 and some span updated on
+  // the host): each rank keeps the whole fp32 master weights (the device computes with them, and
+  // a gather of each span's new weights keeps them equal) and its part of every host span's
+  // moments.
+  static std::optional<OptimizerShards> host_shards(const ParameterLayout& layout,
+                                                    const ScheduleOptions& options);
+  bool sharded() const { return shards_.has_value(); }
 
   // The weights the device computes with, span by span: its own copy; or the master weights in
   // place; or, for a span whose weights land in the compute copy, the master weights, which the
@@ -143,6 +151,15 @@ class HostUpdatedModel {
                 std::move(landed));
   }
 
+  // ZeRO-1: AdamW on this rank's part of span `index` (in place, `grads` laid out like the span,
+  // this rank's part summed over the ranks), then every rank's new weights gathered into the
+  // master weights (MPI: the caller's thread is the only one calling the communicator) and sent
+  // to the device. Every rank calls it for the same spans in the same order.
+  void update_span_part(size_t index, const float* grads, const AdamWStep& adamw, int trace_track);
+  // ZeRO-1, a rank other than 0 (Schedule::serve_exports): its part of span `index`'s moments to
+  // rank 0, which asked for them in export_span.
+  void send_moments(size_t index) const;
+
   // Span `index`'s weights on the device from the current master weights, in order with the
   // device's work, returning when they are there (nothing to do with weights_in_place).
   void refresh_device_weights(size_t index);
@@ -157,7 +174,10 @@ class HostUpdatedModel {
   // Span `index`'s gradient in the host accumulator, complete on this rank, summed over the ranks
   // (HostGradient::sum_over_ranks); returns the sum's sum of squares. Every rank calls it for the
   // same spans in the same order, one thread at a time.
+  // ZeRO-1: summed into this rank's part only (HostGradient::reduce_scatter), the same sum of
+  // squares.
   double sum_gradient_over_ranks(size_t index) {
+    if (shards_) return host_gradient_->reduce_scatter(index, *ranks_, *shards_);
     return host_gradient_->sum_over_ranks(index, *ranks_);
   }
 
@@ -166,6 +186,22 @@ class HostUpdatedModel {
   size_t device_copy_at(size_t index) const;
 
  private:
+  // With a trace, each HostAdamW worker's share of one span's AdamW on its own track, under the
+  // span's AdamW name (`hook`, handed to HostAdamW; it refers to this object).
+  struct WorkerShares {
+    WorkerShares(const HostUpdatedModel& model, const Span& span);
+    WorkerShares(const WorkerShares&) = delete;
+    WorkerShares& operator=(const WorkerShares&) = delete;
+    std::vector<double> starts_us;
+    std::string name;
+    HostAdamW::ShareHook hook;
+  };
+
+  // ZeRO-1's export of span `index`'s moments, rank 0 asking each owner for its part.
+  void export_moment_parts(size_t index, const SpanState& out) const;
+  // ZeRO-1's import: this rank's part of span `index`'s moments from the whole span's `in`.
+  void import_moment_part(size_t index, const ConstSpanState& in);
+
   const ParameterLayout layout_;
   std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<Device> device_;
@@ -183,6 +219,7 @@ class HostUpdatedModel {
   DeviceBuffer spare_params_, spare_moments_;
   std::unique_ptr<HostAdamW> host_adamw_;
   Communicator* const ranks_;  // ScheduleOptions::ranks where several train; else null
+  const std::optional<OptimizerShards> shards_;  // ZeRO-1 of the host's state (host_shards)
   // Per span, the sum of squares the device took of its gradient (start_device_sum_of_squares).
   SpanSquareSums device_sums_;
   // It reads device_sums_ but does not touch it when it goes.

@@ -38,7 +38,10 @@
 // the pinned HostAdamW workers; CpuProgress tells each who is done. Updates may still be landing
 // when step() returns: a forward waits span by span (ForwardWaits); export_tensors,
 // import_tensors, set_trace and the destructor wait for all. Trace tracks and span names, and what
-// a non-finite step leaves: docs/schedules.md.
+// a non-finite step leaves: docs/schedules.md. With several ranks, MPI is called by one thread at a
+// time: the consumer during the step (the sums over the ranks), then step() itself (the loss; with
+// ZeRO-1 of the host's state, every host span's update and the gather of its weights), then the
+// device thread (the device tier's update).
 //
 // Every micro-batch's gradient is summed with one float add per element in micro-batch order,
 // and the norm is the sum of per-span sums of squares in layout order: what `gpu` and `offload`
@@ -86,6 +89,10 @@ ScheduleOptions mode_options(Mode mode, const ParameterLayout& layout, ScheduleO
     options.update_sites.clear();
     options.weights_land_in_compute_copy = false;
   }
+  // ZeRO-1 of the host's state updates every host span once the norm is known (the thread that
+  // runs the update gathers its weights): speculative clipping's early updates would have no one
+  // to gather them, and deferred clipping gives the same bits.
+  if (HostUpdatedModel::host_shards(layout, options)) options.speculative_clip = false;
   if (mode == Mode::kGpu) {
     options.host_gradient = false;
     options.speculative_clip = false;
@@ -199,8 +206,26 @@ class PlannedSchedule final : public Schedule {
     model_.import_span(index, in);  // host state, and the weights to the device
     if (device_tier_.holds(index)) device_tier_.write_span(index, in);
   }
-  void serve_exports() override { device_tier_.serve_exports(); }
-  void end_exports() override { device_tier_.end_exports(); }
+  // ZeRO-1: rank 0's export asks the owners for their parts of the moments, the device tier's or
+  // the host's, until it ends the exchange.
+  void serve_exports() override {
+    if (!sharded() || model_.ranks()->rank() == 0) return;
+    for (;;) {
+      uint64_t request[4];  // kEndExports, or kSendMoments of span request[1]
+      model_.ranks()->receive(request, 4, 0);
+      if (request[0] == kEndExports) return;
+      const size_t index = request[1];
+      if (device_tier_.holds(index))
+        device_tier_.send_moments(index);
+      else
+        model_.send_moments(index);
+    }
+  }
+  void end_exports() override {
+    if (!sharded()) return;
+    const uint64_t end[4] = {kEndExports, 0, 0, 0};
+    for (int r = 1; r < model_.rank_count(); ++r) model_.ranks()->send(end, 4, r);
+  }
   std::string cpu_adamw_report() const override {
     finish_updates();  // count every update of the steps so far
     return model_.cpu_adamw_report();
@@ -247,9 +272,14 @@ class PlannedSchedule final : public Schedule {
     adamw.grad_scale = stats.clip_factor = clip_factor(stats.grad_norm, settings.clip_max_norm);
     const bool clipped = stats.clip_factor < 1.0f;
     timing_.end_step(clipped);
-    // The step returns without waiting for these: the next forward waits span by span.
-    if (context.head != nullptr) decide_head_update(*context.head, context, &adamw);
-    submit_block_updates(context, adamw, clipped, stats);
+    // The step returns without waiting for these (the next forward waits span by span), except
+    // with ZeRO-1 of the host's state, whose updates run here.
+    if (model_.sharded()) {
+      update_host_parts(adamw);
+    } else {
+      if (context.head != nullptr) decide_head_update(*context.head, context, &adamw);
+      submit_block_updates(context, adamw, clipped, stats);
+    }
     // After the blocks' updates are queued: on CUDA it returns at once and runs before the next
     // forward in the device's order; on the CPU backend it runs here.
     if (!device_tier_.spans().empty())
@@ -274,6 +304,20 @@ class PlannedSchedule final : public Schedule {
     const float loss = model_.backend().forward(model_.device_params(), batch, waits);
     waits.finish();
     return loss;
+  }
+
+  bool sharded() const { return device_tier_.sharded() || model_.sharded(); }
+
+  // step(), ZeRO-1 of the host's state, the norm finite: every CPU-updated span's part updated and
+  // its weights gathered, in layout order on this thread (the consumer is done with MPI, and the
+  // device thread's gathers come after).
+  void update_host_parts(const AdamWStep& adamw) {
+    for (size_t index = 0; index < layout_.spans().size(); ++index) {
+      if (device_tier_.holds(index)) continue;
+      const float* grads = route_->kept(index);
+      LAYUP_CHECK(grads != nullptr, "span ", index, "'s gradient is gone before its update");
+      model_.update_span_part(index, grads, adamw, cpu_track_);
+    }
   }
 
   // Returns once no update of the host state or the device copy is in flight (updates run past
@@ -342,14 +386,17 @@ class PlannedSchedule final : public Schedule {
     StepContext context;
     // A plan that updates after the norm whether it clips or not (offload's) says so; else the
     // clip threshold and the last step choose (UpdateTiming).
-    context.timing = step_plan.window == UpdateWindow::kAfterNorm && settings.clip_max_norm <= 0.0f
+    // ZeRO-1 of the host's state: every update after the norm (update_host_parts).
+    context.timing = model_.sharded() || (step_plan.window == UpdateWindow::kAfterNorm &&
+                                          settings.clip_max_norm <= 0.0f)
                          ? &timing_.deferred()
                          : &timing_.begin_step(settings.clip_max_norm);
     context.from = model_.current_state();
     context.to = context.timing->speculative() ? model_.spare_state() : context.from;
     context.unclipped = settings.adamw;
     context.unclipped.grad_scale = 1.0f;
-    if (!host_head_spans_.empty()) context.head = std::make_shared<HeadUpdate>();
+    if (!host_head_spans_.empty() && !model_.sharded())
+      context.head = std::make_shared<HeadUpdate>();
     if (model_.disk_tier() != nullptr) {
       // The disk blocks' updates in the order the timing runs them, for the tier to read ahead:
       // as backward reaches them (top down), or after the norm (bottom up).

@@ -113,5 +113,33 @@ TEST(ScheduleBuffers, GpuModeKeepsOneCopyOfTheWeightsAndNoHostState) {
   }
 }
 
+// ZeRO-1 of the host's state (a plan, before the rank is known): offload's and layup's host
+// moments are the largest rank's part, at least 1/N of the whole and less than it, and speculative
+// clipping keeps no spare copy (it runs deferred).
+TEST(ScheduleBuffers, ZeroOneListsTheLargestShardOfTheHostMoments) {
+  const ParameterLayout layout(gpt2_config(2, 2, 80, 16, 61));  // blocks of two chunks
+  const size_t whole = 2 * layout.total_count() * sizeof(float);
+  for (const Mode mode : {Mode::kOffload, Mode::kLayup}) {
+    for (int shards : {2, 3}) {
+      SCOPED_TRACE(name_of(mode) + " over " + std::to_string(shards));
+      size_t moments = 0;
+      int listed = 0;
+      for (const PlannedAllocation& buffer :
+           schedule_buffers(mode, layout, {.speculative_clip = true, .optimizer_shards = shards},
+                            make_cpu_device()->kinds(), 1)) {
+        if (buffer.tensor_class != TensorClass::kOptimizerMoments) continue;
+        moments += buffer.bytes;
+        listed += 1;
+        EXPECT_NE(buffer.what.find("this rank's shard of " + std::to_string(shards)),
+                  std::string::npos)
+            << buffer.what;
+      }
+      EXPECT_EQ(listed, 1);
+      EXPECT_GE(moments * static_cast<size_t>(shards), whole);
+      EXPECT_LT(moments, whole);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace layup

@@ -2,6 +2,7 @@
 #include "schedule/schedule_plan.h"
 
 #include <cstdio>
+#include <string>
 
 #include "core/error.h"
 #include "model/parameter_layout.h"
@@ -38,8 +39,8 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
                   : 0;
   options.host_gradient =
       r.mode != Mode::kLayup || r.clip > 0.0f || (r.grad_accum > 1 && !layer_major);
-  // ZeRO-1 on the CPU backend for now; on GPUs every rank keeps the whole state.
-  options.optimizer_shards = r.mode == Mode::kGpu && !cuda ? r.ranks : 1;
+  // ZeRO-1 in every mode on the CPU backend for now; on GPUs every rank keeps the whole state.
+  options.optimizer_shards = !cuda ? r.ranks : 1;
   options.optimizer_state = r.optimizer_state;
   // auto: where host and device share one memory, the spare copy would come out of what the
   // activations need.
@@ -53,7 +54,9 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
   const bool speculate =
       r.layup_clip == LayupClip::kSpeculative ||
       (r.layup_clip == LayupClip::kAuto && disk_blocks == 0 && !(cuda && r.attributes.integrated));
-  options.speculative_clip = r.mode == Mode::kLayup && r.clip > 0.0f && speculate;
+  // ZeRO-1 updates the host's blocks once the norm is known (docs/parallel.md): no speculation.
+  options.speculative_clip =
+      r.mode == Mode::kLayup && r.clip > 0.0f && speculate && options.optimizer_shards <= 1;
   if (r.mode == Mode::kLayup && r.layup_head == LayupHead::kDevice) {
     LAYUP_CHECK(!options.weights_in_place,
                 "--layup-head device updates the head in the device's copy of the weights, and "
@@ -198,7 +201,14 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
     notes.push_back(
         "the host-updated spans' new weights land in the backend's bf16 compute copy, cast on "
         "arrival: the device keeps no fp32 copy of them");
-  if (options.speculative_clip)
+  const bool zero_one_host = r.mode == Mode::kLayup && options.optimizer_shards > 1;
+  if (zero_one_host)
+    notes.push_back("with the optimizer state split across the " +
+                    std::to_string(options.optimizer_shards) +
+                    " ranks (ZeRO-1) layup updates the host's blocks once the step's norm is "
+                    "known, after backward, clipping or not (--layup-clip speculative runs as "
+                    "deferred, with the same result)");
+  else if (options.speculative_clip)
     notes.push_back(
         "clipping in layup is speculative: a second copy of the master weights and moments (" +
         format_bytes(state) +

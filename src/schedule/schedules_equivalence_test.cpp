@@ -929,6 +929,8 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
   struct Case {
     std::string name, mode;
     ScheduleOptions options;
+    int micro_batches_per_rank = 1;
+    ModelConfig config = tiny_config();
   };
   const std::vector<Case> cases = {
       {"gpu", "gpu", {}},
@@ -963,6 +965,30 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
        {.update_sites = every_span_on_device,
         .optimizer_shards = ranks,
         .optimizer_state = OptimizerStateKind::kBlockwise8Bit}},
+      // ZeRO-1 of the host's state: each rank's CPU updates its part of every host span.
+      {"offload, ZeRO-1", "offload", {.optimizer_shards = ranks}},
+      {"offload, ZeRO-1, 2 micro-batches a rank", "offload", {.optimizer_shards = ranks}, 2},
+      {"offload, ZeRO-1, 8-bit state",
+       "offload",
+       {.optimizer_shards = ranks, .optimizer_state = OptimizerStateKind::kBlockwise8Bit}},
+      {"layup, ZeRO-1", "layup", {.optimizer_shards = ranks}},
+      {"layup, ZeRO-1, 2 micro-batches a rank", "layup", {.optimizer_shards = ranks}, 2},
+      {"layup, ZeRO-1, speculative asked (deferred), bf16 state, weights in place",
+       "layup",
+       {.weights_in_place = true,
+        .speculative_clip = true,
+        .optimizer_shards = ranks,
+        .optimizer_state = OptimizerStateKind::kBf16}},
+      {"layup, head on the device, host blocks and device head ZeRO-1, 2 micro-batches a rank",
+       "layup",
+       {.update_sites = head_on_device(layout), .optimizer_shards = ranks},
+       2},
+      // Blocks of two sum-of-squares chunks: the shards cut inside a span.
+      {"layup, ZeRO-1, blocks cut between ranks",
+       "layup",
+       {.optimizer_shards = ranks},
+       1,
+       gpt2_config(2, 2, 80, 16, 61)},
   };
   const ClipPlan clip_plan = [](int step, std::span<const TokenBatch>) {
     return step % 3 == 2 ? 0.0f : step % 3 == 0 ? 1e-3f : 1e6f;
@@ -971,12 +997,21 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
     SCOPED_TRACE(c.name);
     ScheduleOptions alone = c.options;
     alone.optimizer_shards = 1;
-    const TrainingRun one = train(with_options(c.mode, alone), ranks, clip_plan);
+    const int per_rank = c.micro_batches_per_rank;
+    const Share share = {world->rank() * per_rank, per_rank, false};
     ScheduleOptions ranked = c.options;
     ranked.ranks = world.get();
+    // Several micro-batches a rank add in another order than one process's (each rank's sum,
+    // then the ranks'): ZeRO-1 is compared with every rank keeping the whole state.
+    ScheduleOptions whole = ranked;
+    whole.optimizer_shards = 1;
+    const TrainingRun one =
+        per_rank == 1
+            ? train(with_options(c.mode, alone), ranks, clip_plan, c.config)
+            : train(with_options(c.mode, whole), ranks * per_rank, clip_plan, c.config, share);
     const bool sharded = c.options.optimizer_shards > 1;
-    TrainingRun mine = train(with_options(c.mode, ranked), ranks, clip_plan, tiny_config(),
-                             {world->rank(), 1, sharded});
+    TrainingRun mine = train(with_options(c.mode, ranked), ranks * per_rank, clip_plan, c.config,
+                             {share.first, share.taken, sharded});
     EXPECT_NE(one.losses.front(), one.losses.back());
     if (sharded && world->rank() > 0) mine.tensors = one.tensors;  // rank 0 has compared them
     expect_same(one, mine, c.name);

@@ -66,6 +66,8 @@ def test_two_ranks_train_bitwise_like_one_process(tmp_path, shards, mode):
     run([binary("layup"), *args, "--out", tmp_path / "one"])
     result = ranks(2, [*args, "--out", tmp_path / "two"])
     assert "2 ranks (mpirun), 1 micro-batches of each step on each" in result.stderr
+    # ZeRO-1 in every mode: each rank keeps and updates its part of the moments.
+    assert "this rank's shard of 2 (ZeRO-1)" in result.stderr, result.stderr
     # Rank 0 alone prints and writes: one progress line per step, one summary, one run folder.
     assert result.stderr.count("step 4/4") == 1, result.stderr
     assert result.stdout.count("trained to step 4") == 1, result.stdout
@@ -86,14 +88,21 @@ def moments_bytes(stderr):
     raise AssertionError("no AdamW m line in the plan:\n" + stderr)
 
 
-def test_three_ranks_split_the_moments_and_train_bitwise(tmp_path, shards):
+@pytest.mark.parametrize("mode", ["gpu", "layup-deferred"])
+def test_three_ranks_split_the_moments_and_train_bitwise(tmp_path, shards, mode):
     """ZeRO-1: each of three ranks keeps a third of the moments (the shards cut the embeddings'
-    span), and the run's losses and checkpoint are still those of one process."""
-    args = ["train", *COMMON, *MODES["gpu"], "--steps", "3", "--grad-accum", "3", "--data", shards]
+    span; layup's CPU workers update their rank's part), and the run's losses and checkpoint are
+    still those of one process."""
+    args = ["train", *COMMON, *MODES[mode], "--steps", "3", "--grad-accum", "3", "--data", shards]
     one = run([binary("layup"), *args, "--out", tmp_path / "one"])
     three = ranks(3, [*args, "--out", tmp_path / "three"])
     assert "this rank's shard of 3 (ZeRO-1)" in three.stderr, three.stderr
     assert moments_bytes(three.stderr) < 0.4 * moments_bytes(one.stderr)
+    # `layup memory --ranks 3` plans one such rank (the largest shard) without starting any.
+    plan = run([binary("layup"), "memory", *TINY_MODEL, "--seq-len", "32", "--batch", "2",
+                "--grad-accum", "3", "--device", "cpu", "--mode", MODES[mode][1], "--ranks", "3"])
+    assert "this rank's shard of 3 (ZeRO-1)" in plan.stdout, plan.stdout
+    assert moments_bytes(plan.stdout) < 0.4 * moments_bytes(one.stderr)
     assert losses(tmp_path / "one") == losses(tmp_path / "three")
     assert files(tmp_path / "one" / "step-00000003") == files(tmp_path / "three" / "step-00000003")
 
@@ -134,9 +143,12 @@ def test_a_checkpoint_resumes_with_another_rank_count(tmp_path, shards, first, t
     args = ["train", *COMMON, *MODES[mode], "--steps", "4", "--grad-accum", "2", "--data", shards]
     run([binary("layup"), *args, "--out", tmp_path / "straight"])
     split = [*args, "--until-step", "2", "--out", tmp_path / "split"]
-    ranks(first, split) if first > 1 else run([binary("layup"), *split])
     resume = ["train", "--resume", tmp_path / "split", "--threads", "1", "--data", shards]
-    ranks(then, resume) if then > 1 else run([binary("layup"), *resume])
+    for count, command in ((first, split), (then, resume)):
+        if count > 1:  # the sharded side: rank 0 writes every rank's part, each imports its own
+            assert "this rank's shard of 2 (ZeRO-1)" in ranks(count, command).stderr
+        else:
+            run([binary("layup"), *command])
     assert files(tmp_path / "straight" / "step-00000004") == \
         files(tmp_path / "split" / "step-00000004")
 
