@@ -11,12 +11,15 @@
 #           --optimizer-state fp32, bf16, 8bit: log.jsonl of each under $OUT/curves
 #   peer    bench/pytorch_optimizer_state_peer.py on the same shards: fp32 AdamW and torchao's
 #           AdamW8bit, the same steps, batch and schedule: CSVs under $OUT/curves
+#   quality curves and peer, all five runs at once on the one GPU (their losses, not their times)
 #   llama8b Llama 3 8B's shape (random weights), T=2048, 2 x 8 micro-batches, layup mode,
 #           --recompute 3, --device-budget 24G, --optimizer-state ${STATE:-8bit}: calibrated at
-#           its shape, `layup memory` (the split and predicted step), `layup bench` (1 warm-up,
-#           STEPS8B timed steps)
+#           its shape, then per accumulation order (ACCUMULATE, both by default) `layup memory`
+#           (the split and predicted step) and `layup bench` (1 warm-up, STEPS8B timed steps);
+#           the planner's answer for a 64 GB host and for a 13B model at 24 GB
 #   sample  bench/sample_speed.sh's H200 comparison (Llama 3.2 1B shape, random weights)
-# A machine that came back bare between calls builds first. Logs go to $OUT.
+# A machine that came back bare between calls builds first, unless .carry/bin holds layup and
+# layup_cuda_tests built here (scripts/build_device_binary.sh). Logs go to $OUT.
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,6 +34,11 @@ if [ -f "$repo/.carry/head.tar" ]; then
   [ -d /tmp/head ] || tar -xf "$repo/.carry/head.tar" -C /tmp
   tree=/tmp/head
 fi
+if [ -x "$repo/.carry/bin/layup" ] && [ -x "$repo/.carry/bin/layup_cuda_tests" ]; then
+  mkdir -p "$build" && ln -sf "$repo/.carry/bin/layup" "$repo/.carry/bin/layup_cuda_tests" "$build/"
+fi
+# A carried binary does not sit beside its data: point it at the tree's tokenizer and corpus.
+export LAYUP_DATA_DIR=${LAYUP_DATA_DIR:-$tree/data}
 layup=$build/layup
 steps=${STEPS:-2000}
 # The quality run's shape: gpt2 small, 16 x 512 tokens a step, nanoGPT's learning rates.
@@ -43,6 +51,27 @@ ensure_built() {
     cmake --build "$build" -j16 --target layup layup_cuda_tests > "$out/build.log" 2>&1
   echo "build: exit $? at ${SECONDS}s"
   grep -E "error|Error" "$out/build.log" | head -n 20
+}
+
+curve() {  # kind: layup's gpt2 run with --optimizer-state KIND
+  "$layup" train --model gpt2 "${recipe[@]}" --mode gpu --optimizer-state "$1" \
+    --no-checkpoints --sample-tokens 0 --overwrite --out "/tmp/curve-$1" \
+    > "$out/curves/layup-$1.log" 2>&1
+  echo "layup $1: exit $? at ${SECONDS}s; $(grep -E 'validation loss' "$out/curves/layup-$1.log" | tail -n 1)"
+  cp "/tmp/curve-$1/log.jsonl" "$out/curves/layup-$1.jsonl"
+}
+peer_setup() {  # torchao where the machine lacks it; the shipped corpus's shards in $data
+  python3 -c "import torchao" 2> /dev/null ||
+    pip install --no-deps --target /tmp/pylib "$repo"/.carry/wheels/torchao-*.whl > "$out/pip.log" 2>&1
+  export PYTHONPATH=/tmp/pylib${PYTHONPATH:+:$PYTHONPATH}
+  data=$(ls -d "$HOME"/.cache/layup/shards/shipped-corpus-* 2> /dev/null | head -n 1)
+  [ -n "$data" ] || { "$layup" tokenize > "$out/tokenize.log" 2>&1; data=$(ls -d "$HOME"/.cache/layup/shards/shipped-corpus-* | head -n 1); }
+}
+peer() {  # optimizer: the PyTorch peer on the same shards
+  python3 "$tree/bench/pytorch_optimizer_state_peer.py" --data "$data" --model gpt2 \
+    --optimizer "$1" --batch 16 --seq-len 512 --steps "$steps" \
+    --csv "$out/curves/torch-$1.csv" > "$out/curves/torch-$1.log" 2>&1
+  echo "torch $1: exit $? at ${SECONDS}s; $(tail -n 1 "$out/curves/torch-$1.log")"
 }
 
 for phase in ${PHASES:-build}; do
@@ -58,26 +87,22 @@ for phase in ${PHASES:-build}; do
       ;;
     curves)
       ensure_built
-      for kind in ${KINDS:-fp32 bf16 8bit}; do
-        "$layup" train --model gpt2 "${recipe[@]}" --mode gpu --optimizer-state "$kind" \
-          --no-checkpoints --sample-tokens 0 --overwrite --out "/tmp/curve-$kind" \
-          > "$out/curves/layup-$kind.log" 2>&1
-        echo "layup $kind: exit $? at ${SECONDS}s; $(grep -E 'validation loss' "$out/curves/layup-$kind.log" | tail -n 1)"
-        cp "/tmp/curve-$kind/log.jsonl" "$out/curves/layup-$kind.jsonl"
-      done
+      for kind in ${KINDS:-fp32 bf16 8bit}; do curve "$kind"; done
       ;;
     peer)
-      python3 -c "import torchao" 2> /dev/null ||
-        pip install --no-deps --target /tmp/pylib "$repo"/.carry/wheels/torchao-*.whl > "$out/pip.log" 2>&1
-      export PYTHONPATH=/tmp/pylib${PYTHONPATH:+:$PYTHONPATH}
-      data=$(ls -d "$HOME"/.cache/layup/shards/shipped-corpus-* | head -n 1)
-      [ -n "$data" ] || { "$layup" tokenize > "$out/tokenize.log" 2>&1; data=$(ls -d "$HOME"/.cache/layup/shards/shipped-corpus-* | head -n 1); }
-      for optimizer in ${OPTIMIZERS:-adamw adamw8bit}; do
-        python3 "$tree/bench/pytorch_optimizer_state_peer.py" --data "$data" --model gpt2 \
-          --optimizer "$optimizer" --batch 16 --seq-len 512 --steps "$steps" \
-          --csv "$out/curves/torch-$optimizer.csv" > "$out/curves/torch-$optimizer.log" 2>&1
-        echo "torch $optimizer: exit $? at ${SECONDS}s; $(tail -n 1 "$out/curves/torch-$optimizer.log")"
-      done
+      peer_setup
+      for optimizer in ${OPTIMIZERS:-adamw adamw8bit}; do peer "$optimizer"; done
+      ;;
+    quality)
+      # curves and peer at once, every run its own process on the one GPU: a quality run's
+      # figure is its loss, not its time, and the GPU is far from full at 16 x 512 tokens.
+      ensure_built
+      "$layup" tokenize > "$out/tokenize.log" 2>&1 || echo "tokenize: exit $?"
+      peer_setup
+      pids=()
+      for kind in ${KINDS:-fp32 bf16 8bit}; do curve "$kind" & pids+=($!); done
+      for optimizer in ${OPTIMIZERS:-adamw adamw8bit}; do peer "$optimizer" & pids+=($!); done
+      for pid in "${pids[@]}"; do wait "$pid"; done
       ;;
     llama8b)
       ensure_built
@@ -85,13 +110,24 @@ for phase in ${PHASES:-build}; do
         --device-budget 24G --clip 1.0 --layup-clip deferred --optimizer-state "${STATE:-8bit}")
       "$layup" calibrate --model llama-3-8b --batch 2 --seq-len 2048 --recompute 3 \
         > "$out/calibrate-8b.txt" 2>&1 || echo "calibrate 8b: exit $?"
-      "$layup" memory "${shape[@]}" --device cuda --explain > "$out/memory-8b.txt" 2>&1
-      grep -E "note: layup keeps|host memory at the peak|predicted step  |budget:" "$out/memory-8b.txt"
-      /usr/bin/time -v "$layup" bench "${shape[@]}" --steps "${STEPS8B:-3}" --warmup 1 \
-        --json "$out/8b.json" > "$out/bench-8b.log" 2> "$out/time-8b.txt"
-      echo "8b bench: exit $? at ${SECONDS}s"
-      tail -n 25 "$out/bench-8b.log"
-      grep -E "Maximum resident" "$out/time-8b.txt"
+      for order in ${ACCUMULATE:-layer-major micro-batch-major}; do
+        "$layup" memory "${shape[@]}" --accumulate "$order" --device cuda --explain \
+          > "$out/memory-8b-$order.txt" 2>&1
+        grep -E "note: layup keeps|host memory at the peak|predicted step  |budget:" "$out/memory-8b-$order.txt"
+        /usr/bin/time -v "$layup" bench "${shape[@]}" --accumulate "$order" --steps "${STEPS8B:-3}" \
+          --warmup 1 --json "$out/8b-$order.json" > "$out/bench-8b-$order.log" 2> "$out/time-8b-$order.txt"
+        echo "8b bench $order: exit $? at ${SECONDS}s"
+        tail -n 12 "$out/bench-8b-$order.log"
+        grep -E "Maximum resident" "$out/time-8b-$order.txt"
+      done
+      # The 64 GB workstation and the 13B model at 24 GB: what the planner says (no run).
+      "$layup" memory "${shape[@]}" --accumulate layer-major --host-budget 64G --device cuda \
+        > "$out/memory-8b-host64.txt" 2>&1
+      echo "8b at --host-budget 64G: exit $?; $(grep -E 'host memory at the peak|REFUSED|refused' "$out/memory-8b-host64.txt" | head -n 3)"
+      "$layup" memory --layers 40 --heads 40 --dim 5120 --context 2048 --seq-len 2048 --batch 1 \
+        --grad-accum 16 --mode layup --recompute 3 --device-budget 24G --clip 1.0 \
+        --layup-clip deferred --optimizer-state 8bit --device cuda > "$out/memory-13b-24g.txt" 2>&1
+      echo "13b at --device-budget 24G: exit $?; $(grep -E 'budget:|REFUSED|refused' "$out/memory-13b-24g.txt" | head -n 3)"
       ;;
     sample)
       ensure_built

@@ -13,7 +13,9 @@
 #   big    the 13B-class GPT (L40 H40 C5120, T=1024, B=32 x 4, --recompute 3, clip 1.0 deferred)
 #          in layup mode, after tree: calibrated at its shape, `layup memory` (the planner's split
 #          and predicted step), then `layup bench` (1 warm-up, STEPS timed steps)
-# A machine that came back bare between calls builds what is missing first. Logs go to $OUT.
+# A machine that came back bare between calls builds what is missing first. Binaries built here
+# stand in for those builds where .carry/bin holds them (layup-before, layup, layup_cuda_tests:
+# BUILD=... scripts/build_device_binary.sh, the tests target added). Logs go to $OUT.
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,12 +34,20 @@ build_tree() {  # side, targets...: unpacks .carry/<side>.tar and builds it in /
     cmake --build "/tmp/build-$side" -j8 --target "$@" > "$out/build-$side.log" 2>&1
   echo "$side build: exit $? at ${SECONDS}s"
 }
+for carried in before:layup-before after:layup after:layup_cuda_tests; do
+  side=${carried%%:*} file=${carried#*:}
+  if [ -x "$repo/.carry/bin/$file" ]; then
+    mkdir -p "/tmp/build-$side" && ln -sf "$repo/.carry/bin/$file" "/tmp/build-$side/${file%-before}"
+  fi
+done
 ensure_built() {  # builds whichever tree lacks its binary, both at once
   local pids=()
   [ -x /tmp/build-before/layup ] || { build_tree before layup & pids+=($!); }
   if [ ! -x /tmp/build-after/layup ]; then
     if [ "${1:-}" = tests ]; then build_tree after layup layup_cuda_tests & else build_tree after layup & fi
     pids+=($!)
+  elif [ "${1:-}" = tests ] && [ ! -x /tmp/build-after/layup_cuda_tests ]; then
+    build_tree after layup_cuda_tests & pids+=($!)
   fi
   for pid in "${pids[@]}"; do wait "$pid"; done
 }

@@ -3,6 +3,9 @@
 # .carry, no MPI) into .carry/bin/layup, so a fresh device call can skip its ~200 s build:
 #   scripts/make_device_carry.sh && scripts/build_device_binary.sh
 #   device: LAYUP_BIN=$PWD/.carry/bin/layup bench/run_h200_tiers.sh   (carry: .carry)
+# TARGETS names more targets (TARGETS="layup layup_cuda_tests"); SRC builds another tree (a
+# worktree of an older commit) and SUFFIX names its copies (SRC=../before SUFFIX=-before gives
+# .carry/bin/layup-before, as bench/run_h200_issue42.sh takes it).
 # The CPU code targets x86-64-v4 (AVX-512) instead of -march=native: this machine and the GPU
 # machine differ; AdamW picks its SIMD loop at run time either way.
 set -euo pipefail
@@ -14,10 +17,11 @@ lib=.carry/usr/lib
 repo=$PWD
 # shellcheck source=scripts/gpu_cmake_args.sh
 source scripts/gpu_cmake_args.sh
-cmake -S . -B "$build" "${cmake_args[@]}" -DLAYUP_NATIVE=OFF -DLAYUP_MPI=OFF \
+cmake -S "${SRC:-.}" -B "$build" "${cmake_args[@]}" -DLAYUP_NATIVE=OFF -DLAYUP_MPI=OFF \
   -DCMAKE_CXX_FLAGS=-march=x86-64-v4 -DLAYUP_PCRE2_LIBRARY="$PWD/$lib/libpcre2-8.a" \
   -DLAYUP_UTF8PROC_LIBRARY="$PWD/$lib/libutf8proc.a" > /dev/null
-cmake --build "$build" -j"$(nproc)" --target layup
+targets=(${TARGETS:-layup})
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 mkdir -p .carry/bin
-cp "$build/layup" .carry/bin/layup
+for target in "${targets[@]}"; do cp "$build/$target" ".carry/bin/$target${SUFFIX:-}"; done
 "$build/layup" --version
