@@ -118,7 +118,10 @@ def main():
         train_sum, train_count = 0.0, 0
         for step in range(args.steps):
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, args)
+                if torch.is_tensor(group["lr"]):  # torchao's optimizers keep lr as a tensor
+                    group["lr"].fill_(lr_at(step, args))
+                else:
+                    group["lr"] = lr_at(step, args)
             starts = torch.randint(0, len(train) - window, (args.batch,), generator=generator)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = model(*batch_at(train, starts))

@@ -65,7 +65,11 @@ peer_setup() {  # torchao where the machine lacks it; the shipped corpus's shard
     pip install --no-deps --target /tmp/pylib "$repo"/.carry/wheels/torchao-*.whl > "$out/pip.log" 2>&1
   export PYTHONPATH=/tmp/pylib${PYTHONPATH:+:$PYTHONPATH}
   data=$(ls -d "$HOME"/.cache/layup/shards/shipped-corpus-* 2> /dev/null | head -n 1)
-  [ -n "$data" ] || { "$layup" tokenize > "$out/tokenize.log" 2>&1; data=$(ls -d "$HOME"/.cache/layup/shards/shipped-corpus-* | head -n 1); }
+  if [ -z "$data" ]; then  # a one-step run tokenizes the shipped corpus as the curves' runs do
+    "$layup" train --model gpt2 --batch 1 --seq-len 64 --steps 1 --no-checkpoints \
+      --sample-tokens 0 --overwrite --out /tmp/tokenize-run > "$out/tokenize.log" 2>&1
+    data=$(ls -d "$HOME"/.cache/layup/shards/shipped-corpus-* | head -n 1)
+  fi
 }
 peer() {  # optimizer: the PyTorch peer on the same shards
   python3 "$tree/bench/pytorch_optimizer_state_peer.py" --data "$data" --model gpt2 \
@@ -97,7 +101,6 @@ for phase in ${PHASES:-build}; do
       # curves and peer at once, every run its own process on the one GPU: a quality run's
       # figure is its loss, not its time, and the GPU is far from full at 16 x 512 tokens.
       ensure_built
-      "$layup" tokenize > "$out/tokenize.log" 2>&1 || echo "tokenize: exit $?"
       peer_setup
       pids=()
       for kind in ${KINDS:-fp32 bf16 8bit}; do curve "$kind" & pids+=($!); done
