@@ -17,12 +17,14 @@ export LAYUP_VENV=${LAYUP_VENV:-$HOME/.cache/layup/venv}
 # The sanitizer builds compile at -O1 with line tables only (-g1): a report still names each
 # frame's file and line, and the build takes about half the time of -O2 -g (docs/testing.md).
 sanitizer_flags=-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
+# Their test executables parse GoogleTest and nlohmann/json once, not once per test file.
+test_headers=-DLAYUP_PRECOMPILED_HEADERS=ON
 
 sanitize() {
   # The CUDA code is built (and so checked) by the Release build; this one covers the CPU path.
   # The C++ tests and the layup they run; the oracle tools are for the Release build's oracles.
   BUILD_DIR=build-sanitize BUILD_TARGETS="layup_tests layup" \
-    CMAKE_ARGS="-DLAYUP_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLAYUP_CUDA=OFF" \
+    CMAKE_ARGS="-DLAYUP_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLAYUP_CUDA=OFF $test_headers" \
     ./scripts/setup.sh "$sanitizer_flags"
   # OpenMP's runtime keeps thread pools alive at exit; that is not a leak of ours.
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -35,7 +37,7 @@ tsan() {
   # thread pool, the writer and the ledger they share. OpenMP's runtime is not built with TSan, so
   # its own synchronisation would read as races: one OpenMP thread keeps it out of the way.
   BUILD_DIR=build-tsan BUILD_TARGETS=layup_thread_tests \
-    CMAKE_ARGS="-DLAYUP_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLAYUP_CUDA=OFF" \
+    CMAKE_ARGS="-DLAYUP_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLAYUP_CUDA=OFF $test_headers" \
     ./scripts/setup.sh "$sanitizer_flags"
   # LayupStress, about half of the suites' time, in a process of its own; the other tests dealt
   # out (gtest deals them in turn) over the other cores. The output of each process is printed
