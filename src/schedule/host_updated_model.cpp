@@ -70,7 +70,10 @@ PackedSpans HostUpdatedModel::gradient_spans(const ParameterLayout& layout,
 PackedSpans HostUpdatedModel::device_copy_spans(const ParameterLayout& layout,
                                                 const ScheduleOptions& options) {
   check_update_sites(layout, options);
+  const std::vector<char> streamed =
+      WeightRing::streamed_spans(layout, options.update_sites, options.streamed_blocks);
   return PackedSpans::of(layout, [&](size_t index) {
+    if (streamed[index]) return false;
     // A disk span has no master weights in host memory to compute with in place.
     if (options.weights_in_place) return site_of(options, index) == UpdateSite::kDisk;
     return !options.weights_land_in_compute_copy || !on_cpu(options, index);
@@ -159,6 +162,7 @@ HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layou
     buffers.spare_moments =
         host_state(TensorClass::kOptimizerMoments, "spare AdamW m and v, " + kind);
   }
+  buffers.ring = WeightRing::buffer(layout, options, kinds);
   if (const PackedSpans summed = gradient_spans(layout, options); summed.count > 0)
     buffers.gradient = HostGradient::buffers(layout, summed, kinds);
   if (any_on_disk(options))
@@ -175,7 +179,7 @@ BufferList HostUpdatedModel::Buffers::list() const {
     if (buffer.bytes > 0) list.push_back(buffer);
   list.push_back(span_sums);
   for (const std::optional<PlannedAllocation>& buffer :
-       {weights, landing_staging, spare_master, spare_moments})
+       {weights, landing_staging, spare_master, spare_moments, ring})
     if (buffer) list.push_back(*buffer);
   if (gradient) append(list, gradient->list());
   append(list, disk_staging);
@@ -225,6 +229,12 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
   LAYUP_CHECK(!any_on_disk(options) || !speculative_clip_,
               "speculative clipping keeps a second copy of the optimizer state, which blocks on "
               "disk do not have; clip with --layup-clip deferred");
+  LAYUP_CHECK(options.streamed_blocks == 0 || ranks_ == nullptr,
+              "--streamed-blocks runs on one rank for now (each rank would fill its ring from "
+              "weights a gather is still writing); use --streamed-blocks 0 with several ranks");
+  LAYUP_CHECK(options.streamed_blocks == 0 || !weights_land_in_compute_copy_,
+              "--streamed-blocks is not supported yet where the device computes with a bf16 copy "
+              "of the weights (the CUDA backend in bf16); use --streamed-blocks 0");
   if (weights_land_in_compute_copy_) {
     LAYUP_CHECK(!weights_in_place_, "weights cannot both be in place and land in a compute copy");
     LAYUP_CHECK(backend_->compute_copy(0) != nullptr, "the ", backend_->name(),
@@ -251,6 +261,7 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
   if (listed.gradient)
     host_gradient_ = std::make_unique<HostGradient>(
         *device_, layout_, gradient_spans(layout_, options), *host_adamw_, device_sums_);
+  if (listed.ring) ring_ = std::make_unique<WeightRing>(*device_, layout_, options);
   if (any_on_disk(options))
     disk_tier_ = std::make_unique<DiskTier>(
         *device_, layout_, options.update_sites, options.offload_dir,
@@ -272,7 +283,8 @@ ParameterPointers HostUpdatedModel::device_params() const {
   for (size_t index = 0; index < layout_.spans().size(); ++index) {
     const Span& span = layout_.spans()[index];
     // A disk span without a device copy computes with its compute copy only.
-    const float* weights = device_copy_spans_.holds(index)
+    const float* weights = streams(index) ? ring_->slot(index)
+                           : device_copy_spans_.holds(index)
                                ? params_.data() + device_copy_spans_.at[index]
                            : host_spans_.holds(index) ? host_params_.data() + host_spans_.at[index]
                                                       : nullptr;
@@ -289,6 +301,7 @@ ParameterPointers HostUpdatedModel::device_params() const {
 void HostUpdatedModel::set_trace(TraceRecorder* recorder) {
   trace_ = recorder;
   to_device_track_ = recorder != nullptr ? recorder->track("to device") : 0;
+  if (ring_) ring_->set_trace(recorder, to_device_track_);
   worker_tracks_.clear();
   if (recorder != nullptr && host_adamw_)
     for (int worker = 0; worker < host_adamw_->worker_count(); ++worker)

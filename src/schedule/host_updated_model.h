@@ -30,6 +30,7 @@
 #include "schedule/packed_spans.h"
 #include "schedule/schedule.h"
 #include "schedule/span_square_sums.h"
+#include "schedule/weight_ring.h"
 
 namespace layup {
 
@@ -56,6 +57,11 @@ class HostUpdatedModel {
   HostGradient* host_gradient() const { return host_gradient_.get(); }
   // The spans at UpdateSite::kDisk (null where there are none).
   DiskTier* disk_tier() const { return disk_tier_.get(); }
+  // The ring the streamed blocks compute from (null where none is streamed), and where a streamed
+  // span's fill reads its weights: the current master weights (fp32, as the CPU backend computes).
+  WeightRing* weight_ring() const { return ring_.get(); }
+  bool streams(size_t index) const { return ring_ && ring_->streams(index); }
+  const float* stream_source(size_t index) const { return host_params_.data() + host_at(index); }
 
   // The host-updated spans' state from the host (a disk span's from the disk); the weights of
   // every span into the device's copy. The caller waits first for updates still in flight.
@@ -79,6 +85,7 @@ class HostUpdatedModel {
     // the device-updated spans only) and the staging the landing casts through.
     std::optional<PlannedAllocation> weights, landing_staging;
     std::optional<PlannedAllocation> spare_master, spare_moments;  // speculative_clip
+    std::optional<PlannedAllocation> ring;                         // streamed_blocks
     std::optional<HostGradient::Buffers> gradient;                 // host_gradient
     BufferList disk_staging;  // the disk tier's slots (spans at UpdateSite::kDisk)
     BufferList list() const;
@@ -87,7 +94,8 @@ class HostUpdatedModel {
                          DeviceKinds kinds, bool master_on_device = false);
 
   // The spans whose state the host keeps; those the CPU updates (the host's and the disk's),
-  // whose gradient the host accumulates; and those the device keeps an fp32 copy of.
+  // whose gradient the host accumulates; and those the device keeps an fp32 copy of (a streamed
+  // block none: it computes from the ring).
   static PackedSpans host_spans(const ParameterLayout& layout, const ScheduleOptions& options);
   static PackedSpans cpu_spans(const ParameterLayout& layout, const ScheduleOptions& options);
   // The spans host_gradient() keeps.
@@ -106,7 +114,7 @@ class HostUpdatedModel {
 
   // The weights the device computes with, span by span: its own copy; or the master weights in
   // place; or, for a span whose weights land in the compute copy, the master weights, which the
-  // backend then never reads.
+  // backend then never reads; a streamed block's ring slot.
   ParameterPointers device_params() const;
 
   // Starts the sum of squares of span `index`'s gradient in device memory, in order with the
@@ -225,6 +233,7 @@ class HostUpdatedModel {
   // It reads device_sums_ but does not touch it when it goes.
   std::unique_ptr<HostGradient> host_gradient_;
   std::unique_ptr<DiskTier> disk_tier_;
+  std::unique_ptr<WeightRing> ring_;
   TraceRecorder* trace_ = nullptr;
   int to_device_track_ = 0;         // "to device" in trace_
   std::vector<int> worker_tracks_;  // "cpu worker i" in trace_, per HostAdamW worker

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <span>
@@ -493,6 +494,75 @@ TEST(SchedulesEquivalence, LayerMajorAccumulationTrainsLikeMicroBatchMajor) {
                     train(with_options(mode, layer_major), micro_batches, clip, config),
                     std::string(mode) + ", layer-major");
       }
+}
+
+// Streamed weights (ScheduleOptions::streamed_blocks): blocks that compute from a ring of slots
+// filled from the host before each forward and backward train bit for bit like gpu mode (and so
+// like resident weights in every mode), in offload and layup, with clipping (deferred and
+// speculative) and without, one micro-batch and two in both orders, the head and blocks in every
+// tier, the weights in place or copied; one block through one slot, two, and every block through
+// two slots (they rotate).
+TEST(SchedulesEquivalence, StreamedWeightsTrainLikeResidentOnes) {
+  const ParameterLayout layout(tiny_config());
+  test_files::TempDir dir;
+  std::vector<UpdateSite> tiers = head_on_device(layout);
+  tiers[1 + 0] = UpdateSite::kDevice;
+  tiers[1 + 2] = UpdateSite::kDisk;
+  const Accumulation mbm = Accumulation::kMicroBatchMajor, lm = Accumulation::kLayerMajor;
+  const struct {
+    const char* name;
+    const char* mode;
+    ScheduleOptions options;
+    int micro_batches;
+    bool clip;
+  } runs[] = {
+      {"offload", "offload", {.streamed_blocks = 3}, 1, true},
+      {"offload, weights in place, layer-major",
+       "offload",
+       {.weights_in_place = true, .accumulation = lm, .streamed_blocks = 3},
+       2,
+       false},
+      {"layup, updates during backward", "layup", {.streamed_blocks = 3}, 1, false},
+      {"layup, one block through one slot", "layup", {.streamed_blocks = 1}, 1, false},
+      {"layup, no host gradient",
+       "layup",
+       {.host_gradient = false, .streamed_blocks = 3},
+       1,
+       false},
+      {"layup, no host gradient, layer-major",
+       "layup",
+       {.host_gradient = false, .accumulation = lm, .streamed_blocks = 3},
+       2,
+       false},
+      {"layup, speculative clipping",
+       "layup",
+       {.speculative_clip = true, .accumulation = mbm, .streamed_blocks = 3},
+       2,
+       true},
+      {"layup, deferred clipping, the head on the device, layer-major",
+       "layup",
+       {.update_sites = head_on_device(layout), .accumulation = lm, .streamed_blocks = 3},
+       2,
+       true},
+      {"layup, weights in place",
+       "layup",
+       {.weights_in_place = true, .streamed_blocks = 2},
+       2,
+       false},
+      {"layup, a block on the device, one on disk",
+       "layup",
+       {.update_sites = tiers, .offload_dir = dir.path(), .disk_slots = 1, .streamed_blocks = 1},
+       1,
+       true},
+  };
+  std::map<std::pair<int, bool>, TrainingRun> gpu;
+  for (const auto& [name, mode, options, micro_batches, clip] : runs) {
+    SCOPED_TRACE(name);
+    const auto key = std::make_pair(micro_batches, clip);
+    if (gpu.count(key) == 0) gpu[key] = train(with_options("gpu", {}), micro_batches, clip);
+    EXPECT_NE(gpu[key].losses.front(), gpu[key].losses.back());
+    expect_same(gpu[key], train(with_options(mode, options), micro_batches, clip), name);
+  }
 }
 
 // What the disk tier refuses before a step: no directory, speculative clipping (no second copy of

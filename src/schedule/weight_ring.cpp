@@ -1,0 +1,101 @@
+// WeightRing: which blocks are streamed, the ring's buffer and its fills.
+#include "schedule/weight_ring.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+#include "schedule/step_plan.h"
+#include "trace/trace_recorder.h"
+
+namespace layup {
+
+std::vector<char> WeightRing::streamed_spans(const ParameterLayout& layout,
+                                             const std::vector<UpdateSite>& sites,
+                                             int streamed_blocks) {
+  std::vector<char> streamed(layout.spans().size(), 0);
+  LAYUP_CHECK(streamed_blocks >= 0, "--streamed-blocks must be 0 or more (got ", streamed_blocks,
+              ")");
+  if (streamed_blocks == 0) return streamed;
+  // The last blocks the host updates: above the device-updated ones, below those on disk.
+  std::vector<size_t> host_blocks;
+  for (size_t index = 1; index + 1 < layout.spans().size(); ++index)
+    if (sites.empty() || sites[index] == UpdateSite::kHost) host_blocks.push_back(index);
+  LAYUP_CHECK(static_cast<size_t>(streamed_blocks) <= host_blocks.size(), "--streamed-blocks ",
+              streamed_blocks, " streams more blocks than the ", host_blocks.size(),
+              " whose optimizer state the host keeps (a block updated on the device or on disk "
+              "keeps its weights on the device); use --streamed-blocks ",
+              host_blocks.size(), " or fewer");
+  for (size_t j = host_blocks.size() - streamed_blocks; j < host_blocks.size(); ++j)
+    streamed[host_blocks[j]] = 1;
+  return streamed;
+}
+
+int WeightRing::slot_count(const ScheduleOptions& options) {
+  return std::max(1, std::min(options.stream_slots, options.streamed_blocks));
+}
+
+std::optional<PlannedAllocation> WeightRing::buffer(const ParameterLayout& layout,
+                                                    const ScheduleOptions& options,
+                                                    DeviceKinds kinds) {
+  if (options.streamed_blocks == 0) return std::nullopt;
+  LAYUP_CHECK(options.stream_slots >= 1, "a weight ring needs at least one slot (got ",
+              options.stream_slots, ")");
+  const int slots = slot_count(options);
+  return PlannedAllocation{MemorySide::kDevice, TensorClass::kWeights, kinds.own,
+                           static_cast<size_t>(slots) * layout.block().count * sizeof(float),
+                           "weight ring: " + std::to_string(slots) +
+                               " slots of one block's weights, filled from the host for the " +
+                               std::to_string(options.streamed_blocks) + " streamed blocks"};
+}
+
+WeightRing::WeightRing(Device& device, const ParameterLayout& layout,
+                       const ScheduleOptions& options)
+    : device_(device),
+      layout_(layout),
+      streamed_(streamed_spans(layout, options.update_sites, options.streamed_blocks)),
+      slots_(slot_count(options)) {
+  if (const std::optional<PlannedAllocation> listed = buffer(layout, options, device.kinds())) {
+    ring_ = device_.allocate(*listed);
+    slot_floats_ = layout.block().count;
+  }
+}
+
+float* WeightRing::slot(size_t span) const {
+  LAYUP_CHECK(streams(span), "internal error: span ", span, " is not streamed");
+  return ring_.data() + static_cast<size_t>(layout_.spans()[span].layer % slots_) * slot_floats_;
+}
+
+std::shared_future<void> WeightRing::fill_async(size_t span, const float* source,
+                                                std::function<void()> ready) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::shared_future<void> filled = done->get_future().share();
+  thread_.submit([this, span, source, ready = std::move(ready), done] {
+    try {
+      ready();
+      fill(span, source);
+      done->set_value();
+    } catch (...) {
+      done->set_exception(std::current_exception());  // the reader rethrows it
+    }
+  });
+  return filled;
+}
+
+void WeightRing::fill_now(size_t span, const float* source) {
+  fill(span, source);
+}
+
+void WeightRing::set_trace(TraceRecorder* recorder, int track) {
+  trace_ = recorder;
+  track_ = track;
+}
+
+void WeightRing::fill(size_t span, const float* source) {
+  const Span& s = layout_.spans()[span];
+  TraceSpan traced(trace_, track_, trace_name(TaskKind::kWeightsIn, s.kind), s.layer);
+  device_.copy_to_device(slot(span), source, s.count);
+}
+
+}  // namespace layup
