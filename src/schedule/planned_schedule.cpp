@@ -349,8 +349,10 @@ class PlannedSchedule final : public Schedule {
         const std::vector<int>& after = plan_.tasks[fill].after;
         if (std::any_of(after.begin(), after.end(), [&](int t) { return t >= task; })) break;
         const size_t span = static_cast<size_t>(plan_.tasks[fill].span);
+        // The slot's last reader is issued: the copy waits on the device for it to be done.
         started_[fill] = model_.weight_ring()->fill_async(
-            span, model_.stream_source(span), [this, span] { progress_.wait_landed(span); });
+            span, model_.stream_source(span), model_.device().fence(),
+            [this, span] { progress_.wait_landed(span); });
       }
       for (const int before : plan_.tasks[task].after) {
         if (plan_.tasks[before].kind != TaskKind::kWeightsIn) continue;
@@ -358,7 +360,7 @@ class PlannedSchedule final : public Schedule {
         LAYUP_CHECK(filled != started_.end(), "internal error: task ", task,
                     " reads a ring slot whose fill has not started");
         TraceSpan traced(trace_, track_, "wait_weights_in", plan_.tasks[before].span - 1);
-        filled->second.get();  // rethrows a failed fill
+        model_.device().order_after(*filled->second.get());  // get() rethrows a failed fill
       }
     }
 
@@ -370,7 +372,7 @@ class PlannedSchedule final : public Schedule {
     const int track_;
     std::vector<int> fills_;  // the plan's fills, in the to-device lane's order
     size_t next_ = 0;         // the first of fills_ not started
-    std::map<int, std::shared_future<void>> started_;
+    std::map<int, WeightRing::Filled> started_;
   };
 
   bool sharded() const { return device_tier_.sharded() || model_.sharded(); }

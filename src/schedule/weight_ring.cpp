@@ -67,15 +67,15 @@ float* WeightRing::slot(size_t span) const {
   return ring_.data() + static_cast<size_t>(layout_.spans()[span].layer % slots_) * slot_floats_;
 }
 
-std::shared_future<void> WeightRing::fill_async(size_t span, const float* source,
-                                                std::function<void()> ready) {
-  auto done = std::make_shared<std::promise<void>>();
-  std::shared_future<void> filled = done->get_future().share();
-  thread_.submit([this, span, source, ready = std::move(ready), done] {
+WeightRing::Filled WeightRing::fill_async(size_t span, const float* source,
+                                          std::shared_ptr<const DeviceFence> after,
+                                          std::function<void()> ready) {
+  auto done = std::make_shared<std::promise<std::shared_ptr<const DeviceFence>>>();
+  Filled filled = done->get_future().share();
+  thread_.submit([this, span, source, after = std::move(after), ready = std::move(ready), done] {
     try {
       ready();
-      fill(span, source);
-      done->set_value();
+      done->set_value(fill(span, source, after.get()));
     } catch (...) {
       done->set_exception(std::current_exception());  // the reader rethrows it
     }
@@ -84,7 +84,7 @@ std::shared_future<void> WeightRing::fill_async(size_t span, const float* source
 }
 
 void WeightRing::fill_now(size_t span, const float* source) {
-  fill(span, source);
+  device_.order_after(*fill(span, source, device_.fence().get()));
 }
 
 void WeightRing::set_trace(TraceRecorder* recorder, int track) {
@@ -92,10 +92,11 @@ void WeightRing::set_trace(TraceRecorder* recorder, int track) {
   track_ = track;
 }
 
-void WeightRing::fill(size_t span, const float* source) {
+std::shared_ptr<const DeviceFence> WeightRing::fill(size_t span, const float* source,
+                                                    const DeviceFence* after) {
   const Span& s = layout_.spans()[span];
   TraceSpan traced(trace_, track_, trace_name(TaskKind::kWeightsIn, s.kind), s.layer);
-  device_.copy_to_device(slot(span), source, s.count);
+  return device_.copy_to_device_after(after, slot(span), source, s.count * sizeof(float));
 }
 
 }  // namespace layup

@@ -45,17 +45,21 @@ class WeightRing {
 
   // Starts filling span `span`'s slot from `source` (host memory laid out like the span) on the
   // ring's thread, once `ready` has returned there (the span's update of the last step landed on
-  // the host); the future is ready when the slot holds the weights, or holds what failed. The
-  // caller guarantees that no device work still reads the slot.
-  std::shared_future<void> fill_async(size_t span, const float* source,
-                                      std::function<void()> ready);
-  // The same, on the calling thread, returning once the slot holds the weights.
+  // the host), the copy itself once `after` has passed on the device (the slot's last reader).
+  // The future holds the fence the copy lands by (Device::copy_to_device_after), or what failed;
+  // the slot's next reader orders its work after that fence (Device::order_after).
+  using Filled = std::shared_future<std::shared_ptr<const DeviceFence>>;
+  Filled fill_async(size_t span, const float* source, std::shared_ptr<const DeviceFence> after,
+                    std::function<void()> ready);
+  // The same on the calling thread, after all device work issued so far, and ordered before all
+  // device work issued after it.
   void fill_now(size_t span, const float* source);
   // Records each fill as "weights in block l" on `track` of `recorder` (null: stop).
   void set_trace(TraceRecorder* recorder, int track);
 
  private:
-  void fill(size_t span, const float* source);
+  std::shared_ptr<const DeviceFence> fill(size_t span, const float* source,
+                                          const DeviceFence* after);
 
   Device& device_;
   const ParameterLayout layout_;
