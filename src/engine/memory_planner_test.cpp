@@ -786,6 +786,74 @@ TEST(MemoryPlan, OptimizerPlacementSplitsTheBlocksBetweenDeviceAndHost) {
             std::string::npos);
 }
 
+// --streamed-blocks: a streamed block's compute weights leave the device for a ring of two
+// block-sized slots (the plan lists it, and the CPU backend's accountant measures it as planned);
+// auto streams the fewest blocks that let the device's side fit its budget, none where everything
+// fits or where streaming cannot run; gpu mode and layup computing with a bf16 copy refuse a
+// count.
+TEST(MemoryPlan, StreamedBlocksTradeTheirDeviceWeightsForARing) {
+  // The CPU backend: measured as planned.
+  {
+    const ModelConfig config = tiny_config();
+    MemoryPlanRequest request = cpu_request(config, "layup", 2, 8);
+    request.streamed_blocks = StreamedBlocks::parse("2");
+    const RunMemory run = plan_run_memory(request, 1);
+    EXPECT_EQ(run.schedule.streamed_blocks, 2);
+    auto accountant = std::make_shared<MemoryAccountant>();
+    const ParameterLayout layout(config);
+    std::unique_ptr<Schedule> schedule =
+        make_schedule(Mode::kLayup, make_cpu_backend(config, 2, 8, accountant),
+                      make_cpu_device(accountant), layout, run.schedule);
+    schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
+    ASSERT_TRUE(random_step(*schedule, config, 2, 8, 1, 1.0f).applied);
+    const std::string report = format_memory_report(run.plan, *accountant);
+    EXPECT_NE(report.find("every accounted cell matches the plan exactly"), std::string::npos)
+        << report;
+    bool ring = false;
+    for (const PlannedAllocation& a : run.plan.allocations)
+      ring |= a.what.find("weight ring: 2 slots") != std::string::npos;
+    EXPECT_TRUE(ring);
+    expect_one_step_plan(run);
+  }
+  // offload on a discrete GPU in fp32: N blocks' fp32 copies leave, two slots come.
+  const ModelConfig config = named_config("gpt2");
+  const size_t block = ParameterLayout(config).block().count * sizeof(float);
+  MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, "offload", 4, 256));
+  request.dtype = Dtype::kFp32;
+  request.streamed_blocks = StreamedBlocks::parse("0");
+  const MemoryPlan resident = plan_memory(request);
+  request.streamed_blocks = StreamedBlocks::parse("6");
+  const MemoryPlan six = plan_memory(request);
+  EXPECT_EQ(resident.bytes(MemorySide::kDevice) - six.bytes(MemorySide::kDevice), 4 * block);
+  EXPECT_EQ(six.bytes(MemorySide::kHost), resident.bytes(MemorySide::kHost));
+  // auto: none where everything fits; under a budget three blocks short, five (two slots back).
+  request.streamed_blocks = {};
+  EXPECT_EQ(resolve_optimizer_placement(request, {}).streamed_blocks.name(), "auto (0)");
+  MemoryBudgets budgets;
+  budgets.device = resident.bytes(MemorySide::kDevice) - 3 * block;
+  const MemoryPlanRequest resolved = resolve_optimizer_placement(request, budgets);
+  EXPECT_EQ(resolved.streamed_blocks.name(), "auto (5)");
+  EXPECT_EQ(refusal(plan_memory(resolved), budgets), "");
+  request.streamed_blocks = StreamedBlocks::parse("4");
+  EXPECT_NE(refusal(plan_memory(request), budgets), "");
+  // gpu mode has no host copy to stream from; layup in bf16 computes with a copy of its own.
+  request.mode = Mode::kGpu;
+  EXPECT_NE(error_of([&] { plan_memory(request); }).find("gpu mode"), std::string::npos);
+  request.streamed_blocks = {};
+  EXPECT_EQ(resolve_optimizer_placement(request, budgets).streamed_blocks.blocks(), 0);
+  request.mode = Mode::kLayup;
+  request.dtype = Dtype::kBf16;
+  request.streamed_blocks = StreamedBlocks::parse("4");
+  EXPECT_NE(error_of([&] { plan_memory(request); }).find("not supported yet"), std::string::npos);
+  // More blocks than the host updates.
+  request = cpu_request(tiny_config(), "layup", 2, 8);
+  request.streamed_blocks = StreamedBlocks::parse("4");
+  EXPECT_NE(error_of([&] { plan_memory(request); }).find("--streamed-blocks 3 or fewer"),
+            std::string::npos);
+  EXPECT_THROW(StreamedBlocks::parse("-1"), Error);
+  EXPECT_THROW(StreamedBlocks::parse("some"), Error);
+}
+
 // --optimizer-state: the plan counts each kind's bytes wherever the moments live (gpu mode's
 // device buffer, layup's host, device and disk tiers), auto places blocks by them, and the planner
 // never chooses a lossy kind itself: not under a budget that only a compact kind would fit.

@@ -112,6 +112,7 @@ RunRequest run_request_of(const RunSpec& spec) {
   plan.offload_dir = spec.offload_dir;
   plan.optimizer_state = spec.optimizer_state;
   plan.accumulation = spec.accumulation;
+  plan.streamed_blocks = spec.streamed_blocks;
   plan.mode = spec.mode;
   plan.place = spec.place;
   request.cpu_workers = spec.cpu_workers;
