@@ -565,6 +565,58 @@ TEST(SchedulesEquivalence, StreamedWeightsTrainLikeResidentOnes) {
   }
 }
 
+// A streamed run resumes bit for bit: its state out after three steps (export_span reads the host's
+// master weights, the ring holds only copies), into a new streamed run, three more steps; and a
+// forward outside a step (evaluate: each block filled just before it is read) sees the weights a
+// resident run sees.
+TEST(SchedulesEquivalence, StreamedRunsResumeAndEvaluateBitForBit) {
+  const ModelConfig config = tiny_config();
+  const ParameterLayout layout(config);
+  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  const auto batch_of = [&](int step) {
+    std::mt19937 step_rng(static_cast<unsigned>(1000 + step));  // the same data in every run
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      inputs[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
+      targets[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
+    }
+    return TokenBatch{inputs.data(), targets.data(), kBatch, kSeqLen};
+  };
+  const auto steps = [&](Schedule& schedule, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      const TokenBatch batch = batch_of(step);
+      UpdateSettings settings;
+      settings.adamw.hyper.lr = 1e-2f;
+      settings.adamw.t = step + 1;
+      settings.clip_max_norm = step % 2 == 0 ? 1e-3f : 0.0f;
+      EXPECT_TRUE(schedule.step(std::span(&batch, 1), settings).applied) << "step " << step;
+    }
+  };
+  const auto make = [&](Mode mode, const ScheduleOptions& options) {
+    return make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
+                         layout, options);
+  };
+  const ScheduleOptions streamed{.speculative_clip = true, .streamed_blocks = 3};
+  std::unique_ptr<Schedule> unbroken = make(Mode::kGpu, {});
+  unbroken->import_tensors(fresh_optimizer_tensors(layout, 7));
+  steps(*unbroken, 0, 6);
+  const OptimizerTensors expected = unbroken->export_tensors();
+  const float expected_loss = unbroken->evaluate(batch_of(99));
+
+  std::unique_ptr<Schedule> first = make(Mode::kLayup, streamed);
+  first->import_tensors(fresh_optimizer_tensors(layout, 7));
+  steps(*first, 0, 3);
+  const OptimizerTensors checkpoint = first->export_tensors();
+  std::unique_ptr<Schedule> resumed = make(Mode::kLayup, streamed);
+  resumed->import_tensors(checkpoint);
+  steps(*resumed, 3, 6);
+  const OptimizerTensors got = resumed->export_tensors();
+  EXPECT_TRUE(bitwise_equal(expected.params, got.params)) << "params";
+  EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m)) << "m";
+  EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v)) << "v";
+  const float loss = resumed->evaluate(batch_of(99));
+  EXPECT_EQ(std::memcmp(&loss, &expected_loss, sizeof loss), 0) << loss << " " << expected_loss;
+}
+
 // What the disk tier refuses before a step: no directory, speculative clipping (no second copy of
 // the state on disk), a directory that does not exist, the head on disk.
 TEST(SchedulesEquivalence, BlocksOnDiskRefuseWhatTheyCannotDo) {
