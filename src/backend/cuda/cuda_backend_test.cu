@@ -699,6 +699,34 @@ TEST_P(CudaBackendTest, LayerMajorAccumulationMatchesCpu) {
   }
 }
 
+// Streamed weights (ScheduleOptions::streamed_blocks): every block computing from a ring of two
+// slots, each filled on a copy stream of its own once the device has read the slot's last block
+// (Device::copy_to_device_after) and read once the copy has landed (Device::order_after), in
+// offload and layup with two micro-batches, clipped (layup speculative) and not: as close to gpu
+// mode as the resident runs are, and in fp32 bit for bit the resident run of the same mode (the
+// same kernels read the same weights; only where they lie differs).
+TEST_P(CudaBackendTest, StreamedWeightsTrainLikeResidentOnes) {
+  for (const float clip : {1.0f, 0.0f}) {
+    const std::string clip_name = clip > 0.0f ? ", clip 1.0" : ", clip none";
+    const ModeRun gpu_run = run_mode("gpu", {.cpu_workers = 2}, clip, true);
+    for (const std::string mode : {"offload", "layup"}) {
+      ScheduleOptions resident{.cpu_workers = 2};
+      resident.speculative_clip = mode == "layup" && clip > 0.0f;
+      ScheduleOptions streamed = resident;
+      streamed.streamed_blocks = config.n_layer;
+      const ModeRun resident_run = run_mode(mode, resident, clip, true);
+      const ModeRun streamed_run = run_mode(mode, streamed, clip, true);
+      expect_agrees(streamed_run, gpu_run, mode + ", every block streamed" + clip_name);
+      if (dtype() != ComputeDtype::kFloat32) continue;
+      EXPECT_EQ(std::memcmp(streamed_run.state.params.data(), resident_run.state.params.data(),
+                            params.size() * sizeof(float)),
+                0)
+          << mode << clip_name << ": streamed and resident weights differ";
+      EXPECT_EQ(streamed_run.losses, resident_run.losses) << mode << clip_name;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, CudaBackendTest,
                          ::testing::Values(BackendCase{ComputeDtype::kFloat32, "gpt2"},
                                            BackendCase{ComputeDtype::kBFloat16, "gpt2"},
