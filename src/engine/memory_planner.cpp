@@ -13,6 +13,7 @@
 #include "model/shape_limits.h"
 #include "schedule/disk_tier.h"
 #include "schedule/schedule_plan.h"
+#include "schedule/weight_ring.h"
 
 namespace layup {
 
@@ -25,13 +26,15 @@ constexpr size_t kCpuRuntimeBytes = size_t{160} << 20;
 constexpr size_t kCudaRuntimeBytes = size_t{2} << 30;
 
 // The backend's and the device's buffers, as they list them.
-BufferList backend_and_device_buffers(const MemoryPlanRequest& r, const Placement& placement) {
+BufferList backend_and_device_buffers(const MemoryPlanRequest& r, const Placement& placement,
+                                      const ScheduleOptions& schedule) {
   if (r.device != DeviceKind::kCuda) return cpu_backend_buffers(r.config, r.batch, r.seq_len);
   const ComputeDtype dtype =
       r.dtype == Dtype::kBf16 ? ComputeDtype::kBFloat16 : ComputeDtype::kFloat32;
   BufferList list = cuda_backend_buffers(
       r.config, r.batch, r.seq_len, dtype, r.recompute,
-      {placement[TensorClass::kActivations], placement[TensorClass::kScratch]});
+      {placement[TensorClass::kActivations], placement[TensorClass::kScratch],
+       WeightRing::compute_copies_in_ring(ParameterLayout(r.config), schedule)});
   append(list, cuda_device_buffers());
   if (r.ranks > 1) append(list, cuda_collectives_buffers());
   return list;
@@ -129,7 +132,7 @@ RunMemory plan_run_memory(const MemoryPlanRequest& r, int cpu_workers) {
   run.step = compile_step_plan(r.mode, layout, run.schedule, device_kinds_of(r.device),
                                r.grad_accum, r.clip > 0.0f);
   append(plan.allocations, run.step.buffers);
-  append(plan.allocations, backend_and_device_buffers(r, plan.placement));
+  append(plan.allocations, backend_and_device_buffers(r, plan.placement, run.schedule));
   append(plan.allocations, process_buffers(r, layout));
   plan.disk_bytes = disk_state_bytes(
       DiskTier::records(layout, run.schedule.update_sites, run.schedule.optimizer_state));
@@ -166,7 +169,7 @@ bool device_side_fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {
 }
 
 // --streamed-blocks auto against `budgets` (the placement resolved): none where the plan fits, or
-// where streaming cannot run (gpu mode, several ranks, layup computing with a bf16 copy); else the
+// where streaming cannot run (gpu mode, several ranks); else the
 // fewest blocks that let the device's side fit, none where no count does (the budget check then
 // says why). An explicit count comes back as it was.
 MemoryPlanRequest resolve_streamed_blocks(MemoryPlanRequest request, const MemoryBudgets& budgets) {
@@ -176,8 +179,7 @@ MemoryPlanRequest resolve_streamed_blocks(MemoryPlanRequest request, const Memor
   streamed.count = 0;
   if (request.mode == Mode::kGpu || request.ranks > 1) return request;
   const RunMemory resident = plan_run_memory(request);
-  if (resident.schedule.weights_land_in_compute_copy || fits(resident.plan, budgets))
-    return request;
+  if (fits(resident.plan, budgets)) return request;
   int host_blocks = 0;
   for (size_t index = 1; index + 1 < resident.step.spans.size(); ++index)
     host_blocks += resident.step.spans[index].site == UpdateSite::kHost;

@@ -836,15 +836,31 @@ TEST(MemoryPlan, StreamedBlocksTradeTheirDeviceWeightsForARing) {
   EXPECT_EQ(refusal(plan_memory(resolved), budgets), "");
   request.streamed_blocks = StreamedBlocks::parse("4");
   EXPECT_NE(refusal(plan_memory(request), budgets), "");
-  // gpu mode has no host copy to stream from; layup in bf16 computes with a copy of its own.
+  // gpu mode has no host copy to stream from.
   request.mode = Mode::kGpu;
   EXPECT_NE(error_of([&] { plan_memory(request); }).find("gpu mode"), std::string::npos);
   request.streamed_blocks = {};
   EXPECT_EQ(resolve_optimizer_placement(request, budgets).streamed_blocks.blocks(), 0);
+  // layup in bf16, its host-updated weights landing in the backend's compute copy: a streamed
+  // block's bf16 copy leaves the backend's weights region for a bf16 ring slot, and its bf16
+  // weights wait in pinned host memory for their fills.
   request.mode = Mode::kLayup;
   request.dtype = Dtype::kBf16;
-  request.streamed_blocks = StreamedBlocks::parse("4");
-  EXPECT_NE(error_of([&] { plan_memory(request); }).find("not supported yet"), std::string::npos);
+  request.layup_head = LayupHead::kHost;
+  request.optimizer_placement = OptimizerPlacement::parse("host");
+  request.streamed_blocks = StreamedBlocks::parse("0");
+  const MemoryPlan bf16_resident = plan_memory(request);
+  request.streamed_blocks = StreamedBlocks::parse("6");
+  const RunMemory bf16_six = plan_run_memory(request);
+  EXPECT_TRUE(bf16_six.schedule.weights_land_in_compute_copy);
+  const size_t half = block / 2;  // one block's bf16 weights
+  EXPECT_EQ(bf16_resident.bytes(MemorySide::kDevice) - bf16_six.plan.bytes(MemorySide::kDevice),
+            4 * half);
+  EXPECT_EQ(bf16_six.plan.bytes(MemorySide::kHost) - bf16_resident.bytes(MemorySide::kHost),
+            6 * half);
+  request.streamed_blocks = {};
+  budgets.device = bf16_resident.bytes(MemorySide::kDevice) - 3 * half;
+  EXPECT_EQ(resolve_optimizer_placement(request, budgets).streamed_blocks.name(), "auto (5)");
   // More blocks than the host updates.
   request = cpu_request(tiny_config(), "layup", 2, 8);
   request.streamed_blocks = StreamedBlocks::parse("4");

@@ -58,10 +58,12 @@ class HostUpdatedModel {
   // The spans at UpdateSite::kDisk (null where there are none).
   DiskTier* disk_tier() const { return disk_tier_.get(); }
   // The ring the streamed blocks compute from (null where none is streamed), and where a streamed
-  // span's fill reads its weights: the current master weights (fp32, as the CPU backend computes).
+  // span's fill reads its weights: the current fp32 master weights, or, where weights land in the
+  // bf16 compute copy, the streamed blocks' bf16 copy in pinned host memory, which the host
+  // update writes when the block's new weights are there (before it reports them landed).
   WeightRing* weight_ring() const { return ring_.get(); }
   bool streams(size_t index) const { return ring_ && ring_->streams(index); }
-  const float* stream_source(size_t index) const { return host_params_.data() + host_at(index); }
+  const void* stream_source(size_t index) const;
 
   // The host-updated spans' state from the host (a disk span's from the disk); the weights of
   // every span into the device's copy. The caller waits first for updates still in flight.
@@ -86,7 +88,9 @@ class HostUpdatedModel {
     std::optional<PlannedAllocation> weights, landing_staging;
     std::optional<PlannedAllocation> spare_master, spare_moments;  // speculative_clip
     std::optional<PlannedAllocation> ring;                         // streamed_blocks
-    std::optional<HostGradient::Buffers> gradient;                 // host_gradient
+    // streamed_blocks where weights land in the bf16 compute copy: their bf16 copy on the host.
+    std::optional<PlannedAllocation> stream_host;
+    std::optional<HostGradient::Buffers> gradient;  // host_gradient
     BufferList disk_staging;  // the disk tier's slots (spans at UpdateSite::kDisk)
     BufferList list() const;
   };
@@ -234,6 +238,13 @@ class HostUpdatedModel {
   std::unique_ptr<HostGradient> host_gradient_;
   std::unique_ptr<DiskTier> disk_tier_;
   std::unique_ptr<WeightRing> ring_;
+  // With weights landing in the compute copy: the streamed blocks' bf16 weights (pinned), what
+  // their fills read, block after block in layout order (stream_host_at_: a span's first element).
+  DeviceBuffer stream_host_;
+  std::vector<size_t> stream_host_at_;
+  // Writes span `index`'s bf16 copy on the host from its fp32 `weights` (rounded to nearest even,
+  // as the device's cast rounds), where it has one.
+  void write_stream_copy(size_t index, const float* weights);
   TraceRecorder* trace_ = nullptr;
   int to_device_track_ = 0;         // "to device" in trace_
   std::vector<int> worker_tracks_;  // "cpu worker i" in trace_, per HostAdamW worker

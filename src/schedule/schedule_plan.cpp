@@ -119,10 +119,6 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
               "the weights to stream from; use offload or layup, or --streamed-blocks 0");
   LAYUP_CHECK(streamed == 0 || r.ranks <= 1, "--streamed-blocks ", streamed,
               " runs on one rank for now; use --streamed-blocks 0 with ", r.ranks, " ranks");
-  LAYUP_CHECK(streamed == 0 || !options.weights_land_in_compute_copy, "--streamed-blocks ",
-              streamed,
-              " is not supported yet where layup computes with a bf16 copy of the weights (CUDA "
-              "in bf16); use --streamed-blocks 0, or --dtype fp32");
   options.streamed_blocks = r.mode == Mode::kGpu ? 0 : streamed;
   return options;
 }

@@ -32,9 +32,30 @@ std::vector<char> WeightRing::streamed_spans(const ParameterLayout& layout,
   return streamed;
 }
 
+std::vector<char> WeightRing::compute_copies_in_ring(const ParameterLayout& layout,
+                                                     const ScheduleOptions& options) {
+  if (!options.weights_land_in_compute_copy || options.streamed_blocks == 0) return {};
+  return streamed_spans(layout, options.update_sites, options.streamed_blocks);
+}
+
 int WeightRing::slot_count(const ScheduleOptions& options) {
   return std::max(1, std::min(options.stream_slots, options.streamed_blocks));
 }
+
+size_t WeightRing::element_bytes(const ScheduleOptions& options) {
+  return options.weights_land_in_compute_copy ? 2 : sizeof(float);
+}
+
+namespace {
+
+// A slot's stride: one block's weights, rounded up so that every slot starts 256-byte aligned,
+// as the backend's own buffers do (its matmuls read the weights with wide loads).
+size_t slot_bytes(const ParameterLayout& layout, size_t element_bytes) {
+  constexpr size_t kAlign = 256;
+  return (layout.block().count * element_bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+}  // namespace
 
 std::optional<PlannedAllocation> WeightRing::buffer(const ParameterLayout& layout,
                                                     const ScheduleOptions& options,
@@ -43,10 +64,12 @@ std::optional<PlannedAllocation> WeightRing::buffer(const ParameterLayout& layou
   LAYUP_CHECK(options.stream_slots >= 1, "a weight ring needs at least one slot (got ",
               options.stream_slots, ")");
   const int slots = slot_count(options);
+  const size_t element = element_bytes(options);
   return PlannedAllocation{MemorySide::kDevice, TensorClass::kWeights, kinds.own,
-                           static_cast<size_t>(slots) * layout.block().count * sizeof(float),
-                           "weight ring: " + std::to_string(slots) +
-                               " slots of one block's weights, filled from the host for the " +
+                           static_cast<size_t>(slots) * slot_bytes(layout, element),
+                           "weight ring: " + std::to_string(slots) + " slots of one block's " +
+                               (element == 2 ? "bf16" : "fp32") +
+                               " weights, filled from the host for the " +
                                std::to_string(options.streamed_blocks) + " streamed blocks"};
 }
 
@@ -55,19 +78,21 @@ WeightRing::WeightRing(Device& device, const ParameterLayout& layout,
     : device_(device),
       layout_(layout),
       streamed_(streamed_spans(layout, options.update_sites, options.streamed_blocks)),
-      slots_(slot_count(options)) {
+      slots_(slot_count(options)),
+      element_bytes_(element_bytes(options)) {
   if (const std::optional<PlannedAllocation> listed = buffer(layout, options, device.kinds())) {
     ring_ = device_.allocate(*listed);
-    slot_floats_ = layout.block().count;
+    slot_bytes_ = slot_bytes(layout, element_bytes_);
   }
 }
 
-float* WeightRing::slot(size_t span) const {
+void* WeightRing::slot(size_t span) const {
   LAYUP_CHECK(streams(span), "internal error: span ", span, " is not streamed");
-  return ring_.data() + static_cast<size_t>(layout_.spans()[span].layer % slots_) * slot_floats_;
+  return reinterpret_cast<char*>(ring_.data()) +
+         static_cast<size_t>(layout_.spans()[span].layer % slots_) * slot_bytes_;
 }
 
-WeightRing::Filled WeightRing::fill_async(size_t span, const float* source,
+WeightRing::Filled WeightRing::fill_async(size_t span, const void* source,
                                           std::shared_ptr<const DeviceFence> after,
                                           std::function<void()> ready) {
   auto done = std::make_shared<std::promise<std::shared_ptr<const DeviceFence>>>();
@@ -83,7 +108,7 @@ WeightRing::Filled WeightRing::fill_async(size_t span, const float* source,
   return filled;
 }
 
-void WeightRing::fill_now(size_t span, const float* source) {
+void WeightRing::fill_now(size_t span, const void* source) {
   device_.order_after(*fill(span, source, device_.fence().get()));
 }
 
@@ -92,11 +117,11 @@ void WeightRing::set_trace(TraceRecorder* recorder, int track) {
   track_ = track;
 }
 
-std::shared_ptr<const DeviceFence> WeightRing::fill(size_t span, const float* source,
+std::shared_ptr<const DeviceFence> WeightRing::fill(size_t span, const void* source,
                                                     const DeviceFence* after) {
   const Span& s = layout_.spans()[span];
   TraceSpan traced(trace_, track_, trace_name(TaskKind::kWeightsIn, s.kind), s.layer);
-  return device_.copy_to_device_after(after, slot(span), source, s.count * sizeof(float));
+  return device_.copy_to_device_after(after, slot(span), source, s.count * element_bytes_);
 }
 
 }  // namespace layup

@@ -30,6 +30,7 @@
 #include "core/rng.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule.h"
+#include "schedule/weight_ring.h"
 
 namespace layup {
 namespace {
@@ -144,7 +145,7 @@ class CudaBackendTest : public ::testing::TestWithParam<BackendCase> {
  protected:
   // One mode's 5 steps from the fixture's parameters.
   ModeRun run_mode(const std::string& mode, const ScheduleOptions& options, float clip,
-                   bool two_micro_batches);
+                   bool two_micro_batches, const CudaArenaKinds& kinds = {});
   // `run` against gpu mode's: losses and every parameter tensor within the dtype's tolerance.
   void expect_agrees(const ModeRun& run, const ModeRun& gpu, const std::string& name);
 
@@ -476,11 +477,12 @@ TEST_P(CudaBackendTest, GpuScheduleForwardReadsTheWeightsItUpdated) {
 // `mode` on the GPU for 5 steps from the same parameters and batches (ThreeModesAgree says why
 // the modes agree only to a tolerance here).
 ModeRun CudaBackendTest::run_mode(const std::string& mode, const ScheduleOptions& options,
-                                  float clip, bool two_micro_batches) {
+                                  float clip, bool two_micro_batches, const CudaArenaKinds& kinds) {
   ModeRun run;
-  std::unique_ptr<Schedule> schedule = make_schedule(
-      parse_in(kModeNames, mode, "mode"), make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype()),
-      make_cuda_device(), layout, options);
+  std::unique_ptr<Schedule> schedule =
+      make_schedule(parse_in(kModeNames, mode, "mode"),
+                    make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype(), 0, nullptr, kinds),
+                    make_cuda_device(), layout, options);
   schedule->import_tensors(
       {params, std::vector<float>(params.size(), 0.0f), std::vector<float>(params.size(), 0.0f)});
   UpdateSettings settings;
@@ -724,6 +726,20 @@ TEST_P(CudaBackendTest, StreamedWeightsTrainLikeResidentOnes) {
           << mode << clip_name << ": streamed and resident weights differ";
       EXPECT_EQ(streamed_run.losses, resident_run.losses) << mode << clip_name;
     }
+    if (dtype() == ComputeDtype::kFloat32) continue;
+    // layup in bf16 as a run plans it: the host-updated weights land in the backend's bf16
+    // compute copy, a streamed block's being its bf16 ring slot, filled from the bf16 copy the
+    // host update writes; the backend keeps no copy of its own for those blocks.
+    ScheduleOptions landing{.cpu_workers = 2, .weights_land_in_compute_copy = true};
+    landing.speculative_clip = clip > 0.0f;
+    ScheduleOptions streamed = landing;
+    streamed.streamed_blocks = config.n_layer;
+    expect_agrees(run_mode("layup", landing, clip, true), gpu_run,
+                  "layup, weights landing in the compute copy" + clip_name);
+    expect_agrees(
+        run_mode("layup", streamed, clip, true,
+                 {.compute_copy_elsewhere = WeightRing::compute_copies_in_ring(layout, streamed)}),
+        gpu_run, "layup, bf16 ring slots as compute copies" + clip_name);
   }
 }
 
