@@ -256,7 +256,19 @@ MemoryPlanRequest resolve_placement_and_head(MemoryPlanRequest request,
 
 MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
                                               const MemoryBudgets& budgets) {
-  return resolve_streamed_blocks(resolve_placement_and_head(std::move(request), budgets), budgets);
+  MemoryPlanRequest resolved =
+      resolve_streamed_blocks(resolve_placement_and_head(request, budgets), budgets);
+  // The head's and the blocks' placement are chosen before streaming, which they do not see:
+  // where nothing fits, the head on the host (its moments off the device) may leave room enough
+  // for the fewest streamed blocks. So auto refuses no run that explicit choices fit.
+  const bool may_retry = request.mode == Mode::kLayup && request.layup_head == LayupHead::kAuto &&
+                         request.streamed_blocks.automatic && !request.streamed_blocks.resolved;
+  if (!may_retry || fits(plan_memory(resolved), budgets)) return resolved;
+  MemoryPlanRequest host_head = request;
+  host_head.layup_head = LayupHead::kHost;
+  MemoryPlanRequest retried =
+      resolve_streamed_blocks(resolve_placement_and_head(host_head, budgets), budgets);
+  return fits(plan_memory(retried), budgets) ? retried : resolved;
 }
 
 void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {

@@ -861,6 +861,24 @@ TEST(MemoryPlan, StreamedBlocksTradeTheirDeviceWeightsForARing) {
   request.streamed_blocks = {};
   budgets.device = bf16_resident.bytes(MemorySide::kDevice) - 3 * half;
   EXPECT_EQ(resolve_optimizer_placement(request, budgets).streamed_blocks.name(), "auto (5)");
+  // Llama 3 8B at B=4 on a 24 GiB device: the head placed on the device leaves no count that
+  // fits; auto then moves the head to the host and streams the fewest blocks that fit.
+  MemoryPlanRequest llama =
+      on_a_discrete_gpu(cpu_request(named_config("llama-3-8b"), "layup", 4, 2048, 8));
+  llama.recompute = 3;
+  llama.accumulation = Accumulation::kLayerMajor;
+  llama.layup_clip = LayupClip::kDeferred;
+  llama.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+  MemoryBudgets board;
+  board.device = size_t{24} << 30;
+  const MemoryPlanRequest fitted = resolve_optimizer_placement(llama, board);
+  const int fewest = fitted.streamed_blocks.blocks();
+  EXPECT_GT(fewest, 0);
+  EXPECT_EQ(fitted.layup_head, LayupHead::kHost);
+  EXPECT_EQ(refusal(plan_memory(fitted), board), "");
+  MemoryPlanRequest one_fewer = fitted;
+  one_fewer.streamed_blocks = StreamedBlocks::parse(std::to_string(fewest - 1));
+  EXPECT_NE(refusal(plan_memory(one_fewer), board), "");
   // More blocks than the host updates.
   request = cpu_request(tiny_config(), "layup", 2, 8);
   request.streamed_blocks = StreamedBlocks::parse("4");
