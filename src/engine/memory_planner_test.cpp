@@ -879,8 +879,20 @@ TEST(MemoryPlan, StreamedBlocksTradeTheirDeviceWeightsForARing) {
   MemoryPlanRequest one_fewer = fitted;
   one_fewer.streamed_blocks = StreamedBlocks::parse(std::to_string(fewest - 1));
   EXPECT_NE(refusal(plan_memory(one_fewer), board), "");
-  // More blocks than the host updates.
+  // Several ranks; more blocks than the host updates.
   request = cpu_request(tiny_config(), "layup", 2, 8);
+  request.streamed_blocks = StreamedBlocks::parse("2");
+  request.ranks = 2;
+  EXPECT_NE(error_of([&] { plan_memory(request); }).find("one rank"), std::string::npos);
+  // The run's first line says what streams.
+  request.ranks = 1;
+  EXPECT_NE(describe_schedule(Mode::kLayup, schedule_of(plan_memory(request)), 0.0f)
+                .find("the last 2 host-updated blocks' weights streamed to the device through a "
+                      "ring of 2 slots"),
+            std::string::npos);
+  request.streamed_blocks = StreamedBlocks::parse("0");
+  EXPECT_EQ(describe_schedule(Mode::kLayup, schedule_of(plan_memory(request)), 0.0f).find("stream"),
+            std::string::npos);
   request.streamed_blocks = StreamedBlocks::parse("4");
   EXPECT_NE(error_of([&] { plan_memory(request); }).find("--streamed-blocks 3 or fewer"),
             std::string::npos);
