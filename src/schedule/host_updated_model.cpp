@@ -299,8 +299,9 @@ ParameterPointers HostUpdatedModel::device_params() const {
   ParameterPointers pointers;
   for (size_t index = 0; index < layout_.spans().size(); ++index) {
     const Span& span = layout_.spans()[index];
-    // A disk span without a device copy computes with its compute copy only.
-    // A streamed span whose weights land in the compute copy: the backend reads its slot.
+    // A disk span without a device copy computes with its compute copy only. A streamed span
+    // computes from its ring slot: here in fp32; where weights land in the compute copy the slot
+    // is the span's compute copy (place_compute_copy) and the backend reads these never.
     const float* weights = streams(index) && !weights_land_in_compute_copy_
                                ? static_cast<const float*>(ring_->slot(index))
                            : device_copy_spans_.holds(index)

@@ -35,7 +35,9 @@
 //
 // Threads: the device thread (DeviceThread) issues all device work; the consumer and the
 // coordinator (CpuUpdatePools of one thread each) hand gradients on and run updates, every pass on
-// the pinned HostAdamW workers; CpuProgress tells each who is done. Updates may still be landing
+// the pinned HostAdamW workers; the weight ring's thread fills the streamed blocks' slots as the
+// device thread starts the plan's "weights in" tasks (StepFills); CpuProgress tells each who is
+// done. Updates may still be landing
 // when step() returns: a forward waits span by span (ForwardWaits); export_tensors,
 // import_tensors, set_trace and the destructor wait for all. Trace tracks and span names, and what
 // a non-finite step leaves: docs/schedules.md. With several ranks, MPI is called by one thread at a
