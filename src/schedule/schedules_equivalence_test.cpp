@@ -592,8 +592,8 @@ TEST(SchedulesEquivalence, StreamedRunsResumeAndEvaluateBitForBit) {
     }
   };
   const auto make = [&](Mode mode, const ScheduleOptions& options) {
-    return make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                         layout, options);
+    return make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
+                         options);
   };
   const ScheduleOptions streamed{.speculative_clip = true, .streamed_blocks = 3};
   std::unique_ptr<Schedule> unbroken = make(Mode::kGpu, {});
