@@ -27,6 +27,18 @@ DeviceBuffer::~DeviceBuffer() {
 Device::Device(std::shared_ptr<MemoryAccountant> accountant)
     : accountant_(accountant ? std::move(accountant) : std::make_shared<MemoryAccountant>()) {}
 
+std::shared_ptr<const DeviceFence> Device::copy_to_device_after(const DeviceFence* after,
+                                                                void* device_dst,
+                                                                const void* host_src,
+                                                                size_t bytes) {
+  LAYUP_CHECK(bytes % sizeof(float) == 0, "internal error: ", name(),
+              " copies whole floats to the device, not ", bytes, " bytes");
+  if (after != nullptr) wait_for(*after);
+  copy_to_device(static_cast<float*>(device_dst), static_cast<const float*>(host_src),
+                 bytes / sizeof(float));
+  return fence();  // the copy has landed when copy_to_device returns
+}
+
 std::vector<uint8_t> Device::new_collectives_id() {
   fail("the ", name(), " device has no collectives of its own (several ranks sum in host memory)");
 }

@@ -154,6 +154,18 @@ class Device {
   virtual void copy_to_compute_copy_async(void* bf16_dst, const float* host_src, size_t count,
                                           float* staging, size_t staging_count,
                                           std::function<void()> landed) = 0;
+  // A streamed block's weights into its ring slot (schedule/weight_ring.h): `bytes` of host
+  // memory (pinned on CUDA) into device memory once `after` has passed (null: at once), beside the
+  // device's work and without waiting for work issued after the fence (on CUDA on a copy stream);
+  // returns a fence that passes once the copy has landed. Nothing may write host_src or read
+  // device_dst until then. The base copies on the calling thread, through copy_to_device.
+  virtual std::shared_ptr<const DeviceFence> copy_to_device_after(const DeviceFence* after,
+                                                                  void* device_dst,
+                                                                  const void* host_src,
+                                                                  size_t bytes);
+  // Device work issued after this call, by any thread, starts only once `fence` has passed (on
+  // CUDA the compute stream waits for it; the base waits on the calling thread).
+  virtual void order_after(const DeviceFence& fence) { wait_for(fence); }
   virtual void fill_zero(float* device_dst, size_t count) = 0;
   // device_dst[i] += device_src[i]: one float add per element, so the sum of micro-batch
   // gradients rounds the same on every device and in every mode.

@@ -78,6 +78,11 @@ class ModelBackend {
   // schedule must call before it changes the master weights in any other way. By default (false)
   // every forward casts.
   virtual void* compute_copy(size_t /*span_index*/) { return nullptr; }
+  // Makes span `span_index`'s compute copy `bf16` (device memory laid out like the span, owned by
+  // the caller: a streamed block's ring slot, schedule/weight_ring.h) from now on: forward,
+  // backward and compute_copy read it there. Returns false where the backend keeps no compute
+  // copy.
+  virtual bool place_compute_copy(size_t /*span_index*/, void* /*bf16*/) { return false; }
   virtual void set_compute_copies_current(bool /*current*/) {}
 
   // The same forward with hooks that do nothing.

@@ -100,6 +100,7 @@ void add_bench_command(CLI::App& app) {
   add_optimizer_placement_flags(*cmd, o.optimizer_placement, o.offload_dir);
   add_optimizer_state_flag(*cmd, o.optimizer_state);
   add_accumulate_flag(*cmd, o.accumulation);
+  add_streamed_blocks_flag(*cmd, o.streamed_blocks);
   add_path_flag(*cmd, "--trace", o.trace_path, "file",
                 "Write a Chrome/Perfetto trace (JSON; open in ui.perfetto.dev) of the first " +
                     std::to_string(kMaxTracedSteps) + " timed steps here");

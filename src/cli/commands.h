@@ -88,6 +88,9 @@ void add_optimizer_placement_flags(CLI::App& command, OptimizerPlacement& placem
 
 // --optimizer-state fp32|bf16|8bit (OptimizerStateKind), for `train`, `bench` and `memory`.
 void add_optimizer_state_flag(CLI::App& command, OptimizerStateKind& kind);
+// --streamed-blocks auto|N: the host-updated blocks whose compute weights are streamed to the
+// device block by block (StreamedBlocks).
+void add_streamed_blocks_flag(CLI::App& command, StreamedBlocks& streamed);
 // --accumulate: how offload and layup sum the micro-batches (micro-batch-major or layer-major).
 void add_accumulate_flag(CLI::App& command, Accumulation& accumulation);
 

@@ -131,6 +131,10 @@ const std::vector<std::string> kBadValues = {"0",   "-1",  "",      "abc",
                                              "inf", "nan", "1e999", "99999999999999999999"};
 const std::map<std::tuple<std::string, std::string, std::string>, std::string>& documented_zeros() {
   static const std::map<std::tuple<std::string, std::string, std::string>, std::string> table = {
+      {{"train", "--streamed-blocks", "0"}, "(0: every block's weights on the device)"},
+      {{"bench", "--streamed-blocks", "0"}, "(0: every block's weights on the device)"},
+      {{"memory", "--streamed-blocks", "0"}, "(0: every block's weights on the device)"},
+      {{"study", "--streamed-blocks", "0"}, "(0: every block's weights on the device)"},
       {{"train", "--eval-every", "0"}, "(0: never)"},
       {{"train", "--checkpoint-every", "0"}, "(0: only at the end)"},
       {{"train", "--sample-tokens", "0"}, "(0: no sample)"},

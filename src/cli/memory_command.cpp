@@ -89,6 +89,7 @@ void add_memory_command(CLI::App& app) {
   add_optimizer_placement_flags(*cmd, flags->optimizer_placement, flags->offload_dir);
   add_optimizer_state_flag(*cmd, flags->optimizer_state);
   add_accumulate_flag(*cmd, flags->accumulation);
+  add_streamed_blocks_flag(*cmd, flags->streamed_blocks);
   add_whole_flag(*cmd, "--ranks", flags->ranks, at_least(1),
                  "Plan one rank of `mpirun -np N layup train`: on the CPU backend each rank keeps "
                  "its shard of the AdamW moments (ZeRO-1)")
@@ -130,6 +131,10 @@ void add_memory_command(CLI::App& app) {
       if (flags->mode_given && mode != flags->mode) request.plan.place.clear();
       // The split places layup's state; the other modes keep theirs where they always do.
       if (mode != Mode::kLayup) request.plan.optimizer_placement = {};
+      // gpu mode keeps every block's weights where its AdamW updates them; a count is checked in
+      // the mode it is asked for, the others plan with auto.
+      if (mode == Mode::kGpu) request.plan.streamed_blocks = {false, 0, false};
+      if (flags->mode_given && mode != flags->mode) request.plan.streamed_blocks = {};
       runs.push_back(plan_only(request));
     }
     std::vector<MemoryPlan> plans;
@@ -195,6 +200,9 @@ void add_memory_command(CLI::App& app) {
                            ? plan.request.optimizer_placement.name()
                            : (plan.request.mode == Mode::kGpu ? "device" : "host"));
     table += row("optimizer state", splits);
+    std::vector<std::string> streamed;
+    for (const MemoryPlan& plan : plans) streamed.push_back(plan.request.streamed_blocks.name());
+    table += row("streamed blocks", streamed);
     std::string machine_line;
     if (!flags->allow_overcommit) {
       const HostMemoryLimit machine = read_host_memory_limit();

@@ -208,6 +208,20 @@ void add_optimizer_placement_flags(CLI::App& command, OptimizerPlacement& placem
                 "space less a reserve is the disk's budget");
 }
 
+void add_streamed_blocks_flag(CLI::App& command, StreamedBlocks& streamed) {
+  command
+      .add_option_function<std::string>(
+          "--streamed-blocks",
+          [&streamed](const std::string& text) { streamed = StreamedBlocks::parse(text); },
+          "offload and layup: the last N blocks the host updates keep no compute weights on the "
+          "device; each is copied into a ring of two block-sized slots before its forward and "
+          "its backward (the same bits; the link carries each such block about twice a step). "
+          "0 keeps every block's weights on the device; auto streams the fewest blocks that let "
+          "the run fit the device's memory (or --device-budget), none where everything fits")
+      ->type_name("auto, N")
+      ->default_str("auto");
+}
+
 void add_optimizer_state_flag(CLI::App& command, OptimizerStateKind& kind) {
   add_choice_option(command, "--optimizer-state", kind, kOptimizerStateKindNames,
                     "How AdamW keeps its two moments: fp32 (8 bytes a parameter), bf16 (4; each "

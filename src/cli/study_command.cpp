@@ -93,6 +93,7 @@ void add_study_command(CLI::App& app) {
   add_clip_flags(*cmd, flags->clip, o.layup_clip);
   add_layup_head_flag(*cmd, o.layup_head);
   add_optimizer_placement_flags(*cmd, o.optimizer_placement, o.offload_dir);
+  add_streamed_blocks_flag(*cmd, o.streamed_blocks);
   cmd->add_flag("--no-energy", flags->no_energy,
                 "Do not read energy (by default each run reads the GPU's via NVML and the CPU "
                 "packages' via RAPL, where readable)");

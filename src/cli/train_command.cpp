@@ -66,6 +66,7 @@ void add_train_command(CLI::App& app) {
   add_optimizer_placement_flags(*cmd, o.optimizer_placement, o.offload_dir);
   add_optimizer_state_flag(*cmd, o.optimizer_state);
   add_accumulate_flag(*cmd, o.accumulation);
+  add_streamed_blocks_flag(*cmd, o.streamed_blocks);
   add_whole_flag(*cmd, "--eval-every", o.eval_every, at_least(0),
                  "Validation every N updates (0: never)")
       ->capture_default_str();

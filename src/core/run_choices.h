@@ -41,6 +41,32 @@ enum class Accumulation { kMicroBatchMajor, kLayerMajor };
 // What a training run's checkpoints hold: the weights and the training state (resumable), or the
 // weights only (an export for transformers or `layup sample`, a third of the disk).
 enum class CheckpointContents { kFull, kWeights };
+// How many host-updated blocks keep no compute weights on the device and are streamed to it
+// block by block (--streamed-blocks; docs/memory.md, "Streamed weights"): auto lets the planner
+// choose the fewest that fit the device's budget (none where everything fits); N streams the last
+// N blocks the host updates.
+struct StreamedBlocks {
+  bool automatic = true;
+  int count = 0;          // asked, or what auto resolved to
+  bool resolved = false;  // auto, with count chosen by the planner
+
+  // What was asked, or what auto resolved to (0 before).
+  int blocks() const { return automatic && !resolved ? 0 : count; }
+  // "auto", "4", "auto (4)" once resolved.
+  std::string name() const {
+    if (!automatic) return std::to_string(count);
+    return resolved ? "auto (" + std::to_string(count) + ")" : "auto";
+  }
+  // Throws layup::Error for anything but auto or a whole number of 0 or more.
+  static StreamedBlocks parse(const std::string& text) {
+    if (text == "auto") return {};
+    const bool digits = !text.empty() && text.size() <= 6 &&
+                        text.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits)
+      fail("--streamed-blocks takes auto or a number of blocks (0 or more), not '", text, "'");
+    return {false, std::stoi(text), false};
+  }
+};
 // Where layup keeps the blocks' fp32 master weights and AdamW moments (--optimizer-placement):
 // auto lets the planner choose against each tier's budget (engine/memory_planner.h); otherwise
 // the first device_blocks blocks on the device, the last disk_blocks in a file under

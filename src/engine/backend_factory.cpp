@@ -95,9 +95,10 @@ BackendAndDevice make_backend(const ComputeTarget& target, const ModelConfig& co
     const ComputeDtype dtype =
         target.dtype == Dtype::kBf16 ? ComputeDtype::kBFloat16 : ComputeDtype::kFloat32;
     std::unique_ptr<Device> device = make_cuda_device(accountant);
-    return {make_cuda_backend(config, max_batch, max_seq_len, dtype, target.recompute, accountant,
-                              {target.activations_kind, target.scratch_kind}, target.algorithms,
-                              target.attention),
+    return {make_cuda_backend(
+                config, max_batch, max_seq_len, dtype, target.recompute, accountant,
+                {target.activations_kind, target.scratch_kind, target.compute_copy_elsewhere},
+                target.algorithms, target.attention),
             std::move(device), accountant};
   }
 #endif

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/algorithm_choice.h"
 #include "backend/device.h"
@@ -22,6 +23,9 @@ struct ComputeTarget {
   // kinds; the CPU backend's memory is the host's).
   MemoryKind activations_kind = MemoryKind::kDevice;
   MemoryKind scratch_kind = MemoryKind::kDevice;
+  // cuda bf16 only: per span whether its compute copy is a ring slot the schedule places
+  // (streamed blocks, schedule/weight_ring.h): the backend's weights region leaves it out.
+  std::vector<char> compute_copy_elsewhere{};
 };
 
 // Resolves "auto": cuda with bf16 where this build has the CUDA backend and a GPU is usable,

@@ -13,6 +13,7 @@
 #include "model/shape_limits.h"
 #include "schedule/disk_tier.h"
 #include "schedule/schedule_plan.h"
+#include "schedule/weight_ring.h"
 
 namespace layup {
 
@@ -25,13 +26,15 @@ constexpr size_t kCpuRuntimeBytes = size_t{160} << 20;
 constexpr size_t kCudaRuntimeBytes = size_t{2} << 30;
 
 // The backend's and the device's buffers, as they list them.
-BufferList backend_and_device_buffers(const MemoryPlanRequest& r, const Placement& placement) {
+BufferList backend_and_device_buffers(const MemoryPlanRequest& r, const Placement& placement,
+                                      const ScheduleOptions& schedule) {
   if (r.device != DeviceKind::kCuda) return cpu_backend_buffers(r.config, r.batch, r.seq_len);
   const ComputeDtype dtype =
       r.dtype == Dtype::kBf16 ? ComputeDtype::kBFloat16 : ComputeDtype::kFloat32;
   BufferList list = cuda_backend_buffers(
       r.config, r.batch, r.seq_len, dtype, r.recompute,
-      {placement[TensorClass::kActivations], placement[TensorClass::kScratch]});
+      {placement[TensorClass::kActivations], placement[TensorClass::kScratch],
+       WeightRing::compute_copies_in_ring(ParameterLayout(r.config), schedule)});
   append(list, cuda_device_buffers());
   if (r.ranks > 1) append(list, cuda_collectives_buffers());
   return list;
@@ -129,7 +132,7 @@ RunMemory plan_run_memory(const MemoryPlanRequest& r, int cpu_workers) {
   run.step = compile_step_plan(r.mode, layout, run.schedule, device_kinds_of(r.device),
                                r.grad_accum, r.clip > 0.0f);
   append(plan.allocations, run.step.buffers);
-  append(plan.allocations, backend_and_device_buffers(r, plan.placement));
+  append(plan.allocations, backend_and_device_buffers(r, plan.placement, run.schedule));
   append(plan.allocations, process_buffers(r, layout));
   plan.disk_bytes = disk_state_bytes(
       DiskTier::records(layout, run.schedule.update_sites, run.schedule.optimizer_state));
@@ -159,6 +162,35 @@ MemoryPlan plan_memory(const MemoryPlanRequest& request) {
 
 namespace {
 
+// Whether the plan's device side fits the device's budget and this machine's GPU.
+bool device_side_fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {
+  return (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device) &&
+         (!budgets.machine_gpu || plan.gpu_memory_bytes() <= *budgets.machine_gpu);
+}
+
+// --streamed-blocks auto against `budgets` (the placement resolved): none where the plan fits, or
+// where streaming cannot run (gpu mode, several ranks); else the
+// fewest blocks that let the device's side fit, none where no count does (the budget check then
+// says why). An explicit count comes back as it was.
+MemoryPlanRequest resolve_streamed_blocks(MemoryPlanRequest request, const MemoryBudgets& budgets) {
+  StreamedBlocks& streamed = request.streamed_blocks;
+  if (!streamed.automatic || streamed.resolved) return request;
+  streamed.resolved = true;
+  streamed.count = 0;
+  if (request.mode == Mode::kGpu || request.ranks > 1) return request;
+  const RunMemory resident = plan_run_memory(request);
+  if (fits(resident.plan, budgets)) return request;
+  int host_blocks = 0;
+  for (size_t index = 1; index + 1 < resident.step.spans.size(); ++index)
+    host_blocks += resident.step.spans[index].site == UpdateSite::kHost;
+  for (int count = 1; count <= host_blocks; ++count) {
+    streamed.count = count;
+    if (device_side_fits(plan_memory(request), budgets)) return request;
+  }
+  streamed.count = 0;
+  return request;
+}
+
 // --optimizer-placement auto against `budgets` (resolve_optimizer_placement), the disk only where
 // `disk` allows it; an explicit placement comes back as it was.
 MemoryPlanRequest resolve_blocks(MemoryPlanRequest request, const MemoryBudgets& budgets,
@@ -176,13 +208,15 @@ MemoryPlanRequest resolve_blocks(MemoryPlanRequest request, const MemoryBudgets&
       resolve_placement(request.mode, request.attributes, request.place)[TensorClass::kWeights] !=
           MemoryKind::kPinnedMapped;
   const auto device_fits = [&budgets](const MemoryPlan& plan) {
-    return (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device) &&
-           (!budgets.machine_gpu || plan.gpu_memory_bytes() <= *budgets.machine_gpu);
+    return device_side_fits(plan, budgets);
   };
   // The fastest tier first: as many blocks on the device as fit, then, if the host cannot hold
   // the rest, as few on disk as it takes (each costs its state's read and write every step).
+  // An explicit --streamed-blocks N keeps N blocks' state on the host, where they stream from.
+  const int host_kept = request.streamed_blocks.automatic ? 0 : request.streamed_blocks.count;
+  const int movable = std::max(0, request.config.n_layer - host_kept);
   std::optional<int> device_admits;
-  for (int blocks = device_tier ? request.config.n_layer : 0; blocks >= 0; --blocks) {
+  for (int blocks = device_tier ? movable : 0; blocks >= 0; --blocks) {
     placement.device_blocks = blocks;
     const MemoryPlan plan = plan_memory(request);
     if (fits(plan, budgets)) return request;
@@ -190,7 +224,7 @@ MemoryPlanRequest resolve_blocks(MemoryPlanRequest request, const MemoryBudgets&
   }
   placement.device_blocks = device_admits.value_or(0);
   if (disk && !request.offload_dir.empty())
-    for (int disk = 1; disk <= request.config.n_layer - placement.device_blocks; ++disk) {
+    for (int disk = 1; disk <= movable - placement.device_blocks; ++disk) {
       placement.disk_blocks = disk;
       if (fits(plan_memory(request), budgets)) return request;
     }
@@ -198,10 +232,9 @@ MemoryPlanRequest resolve_blocks(MemoryPlanRequest request, const MemoryBudgets&
   return request;
 }
 
-}  // namespace
-
-MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
-                                              const MemoryBudgets& budgets) {
+// --optimizer-placement and --layup-head auto (resolve_optimizer_placement).
+MemoryPlanRequest resolve_placement_and_head(MemoryPlanRequest request,
+                                             const MemoryBudgets& budgets) {
   // --layup-head auto puts the head on a discrete GPU; where no plan with it there fits and one
   // with it on the host does, it goes to the host, before any block goes to disk (the head's
   // update on the CPU costs less than a block's state read and written every step).
@@ -217,6 +250,25 @@ MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
       if (fits(plan_memory(resolved), budgets)) return resolved;
     }
   return resolve_blocks(request, budgets, /*disk=*/true);  // nothing fits: the check says why
+}
+
+}  // namespace
+
+MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
+                                              const MemoryBudgets& budgets) {
+  MemoryPlanRequest resolved =
+      resolve_streamed_blocks(resolve_placement_and_head(request, budgets), budgets);
+  // The head's and the blocks' placement are chosen before streaming, which they do not see:
+  // where nothing fits, the head on the host (its moments off the device) may leave room enough
+  // for the fewest streamed blocks. So auto refuses no run that explicit choices fit.
+  const bool may_retry = request.mode == Mode::kLayup && request.layup_head == LayupHead::kAuto &&
+                         request.streamed_blocks.automatic && !request.streamed_blocks.resolved;
+  if (!may_retry || fits(plan_memory(resolved), budgets)) return resolved;
+  MemoryPlanRequest host_head = request;
+  host_head.layup_head = LayupHead::kHost;
+  MemoryPlanRequest retried =
+      resolve_streamed_blocks(resolve_placement_and_head(host_head, budgets), budgets);
+  return fits(plan_memory(retried), budgets) ? retried : resolved;
 }
 
 void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {

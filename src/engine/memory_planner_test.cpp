@@ -786,6 +786,120 @@ TEST(MemoryPlan, OptimizerPlacementSplitsTheBlocksBetweenDeviceAndHost) {
             std::string::npos);
 }
 
+// --streamed-blocks: a streamed block's compute weights leave the device for a ring of two
+// block-sized slots (the plan lists it, and the CPU backend's accountant measures it as planned);
+// auto streams the fewest blocks that let the device's side fit its budget, none where everything
+// fits or where streaming cannot run; gpu mode and layup computing with a bf16 copy refuse a
+// count.
+TEST(MemoryPlan, StreamedBlocksTradeTheirDeviceWeightsForARing) {
+  // The CPU backend: measured as planned.
+  {
+    const ModelConfig config = tiny_config();
+    MemoryPlanRequest request = cpu_request(config, "layup", 2, 8);
+    request.streamed_blocks = StreamedBlocks::parse("2");
+    const RunMemory run = plan_run_memory(request, 1);
+    EXPECT_EQ(run.schedule.streamed_blocks, 2);
+    auto accountant = std::make_shared<MemoryAccountant>();
+    const ParameterLayout layout(config);
+    std::unique_ptr<Schedule> schedule =
+        make_schedule(Mode::kLayup, make_cpu_backend(config, 2, 8, accountant),
+                      make_cpu_device(accountant), layout, run.schedule);
+    schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
+    ASSERT_TRUE(random_step(*schedule, config, 2, 8, 1, 1.0f).applied);
+    const std::string report = format_memory_report(run.plan, *accountant);
+    EXPECT_NE(report.find("every accounted cell matches the plan exactly"), std::string::npos)
+        << report;
+    bool ring = false;
+    for (const PlannedAllocation& a : run.plan.allocations)
+      ring |= a.what.find("weight ring: 2 slots") != std::string::npos;
+    EXPECT_TRUE(ring);
+    expect_one_step_plan(run);
+  }
+  // offload on a discrete GPU in fp32: N blocks' fp32 copies leave, two slots come.
+  const ModelConfig config = named_config("gpt2");
+  const size_t block = ParameterLayout(config).block().count * sizeof(float);
+  MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, "offload", 4, 256));
+  request.dtype = Dtype::kFp32;
+  request.streamed_blocks = StreamedBlocks::parse("0");
+  const MemoryPlan resident = plan_memory(request);
+  request.streamed_blocks = StreamedBlocks::parse("6");
+  const MemoryPlan six = plan_memory(request);
+  EXPECT_EQ(resident.bytes(MemorySide::kDevice) - six.bytes(MemorySide::kDevice), 4 * block);
+  EXPECT_EQ(six.bytes(MemorySide::kHost), resident.bytes(MemorySide::kHost));
+  // auto: none where everything fits; under a budget three blocks short, five (two slots back).
+  request.streamed_blocks = {};
+  EXPECT_EQ(resolve_optimizer_placement(request, {}).streamed_blocks.name(), "auto (0)");
+  MemoryBudgets budgets;
+  budgets.device = resident.bytes(MemorySide::kDevice) - 3 * block;
+  const MemoryPlanRequest resolved = resolve_optimizer_placement(request, budgets);
+  EXPECT_EQ(resolved.streamed_blocks.name(), "auto (5)");
+  EXPECT_EQ(refusal(plan_memory(resolved), budgets), "");
+  request.streamed_blocks = StreamedBlocks::parse("4");
+  EXPECT_NE(refusal(plan_memory(request), budgets), "");
+  // gpu mode has no host copy to stream from.
+  request.mode = Mode::kGpu;
+  EXPECT_NE(error_of([&] { plan_memory(request); }).find("gpu mode"), std::string::npos);
+  request.streamed_blocks = {};
+  EXPECT_EQ(resolve_optimizer_placement(request, budgets).streamed_blocks.blocks(), 0);
+  // layup in bf16, its host-updated weights landing in the backend's compute copy: a streamed
+  // block's bf16 copy leaves the backend's weights region for a bf16 ring slot, and its bf16
+  // weights wait in pinned host memory for their fills.
+  request.mode = Mode::kLayup;
+  request.dtype = Dtype::kBf16;
+  request.layup_head = LayupHead::kHost;
+  request.optimizer_placement = OptimizerPlacement::parse("host");
+  request.streamed_blocks = StreamedBlocks::parse("0");
+  const MemoryPlan bf16_resident = plan_memory(request);
+  request.streamed_blocks = StreamedBlocks::parse("6");
+  const RunMemory bf16_six = plan_run_memory(request);
+  EXPECT_TRUE(bf16_six.schedule.weights_land_in_compute_copy);
+  const size_t half = block / 2;  // one block's bf16 weights
+  EXPECT_EQ(bf16_resident.bytes(MemorySide::kDevice) - bf16_six.plan.bytes(MemorySide::kDevice),
+            4 * half);
+  EXPECT_EQ(bf16_six.plan.bytes(MemorySide::kHost) - bf16_resident.bytes(MemorySide::kHost),
+            6 * half);
+  request.streamed_blocks = {};
+  budgets.device = bf16_resident.bytes(MemorySide::kDevice) - 3 * half;
+  EXPECT_EQ(resolve_optimizer_placement(request, budgets).streamed_blocks.name(), "auto (5)");
+  // Llama 3 8B at B=4 on a 24 GiB device: the head placed on the device leaves no count that
+  // fits; auto then moves the head to the host and streams the fewest blocks that fit.
+  MemoryPlanRequest llama =
+      on_a_discrete_gpu(cpu_request(named_config("llama-3-8b"), "layup", 4, 2048, 8));
+  llama.recompute = 3;
+  llama.accumulation = Accumulation::kLayerMajor;
+  llama.layup_clip = LayupClip::kDeferred;
+  llama.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+  MemoryBudgets board;
+  board.device = size_t{24} << 30;
+  const MemoryPlanRequest fitted = resolve_optimizer_placement(llama, board);
+  const int fewest = fitted.streamed_blocks.blocks();
+  EXPECT_GT(fewest, 0);
+  EXPECT_EQ(fitted.layup_head, LayupHead::kHost);
+  EXPECT_EQ(refusal(plan_memory(fitted), board), "");
+  MemoryPlanRequest one_fewer = fitted;
+  one_fewer.streamed_blocks = StreamedBlocks::parse(std::to_string(fewest - 1));
+  EXPECT_NE(refusal(plan_memory(one_fewer), board), "");
+  // Several ranks; more blocks than the host updates.
+  request = cpu_request(tiny_config(), "layup", 2, 8);
+  request.streamed_blocks = StreamedBlocks::parse("2");
+  request.ranks = 2;
+  EXPECT_NE(error_of([&] { plan_memory(request); }).find("one rank"), std::string::npos);
+  // The run's first line says what streams.
+  request.ranks = 1;
+  EXPECT_NE(describe_schedule(Mode::kLayup, schedule_of(plan_memory(request)), 0.0f)
+                .find("the last 2 host-updated blocks' weights streamed to the device through a "
+                      "ring of 2 slots"),
+            std::string::npos);
+  request.streamed_blocks = StreamedBlocks::parse("0");
+  EXPECT_EQ(describe_schedule(Mode::kLayup, schedule_of(plan_memory(request)), 0.0f).find("stream"),
+            std::string::npos);
+  request.streamed_blocks = StreamedBlocks::parse("4");
+  EXPECT_NE(error_of([&] { plan_memory(request); }).find("--streamed-blocks 3 or fewer"),
+            std::string::npos);
+  EXPECT_THROW(StreamedBlocks::parse("-1"), Error);
+  EXPECT_THROW(StreamedBlocks::parse("some"), Error);
+}
+
 // --optimizer-state: the plan counts each kind's bytes wherever the moments live (gpu mode's
 // device buffer, layup's host, device and disk tiers), auto places blocks by them, and the planner
 // never chooses a lossy kind itself: not under a budget that only a compact kind would fit.

@@ -1,17 +1,22 @@
 // The composition root (run_composer.h): resolve, plan and check, then build.
 #include "engine/run_composer.h"
 
+#include "schedule/weight_ring.h"
 #include "tier/disk_space.h"
 
 namespace layup {
 
 namespace {
 
-// The backend's part of the plan's placement (activations, scratch) in a resolved target.
-ComputeTarget placed_target(const MemoryPlan& plan, ComputeTarget target) {
+// The backend's part of the plan's placement (activations, scratch; the compute copies the
+// schedule's ring holds) in a resolved target.
+ComputeTarget placed_target(const MemoryPlan& plan, const ScheduleOptions& schedule,
+                            ComputeTarget target) {
   if (target.device == DeviceKind::kCuda) {
     target.activations_kind = plan.placement[TensorClass::kActivations];
     target.scratch_kind = plan.placement[TensorClass::kScratch];
+    target.compute_copy_elsewhere =
+        WeightRing::compute_copies_in_ring(ParameterLayout(plan.request.config), schedule);
   }
   return target;
 }
@@ -61,7 +66,7 @@ PlannedRun plan_run(const RunRequest& request) {
   planned.plan = std::move(memory.plan);
   planned.schedule = std::move(memory.schedule);
   planned.step = std::move(memory.step);
-  planned.target = placed_target(planned.plan, target);
+  planned.target = placed_target(planned.plan, planned.schedule, target);
   check_run_budget(planned.plan, planned.budgets);
   return planned;
 }
@@ -112,6 +117,7 @@ RunRequest run_request_of(const RunSpec& spec) {
   plan.offload_dir = spec.offload_dir;
   plan.optimizer_state = spec.optimizer_state;
   plan.accumulation = spec.accumulation;
+  plan.streamed_blocks = spec.streamed_blocks;
   plan.mode = spec.mode;
   plan.place = spec.place;
   request.cpu_workers = spec.cpu_workers;

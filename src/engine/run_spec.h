@@ -46,6 +46,9 @@ struct RunSpec {
   OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
   // How offload and layup sum the micro-batches (--accumulate): the same bits either way.
   Accumulation accumulation = Accumulation::kMicroBatchMajor;
+  // offload and layup: how many host-updated blocks stream their compute weights to the device
+  // (--streamed-blocks); auto is resolved by plan_run against the device's budget.
+  StreamedBlocks streamed_blocks;
 
   // Memory (memory/memory_plan.h): budgets in bytes (the CLI parsed "16G"; none: no budget),
   // checked against the run's memory plan before anything is allocated, and the --place

@@ -31,7 +31,8 @@ struct Work {
   double head_forward_s = 0.0, head_backward_s = 0.0;    // LM head and final norm
   std::vector<double> floats;                            // per span
   std::vector<double> disk_read_s, disk_write_s;         // per span: its state's, 0 off the disk
-  std::vector<double> cpu_adamw_s;  // per span: its CPU AdamW, copies beside it
+  std::vector<double> cpu_adamw_s;    // per span: its CPU AdamW, copies beside it
+  double compute_weight_bytes = 4.0;  // a weight the device computes with: a streamed fill's
 };
 
 double rate_or_zero(const std::optional<double>& rate) {
@@ -89,6 +90,8 @@ Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
   }
   work.head_forward_s = seconds(tokens * head_forward_flops, head_rate);
   work.head_backward_s = 2.0 * work.head_forward_s;
+  // The device computes in its activations' type (bf16 on CUDA): a streamed fill carries that.
+  work.compute_weight_bytes = request.activation_bytes;
   const ParameterLayout layout(c);
   for (const Span& span : layout.spans()) work.floats.push_back(static_cast<double>(span.count));
   const bool updates_beside_gradients =
@@ -130,6 +133,8 @@ double task_seconds(const StepPlan& plan, const PlanTask& task, const Work& work
                                         : work.cpu_adamw_s[i];
     case TaskKind::kWeightsToDevice:
       return seconds(kFloatBytes * n, rates.h2d_bytes_per_s);
+    case TaskKind::kWeightsIn:
+      return seconds(work.compute_weight_bytes * n, rates.h2d_bytes_per_s);
     case TaskKind::kReadState:
       return work.disk_read_s[i];
     case TaskKind::kWriteState:
@@ -272,6 +277,7 @@ StepTimePrediction predict_step_time(const StepTimeRequest& request, const Machi
         (task.lane == Lane::kDevice ? p.gpu_adamw_s : p.cpu_adamw_s) += s;
         break;
       case TaskKind::kWeightsToDevice:
+      case TaskKind::kWeightsIn:
         span->to_device_s += s;
         p.to_device_s += s;
         break;

@@ -158,6 +158,31 @@ TEST(StepTimeModel, LayerMajorCopiesEachBlockOnceAndMovesItsActivations) {
 
 // N of the PaLM count is the matmul weights: GPT-2's 12 L C^2 + V C; in the Llama family every
 // parameter but the norms' gains and, with an untied head, the input embedding.
+// Streamed weights: each "weights in" task carries one block's compute weights (bf16 on CUDA) at
+// the host-to-device rate, on the to-device lane beside the compute; a link slower than a block's
+// forward exposes the fills.
+TEST(StepTimeModel, StreamedBlocksFillTheirSlotsOverTheLink) {
+  StepTimeRequest r = request(Mode::kLayup);
+  r.activation_bytes = 2;
+  const StepTimePrediction resident = predict_step_time(r, rates());
+  ScheduleOptions options;
+  options.streamed_blocks = 12;
+  r.plan = compile_step_plan(Mode::kLayup, ParameterLayout(r.config), options,
+                             device_kinds_of(DeviceKind::kCuda), 1, false);
+  const int fills = r.plan.count(TaskKind::kWeightsIn, Lane::kToDevice);
+  EXPECT_EQ(fills, 12 + 10);  // every forward; the backward less the last two read forward
+  const double block = ParameterLayout(r.config).block().count;
+  const StepTimePrediction streamed = predict_step_time(r, rates());
+  // The host updates write the streamed blocks' new weights where the fills read them: no
+  // "weights" task for them, and the fills on the link instead.
+  EXPECT_NEAR(streamed.to_device_s - resident.to_device_s,
+              fills * 2.0 * block / 50e9 - 12 * 4.0 * block / 50e9, 1e-9);
+  EXPECT_NEAR(streamed.step_s, resident.step_s, 0.02 * resident.step_s) << "hidden at 50 GB/s";
+  MachineRates slow = rates();
+  slow.h2d_bytes_per_s = 0.5e9;
+  EXPECT_GT(predict_step_time(r, slow).step_s, resident.step_s + 12 * 2.0 * block / 0.5e9);
+}
+
 TEST(StepTimeModel, FlopsPerTokenCountTheMatmulWeights) {
   EXPECT_DOUBLE_EQ(model_flops_per_token(gpt2_config(12, 12, 768, 1024), 1024),
                    6.0 * (12.0 * 12 * 768 * 768 + 50257.0 * 768) + 12.0 * 12 * 1024 * 768);

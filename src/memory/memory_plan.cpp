@@ -81,8 +81,10 @@ std::string fitting_change(const MemoryPlanRequest& base, Mode mode, const Memor
   // Placement does not change how many bytes a plan needs, and a --place valid in one mode may not
   // be in another (the master weights change sides).
   request.place.clear();
-  // Only layup places the optimizer state; another mode plans with the planner's choice.
+  // Another mode plans with the planner's choices of where the optimizer state lives (only layup
+  // places it) and of the blocks streamed (none in gpu mode).
   if (mode != base.mode) request.optimizer_placement = {};
+  if (mode != base.mode) request.streamed_blocks = {};
   auto try_plan = [&](int batch, int seq_len) {
     request.batch = batch;
     request.seq_len = seq_len;
@@ -417,6 +419,7 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets, const Re
         smallest.mode = mode;
         smallest.place.clear();
         if (mode != plan.request.mode) smallest.optimizer_placement = {};
+        if (mode != plan.request.mode) smallest.streamed_blocks = {};
         smallest.batch = smallest.seq_len = 1;
         floor += std::string(floor.empty() ? "" : ", ") + format_bytes(need_of(replan(smallest))) +
                  " in " + name_of(mode) + " mode";

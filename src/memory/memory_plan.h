@@ -75,6 +75,9 @@ struct MemoryPlanRequest {
   // How offload and layup sum the micro-batches (docs/schedules.md): layer-major keeps each
   // micro-batch's block inputs and sums on the device, and the host keeps no sum.
   Accumulation accumulation = Accumulation::kMicroBatchMajor;
+  // offload and layup: the host-updated blocks whose compute weights are streamed to the device
+  // block by block (docs/memory.md, "Streamed weights"); auto is resolved by plan_run.
+  StreamedBlocks streamed_blocks;
   std::string offload_dir;  // layup: where blocks placed on disk keep their state
   Mode mode = Mode::kGpu;
   DeviceKind device = DeviceKind::kCpu;  // resolved: cpu or cuda

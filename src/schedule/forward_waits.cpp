@@ -1,6 +1,8 @@
 // ForwardWaits: a wait per span, and the forward's trace spans around them.
 #include "schedule/forward_waits.h"
 
+#include <utility>
+
 #include "trace/trace_recorder.h"
 
 namespace layup {
@@ -22,16 +24,18 @@ std::string span_name(const char* what, const char* part, int layer) {
 }  // namespace
 
 ForwardWaits::ForwardWaits(const CpuProgress& progress, size_t final_norm, TraceRecorder* trace,
-                           int track)
+                           int track, std::function<void(size_t span)> before_span)
     : progress_(progress),
       final_norm_(final_norm),
       trace_(trace != nullptr && trace->recording() ? trace : nullptr),
-      track_(track) {}
+      track_(track),
+      before_span_(std::move(before_span)) {}
 
 void ForwardWaits::enter(size_t span, const char* part, const char* update, int layer) {
   close();
   const double wait_start_us = trace_ != nullptr ? trace_->now_us() : 0.0;
   const bool waited = progress_.wait_landed(span);
+  if (before_span_) before_span_(span);
   if (trace_ == nullptr) return;
   open_part_ = part;
   open_layer_ = layer;

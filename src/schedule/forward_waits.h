@@ -1,12 +1,14 @@
 // ForwardWaits: the hooks of every forward of the layup schedule (ForwardHooks, model_backend.h).
 // Before a span's weights are read, the forward waits until the span's update of the last step
-// has landed in the device copy (CpuProgress::wait_landed). With a trace, each span's forward
+// has landed in the device copy (CpuProgress::wait_landed), and a streamed block for its slot's
+// fill. With a trace, each span's forward
 // ("forward embeddings", "forward block l", "forward head", from the end of its wait to the next
 // hook or the end of the forward) and every wait that was needed ("wait_update ...") go on the
 // device track.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 #include "backend/model_backend.h"
@@ -18,8 +20,11 @@ class TraceRecorder;
 
 class ForwardWaits final : public ForwardHooks {
  public:
-  // `final_norm`: the final norm's span index (the last). `trace` may be null.
-  ForwardWaits(const CpuProgress& progress, size_t final_norm, TraceRecorder* trace, int track);
+  // `final_norm`: the final norm's span index (the last). `trace` may be null. `before_span`
+  // (may be empty) runs after a span's wait, before its weights are read: where a streamed
+  // block's weights come into the device (its ring slot's fill).
+  ForwardWaits(const CpuProgress& progress, size_t final_norm, TraceRecorder* trace, int track,
+               std::function<void(size_t span)> before_span = {});
 
   void before_embeddings() override { enter(0, "embeddings", "embeddings", -1); }
   void before_block(int layer) override { enter(1 + layer, "block", "block", layer); }
@@ -37,6 +42,7 @@ class ForwardWaits final : public ForwardHooks {
   const size_t final_norm_;
   TraceRecorder* const trace_;  // null: not recording
   const int track_;
+  const std::function<void(size_t span)> before_span_;
   const char* open_part_ = nullptr;  // the span whose forward is running (null before the first)
   int open_layer_ = -1;
   double open_start_us_ = 0.0;

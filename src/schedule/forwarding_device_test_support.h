@@ -37,6 +37,11 @@ class ForwardingDevice : public Device {
                           size_t count) override {
     inner_->copy_to_host_after(after, dst, src, count);
   }
+  std::shared_ptr<const DeviceFence> copy_to_device_after(const DeviceFence* after, void* dst,
+                                                          const void* src, size_t bytes) override {
+    return inner_->copy_to_device_after(after, dst, src, bytes);
+  }
+  void order_after(const DeviceFence& fence) override { inner_->order_after(fence); }
   void copy_to_device_async(float* dst, const float* src, size_t count,
                             std::function<void()> landed) override {
     inner_->copy_to_device_async(dst, src, count, std::move(landed));

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "memory/parallel_pages.h"
+#include "optim/adamw_moments.h"
 #include "schedule/step_plan.h"
 #include "trace/trace_recorder.h"
 
@@ -70,7 +71,10 @@ PackedSpans HostUpdatedModel::gradient_spans(const ParameterLayout& layout,
 PackedSpans HostUpdatedModel::device_copy_spans(const ParameterLayout& layout,
                                                 const ScheduleOptions& options) {
   check_update_sites(layout, options);
+  const std::vector<char> streamed =
+      WeightRing::streamed_spans(layout, options.update_sites, options.streamed_blocks);
   return PackedSpans::of(layout, [&](size_t index) {
+    if (streamed[index]) return false;
     // A disk span has no master weights in host memory to compute with in place.
     if (options.weights_in_place) return site_of(options, index) == UpdateSite::kDisk;
     return !options.weights_land_in_compute_copy || !on_cpu(options, index);
@@ -159,6 +163,13 @@ HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layou
     buffers.spare_moments =
         host_state(TensorClass::kOptimizerMoments, "spare AdamW m and v, " + kind);
   }
+  buffers.ring = WeightRing::buffer(layout, options, kinds);
+  if (buffers.ring && options.weights_land_in_compute_copy)
+    buffers.stream_host = PlannedAllocation{
+        MemorySide::kHost, TensorClass::kWeights, kinds.host_copy,
+        (static_cast<size_t>(options.streamed_blocks) * layout.block().count * 2 + 3) / 4 * 4,
+        "bf16 weights of the streamed blocks, the source of their fills (written by the host "
+        "update)"};
   if (const PackedSpans summed = gradient_spans(layout, options); summed.count > 0)
     buffers.gradient = HostGradient::buffers(layout, summed, kinds);
   if (any_on_disk(options))
@@ -175,7 +186,7 @@ BufferList HostUpdatedModel::Buffers::list() const {
     if (buffer.bytes > 0) list.push_back(buffer);
   list.push_back(span_sums);
   for (const std::optional<PlannedAllocation>& buffer :
-       {weights, landing_staging, spare_master, spare_moments})
+       {weights, landing_staging, spare_master, spare_moments, ring, stream_host})
     if (buffer) list.push_back(*buffer);
   if (gradient) append(list, gradient->list());
   append(list, disk_staging);
@@ -225,6 +236,9 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
   LAYUP_CHECK(!any_on_disk(options) || !speculative_clip_,
               "speculative clipping keeps a second copy of the optimizer state, which blocks on "
               "disk do not have; clip with --layup-clip deferred");
+  LAYUP_CHECK(options.streamed_blocks == 0 || ranks_ == nullptr,
+              "--streamed-blocks runs on one rank for now (each rank would fill its ring from "
+              "weights a gather is still writing); use --streamed-blocks 0 with several ranks");
   if (weights_land_in_compute_copy_) {
     LAYUP_CHECK(!weights_in_place_, "weights cannot both be in place and land in a compute copy");
     LAYUP_CHECK(backend_->compute_copy(0) != nullptr, "the ", backend_->name(),
@@ -251,6 +265,20 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
   if (listed.gradient)
     host_gradient_ = std::make_unique<HostGradient>(
         *device_, layout_, gradient_spans(layout_, options), *host_adamw_, device_sums_);
+  if (listed.ring) ring_ = std::make_unique<WeightRing>(*device_, layout_, options);
+  if (listed.stream_host) {
+    stream_host_ = device_->allocate(*listed.stream_host);
+    stream_host_at_.assign(layout.spans().size(), 0);
+    size_t at = 0;
+    for (size_t index = 0; index < layout.spans().size(); ++index) {
+      if (!ring_->streams(index)) continue;
+      stream_host_at_[index] = at;
+      at += layout.spans()[index].count;
+      // The backend computes with the span's compute copy, which is its ring slot from now on.
+      LAYUP_CHECK(backend_->place_compute_copy(index, ring_->slot(index)), "the ", backend_->name(),
+                  " backend cannot compute a block from a ring slot");
+    }
+  }
   if (any_on_disk(options))
     disk_tier_ = std::make_unique<DiskTier>(
         *device_, layout_, options.update_sites, options.offload_dir,
@@ -271,8 +299,12 @@ ParameterPointers HostUpdatedModel::device_params() const {
   ParameterPointers pointers;
   for (size_t index = 0; index < layout_.spans().size(); ++index) {
     const Span& span = layout_.spans()[index];
-    // A disk span without a device copy computes with its compute copy only.
-    const float* weights = device_copy_spans_.holds(index)
+    // A disk span without a device copy computes with its compute copy only. A streamed span
+    // computes from its ring slot: here in fp32; where weights land in the compute copy the slot
+    // is the span's compute copy (place_compute_copy) and the backend reads these never.
+    const float* weights = streams(index) && !weights_land_in_compute_copy_
+                               ? static_cast<const float*>(ring_->slot(index))
+                           : device_copy_spans_.holds(index)
                                ? params_.data() + device_copy_spans_.at[index]
                            : host_spans_.holds(index) ? host_params_.data() + host_spans_.at[index]
                                                       : nullptr;
@@ -289,6 +321,7 @@ ParameterPointers HostUpdatedModel::device_params() const {
 void HostUpdatedModel::set_trace(TraceRecorder* recorder) {
   trace_ = recorder;
   to_device_track_ = recorder != nullptr ? recorder->track("to device") : 0;
+  if (ring_) ring_->set_trace(recorder, to_device_track_);
   worker_tracks_.clear();
   if (recorder != nullptr && host_adamw_)
     for (int worker = 0; worker < host_adamw_->worker_count(); ++worker)
@@ -409,8 +442,23 @@ void HostUpdatedModel::refresh_device_weights(size_t index) {
   send_weights_now(index, host_params_.data() + host_at(index));
 }
 
+const void* HostUpdatedModel::stream_source(size_t index) const {
+  if (stream_host_.data() != nullptr)
+    return reinterpret_cast<const uint16_t*>(stream_host_.data()) + stream_host_at_[index];
+  return host_params_.data() + host_at(index);
+}
+
+void HostUpdatedModel::write_stream_copy(size_t index, const float* weights) {
+  if (stream_host_.data() == nullptr || !streams(index)) return;
+  uint16_t* out = reinterpret_cast<uint16_t*>(stream_host_.data()) + stream_host_at_[index];
+  const long count = static_cast<long>(layout_.spans()[index].count);
+#pragma omp parallel for schedule(static)
+  for (long i = 0; i < count; ++i) out[i] = bf16_from_float(weights[i]);
+}
+
 void HostUpdatedModel::send_weights_now(size_t index, const float* weights) {
   const size_t count = layout_.spans()[index].count;
+  if (streams(index)) return write_stream_copy(index, weights);  // the next fill reads it
   if (device_copy_spans_.holds(index))
     device_->copy_to_device(params_.data() + device_copy_spans_.at[index], weights, count);
   if (!weights_land_in_compute_copy_) return;
@@ -498,7 +546,10 @@ void HostUpdatedModel::update_span(size_t index, const float* grads, const Optim
       landed();
     };
   }
-  const bool to_compute_copy = weights_land_in_compute_copy_ && !device_copy_spans_.holds(index);
+  // A streamed span's new weights stay on the host, in its bf16 copy where it has one.
+  write_stream_copy(index, master);
+  const bool to_compute_copy =
+      weights_land_in_compute_copy_ && !device_copy_spans_.holds(index) && !streams(index);
   if (!to_compute_copy && !device_copy_spans_.holds(index)) {
     landed();  // the device reads the master weights in place: nothing to send
     return;

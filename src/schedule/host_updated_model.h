@@ -30,6 +30,7 @@
 #include "schedule/packed_spans.h"
 #include "schedule/schedule.h"
 #include "schedule/span_square_sums.h"
+#include "schedule/weight_ring.h"
 
 namespace layup {
 
@@ -56,6 +57,13 @@ class HostUpdatedModel {
   HostGradient* host_gradient() const { return host_gradient_.get(); }
   // The spans at UpdateSite::kDisk (null where there are none).
   DiskTier* disk_tier() const { return disk_tier_.get(); }
+  // The ring the streamed blocks compute from (null where none is streamed), and where a streamed
+  // span's fill reads its weights: the current fp32 master weights, or, where weights land in the
+  // bf16 compute copy, the streamed blocks' bf16 copy in pinned host memory, which the host
+  // update writes when the block's new weights are there (before it reports them landed).
+  WeightRing* weight_ring() const { return ring_.get(); }
+  bool streams(size_t index) const { return ring_ && ring_->streams(index); }
+  const void* stream_source(size_t index) const;
 
   // The host-updated spans' state from the host (a disk span's from the disk); the weights of
   // every span into the device's copy. The caller waits first for updates still in flight.
@@ -79,7 +87,10 @@ class HostUpdatedModel {
     // the device-updated spans only) and the staging the landing casts through.
     std::optional<PlannedAllocation> weights, landing_staging;
     std::optional<PlannedAllocation> spare_master, spare_moments;  // speculative_clip
-    std::optional<HostGradient::Buffers> gradient;                 // host_gradient
+    std::optional<PlannedAllocation> ring;                         // streamed_blocks
+    // streamed_blocks where weights land in the bf16 compute copy: their bf16 copy on the host.
+    std::optional<PlannedAllocation> stream_host;
+    std::optional<HostGradient::Buffers> gradient;  // host_gradient
     BufferList disk_staging;  // the disk tier's slots (spans at UpdateSite::kDisk)
     BufferList list() const;
   };
@@ -87,7 +98,8 @@ class HostUpdatedModel {
                          DeviceKinds kinds, bool master_on_device = false);
 
   // The spans whose state the host keeps; those the CPU updates (the host's and the disk's),
-  // whose gradient the host accumulates; and those the device keeps an fp32 copy of.
+  // whose gradient the host accumulates; and those the device keeps an fp32 copy of (a streamed
+  // block none: it computes from the ring).
   static PackedSpans host_spans(const ParameterLayout& layout, const ScheduleOptions& options);
   static PackedSpans cpu_spans(const ParameterLayout& layout, const ScheduleOptions& options);
   // The spans host_gradient() keeps.
@@ -106,7 +118,7 @@ class HostUpdatedModel {
 
   // The weights the device computes with, span by span: its own copy; or the master weights in
   // place; or, for a span whose weights land in the compute copy, the master weights, which the
-  // backend then never reads.
+  // backend then never reads; a streamed block's ring slot.
   ParameterPointers device_params() const;
 
   // Starts the sum of squares of span `index`'s gradient in device memory, in order with the
@@ -225,6 +237,14 @@ class HostUpdatedModel {
   // It reads device_sums_ but does not touch it when it goes.
   std::unique_ptr<HostGradient> host_gradient_;
   std::unique_ptr<DiskTier> disk_tier_;
+  std::unique_ptr<WeightRing> ring_;
+  // With weights landing in the compute copy: the streamed blocks' bf16 weights (pinned), what
+  // their fills read, block after block in layout order (stream_host_at_: a span's first element).
+  DeviceBuffer stream_host_;
+  std::vector<size_t> stream_host_at_;
+  // Writes span `index`'s bf16 copy on the host from its fp32 `weights` (rounded to nearest even,
+  // as the device's cast rounds), where it has one.
+  void write_stream_copy(size_t index, const float* weights);
   TraceRecorder* trace_ = nullptr;
   int to_device_track_ = 0;         // "to device" in trace_
   std::vector<int> worker_tracks_;  // "cpu worker i" in trace_, per HostAdamW worker

@@ -145,6 +145,12 @@ class DelayingDevice final : public ForwardingDevice {
     slow_copy_count_ = count;
     before_slow_copy_ = std::move(hook);
   }
+  // The streamed blocks' fills (WeightRing) on the ring's thread.
+  std::shared_ptr<const DeviceFence> copy_to_device_after(const DeviceFence* after, void* dst,
+                                                          const void* src, size_t bytes) override {
+    delays_.maybe_sleep();
+    return inner().copy_to_device_after(after, dst, src, bytes);
+  }
   void copy_to_device_async(float* dst, const float* src, size_t count,
                             std::function<void()> landed) override {
     delays_.maybe_sleep();
@@ -331,6 +337,14 @@ TEST(LayupStress, ThousandDelayedStepsTrainLikeTheGpuMode) {
   expect_same(mixed_two,
               train(delayed_layup(layer_major, /*discrete=*/true), layout, Clipping::kMixed, 2),
               "layup, layer-major, speculative clipping, block 1 and the head on the device");
+  // Streamed weights: blocks 0, 2 and 3 compute from a ring of two slots, each filled on the
+  // ring's thread once the device has read the slot's last block, and, first in a step, once the
+  // block's update of the step before (speculative, redone, its spare state promoted) has landed.
+  ScheduleOptions streamed = layer_major;
+  streamed.streamed_blocks = 3;
+  expect_same(mixed_two,
+              train(delayed_layup(streamed, /*discrete=*/true), layout, Clipping::kMixed, 2),
+              "layup, streamed weights, layer-major, speculative clipping");
   std::vector<UpdateSite> block_1(layout.spans().size(), UpdateSite::kHost);
   block_1[1 + 1] = UpdateSite::kDevice;
   expect_same(

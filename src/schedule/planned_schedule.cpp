@@ -35,7 +35,9 @@
 //
 // Threads: the device thread (DeviceThread) issues all device work; the consumer and the
 // coordinator (CpuUpdatePools of one thread each) hand gradients on and run updates, every pass on
-// the pinned HostAdamW workers; CpuProgress tells each who is done. Updates may still be landing
+// the pinned HostAdamW workers; the weight ring's thread fills the streamed blocks' slots as the
+// device thread starts the plan's "weights in" tasks (StepFills); CpuProgress tells each who is
+// done. Updates may still be landing
 // when step() returns: a forward waits span by span (ForwardWaits); export_tensors,
 // import_tensors, set_trace and the destructor wait for all. Trace tracks and span names, and what
 // a non-finite step leaves: docs/schedules.md. With several ranks, MPI is called by one thread at a
@@ -49,6 +51,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -100,6 +104,9 @@ ScheduleOptions mode_options(Mode mode, const ParameterLayout& layout, ScheduleO
     options.weights_land_in_compute_copy = false;
     options.update_sites.assign(layout.spans().size(), UpdateSite::kDevice);
     options.accumulation = Accumulation::kMicroBatchMajor;  // its sums are on the device anyway
+    LAYUP_CHECK(options.streamed_blocks == 0,
+                "gpu mode updates every block on the device, in place: it has no host copy of "
+                "the weights to stream from; use --streamed-blocks 0, or offload or layup");
   }
   return options;
 }
@@ -187,9 +194,9 @@ class PlannedSchedule final : public Schedule {
     consumer_track_ = recorder != nullptr ? recorder->track("gradients to host") : 0;
   }
 
-  float evaluate(const TokenBatch& batch) override { return forward_pass(batch); }
+  float evaluate(const TokenBatch& batch) override { return forward_pass(batch, fill_now()); }
   const float* forward_logits(const TokenBatch& batch) override {
-    forward_pass(batch);
+    forward_pass(batch, fill_now());
     return model_.backend().logits();
   }
 
@@ -298,13 +305,77 @@ class PlannedSchedule final : public Schedule {
   }
 
  private:
-  // A forward pass on the device copy, waiting span by span for updates still landing.
-  float forward_pass(const TokenBatch& batch) {
-    ForwardWaits waits(progress_, layout_.spans().size() - 1, trace_, device_track_);
+  // A forward pass on the device copy, waiting span by span for updates still landing, and
+  // running `before_span` before each span's weights are read (the streamed blocks' fills).
+  float forward_pass(const TokenBatch& batch, std::function<void(size_t span)> before_span) {
+    ForwardWaits waits(progress_, layout_.spans().size() - 1, trace_, device_track_,
+                       std::move(before_span));
     const float loss = model_.backend().forward(model_.device_params(), batch, waits);
     waits.finish();
     return loss;
   }
+
+  // A forward outside a step (evaluate, forward_logits): each streamed block filled into its slot
+  // just before it is read, on the calling thread.
+  std::function<void(size_t span)> fill_now() {
+    if (model_.weight_ring() == nullptr) return {};
+    return [this](size_t span) {
+      if (model_.streams(span)) model_.weight_ring()->fill_now(span, model_.stream_source(span));
+    };
+  }
+
+  // Device thread, one step: the plan's "weights in" tasks (the to-device lane's fills of the
+  // streamed blocks' ring slots), each started on the ring's thread once the device has run the
+  // task it waits for (the slot's last reader), in the lane's order, and waited for by the device
+  // task that reads it. A fill waits there for the block's update of the last step to have landed
+  // on the host. Its destructor waits for the fills it started (a step that failed leaves none
+  // running).
+  class StepFills {
+   public:
+    StepFills(const StepPlan& plan, HostUpdatedModel& model, const CpuProgress& progress,
+              TraceRecorder* trace, int track)
+        : plan_(plan), model_(model), progress_(progress), trace_(trace), track_(track) {
+      for (size_t t = 0; t < plan.tasks.size(); ++t)
+        if (plan.tasks[t].kind == TaskKind::kWeightsIn) fills_.push_back(static_cast<int>(t));
+    }
+    StepFills(const StepFills&) = delete;
+    StepFills& operator=(const StepFills&) = delete;
+    ~StepFills() {
+      for (const auto& [fill, filled] : started_) filled.wait();
+    }
+
+    // Before device task `task` runs: every task before it in the plan's device lane has run.
+    void before(int task) {
+      for (; next_ < fills_.size(); ++next_) {
+        const int fill = fills_[next_];
+        const std::vector<int>& after = plan_.tasks[fill].after;
+        if (std::any_of(after.begin(), after.end(), [&](int t) { return t >= task; })) break;
+        const size_t span = static_cast<size_t>(plan_.tasks[fill].span);
+        // The slot's last reader is issued: the copy waits on the device for it to be done.
+        started_[fill] = model_.weight_ring()->fill_async(
+            span, model_.stream_source(span), model_.device().fence(),
+            [this, span] { progress_.wait_landed(span); });
+      }
+      for (const int before : plan_.tasks[task].after) {
+        if (plan_.tasks[before].kind != TaskKind::kWeightsIn) continue;
+        const auto filled = started_.find(before);
+        LAYUP_CHECK(filled != started_.end(), "internal error: task ", task,
+                    " reads a ring slot whose fill has not started");
+        TraceSpan traced(trace_, track_, "wait_weights_in", plan_.tasks[before].span - 1);
+        model_.device().order_after(*filled->second.get());  // get() rethrows a failed fill
+      }
+    }
+
+   private:
+    const StepPlan& plan_;
+    HostUpdatedModel& model_;
+    const CpuProgress& progress_;
+    TraceRecorder* const trace_;
+    const int track_;
+    std::vector<int> fills_;  // the plan's fills, in the to-device lane's order
+    size_t next_ = 0;         // the first of fills_ not started
+    std::map<int, WeightRing::Filled> started_;
+  };
 
   bool sharded() const { return device_tier_.sharded() || model_.sharded(); }
 
@@ -434,6 +505,16 @@ class PlannedSchedule final : public Schedule {
     bool update_now = false;
     std::vector<std::optional<SlotLease>> leases(layout_.spans().size());  // per block span
     const bool layer_major = step_plan.accumulation == Accumulation::kLayerMajor;
+    StepFills fills(step_plan, model_, progress_, trace_, device_track_);
+    // Per micro-batch, per span: its forward's task, which the forward's hooks run the fills of.
+    std::vector<std::vector<int>> forward_tasks(micro_batches.size(),
+                                                std::vector<int>(layout_.spans().size(), -1));
+    for (size_t t = 0; t < step_plan.tasks.size(); ++t) {
+      const PlanTask& task = step_plan.tasks[t];
+      if (task.kind == TaskKind::kForward && task.lane == Lane::kDevice)
+        forward_tasks[static_cast<size_t>(task.micro_batch)][static_cast<size_t>(task.span)] =
+            static_cast<int>(t);
+    }
     for (const PlanTask& task : step_plan.tasks) {
       // A copy once a step is of a sum the device took (layer-major): to the host it is one
       // micro-batch's gradient.
@@ -449,6 +530,7 @@ class PlannedSchedule final : public Schedule {
         continue;
       }
       if (task.lane != Lane::kDevice) continue;
+      fills.before(static_cast<int>(&task - step_plan.tasks.data()));
       // A slot's backward waits for its slot (acquire_slot), the head's for its buffers (below);
       // a forward that waits for the host's copies (offload's next micro-batch) for them all.
       if (task.kind == TaskKind::kForward && waits_for_host(step_plan, task))
@@ -456,7 +538,9 @@ class PlannedSchedule final : public Schedule {
       if (task.kind == TaskKind::kForward && task.span == 0) {
         {
           TraceSpan traced(trace_, device_track_, "forward");
-          loss_sum += forward_pass(micro_batches[k]);
+          const std::vector<int>& forwards = forward_tasks[k];
+          loss_sum += forward_pass(
+              micro_batches[k], [&fills, &forwards](size_t span) { fills.before(forwards[span]); });
         }
         // The mean loss is complete before the last backward: a non-finite one updates nothing.
         update_now = context.timing->during_backward() && last &&

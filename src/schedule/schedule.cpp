@@ -12,6 +12,7 @@
 #include "model/init.h"
 #include "optim/host_adamw.h"
 #include "schedule/mode_schedules.h"
+#include "schedule/weight_ring.h"
 #include "trace/trace_recorder.h"
 
 namespace layup {
@@ -255,6 +256,10 @@ std::string describe_schedule(Mode mode, const ScheduleOptions& options, float c
     text +=
         "; micro-batches layer-major (each block's backward of every micro-batch in turn, "
         "summed on the device)";
+  if (mode != Mode::kGpu && options.streamed_blocks > 0)
+    text += "; the last " + std::to_string(options.streamed_blocks) +
+            " host-updated blocks' weights streamed to the device through a ring of " +
+            std::to_string(WeightRing::slot_count(options)) + " slots";
   return text + "; " + describe_optimizer_state(options.optimizer_state);
 }
 

@@ -228,6 +228,12 @@ struct ScheduleOptions {
   // gradient). The same bits either way.
   Accumulation accumulation = Accumulation::kMicroBatchMajor;
   size_t micro_batch_state_bytes = 0;  // what the memory plan counts per micro-batch
+  // offload and layup (docs/memory.md, "Streamed weights"): the last streamed_blocks blocks the
+  // host updates keep no compute copy on the device; each computes from slot layer % stream_slots
+  // of a ring, filled from the host before its forward and its backward (the step plan's "weights
+  // in" tasks, WeightRing). 0: every block's weights stay on the device.
+  int streamed_blocks = 0;
+  int stream_slots = 2;
 
   // The kind placement gives `tensor_class`, else `fallback`.
   MemoryKind kind_of(TensorClass tensor_class, MemoryKind fallback) const {

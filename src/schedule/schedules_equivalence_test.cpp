@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <span>
@@ -493,6 +494,127 @@ TEST(SchedulesEquivalence, LayerMajorAccumulationTrainsLikeMicroBatchMajor) {
                     train(with_options(mode, layer_major), micro_batches, clip, config),
                     std::string(mode) + ", layer-major");
       }
+}
+
+// Streamed weights (ScheduleOptions::streamed_blocks): blocks that compute from a ring of slots
+// filled from the host before each forward and backward train bit for bit like gpu mode (and so
+// like resident weights in every mode), in offload and layup, with clipping (deferred and
+// speculative) and without, one micro-batch and two in both orders, the head and blocks in every
+// tier, the weights in place or copied; one block through one slot, two, and every block through
+// two slots (they rotate).
+TEST(SchedulesEquivalence, StreamedWeightsTrainLikeResidentOnes) {
+  const ParameterLayout layout(tiny_config());
+  test_files::TempDir dir;
+  std::vector<UpdateSite> tiers = head_on_device(layout);
+  tiers[1 + 0] = UpdateSite::kDevice;
+  tiers[1 + 2] = UpdateSite::kDisk;
+  const Accumulation mbm = Accumulation::kMicroBatchMajor, lm = Accumulation::kLayerMajor;
+  const struct {
+    const char* name;
+    const char* mode;
+    ScheduleOptions options;
+    int micro_batches;
+    bool clip;
+  } runs[] = {
+      {"offload", "offload", {.streamed_blocks = 3}, 1, true},
+      {"offload, weights in place, layer-major",
+       "offload",
+       {.weights_in_place = true, .accumulation = lm, .streamed_blocks = 3},
+       2,
+       false},
+      {"layup, updates during backward", "layup", {.streamed_blocks = 3}, 1, false},
+      {"layup, one block through one slot", "layup", {.streamed_blocks = 1}, 1, false},
+      {"layup, no host gradient",
+       "layup",
+       {.host_gradient = false, .streamed_blocks = 3},
+       1,
+       false},
+      {"layup, no host gradient, layer-major",
+       "layup",
+       {.host_gradient = false, .accumulation = lm, .streamed_blocks = 3},
+       2,
+       false},
+      {"layup, speculative clipping",
+       "layup",
+       {.speculative_clip = true, .accumulation = mbm, .streamed_blocks = 3},
+       2,
+       true},
+      {"layup, deferred clipping, the head on the device, layer-major",
+       "layup",
+       {.update_sites = head_on_device(layout), .accumulation = lm, .streamed_blocks = 3},
+       2,
+       true},
+      {"layup, weights in place",
+       "layup",
+       {.weights_in_place = true, .streamed_blocks = 2},
+       2,
+       false},
+      {"layup, a block on the device, one on disk",
+       "layup",
+       {.update_sites = tiers, .offload_dir = dir.path(), .disk_slots = 1, .streamed_blocks = 1},
+       1,
+       true},
+  };
+  std::map<std::pair<int, bool>, TrainingRun> gpu;
+  for (const auto& [name, mode, options, micro_batches, clip] : runs) {
+    SCOPED_TRACE(name);
+    const auto key = std::make_pair(micro_batches, clip);
+    if (gpu.count(key) == 0) gpu[key] = train(with_options("gpu", {}), micro_batches, clip);
+    EXPECT_NE(gpu[key].losses.front(), gpu[key].losses.back());
+    expect_same(gpu[key], train(with_options(mode, options), micro_batches, clip), name);
+  }
+}
+
+// A streamed run resumes bit for bit: its state out after three steps (export_span reads the host's
+// master weights, the ring holds only copies), into a new streamed run, three more steps; and a
+// forward outside a step (evaluate: each block filled just before it is read) sees the weights a
+// resident run sees.
+TEST(SchedulesEquivalence, StreamedRunsResumeAndEvaluateBitForBit) {
+  const ModelConfig config = tiny_config();
+  const ParameterLayout layout(config);
+  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  const auto batch_of = [&](int step) {
+    std::mt19937 step_rng(static_cast<unsigned>(1000 + step));  // the same data in every run
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      inputs[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
+      targets[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
+    }
+    return TokenBatch{inputs.data(), targets.data(), kBatch, kSeqLen};
+  };
+  const auto steps = [&](Schedule& schedule, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      const TokenBatch batch = batch_of(step);
+      UpdateSettings settings;
+      settings.adamw.hyper.lr = 1e-2f;
+      settings.adamw.t = step + 1;
+      settings.clip_max_norm = step % 2 == 0 ? 1e-3f : 0.0f;
+      EXPECT_TRUE(schedule.step(std::span(&batch, 1), settings).applied) << "step " << step;
+    }
+  };
+  const auto make = [&](Mode mode, const ScheduleOptions& options) {
+    return make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
+                         options);
+  };
+  const ScheduleOptions streamed{.speculative_clip = true, .streamed_blocks = 3};
+  std::unique_ptr<Schedule> unbroken = make(Mode::kGpu, {});
+  unbroken->import_tensors(fresh_optimizer_tensors(layout, 7));
+  steps(*unbroken, 0, 6);
+  const OptimizerTensors expected = unbroken->export_tensors();
+  const float expected_loss = unbroken->evaluate(batch_of(99));
+
+  std::unique_ptr<Schedule> first = make(Mode::kLayup, streamed);
+  first->import_tensors(fresh_optimizer_tensors(layout, 7));
+  steps(*first, 0, 3);
+  const OptimizerTensors checkpoint = first->export_tensors();
+  std::unique_ptr<Schedule> resumed = make(Mode::kLayup, streamed);
+  resumed->import_tensors(checkpoint);
+  steps(*resumed, 3, 6);
+  const OptimizerTensors got = resumed->export_tensors();
+  EXPECT_TRUE(bitwise_equal(expected.params, got.params)) << "params";
+  EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m)) << "m";
+  EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v)) << "v";
+  const float loss = resumed->evaluate(batch_of(99));
+  EXPECT_EQ(std::memcmp(&loss, &expected_loss, sizeof loss), 0) << loss << " " << expected_loss;
 }
 
 // What the disk tier refuses before a step: no directory, speculative clipping (no second copy of

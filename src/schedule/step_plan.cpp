@@ -10,6 +10,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "schedule/weight_ring.h"
 
 namespace layup {
 
@@ -53,6 +54,8 @@ const char* name_of(TaskKind kind) {
       return "write state";
     case TaskKind::kWeightsToDevice:
       return "weights";
+    case TaskKind::kWeightsIn:
+      return "weights in";
   }
   return "?";
 }
@@ -82,8 +85,9 @@ const char* trace_name(TaskKind kind, SpanKind span) {
       {"read state embeddings", "read state block", "read state final_norm"},
       {"adamw embeddings", "adamw block", "adamw final_norm"},
       {"write state embeddings", "write state block", "write state final_norm"},
-      {"weights embeddings", "weights block", "weights final_norm"}};
-  static_assert(std::size(kNames) == static_cast<size_t>(TaskKind::kWeightsToDevice) + 1,
+      {"weights embeddings", "weights block", "weights final_norm"},
+      {"weights in embeddings", "weights in block", "weights in final_norm"}};
+  static_assert(std::size(kNames) == static_cast<size_t>(TaskKind::kWeightsIn) + 1,
                 "a row of names per task kind, in TaskKind's order");
   const int column = span == SpanKind::kEmbeddings ? 0 : span == SpanKind::kBlock ? 1 : 2;
   return kNames[static_cast<int>(kind)][column];
@@ -157,8 +161,32 @@ class PlanBuilder {
   }
 
   int add(TaskKind kind, Lane lane, int span, int micro_batch, std::vector<int> after) {
+    const bool reads_weights =
+        lane == Lane::kDevice && (kind == TaskKind::kForward || kind == TaskKind::kBackward);
+    const bool streamed = reads_weights && span >= 0 && plan_.spans[span].streamed;
+    const int slot = streamed ? (span - 1) % plan_.stream_slots : -1;
+    if (streamed && (slot_holds_.count(slot) == 0 || slot_holds_[slot] != span))
+      after.push_back(weights_in(span, slot, micro_batch));
     plan_.tasks.push_back({kind, lane, span, micro_batch, std::move(after), {}});
-    return static_cast<int>(plan_.tasks.size()) - 1;
+    const int task = last_task();
+    if (streamed) slot_reader_[slot] = task;
+    return task;
+  }
+
+  // A streamed block's weights into its slot, once the device has run the slot's last reader (in
+  // the first fill of a step: the reader of the step before, and the block's update of the step
+  // before on the host, cross_step_waits). Returns the fill.
+  int weights_in(int span, int slot, int micro_batch) {
+    std::vector<int> after;
+    if (const auto reader = slot_reader_.find(slot); reader != slot_reader_.end())
+      after.push_back(reader->second);
+    plan_.tasks.push_back(
+        {TaskKind::kWeightsIn, Lane::kToDevice, span, micro_batch, std::move(after), {}});
+    const int fill = last_task();
+    if (first_slot_fill_.count(slot) == 0) first_slot_fill_[slot] = fill;
+    if (first_fill_.count(span) == 0) first_fill_[span] = fill;
+    slot_holds_[slot] = span;
+    return fill;
   }
 
   // The disk spans in the order they are updated: as backward reaches them (top down), or after
@@ -340,7 +368,10 @@ class PlanBuilder {
     const size_t j = static_cast<size_t>(at - disk_.begin());
     if (at != disk_.end()) after.push_back(disk_read_.at(span));
     const int adamw = add(TaskKind::kAdamW, Lane::kCpu, span, -1, std::move(after));
-    landed_[span] = add(TaskKind::kWeightsToDevice, Lane::kToDevice, span, -1, {adamw});
+    // A streamed block's new weights stay on the host, where its next fill reads them.
+    landed_[span] = plan_.spans[span].streamed
+                        ? adamw
+                        : add(TaskKind::kWeightsToDevice, Lane::kToDevice, span, -1, {adamw});
     if (at == disk_.end()) return;
     const int written = add(TaskKind::kWriteState, Lane::kDisk, span, -1, {adamw});
     // The staging slot it frees takes the read `slots` updates on.
@@ -367,6 +398,12 @@ class PlanBuilder {
     for (int slot = 0; slot < 2; ++slot)
       if (first_slot_backward_[slot] >= 0)
         plan_.tasks[first_slot_backward_[slot]].after_last_step.push_back(slot_user_[slot]);
+    // A streamed block's first fill of a step reads its new weights on the host; a ring slot's
+    // first fill waits for the device to have read the slot last in the step before.
+    for (const auto& [span, fill] : first_fill_)
+      if (landed_[span] >= 0) plan_.tasks[fill].after_last_step.push_back(landed_[span]);
+    for (const auto& [slot, fill] : first_slot_fill_)
+      plan_.tasks[fill].after_last_step.push_back(slot_reader_[slot]);
   }
 
   StepPlan& plan_;
@@ -379,6 +416,10 @@ class PlanBuilder {
   std::array<int, 2> first_slot_backward_{-1, -1};
   std::vector<int> disk_;         // disk spans in update order
   std::map<int, int> disk_read_;  // per disk span: its read
+  // Per ring slot: the streamed span it holds in this step (none at the start of a step: the
+  // block's weights of the step before are stale), and the device task that last read it.
+  std::map<int, int> slot_holds_, slot_reader_;
+  std::map<int, int> first_fill_, first_slot_fill_;  // per streamed span, per slot: its first fill
   int first_backward_head_ = -1, last_backward_ = -1, norm_ = -1;
 };
 
@@ -414,6 +455,17 @@ StepPlan compile_step_plan(Mode mode, const ParameterLayout& layout, const Sched
         break;
     }
     if (s.site == UpdateSite::kDisk) plan.disk_slots = options.disk_slots;
+  }
+  if (options.streamed_blocks > 0) {
+    LAYUP_CHECK(mode != Mode::kGpu,
+                "gpu mode updates every block on the device, in place: it has no host copy of "
+                "the weights to stream from; use --streamed-blocks 0, or offload or layup");
+    std::vector<UpdateSite> sites;
+    for (const SpanPlan& s : plan.spans) sites.push_back(s.site);
+    const std::vector<char> streamed =
+        WeightRing::streamed_spans(layout, sites, options.streamed_blocks);
+    for (size_t i = 0; i < span_count; ++i) plan.spans[i].streamed = streamed[i] != 0;
+    plan.stream_slots = WeightRing::slot_count(options);
   }
   plan.host_gradient = mode == Mode::kOffload || (mode == Mode::kLayup && options.host_gradient);
   if (mode != Mode::kGpu && micro_batches > 1) plan.accumulation = options.accumulation;
@@ -459,7 +511,8 @@ std::string StepPlan::describe() const {
   for (int i = 0; i <= last; ++i) {
     const bool same = !groups.empty() && i != last && groups.back().first != 0 &&
                       spans[i].site == spans[groups.back().first].site &&
-                      spans[i].gradient == spans[groups.back().first].gradient;
+                      spans[i].gradient == spans[groups.back().first].gradient &&
+                      spans[i].streamed == spans[groups.back().first].streamed;
     if (same)
       groups.back().end = i + 1;
     else
@@ -481,6 +534,9 @@ std::string StepPlan::describe() const {
                   ? (speculative ? " during backward (redone if the step is clipped)"
                                  : " during backward")
                   : " after the norm";
+    if (s.streamed)
+      text += ", weights streamed through a ring of " + std::to_string(stream_slots) + " slot" +
+              (stream_slots > 1 ? "s" : "");
     text += "\n";
   }
   // Each lane's tasks in order, those of the first micro-batch and those once a step; runs of

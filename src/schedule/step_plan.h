@@ -35,6 +35,7 @@ enum class TaskKind : uint8_t {
   kAdamW,            // the span's update, on the device or the CPU workers
   kWriteState,       // a disk span's new state written back
   kWeightsToDevice,  // the span's new weights landing in the device's copy
+  kWeightsIn,        // a streamed block's weights filled into its ring slot for the device to read
 };
 const char* name_of(TaskKind kind);
 // A task's name in traces and in StepPlan::describe(), the block's layer left to the caller
@@ -64,6 +65,9 @@ struct PlanTask {
 struct SpanPlan {
   UpdateSite site = UpdateSite::kHost;
   GradientTarget gradient = GradientTarget::kSlot;
+  // Its weights stay on the host and are filled into ring slot layer % stream_slots before each
+  // forward and backward that does not find them there (ScheduleOptions::streamed_blocks).
+  bool streamed = false;
 };
 
 struct StepPlan {
@@ -81,6 +85,7 @@ struct StepPlan {
   // runs beside the next), else the next forward waits for each span's.
   bool weights_before_return = false;
   int disk_slots = 0;           // staging slots the disk's reads run ahead by
+  int stream_slots = 0;         // the weight ring's slots (0: no span is streamed)
   std::vector<SpanPlan> spans;  // layout order
   // In the order a run issues them: each lane runs its own in this order. A task comes after
   // every task it waits for in the same step.

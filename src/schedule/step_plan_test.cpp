@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -208,6 +209,69 @@ TEST(StepPlan, DiskReadsRunAheadByTheStagingSlots) {
       waits_for(plan, find(plan, TaskKind::kReadState, 3), find(plan, TaskKind::kWriteState, 1)));
   EXPECT_TRUE(
       waits_for(plan, find(plan, TaskKind::kAdamW, 3), find(plan, TaskKind::kReadState, 3)));
+}
+
+// Streamed weights (ScheduleOptions::streamed_blocks): the last blocks the host updates are filled
+// into ring slot layer % 2 before each forward and backward that does not find them there, each
+// fill after the slot's last reader and, first in a step, after the block's update of the step
+// before; their new weights stay on the host (no "weights" task), and the others are untouched.
+TEST(StepPlan, StreamedBlocksAreFilledIntoTheirRingSlotBeforeTheyAreRead) {
+  ScheduleOptions options;
+  options.streamed_blocks = 3;  // blocks 1-3 (spans 2-4) through slots 1, 0, 1
+  for (const Accumulation accumulation :
+       {Accumulation::kMicroBatchMajor, Accumulation::kLayerMajor})
+    for (const int micro_batches : {1, 3}) {
+      options.accumulation = accumulation;
+      const StepPlan plan =
+          compile_step_plan(Mode::kLayup, layout(), options, kKinds, micro_batches, false);
+      SCOPED_TRACE(name_of(accumulation) + ", " + std::to_string(micro_batches));
+      EXPECT_EQ(plan.stream_slots, 2);
+      EXPECT_FALSE(plan.spans[1].streamed);
+      EXPECT_TRUE(plan.spans[2].streamed && plan.spans[3].streamed && plan.spans[4].streamed);
+      std::map<int, int> holds;  // slot -> span, replayed from the plan
+      std::map<int, int> first_fill;
+      for (size_t t = 0; t < plan.tasks.size(); ++t) {
+        const PlanTask& task = plan.tasks[t];
+        for (const int before : task.after) EXPECT_LT(before, static_cast<int>(t));
+        if (task.kind == TaskKind::kWeightsIn) {
+          EXPECT_EQ(task.lane, Lane::kToDevice);
+          EXPECT_TRUE(plan.spans[task.span].streamed);
+          holds[(task.span - 1) % 2] = task.span;
+          first_fill.emplace(task.span, static_cast<int>(t));
+          continue;
+        }
+        const bool reads = task.lane == Lane::kDevice &&
+                           (task.kind == TaskKind::kForward || task.kind == TaskKind::kBackward);
+        if (!reads || !plan.spans[task.span].streamed) continue;
+        // The slot holds the block it reads; a fill it waits for is the one just before it.
+        EXPECT_EQ(holds[(task.span - 1) % 2], task.span) << plan.task_name(task);
+        const bool filled = plan.tasks[t - 1].kind == TaskKind::kWeightsIn;
+        EXPECT_EQ(filled, waits_for(plan, static_cast<int>(t), static_cast<int>(t) - 1));
+      }
+      for (const auto& [span, fill] : first_fill) {
+        const std::vector<int>& last_step = plan.tasks[fill].after_last_step;
+        EXPECT_NE(std::find(last_step.begin(), last_step.end(), find(plan, TaskKind::kAdamW, span)),
+                  last_step.end());
+        EXPECT_EQ(find(plan, TaskKind::kWeightsToDevice, span), -1);
+      }
+      EXPECT_NE(find(plan, TaskKind::kWeightsToDevice, 1), -1);
+      // One micro-batch: the forward fills blocks 1, 2, 3; the backward finds 3 and 2 in their
+      // slots and fills 1 again. Micro-batch-major, each later micro-batch's forward finds 1 and 2
+      // still there and fills 3, its backward fills 1; layer-major, each later forward finds 2
+      // and fills 1 and 3, and the backward of every micro-batch fills only block 1, once.
+      const int fills = micro_batches == 1 ? 4
+                        : accumulation == Accumulation::kMicroBatchMajor
+                            ? 4 + 2 * (micro_batches - 1)
+                            : 3 + 2 * (micro_batches - 1) + 1;
+      EXPECT_EQ(plan.count(TaskKind::kWeightsIn, Lane::kToDevice), fills);
+      // The forward's fill of block 3 waits for block 1's forward, which read slot 1 before it.
+      const int fill_3 = find(plan, TaskKind::kWeightsIn, 4, 0);
+      EXPECT_TRUE(waits_for(plan, fill_3, find(plan, TaskKind::kForward, 2, 0)));
+    }
+  // gpu mode has nothing to stream from.
+  EXPECT_THROW(compile_step_plan(Mode::kGpu, layout(), options, kKinds, 1, false), Error);
+  options.streamed_blocks = 5;  // more than the 4 blocks
+  EXPECT_THROW(compile_step_plan(Mode::kLayup, layout(), options, kKinds, 1, false), Error);
 }
 
 TEST(StepPlan, DescribesItselfInAFewLines) {

@@ -2,7 +2,8 @@
 // backward and each AdamW on the device) comes in the order of its plan's device lane, named as
 // its tasks, in every mode and placement; the host's updates come in its CPU lane's order where
 // the plan orders them (offload, and layup's after the norm with several micro-batches); gpu's
-// runs nothing on the host's CPU workers.
+// runs nothing on the host's CPU workers; the streamed blocks' fills come in the to-device lane's
+// order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -108,6 +109,42 @@ TEST(StepPlanTrace, EveryModesDeviceWorkFollowsItsPlan) {
             EXPECT_EQ(traced(trace, "cpu workers"), planned(plan, Lane::kCpu));
           }
         }
+}
+
+// Streamed weights: the ring's thread fills the slots in the order of the plan's "weights in"
+// tasks (each traced on "to device" as the plan names it), micro-batch-major and layer-major, in
+// offload and layup.
+TEST(StepPlanTrace, StreamedBlocksAreFilledInTheirLanesOrder) {
+  const ParameterLayout layout(config());
+  for (const Mode mode : {Mode::kOffload, Mode::kLayup})
+    for (const Accumulation accumulation :
+         {Accumulation::kMicroBatchMajor, Accumulation::kLayerMajor}) {
+      SCOPED_TRACE(name_of(mode) + " " + name_of(accumulation));
+      ScheduleOptions options;
+      options.accumulation = accumulation;
+      options.streamed_blocks = 3;
+      const StepPlan plan = compile_step_plan(mode, layout, options, DeviceKinds{}, 2, true);
+      std::unique_ptr<Schedule> schedule = make_schedule(
+          mode, make_cpu_backend(config(), kBatch, kSeqLen), make_cpu_device(), layout, options);
+      schedule->initialize_fresh(3);
+      TraceRecorder trace;
+      schedule->set_trace(&trace);
+      ASSERT_TRUE(random_step(*schedule, config(), kBatch, kSeqLen, 2, 1e-3f).applied);
+      schedule->set_trace(nullptr);
+      std::vector<TraceEvent> events;
+      for (const TraceEvent& event : trace.events())
+        if (trace.track_name(event.track) == "to device" && starts_with(event.name, "weights in"))
+          events.push_back(event);
+      std::stable_sort(events.begin(), events.end(), [](const TraceEvent& a, const TraceEvent& b) {
+        return a.start_us < b.start_us;
+      });
+      std::vector<std::string> filled, fills;
+      for (const TraceEvent& event : events) filled.push_back(event.name);
+      for (const PlanTask& task : plan.tasks)
+        if (task.kind == TaskKind::kWeightsIn) fills.push_back(plan.task_name(task));
+      EXPECT_FALSE(fills.empty());
+      EXPECT_EQ(filled, fills);
+    }
 }
 
 }  // namespace

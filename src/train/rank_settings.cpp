@@ -53,6 +53,7 @@ void add_placement_flags(std::vector<SharedSetting>& settings, const RunSpec& sp
                                    {"--dtype", name_of(spec.dtype)},
                                    {"--attention", name_of(spec.attention)},
                                    {"--optimizer-placement", spec.optimizer_placement.name()},
+                                   {"--streamed-blocks", spec.streamed_blocks.name()},
                                    {"--memory-budget", budget_text(spec.memory_budget)},
                                    {"--device-budget", budget_text(spec.device_budget)},
                                    {"--host-budget", budget_text(spec.host_budget)},

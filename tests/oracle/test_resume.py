@@ -79,6 +79,8 @@ def test_resume_may_change_the_mode(tmp_path, first_mode, then_mode, clip):
 @pytest.mark.parametrize("first, then", [
     (["--mode", "gpu"], ["--mode", "layup"]),      # the device's memory -> the host's, by span
     (["--mode", "layup"], ["--mode", "offload"]),
+    # streamed weights (--streamed-blocks): the ring holds copies; the state is the host's
+    (["--mode", "layup", "--streamed-blocks", "1"], ["--mode", "offload", "--streamed-blocks", "2"]),
 ])
 def test_a_sharded_checkpoint_resumes_into_another_placement(tmp_path, first, then):
     """Checkpoints are written and read span by span, from and into whichever side holds a span's

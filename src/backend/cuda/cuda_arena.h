@@ -72,14 +72,17 @@ struct CudaArenaShape {
   // The ops' scratch: the largest any backward op asks for (scratch_floats.h).
   size_t scratch_floats = 0;
   // bf16: each span's offset in the compute copy of the weights (elements, layout order, each
-  // 256-byte aligned), and the copy's length. Empty and 0 in fp32.
+  // 256-byte aligned; kComputeCopyElsewhere for a span whose copy the schedule places), and the
+  // copy's length. Empty and 0 in fp32.
+  static constexpr size_t kComputeCopyElsewhere = ~size_t{0};
   std::vector<size_t> compute_span_offsets;
   size_t compute_weights_count = 0;
 };
 
 template <class T>
 CudaArenaShape cuda_arena_shape(const ModelConfig& config, int max_batch, int max_seq_len,
-                                int recompute) {
+                                int recompute,
+                                const std::vector<char>& compute_copy_elsewhere = {}) {
   CudaArenaShape shape;
   shape.BT = static_cast<size_t>(max_batch) * max_seq_len;
   shape.C = config.n_embd;
@@ -109,7 +112,12 @@ CudaArenaShape cuda_arena_shape(const ModelConfig& config, int max_batch, int ma
     shape.fuse_gelu = !shape.llama && (4 * C) % 8 == 0;
     const ParameterLayout layout(config);
     size_t offset = 0;
-    for (const Span& span : layout.spans()) {
+    for (size_t i = 0; i < layout.spans().size(); ++i) {
+      const Span& span = layout.spans()[i];
+      if (i < compute_copy_elsewhere.size() && compute_copy_elsewhere[i]) {
+        shape.compute_span_offsets.push_back(CudaArenaShape::kComputeCopyElsewhere);
+        continue;
+      }
       shape.compute_span_offsets.push_back(offset);
       shape.compute_weights_count = offset + span.count;
       offset = arena_align_up(offset + span.count, kArenaAlignBytes / sizeof(T));

@@ -291,7 +291,12 @@ class CudaBackend final : public ModelBackend {
     if constexpr (std::is_same_v<T, float>)
       return nullptr;
     else
-      return arena_.compute_weights + shape_.compute_span_offsets.at(span_index);
+      return compute_span(span_index);
+  }
+  bool place_compute_copy(size_t span_index, void* bf16) override {
+    if constexpr (std::is_same_v<T, float>) return false;
+    placed_.at(span_index) = static_cast<T*>(bf16);
+    return true;
   }
   void set_compute_copies_current(bool current) override { compute_copies_current_ = current; }
   void start_decode(int max_positions) override;
@@ -329,6 +334,15 @@ class CudaBackend final : public ModelBackend {
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
   // The weights the kernels read: the fp32 spans themselves, or their bf16 compute copy.
   SpanPointers<const T> weights(const ParameterPointers& params) const;
+  // bf16 mode: span `index`'s compute copy (layout order): where the schedule placed it, else
+  // the weights region's.
+  T* compute_span(size_t index) const {
+    if (placed_[index] != nullptr) return placed_[index];
+    const size_t offset = shape_.compute_span_offsets.at(index);
+    LAYUP_CHECK(offset != CudaArenaShape::kComputeCopyElsewhere, "internal error: span ", index,
+                "'s compute copy lives outside the backend and was never placed");
+    return arena_.compute_weights + offset;
+  }
   // bf16 mode: casts span `index` (layout order) of the fp32 weights into the compute copy,
   // unless the schedule wrote the copies with the update (compute_copies_current_).
   void refresh_compute_span(size_t index, const ParameterPointers& params);
@@ -368,6 +382,8 @@ class CudaBackend final : public ModelBackend {
   // The schedule wrote the copy from the current master weights (ModelBackend::compute_copy):
   // forwards read it without casting.
   bool compute_copies_current_ = false;
+  // Per span: its compute copy where the schedule placed it (place_compute_copy), else null.
+  std::vector<T*> placed_;
 
   // The last forward's sizes, and the number of its embedding backward's segments.
   graph::Shape sizes_;
@@ -457,7 +473,9 @@ CudaBackend<T>::CudaBackend(const ModelConfig& config, int max_batch, int max_se
 
   // The list measured the regions with a 2-byte stand-in for bf16: the same offsets as T's.
   static_assert(sizeof(T) == sizeof(float) || sizeof(T) == sizeof(uint16_t));
-  shape_ = cuda_arena_shape<T>(config, max_batch, max_seq_len, recompute);
+  shape_ =
+      cuda_arena_shape<T>(config, max_batch, max_seq_len, recompute, kinds.compute_copy_elsewhere);
+  placed_.assign(layout_.spans().size(), nullptr);
   Carver place({static_cast<char*>(regions_[0].get()), static_cast<char*>(regions_[1].get()),
                 static_cast<char*>(regions_[2].get())});
   arena_.carve(place, shape_);
@@ -520,7 +538,7 @@ SpanPointers<const T> CudaBackend<T>::weights(const ParameterPointers& params) c
     SpanPointers<const T> result;
     const std::vector<Span>& spans = layout_.spans();
     for (size_t i = 0; i < spans.size(); ++i) {
-      const T* span = arena_.compute_weights + shape_.compute_span_offsets[i];
+      const T* span = compute_span(i);
       if (spans[i].kind == SpanKind::kEmbeddings)
         result.embeddings = span;
       else if (spans[i].kind == SpanKind::kBlock)
@@ -540,8 +558,7 @@ void CudaBackend<T>::refresh_compute_span(size_t index, const ParameterPointers&
     const float* master = span.kind == SpanKind::kEmbeddings ? params.embeddings
                           : span.kind == SpanKind::kBlock    ? params.blocks[span.layer]
                                                              : params.final_norm;
-    cuda::cast_to_bf16(arena_.compute_weights + shape_.compute_span_offsets[index], master,
-                       span.count, stream_);
+    cuda::cast_to_bf16(compute_span(index), master, span.count, stream_);
   }
 }
 

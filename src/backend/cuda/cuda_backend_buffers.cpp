@@ -13,10 +13,11 @@ namespace {
 // The regions' bytes as carve() measures them with activations of type T.
 template <class T>
 std::array<size_t, kArenaRegions> measure_regions(const ModelConfig& config, int max_batch,
-                                                  int max_seq_len, int recompute) {
+                                                  int max_seq_len, int recompute,
+                                                  const std::vector<char>& elsewhere) {
   CudaArena<T> arena;
   Carver measure;
-  arena.carve(measure, cuda_arena_shape<T>(config, max_batch, max_seq_len, recompute));
+  arena.carve(measure, cuda_arena_shape<T>(config, max_batch, max_seq_len, recompute, elsewhere));
   return {measure.used(ArenaRegion::kWeights), measure.used(ArenaRegion::kActivations),
           measure.used(ArenaRegion::kScratch)};
 }
@@ -48,8 +49,9 @@ CudaBackendBuffers describe_cuda_backend_buffers(const ModelConfig& config, int 
               recompute);
   const std::array<size_t, kArenaRegions> bytes =
       dtype == ComputeDtype::kFloat32
-          ? measure_regions<float>(config, max_batch, max_seq_len, recompute)
-          : measure_regions<uint16_t>(config, max_batch, max_seq_len, recompute);
+          ? measure_regions<float>(config, max_batch, max_seq_len, recompute, {})
+          : measure_regions<uint16_t>(config, max_batch, max_seq_len, recompute,
+                                      kinds.compute_copy_elsewhere);
   constexpr MemorySide dev = MemorySide::kDevice;
   CudaBackendBuffers buffers;
   // The compute copy is derived from the fp32 weights wherever those are placed, so it is always

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "memory/planned_allocation.h"
 #include "memory/tensor_class.h"
@@ -33,10 +34,13 @@ constexpr int kMaxRecompute = 3;
 
 // Where the backend's activations and the backward's scratch live (--place activations=...,
 // scratch=...; the memory plan checks the kinds first). The bf16 compute copy of the weights is
-// always in device memory.
+// always in device memory, except the spans compute_copy_elsewhere marks (per span, layout order;
+// empty: none): their copy is placed by the schedule (a streamed block's ring slot,
+// ModelBackend::place_compute_copy), and the weights region leaves them out.
 struct CudaArenaKinds {
   MemoryKind activations = MemoryKind::kDevice;
   MemoryKind scratch = MemoryKind::kDevice;
+  std::vector<char> compute_copy_elsewhere{};
 };
 
 // cuBLASLt's workspace: one device allocation per backend (cuBLAS's recommendation for Hopper).

@@ -30,6 +30,7 @@
 #include "core/rng.h"
 #include "model/parameter_layout.h"
 #include "schedule/schedule.h"
+#include "schedule/weight_ring.h"
 
 namespace layup {
 namespace {
@@ -144,7 +145,7 @@ class CudaBackendTest : public ::testing::TestWithParam<BackendCase> {
  protected:
   // One mode's 5 steps from the fixture's parameters.
   ModeRun run_mode(const std::string& mode, const ScheduleOptions& options, float clip,
-                   bool two_micro_batches);
+                   bool two_micro_batches, const CudaArenaKinds& kinds = {});
   // `run` against gpu mode's: losses and every parameter tensor within the dtype's tolerance.
   void expect_agrees(const ModeRun& run, const ModeRun& gpu, const std::string& name);
 
@@ -476,11 +477,12 @@ TEST_P(CudaBackendTest, GpuScheduleForwardReadsTheWeightsItUpdated) {
 // `mode` on the GPU for 5 steps from the same parameters and batches (ThreeModesAgree says why
 // the modes agree only to a tolerance here).
 ModeRun CudaBackendTest::run_mode(const std::string& mode, const ScheduleOptions& options,
-                                  float clip, bool two_micro_batches) {
+                                  float clip, bool two_micro_batches, const CudaArenaKinds& kinds) {
   ModeRun run;
-  std::unique_ptr<Schedule> schedule = make_schedule(
-      parse_in(kModeNames, mode, "mode"), make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype()),
-      make_cuda_device(), layout, options);
+  std::unique_ptr<Schedule> schedule =
+      make_schedule(parse_in(kModeNames, mode, "mode"),
+                    make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype(), 0, nullptr, kinds),
+                    make_cuda_device(), layout, options);
   schedule->import_tensors(
       {params, std::vector<float>(params.size(), 0.0f), std::vector<float>(params.size(), 0.0f)});
   UpdateSettings settings;
@@ -696,6 +698,48 @@ TEST_P(CudaBackendTest, LayerMajorAccumulationMatchesCpu) {
                   "layup, layer-major" + clip_name);
     expect_agrees(run("offload", Accumulation::kLayerMajor, clip), gpu_run,
                   "offload, layer-major" + clip_name);
+  }
+}
+
+// Streamed weights (ScheduleOptions::streamed_blocks): every block computing from a ring of two
+// slots, each filled on a copy stream of its own once the device has read the slot's last block
+// (Device::copy_to_device_after) and read once the copy has landed (Device::order_after), in
+// offload and layup with two micro-batches, clipped (layup speculative) and not: as close to gpu
+// mode as the resident runs are, and in fp32 bit for bit the resident run of the same mode (the
+// same kernels read the same weights; only where they lie differs).
+TEST_P(CudaBackendTest, StreamedWeightsTrainLikeResidentOnes) {
+  for (const float clip : {1.0f, 0.0f}) {
+    const std::string clip_name = clip > 0.0f ? ", clip 1.0" : ", clip none";
+    const ModeRun gpu_run = run_mode("gpu", {.cpu_workers = 2}, clip, true);
+    for (const std::string mode : {"offload", "layup"}) {
+      ScheduleOptions resident{.cpu_workers = 2};
+      resident.speculative_clip = mode == "layup" && clip > 0.0f;
+      ScheduleOptions streamed = resident;
+      streamed.streamed_blocks = config.n_layer;
+      const ModeRun resident_run = run_mode(mode, resident, clip, true);
+      const ModeRun streamed_run = run_mode(mode, streamed, clip, true);
+      expect_agrees(streamed_run, gpu_run, mode + ", every block streamed" + clip_name);
+      if (dtype() != ComputeDtype::kFloat32) continue;
+      EXPECT_EQ(std::memcmp(streamed_run.state.params.data(), resident_run.state.params.data(),
+                            params.size() * sizeof(float)),
+                0)
+          << mode << clip_name << ": streamed and resident weights differ";
+      EXPECT_EQ(streamed_run.losses, resident_run.losses) << mode << clip_name;
+    }
+    if (dtype() == ComputeDtype::kFloat32) continue;
+    // layup in bf16 as a run plans it: the host-updated weights land in the backend's bf16
+    // compute copy, a streamed block's being its bf16 ring slot, filled from the bf16 copy the
+    // host update writes; the backend keeps no copy of its own for those blocks.
+    ScheduleOptions landing{.cpu_workers = 2, .weights_land_in_compute_copy = true};
+    landing.speculative_clip = clip > 0.0f;
+    ScheduleOptions streamed = landing;
+    streamed.streamed_blocks = config.n_layer;
+    expect_agrees(run_mode("layup", landing, clip, true), gpu_run,
+                  "layup, weights landing in the compute copy" + clip_name);
+    expect_agrees(
+        run_mode("layup", streamed, clip, true,
+                 {.compute_copy_elsewhere = WeightRing::compute_copies_in_ring(layout, streamed)}),
+        gpu_run, "layup, bf16 ring slots as compute copies" + clip_name);
   }
 }
 

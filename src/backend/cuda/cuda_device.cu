@@ -153,6 +153,10 @@ __global__ void __launch_bounds__(kAdamThreads)
   }
 }
 
+// Nothing: launched on the legacy stream after a wait, so that the blocking streams' later work
+// (the backend's) waits too.
+__global__ void ordering_kernel() {}
+
 __global__ void add_kernel(float* dst, const float* src, size_t count) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
@@ -160,12 +164,12 @@ __global__ void add_kernel(float* dst, const float* src, size_t count) {
 }
 
 // A fence is an event recorded on the legacy default stream, which waits for all work issued
-// before it on the blocking streams (the backend's included).
+// before it on the blocking streams (the backend's included); or on a copy stream, after a copy.
 class CudaFence final : public DeviceFence {
  public:
-  CudaFence() {
+  explicit CudaFence(cudaStream_t stream = cudaStreamLegacy) {
     LAYUP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    LAYUP_CUDA_CHECK(cudaEventRecord(event_, cudaStreamLegacy));
+    LAYUP_CUDA_CHECK(cudaEventRecord(event_, stream));
   }
   ~CudaFence() override { cudaEventDestroy(event_); }
   CudaFence(const CudaFence&) = delete;
@@ -217,13 +221,17 @@ class CudaDevice final : public Device {
     // One per direction, so that a gradient leaving is never queued behind weights arriving.
     LAYUP_CUDA_CHECK(cudaStreamCreateWithFlags(&to_host_stream_, cudaStreamNonBlocking));
     LAYUP_CUDA_CHECK(cudaStreamCreateWithFlags(&to_device_stream_, cudaStreamNonBlocking));
+    // The streamed blocks' fills, never queued behind an update's weights landing.
+    LAYUP_CUDA_CHECK(cudaStreamCreateWithFlags(&weights_in_stream_, cudaStreamNonBlocking));
   }
   ~CudaDevice() override {
     // Copies (and their completion handlers) still in flight finish first.
     cudaStreamSynchronize(to_host_stream_);
     cudaStreamSynchronize(to_device_stream_);
+    cudaStreamSynchronize(weights_in_stream_);
     cudaStreamDestroy(to_host_stream_);
     cudaStreamDestroy(to_device_stream_);
+    cudaStreamDestroy(weights_in_stream_);
     cudaFree(partials_);
   }
 
@@ -274,6 +282,22 @@ class CudaDevice final : public Device {
     auto handler = std::make_unique<std::function<void()>>(std::move(landed));
     LAYUP_CUDA_CHECK(cudaLaunchHostFunc(to_device_stream_, run_landed, handler.get()));
     handler.release();  // run_landed owns it now
+  }
+
+  std::shared_ptr<const DeviceFence> copy_to_device_after(const DeviceFence* after, void* dst,
+                                                          const void* src, size_t bytes) override {
+    if (after != nullptr)
+      LAYUP_CUDA_CHECK(cudaStreamWaitEvent(weights_in_stream_,
+                                           static_cast<const CudaFence*>(after)->event(), 0));
+    LAYUP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, weights_in_stream_));
+    return std::make_shared<CudaFence>(weights_in_stream_);
+  }
+
+  void order_after(const DeviceFence& fence) override {
+    LAYUP_CUDA_CHECK(
+        cudaStreamWaitEvent(cudaStreamLegacy, static_cast<const CudaFence&>(fence).event(), 0));
+    ordering_kernel<<<1, 1, 0, cudaStreamLegacy>>>();
+    LAYUP_CUDA_CHECK_LAUNCH();
   }
 
   void copy_to_compute_copy_async(void* bf16_dst, const float* src, size_t count, float* staging,
@@ -366,7 +390,7 @@ class CudaDevice final : public Device {
   std::string name_;
   double* partials_ = nullptr;  // [kSumBlocks]
   MemoryRecord partials_record_;
-  cudaStream_t to_host_stream_ = nullptr, to_device_stream_ = nullptr;
+  cudaStream_t to_host_stream_ = nullptr, to_device_stream_ = nullptr, weights_in_stream_ = nullptr;
 };
 
 }  // namespace
