@@ -237,7 +237,8 @@ void add_accumulate_flag(CLI::App& command, Accumulation& accumulation) {
                     "host's fp32 sum) or layer-major (every micro-batch's forward first, keeping "
                     "its block inputs; then each block's backward of every micro-batch, summed on "
                     "the device: the host gets one gradient a block and keeps no sum; needs "
-                    "--recompute 3 on CUDA). The same bits either way (docs/schedules.md)");
+                    "--recompute 3 on CUDA); auto: layer-major on a GPU where it moves fewer "
+                    "bytes over the link. The same bits either way (docs/schedules.md)");
 }
 
 WholeRange recompute_range() {

@@ -36,8 +36,9 @@ enum class OptimizerStateKind { kFp32, kBf16, kBlockwise8Bit };
 // "Micro-batch accumulation"): micro-batch by micro-batch, each one's gradient added into the
 // host's fp32 sum; or layer-major, every micro-batch's forward first, then each block's backward
 // of every micro-batch in turn, summed on the device, so the host gets one gradient a block.
-// Both give the same bits.
-enum class Accumulation { kMicroBatchMajor, kLayerMajor };
+// Both give the same bits; auto (the flag's default) is resolved by the plan
+// (choose_schedule_options) into one of them.
+enum class Accumulation { kMicroBatchMajor, kLayerMajor, kAuto };
 // What a training run's checkpoints hold: the weights and the training state (resumable), or the
 // weights only (an export for transformers or `layup sample`, a third of the disk).
 enum class CheckpointContents { kFull, kWeights };
@@ -155,8 +156,9 @@ inline constexpr EnumNames<OptimizerStateKind, 3> kOptimizerStateKindNames = {
      {OptimizerStateKind::kBf16, "bf16"},
      {OptimizerStateKind::kBlockwise8Bit, "8bit"}}};
 
-inline constexpr EnumNames<Accumulation, 2> kAccumulationNames = {
-    {{Accumulation::kMicroBatchMajor, "micro-batch-major"},
+inline constexpr EnumNames<Accumulation, 3> kAccumulationNames = {
+    {{Accumulation::kAuto, "auto"},
+     {Accumulation::kMicroBatchMajor, "micro-batch-major"},
      {Accumulation::kLayerMajor, "layer-major"}}};
 
 inline constexpr EnumNames<CheckpointContents, 2> kCheckpointContentsNames = {

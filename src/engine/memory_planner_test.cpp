@@ -182,6 +182,44 @@ TEST(MemoryPlan, LayerMajorNeedsRecomputeThreeOnCuda) {
   EXPECT_TRUE(noted);
 }
 
+// --accumulate auto (the default) takes layer-major on a discrete GPU where the blocks' gradients
+// outweigh the activations it moves (wide blocks, few rows), else micro-batch-major: with narrow
+// blocks and many rows, on the CPU backend, without --recompute 3, with several ranks, and where
+// every block is updated on the device.
+TEST(MemoryPlan, AutoAccumulationTakesLayerMajorWhereItMovesFewerBytes) {
+  const ModelConfig config = gpt2_config(4, 4, 512, 256);
+  const auto accumulation = [](MemoryPlanRequest request) {
+    return plan_run_memory(request).step.accumulation;
+  };
+  MemoryPlanRequest wide = on_a_discrete_gpu(cpu_request(config, "layup", 1, 32, 4));
+  wide.recompute = 3;
+  ASSERT_EQ(wide.accumulation, Accumulation::kAuto) << "the default";
+  EXPECT_EQ(accumulation(wide), Accumulation::kLayerMajor);
+  MemoryPlanRequest offload = wide;
+  offload.mode = Mode::kOffload;
+  EXPECT_EQ(accumulation(offload), Accumulation::kLayerMajor);
+  MemoryPlanRequest many_rows = wide;
+  many_rows.batch = 64;
+  many_rows.seq_len = 256;
+  EXPECT_EQ(accumulation(many_rows), Accumulation::kMicroBatchMajor);
+  MemoryPlanRequest no_recompute = wide;
+  no_recompute.recompute = 0;
+  EXPECT_EQ(accumulation(no_recompute), Accumulation::kMicroBatchMajor) << "and no refusal";
+  MemoryPlanRequest ranks = wide;
+  ranks.ranks = 2;
+  EXPECT_EQ(accumulation(ranks), Accumulation::kMicroBatchMajor);
+  MemoryPlanRequest all_on_device = wide;
+  all_on_device.optimizer_placement = OptimizerPlacement::parse("device:4");
+  EXPECT_EQ(accumulation(all_on_device), Accumulation::kMicroBatchMajor);
+  MemoryPlanRequest cpu = cpu_request(config, "layup", 1, 32, 4);
+  EXPECT_EQ(accumulation(cpu), Accumulation::kMicroBatchMajor);
+  // An explicit order is kept either way.
+  cpu.accumulation = Accumulation::kLayerMajor;
+  EXPECT_EQ(accumulation(cpu), Accumulation::kLayerMajor);
+  many_rows.accumulation = Accumulation::kLayerMajor;
+  EXPECT_EQ(accumulation(many_rows), Accumulation::kLayerMajor);
+}
+
 // Every mode and placement on a discrete GPU (planned only): the step plan's sites are the
 // schedule's, and the memory plan and the step-time model read that one plan.
 TEST(MemoryPlan, ThePlannerAndTheTimeModelReadTheSchedulesStepPlan) {

@@ -45,7 +45,7 @@ struct RunSpec {
   // How AdamW keeps its moments (--optimizer-state): fp32, or the lossy bf16 or 8bit.
   OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
   // How offload and layup sum the micro-batches (--accumulate): the same bits either way.
-  Accumulation accumulation = Accumulation::kMicroBatchMajor;
+  Accumulation accumulation = Accumulation::kAuto;
   // offload and layup: how many host-updated blocks stream their compute weights to the device
   // (--streamed-blocks); auto is resolved by plan_run against the device's budget.
   StreamedBlocks streamed_blocks;

@@ -74,7 +74,7 @@ struct MemoryPlanRequest {
   OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
   // How offload and layup sum the micro-batches (docs/schedules.md): layer-major keeps each
   // micro-batch's block inputs and sums on the device, and the host keeps no sum.
-  Accumulation accumulation = Accumulation::kMicroBatchMajor;
+  Accumulation accumulation = Accumulation::kAuto;
   // offload and layup: the host-updated blocks whose compute weights are streamed to the device
   // block by block (docs/memory.md, "Streamed weights"); auto is resolved by plan_run.
   StreamedBlocks streamed_blocks;

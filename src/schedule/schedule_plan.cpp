@@ -9,6 +9,30 @@
 
 namespace layup {
 
+namespace {
+
+// --accumulate auto: layer-major where the device has memory of its own behind a link, the run
+// allows it (several micro-batches, one rank, every block's forward computed again) and it moves
+// fewer bytes over the link a step. For each host-updated block, micro-batch-major sends the
+// block's fp32 gradient once per micro-batch; layer-major sends it once, and at the block's
+// backward moves each micro-batch's block input in and the residual stream's gradient out and in.
+// On the CPU backend there is no link, and layer-major would compute each forward twice.
+bool auto_picks_layer_major(const MemoryPlanRequest& r, bool cuda) {
+  if (!cuda || r.attributes.integrated || r.mode == Mode::kGpu || r.grad_accum < 2 || r.ranks > 1 ||
+      r.recompute < 3)
+    return false;
+  if (r.mode == Mode::kLayup && r.optimizer_placement.blocks_on_device() >= r.config.n_layer)
+    return false;  // every block summed and updated on the device: nothing crosses the link
+  const double micro_batches = r.grad_accum;
+  const double block_params = static_cast<double>(ParameterLayout(r.config).block().count);
+  const double activation_bytes = r.dtype == Dtype::kBf16 ? 2.0 : 4.0;
+  const double rows_bytes =
+      static_cast<double>(r.batch) * r.seq_len * r.config.n_embd * activation_bytes;
+  return (micro_batches - 1.0) * 4.0 * block_params > 3.0 * micro_batches * rows_bytes;
+}
+
+}  // namespace
+
 ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placement& placement,
                                         int cpu_workers) {
   const bool cuda = r.device == DeviceKind::kCuda;
@@ -27,7 +51,9 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
   // gpu mode sums where the gradient lies already: the choice changes nothing there (a note says
   // so); one micro-batch has nothing to sum.
   const bool layer_major =
-      r.accumulation == Accumulation::kLayerMajor && r.mode != Mode::kGpu && r.grad_accum > 1;
+      r.mode != Mode::kGpu && r.grad_accum > 1 &&
+      (r.accumulation == Accumulation::kLayerMajor ||
+       (r.accumulation == Accumulation::kAuto && auto_picks_layer_major(r, cuda)));
   LAYUP_CHECK(!layer_major || !cuda || r.recompute >= 3,
               "--accumulate layer-major keeps each micro-batch's block inputs only and computes "
               "each block's forward again in its backward: it needs --recompute 3 (got ",
@@ -194,7 +220,8 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
         " bytes a parameter of them, which hides under the GPU's work only in steps long enough");
   if (options.accumulation == Accumulation::kLayerMajor && r.grad_accum > 1)
     notes.push_back(
-        "micro-batches accumulate layer-major (--accumulate layer-major): each block's backward "
+        "micro-batches accumulate layer-major (--accumulate " + name_of(r.accumulation) +
+        "): each block's backward "
         "of every micro-batch in turn, summed on the device, so the host gets one gradient a "
         "block and sums only the head's micro-batches" +
         std::string(options.host_gradient
