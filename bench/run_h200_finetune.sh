@@ -17,6 +17,9 @@
 #           its shape, then per accumulation order (ACCUMULATE, both by default) `layup memory`
 #           (the split and predicted step) and `layup bench` (1 warm-up, STEPS8B timed steps);
 #           the planner's answer for a 64 GB host and for a 13B model at 24 GB
+#   stream  the streamed-weights CUDA tests; Llama 3 8B (B=4 x 4) and the 13B shape (B=2 x 8, no
+#           clip) on --device-budget 24G with --streamed-blocks auto: `layup memory`, `layup bench`
+#           (run llama8b first on the same machine: its calibration gives the predictions)
 #   sample  bench/sample_speed.sh's H200 comparison (Llama 3.2 1B shape, random weights)
 # A machine that came back bare between calls builds first, unless .carry/bin holds layup and
 # layup_cuda_tests built here (scripts/build_device_binary.sh). Logs go to $OUT.
@@ -131,6 +134,27 @@ for phase in ${PHASES:-build}; do
         --grad-accum 16 --mode layup --recompute 3 --device-budget 24G --clip 1.0 \
         --layup-clip deferred --optimizer-state 8bit --device cuda > "$out/memory-13b-24g.txt" 2>&1
       echo "13b at --device-budget 24G: exit $?; $(grep -E 'budget:|REFUSED|refused' "$out/memory-13b-24g.txt" | head -n 3)"
+      ;;
+    stream)
+      # Streamed weights (--streamed-blocks auto): the CUDA tests that compare a streamed step with
+      # a resident one, then Llama 3 8B at B=4 x 4 on 24 GB (auto streams 9 blocks) and the 13B
+      # shape at B=2 x 8 without clipping (31 streamed; clipping needs more host than 128 GB).
+      "$build/layup_cuda_tests" --gtest_filter='*Streamed*' > "$out/cuda_streamed.log" 2>&1
+      echo "streamed CUDA tests: exit $? at ${SECONDS}s; $(grep -E '^\[  (PASSED|FAILED) ' "$out/cuda_streamed.log" | tr '\n' ' ')"
+      for shape in "8b --model llama-3-8b --batch 4 --grad-accum 4 --clip 1.0 --layup-clip deferred" \
+        "13b --layers 40 --heads 40 --dim 5120 --context 2048 --batch 2 --grad-accum 8 --clip none"; do
+        set -- $shape
+        name=$1
+        shift
+        args=("$@" --seq-len 2048 --mode layup --recompute 3 --device-budget 24G
+          --optimizer-state "${STATE:-8bit}")
+        "$layup" memory "${args[@]}" --device cuda > "$out/memory-stream-$name.txt" 2>&1
+        grep -E "streamed blocks|predicted step  |budget:" "$out/memory-stream-$name.txt"
+        /usr/bin/time -v "$layup" bench "${args[@]}" --steps "${STEPS8B:-2}" --warmup 1 \
+          --json "$out/stream-$name.json" > "$out/bench-stream-$name.log" 2> "$out/time-stream-$name.txt"
+        echo "stream $name: exit $? at ${SECONDS}s"
+        grep -E "ms/step|MFU|predicted  " "$out/bench-stream-$name.log"
+      done
       ;;
     sample)
       ensure_built
