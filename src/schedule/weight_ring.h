@@ -54,9 +54,9 @@ class WeightRing {
   size_t element_bytes() const { return element_bytes_; }
 
   // Starts filling span `span`'s slot from `source` (host memory laid out like the span, in the
-  // slot's type) on the
-  // ring's thread, once `ready` has returned there (the span's update of the last step landed on
-  // the host), the copy itself once `after` has passed on the device (the slot's last reader).
+  // slot's type) on the ring's thread, once `ready` has returned there (the span's update of the
+  // last step landed on the host), the copy itself once `after` has passed on the device (the
+  // slot's last reader).
   // The future holds the fence the copy lands by (Device::copy_to_device_after), or what failed;
   // the slot's next reader orders its work after that fence (Device::order_after).
   using Filled = std::shared_future<std::shared_ptr<const DeviceFence>>;
