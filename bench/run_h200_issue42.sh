@@ -11,8 +11,12 @@
 #          binary calibrated at each shape first, so its runs carry the step-time model's
 #          prediction; bench_table.md: best tokens/s per side, after / before, measured / predicted
 #   big    the 13B-class GPT (L40 H40 C5120, T=1024, B=32 x 4, --recompute 3, clip 1.0 deferred)
-#          in layup mode, after tree: calibrated at its shape, `layup memory` (the planner's split
-#          and predicted step), then `layup bench` (1 warm-up, STEPS timed steps)
+#          in layup mode: the after tree calibrated at its shape and `layup memory` (the planner's
+#          split and predicted step), then `layup bench` (1 warm-up, STEPS timed steps) for each
+#          side in SIDES (before and after by default)
+#   kernels gpt2-xl B=4 in gpu mode, one step under Nsight Compute on each side
+#          (bench/kernel_breakdown.py: every kernel's time alone): kernels-<side>.md, so a gap
+#          between the sides' steps is placed in the kernels or between them
 # A machine that came back bare between calls builds what is missing first. Binaries built here
 # stand in for those builds where .carry/bin holds them (layup-before, layup, layup_cuda_tests:
 # BUILD=... scripts/build_device_binary.sh, the tests target added). Logs go to $OUT.
@@ -123,11 +127,25 @@ EOF
         --recompute 3 > "$out/calibrate-13b.txt" 2>&1 || echo "calibrate 13b: exit $?"
       "$layup" memory "${shape[@]}" --device cuda --explain > "$out/memory-13b.txt" 2>&1
       grep -E "note: layup keeps|host memory at the peak|predicted step  " "$out/memory-13b.txt"
-      /usr/bin/time -v "$layup" bench "${shape[@]}" --steps "${STEPS:-3}" --warmup 1 \
-        --json "$out/13b.json" > "$out/bench-13b.log" 2> "$out/time-13b.txt"
-      echo "13b bench: exit $? at ${SECONDS}s"
-      tail -n 25 "$out/bench-13b.log"
-      grep -E "Maximum resident" "$out/time-13b.txt"
+      for side in ${SIDES:-before after}; do
+        binary=("$layup")
+        [ $side = before ] && binary=(env HOME=/tmp/home-before /tmp/build-before/layup)
+        /usr/bin/time -v "${binary[@]}" bench "${shape[@]}" --steps "${STEPS:-3}" --warmup 1 \
+          --json "$out/13b-$side.json" > "$out/bench-13b-$side.log" 2> "$out/time-13b-$side.txt"
+        echo "13b bench $side: exit $? at ${SECONDS}s"
+        tail -n 25 "$out/bench-13b-$side.log"
+        grep -E "Maximum resident" "$out/time-13b-$side.txt"
+      done
+      ;;
+    kernels)
+      ensure_built
+      for side in before after; do
+        env HOME="/tmp/home-$side" python3 "$repo/bench/kernel_breakdown.py" \
+          --layup "/tmp/build-$side/layup" -- --model gpt2-xl --batch 4 --seq-len 1024 \
+          --mode gpu --clip 1.0 > "$out/kernels-$side.md" 2> "$out/kernels-$side.log"
+        echo "kernels $side: exit $? at ${SECONDS}s; $(tail -n 1 "$out/kernels-$side.md")"
+        head -n 8 "$out/kernels-$side.md"
+      done
       ;;
   esac
 done
