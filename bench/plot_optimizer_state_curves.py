@@ -1,5 +1,5 @@
 """Validation loss against step for each optimizer state kind: layup's runs (their log.jsonl) and
-the PyTorch peer's (bench/pytorch_optimizer_state_peer.py CSVs), in one figure, and a Markdown
+the PyTorch peer's (bench/pytorch_optimizer_state_peer.py CSVs), on one axis, and a Markdown
 table of the final losses with each run's ratio to its engine's fp32 run.
 
 Usage: python bench/plot_optimizer_state_curves.py OUT.png LABEL=FILE ...  (needs matplotlib)
@@ -40,19 +40,16 @@ def main(png_path, runs):
     for run in runs:
         label, path = run.split("=", 1)
         curves.append((label, path.endswith(".jsonl"), *read_curve(path)))
-    engines = [(is_layup, title) for is_layup, title in ((True, "layup"), (False, "PyTorch"))
-               if any(c[1] == is_layup for c in curves)]
-    fig, axes = plt.subplots(1, len(engines), figsize=(5.5 * len(engines), 4.2), dpi=150,
-                             squeeze=False)
-    for (engine_is_layup, title), ax in zip(engines, axes[0]):
-        for label, is_layup, steps, losses in curves:
-            if is_layup == engine_is_layup:
-                ax.plot(steps[1:], losses[1:], label=label)  # step 0 (~10.9) squashes the axis
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.set_ylabel("validation loss")
-        ax.grid(alpha=0.3)
-        ax.legend()
+    # One axis for every run, so the compact kinds and the peer's 8-bit AdamW are read against
+    # the same fp32 curves: layup's runs solid, the peer's dashed.
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=150)
+    for label, is_layup, steps, losses in curves:
+        ax.plot(steps[1:], losses[1:], label=label,  # step 0 (~10.9) squashes the axis
+                linestyle="-" if is_layup else "--")
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
     fig.tight_layout()
     fig.savefig(png_path)
 

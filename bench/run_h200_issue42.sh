@@ -17,6 +17,8 @@
 #   kernels gpt2-xl B=4 in gpu mode, one step under Nsight Compute on each side
 #          (bench/kernel_breakdown.py: every kernel's time alone): kernels-<side>.md, so a gap
 #          between the sides' steps is placed in the kernels or between them
+#   trace  gpt2-xl B=4 in gpu mode with --trace on each side (trace-<side>.json): the host's
+#          timeline of a step, where the hand-offs between threads show
 # A machine that came back bare between calls builds what is missing first. Binaries built here
 # stand in for those builds where .carry/bin holds them (layup-before, layup, layup_cuda_tests:
 # BUILD=... scripts/build_device_binary.sh, the tests target added). Logs go to $OUT.
@@ -135,6 +137,15 @@ EOF
         echo "13b bench $side: exit $? at ${SECONDS}s"
         tail -n 25 "$out/bench-13b-$side.log"
         grep -E "Maximum resident" "$out/time-13b-$side.txt"
+      done
+      ;;
+    trace)
+      ensure_built
+      for side in before after; do
+        env HOME="/tmp/home-$side" "/tmp/build-$side/layup" bench --model gpt2-xl --batch 4 \
+          --seq-len 1024 --mode gpu --clip 1.0 --trace "$out/trace-$side.json" \
+          > "$out/trace-$side.log" 2>&1
+        echo "trace $side: exit $? at ${SECONDS}s; $(grep -E 'tokens/s' "$out/trace-$side.log" | tail -n 1)"
       done
       ;;
     kernels)
