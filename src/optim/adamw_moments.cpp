@@ -5,6 +5,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -162,13 +163,17 @@ double blockwise_8bit_error_bound(const Blockwise8BitMap& map) {
 }
 
 void encode_moments(const float* m, const float* v, size_t count, const AdamWMoments& out) {
+  // Over the cores: a fresh 8B model's moments are coded once at start-up, 16 G values. Each
+  // block (8bit) or element is coded alone, so the bits do not depend on the thread count.
+  const auto blocks = static_cast<std::ptrdiff_t>((count + kBlock - 1) / kBlock);
   switch (out.kind) {
     case OptimizerStateKind::kFp32:
       std::copy(m, m + count, out.m_fp32());
       std::copy(v, v + count, out.v_fp32());
       return;
     case OptimizerStateKind::kBf16:
-      for (size_t i = 0; i < count; ++i) {
+#pragma omp parallel for schedule(static)
+      for (std::ptrdiff_t i = 0; i < static_cast<std::ptrdiff_t>(count); ++i) {
         out.m_bf16()[i] = bf16_from_float(m[i]);
         out.v_bf16()[i] = bf16_from_float(v[i]);
       }
@@ -176,8 +181,10 @@ void encode_moments(const float* m, const float* v, size_t count, const AdamWMom
     case OptimizerStateKind::kBlockwise8Bit: {
       const Blockwise8BitMap& m_map = signed_moment_map();
       const Blockwise8BitMap& v_map = unsigned_moment_map();
-      for (size_t first = 0; first < count; first += kBlock) {
-        const size_t n = std::min(kBlock, count - first), block = first / kBlock;
+#pragma omp parallel for schedule(static)
+      for (std::ptrdiff_t block = 0; block < blocks; ++block) {
+        const size_t first = static_cast<size_t>(block) * kBlock;
+        const size_t n = std::min(kBlock, count - first);
         const float m_scale = blockwise_8bit_scale(m + first, n);
         const float v_scale = blockwise_8bit_scale(v + first, n);
         out.m_scales[block] = m_scale;
@@ -209,22 +216,28 @@ void copy_moments(const AdamWMoments& from, const AdamWMoments& to, size_t count
 }
 
 void decode_moments(const AdamWMoments& in, size_t count, float* m, float* v) {
+  const auto n = static_cast<std::ptrdiff_t>(count);
   switch (in.kind) {
     case OptimizerStateKind::kFp32:
       if (m != nullptr) std::copy(in.m_fp32(), in.m_fp32() + count, m);
       if (v != nullptr) std::copy(in.v_fp32(), in.v_fp32() + count, v);
       return;
     case OptimizerStateKind::kBf16:
-      for (size_t i = 0; i < count && m != nullptr; ++i) m[i] = float_from_bf16(in.m_bf16()[i]);
-      for (size_t i = 0; i < count && v != nullptr; ++i) v[i] = float_from_bf16(in.v_bf16()[i]);
+#pragma omp parallel for schedule(static)
+      for (std::ptrdiff_t i = 0; i < n; ++i) {
+        if (m != nullptr) m[i] = float_from_bf16(in.m_bf16()[i]);
+        if (v != nullptr) v[i] = float_from_bf16(in.v_bf16()[i]);
+      }
       return;
     case OptimizerStateKind::kBlockwise8Bit: {
       const Blockwise8BitMap& m_map = signed_moment_map();
       const Blockwise8BitMap& v_map = unsigned_moment_map();
-      for (size_t i = 0; i < count && m != nullptr; ++i)
-        m[i] = m_map.values[in.m_codes()[i]] * in.m_scales[i / kBlock];
-      for (size_t i = 0; i < count && v != nullptr; ++i)
-        v[i] = v_map.values[in.v_codes()[i]] * in.v_scales[i / kBlock];
+#pragma omp parallel for schedule(static)
+      for (std::ptrdiff_t i = 0; i < n; ++i) {
+        const size_t block = static_cast<size_t>(i) / kBlock;
+        if (m != nullptr) m[i] = m_map.values[in.m_codes()[i]] * in.m_scales[block];
+        if (v != nullptr) v[i] = v_map.values[in.v_codes()[i]] * in.v_scales[block];
+      }
       return;
     }
   }
