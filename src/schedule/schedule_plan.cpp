@@ -59,10 +59,11 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
               "each block's forward again in its backward: it needs --recompute 3 (got ",
               r.recompute, ")");
   options.accumulation = layer_major ? Accumulation::kLayerMajor : Accumulation::kMicroBatchMajor;
+  const size_t activation_bytes = cuda && r.dtype == Dtype::kBf16 ? 2 : 4;
   options.micro_batch_state_bytes =
-      layer_major ? micro_batch_state_bytes(r.config, r.batch, r.seq_len,
-                                            cuda && r.dtype == Dtype::kBf16 ? 2 : 4)
-                  : 0;
+      layer_major ? micro_batch_state_bytes(r.config, r.batch, r.seq_len, activation_bytes) : 0;
+  options.hidden_state_bytes =
+      layer_major ? hidden_state_bytes(r.config, r.batch, r.seq_len, activation_bytes) : 0;
   options.host_gradient =
       r.mode != Mode::kLayup || r.clip > 0.0f || (r.grad_accum > 1 && !layer_major);
   // ZeRO-1 in every mode on the CPU backend for now; on GPUs every rank keeps the whole state.
