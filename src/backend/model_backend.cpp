@@ -36,15 +36,42 @@ void ModelBackend::resume_micro_batch(const void* /*store*/, int /*layer*/) {
        "micro-batch-major");
 }
 
+size_t ModelBackend::hidden_state_bytes() const {
+  fail("the ", name(), " backend has no layer-major forward; use --accumulate micro-batch-major");
+}
+void ModelBackend::forward_embeddings(const ParameterPointers& /*params*/,
+                                      const TokenBatch& /*batch*/, void* /*hidden*/,
+                                      void* /*store*/, ForwardHooks& /*hooks*/) {
+  fail("the ", name(), " backend has no layer-major forward; use --accumulate micro-batch-major");
+}
+void ModelBackend::forward_block(int /*layer*/, const ParameterPointers& /*params*/,
+                                 void* /*hidden*/, void* /*store*/, ForwardHooks& /*hooks*/) {
+  fail("the ", name(), " backend has no layer-major forward; use --accumulate micro-batch-major");
+}
+float ModelBackend::forward_head(const ParameterPointers& /*params*/, const TokenBatch& /*batch*/,
+                                 const void* /*hidden*/, ForwardHooks& /*hooks*/) {
+  fail("the ", name(), " backend has no layer-major forward; use --accumulate micro-batch-major");
+}
+
+namespace {
+// Every part of a store, and a hidden state, starts on 64 bytes: whole cache lines, aligned vector
+// loads.
+size_t cache_lines(size_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+}  // namespace
+
+size_t hidden_state_bytes(const ModelConfig& config, int batch, int seq_len, size_t element_bytes) {
+  return cache_lines(static_cast<size_t>(batch) * seq_len * config.n_embd * element_bytes);
+}
+
 MicroBatchStoreLayout micro_batch_store_layout(const ModelConfig& config, int batch, int seq_len,
                                                size_t element_bytes) {
-  // Every part starts on 64 bytes: whole cache lines, aligned vector loads.
-  const auto aligned = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
   const size_t rows = static_cast<size_t>(batch) * seq_len;
-  const size_t activation = aligned(rows * config.n_embd * element_bytes);
+  const size_t activation = hidden_state_bytes(config, batch, seq_len, element_bytes);
   MicroBatchStoreLayout layout;
   layout.tokens = 0;
-  layout.d_residual = aligned((4 * rows + 1) * sizeof(int32_t));
+  layout.d_residual = cache_lines((4 * rows + 1) * sizeof(int32_t));
   layout.residual = layout.d_residual + activation;
   layout.stride = activation;
   layout.bytes = layout.residual + static_cast<size_t>(config.n_layer) * activation;

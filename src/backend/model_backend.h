@@ -123,6 +123,29 @@ class ModelBackend {
   virtual void park_micro_batch(void* store, bool with_inputs);
   virtual void resume_micro_batch(const void* store, int layer);
 
+  // The layer-major forward (docs/schedules.md, "Layer-major"): forward cut at block boundaries,
+  // so that block l's forward of every micro-batch runs before block l+1's and the forward reads
+  // each block's weights once a step. Between the calls a micro-batch's residual stream waits in
+  // a hidden state of the caller's (hidden_state_bytes(): [B*T, C] activations, in memory the
+  // backend computes on, the device's own), and each block's input goes into the micro-batch's
+  // store as the block reads it. In each micro-batch's order, the hooks as forward calls them:
+  //   forward_embeddings(params, batch, hidden, store, hooks)   x_0 into hidden, the tokens into
+  //                                                             the store
+  //   forward_block(l, params, hidden, store, hooks)            x_l into the store, x_l+1 into
+  //                                                             hidden, l = 0 .. L-1
+  //   forward_head(params, batch, hidden, hooks)                forward's loss of x_L
+  //   backward_head, park_micro_batch(store, /*with_inputs=*/false), then the backward above
+  // The values are forward's (model_graph.h, forward_block), and the backward after it goes
+  // through the stores (resume_micro_batch first). Every micro-batch has one B and T. The base
+  // refuses.
+  virtual size_t hidden_state_bytes() const;
+  virtual void forward_embeddings(const ParameterPointers& params, const TokenBatch& batch,
+                                  void* hidden, void* store, ForwardHooks& hooks);
+  virtual void forward_block(int layer, const ParameterPointers& params, void* hidden, void* store,
+                             ForwardHooks& hooks);
+  virtual float forward_head(const ParameterPointers& params, const TokenBatch& batch,
+                             const void* hidden, ForwardHooks& hooks);
+
   // Generation with a key/value cache (layup sample), one sequence at a time. start_decode empties
   // the cache and makes room for `max_positions` positions (the model's context at most), taking
   // kv_cache_bytes of memory while the backend lives. decode runs the forward of `tokens` at the
@@ -149,6 +172,10 @@ size_t kv_cache_bytes(const ModelConfig& config, int positions, size_t element_b
 // input, L + 1 of [B*T, C], after the tokens and the embedding backward's grouping of them.
 size_t micro_batch_state_bytes(const ModelConfig& config, int batch, int seq_len,
                                size_t element_bytes);
+
+// Bytes of one micro-batch's hidden state (ModelBackend::hidden_state_bytes) at B x T: [B*T, C]
+// activations of `element_bytes` each, whole cache lines.
+size_t hidden_state_bytes(const ModelConfig& config, int batch, int seq_len, size_t element_bytes);
 
 // Where each part of such a store lies, in bytes from its start, for B x T at most.
 struct MicroBatchStoreLayout {

@@ -26,8 +26,9 @@
 //
 //   embedding_forward(out, wte, wpe)           out = wte[tokens] + wpe[t]; wpe null: none
 //   norm_forward(out, mean, rstd, x, w, b)     the model's norm; mean and b unused by RMSNorm
+//   residual_forward(sum, x, branch)           sum = x + branch
 //   residual_norm_forward(sum, out, mean, rstd, x, branch, w, b, before_norm)
-//                                              sum = x + branch, then norm_forward of sum; calls
+//                                              residual_forward, then norm_forward of sum; calls
 //                                              before_norm() once, before its first read of w
 //   matmul_forward(out, in, w, b, in_w, out_w)                 out = in w^T + b; b may be null
 //   matmul_activation_forward(act, pre, in, w, b, in_w, out_w) pre = in w^T + b, act = act(pre)
@@ -119,10 +120,10 @@ T* tensor_at(T* base, size_t offset) {
 }
 
 // Block `layer` from its first norm's output (blocks[layer].ln_1) up to its MLP's activation
-// (fc_gelu): every activation the block's backward reads.
-template <class Ops, class Arena, class W>
+// (fc_gelu): every activation the block's backward reads. `x` is the block's input.
+template <class Ops, class Arena, class W, class A>
 void block_forward_to_activation(Ops& ops, const Shape& s, const BlockOffsets& o, int layer,
-                                 const W* p, Arena& arena) {
+                                 const W* p, Arena& arena, const A* x) {
   auto& a = arena.blocks[layer];
   ops.matmul_forward(a.qkv, a.ln_1, p + o.attn_qkv_weight, tensor_at(p, o.attn_qkv_bias), s.C,
                      s.qkv);
@@ -131,8 +132,8 @@ void block_forward_to_activation(Ops& ops, const Shape& s, const BlockOffsets& o
   ops.attention_forward(a);
   ops.matmul_forward(arena.branch_out, a.att_out, p + o.attn_proj_weight,
                      tensor_at(p, o.attn_proj_bias), s.att, s.C);
-  ops.residual_norm_forward(a.residual_mid, a.ln_2, a.ln_2_mean, a.ln_2_rstd, arena.residual[layer],
-                            arena.branch_out, p + o.ln_2_weight, tensor_at(p, o.ln_2_bias), [] {});
+  ops.residual_norm_forward(a.residual_mid, a.ln_2, a.ln_2_mean, a.ln_2_rstd, x, arena.branch_out,
+                            p + o.ln_2_weight, tensor_at(p, o.ln_2_bias), [] {});
   ops.matmul_activation_forward(a.fc_gelu, a.fc, a.ln_2, p + o.mlp_fc_weight,
                                 tensor_at(p, o.mlp_fc_bias), s.C, s.fc);
 }
@@ -156,7 +157,7 @@ void forward(Ops& ops, const Shape& s, const ParameterLayout& layout,
   for (int l = 0; l < s.L; ++l) {
     const W* p = w.blocks[l];
     auto& a = arena.blocks[l];
-    block_forward_to_activation(ops, s, o, l, p, arena);
+    block_forward_to_activation(ops, s, o, l, p, arena, arena.residual[l]);
     ops.matmul_forward(arena.branch_out, a.fc_gelu, p + o.mlp_proj_weight,
                        tensor_at(p, o.mlp_proj_bias), s.act, s.C);
     if (l + 1 < s.L) {
@@ -171,6 +172,51 @@ void forward(Ops& ops, const Shape& s, const ParameterLayout& layout,
                                 tensor_at(w.final_norm, f.bias), [&] { hooks.before_head(); });
     }
   }
+  const W* head = s.tied_head ? w.embeddings + e.wte : w.final_norm + f.lm_head;
+  ops.matmul_forward(arena.logits, arena.ln_f, head, nullptr, s.C, s.Vp);
+}
+
+// The same forward cut at block boundaries, for a layer-major forward (docs/schedules.md,
+// "Layer-major"): block l's forward of every micro-batch runs before block l+1's, each
+// micro-batch's residual stream waiting between the calls in a buffer of the caller's. The values
+// are forward's, bit for bit where residual_norm_forward is its two ops (the CPU; CUDA's RMSNorm):
+// a block's first norm runs in the block's own call, after its hook, on the sum the block before
+// wrote, as the backward's --recompute 3 computes it again (CUDA's fused GPT-2 kernel takes a row's
+// mean in another order: a float rounding may differ).
+
+// x_0 = the embeddings of the tokens, into `out`.
+template <class Ops, class W, class A>
+void forward_embeddings(Ops& ops, const ParameterLayout& layout, const SpanPointers<const W>& w,
+                        A* out, ForwardHooks& hooks) {
+  const EmbeddingOffsets& e = layout.embeddings();
+  hooks.before_embeddings();
+  ops.embedding_forward(out, w.embeddings + e.wte, tensor_at(w.embeddings, e.wpe));
+}
+
+// Block `layer` from its input `x` to its output `out` (which may be `x`: x is read last by the
+// attention branch's residual add, before out is written).
+template <class Ops, class Arena, class W, class A>
+void forward_block(Ops& ops, const Shape& s, const BlockOffsets& o, int layer, const W* p,
+                   Arena& arena, const A* x, A* out, ForwardHooks& hooks) {
+  auto& a = arena.blocks[layer];
+  hooks.before_block(layer);
+  ops.norm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, x, p + o.ln_1_weight,
+                   tensor_at(p, o.ln_1_bias));
+  block_forward_to_activation(ops, s, o, layer, p, arena, x);
+  ops.matmul_forward(arena.branch_out, a.fc_gelu, p + o.mlp_proj_weight,
+                     tensor_at(p, o.mlp_proj_bias), s.act, s.C);
+  ops.residual_forward(out, a.residual_mid, arena.branch_out);
+}
+
+// The final norm and the LM head, from x_L in residual[L] to the logits.
+template <class Ops, class Arena, class W>
+void forward_head(Ops& ops, const Shape& s, const ParameterLayout& layout,
+                  const SpanPointers<const W>& w, Arena& arena, ForwardHooks& hooks) {
+  const EmbeddingOffsets& e = layout.embeddings();
+  const FinalNormOffsets& f = layout.final_norm();
+  hooks.before_head();
+  ops.norm_forward(arena.ln_f, arena.ln_f_mean, arena.ln_f_rstd, arena.residual[s.L],
+                   w.final_norm + f.weight, tensor_at(w.final_norm, f.bias));
   const W* head = s.tied_head ? w.embeddings + e.wte : w.final_norm + f.lm_head;
   ops.matmul_forward(arena.logits, arena.ln_f, head, nullptr, s.C, s.Vp);
 }
@@ -216,7 +262,7 @@ void backward_block(Ops& ops, const Shape& s, const BlockOffsets& o, int layer, 
   if (recompute >= 3 && (layer + 1 < s.L || !last_kept)) {
     ops.norm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, x, p + o.ln_1_weight,
                      tensor_at(p, o.ln_1_bias));
-    block_forward_to_activation(ops, s, o, layer, p, arena);
+    block_forward_to_activation(ops, s, o, layer, p, arena, x);
   }
 
   // MLP branch. d_residual holds dL/d(block output) = dL/d(MLP output).

@@ -92,11 +92,14 @@ class SymbolicOps {
     write(mean, id("mean", in));
     write(rstd, id("rstd", in));
   }
+  void residual_forward(float* sum, const float* x, const float* branch) {
+    write(sum, id("add", read(x), read(branch)));
+  }
   template <class BeforeNorm>
   void residual_norm_forward(float* sum, float* out, float* mean, float* rstd, const float* x,
                              const float* branch, const float* weight, const float* bias,
                              BeforeNorm&& before_norm) {
-    write(sum, id("add", read(x), read(branch)));
+    residual_forward(sum, x, branch);
     before_norm();
     norm_forward(out, mean, rstd, sum, weight, bias);
   }
@@ -278,6 +281,53 @@ GraphRun run_graph(const ModelConfig& config, int recompute) {
   return run;
 }
 
+// The layer-major forward (graph::forward_embeddings, forward_block, forward_head) of one
+// micro-batch, its residual stream in a hidden state of its own and each block's input kept as a
+// store keeps it, then the backward at --recompute 3 from the kept inputs, as layer-major runs it
+// (every block's forward computed again, the last block's too).
+GraphRun run_graph_layer_major(const ModelConfig& config) {
+  const ParameterLayout layout(config);
+  const std::vector<float> params(layout.total_count());
+  std::vector<float> grads(layout.total_count());
+  CarvedArena carved(config, kB, kT, kMaxRecompute);
+  CudaArena<float>& arena = carved.arena;
+  SymbolicOps ops(layout, params.data());
+  ops.write(arena.targets, id("targets"));
+  const graph::Shape shape = graph::shape_of(config, kB, kT);
+  const SpanPointers<const float> w = layout.pointers<const float>(params.data());
+  const SpanPointers<float> g = layout.pointers(grads.data());
+
+  OpeningHooks hooks(ops, config.n_layer);
+  std::vector<float> hidden(1);
+  std::vector<uint64_t> stored;  // each block's input, as the store keeps it
+  graph::forward_embeddings(ops, layout, w, hidden.data(), hooks);
+  for (int l = 0; l < config.n_layer; ++l) {
+    stored.push_back(ops.read(hidden.data()));
+    graph::forward_block(ops, shape, layout.block(), l, w.blocks[l], arena,
+                         static_cast<const float*>(hidden.data()), hidden.data(), hooks);
+  }
+  ops.write(arena.residual[config.n_layer], ops.read(hidden.data()));
+  graph::forward_head(ops, shape, layout, w, arena, hooks);
+  ops.write(arena.logsumexp, id("logsumexp", ops.read(arena.logits), ops.read(arena.targets)));
+  ops.open_all();
+  graph::backward_head(ops, shape, layout, w, arena, g.final_norm, g.embeddings, 0.5f);
+  for (int l = config.n_layer - 1; l >= 0; --l) {
+    ops.write(arena.residual[l], stored[l]);  // resume_micro_batch
+    graph::backward_block(ops, shape, layout.block(), l, w.blocks[l], g.blocks[l], arena,
+                          kMaxRecompute, /*last_kept=*/false);
+  }
+  graph::backward_embeddings(ops, layout.embeddings(), arena, g.embeddings);
+
+  GraphRun run;
+  run.hook_order = hooks.order;
+  for (const auto& [name, offset] : graph_tensors(layout)) {
+    const float* gradient = grads.data() + offset;
+    EXPECT_TRUE(ops.holds(gradient)) << "the backward leaves " << name << " unwritten";
+    run.gradient.push_back(ops.holds(gradient) ? ops.read(gradient) : 0);
+  }
+  return run;
+}
+
 // Three blocks (so that --recompute 3 recomputes two of them), each family's variants.
 ModelConfig graph_config(const std::string& model) {
   if (model == "gpt2") return gpt2_config(3, 2, 64, 16, 300);
@@ -314,6 +364,19 @@ TEST_P(ModelGraph, RunsEachHookOnceInOrderBeforeItsSpanIsRead) {
   std::vector<int> expected;
   for (int span = 0; span < config.n_layer + 2; ++span) expected.push_back(span);
   EXPECT_EQ(run.hook_order, expected);
+}
+
+// The forward cut at block boundaries computes the values the whole forward does (each norm after
+// a residual add on the sum it wrote), its hooks in the same order before each span's first read,
+// and the backward from the kept block inputs gives every gradient of keeping every activation.
+TEST_P(ModelGraph, TheLayerMajorForwardGivesTheGradientsOfTheWholeForward) {
+  const ModelConfig config = graph_config(GetParam());
+  const GraphRun kept = run_graph(config, 0);
+  const GraphRun layer_major = run_graph_layer_major(config);
+  const auto tensors = graph_tensors(ParameterLayout(config));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    EXPECT_EQ(layer_major.gradient[i], kept.gradient[i]) << tensors[i].first;
+  EXPECT_EQ(layer_major.hook_order, kept.hook_order);
 }
 
 TEST_P(ModelGraph, TellsEveryTensorsGradientApart) {

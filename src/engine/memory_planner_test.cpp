@@ -161,7 +161,8 @@ TEST(MemoryPlan, MatchesWhatTheAccountantMeasuresOnTheCpuBackend) {
 }
 
 // Layer-major accumulation on CUDA computes each block's forward again from its input: it needs
-// --recompute 3, and says so. gpu mode sums where the gradients lie and ignores it, with a note.
+// --recompute 3, and says so; its plan lists the stores on the host and the forward's hidden
+// states on the device. gpu mode sums where the gradients lie and ignores it, with a note.
 TEST(MemoryPlan, LayerMajorNeedsRecomputeThreeOnCuda) {
   const ModelConfig config = gpt2_config(6, 2, 64, 64);
   MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, "layup", 2, 64, 4));
@@ -172,6 +173,17 @@ TEST(MemoryPlan, LayerMajorNeedsRecomputeThreeOnCuda) {
   const RunMemory run = plan_run_memory(request);
   EXPECT_EQ(run.step.accumulation, Accumulation::kLayerMajor);
   EXPECT_GT(run.plan.bytes(MemorySide::kHost, TensorClass::kActivations), 0u) << "the stores";
+  // The layer-major forward's hidden states: one a micro-batch, B x T x C in bf16, device memory.
+  int hidden_states = 0;
+  for (const PlannedAllocation& a : run.plan.allocations)
+    if (a.what.find("hidden state") != std::string::npos) {
+      ++hidden_states;
+      EXPECT_EQ(a.side, MemorySide::kDevice);
+      EXPECT_EQ(a.tensor_class, TensorClass::kActivations);
+      EXPECT_EQ(a.kind, MemoryKind::kDevice);
+      EXPECT_EQ(a.bytes, size_t{2} * 64 * 64 * 2);
+    }
+  EXPECT_EQ(hidden_states, 4);
   request.mode = Mode::kGpu;
   request.recompute = 0;
   const RunMemory gpu = plan_run_memory(request);

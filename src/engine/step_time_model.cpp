@@ -82,9 +82,11 @@ Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
   work.block_backward_s =
       seconds(tokens * block_forward_flops * (request.recompute >= 3 ? 3.0 : 2.0), block_rate);
   if (plan.accumulation == Accumulation::kLayerMajor) {
-    // The micro-batch's stored block input and residual gradient in, the gradient back out, in
-    // the device's order beside its compute (ModelBackend::park_micro_batch).
+    // In the device's order beside its compute: the forward parks each block's input of each
+    // micro-batch in its store (ModelBackend::forward_block); the backward brings the stored input
+    // and residual gradient in and sends the gradient back out (ModelBackend::park_micro_batch).
     const double activation = tokens * C * request.activation_bytes;
+    work.block_forward_s += seconds(activation, rates.d2h_bytes_per_s);
     work.block_backward_s += seconds(2.0 * activation, rates.h2d_bytes_per_s) +
                              seconds(activation, rates.d2h_bytes_per_s);
   }

@@ -112,6 +112,22 @@ class DelayingBackend final : public ModelBackend {
     delays_.maybe_sleep();
     inner_->resume_micro_batch(store, layer);
   }
+  size_t hidden_state_bytes() const override { return inner_->hidden_state_bytes(); }
+  void forward_embeddings(const ParameterPointers& params, const TokenBatch& batch, void* hidden,
+                          void* store, ForwardHooks& hooks) override {
+    delays_.maybe_sleep();
+    inner_->forward_embeddings(params, batch, hidden, store, hooks);
+  }
+  void forward_block(int layer, const ParameterPointers& params, void* hidden, void* store,
+                     ForwardHooks& hooks) override {
+    delays_.maybe_sleep();
+    inner_->forward_block(layer, params, hidden, store, hooks);
+  }
+  float forward_head(const ParameterPointers& params, const TokenBatch& batch, const void* hidden,
+                     ForwardHooks& hooks) override {
+    delays_.maybe_sleep();
+    return inner_->forward_head(params, batch, hidden, hooks);
+  }
 
  private:
   std::unique_ptr<ModelBackend> inner_;

@@ -145,7 +145,8 @@ class PlannedSchedule final : public Schedule {
                         : nullptr),
         timing_(options_.speculative_clip),
         layer_major_(model_.device(), layout_, whole_gradient(mode), grads_kind_,
-                     model_.device().kinds().host_copy),
+                     model_.device().kinds().host_copy,
+                     hidden_states_kind(options_, model_.device().kinds())),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_updated_(layout.config().n_layer, 0),
         progress_(layout.spans().size()) {
@@ -453,7 +454,8 @@ class PlannedSchedule final : public Schedule {
     device_tier_.begin_step(static_cast<size_t>(step_plan.micro_batches));
     if (step_plan.accumulation == Accumulation::kLayerMajor)
       layer_major_.begin_step(static_cast<size_t>(step_plan.micro_batches),
-                              model_.backend().micro_batch_state_bytes());
+                              model_.backend().micro_batch_state_bytes(),
+                              model_.backend().hidden_state_bytes());
     StepContext context;
     // A plan that updates after the norm whether it clips or not (offload's) says so; else the
     // clip threshold and the last step choose (UpdateTiming).
@@ -493,7 +495,8 @@ class PlannedSchedule final : public Schedule {
   // Device thread: the device lane of the step's plan, micro-batch by micro-batch, and its copies
   // to the host, each gradient handed on to the consumer where the plan copies it. One backend call
   // runs a micro-batch's forward over every span (waiting span by span for updates still landing:
-  // ForwardWaits), so the forward runs at the first span's task; the device's adds of micro-batches
+  // ForwardWaits), so the forward runs at the first span's task (layer-major: one call a span's
+  // task, forward_layer_major); the device's adds of micro-batches
   // are parts of backward_block_on_device and backward_embeddings; the head's copies are one
   // consume (consume_head), handed on after backward_embeddings; the device's AdamW runs in step(),
   // once the norm is known.
@@ -535,6 +538,14 @@ class PlannedSchedule final : public Schedule {
       // a forward that waits for the host's copies (offload's next micro-batch) for them all.
       if (task.kind == TaskKind::kForward && waits_for_host(step_plan, task))
         progress_.wait_consumed();
+      if (task.kind == TaskKind::kForward && layer_major) {
+        // The span's fill (a streamed block) was started and ordered before it, above.
+        loss_sum += forward_layer_major(task.span, micro_batches[k], k, params);
+        if (task.span == final_norm)
+          update_now = context.timing->during_backward() && last &&
+                       std::isfinite(static_cast<float>(loss_sum / micro_batches.size()));
+        continue;
+      }
       if (task.kind == TaskKind::kForward && task.span == 0) {
         {
           TraceSpan traced(trace_, device_track_, "forward");
@@ -590,6 +601,27 @@ class PlannedSchedule final : public Schedule {
         }
       }
     }
+  }
+
+  // Device thread, layer-major: span `span`'s forward of micro-batch k (ModelBackend::
+  // forward_block and its siblings), on the micro-batch's hidden state and store, once the span's
+  // update of the last step has landed (ForwardWaits, traced as the forward's spans are). Returns
+  // the micro-batch's loss at the final norm, else 0.
+  double forward_layer_major(int span, const TokenBatch& batch, size_t k,
+                             const ParameterPointers& params) {
+    const int final_norm = static_cast<int>(layout_.spans().size()) - 1;
+    ForwardWaits waits(progress_, static_cast<size_t>(final_norm), trace_, device_track_);
+    ModelBackend& backend = model_.backend();
+    double loss = 0.0;
+    if (span == 0)
+      backend.forward_embeddings(params, batch, layer_major_.hidden(k), layer_major_.store(k),
+                                 waits);
+    else if (span == final_norm)
+      loss = backend.forward_head(params, batch, layer_major_.hidden(k), waits);
+    else
+      backend.forward_block(span - 1, params, layer_major_.hidden(k), layer_major_.store(k), waits);
+    waits.finish();
+    return loss;
   }
 
   // Whether the step's norm waits for a head span's gradient on the host.
@@ -656,9 +688,10 @@ class PlannedSchedule final : public Schedule {
       model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
   }
 
-  // Device thread, layer-major: micro-batch k's head backward, parked in its store until its
-  // first block's backward; the final norm's gradient (complete now) added into the device tier's
-  // sum or handed to the host, which sums it as it sums a micro-batch-major step's.
+  // Device thread, layer-major: micro-batch k's head backward, parked in its store (beside the
+  // tokens and block inputs its forward put there) until its first block's backward; the final
+  // norm's gradient (complete now) added into the device tier's sum or handed to the host, which
+  // sums it as it sums a micro-batch-major step's.
   void backward_head_layer_major(const ParameterPointers& params, size_t k, bool last,
                                  float loss_scale) {
     const size_t final_norm = layout_.spans().size() - 1;
@@ -667,7 +700,7 @@ class PlannedSchedule final : public Schedule {
       TraceSpan traced(trace_, device_track_,
                        trace_name(TaskKind::kBackward, SpanKind::kFinalNorm));
       model_.backend().backward_head(params, final_norm_grad, embeddings_output(k), loss_scale);
-      model_.backend().park_micro_batch(layer_major_.store(k), /*with_inputs=*/true);
+      model_.backend().park_micro_batch(layer_major_.store(k), /*with_inputs=*/false);
       if (device_tier_.holds(final_norm)) device_tier_.add(final_norm, final_norm_grad, k == 0);
     }
     if (!device_tier_.holds(final_norm))
@@ -1127,6 +1160,11 @@ class PlannedSchedule final : public Schedule {
   static MemoryKind gradients_kind(const ScheduleOptions& options, DeviceKinds kinds) {
     return options.kind_of(TensorClass::kWeightGrads, kinds.own);
   }
+  // The layer-major forward's hidden states are activations: the placement's kind for them, else
+  // the device's own memory.
+  static MemoryKind hidden_states_kind(const ScheduleOptions& options, DeviceKinds kinds) {
+    return options.kind_of(TensorClass::kActivations, kinds.own);
+  }
 
  public:
   // What a layup schedule allocates (make_layup_schedule's buffers).
@@ -1146,9 +1184,10 @@ class PlannedSchedule final : public Schedule {
                        block_route_head_spans(
                            options, host_updated_head_spans(layout, options.update_sites))));
     if (options.accumulation == Accumulation::kLayerMajor && micro_batches > 1)
-      append(list,
-             LayerMajorBuffers::buffers(layout, whole_gradient(mode), grads_kind, kinds.host_copy,
-                                        micro_batches, options.micro_batch_state_bytes));
+      append(list, LayerMajorBuffers::buffers(layout, whole_gradient(mode), grads_kind,
+                                              kinds.host_copy, hidden_states_kind(options, kinds),
+                                              micro_batches, options.micro_batch_state_bytes,
+                                              options.hidden_state_bytes));
     return list;
   }
 

@@ -221,13 +221,16 @@ struct ScheduleOptions {
   // docs/optimizer_state.md): fp32, or bf16 or blockwise 8-bit, which are lossy.
   OptimizerStateKind optimizer_state = OptimizerStateKind::kFp32;
   // offload and layup with several micro-batches (--accumulate; docs/schedules.md, "Micro-batch
-  // accumulation"): layer-major runs every micro-batch's forward first, keeps each one's block
-  // inputs in a store of micro_batch_state_bytes (ModelBackend::micro_batch_state_bytes) in host
-  // memory, and sums each block's gradient over the micro-batches on the device, so the host
-  // gets one gradient a block and sums only the head's (without host_gradient it keeps no other
-  // gradient). The same bits either way.
+  // accumulation"): layer-major runs the forward span by span over every micro-batch, each one's
+  // residual stream in a hidden state of hidden_state_bytes on the device between its blocks
+  // (ModelBackend::forward_block), keeps each one's block inputs in a store of
+  // micro_batch_state_bytes (ModelBackend::micro_batch_state_bytes) in host memory, and sums
+  // each block's gradient over the micro-batches on the device, so the host gets one gradient a
+  // block and sums only the head's (without host_gradient it keeps no other gradient). The same
+  // bits either way.
   Accumulation accumulation = Accumulation::kMicroBatchMajor;
   size_t micro_batch_state_bytes = 0;  // what the memory plan counts per micro-batch
+  size_t hidden_state_bytes = 0;       // likewise
   // offload and layup (docs/memory.md, "Streamed weights"): the last streamed_blocks blocks the
   // host updates keep no compute copy on the device; each computes from slot layer % stream_slots
   // of a ring, filled from the host before its forward and its backward (the step plan's "weights

@@ -59,10 +59,11 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
               "each block's forward again in its backward: it needs --recompute 3 (got ",
               r.recompute, ")");
   options.accumulation = layer_major ? Accumulation::kLayerMajor : Accumulation::kMicroBatchMajor;
+  const size_t activation_bytes = cuda && r.dtype == Dtype::kBf16 ? 2 : 4;
   options.micro_batch_state_bytes =
-      layer_major ? micro_batch_state_bytes(r.config, r.batch, r.seq_len,
-                                            cuda && r.dtype == Dtype::kBf16 ? 2 : 4)
-                  : 0;
+      layer_major ? micro_batch_state_bytes(r.config, r.batch, r.seq_len, activation_bytes) : 0;
+  options.hidden_state_bytes =
+      layer_major ? hidden_state_bytes(r.config, r.batch, r.seq_len, activation_bytes) : 0;
   options.host_gradient =
       r.mode != Mode::kLayup || r.clip > 0.0f || (r.grad_accum > 1 && !layer_major);
   // ZeRO-1 in every mode on the CPU backend for now; on GPUs every rank keeps the whole state.
@@ -221,16 +222,20 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
   if (options.accumulation == Accumulation::kLayerMajor && r.grad_accum > 1)
     notes.push_back(
         "micro-batches accumulate layer-major (--accumulate " + name_of(r.accumulation) +
-        "): each block's backward "
-        "of every micro-batch in turn, summed on the device, so the host gets one gradient a "
-        "block and sums only the head's micro-batches" +
+        "): each span's forward of every micro-batch in turn (so block l's forward waits only "
+        "for block l's update, and a streamed block is filled once for it; the micro-batches' "
+        "residual streams take " +
+        format_bytes(static_cast<size_t>(r.grad_accum) * options.hidden_state_bytes) +
+        " of device memory), then each block's backward of every micro-batch in turn, summed on "
+        "the device, so the host gets one gradient a block and sums only the head's "
+        "micro-batches" +
         std::string(options.host_gradient
                         ? " (it keeps a whole gradient to clip by the global norm)"
                         : " (it keeps no whole-model gradient)") +
         "; the " + std::to_string(r.grad_accum) + " micro-batches' block inputs take " +
         format_bytes(static_cast<size_t>(r.grad_accum) * options.micro_batch_state_bytes) +
-        " of host memory (pinned on CUDA; each crosses the link at every block's backward), and "
-        "each block's forward runs again in backward");
+        " of host memory (pinned on CUDA; each crosses the link at its block's forward and "
+        "again at its backward), and each block's forward runs again in backward");
   if (options.weights_land_in_compute_copy)
     notes.push_back(
         "the host-updated spans' new weights land in the backend's bf16 compute copy, cast on "

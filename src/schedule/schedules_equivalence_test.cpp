@@ -62,8 +62,11 @@ struct Share {
   bool sharded = false;
 };
 
+// masked: about a quarter of the targets not learned (kNotLearned), a different count in each
+// micro-batch, so each micro-batch's loss has a divisor of its own.
 TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan& clip_plan,
-                  const ModelConfig& config = tiny_config(), Share share = {}) {
+                  const ModelConfig& config = tiny_config(), Share share = {},
+                  bool masked = false) {
   const ParameterLayout layout(config);
   std::unique_ptr<Schedule> schedule =
       make(make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
@@ -82,6 +85,7 @@ TrainingRun train(const ScheduleFactory& make, int micro_batches, const ClipPlan
       for (size_t i = 0; i < tokens; ++i) {
         inputs[k][i] = static_cast<int32_t>(rng() % config.vocab_size);
         targets[k][i] = static_cast<int32_t>(rng() % config.vocab_size);
+        if (masked && rng() % 4 == 0) targets[k][i] = kNotLearned;
       }
       if (k >= share.first && k < end)
         batches.push_back({inputs[k].data(), targets[k].data(), kBatch, kSeqLen});
@@ -445,12 +449,15 @@ TEST(SchedulesEquivalence, TheLlamaFamilyTrainsTheSameAcrossTiers) {
     }
 }
 
-// Layer-major accumulation (ScheduleOptions::accumulation): every micro-batch's forward first,
-// then each block's backward of every micro-batch in turn, summed on the device, the host getting
-// one gradient a span (and keeping none without clipping). Bit for bit the micro-batch-major run
-// of the same options, with two and three micro-batches, clipped and not, in offload and layup
-// with the head on the host and on the device; clipped with three, speculative clipping, blocks
-// on disk and on the device, and an untied Llama head (the others: GPT-2's tied one).
+// Layer-major accumulation (ScheduleOptions::accumulation): the forward span by span over every
+// micro-batch (each micro-batch's residual stream in a hidden state between its blocks), then
+// each block's backward of every micro-batch in turn, summed on the device, the host getting one
+// gradient a span (and keeping none without clipping). Bit for bit the micro-batch-major run of
+// the same options, losses included, with two and three micro-batches, clipped and not, in
+// offload and layup with the head on the host and on the device; clipped with three, speculative
+// clipping, blocks on disk and on the device, an untied Llama head (the others: GPT-2's tied
+// one), bf16 and 8-bit moments, the master weights in place, and targets masked differently in
+// each micro-batch (each micro-batch's forward sees its own tokens and targets).
 TEST(SchedulesEquivalence, LayerMajorAccumulationTrainsLikeMicroBatchMajor) {
   const ParameterLayout layout(tiny_config());
   test_files::TempDir dir;
@@ -461,6 +468,7 @@ TEST(SchedulesEquivalence, LayerMajorAccumulationTrainsLikeMicroBatchMajor) {
     ScheduleOptions options;
     ModelConfig config;
     bool every_count_and_clipping;  // else three micro-batches, clipped
+    bool masked = false;
   } runs[] = {
       {"offload", "offload", {}, tiny_config(), true},
       {"layup, the head on the host", "layup", {}, tiny_config(), true},
@@ -476,22 +484,55 @@ TEST(SchedulesEquivalence, LayerMajorAccumulationTrainsLikeMicroBatchMajor) {
        tiny_config(),
        false},
       {"layup, Llama across tiers", "layup", llama_across_tiers(llama, dir), llama, false},
+      {"layup, bf16 moments",
+       "layup",
+       {.optimizer_state = OptimizerStateKind::kBf16},
+       tiny_config(),
+       false},
+      {"offload, 8-bit moments",
+       "offload",
+       {.optimizer_state = OptimizerStateKind::kBlockwise8Bit},
+       tiny_config(),
+       false},
+      {"layup, speculative clipping, 8-bit moments, the head on the device",
+       "layup",
+       {.speculative_clip = true,
+        .update_sites = head_on_device(layout),
+        .optimizer_state = OptimizerStateKind::kBlockwise8Bit},
+       tiny_config(),
+       false},
+      {"layup, master weights in place", "layup", {.weights_in_place = true}, tiny_config(), true},
+      {"layup, masked targets", "layup", {}, tiny_config(), true, true},
+      {"offload, every block streamed, bf16 moments",
+       "offload",
+       {.optimizer_state = OptimizerStateKind::kBf16, .streamed_blocks = 3},
+       tiny_config(),
+       true},
+      {"layup, speculative clipping, two blocks streamed, 8-bit moments",
+       "layup",
+       {.speculative_clip = true,
+        .optimizer_state = OptimizerStateKind::kBlockwise8Bit,
+        .streamed_blocks = 2},
+       tiny_config(),
+       false},
+      {"offload, masked targets, Llama", "offload", {}, llama, false, true},
   };
   for (const int micro_batches : {2, 3})
     for (const bool clip : {false, true})
-      for (const auto& [name, mode, options, config, every] : runs) {
+      for (const auto& [name, mode, options, config, every, masked] : runs) {
         if (!every && !(micro_batches == 3 && clip)) continue;
         SCOPED_TRACE(std::string(name) + ", " + std::to_string(micro_batches) + " micro-batches, " +
                      (clip ? "clipped" : "unclipped"));
-        const TrainingRun micro_batch_major =
-            train(with_options(mode, options), micro_batches, clip, config);
+        const TrainingRun micro_batch_major = train(with_options(mode, options), micro_batches,
+                                                    alternating_clip(clip), config, {}, masked);
         EXPECT_NE(micro_batch_major.losses.front(), micro_batch_major.losses.back());
         ScheduleOptions layer_major = options;
         layer_major.accumulation = Accumulation::kLayerMajor;
         // As the run's plan chooses: a host gradient only to clip.
         layer_major.host_gradient = clip || options.speculative_clip;
         expect_same(micro_batch_major,
-                    train(with_options(mode, layer_major), micro_batches, clip, config),
+                    train(with_options(mode, layer_major), micro_batches, alternating_clip(clip),
+                          config, {}, masked),
                     std::string(mode) + ", layer-major");
       }
 }
@@ -538,6 +579,11 @@ TEST(SchedulesEquivalence, StreamedWeightsTrainLikeResidentOnes) {
        "layup",
        {.speculative_clip = true, .accumulation = mbm, .streamed_blocks = 3},
        2,
+       true},
+      {"layup, speculative clipping, layer-major, three micro-batches",
+       "layup",
+       {.speculative_clip = true, .accumulation = lm, .streamed_blocks = 3},
+       3,
        true},
       {"layup, deferred clipping, the head on the device, layer-major",
        "layup",

@@ -197,16 +197,21 @@ class PlanBuilder {
     if (plan_.window == UpdateWindow::kDuringBackward) std::reverse(disk_.begin(), disk_.end());
   }
 
-  // Layer-major: every micro-batch's forward and head backward, then each block's backward of
-  // every micro-batch in turn, each added into the block's sum on the device, the sum handed to
-  // the host once; the embeddings' backward of every micro-batch last, then the head's sums.
+  // Layer-major: the forward span by span, each span's of every micro-batch in turn (so a span's
+  // forward waits only for its own update of the step before, and a streamed block is filled once
+  // for it); each micro-batch's loss and head backward; then each block's backward of every
+  // micro-batch in turn, each added into the block's sum on the device, the sum handed to the host
+  // once; the embeddings' backward of every micro-batch last, then the head's sums.
   void layer_major() {
     const int final_norm = spans_ - 1;
-    for (int k = 0; k < plan_.micro_batches; ++k) {
-      for (int i = 0; i < spans_; ++i) {
+    for (int i = 0; i < final_norm; ++i)
+      for (int k = 0; k < plan_.micro_batches; ++k) {
         const int task = add(TaskKind::kForward, Lane::kDevice, i, k, {});
         if (k == 0) first_forward_.push_back(task);
       }
+    for (int k = 0; k < plan_.micro_batches; ++k) {
+      const int task = add(TaskKind::kForward, Lane::kDevice, final_norm, k, {});
+      if (k == 0) first_forward_.push_back(task);
       backward_head(k);
       head_path(final_norm, last_task(), k);
     }
@@ -543,8 +548,9 @@ std::string StepPlan::describe() const {
   // one kind over consecutive blocks in one item ("adamw blocks 11..0").
   if (accumulation == Accumulation::kLayerMajor)
     text +=
-        "  layer-major: every micro-batch's forward and backward_head first, then each block's "
-        "backward of every micro-batch in turn, summed on the device and copied once\n";
+        "  layer-major: each span's forward of every micro-batch in turn, each micro-batch's "
+        "loss and backward_head, then each block's backward of every micro-batch in turn, summed "
+        "on the device and copied once\n";
   if (micro_batches > 1) text += "  each lane, the first micro-batch and the step's own tasks:\n";
   for (int lane = 0; lane < kLaneCount; ++lane) {
     std::vector<std::string> items;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -80,13 +81,46 @@ TEST(StepPlan, EveryTaskWaitsOnlyForEarlierOnesInEveryModeAndPlacement) {
           }
 }
 
-// Layer-major (three micro-batches): every forward and head backward first; then each block's
-// backward of every micro-batch in turn, each added into its sum on the device, the sum copied to
-// the host once, the slot's first user waiting for the copy two blocks above; the embeddings'
-// backwards last. The host sums only the head's micro-batches, as micro-batch-major does. gpu
-// mode and one micro-batch ignore it.
+// Layer-major (three micro-batches): the forward span by span, each span's of every micro-batch
+// in turn (embeddings, blocks 0..3), then each micro-batch's final norm (its loss) and head
+// backward; then each block's backward of every micro-batch in turn, each added into its sum on
+// the device, the sum copied to the host once, the slot's first user waiting for the copy two
+// blocks above; the embeddings' backwards last. The host sums only the head's micro-batches, as
+// micro-batch-major does. Across steps each span's first forward waits for that span's update
+// alone (its new weights landed). gpu mode and one micro-batch ignore it.
 TEST(StepPlan, LayerMajorSumsEachBlockOnTheDeviceAndCopiesItOnce) {
   const StepPlan plan = plan_of(Mode::kLayup, 3, false, {}, Accumulation::kLayerMajor);
+  // The forward's order on the device lane.
+  std::vector<std::pair<int, int>> forwards, expected;  // (span, micro-batch)
+  for (const PlanTask& task : plan.tasks)
+    if (task.kind == TaskKind::kForward) forwards.emplace_back(task.span, task.micro_batch);
+  for (int span = 0; span < 5; ++span)
+    for (int k = 0; k < 3; ++k) expected.emplace_back(span, k);
+  for (int k = 0; k < 3; ++k) expected.emplace_back(5, k);
+  EXPECT_EQ(forwards, expected);
+  for (int k = 0; k < 3; ++k) {
+    const int head = find(plan, TaskKind::kBackward, 5, k);
+    EXPECT_GT(head, find(plan, TaskKind::kForward, 5, k));
+    if (k < 2) {
+      EXPECT_LT(head, find(plan, TaskKind::kForward, 5, k + 1));
+    }
+  }
+  for (int span = 0; span < 6; ++span) {
+    const std::vector<int>& last_step =
+        plan.tasks[find(plan, TaskKind::kForward, span, 0)].after_last_step;
+    EXPECT_NE(
+        std::find(last_step.begin(), last_step.end(), find(plan, TaskKind::kWeightsToDevice, span)),
+        last_step.end())
+        << "span " << span;
+    for (int other = 1; other < 5; ++other) {
+      if (other != span) {
+        EXPECT_EQ(std::find(last_step.begin(), last_step.end(),
+                            find(plan, TaskKind::kWeightsToDevice, other)),
+                  last_step.end())
+            << "span " << span << " waits for block " << other - 1 << "'s update";
+      }
+    }
+  }
   EXPECT_EQ(plan.accumulation, Accumulation::kLayerMajor);
   EXPECT_EQ(plan.count(TaskKind::kAddGradient, Lane::kCpu), 2 * 2);  // the head's, after k = 0
   EXPECT_EQ(plan.count(TaskKind::kGradientToHost, Lane::kToHost), 4 + 2 * 3);
@@ -257,16 +291,20 @@ TEST(StepPlan, StreamedBlocksAreFilledIntoTheirRingSlotBeforeTheyAreRead) {
       EXPECT_NE(find(plan, TaskKind::kWeightsToDevice, 1), -1);
       // One micro-batch: the forward fills blocks 1, 2, 3; the backward finds 3 and 2 in their
       // slots and fills 1 again. Micro-batch-major, each later micro-batch's forward finds 1 and 2
-      // still there and fills 3, its backward fills 1; layer-major, each later forward finds 2
-      // and fills 1 and 3, and the backward of every micro-batch fills only block 1, once.
-      const int fills = micro_batches == 1 ? 4
-                        : accumulation == Accumulation::kMicroBatchMajor
+      // still there and fills 3, its backward fills 1; layer-major, the forward fills each block
+      // once for every micro-batch, and the backward of every micro-batch only block 1, once:
+      // four fills whatever the count.
+      const int fills = accumulation == Accumulation::kMicroBatchMajor && micro_batches > 1
                             ? 4 + 2 * (micro_batches - 1)
-                            : 3 + 2 * (micro_batches - 1) + 1;
+                            : 4;
       EXPECT_EQ(plan.count(TaskKind::kWeightsIn, Lane::kToDevice), fills);
-      // The forward's fill of block 3 waits for block 1's forward, which read slot 1 before it.
+      // The forward's fill of block 3 waits for block 1's forward, which read slot 1 before it
+      // (layer-major: block 1's forward of the last micro-batch).
       const int fill_3 = find(plan, TaskKind::kWeightsIn, 4, 0);
-      EXPECT_TRUE(waits_for(plan, fill_3, find(plan, TaskKind::kForward, 2, 0)));
+      const int reader = accumulation == Accumulation::kLayerMajor && micro_batches > 1
+                             ? find(plan, TaskKind::kForward, 2, micro_batches - 1)
+                             : find(plan, TaskKind::kForward, 2, 0);
+      EXPECT_TRUE(waits_for(plan, fill_3, reader));
     }
   // gpu mode has nothing to stream from.
   EXPECT_THROW(compile_step_plan(Mode::kGpu, layout(), options, kKinds, 1, false), Error);

@@ -1,9 +1,9 @@
 // The schedules run the step plans they are compiled to: a traced step's device work (each
-// backward and each AdamW on the device) comes in the order of its plan's device lane, named as
-// its tasks, in every mode and placement; the host's updates come in its CPU lane's order where
-// the plan orders them (offload, and layup's after the norm with several micro-batches); gpu's
-// runs nothing on the host's CPU workers; the streamed blocks' fills come in the to-device lane's
-// order.
+// forward of a span, each backward and each AdamW on the device) comes in the order of its plan's
+// device lane, named as its tasks, in every mode and placement, micro-batch-major and layer-major;
+// the host's updates come in its CPU lane's order where the plan orders them (offload, and layup's
+// after the norm with several micro-batches); gpu's runs nothing on the host's CPU workers; the
+// streamed blocks' fills come in the to-device lane's order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,12 +29,15 @@ bool starts_with(const std::string& text, const char* prefix) {
   return text.rfind(prefix, 0) == 0;
 }
 
-// The names of the spans on `track` that are backward or AdamW work, in the order they started.
+// The names of the spans on `track` that are a span's forward (ForwardWaits names them "forward
+// embeddings", "forward block 3", "forward head"), backward or AdamW work, in the order they
+// started.
 std::vector<std::string> traced(const TraceRecorder& trace, const std::string& track) {
   std::vector<TraceEvent> events;
   for (const TraceEvent& event : trace.events())
     if (trace.track_name(event.track) == track &&
-        (starts_with(event.name, "backward") || starts_with(event.name, "adamw")))
+        (starts_with(event.name, "forward ") || starts_with(event.name, "backward") ||
+         starts_with(event.name, "adamw")))
       events.push_back(event);
   std::stable_sort(events.begin(), events.end(), [](const TraceEvent& a, const TraceEvent& b) {
     return a.start_us < b.start_us;
@@ -44,12 +47,18 @@ std::vector<std::string> traced(const TraceRecorder& trace, const std::string& t
   return names;
 }
 
-// The names of the plan's backward and AdamW tasks on `lane`, in its order.
+// The names of the plan's forward, backward and AdamW tasks on `lane`, in its order, a forward
+// named as the forward's trace names it.
 std::vector<std::string> planned(const StepPlan& plan, Lane lane) {
   std::vector<std::string> names;
-  for (const PlanTask& task : plan.tasks)
-    if (task.lane == lane && (task.kind == TaskKind::kBackward || task.kind == TaskKind::kAdamW))
-      names.push_back(plan.task_name(task));
+  for (const PlanTask& task : plan.tasks) {
+    if (task.lane != lane) continue;
+    const std::string name = plan.task_name(task);
+    if (task.kind == TaskKind::kForward)
+      names.push_back(name == "forward final_norm" ? "forward head" : name);
+    else if (task.kind == TaskKind::kBackward || task.kind == TaskKind::kAdamW)
+      names.push_back(name);
+  }
   return names;
 }
 

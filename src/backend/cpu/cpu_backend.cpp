@@ -67,9 +67,12 @@ class CpuOps {
   void residual_norm_forward(float* sum, float* out, float* mean, float* rstd, const float* x,
                              const float* branch, const float* weight, const float* bias,
                              BeforeNorm&& before_norm) {
-    residual_forward(sum, x, branch, s_.rows * s_.C);
+    residual_forward(sum, x, branch);
     before_norm();
     norm_forward(out, mean, rstd, sum, weight, bias);
+  }
+  void residual_forward(float* sum, const float* x, const float* branch) {
+    layup::residual_forward(sum, x, branch, s_.rows * s_.C);
   }
   void matmul_forward(float* out, const float* in, const float* weight, const float* bias,
                       int in_width, int out_width) {
@@ -240,14 +243,18 @@ float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& bat
   shape_ = graph::shape_of(config_, batch.batch, batch.seq_len);
   const int BT = shape_.rows;
   std::copy_n(batch.inputs, BT, arena_.inputs);
-  resumed_ = false;
+  resumed_ = layer_major_forward_ = layer_major_started_ = false;
   CpuOps ops(shape_, arena_);
   graph::forward(ops, shape_, layout_, params, arena_, hooks);
+  return loss_of(batch);
+}
 
+float CpuBackend::loss_of(const TokenBatch& batch) {
   if (!batch.targets) {
     next_step_ = BackwardStep::kNeedsForwardWithTargets;
     return std::numeric_limits<float>::quiet_NaN();
   }
+  const int BT = shape_.rows;
   std::copy_n(batch.targets, BT, arena_.targets);
   classifier_forward(arena_.losses, arena_.logsumexp, arena_.logits, arena_.targets, BT, shape_.V,
                      shape_.Vp);
@@ -280,6 +287,9 @@ void CpuBackend::backward_block(int layer, const ParameterPointers& params, floa
               " down to 0, then backward_embeddings",
               next_step_ == BackwardStep::kBlock ? "; the next block is " : "",
               next_step_ == BackwardStep::kBlock ? std::to_string(next_layer_) : "");
+  LAYUP_CHECK(resumed_ || !layer_major_forward_, "backward_block(", layer,
+              ") after a layer-major forward needs resume_micro_batch first: the blocks' inputs "
+              "are in the stores");
   CpuOps ops(shape_, arena_);
   graph::backward_block(ops, shape_, layout_.block(), layer, params.blocks[layer], block_grad,
                         arena_, /*recompute=*/resumed_ ? 3 : 0, /*last_kept=*/!resumed_);
@@ -339,6 +349,56 @@ void CpuBackend::resume_micro_batch(const void* store, int layer) {
   resumed_ = true;
 }
 
+size_t CpuBackend::hidden_state_bytes() const {
+  return layup::hidden_state_bytes(config_, max_batch_, max_seq_len_, sizeof(float));
+}
+
+void CpuBackend::forward_embeddings(const ParameterPointers& params, const TokenBatch& batch,
+                                    void* hidden, void* store, ForwardHooks& hooks) {
+  check_batch(params, batch);
+  LAYUP_CHECK(batch.targets != nullptr,
+              "a layer-major forward is a training step's: it needs "
+              "targets");
+  shape_ = graph::shape_of(config_, batch.batch, batch.seq_len);
+  std::copy_n(batch.inputs, shape_.rows, arena_.inputs);
+  const MicroBatchStoreLayout at =
+      micro_batch_store_layout(config_, max_batch_, max_seq_len_, sizeof(float));
+  std::copy_n(batch.inputs, shape_.rows,
+              reinterpret_cast<int32_t*>(static_cast<char*>(store) + at.tokens));
+  next_step_ = BackwardStep::kNeedsForwardWithTargets;
+  resumed_ = false;
+  layer_major_forward_ = layer_major_started_ = true;
+  CpuOps ops(shape_, arena_);
+  graph::forward_embeddings(ops, layout_, params, static_cast<float*>(hidden), hooks);
+}
+
+void CpuBackend::forward_block(int layer, const ParameterPointers& params, void* hidden,
+                               void* store, ForwardHooks& hooks) {
+  LAYUP_CHECK(layer_major_started_ && layer >= 0 && layer < config_.n_layer, "forward_block(",
+              layer, ") needs forward_embeddings first and a block of the model");
+  const MicroBatchStoreLayout at =
+      micro_batch_store_layout(config_, max_batch_, max_seq_len_, sizeof(float));
+  auto* x = static_cast<float*>(hidden);
+  std::copy_n(x, static_cast<size_t>(shape_.rows) * shape_.C,
+              reinterpret_cast<float*>(static_cast<char*>(store) + at.block_input(layer)));
+  CpuOps ops(shape_, arena_);
+  graph::forward_block(ops, shape_, layout_.block(), layer, params.blocks[layer], arena_,
+                       static_cast<const float*>(x), x, hooks);
+}
+
+float CpuBackend::forward_head(const ParameterPointers& params, const TokenBatch& batch,
+                               const void* hidden, ForwardHooks& hooks) {
+  LAYUP_CHECK(layer_major_started_ && batch.targets != nullptr && batch.batch == shape_.B &&
+                  batch.seq_len == shape_.T,
+              "forward_head needs forward_embeddings and the blocks of the same batch first, "
+              "with targets");
+  std::copy_n(static_cast<const float*>(hidden), static_cast<size_t>(shape_.rows) * shape_.C,
+              arena_.residual[config_.n_layer]);
+  CpuOps ops(shape_, arena_);
+  graph::forward_head(ops, shape_, layout_, params, arena_, hooks);
+  return loss_of(batch);
+}
+
 void CpuBackend::start_decode(int max_positions) {
   LAYUP_CHECK(max_positions >= 1, "a key/value cache needs room for a position at least");
   check_sequence_length(config_, max_positions);
@@ -374,6 +434,7 @@ const float* CpuBackend::decode(const ParameterPointers& params, std::span<const
   const TokenBatch batch{tokens.data(), nullptr, 1, count};
   check_batch(params, batch);
   next_step_ = BackwardStep::kNeedsForwardWithTargets;
+  layer_major_forward_ = layer_major_started_ = false;
   shape_ = graph::shape_of(config_, 1, count);
   std::copy_n(tokens.data(), count, arena_.inputs);
   CpuDecodeOps ops(shape_, arena_,

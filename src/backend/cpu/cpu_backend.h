@@ -42,6 +42,14 @@ class CpuBackend final : public ModelBackend {
   size_t micro_batch_state_bytes() const override;
   void park_micro_batch(void* store, bool with_inputs) override;
   void resume_micro_batch(const void* store, int layer) override;
+  // The layer-major forward's hidden states are fp32 in host memory, the CPU's "device" memory.
+  size_t hidden_state_bytes() const override;
+  void forward_embeddings(const ParameterPointers& params, const TokenBatch& batch, void* hidden,
+                          void* store, ForwardHooks& hooks) override;
+  void forward_block(int layer, const ParameterPointers& params, void* hidden, void* store,
+                     ForwardHooks& hooks) override;
+  float forward_head(const ParameterPointers& params, const TokenBatch& batch, const void* hidden,
+                     ForwardHooks& hooks) override;
   void start_decode(int max_positions) override;
   const float* decode(const ParameterPointers& params, std::span<const int32_t> tokens) override;
   int decoded_positions() const override { return decode_cache_.length; }
@@ -51,6 +59,9 @@ class CpuBackend final : public ModelBackend {
   enum class BackwardStep { kNeedsForwardWithTargets, kHead, kBlock, kEmbeddings };
 
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
+  // The mean loss of the logits against batch.targets (forward's and forward_head's), and the
+  // backward's state after it.
+  float loss_of(const TokenBatch& batch);
 
   ModelConfig config_;
   ParameterLayout layout_;
@@ -84,6 +95,11 @@ class CpuBackend final : public ModelBackend {
   // A micro-batch was resumed since the last forward: its blocks' activations are not in the
   // arena, and each block's backward computes them again from its input.
   bool resumed_ = false;
+  // The last forward was layer-major: the blocks' inputs are in the stores only, so a block's
+  // backward needs resume_micro_batch first.
+  bool layer_major_forward_ = false;
+  // forward_embeddings has run since the last forward or decode: the blocks may follow.
+  bool layer_major_started_ = false;
 };
 
 }  // namespace layup

@@ -401,6 +401,86 @@ TEST_F(CpuBackendTest, InterleavedMicroBatchesGiveEachOnesOwnGradients) {
   EXPECT_THROW(backend->resume_micro_batch(stores[0].data(), config.n_layer), Error);
 }
 
+// Records the order of the hooks a forward calls.
+struct OrderHooks final : ForwardHooks {
+  void before_embeddings() override { spans.push_back(0); }
+  void before_block(int layer) override { spans.push_back(1 + layer); }
+  void before_head() override { spans.push_back(-1); }
+  std::vector<int> spans;
+};
+
+// The layer-major forward (ModelBackend::forward_block): three micro-batches' embeddings, then
+// each block of every micro-batch, each one's residual stream in a hidden state of its own and
+// its block inputs parked in its store, then each one's head (its loss) and head backward; then
+// the layer-major backward from the stores. Every micro-batch's loss and gradients are bit for bit
+// those of its own forward and backward, with targets masked differently in each (the loss's
+// divisor is the micro-batch's own), and each hook runs once per micro-batch, before its span.
+TEST_F(CpuBackendTest, LayerMajorForwardGivesEachMicroBatchItsOwnLossAndGradients) {
+  constexpr int kMicroBatches = 3;
+  std::vector<Batch> batches;
+  std::vector<float> losses;
+  std::vector<std::vector<float>> expected, layer_major;
+  for (int k = 0; k < kMicroBatches; ++k) {
+    batches.push_back(random_batch(2, 5, config.vocab_size, 70 + k));
+    for (size_t i = 0; i < batches[k].targets.size(); i += 2 + k)
+      batches[k].targets[i] = kNotLearned;
+    expected.emplace_back(layout.total_count(), 0.0f);
+    layer_major.emplace_back(layout.total_count(), -1.0f);
+    losses.push_back(backend->forward(param_pointers(), batches[k].view()));
+    run_backward(*backend, param_pointers(), layout.pointers(expected[k].data()), config.n_layer);
+  }
+  EXPECT_EQ(backend->hidden_state_bytes(),
+            hidden_state_bytes(config, kMaxBatch, kMaxSeqLen, sizeof(float)));
+  const size_t store_floats = backend->micro_batch_state_bytes() / sizeof(float) + 1;
+  const size_t hidden_floats = backend->hidden_state_bytes() / sizeof(float);
+  std::vector<std::vector<float>> stores(kMicroBatches, std::vector<float>(store_floats)),
+      hidden(kMicroBatches, std::vector<float>(hidden_floats));
+  std::vector<OrderHooks> hooks(kMicroBatches);
+  for (int k = 0; k < kMicroBatches; ++k)
+    backend->forward_embeddings(param_pointers(), batches[k].view(), hidden[k].data(),
+                                stores[k].data(), hooks[k]);
+  for (int l = 0; l < config.n_layer; ++l)
+    for (int k = 0; k < kMicroBatches; ++k)
+      backend->forward_block(l, param_pointers(), hidden[k].data(), stores[k].data(), hooks[k]);
+  for (int k = 0; k < kMicroBatches; ++k) {
+    const float loss =
+        backend->forward_head(param_pointers(), batches[k].view(), hidden[k].data(), hooks[k]);
+    EXPECT_EQ(std::memcmp(&loss, &losses[k], sizeof loss), 0) << "micro-batch " << k;
+    const GradientPointers g = layout.pointers(layer_major[k].data());
+    backend->backward_head(param_pointers(), g.final_norm, g.embeddings, 1.0f);
+    // A block's backward needs its micro-batch resumed: its input is in the store only.
+    if (k == 0) {
+      EXPECT_THROW(backend->backward_block(config.n_layer - 1, param_pointers(),
+                                           g.blocks[config.n_layer - 1]),
+                   Error);
+    }
+    backend->park_micro_batch(stores[k].data(), /*with_inputs=*/false);
+    EXPECT_EQ(hooks[k].spans, (std::vector<int>{0, 1, 2, -1}));
+  }
+  for (int l = config.n_layer - 1; l >= 0; --l)
+    for (int k = 0; k < kMicroBatches; ++k) {
+      backend->resume_micro_batch(stores[k].data(), l);
+      backend->backward_block(l, param_pointers(),
+                              layout.pointers(layer_major[k].data()).blocks[l]);
+      backend->park_micro_batch(stores[k].data(), /*with_inputs=*/false);
+    }
+  for (int k = 0; k < kMicroBatches; ++k) {
+    backend->resume_micro_batch(stores[k].data(), -1);
+    backend->backward_embeddings(param_pointers(),
+                                 layout.pointers(layer_major[k].data()).embeddings);
+    EXPECT_EQ(
+        std::memcmp(layer_major[k].data(), expected[k].data(), expected[k].size() * sizeof(float)),
+        0)
+        << "micro-batch " << k;
+  }
+  EXPECT_NE(losses[0], losses[1]);
+  // A forward_block or forward_head needs forward_embeddings first.
+  backend->forward(param_pointers(), batches[0].view());
+  EXPECT_THROW(
+      backend->forward_block(0, param_pointers(), hidden[0].data(), stores[0].data(), hooks[0]),
+      Error);
+}
+
 // Hooks that, when called for a span, write that span's new weights into the parameters the
 // forward is reading: the forward then gives the new weights' loss and logits only if it reads
 // each span after its hook (and never before), which is what a schedule whose updates land during

@@ -91,10 +91,13 @@ class CudaOps {
       cuda::residual_layernorm_forward(sum, out, mean, rstd, x, branch, weight, bias, s_.rows, s_.C,
                                        s_.eps, stream_);
     } else {
-      cuda::residual_forward(sum, x, branch, s_.rows * s_.C, stream_);
+      residual_forward(sum, x, branch);
       before_norm();
       norm_forward(out, mean, rstd, sum, weight, bias);
     }
+  }
+  void residual_forward(T* sum, const T* x, const T* branch) {
+    cuda::residual_forward(sum, x, branch, s_.rows * s_.C, stream_);
   }
   void matmul_forward(T* out, const T* in, const T* weight, const T* bias, int in_width,
                       int out_width) {
@@ -287,6 +290,15 @@ class CudaBackend final : public ModelBackend {
   }
   void park_micro_batch(void* store, bool with_inputs) override;
   void resume_micro_batch(const void* store, int layer) override;
+  size_t hidden_state_bytes() const override {
+    return layup::hidden_state_bytes(config_, max_batch_, max_seq_len_, sizeof(T));
+  }
+  void forward_embeddings(const ParameterPointers& params, const TokenBatch& batch, void* hidden,
+                          void* store, ForwardHooks& hooks) override;
+  void forward_block(int layer, const ParameterPointers& params, void* hidden, void* store,
+                     ForwardHooks& hooks) override;
+  float forward_head(const ParameterPointers& params, const TokenBatch& batch, const void* hidden,
+                     ForwardHooks& hooks) override;
   void* compute_copy(size_t span_index) override {
     if constexpr (std::is_same_v<T, float>)
       return nullptr;
@@ -332,6 +344,20 @@ class CudaBackend final : public ModelBackend {
   };
 
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
+  // The pinned staging's ints, once the uploads queued from it have run.
+  int32_t* staging_ints();
+  // Uploads from the staging were queued: the next writer of it waits for them (staging_ints).
+  void staging_queued();
+  // The embedding backward's grouping of the BT tokens at `host_inputs` (in the staging), made on
+  // the host while the GPU computes and uploaded after it.
+  void upload_embedding_plan(const int32_t* host_inputs, int BT);
+  // The classifier's losses of the logits against batch.targets, queued with their copy back; then
+  // the mean loss once they are back, and the backward's state after it.
+  void enqueue_losses(const TokenBatch& batch);
+  float mean_loss(const TokenBatch& batch);
+  // The tokens and the embedding backward's grouping of them into `store`
+  // (ModelBackend::park_micro_batch).
+  void park_tokens(void* store);
   // The weights the kernels read: the fp32 spans themselves, or their bf16 compute copy.
   SpanPointers<const T> weights(const ParameterPointers& params) const;
   // bf16 mode: span `index`'s compute copy (layout order): where the schedule placed it, else
@@ -403,6 +429,15 @@ class CudaBackend final : public ModelBackend {
   // A micro-batch was resumed since the last forward (ModelBackend::resume_micro_batch): each
   // block's backward computes the block's forward again, the last block's too.
   bool resumed_ = false;
+  // The last forward was layer-major: the blocks' inputs are in the stores only, so a block's
+  // backward needs resume_micro_batch first.
+  bool layer_major_forward_ = false;
+  // forward_embeddings has run since the last forward or decode: the blocks may follow.
+  bool layer_major_started_ = false;
+  // Recorded after the last uploads from the pinned staging (staging_queued), while they may be
+  // queued.
+  cudaEvent_t staging_uploaded_ = nullptr;
+  bool staging_busy_ = false;
   // Per parked store, its embedding backward's segment count (the rest of the grouping lies in
   // the store, in device memory).
   std::map<const void*, int> parked_segments_;
@@ -458,11 +493,13 @@ CudaBackend<T>::CudaBackend(const ModelConfig& config, int max_batch, int max_se
                               compute_dtype_name(dtype) + ")";
   LAYUP_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: see cuda_device.h
   try {
+    LAYUP_CUDA_CHECK(cudaEventCreateWithFlags(&staging_uploaded_, cudaEventDisableTiming));
     for (int r = 0; r < kArenaRegions; ++r)
       regions_[r] = cuda_allocate(buffers_.regions[r], context);
     cublaslt_workspace_ = cuda_allocate(buffers_.cublaslt_workspace, context);
     pinned_staging_ = cuda_allocate(buffers_.pinned_staging, context);
   } catch (...) {
+    if (staging_uploaded_) cudaEventDestroy(staging_uploaded_);
     cudaStreamDestroy(stream_);  // the allocations free themselves
     throw;
   }
@@ -521,6 +558,7 @@ CudaBackend<T>::~CudaBackend() {
   // Destructors cannot throw: free what was made and ignore the status.
   if (stream_) cudaStreamSynchronize(stream_);
   cudnn_attention_.reset();  // it works on stream_, which goes below
+  if (staging_uploaded_) cudaEventDestroy(staging_uploaded_);
   if (stream_) cudaStreamDestroy(stream_);
   // The allocations free themselves after this.
 }
@@ -571,35 +609,46 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   sizes_ = graph::shape_of(config_, batch.batch, batch.seq_len);
   const int BT = sizes_.rows;
 
-  // Host staging: the previous forward synchronized, so its uploads are done.
-  int32_t* host_inputs = host_ints_;
-  int32_t* host_targets = host_inputs + BT;
+  int32_t* host_inputs = staging_ints();
   std::copy_n(batch.inputs, BT, host_inputs);
   LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.tokens, host_inputs, BT * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));
   CastingHooks casting(*this, params, hooks);
   CudaOps<T> graph_ops = ops();
-  resumed_ = false;
+  resumed_ = layer_major_forward_ = layer_major_started_ = false;
   graph::forward(graph_ops, sizes_, layout_, weights(params), arena_, casting);
   logits_valid_ = true;
 
   if (!batch.targets) {
     next_step_ = BackwardStep::kNeedsForwardWithTargets;
     LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    staging_busy_ = false;
     return std::numeric_limits<float>::quiet_NaN();
   }
-  std::copy_n(batch.targets, BT, host_targets);
-  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.targets, host_targets, BT * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, stream_));
-  cuda::classifier_forward(arena_.losses, arena_.logsumexp, arena_.logits, arena_.targets, BT,
-                           sizes_.V, sizes_.Vp, stream_);
-  LAYUP_CUDA_CHECK(cudaMemcpyAsync(host_losses_, arena_.losses, BT * sizeof(float),
-                                   cudaMemcpyDeviceToHost, stream_));
+  enqueue_losses(batch);
+  upload_embedding_plan(host_inputs, BT);  // while the GPU runs the forward
+  return mean_loss(batch);
+}
 
-  // While the GPU runs the forward: group the positions by token for the embedding backward.
+template <class T>
+int32_t* CudaBackend<T>::staging_ints() {
+  if (staging_busy_) LAYUP_CUDA_CHECK(cudaEventSynchronize(staging_uploaded_));
+  staging_busy_ = false;
+  return host_ints_;
+}
+
+template <class T>
+void CudaBackend<T>::staging_queued() {
+  LAYUP_CUDA_CHECK(cudaEventRecord(staging_uploaded_, stream_));
+  staging_busy_ = true;
+}
+
+template <class T>
+void CudaBackend<T>::upload_embedding_plan(const int32_t* host_inputs, int BT) {
   const cuda::EmbeddingBackwardPlan plan = cuda::make_embedding_backward_plan(host_inputs, BT);
   segments_ = plan.segments();
-  int32_t* host_positions = host_targets + BT;
+  // The staging's order: inputs, targets, then these.
+  int32_t* host_positions = host_ints_ + 2 * BT;
   int32_t* host_starts = host_positions + BT;
   int32_t* host_segment_tokens = host_starts + BT + 1;
   std::copy(plan.positions.begin(), plan.positions.end(), host_positions);
@@ -612,13 +661,99 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
                                    stream_));
   LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.segment_token, host_segment_tokens,
                                    segments_ * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+}
 
+template <class T>
+void CudaBackend<T>::enqueue_losses(const TokenBatch& batch) {
+  const int BT = sizes_.rows;
+  int32_t* host_targets = host_ints_ + BT;
+  std::copy_n(batch.targets, BT, host_targets);
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.targets, host_targets, BT * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+  cuda::classifier_forward(arena_.losses, arena_.logsumexp, arena_.logits, arena_.targets, BT,
+                           sizes_.V, sizes_.Vp, stream_);
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(host_losses_, arena_.losses, BT * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+}
+
+template <class T>
+float CudaBackend<T>::mean_loss(const TokenBatch& batch) {
+  const int BT = sizes_.rows;
   learned_targets_ = learned_target_count(batch.targets, BT);
   LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  staging_busy_ = false;
   double total = 0.0;
   for (int n = 0; n < BT; ++n) total += host_losses_[n];
   next_step_ = BackwardStep::kHead;
   return learned_targets_ > 0 ? static_cast<float>(total / learned_targets_) : 0.0f;
+}
+
+// The layer-major forward (ModelBackend::forward_embeddings): the same uploads as forward's, the
+// embeddings into the micro-batch's hidden state, and the tokens parked at once (the blocks of the
+// other micro-batches run before this one's head).
+template <class T>
+void CudaBackend<T>::forward_embeddings(const ParameterPointers& params, const TokenBatch& batch,
+                                        void* hidden, void* store, ForwardHooks& hooks) {
+  check_batch(params, batch);
+  LAYUP_CHECK(recompute_ >= 3 && batch.targets != nullptr,
+              "a layer-major forward needs targets (a training step's) and --recompute 3 (each "
+              "block's backward computes its forward again from its stored input; this backend "
+              "runs --recompute ",
+              recompute_, ")");
+  sizes_ = graph::shape_of(config_, batch.batch, batch.seq_len);
+  const int BT = sizes_.rows;
+  int32_t* host_inputs = staging_ints();
+  std::copy_n(batch.inputs, BT, host_inputs);
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.tokens, host_inputs, BT * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+  next_step_ = BackwardStep::kNeedsForwardWithTargets;
+  logits_valid_ = false;
+  resumed_ = false;
+  layer_major_forward_ = layer_major_started_ = true;
+  CastingHooks casting(*this, params, hooks);
+  CudaOps<T> graph_ops = ops();
+  graph::forward_embeddings(graph_ops, layout_, weights(params), static_cast<T*>(hidden), casting);
+  upload_embedding_plan(host_inputs, BT);
+  staging_queued();
+  park_tokens(store);
+}
+
+template <class T>
+void CudaBackend<T>::forward_block(int layer, const ParameterPointers& params, void* hidden,
+                                   void* store, ForwardHooks& hooks) {
+  LAYUP_CHECK(layer_major_started_ && layer >= 0 && layer < config_.n_layer, "forward_block(",
+              layer, ") needs forward_embeddings first and a block of the model");
+  const MicroBatchStoreLayout at =
+      micro_batch_store_layout(config_, max_batch_, max_seq_len_, sizeof(T));
+  T* x = static_cast<T*>(hidden);
+  // The block's input into the store, in the stream's order before the block overwrites it.
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(store) + at.block_input(layer), x,
+                                   static_cast<size_t>(sizes_.rows) * sizes_.C * sizeof(T),
+                                   cudaMemcpyDefault, stream_));
+  CastingHooks casting(*this, params, hooks);
+  CudaOps<T> graph_ops = ops();
+  graph::forward_block(graph_ops, sizes_, layout_.block(), layer, weights(params).blocks[layer],
+                       arena_, static_cast<const T*>(x), x, casting);
+}
+
+template <class T>
+float CudaBackend<T>::forward_head(const ParameterPointers& params, const TokenBatch& batch,
+                                   const void* hidden, ForwardHooks& hooks) {
+  LAYUP_CHECK(layer_major_started_ && batch.targets != nullptr && batch.batch == sizes_.B &&
+                  batch.seq_len == sizes_.T,
+              "forward_head needs forward_embeddings and the blocks of the same batch first, "
+              "with targets");
+  // backward_head reads x_L where forward leaves it.
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.residual[config_.n_layer], hidden,
+                                   static_cast<size_t>(sizes_.rows) * sizes_.C * sizeof(T),
+                                   cudaMemcpyDefault, stream_));
+  CastingHooks casting(*this, params, hooks);
+  CudaOps<T> graph_ops = ops();
+  graph::forward_head(graph_ops, sizes_, layout_, weights(params), arena_, casting);
+  logits_valid_ = true;
+  staging_ints();  // the targets go where no upload still reads
+  enqueue_losses(batch);
+  return mean_loss(batch);
 }
 
 template <class T>
@@ -665,6 +800,9 @@ void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, 
               " down to 0, then backward_embeddings",
               next_step_ == BackwardStep::kBlock ? "; the next block is " : "",
               next_step_ == BackwardStep::kBlock ? std::to_string(next_layer_) : "");
+  LAYUP_CHECK(resumed_ || !layer_major_forward_, "backward_block(", layer,
+              ") after a layer-major forward needs resume_micro_batch first: the blocks' inputs "
+              "are in the stores");
   CudaOps<T> graph_ops = ops();
   graph::backward_block(graph_ops, sizes_, layout_.block(), layer, weights(params).blocks[layer],
                         block_grad, arena_, recompute_, /*last_kept=*/!resumed_);
@@ -696,8 +834,19 @@ void CudaBackend<T>::park_micro_batch(void* store, bool with_inputs) {
   LAYUP_CUDA_CHECK(cudaMemcpyAsync(base + at.d_residual, arena_.d_residual, activation_bytes,
                                    cudaMemcpyDefault, stream_));
   if (!with_inputs) return;
+  park_tokens(store);
+  for (int layer = 0; layer < config_.n_layer; ++layer)
+    LAYUP_CUDA_CHECK(cudaMemcpyAsync(base + at.block_input(layer), arena_.residual[layer],
+                                     activation_bytes, cudaMemcpyDefault, stream_));
+}
+
+template <class T>
+void CudaBackend<T>::park_tokens(void* store) {
+  const MicroBatchStoreLayout at =
+      micro_batch_store_layout(config_, max_batch_, max_seq_len_, sizeof(T));
+  const size_t rows = static_cast<size_t>(sizes_.rows);
   // The tokens and the embedding backward's grouping of them, in the order the store keeps them.
-  auto* ints = reinterpret_cast<int32_t*>(base + at.tokens);
+  auto* ints = reinterpret_cast<int32_t*>(static_cast<char*>(store) + at.tokens);
   const std::array<std::pair<const int32_t*, size_t>, 4> parts = {{{arena_.tokens, rows},
                                                                    {arena_.positions, rows},
                                                                    {arena_.segment_start, rows + 1},
@@ -707,9 +856,6 @@ void CudaBackend<T>::park_micro_batch(void* store, bool with_inputs) {
         cudaMemcpyAsync(ints, from, count * sizeof(int32_t), cudaMemcpyDefault, stream_));
     ints += count;
   }
-  for (int layer = 0; layer < config_.n_layer; ++layer)
-    LAYUP_CUDA_CHECK(cudaMemcpyAsync(base + at.block_input(layer), arena_.residual[layer],
-                                     activation_bytes, cudaMemcpyDefault, stream_));
   parked_segments_[store] = segments_;
 }
 
@@ -802,9 +948,9 @@ const float* CudaBackend<T>::decode(const ParameterPointers& params,
   check_batch(params, batch);
   next_step_ = BackwardStep::kNeedsForwardWithTargets;
   logits_valid_ = false;
+  layer_major_forward_ = layer_major_started_ = false;
   sizes_ = graph::shape_of(config_, 1, count);
-  // Host staging: the previous call synchronized, so its upload is done.
-  std::copy_n(tokens.data(), count, host_ints_);
+  std::copy_n(tokens.data(), count, staging_ints());
   LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.tokens, host_ints_, count * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));
   T* keys = static_cast<T*>(decode_cache_.get());

@@ -619,8 +619,13 @@ TEST_P(CudaBackendTest, LayupHeadOnDeviceAgrees) {
 // (ModelBackend::park_micro_batch): two micro-batches' forwards and head backwards first, each
 // parked in a store in device memory, then each block's backward of both (the block's forward
 // computed again from its stored input, the last block's too), the embeddings' last: each
-// micro-batch's gradients against the CPU's backward of that micro-batch alone. Then layup and
-// offload with --accumulate layer-major for 5 steps against gpu mode.
+// micro-batch's gradients against the CPU's backward of that micro-batch alone. The same with the
+// layer-major forward (ModelBackend::forward_block: each block of both micro-batches in turn,
+// their residual streams in hidden states in device memory, targets masked differently in each):
+// each micro-batch's loss and gradients against the CPU's. Then layup and offload with
+// --accumulate layer-major for 5 steps (their forward layer-major too; layup also with every
+// block streamed, filled once for the forward) against gpu mode, and layup layer-major against
+// layup micro-batch-major.
 TEST_P(CudaBackendTest, LayerMajorAccumulationMatchesCpu) {
   constexpr int kMicroBatches = 2;
   const Tolerances tol = tolerances();
@@ -664,11 +669,69 @@ TEST_P(CudaBackendTest, LayerMajorAccumulationMatchesCpu) {
                 GetParam().model, compute_dtype_name(dtype()), k, worst);
   }
 
+  // The layer-major forward, each micro-batch's targets masked its own way.
+  std::vector<float> cpu_losses;
+  std::vector<std::unique_ptr<DeviceArray<float>>> hidden;
+  const size_t hidden_floats = backend->hidden_state_bytes() / sizeof(float);
+  EXPECT_EQ(
+      backend->hidden_state_bytes(),
+      hidden_state_bytes(config, kMaxBatch, kMaxSeqLen, dtype() == ComputeDtype::kFloat32 ? 4 : 2));
+  struct NoHooks final : ForwardHooks {};
+  NoHooks no_hooks;
+  for (int k = 0; k < kMicroBatches; ++k) {
+    for (size_t i = 0; i < batches[k].targets.size(); i += 3 + k)
+      batches[k].targets[i] = kNotLearned;
+    std::fill(cpu_grads[k].begin(), cpu_grads[k].end(), 0.0f);
+    cpu_losses.push_back(cpu->forward(host_params(), batches[k].view()));
+    run_backward(*cpu, host_params(), layout.pointers(cpu_grads[k].data()), config.n_layer);
+    gpu_grads[k] = device_gradients();
+    hidden.push_back(std::make_unique<DeviceArray<float>>(hidden_floats));
+  }
+  for (int k = 0; k < kMicroBatches; ++k)
+    backend->forward_embeddings(device_params(), batches[k].view(), hidden[k]->get(),
+                                stores[k]->get(), no_hooks);
+  for (int l = 0; l < config.n_layer; ++l)
+    for (int k = 0; k < kMicroBatches; ++k)
+      backend->forward_block(l, device_params(), hidden[k]->get(), stores[k]->get(), no_hooks);
+  for (int k = 0; k < kMicroBatches; ++k) {
+    const float loss =
+        backend->forward_head(device_params(), batches[k].view(), hidden[k]->get(), no_hooks);
+    const double loss_error = std::fabs(loss - cpu_losses[k]) / std::fabs(cpu_losses[k]);
+    EXPECT_LE(loss_error, tol.loss)
+        << "micro-batch " << k << ": " << loss << " vs " << cpu_losses[k];
+    const GradientPointers g = layout.pointers(gpu_grads[k]->get());
+    backend->backward_head(device_params(), g.final_norm, g.embeddings, 1.0f);
+    backend->park_micro_batch(stores[k]->get(), /*with_inputs=*/false);
+  }
+  for (int l = config.n_layer - 1; l >= 0; --l)
+    for (int k = 0; k < kMicroBatches; ++k) {
+      backend->resume_micro_batch(stores[k]->get(), l);
+      backend->backward_block(l, device_params(), layout.pointers(gpu_grads[k]->get()).blocks[l]);
+      backend->park_micro_batch(stores[k]->get(), /*with_inputs=*/false);
+    }
+  for (int k = 0; k < kMicroBatches; ++k) {
+    backend->resume_micro_batch(stores[k]->get(), -1);
+    backend->backward_embeddings(device_params(), layout.pointers(gpu_grads[k]->get()).embeddings);
+    const std::vector<float> gpu = gpu_grads[k]->download();
+    double worst = 0.0;
+    for (const TensorSpec& tensor : layout.tensors()) {
+      const double error = relative_error(slice(gpu, tensor.offset, tensor.count),
+                                          slice(cpu_grads[k], tensor.offset, tensor.count));
+      worst = std::max(worst, error);
+      EXPECT_LE(error, tol.gradients)
+          << "layer-major forward, micro-batch " << k << ", gradient of " << tensor.name;
+    }
+    std::printf("[ %s %s ] layer-major forward, micro-batch %d: worst gradient error %.2e\n",
+                GetParam().model, compute_dtype_name(dtype()), k, worst);
+  }
+
   // Whole steps: equal-shape micro-batches, as layer-major needs.
-  const auto run = [&](const std::string& mode, Accumulation accumulation, float clip) {
+  const auto run = [&](const std::string& mode, Accumulation accumulation, float clip,
+                       int streamed_blocks = 0) {
     ModeRun result;
     ScheduleOptions options{.cpu_workers = 2, .host_gradient = clip > 0.0f || mode != "layup"};
     options.accumulation = accumulation;
+    options.streamed_blocks = streamed_blocks;
     std::unique_ptr<Schedule> schedule =
         make_schedule(parse_in(kModeNames, mode, "mode"),
                       make_cuda_backend(config, kMaxBatch, kMaxSeqLen, dtype(), /*recompute=*/3),
@@ -698,6 +761,11 @@ TEST_P(CudaBackendTest, LayerMajorAccumulationMatchesCpu) {
                   "layup, layer-major" + clip_name);
     expect_agrees(run("offload", Accumulation::kLayerMajor, clip), gpu_run,
                   "offload, layer-major" + clip_name);
+    expect_agrees(run("layup", Accumulation::kLayerMajor, clip, config.n_layer), gpu_run,
+                  "layup, layer-major, every block streamed" + clip_name);
+    expect_agrees(run("layup", Accumulation::kLayerMajor, clip),
+                  run("layup", Accumulation::kMicroBatchMajor, clip),
+                  "layup, layer-major against micro-batch-major" + clip_name);
   }
 }
 
