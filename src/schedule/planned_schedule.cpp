@@ -195,7 +195,8 @@ class PlannedSchedule final : public Schedule {
     device_track_ = device_track(recorder);
     model_.set_trace(recorder);
     cpu_track_ = recorder != nullptr ? recorder->track("cpu workers") : 0;
-    staging_track_ = recorder != nullptr ? recorder->track("staging") : 0;
+    staging_track_ =
+        recorder != nullptr && StagedTier::any(options_) ? recorder->track("staging") : 0;
     consumer_track_ = recorder != nullptr ? recorder->track("gradients to host") : 0;
   }
 
