@@ -39,6 +39,16 @@ std::shared_ptr<const DeviceFence> Device::copy_to_device_after(const DeviceFenc
   return fence();  // the copy has landed when copy_to_device returns
 }
 
+void Device::copy_to_host_async(const DeviceFence& after, void* host_dst, const void* device_src,
+                                size_t bytes, std::function<void()> landed) {
+  LAYUP_CHECK(bytes % sizeof(float) == 0, "internal error: ", name(),
+              " copies whole floats to the host, not ", bytes, " bytes");
+  wait_for(after);
+  copy_to_host(static_cast<float*>(host_dst), static_cast<const float*>(device_src),
+               bytes / sizeof(float));
+  if (landed) landed();
+}
+
 std::vector<uint8_t> Device::new_collectives_id() {
   fail("the ", name(), " device has no collectives of its own (several ranks sum in host memory)");
 }

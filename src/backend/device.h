@@ -163,6 +163,14 @@ class Device {
                                                                   void* device_dst,
                                                                   const void* host_src,
                                                                   size_t bytes);
+  // `bytes` of device memory into host memory (pinned on CUDA) once `after` has passed, beside
+  // the device's work and without waiting for work issued after the fence (on CUDA on the copy
+  // stream to the host), and returns at once; `landed` (may be empty) runs once the copy is there
+  // (on CUDA on CUDA's callback thread: it must not call CUDA, throw, or block for long). Copies
+  // it starts land in the order they were started. Nothing may write device_src or read host_dst
+  // until then. The base waits for the fence and copies on the calling thread.
+  virtual void copy_to_host_async(const DeviceFence& after, void* host_dst, const void* device_src,
+                                  size_t bytes, std::function<void()> landed);
   // Device work issued after this call, by any thread, starts only once `fence` has passed (on
   // CUDA the compute stream waits for it; the base waits on the calling thread).
   virtual void order_after(const DeviceFence& fence) { wait_for(fence); }

@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "core/error.h"
+#include "engine/calibration.h"
 #include "engine/run_composer.h"
 #include "memory/memory_plan.h"
 #include "memory/plan_file.h"
@@ -47,6 +48,10 @@ RunRequest run_request(const MemoryFlags& flags) {
   spec.place = place_flags_with_plan(flags.plan_path, flags.place);
   RunRequest request = run_request_of(spec);
   request.plan.ranks = flags.ranks;
+  // --optimizer-placement auto stages blocks through the device by the calibration's rates.
+  if (const std::optional<Calibration> calibration =
+          load_calibration(calibration_path_or_default(flags.calibration_path)))
+    request.rates = calibration->rates;
   return request;
 }
 
@@ -196,7 +201,9 @@ void add_memory_command(CLI::App& app) {
     if (any_on_disk > 0) table += row("on disk (--offload-dir)", on_disk);
     std::vector<std::string> splits;
     for (const MemoryPlan& plan : plans)
-      splits.push_back(plan.request.mode == Mode::kLayup
+      splits.push_back(plan.request.mode == Mode::kLayup ||
+                               (plan.request.mode == Mode::kOffload &&
+                                plan.request.optimizer_placement.blocks_staged() > 0)
                            ? plan.request.optimizer_placement.name()
                            : (plan.request.mode == Mode::kGpu ? "device" : "host"));
     table += row("optimizer state", splits);

@@ -196,11 +196,14 @@ void add_optimizer_placement_flags(CLI::App& command, OptimizerPlacement& placem
           [&placement](const std::string& text) { placement = OptimizerPlacement::parse(text); },
           "Where layup keeps the blocks' fp32 master weights and AdamW moments: device:K (the "
           "first K blocks on the device, updated there), disk:D (the last D blocks in a file "
-          "under --offload-dir, updated by the CPU), device:K,disk:D, the rest on the host "
-          "(updated by the CPU); host (device:0), or auto: on a discrete GPU as many blocks on "
-          "the device as its memory (or --device-budget) admits, then, with --offload-dir, as "
-          "few on disk as the host's memory needs")
-      ->type_name("auto, host, device:K, disk:D, device:K,disk:D")
+          "under --offload-dir, updated by the CPU), staged:S (S of the other blocks, spread "
+          "over them, kept on the host and updated by the device's AdamW through two staging "
+          "slots in its memory; offload too), joined by commas, the rest on the host (updated by "
+          "the CPU); host (device:0), or auto: on a discrete GPU as many blocks on the device as "
+          "its memory (or --device-budget) admits, then, with --offload-dir, as few on disk as "
+          "the host's memory needs; with a calibration, as many staged as the step-time model "
+          "predicts fastest")
+      ->type_name("auto, host, device:K, disk:D, staged:S, joined by commas")
       ->default_str("auto");
   add_path_flag(command, "--offload-dir", offload_dir, "directory",
                 "layup: a directory on a local disk for the optimizer state of blocks placed "

@@ -71,22 +71,30 @@ struct StreamedBlocks {
 // Where layup keeps the blocks' fp32 master weights and AdamW moments (--optimizer-placement):
 // auto lets the planner choose against each tier's budget (engine/memory_planner.h); otherwise
 // the first device_blocks blocks on the device, the last disk_blocks in a file under
-// --offload-dir, the rest on the host ("host" is device:0).
+// --offload-dir, staged_blocks of the rest spread over them with their state on the host and
+// their AdamW on the device (staged through a slot in device memory; offload too), the rest on
+// the host ("host" is device:0).
 struct OptimizerPlacement {
   bool automatic = true;
   int device_blocks = 0;
-  bool resolved = false;  // auto, with device_blocks and disk_blocks chosen by the planner
+  bool resolved = false;  // auto, with device_blocks, disk_blocks, staged_blocks chosen
   int disk_blocks = 0;
+  int staged_blocks = 0;
 
-  // Blocks on the device and on disk: what was asked, or what auto resolved to (0 before).
+  // Blocks on the device, on disk and staged: what was asked, or what auto resolved to (0
+  // before).
   int blocks_on_device() const { return automatic && !resolved ? 0 : device_blocks; }
   int blocks_on_disk() const { return automatic && !resolved ? 0 : disk_blocks; }
-  // "auto", "host", "device:12", "disk:4", "device:12,disk:4"; "auto (device:12)" once resolved.
+  int blocks_staged() const { return automatic && !resolved ? 0 : staged_blocks; }
+  // "auto", "host", "device:12", "disk:4", "device:12,disk:4", "staged:12", "device:2,staged:12";
+  // "auto (device:12)" once resolved.
   std::string name() const {
     std::string split;
     if (device_blocks > 0) split = "device:" + std::to_string(device_blocks);
     if (disk_blocks > 0)
       split += (split.empty() ? "disk:" : ",disk:") + std::to_string(disk_blocks);
+    if (staged_blocks > 0)
+      split += (split.empty() ? "staged:" : ",staged:") + std::to_string(staged_blocks);
     if (split.empty()) split = "host";
     if (!automatic) return split;
     return resolved ? "auto (" + split + ")" : "auto";
@@ -94,10 +102,10 @@ struct OptimizerPlacement {
   // Throws layup::Error for anything else, saying what it takes.
   static OptimizerPlacement parse(const std::string& text) {
     if (text == "auto") return {};
-    OptimizerPlacement placement{false, 0, false, 0};
+    OptimizerPlacement placement{false, 0, false, 0, 0};
     if (text == "host") return placement;
-    // device:K, disk:D, or both joined by a comma, each at most once.
-    bool device = false, disk = false, valid = !text.empty();
+    // device:K, disk:D, staged:S, joined by commas, each at most once.
+    bool device = false, disk = false, staged = false, valid = !text.empty();
     size_t start = 0;
     while (valid && start <= text.size()) {
       const size_t comma = text.find(',', start);
@@ -113,22 +121,27 @@ struct OptimizerPlacement {
       } catch (const std::exception&) {
       }
       valid = used == count.size() && blocks >= 0 &&
-              ((tier == "device" && !device) || (tier == "disk" && !disk));
+              ((tier == "device" && !device) || (tier == "disk" && !disk) ||
+               (tier == "staged" && !staged));
       if (valid && tier == "device") {
         device = true;
         placement.device_blocks = blocks;
-      } else if (valid) {
+      } else if (valid && tier == "disk") {
         disk = true;
         placement.disk_blocks = blocks;
+      } else if (valid) {
+        staged = true;
+        placement.staged_blocks = blocks;
       }
       if (comma == std::string::npos) break;
       start = comma + 1;
     }
     if (valid) return placement;
     fail(
-        "--optimizer-placement takes auto, host, device:K, disk:D or device:K,disk:D (the first K "
-        "blocks' optimizer state on the device, the last D in a file under --offload-dir, the "
-        "rest on the host), got '",
+        "--optimizer-placement takes auto, host, or device:K, disk:D and staged:S joined by commas "
+        "(the first K blocks' optimizer state on the device, the last D in a file under "
+        "--offload-dir, S blocks spread over the rest with their state on the host and their "
+        "AdamW on the device, the rest on the host), got '",
         text, "'");
   }
   bool operator==(const OptimizerPlacement&) const = default;

@@ -290,6 +290,15 @@ std::optional<Calibration> load_calibration(const std::string& path) {
   return parse_calibration(text.str(), path);
 }
 
+std::optional<MachineRates> cached_machine_rates() {
+  try {
+    if (const std::optional<Calibration> calibration = load_calibration(default_calibration_path()))
+      return calibration->rates;
+  } catch (const Error&) {
+  }
+  return std::nullopt;
+}
+
 void save_calibration(const std::string& path, const Calibration& calibration) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);

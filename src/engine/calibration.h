@@ -48,6 +48,10 @@ nlohmann::json calibration_json(const Calibration& calibration);
 Calibration parse_calibration(const std::string& text, const std::string& source);
 // The calibration in `path`, or none when there is no file; a file that is not one throws.
 std::optional<Calibration> load_calibration(const std::string& path);
+// The rates of the calibration in default_calibration_path(), what `layup train` and `layup bench`
+// plan with (--optimizer-placement auto's staged blocks); none where there is no file or it is
+// not a calibration (the run goes on without them).
+std::optional<MachineRates> cached_machine_rates();
 // Writes it atomically, making the directory.
 void save_calibration(const std::string& path, const Calibration& calibration);
 

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_backend_buffers.h"
 #include "core/error.h"
 #include "engine/backend_factory.h"
+#include "engine/calibration.h"
 #include "io/streamed_file_writer.h"
 #include "model/parameter_layout.h"
 #include "model/shape_limits.h"
@@ -252,10 +253,8 @@ MemoryPlanRequest resolve_placement_and_head(MemoryPlanRequest request,
   return resolve_blocks(request, budgets, /*disk=*/true);  // nothing fits: the check says why
 }
 
-}  // namespace
-
-MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
-                                              const MemoryBudgets& budgets) {
+// --optimizer-placement, --layup-head and --streamed-blocks auto without staged blocks.
+MemoryPlanRequest resolve_tiers(MemoryPlanRequest request, const MemoryBudgets& budgets) {
   MemoryPlanRequest resolved =
       resolve_streamed_blocks(resolve_placement_and_head(request, budgets), budgets);
   // The head's and the blocks' placement are chosen before streaming, which they do not see:
@@ -269,6 +268,76 @@ MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
   MemoryPlanRequest retried =
       resolve_streamed_blocks(resolve_placement_and_head(host_head, budgets), budgets);
   return fits(plan_memory(retried), budgets) ? retried : resolved;
+}
+
+// The predicted step of `request`'s plan at `rates`, or none where the plan cannot be made (a
+// choice it refuses) or the rates cannot predict it.
+std::optional<double> predicted_step_s(const MemoryPlanRequest& request,
+                                       const MachineRates& rates) {
+  try {
+    const RunMemory run = plan_run_memory(request);
+    const StepTimeRequest step = step_time_request(request, run.step);
+    if (!missing_rates(step, rates).empty()) return std::nullopt;
+    return predict_step_time(step, rates).step_s;
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// --optimizer-placement auto's staged blocks (resolve_optimizer_placement): `resolved` (its other
+// choices made from `asked`) with the number of blocks staged through the device whose plan fits
+// and is predicted fastest at `rates`, each count's streamed blocks resolved again (the slots take
+// device memory); none where no count beats staging none by 1%. Only offload and layup on a
+// discrete GPU with a host-updated block, one rank and no block on disk, and an automatic
+// placement.
+MemoryPlanRequest resolve_staged_blocks(MemoryPlanRequest resolved, const MemoryPlanRequest& asked,
+                                        const MemoryBudgets& budgets, const MachineRates* rates) {
+  const OptimizerPlacement& placement = resolved.optimizer_placement;
+  const bool may_stage = rates != nullptr && asked.optimizer_placement.automatic &&
+                         !asked.optimizer_placement.resolved &&
+                         (resolved.mode == Mode::kLayup || resolved.mode == Mode::kOffload) &&
+                         resolved.device == DeviceKind::kCuda && !resolved.attributes.integrated &&
+                         resolved.ranks <= 1 && placement.blocks_on_disk() == 0;
+  if (!may_stage) return resolved;
+  const int candidates = resolved.config.n_layer - placement.blocks_on_device();
+  const std::optional<double> none = predicted_step_s(resolved, *rates);
+  if (candidates <= 0 || !none || !fits(plan_memory(resolved), budgets)) return resolved;
+  MemoryPlanRequest best = resolved;
+  double best_s = *none * 0.99;
+  for (int staged = 1; staged <= candidates; ++staged) {
+    MemoryPlanRequest tried = resolved;
+    tried.optimizer_placement.automatic = true;
+    tried.optimizer_placement.resolved = true;
+    tried.optimizer_placement.staged_blocks = staged;
+    if (asked.streamed_blocks.automatic) {
+      tried.streamed_blocks = asked.streamed_blocks;
+      tried.streamed_blocks.resolved = false;
+      try {
+        tried = resolve_streamed_blocks(tried, budgets);
+      } catch (const Error&) {
+        continue;
+      }
+    }
+    const std::optional<double> step_s = predicted_step_s(tried, *rates);
+    if (!step_s || *step_s >= best_s) continue;
+    bool fitting = false;
+    try {
+      fitting = fits(plan_memory(tried), budgets);
+    } catch (const Error&) {
+    }
+    if (!fitting) continue;
+    best = tried;
+    best_s = *step_s;
+  }
+  return best;
+}
+
+}  // namespace
+
+MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
+                                              const MemoryBudgets& budgets,
+                                              const MachineRates* rates) {
+  return resolve_staged_blocks(resolve_tiers(request, budgets), request, budgets, rates);
 }
 
 void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "backend/device.h"
+#include "engine/step_time_model.h"
 #include "memory/memory_plan.h"
 #include "schedule/schedule.h"
 #include "schedule/step_plan.h"
@@ -38,8 +39,13 @@ MemoryPlan plan_memory(const MemoryPlanRequest& request);
 // as it was. --layup-head auto, which puts the head on a discrete GPU, is resolved too: to the
 // host where no plan with the head on the device fits and one with it on the host does, before
 // any block goes to disk. So auto never refuses a run that some explicit head and placement fit.
+// With the machine's `rates` (a calibration; null: none), offload and layup on a discrete GPU then
+// stage through the device the number of the host's blocks (spread over them) whose plan fits and
+// the step-time model predicts fastest, where that is at least 1% faster than staging none: the
+// device's AdamW beside the CPU's, each taking the share its rate and the link's allow.
 MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
-                                              const MemoryBudgets& budgets);
+                                              const MemoryBudgets& budgets,
+                                              const MachineRates* rates = nullptr);
 
 // check_budget (memory/memory_plan.h), offering what fits from plans of this planner.
 void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets);

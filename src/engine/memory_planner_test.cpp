@@ -836,6 +836,95 @@ TEST(MemoryPlan, OptimizerPlacementSplitsTheBlocksBetweenDeviceAndHost) {
             std::string::npos);
 }
 
+// --optimizer-placement staged:S: S of the blocks the host would update spread over them, their
+// state on the host and their AdamW on the device through two slots in device memory, which the
+// plan lists and the CPU backend's accountant measures (offload and layup, after a step); the
+// plan's step stages them and the step-time model times its tasks. gpu mode, blocks on disk and
+// a count past the model are refused.
+TEST(MemoryPlan, StagedBlocksTakeTheirSlotsOnTheDevice) {
+  const ModelConfig config = tiny_config();
+  const ParameterLayout layout(config);
+  constexpr int kBatch = 2, kSeqLen = 8;
+  for (const char* mode : {"offload", "layup"}) {
+    SCOPED_TRACE(mode);
+    MemoryPlanRequest request = cpu_request(config, mode, kBatch, kSeqLen, 2);
+    request.optimizer_placement = OptimizerPlacement::parse("staged:2");
+    const RunMemory run = plan_run_memory(request, 1);
+    // Of the three blocks, the second and the third: (c + 1) 2 / 3 passes a whole number.
+    const std::vector<UpdateSite>& sites = run.schedule.update_sites;
+    ASSERT_EQ(sites.size(), layout.spans().size());
+    EXPECT_EQ(sites[1], UpdateSite::kHost);
+    EXPECT_EQ(sites[2], UpdateSite::kStaged);
+    EXPECT_EQ(sites[3], UpdateSite::kStaged);
+    EXPECT_EQ(run.step.staging_slots, 2);
+    size_t slots = 0;
+    for (const PlannedAllocation& a : run.plan.allocations)
+      if (a.what.find("staging slots of the staged blocks") != std::string::npos) {
+        EXPECT_EQ(a.side, MemorySide::kDevice) << a.what;
+        slots += a.bytes;
+      }
+    // A gradient, master weights (the CPU backend computes with them in place) and fp32 moments.
+    EXPECT_GE(slots, 2 * 4 * layout.block().count * sizeof(float));
+    auto accountant = std::make_shared<MemoryAccountant>();
+    std::unique_ptr<Schedule> schedule =
+        make_schedule(run.plan.request.mode, make_cpu_backend(config, kBatch, kSeqLen, accountant),
+                      make_cpu_device(accountant), layout, run.schedule);
+    schedule->import_tensors(fresh_optimizer_tensors(layout, 7));
+    ASSERT_TRUE(random_step(*schedule, config, kBatch, kSeqLen, 2, 1.0f).applied);
+    for (MemorySide side : kAllMemorySides)
+      for (TensorClass c : kAllTensorClasses)
+        for (MemoryKind kind : kAllMemoryKinds)
+          EXPECT_EQ(accountant->cell(side, c, kind).peak, run.plan.accounted_bytes(side, c, kind))
+              << memory_side_name(side) << " " << tensor_class_label(c) << " "
+              << memory_kind_name(kind);
+    expect_one_step_plan(run);
+    bool noted = false;
+    for (const std::string& note : run.plan.notes)
+      noted |= note.find(
+                   "2 of 3 blocks keep their optimizer state on the host and are updated "
+                   "by the device's AdamW") != std::string::npos;
+    EXPECT_TRUE(noted);
+  }
+  EXPECT_EQ(OptimizerPlacement::parse("device:2,staged:12").name(), "device:2,staged:12");
+  EXPECT_EQ(OptimizerPlacement::parse("staged:12").blocks_staged(), 12);
+  EXPECT_THROW(OptimizerPlacement::parse("staged:x"), Error);
+  EXPECT_THROW(OptimizerPlacement::parse("staged:1,staged:2"), Error);
+  MemoryPlanRequest gpu = cpu_request(config, "gpu", kBatch, kSeqLen);
+  gpu.optimizer_placement = OptimizerPlacement::parse("staged:1");
+  EXPECT_NE(error_of([&] { plan_memory(gpu); }).find("gpu mode keeps all of it on the device"),
+            std::string::npos);
+  MemoryPlanRequest too_many = cpu_request(config, "layup", kBatch, kSeqLen);
+  too_many.optimizer_placement = OptimizerPlacement::parse("staged:4");
+  EXPECT_NE(error_of([&] { plan_memory(too_many); }).find("the model has 3"), std::string::npos);
+  MemoryPlanRequest with_disk = too_many;
+  with_disk.optimizer_placement = OptimizerPlacement::parse("disk:1,staged:1");
+  with_disk.offload_dir = "/tmp";
+  EXPECT_NE(error_of([&] { plan_memory(with_disk); }).find("not supported yet"), std::string::npos);
+
+  // On a discrete GPU in bf16 the slots hold the master weights too (no fp32 copy to update in
+  // place), beside the blocks placed on the device first.
+  const ModelConfig gpt2 = named_config("gpt2");
+  MemoryPlanRequest cuda = on_a_discrete_gpu(cpu_request(gpt2, "layup", 8, 1024));
+  cuda.layup_clip = LayupClip::kDeferred;
+  cuda.optimizer_placement = OptimizerPlacement::parse("device:2,staged:5");
+  const RunMemory on_gpu = plan_run_memory(cuda);
+  int staged = 0;
+  for (int layer = 0; layer < gpt2.n_layer; ++layer) {
+    const UpdateSite site = on_gpu.schedule.update_sites[1 + layer];
+    if (layer < 2) {
+      EXPECT_EQ(site, UpdateSite::kDevice);
+    }
+    staged += site == UpdateSite::kStaged;
+  }
+  EXPECT_EQ(staged, 5);
+  cuda.optimizer_placement = OptimizerPlacement::parse("device:2");
+  const MemoryPlan unstaged = plan_memory(cuda);
+  const size_t block = ParameterLayout(gpt2).block().count * sizeof(float);
+  EXPECT_EQ(on_gpu.plan.bytes(MemorySide::kDevice, TensorClass::kMasterWeights) -
+                unstaged.bytes(MemorySide::kDevice, TensorClass::kMasterWeights),
+            2 * ((block + 255) / 256 * 256));
+}
+
 // --streamed-blocks: a streamed block's compute weights leave the device for a ring of two
 // block-sized slots (the plan lists it, and the CPU backend's accountant measures it as planned);
 // auto streams the fewest blocks that let the device's side fit its budget, none where everything

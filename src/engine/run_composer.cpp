@@ -62,7 +62,9 @@ PlannedRun plan_run(const RunRequest& request) {
   planned.budgets = run_budgets(request, resolved.attributes);
   check_run_shape(resolved, planned.budgets);
   RunMemory memory =
-      plan_run_memory(resolve_optimizer_placement(resolved, planned.budgets), request.cpu_workers);
+      plan_run_memory(resolve_optimizer_placement(resolved, planned.budgets,
+                                                  request.rates ? &*request.rates : nullptr),
+                      request.cpu_workers);
   planned.plan = std::move(memory.plan);
   planned.schedule = std::move(memory.schedule);
   planned.step = std::move(memory.step);
@@ -97,7 +99,8 @@ RunMemory plan_only(const RunRequest& request) {
                                          /*allow_overcommit=*/true, resolved.attributes),
                       request.plan.offload_dir);
   check_run_shape(resolved, budgets);
-  return plan_run_memory(resolve_optimizer_placement(resolved, budgets));
+  return plan_run_memory(
+      resolve_optimizer_placement(resolved, budgets, request.rates ? &*request.rates : nullptr));
 }
 
 RunRequest run_request_of(const RunSpec& spec) {

@@ -27,6 +27,9 @@ struct RunRequest {
   int cpu_workers = 0;     // offload, layup: CPU AdamW workers (0: every core this process may use)
   std::optional<size_t> memory_budget, device_budget, host_budget;  // bytes; none: no budget
   bool allow_overcommit = false;
+  // The machine's rates (a calibration), with which --optimizer-placement auto may stage blocks
+  // through the device; none: it stages none.
+  std::optional<MachineRates> rates;
 };
 
 // The run with every choice made: the resolved target (cpu or cuda, fp32 or bf16, where the

@@ -31,7 +31,9 @@ struct Work {
   double head_forward_s = 0.0, head_backward_s = 0.0;    // LM head and final norm
   std::vector<double> floats;                            // per span
   std::vector<double> disk_read_s, disk_write_s;         // per span: its state's, 0 off the disk
-  std::vector<double> cpu_adamw_s;    // per span: its CPU AdamW, copies beside it
+  std::vector<double> cpu_adamw_s;  // per span: its CPU AdamW, copies beside it
+  // Per span: a staged span's gradient and state into its slot, and its state back (0 elsewhere).
+  std::vector<double> staged_in_s, staged_out_s;
   double compute_weight_bytes = 4.0;  // a weight the device computes with: a streamed fill's
 };
 
@@ -98,6 +100,8 @@ Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
   for (const Span& span : layout.spans()) work.floats.push_back(static_cast<double>(span.count));
   const bool updates_beside_gradients =
       plan.mode == Mode::kLayup && plan.window == UpdateWindow::kDuringBackward;
+  // The staged spans' copies run on both links the whole time the CPU updates the others.
+  const bool staging = plan.staging_slots > 0;
   for (size_t i = 0; i < work.floats.size(); ++i) {
     const double bytes = plan.spans[i].site == UpdateSite::kDisk
                              ? state_bytes(request.optimizer_state, work.floats[i])
@@ -109,7 +113,14 @@ Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
     const double n = work.floats[i];
     double beside = seconds(kFloatBytes * n, rates.h2d_bytes_per_s);
     if (updates_beside_gradients) beside += seconds(kFloatBytes * n, rates.d2h_bytes_per_s);
+    if (staging) beside = seconds(n, rates.cpu_adamw_params_per_s);
     work.cpu_adamw_s.push_back(cpu_adamw_seconds(n, beside, rates));
+    // In: the gradient, the master weights and the moments; back: the last two.
+    const bool staged = plan.spans[i].site == UpdateSite::kStaged;
+    const double state = staged ? state_bytes(request.optimizer_state, n) : 0.0;
+    work.staged_in_s.push_back(
+        seconds(staged ? kFloatBytes * n + state : 0.0, rates.h2d_bytes_per_s));
+    work.staged_out_s.push_back(seconds(state, rates.d2h_bytes_per_s));
   }
   return work;
 }
@@ -131,16 +142,16 @@ double task_seconds(const StepPlan& plan, const PlanTask& task, const Work& work
     case TaskKind::kAddGradient:  // the device's adds are not timed: a pass over the span's bytes
       return task.lane == Lane::kCpu ? seconds(n, rates.host_add_floats_per_s) : 0.0;
     case TaskKind::kAdamW:
-      return task.lane == Lane::kDevice ? seconds(n, rates.gpu_adamw_params_per_s)
-                                        : work.cpu_adamw_s[i];
+      return task.lane == Lane::kCpu ? work.cpu_adamw_s[i]
+                                     : seconds(n, rates.gpu_adamw_params_per_s);
     case TaskKind::kWeightsToDevice:
       return seconds(kFloatBytes * n, rates.h2d_bytes_per_s);
     case TaskKind::kWeightsIn:
       return seconds(work.compute_weight_bytes * n, rates.h2d_bytes_per_s);
     case TaskKind::kReadState:
-      return work.disk_read_s[i];
+      return task.lane == Lane::kToDevice ? work.staged_in_s[i] : work.disk_read_s[i];
     case TaskKind::kWriteState:
-      return work.disk_write_s[i];
+      return task.lane == Lane::kToHost ? work.staged_out_s[i] : work.disk_write_s[i];
     case TaskKind::kSumOverRanks:  // one rank's model: no time
     case TaskKind::kNorm:
       return 0.0;
@@ -207,7 +218,9 @@ double executed_flops_per_token(const ModelConfig& config, int seq_len, int reco
 
 std::vector<std::string> missing_rates(const StepTimeRequest& request, const MachineRates& rates) {
   const StepPlan& plan = request.plan;
-  const bool device_adamw = plan.count(TaskKind::kAdamW, Lane::kDevice) > 0;
+  const bool device_adamw = plan.count(TaskKind::kAdamW, Lane::kDevice) > 0 ||
+                            plan.count(TaskKind::kAdamW, Lane::kStaging) > 0;
+  const bool staged = plan.count(TaskKind::kAdamW, Lane::kStaging) > 0;
   const bool host_adamw = plan.count(TaskKind::kAdamW, Lane::kCpu) > 0;
   const bool adds = plan.count(TaskKind::kAddGradient, Lane::kCpu) > 0;
   const bool disk = plan.count(TaskKind::kReadState, Lane::kDisk) > 0;
@@ -218,8 +231,10 @@ std::vector<std::string> missing_rates(const StepTimeRequest& request, const Mac
   need(true, rates.gpu_flops, "the GPU's training FLOP rate (layup calibrate)");
   need(device_adamw, rates.gpu_adamw_params_per_s, "the GPU's AdamW rate (layup calibrate)");
   need(host_adamw, rates.cpu_adamw_params_per_s, "the CPU's AdamW rate (layup calibrate)");
-  need(host_adamw, rates.d2h_bytes_per_s, "the device-to-host copy rate (layup calibrate)");
-  need(host_adamw, rates.h2d_bytes_per_s, "the host-to-device copy rate (layup calibrate)");
+  need(host_adamw || staged, rates.d2h_bytes_per_s,
+       "the device-to-host copy rate (layup calibrate)");
+  need(host_adamw || staged, rates.h2d_bytes_per_s,
+       "the host-to-device copy rate (layup calibrate)");
   need(adds, rates.host_add_floats_per_s, "the host's gradient add rate (layup calibrate)");
   if (disk && !(rate_or_zero(rates.disk_read_bytes_per_s) > 0.0 &&
                 rate_or_zero(rates.disk_write_bytes_per_s) > 0.0))
@@ -276,7 +291,7 @@ StepTimePrediction predict_step_time(const StepTimeRequest& request, const Machi
         break;
       case TaskKind::kAdamW:
         span->adamw_s += s;
-        (task.lane == Lane::kDevice ? p.gpu_adamw_s : p.cpu_adamw_s) += s;
+        (task.lane == Lane::kCpu ? p.cpu_adamw_s : p.gpu_adamw_s) += s;
         break;
       case TaskKind::kWeightsToDevice:
       case TaskKind::kWeightsIn:
@@ -284,10 +299,22 @@ StepTimePrediction predict_step_time(const StepTimeRequest& request, const Machi
         p.to_device_s += s;
         break;
       case TaskKind::kReadState:
+        if (task.lane == Lane::kToDevice) {  // a staged span's copies in
+          span->to_device_s += s;
+          p.to_device_s += s;
+          p.staged_in_s += s;
+          break;
+        }
         span->disk_s += s;
         p.disk_read_s += s;
         break;
       case TaskKind::kWriteState:
+        if (task.lane == Lane::kToHost) {  // its copies back
+          span->to_host_s += s;
+          p.to_host_s += s;
+          p.staged_out_s += s;
+          break;
+        }
         span->disk_s += s;
         p.disk_write_s += s;
         break;
@@ -351,7 +378,11 @@ std::string format_step_time(const StepTimePrediction& p) {
     text += "    CPU              " + ms(p.cpu_adamw_s) + " AdamW";
     if (p.host_add_s > 0) text += ", " + ms(p.host_add_s) + " gradient adds";
     text += "\n    PCIe             " + ms(p.to_host_s) + " gradients to the host, " +
-            ms(p.to_device_s) + " weights back\n";
+            ms(p.to_device_s) + " weights back";
+    if (p.staged_in_s > 0)
+      text += " (of them, staged blocks' state: " + ms(p.staged_in_s) + " in, " +
+              ms(p.staged_out_s) + " back)";
+    text += "\n";
   }
   if (p.disk_read_s + p.disk_write_s > 0)
     text +=

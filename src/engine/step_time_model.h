@@ -79,6 +79,9 @@ struct StepTimePrediction {
   double gpu_adamw_s = 0.0;    // device-updated spans
   double cpu_adamw_s = 0.0, host_add_s = 0.0, to_host_s = 0.0, to_device_s = 0.0;
   double disk_read_s = 0.0, disk_write_s = 0.0;
+  // Of to_device_s and to_host_s: the staged spans' gradient and state in, and state back (their
+  // AdamW is in gpu_adamw_s).
+  double staged_in_s = 0.0, staged_out_s = 0.0;
   // What the GPU waits for in a step (step_s less its own work): the CPU, PCIe and disk side not
   // hidden under the GPU's work; and that side's busy time that is hidden.
   double exposed_s = 0.0, hidden_s = 0.0;

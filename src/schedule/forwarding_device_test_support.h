@@ -41,6 +41,10 @@ class ForwardingDevice : public Device {
                                                           const void* src, size_t bytes) override {
     return inner_->copy_to_device_after(after, dst, src, bytes);
   }
+  void copy_to_host_async(const DeviceFence& after, void* dst, const void* src, size_t bytes,
+                          std::function<void()> landed) override {
+    inner_->copy_to_host_async(after, dst, src, bytes, std::move(landed));
+  }
   void order_after(const DeviceFence& fence) override { inner_->order_after(fence); }
   void copy_to_device_async(float* dst, const float* src, size_t count,
                             std::function<void()> landed) override {

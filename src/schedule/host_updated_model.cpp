@@ -24,8 +24,10 @@ constexpr size_t kLandingStagingFloats = size_t{16} << 20;
 UpdateSite site_of(const ScheduleOptions& options, size_t index) {
   return options.update_sites.empty() ? UpdateSite::kHost : options.update_sites[index];
 }
+// The host's store keeps the state of the spans the CPU updates and of the staged ones.
 bool on_host(const ScheduleOptions& options, size_t index) {
-  return site_of(options, index) == UpdateSite::kHost;
+  const UpdateSite site = site_of(options, index);
+  return site == UpdateSite::kHost || site == UpdateSite::kStaged;
 }
 bool on_cpu(const ScheduleOptions& options, size_t index) {
   return site_of(options, index) != UpdateSite::kDevice;
@@ -176,6 +178,7 @@ HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layou
     buffers.disk_staging =
         DiskTier::buffers(layout, options.update_sites, static_cast<size_t>(options.disk_slots),
                           kinds, options.optimizer_state);
+  buffers.device_staging = StagedTier::buffers(layout, options, kinds);
   return buffers;
 }
 
@@ -190,6 +193,7 @@ BufferList HostUpdatedModel::Buffers::list() const {
     if (buffer) list.push_back(*buffer);
   if (gradient) append(list, gradient->list());
   append(list, disk_staging);
+  append(list, device_staging);
   return list;
 }
 
@@ -236,6 +240,12 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
   LAYUP_CHECK(!any_on_disk(options) || !speculative_clip_,
               "speculative clipping keeps a second copy of the optimizer state, which blocks on "
               "disk do not have; clip with --layup-clip deferred");
+  LAYUP_CHECK(!StagedTier::any(options) || ranks_ == nullptr,
+              "several ranks (mpirun) with blocks staged through the device (--optimizer-placement "
+              "staged:S) are not supported yet; keep their state on the host or run one rank");
+  LAYUP_CHECK(!StagedTier::any(options) || !any_on_disk(options),
+              "blocks staged through the device (--optimizer-placement staged:S) and blocks on "
+              "disk in one run are not supported yet; use one or the other");
   LAYUP_CHECK(options.streamed_blocks == 0 || ranks_ == nullptr,
               "--streamed-blocks runs on one rank for now (each rank would fill its ring from "
               "weights a gather is still writing); use --streamed-blocks 0 with several ranks");
@@ -279,6 +289,9 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
                   " backend cannot compute a block from a ring slot");
     }
   }
+  if (StagedTier::any(options))
+    staged_tier_ = std::make_unique<StagedTier>(*device_, layout_, options,
+                                                StagedTier::params_in_slot(options));
   if (any_on_disk(options))
     disk_tier_ = std::make_unique<DiskTier>(
         *device_, layout_, options.update_sites, options.offload_dir,
@@ -513,10 +526,36 @@ void HostUpdatedModel::update_span_part(size_t index, const float* grads, const 
   send_weights_now(index, master);
 }
 
+void HostUpdatedModel::update_staged_span(size_t index, const float* grads,
+                                          const OptimizerState& from, const OptimizerState& to,
+                                          const AdamWStep& adamw, int trace_track,
+                                          std::function<void()> landed) {
+  const Span& span = layout_.spans()[index];
+  const size_t at = host_at(index);
+  // The device updates the fp32 copy it computes with where it has one (its weights land there
+  // with no copy of their own); else the master weights in the slot, writing the bf16 compute
+  // copy where the weights land in it, or nothing where it computes with the master weights in
+  // place.
+  const bool device_copy = device_copy_spans_.holds(index);
+  StagedTier::Update update;
+  update.index = index;
+  update.grads = grads;
+  update.from_params = from.params + at;
+  update.from_moments = host_moments_.base(from.moments, index);
+  update.to_params = to.params + at;
+  update.to_moments = host_moments_.base(to.moments, index);
+  update.device_params = device_copy ? params_.data() + device_copy_spans_.at[index] : nullptr;
+  update.bf16_weights =
+      weights_land_in_compute_copy_ && !device_copy ? backend_->compute_copy(index) : nullptr;
+  TraceSpan traced(trace_, trace_track, trace_name(TaskKind::kAdamW, span.kind), span.layer);
+  staged_tier_->update(update, adamw, std::move(landed));
+}
+
 void HostUpdatedModel::update_span(size_t index, const float* grads, const OptimizerState& from,
                                    const OptimizerState& to, const AdamWStep& adamw,
                                    int trace_track, std::function<void()> landed) {
   const Span& span = layout_.spans()[index];
+  if (staged(index)) return update_staged_span(index, grads, from, to, adamw, trace_track, landed);
   // Where the state is read and written: the host's packed state, or a disk span's staging slot,
   // which goes back to disk once updated and is free again when its weights have landed too.
   std::optional<DiskTier::Lease> lease;

@@ -30,6 +30,7 @@
 #include "schedule/packed_spans.h"
 #include "schedule/schedule.h"
 #include "schedule/span_square_sums.h"
+#include "schedule/staged_tier.h"
 #include "schedule/weight_ring.h"
 
 namespace layup {
@@ -57,6 +58,13 @@ class HostUpdatedModel {
   HostGradient* host_gradient() const { return host_gradient_.get(); }
   // The spans at UpdateSite::kDisk (null where there are none).
   DiskTier* disk_tier() const { return disk_tier_.get(); }
+  // Whether span `index` is staged through the device (UpdateSite::kStaged): its update_span runs
+  // the device's AdamW, beside the CPU's updates of other spans.
+  bool staged(size_t index) const { return staged_tier_ && staged_tier_->holds(index); }
+  // Returns once no staged span's state is on its way back to the host.
+  void wait_for_staged() const {
+    if (staged_tier_) staged_tier_->wait_idle();
+  }
   // The ring the streamed blocks compute from (null where none is streamed), and where a streamed
   // span's fill reads its weights: the current fp32 master weights, or, where weights land in the
   // bf16 compute copy, the streamed blocks' bf16 copy in pinned host memory, which the host
@@ -91,14 +99,16 @@ class HostUpdatedModel {
     // streamed_blocks where weights land in the bf16 compute copy: their bf16 copy on the host.
     std::optional<PlannedAllocation> stream_host;
     std::optional<HostGradient::Buffers> gradient;  // host_gradient
-    BufferList disk_staging;  // the disk tier's slots (spans at UpdateSite::kDisk)
+    BufferList disk_staging;    // the disk tier's slots (spans at UpdateSite::kDisk)
+    BufferList device_staging;  // the staged spans' slots on the device (UpdateSite::kStaged)
     BufferList list() const;
   };
   static Buffers buffers(const ParameterLayout& layout, const ScheduleOptions& options,
                          DeviceKinds kinds, bool master_on_device = false);
 
-  // The spans whose state the host keeps; those the CPU updates (the host's and the disk's),
-  // whose gradient the host accumulates; and those the device keeps an fp32 copy of (a streamed
+  // The spans whose state the host keeps (the host's and the staged ones); those whose gradient
+  // the host accumulates (the host's, the disk's and the staged ones: every span the device does
+  // not keep); and those the device keeps an fp32 copy of (a streamed
   // block none: it computes from the ring).
   static PackedSpans host_spans(const ParameterLayout& layout, const ScheduleOptions& options);
   static PackedSpans cpu_spans(const ParameterLayout& layout, const ScheduleOptions& options);
@@ -149,7 +159,11 @@ class HostUpdatedModel {
   // and writing the new state into `to` (the same state: in place; or the spare copy; a disk
   // span's state comes from the disk tier's staging and goes back to disk instead), split over
   // the HostAdamW workers and traced as "adamw ..." on trace_track; then starts the transfer of the
-  // span's new weights (from `to`) to the device and returns. `landed` runs when they are there
+  // span's new weights (from `to`) to the device and returns. A staged span's update runs on the
+  // device instead (StagedTier::update: its gradient and state copied into a staging slot, the
+  // device's AdamW, the new state copied back into `to`), returning once the gradient and `from`
+  // are read; `landed` then runs once its new state is on the host, and one thread may update
+  // staged spans while another updates the others. `landed` runs when they are there
   // (on whatever thread Device::copy_to_device_async says; it must not block or throw), or at once
   // with weights_in_place. One thread at a time may call it (the landing staging is shared); the
   // caller must not let anything read the span's device weights before `landed`.
@@ -209,6 +223,9 @@ class HostUpdatedModel {
     HostAdamW::ShareHook hook;
   };
 
+  void update_staged_span(size_t index, const float* grads, const OptimizerState& from,
+                          const OptimizerState& to, const AdamWStep& adamw, int trace_track,
+                          std::function<void()> landed);
   // ZeRO-1's export of span `index`'s moments, rank 0 asking each owner for its part.
   void export_moment_parts(size_t index, const SpanState& out) const;
   // ZeRO-1's import: this rank's part of span `index`'s moments from the whole span's `in`.
@@ -237,6 +254,7 @@ class HostUpdatedModel {
   // It reads device_sums_ but does not touch it when it goes.
   std::unique_ptr<HostGradient> host_gradient_;
   std::unique_ptr<DiskTier> disk_tier_;
+  std::unique_ptr<StagedTier> staged_tier_;
   std::unique_ptr<WeightRing> ring_;
   // With weights landing in the compute copy: the streamed blocks' bf16 weights (pinned), what
   // their fills read, block after block in layout order (stream_host_at_: a span's first element).

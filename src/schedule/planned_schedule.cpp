@@ -74,6 +74,7 @@
 #include "schedule/micro_batch_gradients.h"
 #include "schedule/mode_schedules.h"
 #include "schedule/release_once.h"
+#include "schedule/staged_tier.h"
 #include "schedule/step_plan.h"
 #include "schedule/update_timing.h"
 #include "schedule/weight_grad_slots.h"
@@ -90,7 +91,10 @@ ScheduleOptions mode_options(Mode mode, const ParameterLayout& layout, ScheduleO
   if (mode == Mode::kOffload) {
     options.host_gradient = true;
     options.speculative_clip = false;
-    options.update_sites.clear();
+    // Every span on the host, except the blocks staged through the device.
+    for (UpdateSite& site : options.update_sites)
+      if (site != UpdateSite::kStaged) site = UpdateSite::kHost;
+    if (!StagedTier::any(options)) options.update_sites.clear();
     options.weights_land_in_compute_copy = false;
   }
   // ZeRO-1 of the host's state updates every host span once the norm is known (the thread that
@@ -192,6 +196,8 @@ class PlannedSchedule final : public Schedule {
     device_track_ = device_track(recorder);
     model_.set_trace(recorder);
     cpu_track_ = recorder != nullptr ? recorder->track("cpu workers") : 0;
+    staging_track_ =
+        recorder != nullptr && StagedTier::any(options_) ? recorder->track("staging") : 0;
     consumer_track_ = recorder != nullptr ? recorder->track("gradients to host") : 0;
   }
 
@@ -520,14 +526,15 @@ class PlannedSchedule final : public Schedule {
     }
     for (const PlanTask& task : step_plan.tasks) {
       // A copy once a step is of a sum the device took (layer-major): to the host it is one
-      // micro-batch's gradient.
+      // micro-batch's gradient. (A staged block's state copied back is the staging thread's.)
+      const bool gradient_copy = task.kind == TaskKind::kGradientToHost;
       const bool summed = task.micro_batch < 0;
-      if (summed && task.lane != Lane::kToHost) continue;
+      if (summed && !gradient_copy) continue;
       const size_t k = summed ? 0 : static_cast<size_t>(task.micro_batch);
       const bool first = summed || k == 0;
       const bool last = summed || k + 1 == micro_batches.size();
       const bool block = task.span > 0 && task.span < final_norm;
-      if (task.lane == Lane::kToHost && block) {
+      if (gradient_copy && block) {
         hand_on(task.span - 1, std::exchange(leases[task.span], std::nullopt), first, last,
                 update_now ? &context : nullptr);  // route, then timing
         continue;
@@ -1085,7 +1092,10 @@ class PlannedSchedule final : public Schedule {
       run_task([&] { run_update(index, grads, from, to, adamw); });
       if (read_done) read_done->now();
     };
-    if (urgent)
+    // A staged block's update runs on the device, beside the CPU's: its own thread issues it.
+    if (model_.staged(index))
+      stager_.submit(std::move(task));
+    else if (urgent)
       coordinator_.submit_urgent(std::move(task));
     else
       coordinator_.submit(std::move(task));
@@ -1098,7 +1108,8 @@ class PlannedSchedule final : public Schedule {
                   const HostUpdatedModel::OptimizerState& to, const AdamWStep& adamw) {
     progress_.transfer_starting();
     try {
-      model_.update_span(index, grads, from, to, adamw, cpu_track_,
+      model_.update_span(index, grads, from, to, adamw,
+                         model_.staged(index) ? staging_track_ : cpu_track_,
                          [this, index] { progress_.update_landed(index); });
     } catch (...) {
       progress_.transfer_abandoned();
@@ -1125,6 +1136,7 @@ class PlannedSchedule final : public Schedule {
     try {
       consumer_.wait_idle();  // first: a consume may submit an update
       coordinator_.wait_idle();
+      stager_.wait_idle();
     } catch (...) {
       broken_ = true;
     }
@@ -1222,6 +1234,7 @@ class PlannedSchedule final : public Schedule {
   std::vector<double> span_sum_sq_;
   std::vector<char> block_updated_;
   int cpu_track_ = 0;       // "cpu workers" in trace_
+  int staging_track_ = 0;   // "staging" in trace_: the staged blocks' updates
   int consumer_track_ = 0;  // "gradients to host" in trace_
   bool broken_ = false;
   CpuProgress progress_;
@@ -1229,7 +1242,9 @@ class PlannedSchedule final : public Schedule {
   std::unique_ptr<DeviceCollectives> collectives_;
   // Last: threads stop (joined in their destructors) before the state they use goes away.
   CpuUpdatePool coordinator_{1};
-  CpuUpdatePool consumer_{1};  // after the coordinator: it submits to it, so it stops first
+  // The staged blocks' updates (their copies and the device's AdamW), beside the coordinator's.
+  CpuUpdatePool stager_{1};
+  CpuUpdatePool consumer_{1};  // after the coordinator and the stager: it submits to them
   DeviceThread device_thread_;
 };
 

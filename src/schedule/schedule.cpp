@@ -176,6 +176,15 @@ std::string join_names(const std::vector<std::string>& names) {
   return text;
 }
 
+// "; blocks 1, 3 and 5 are staged ...": the staged blocks of `sites`, or "" where none is.
+std::string describe_staged(const std::vector<UpdateSite>& sites) {
+  const std::vector<std::string> staged = name_spans_at(sites, UpdateSite::kStaged);
+  if (staged.empty()) return "";
+  return "; " + join_names(staged) +
+         " keep their optimizer state on the host and are updated by the device's AdamW, their "
+         "gradient and state staged through slots in its memory";
+}
+
 // Where layup's spans are updated, from ScheduleOptions::update_sites.
 std::string describe_update_sites(const std::vector<UpdateSite>& sites) {
   const std::vector<std::string> on_device = name_spans_at(sites, UpdateSite::kDevice);
@@ -184,6 +193,7 @@ std::string describe_update_sites(const std::vector<UpdateSite>& sites) {
   if (!on_disk.empty())
     disk = "; " + join_names(on_disk) + " keep their optimizer state on disk (--offload-dir), " +
            "read ahead and written back around their CPU update";
+  disk += describe_staged(sites);
   if (on_device.empty())
     return "the embeddings and the final norm are updated on the CPU once their gradient is "
            "complete" +
@@ -210,7 +220,8 @@ std::string describe_mode(Mode mode, const ScheduleOptions& options, float clip_
        << ": ";
   if (mode == Mode::kOffload) {
     text << "full backward on the device, gradients copied to the host, AdamW on the CPU after "
-            "backward (no overlap)";
+            "backward (no overlap)"
+         << describe_staged(options.update_sites);
     return text.str();
   }
   text << "block gradients through two slots to the CPU, AdamW per block on the CPU; ";

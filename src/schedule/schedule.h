@@ -165,9 +165,11 @@ class Schedule {
 int device_track(TraceRecorder* recorder);
 
 // Where a span's AdamW runs and its AdamW state lives (ScheduleOptions::update_sites): the
-// device's memory and AdamW; the host's memory and CPU workers; or a file under
-// ScheduleOptions::offload_dir, staged through host memory for the CPU workers (blocks only).
-enum class UpdateSite { kHost, kDevice, kDisk };
+// device's memory and AdamW; the host's memory and CPU workers; a file under
+// ScheduleOptions::offload_dir, staged through host memory for the CPU workers (blocks only); or
+// the host's memory, staged through a slot in the device's memory for the device's AdamW
+// (kStaged, StagedTier, staged_tier.h; blocks only).
+enum class UpdateSite { kHost, kDevice, kDisk, kStaged };
 
 // How `offload` and `layup` keep their host-side state; `gpu` ignores it. A run chooses it with its
 // memory plan (schedule_plan.h), which sums the buffers these options make (schedule_buffers).
@@ -183,7 +185,8 @@ struct ScheduleOptions {
   // 12 bytes per parameter), else defer the block updates until the norm is known
   // (docs/schedules.md, "Clipping").
   bool speculative_clip = false;
-  // layup: where each span's AdamW runs, in layout.spans() order (empty: every span on the host).
+  // layup: where each span's AdamW runs, in layout.spans() order (empty: every span on the host);
+  // offload takes only its staged blocks (UpdateSite::kStaged), every other span on the host.
   // A span on the device (a block, the embeddings, the final norm) is updated by the device's
   // AdamW (Device::adamw_update_span) in the device copy of its weights, from its gradient kept in
   // device memory (summed there over micro-batches), with its moments in device memory; the host's
@@ -200,6 +203,10 @@ struct ScheduleOptions {
   // the staging slots in host memory their updates go through (read ahead, written back).
   std::string offload_dir{};
   int disk_slots = 3;
+  // offload and layup, spans at UpdateSite::kStaged: the slots in device memory their updates go
+  // through (a block's gradient and state copied in, updated, copied back): two let one block's
+  // copies in run beside the last one's AdamW and copies back.
+  int staging_slots = 2;
   // Where each class's primary tensors live (the run's placement, memory/memory_plan.h, which
   // --place overrides): the master weights, moments and gradients of every mode, and the device
   // copy of the weights in offload and layup. A class without a kind takes the device's default:

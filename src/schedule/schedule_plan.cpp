@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/parameter_layout.h"
+#include "schedule/staged_tier.h"
 
 namespace layup {
 
@@ -119,11 +120,27 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
   LAYUP_CHECK(device_blocks + disk_blocks <= L, "--optimizer-placement ",
               r.optimizer_placement.name(), " places ", device_blocks + disk_blocks,
               " blocks, and the model has ", L);
+  const int staged_blocks = r.optimizer_placement.blocks_staged();
+  LAYUP_CHECK(r.mode != Mode::kGpu || staged_blocks == 0, "--optimizer-placement ",
+              r.optimizer_placement.name(),
+              " stages blocks' state through the device; gpu mode keeps all of it on the device");
+  LAYUP_CHECK(staged_blocks == 0 || disk_blocks == 0, "--optimizer-placement ",
+              r.optimizer_placement.name(),
+              ": blocks staged through the device and blocks on disk in one run are not "
+              "supported yet; use one or the other");
+  LAYUP_CHECK(staged_blocks == 0 || r.ranks <= 1, "--optimizer-placement ",
+              r.optimizer_placement.name(),
+              " stages blocks through the device on one rank only "
+              "for now; keep their state on the host (drop staged:S) with ",
+              r.ranks, " ranks");
+  LAYUP_CHECK(device_blocks + disk_blocks + staged_blocks <= L, "--optimizer-placement ",
+              r.optimizer_placement.name(), " places ", device_blocks + disk_blocks + staged_blocks,
+              " blocks, and the model has ", L);
   LAYUP_CHECK(disk_blocks == 0 || !r.offload_dir.empty(), "--optimizer-placement ",
               r.optimizer_placement.name(),
               " keeps blocks' optimizer state on disk: give --offload-dir, a directory on a local "
               "disk with room for it");
-  if (head_on_the_device || device_blocks > 0 || disk_blocks > 0) {
+  if (head_on_the_device || device_blocks > 0 || disk_blocks > 0 || staged_blocks > 0) {
     const ParameterLayout layout(r.config);
     options.update_sites = head_on_the_device
                                ? head_on_device(layout)
@@ -134,6 +151,13 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
     // the norm with the most of the next forward to hide under.
     for (int layer = L - disk_blocks; layer < L; ++layer)
       options.update_sites[1 + layer] = UpdateSite::kDisk;
+    // Spread over the blocks the host would update (the c-th of C staged where (c + 1) S / C
+    // passes a whole number): after the norm the next forward reads them in order while the CPU
+    // and the device update theirs side by side, so both deliver blocks in the forward's order.
+    const int candidates = L - device_blocks - disk_blocks;
+    for (int c = 0; c < candidates; ++c)
+      if ((c + 1) * staged_blocks / candidates > c * staged_blocks / candidates)
+        options.update_sites[1 + device_blocks + c] = UpdateSite::kStaged;
     options.offload_dir = r.offload_dir;
   }
   // A bf16 backend computes with a compute copy of its own: the host-updated spans' weights land
@@ -202,9 +226,25 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
   int device_blocks = 0;
   for (int layer = 0; layer < r.config.n_layer && !options.update_sites.empty(); ++layer)
     device_blocks += options.update_sites[1 + layer] == UpdateSite::kDevice;
-  int disk_blocks = 0;
-  for (int layer = 0; layer < r.config.n_layer && !options.update_sites.empty(); ++layer)
+  int disk_blocks = 0, staged_blocks = 0;
+  for (int layer = 0; layer < r.config.n_layer && !options.update_sites.empty(); ++layer) {
     disk_blocks += options.update_sites[1 + layer] == UpdateSite::kDisk;
+    staged_blocks += options.update_sites[1 + layer] == UpdateSite::kStaged;
+  }
+  if (staged_blocks > 0) {
+    size_t slots = 0;
+    for (const PlannedAllocation& buffer : StagedTier::buffers(layout, options, DeviceKinds{}))
+      slots += buffer.bytes;
+    notes.push_back(
+        std::to_string(staged_blocks) + " of " + std::to_string(r.config.n_layer) +
+        " blocks keep their optimizer state on the host and are updated by the device's AdamW "
+        "(--optimizer-placement " +
+        r.optimizer_placement.name() + "), staged through " +
+        std::to_string(options.staging_slots) + " slots of device memory (" + format_bytes(slots) +
+        "): each step copies their gradient and state in (4 + " + record_bytes +
+        " bytes a parameter) and their state back (" + record_bytes +
+        "), beside the CPU's updates of the others");
+  }
   if (r.mode == Mode::kLayup && device_blocks > 0)
     notes.push_back("layup keeps the optimizer state of blocks 0-" +
                     std::to_string(device_blocks - 1) + " of " + std::to_string(r.config.n_layer) +

@@ -663,6 +663,163 @@ TEST(SchedulesEquivalence, StreamedRunsResumeAndEvaluateBitForBit) {
   EXPECT_EQ(std::memcmp(&loss, &expected_loss, sizeof loss), 0) << loss << " " << expected_loss;
 }
 
+// Blocks 0 and 2 staged through the device (UpdateSite::kStaged: their state on the host, their
+// AdamW on the device), block 1 on the host.
+std::vector<UpdateSite> staged_0_and_2(const ParameterLayout& layout,
+                                       std::vector<UpdateSite> sites = {}) {
+  if (sites.empty()) sites.assign(layout.spans().size(), UpdateSite::kHost);
+  sites[1 + 0] = sites[1 + 2] = UpdateSite::kStaged;
+  return sites;
+}
+
+// Staged blocks (UpdateSite::kStaged): the gradient and the host's state copied into a slot on
+// the device, the device's AdamW there (on the CPU backend the host's AdamW loops, as the CPU
+// workers run them), the state copied back. They train bit for bit like host-updated blocks (and
+// so like gpu mode), in offload and layup, clipped (deferred and speculative) and not, one
+// micro-batch and two in both orders, beside blocks on the device, with one slot and two, with
+// the master weights in place (the slot holds them) and copied (the device copy is updated in
+// place), and with no host gradient (the update reads the slot's landing buffer).
+TEST(SchedulesEquivalence, StagedBlocksTrainLikeHostUpdatedOnes) {
+  const ParameterLayout layout(tiny_config());
+  const size_t spans = layout.spans().size();
+  const std::vector<UpdateSite> staged = staged_0_and_2(layout);
+  std::vector<UpdateSite> every_block(spans, UpdateSite::kStaged);
+  every_block.front() = every_block.back() = UpdateSite::kHost;
+  std::vector<UpdateSite> beside_device = staged_0_and_2(layout, head_on_device(layout));
+  beside_device[1 + 1] = UpdateSite::kDevice;
+  const Accumulation lm = Accumulation::kLayerMajor;
+  const struct {
+    const char* name;
+    const char* mode;
+    ScheduleOptions options;
+    std::vector<std::pair<int, bool>> runs;  // micro-batches, clipping
+  } placements[] = {
+      {"offload", "offload", {.update_sites = staged}, {{1, true}, {2, false}, {2, true}}},
+      {"offload, layer-major, weights in place",
+       "offload",
+       {.weights_in_place = true, .update_sites = staged, .accumulation = lm},
+       {{2, true}, {3, false}}},
+      {"layup, deferred",
+       "layup",
+       {.update_sites = staged},
+       {{1, false}, {1, true}, {2, false}, {2, true}}},
+      {"layup, speculative",
+       "layup",
+       {.speculative_clip = true, .update_sites = staged},
+       {{1, true}, {2, true}}},
+      {"layup, every block staged through one slot",
+       "layup",
+       {.update_sites = every_block, .staging_slots = 1},
+       {{1, false}, {2, true}}},
+      {"layup, beside the head and block 1 on the device, speculative",
+       "layup",
+       {.speculative_clip = true, .update_sites = beside_device},
+       {{1, false}, {2, true}}},
+      {"layup, weights in place",
+       "layup",
+       {.weights_in_place = true, .update_sites = staged},
+       {{1, false}, {2, true}}},
+      {"layup, layer-major, no host gradient",
+       "layup",
+       {.host_gradient = false, .update_sites = staged, .accumulation = lm},
+       {{2, false}, {3, false}}},
+      {"layup, layer-major, deferred",
+       "layup",
+       {.update_sites = staged, .accumulation = lm},
+       {{3, true}}},
+      {"layup, slots only",
+       "layup",
+       {.host_gradient = false, .update_sites = staged},
+       {{1, false}}},
+  };
+  std::map<std::pair<int, bool>, TrainingRun> gpu;
+  for (const auto& [name, mode, options, runs] : placements)
+    for (const auto& [micro_batches, clip] : runs) {
+      SCOPED_TRACE(std::string(name) + ", " + std::to_string(micro_batches) + " micro-batches, " +
+                   (clip ? "clipped" : "unclipped"));
+      const auto key = std::make_pair(micro_batches, clip);
+      if (gpu.count(key) == 0) gpu[key] = train(with_options("gpu", {}), micro_batches, clip);
+      EXPECT_NE(gpu[key].losses.front(), gpu[key].losses.back());
+      expect_same(gpu[key], train(with_options(mode, options), micro_batches, clip), name);
+    }
+  EXPECT_NE(describe_schedule(Mode::kLayup, {.update_sites = staged}, 1.0f)
+                .find("block 0 and block 2 keep their optimizer state on the host and are "
+                      "updated by the device's AdamW"),
+            std::string::npos)
+      << describe_schedule(Mode::kLayup, {.update_sites = staged}, 1.0f);
+}
+
+// A run with staged blocks resumes bit for bit: their state goes out and in as a host block's
+// (export_span reads the host's store once the copies back have landed), in layup and into gpu
+// mode and back.
+TEST(SchedulesEquivalence, StagedBlocksSurviveACheckpoint) {
+  const ModelConfig config = tiny_config();
+  const ParameterLayout layout(config);
+  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  const auto steps = [&](Schedule& schedule, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      std::mt19937 step_rng(static_cast<unsigned>(500 + step));  // the same data in every run
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        inputs[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
+        targets[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
+      }
+      const TokenBatch batch{inputs.data(), targets.data(), kBatch, kSeqLen};
+      UpdateSettings settings;
+      settings.adamw.hyper.lr = 1e-2f;
+      settings.adamw.t = step + 1;
+      settings.clip_max_norm = step % 2 == 0 ? 1e-3f : 0.0f;
+      EXPECT_TRUE(schedule.step(std::span(&batch, 1), settings).applied) << "step " << step;
+    }
+  };
+  const auto make = [&](Mode mode, const ScheduleOptions& options) {
+    return make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
+                         options);
+  };
+  const ScheduleOptions staged{.speculative_clip = true, .update_sites = staged_0_and_2(layout)};
+  std::unique_ptr<Schedule> unbroken = make(Mode::kGpu, {});
+  unbroken->import_tensors(fresh_optimizer_tensors(layout, 7));
+  steps(*unbroken, 0, 6);
+  const OptimizerTensors expected = unbroken->export_tensors();
+  for (const Mode second : {Mode::kLayup, Mode::kGpu}) {
+    SCOPED_TRACE(name_of(second));
+    std::unique_ptr<Schedule> first = make(Mode::kLayup, staged);
+    first->import_tensors(fresh_optimizer_tensors(layout, 7));
+    steps(*first, 0, 3);
+    std::unique_ptr<Schedule> resumed = make(second, staged);
+    resumed->import_tensors(first->export_tensors());
+    steps(*resumed, 3, 6);
+    const OptimizerTensors got = resumed->export_tensors();
+    EXPECT_TRUE(bitwise_equal(expected.params, got.params)) << "params";
+    EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m)) << "m";
+    EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v)) << "v";
+  }
+}
+
+// What staged blocks refuse: the head staged, and blocks on disk in the same run.
+TEST(SchedulesEquivalence, StagedBlocksRefuseWhatTheyCannotDo) {
+  const ModelConfig config = tiny_config();
+  const ParameterLayout layout(config);
+  test_files::TempDir dir;
+  const auto message = [&](const ScheduleOptions& options) {
+    try {
+      make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
+                    layout, options);
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("(accepted)");
+  };
+  std::vector<UpdateSite> head = staged_0_and_2(layout);
+  head.front() = UpdateSite::kStaged;
+  const std::string embeddings = message({.update_sites = head});
+  EXPECT_NE(embeddings.find("only blocks"), std::string::npos) << embeddings;
+  std::vector<UpdateSite> with_disk = staged_0_and_2(layout);
+  with_disk[1 + 1] = UpdateSite::kDisk;
+  const std::string disk = message({.update_sites = with_disk, .offload_dir = dir.path()});
+  EXPECT_NE(disk.find("not supported yet"), std::string::npos) << disk;
+  EXPECT_EQ(message({.update_sites = staged_0_and_2(layout)}), "(accepted)");
+}
+
 // What the disk tier refuses before a step: no directory, speculative clipping (no second copy of
 // the state on disk), a directory that does not exist, the head on disk.
 TEST(SchedulesEquivalence, BlocksOnDiskRefuseWhatTheyCannotDo) {
@@ -968,6 +1125,33 @@ TEST_P(CompactStateEquivalence, EveryPlacementTrainsTheSame) {
   }
 }
 
+// Staged blocks with compact moments: the slot holds the coded moments as the host's store keeps
+// them, and the device's AdamW codes them as the CPU workers would.
+TEST_P(CompactStateEquivalence, StagedBlocksTrainTheSame) {
+  const ParameterLayout layout(tiny_config());
+  const std::vector<UpdateSite> staged = staged_0_and_2(layout);
+  const struct {
+    const char* name;
+    const char* mode;
+    ScheduleOptions options;
+  } placements[] = {
+      {"offload, staged", "offload", {.update_sites = staged}},
+      {"layup, staged, deferred", "layup", {.update_sites = staged}},
+      {"layup, staged, speculative", "layup", {.speculative_clip = true, .update_sites = staged}},
+      {"layup, staged, weights in place",
+       "layup",
+       {.weights_in_place = true, .update_sites = staged, .staging_slots = 1}},
+  };
+  for (const auto& [micro_batches, clip] : {std::pair{2, true}, {1, false}}) {
+    SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +
+                 (clip ? "clipped" : "unclipped"));
+    const TrainingRun expected = gpu(micro_batches, clip);
+    for (const auto& [name, mode, options] : placements)
+      expect_same(expected, train(with_options(mode, with_kind(options)), micro_batches, clip),
+                  name);
+  }
+}
+
 TEST_P(CompactStateEquivalence, TheLlamaFamilyTrainsTheSameAcrossTiers) {
   const ModelConfig config = llama_with_biases();
   test_files::TempDir dir;
@@ -1014,10 +1198,12 @@ TEST_P(CompactStateEquivalence, CodedStateCarriesARunOnBitForBit) {
   run(*straight, 0, kSteps, straight_losses);
   const OptimizerTensors expected = straight->export_tensors();
 
-  for (const auto& [mode, options] : {std::pair{Mode::kLayup, ScheduleOptions{.update_sites = mixed,
-                                                              .offload_dir = dir.path(),
-                                                              .disk_slots = 1}},
-                                      std::pair{Mode::kGpu, ScheduleOptions{}}}) {
+  for (const auto& [mode, options] :
+       {std::pair{
+            Mode::kLayup,
+            ScheduleOptions{.update_sites = mixed, .offload_dir = dir.path(), .disk_slots = 1}},
+        std::pair{Mode::kLayup, ScheduleOptions{.update_sites = staged_0_and_2(layout)}},
+        std::pair{Mode::kGpu, ScheduleOptions{}}}) {
     SCOPED_TRACE(name_of(mode));
     std::vector<float> losses;
     std::unique_ptr<Schedule> first = make(Mode::kGpu, {});

@@ -28,6 +28,8 @@ const char* name_of(Lane lane) {
       return "disk";
     case Lane::kStep:
       return "step";
+    case Lane::kStaging:
+      return "staging";
   }
   return "?";
 }
@@ -103,6 +105,8 @@ const char* site_name(UpdateSite site) {
       return "AdamW on the host";
     case UpdateSite::kDisk:
       return "AdamW on the host, its state on disk,";
+    case UpdateSite::kStaged:
+      return "AdamW on the device, its state on the host staged through a slot,";
   }
   return "?";
 }
@@ -367,8 +371,10 @@ class PlanBuilder {
   }
 
   // A host-updated span's AdamW on the CPU workers (its state read from disk first, written back
-  // after), then its weights to the device.
+  // after), then its weights to the device; a staged span's gradient and state into a slot on the
+  // device, the device's AdamW there, its state back.
   void update(int span, std::vector<int> after) {
+    if (plan_.spans[span].site == UpdateSite::kStaged) return staged_update(span, std::move(after));
     const auto at = std::find(disk_.begin(), disk_.end(), span);
     const size_t j = static_cast<size_t>(at - disk_.begin());
     if (at != disk_.end()) after.push_back(disk_read_.at(span));
@@ -383,6 +389,23 @@ class PlanBuilder {
     const size_t next = j + static_cast<size_t>(plan_.disk_slots);
     if (next < disk_.size())
       disk_read_[disk_[next]] = add(TaskKind::kReadState, Lane::kDisk, disk_[next], -1, {written});
+  }
+
+  // A staged span's update: its copies in take the slot the update staging_slots before it frees
+  // once its state is back on the host (first in a step: one of the step before's), the staging
+  // thread issues the device's AdamW once they have landed, and its state goes back. The new
+  // weights are the device's from its AdamW on, and the span counts as landed once its state is
+  // back.
+  void staged_update(int span, std::vector<int> after) {
+    const size_t j = staged_written_.size();
+    const size_t slots = static_cast<size_t>(plan_.staging_slots);
+    if (j >= slots) after.push_back(staged_written_[j - slots]);
+    const int read = add(TaskKind::kReadState, Lane::kToDevice, span, -1, std::move(after));
+    if (j < slots) staged_first_reads_.push_back(read);
+    const int adamw = add(TaskKind::kAdamW, Lane::kStaging, span, -1, {read});
+    const int written = add(TaskKind::kWriteState, Lane::kToHost, span, -1, {adamw});
+    staged_written_.push_back(written);
+    landed_[span] = written;
   }
 
   // What a step waits for from the one before: each span's forward for its new weights (offload:
@@ -409,6 +432,12 @@ class PlanBuilder {
       if (landed_[span] >= 0) plan_.tasks[fill].after_last_step.push_back(landed_[span]);
     for (const auto& [slot, fill] : first_slot_fill_)
       plan_.tasks[fill].after_last_step.push_back(slot_reader_[slot]);
+    // The staging slots go round from one step to the next.
+    const size_t staged = staged_written_.size();
+    for (size_t j = 0; j < staged_first_reads_.size(); ++j)
+      if (staged + j >= static_cast<size_t>(plan_.staging_slots))
+        plan_.tasks[staged_first_reads_[j]].after_last_step.push_back(
+            staged_written_[staged + j - static_cast<size_t>(plan_.staging_slots)]);
   }
 
   StepPlan& plan_;
@@ -421,6 +450,8 @@ class PlanBuilder {
   std::array<int, 2> first_slot_backward_{-1, -1};
   std::vector<int> disk_;         // disk spans in update order
   std::map<int, int> disk_read_;  // per disk span: its read
+  // The staged spans' copies back, in update order, and the first staging_slots copies in.
+  std::vector<int> staged_written_, staged_first_reads_;
   // Per ring slot: the streamed span it holds in this step (none at the start of a step: the
   // block's weights of the step before are stale), and the device task that last read it.
   std::map<int, int> slot_holds_, slot_reader_;
@@ -450,8 +481,11 @@ StepPlan compile_step_plan(Mode mode, const ParameterLayout& layout, const Sched
       case Mode::kGpu:
         s = {UpdateSite::kDevice, GradientTarget::kWholeGradient};
         break;
-      case Mode::kOffload:
-        s = {UpdateSite::kHost, GradientTarget::kWholeGradient};
+      case Mode::kOffload:  // every span on the host but the staged blocks
+        s = {!options.update_sites.empty() && options.update_sites[i] == UpdateSite::kStaged
+                 ? UpdateSite::kStaged
+                 : UpdateSite::kHost,
+             GradientTarget::kWholeGradient};
         break;
       case Mode::kLayup:
         s.site = options.update_sites.empty() ? UpdateSite::kHost : options.update_sites[i];
@@ -460,6 +494,11 @@ StepPlan compile_step_plan(Mode mode, const ParameterLayout& layout, const Sched
         break;
     }
     if (s.site == UpdateSite::kDisk) plan.disk_slots = options.disk_slots;
+    if (s.site == UpdateSite::kStaged) {
+      LAYUP_CHECK(!head, "only blocks can be staged through the device, not the ",
+                  i == 0 ? "embeddings" : "final norm");
+      plan.staging_slots = std::max(1, options.staging_slots);
+    }
   }
   if (options.streamed_blocks > 0) {
     LAYUP_CHECK(mode != Mode::kGpu,

@@ -18,22 +18,24 @@
 namespace layup {
 
 // Who runs a task: the thread that issues the device's work (the device itself, in order); the
-// link each way; the host's CPU workers (gradient adds and AdamW); the disk; and step() itself
-// (the norm, once every sum of squares is in).
-enum class Lane : uint8_t { kDevice, kToHost, kCpu, kToDevice, kDisk, kStep };
-inline constexpr int kLaneCount = 6;
+// link each way; the host's CPU workers (gradient adds and AdamW); the disk; step() itself (the
+// norm, once every sum of squares is in); and the staging thread, which issues the staged blocks'
+// AdamW on the device beside the device thread's work (UpdateSite::kStaged).
+enum class Lane : uint8_t { kDevice, kToHost, kCpu, kToDevice, kDisk, kStep, kStaging };
+inline constexpr int kLaneCount = 7;
 const char* name_of(Lane lane);
 
 enum class TaskKind : uint8_t {
-  kForward,          // a span's forward of one micro-batch (the final norm's: the LM head and loss)
-  kBackward,         // a span's backward of one micro-batch (the final norm's: backward_head)
-  kGradientToHost,   // one micro-batch's gradient of a span copied to the host
-  kAddGradient,      // a later micro-batch's gradient added into the span's sum
-  kSumOverRanks,     // the span's gradient summed over the ranks
-  kNorm,             // the global norm and the clip factor known
-  kReadState,        // a disk span's master weights and moments read into a staging slot
-  kAdamW,            // the span's update, on the device or the CPU workers
-  kWriteState,       // a disk span's new state written back
+  kForward,         // a span's forward of one micro-batch (the final norm's: the LM head and loss)
+  kBackward,        // a span's backward of one micro-batch (the final norm's: backward_head)
+  kGradientToHost,  // one micro-batch's gradient of a span copied to the host
+  kAddGradient,     // a later micro-batch's gradient added into the span's sum
+  kSumOverRanks,    // the span's gradient summed over the ranks
+  kNorm,            // the global norm and the clip factor known
+  kReadState,       // a disk span's master weights and moments read into a staging slot; a staged
+               // span's gradient, master weights and moments copied into its slot on the device
+  kAdamW,       // the span's update, on the device or the CPU workers
+  kWriteState,  // a disk span's new state written back; a staged span's copied back to the host
   kWeightsToDevice,  // the span's new weights landing in the device's copy
   kWeightsIn,        // a streamed block's weights filled into its ring slot for the device to read
 };
@@ -85,6 +87,7 @@ struct StepPlan {
   // runs beside the next), else the next forward waits for each span's.
   bool weights_before_return = false;
   int disk_slots = 0;           // staging slots the disk's reads run ahead by
+  int staging_slots = 0;        // the staged spans' slots on the device (0: none is staged)
   int stream_slots = 0;         // the weight ring's slots (0: no span is streamed)
   std::vector<SpanPlan> spans;  // layout order
   // In the order a run issues them: each lane runs its own in this order. A task comes after

@@ -51,7 +51,9 @@ TEST(StepPlan, EveryTaskWaitsOnlyForEarlierOnesInEveryModeAndPlacement) {
       {UpdateSite::kDevice, UpdateSite::kHost, UpdateSite::kHost, UpdateSite::kHost,
        UpdateSite::kHost, UpdateSite::kDevice},
       {UpdateSite::kHost, UpdateSite::kDisk, UpdateSite::kDevice, UpdateSite::kDisk,
-       UpdateSite::kDisk, UpdateSite::kHost}};
+       UpdateSite::kDisk, UpdateSite::kHost},
+      {UpdateSite::kDevice, UpdateSite::kStaged, UpdateSite::kDevice, UpdateSite::kStaged,
+       UpdateSite::kStaged, UpdateSite::kHost}};
   for (const Mode mode : {Mode::kGpu, Mode::kOffload, Mode::kLayup})
     for (const int micro_batches : {1, 3})
       for (const bool clipping : {false, true})
@@ -243,6 +245,63 @@ TEST(StepPlan, DiskReadsRunAheadByTheStagingSlots) {
       waits_for(plan, find(plan, TaskKind::kReadState, 3), find(plan, TaskKind::kWriteState, 1)));
   EXPECT_TRUE(
       waits_for(plan, find(plan, TaskKind::kAdamW, 3), find(plan, TaskKind::kReadState, 3)));
+}
+
+// Staged blocks (UpdateSite::kStaged): each update's gradient and state go into a slot on the
+// device over the link up, the staging lane issues the device's AdamW once they are in, the state
+// goes back down, and the block counts as landed (the next forward's wait) once it is back. The
+// third staged update's copies in take the first's slot once its state is back (two slots),
+// first in a step the slot the step before's last updates free; gpu mode and offload with no
+// staged block have no staging lane, and offload's staged blocks take the same tasks.
+TEST(StepPlan, StagedBlocksGoThroughTheirSlotsOnTheLinks) {
+  ScheduleOptions options;
+  options.update_sites = {UpdateSite::kHost,   UpdateSite::kStaged, UpdateSite::kHost,
+                          UpdateSite::kStaged, UpdateSite::kStaged, UpdateSite::kHost};
+  for (const Mode mode : {Mode::kLayup, Mode::kOffload}) {
+    SCOPED_TRACE(name_of(mode));
+    const StepPlan plan = compile_step_plan(mode, layout(), options, kKinds, 2, true);
+    EXPECT_EQ(plan.staging_slots, 2);
+    EXPECT_EQ(plan.count(TaskKind::kAdamW, Lane::kStaging), 3);
+    EXPECT_EQ(plan.count(TaskKind::kAdamW, Lane::kCpu), 3);  // the head and block 1
+    EXPECT_EQ(plan.count(TaskKind::kReadState, Lane::kToDevice), 3);
+    EXPECT_EQ(plan.count(TaskKind::kWriteState, Lane::kToHost), 3);
+    EXPECT_EQ(plan.count(TaskKind::kWeightsToDevice, Lane::kToDevice), 3);  // none of a staged one
+    const int norm = find(plan, TaskKind::kNorm, -1);
+    for (const int span : {1, 3, 4}) {
+      const int read = find(plan, TaskKind::kReadState, span);
+      const int adamw = find(plan, TaskKind::kAdamW, span);
+      const int written = find(plan, TaskKind::kWriteState, span);
+      EXPECT_EQ(plan.tasks[read].lane, Lane::kToDevice);
+      EXPECT_TRUE(waits_for(plan, read, norm));
+      EXPECT_TRUE(waits_for(plan, adamw, read));
+      EXPECT_TRUE(waits_for(plan, written, adamw));
+      // The next step's first forward of the block (offload: the whole forward) waits for its
+      // state back.
+      const int forward = find(plan, TaskKind::kForward, mode == Mode::kOffload ? 0 : span, 0);
+      const std::vector<int>& last_step = plan.tasks[forward].after_last_step;
+      EXPECT_NE(std::find(last_step.begin(), last_step.end(), written), last_step.end());
+    }
+    // Forward order after the norm: blocks 0, 2, 3 staged; block 3's copies in wait for block 0's
+    // state to be back; block 0's and block 2's, first in the step, for the step before's.
+    EXPECT_TRUE(
+        waits_for(plan, find(plan, TaskKind::kReadState, 4), find(plan, TaskKind::kWriteState, 1)));
+    const std::vector<int>& first = plan.tasks[find(plan, TaskKind::kReadState, 1)].after_last_step;
+    EXPECT_EQ(first, std::vector<int>{find(plan, TaskKind::kWriteState, 3)});
+    EXPECT_NE(plan.describe().find("staging"), std::string::npos) << plan.describe();
+  }
+  // Without clipping layup updates the staged blocks as their gradients land, top down.
+  const StepPlan during = compile_step_plan(Mode::kLayup, layout(), options, kKinds, 1, false);
+  EXPECT_LT(find(during, TaskKind::kAdamW, 4), find(during, TaskKind::kBackward, 3));
+  EXPECT_TRUE(waits_for(during, find(during, TaskKind::kReadState, 4),
+                        find(during, TaskKind::kGradientToHost, 4)));
+  EXPECT_NE(during.describe().find("blocks 2-3: gradient into a slot, AdamW on the device, its "
+                                   "state on the host staged through a slot, during backward"),
+            std::string::npos)
+      << during.describe();
+  EXPECT_EQ(plan_of(Mode::kGpu, 1, true, options.update_sites).staging_slots, 0);
+  EXPECT_EQ(
+      plan_of(Mode::kGpu, 1, true, options.update_sites).count(TaskKind::kAdamW, Lane::kStaging),
+      0);
 }
 
 // Streamed weights (ScheduleOptions::streamed_blocks): the last blocks the host updates are filled

@@ -24,8 +24,9 @@ std::vector<char> WeightRing::streamed_spans(const ParameterLayout& layout,
     if (sites.empty() || sites[index] == UpdateSite::kHost) host_blocks.push_back(index);
   LAYUP_CHECK(static_cast<size_t>(streamed_blocks) <= host_blocks.size(), "--streamed-blocks ",
               streamed_blocks, " streams more blocks than the ", host_blocks.size(),
-              " whose optimizer state the host keeps (a block updated on the device or on disk "
-              "keeps its weights on the device); use --streamed-blocks ",
+              " whose optimizer state the host keeps and updates (a block updated on the device, "
+              "staged through it or on disk keeps its weights on the device); use "
+              "--streamed-blocks ",
               host_blocks.size(), " or fewer");
   for (size_t j = host_blocks.size() - streamed_blocks; j < host_blocks.size(); ++j)
     streamed[host_blocks[j]] = 1;

@@ -343,6 +343,7 @@ BenchmarkResult run_benchmark(const BenchmarkOptions& options, FILE* log) {
   RunRequest request = run_request_of(options);
   request.plan.streams_checkpoints = false;
   request.plan.ranks = ranks;
+  request.rates = cached_machine_rates();
   PreparedRun run(request, world.get(), log, {options.trace_path, /*recording=*/false},
                   [&](const PlannedRun& planned) { record_plan(options, planned, result, log); });
   result.schedule = run.schedule_description;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "data/token_flags.h"
 #include "engine/backend_factory.h"
+#include "engine/calibration.h"
 #include "memory/memory_plan.h"
 #include "model/parameter_layout.h"
 #include "tier/disk_space.h"
@@ -275,6 +276,7 @@ RunRequest train_run_request(const TrainOptions& options, const TrainingData& da
   request.plan.data_bytes = token_shard_bytes(data.shards);
   request.plan.streams_checkpoints = options.checkpoints || !resume.from.empty();
   request.plan.ranks = ranks.count;
+  request.rates = cached_machine_rates();
   return request;
 }
 

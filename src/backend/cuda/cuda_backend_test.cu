@@ -811,6 +811,45 @@ TEST_P(CudaBackendTest, StreamedWeightsTrainLikeResidentOnes) {
   }
 }
 
+// Staged blocks (UpdateSite::kStaged): every other block's gradient and state copied from the
+// host into a staging slot on the GPU (the copy stream the streamed weights use), the GPU's AdamW
+// there once the copies have landed, the state copied back on the copy stream to the host; in
+// offload and layup, two micro-batches, clipped (layup deferred and speculative) and not, one
+// slot and two: as close to gpu mode as the host-updated runs are. In bf16 also as a run plans
+// it (the weights landing in the bf16 compute copy, which the staged AdamW writes, the master
+// weights in the slot), and with 8-bit moments against gpu mode with 8-bit moments.
+TEST_P(CudaBackendTest, StagedBlocksTrainLikeHostUpdatedOnes) {
+  std::vector<UpdateSite> sites(layout.spans().size(), UpdateSite::kHost);
+  for (int layer = 0; layer < config.n_layer; layer += 2) sites[1 + layer] = UpdateSite::kStaged;
+  for (const float clip : {1.0f, 0.0f}) {
+    const std::string clip_name = clip > 0.0f ? ", clip 1.0" : ", clip none";
+    const ModeRun gpu_run = run_mode("gpu", {.cpu_workers = 2}, clip, true);
+    for (const std::string mode : {"offload", "layup"})
+      for (const int slots : {1, 2}) {
+        ScheduleOptions staged{.cpu_workers = 2, .update_sites = sites, .staging_slots = slots};
+        staged.speculative_clip = mode == "layup" && clip > 0.0f;
+        expect_agrees(run_mode(mode, staged, clip, true), gpu_run,
+                      mode + ", staged, " + std::to_string(slots) + " slot(s)" + clip_name);
+      }
+    ScheduleOptions deferred{.cpu_workers = 2, .update_sites = sites};
+    expect_agrees(run_mode("layup", deferred, clip, true), gpu_run,
+                  "layup, staged, deferred" + clip_name);
+    if (dtype() == ComputeDtype::kFloat32) continue;
+    ScheduleOptions landing{
+        .cpu_workers = 2, .update_sites = sites, .weights_land_in_compute_copy = true};
+    landing.speculative_clip = clip > 0.0f;
+    expect_agrees(run_mode("layup", landing, clip, true), gpu_run,
+                  "layup, staged, weights landing in the compute copy" + clip_name);
+    ScheduleOptions compact = landing;
+    compact.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+    expect_agrees(
+        run_mode("layup", compact, clip, true),
+        run_mode("gpu", {.cpu_workers = 2, .optimizer_state = OptimizerStateKind::kBlockwise8Bit},
+                 clip, true),
+        "layup, staged, 8-bit moments" + clip_name);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, CudaBackendTest,
                          ::testing::Values(BackendCase{ComputeDtype::kFloat32, "gpt2"},
                                            BackendCase{ComputeDtype::kBFloat16, "gpt2"},

@@ -284,6 +284,16 @@ class CudaDevice final : public Device {
     handler.release();  // run_landed owns it now
   }
 
+  void copy_to_host_async(const DeviceFence& after, void* dst, const void* src, size_t bytes,
+                          std::function<void()> landed) override {
+    LAYUP_CUDA_CHECK(
+        cudaStreamWaitEvent(to_host_stream_, static_cast<const CudaFence&>(after).event(), 0));
+    LAYUP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, to_host_stream_));
+    if (!landed) return;
+    auto handler = std::make_unique<std::function<void()>>(std::move(landed));
+    LAYUP_CUDA_CHECK(cudaLaunchHostFunc(to_host_stream_, run_landed, handler.get()));
+    handler.release();  // run_landed owns it now
+  }
   std::shared_ptr<const DeviceFence> copy_to_device_after(const DeviceFence* after, void* dst,
                                                           const void* src, size_t bytes) override {
     if (after != nullptr)
