@@ -284,6 +284,59 @@ std::optional<double> predicted_step_s(const MemoryPlanRequest& request,
   }
 }
 
+// Whether `request`'s plan fits `budgets`; a choice the plan refuses does not.
+bool plan_fits(const MemoryPlanRequest& request, const MemoryBudgets& budgets) {
+  try {
+    return fits(plan_memory(request), budgets);
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// With a calibration, --layup-head and --streamed-blocks auto by time: of the plans that fit, the
+// one predicted fastest at `rates`, against `resolved` (the fewest streamed blocks that fit, the
+// head on the device where it fits): the head on the device or the host, the blocks placed as
+// `resolved` places them or (an automatic placement) all on the host, and any streamed count up
+// to every host block. Streaming more blocks frees device memory the head's state can use, and
+// with a layer-major forward each streamed block crosses the link about twice a step, under the
+// GPU's work; the first choice stays unless another beats it by 1%. Only layup on a discrete GPU,
+// one rank, streaming automatic.
+MemoryPlanRequest resolve_tiers_by_time(MemoryPlanRequest resolved, const MemoryPlanRequest& asked,
+                                        const MemoryBudgets& budgets, const MachineRates* rates) {
+  const bool may_choose = rates != nullptr && asked.mode == Mode::kLayup &&
+                          asked.device == DeviceKind::kCuda && !asked.attributes.integrated &&
+                          asked.ranks <= 1 && asked.streamed_blocks.automatic &&
+                          !asked.streamed_blocks.resolved;
+  if (!may_choose || !plan_fits(resolved, budgets)) return resolved;
+  const std::optional<double> first = predicted_step_s(resolved, *rates);
+  if (!first) return resolved;
+  std::vector<LayupHead> heads = {resolved.layup_head};
+  if (asked.layup_head == LayupHead::kAuto) heads = {LayupHead::kDevice, LayupHead::kHost};
+  std::vector<OptimizerPlacement> placements = {resolved.optimizer_placement};
+  if (asked.optimizer_placement.automatic && resolved.optimizer_placement.blocks_on_device() > 0) {
+    OptimizerPlacement host = resolved.optimizer_placement;
+    host.device_blocks = 0;
+    placements.push_back(host);
+  }
+  MemoryPlanRequest best = resolved;
+  double best_s = *first * 0.99;
+  for (const LayupHead head : heads)
+    for (const OptimizerPlacement& placement : placements)
+      // From every block down: of counts predicted alike, the most streamed leaves the device
+      // the most room.
+      for (int count = resolved.config.n_layer; count >= 0; --count) {
+        MemoryPlanRequest tried = resolved;
+        tried.layup_head = head;
+        tried.optimizer_placement = placement;
+        tried.streamed_blocks = {true, count, true};
+        const std::optional<double> step_s = predicted_step_s(tried, *rates);
+        if (!step_s || *step_s >= best_s || !plan_fits(tried, budgets)) continue;
+        best = tried;
+        best_s = *step_s;
+      }
+  return best;
+}
+
 // --optimizer-placement auto's staged blocks (resolve_optimizer_placement): `resolved` (its other
 // choices made from `asked`) with the number of blocks staged through the device whose plan fits
 // and is predicted fastest at `rates`, each count's streamed blocks resolved again (the slots take
@@ -337,7 +390,9 @@ MemoryPlanRequest resolve_staged_blocks(MemoryPlanRequest resolved, const Memory
 MemoryPlanRequest resolve_optimizer_placement(MemoryPlanRequest request,
                                               const MemoryBudgets& budgets,
                                               const MachineRates* rates) {
-  return resolve_staged_blocks(resolve_tiers(request, budgets), request, budgets, rates);
+  return resolve_staged_blocks(
+      resolve_tiers_by_time(resolve_tiers(request, budgets), request, budgets, rates), request,
+      budgets, rates);
 }
 
 void check_run_budget(const MemoryPlan& plan, const MemoryBudgets& budgets) {

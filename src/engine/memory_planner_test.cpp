@@ -1039,6 +1039,63 @@ TEST(MemoryPlan, StreamedBlocksTradeTheirDeviceWeightsForARing) {
   EXPECT_THROW(StreamedBlocks::parse("some"), Error);
 }
 
+// With a calibration, --layup-head and --streamed-blocks auto take the plan predicted fastest of
+// those that fit, not the fewest streamed blocks: Llama 3 8B at B=2 x8 on a 24 GiB device, with an
+// H100's rates, streams its blocks to make room for the head's state on the device, which takes
+// the head's AdamW off the CPU, and no alternative that fits is predicted faster. Without rates
+// the choice stays the memory-first one.
+TEST(MemoryPlan, AutoTakesThePlanPredictedFastestWhereTheRatesAreKnown) {
+  MemoryPlanRequest llama =
+      on_a_discrete_gpu(cpu_request(named_config("llama-3-8b"), "layup", 2, 2048, 8));
+  llama.recompute = 3;
+  llama.accumulation = Accumulation::kLayerMajor;
+  llama.layup_clip = LayupClip::kDeferred;
+  llama.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+  MemoryBudgets board;
+  board.device = size_t{24} << 30;
+  MachineRates h100;
+  h100.gpu_flops = 5.95e14;
+  h100.gpu_block_flops = 5.19e14;
+  h100.gpu_head_flops = 7.2e14;
+  h100.h2d_bytes_per_s = 4.95e10;
+  h100.d2h_bytes_per_s = 5.47e10;
+  h100.cpu_adamw_params_per_s = 2.78e9;
+  h100.cpu_adamw_alone_params_per_s = 4.27e9;
+  h100.cpu_adamw_8bit_params_per_s = 2.5e9;
+  h100.cpu_adamw_8bit_alone_params_per_s = 4.07e9;
+  h100.host_add_floats_per_s = 8.18e9;
+  h100.gpu_adamw_params_per_s = 1.04e11;
+  h100.gpu_adamw_8bit_params_per_s = 6.56e10;
+  const auto step_s = [&h100](const MemoryPlanRequest& request) {
+    const RunMemory run = plan_run_memory(request);
+    return predict_step_time(step_time_request(run.plan.request, run.step), h100).step_s;
+  };
+  const MemoryPlanRequest by_memory = resolve_optimizer_placement(llama, board);
+  const MemoryPlanRequest by_time = resolve_optimizer_placement(llama, board, &h100);
+  EXPECT_EQ(refusal(plan_memory(by_memory), board), "");
+  EXPECT_EQ(refusal(plan_memory(by_time), board), "");
+  EXPECT_EQ(by_time.layup_head, LayupHead::kDevice);
+  EXPECT_GT(by_time.streamed_blocks.blocks(), by_memory.streamed_blocks.blocks());
+  EXPECT_LT(step_s(by_time), 0.99 * step_s(by_memory));
+  for (const LayupHead head : {LayupHead::kDevice, LayupHead::kHost})
+    for (const int streamed : {0, 8, 16, 24, 32}) {
+      MemoryPlanRequest other = llama;
+      other.layup_head = head;
+      other.optimizer_placement = OptimizerPlacement::parse("host");
+      other.streamed_blocks = StreamedBlocks::parse(std::to_string(streamed));
+      if (refusal(plan_memory(other), board).empty()) {
+        EXPECT_LE(step_s(by_time), step_s(other))
+            << "head " << static_cast<int>(head) << ", " << streamed << " streamed";
+      }
+    }
+  // gpu mode has nothing to choose; a resolved request is not chosen again.
+  MemoryPlanRequest gpu = llama;
+  gpu.mode = Mode::kGpu;
+  EXPECT_EQ(resolve_optimizer_placement(gpu, {}, &h100).streamed_blocks.blocks(), 0);
+  EXPECT_EQ(resolve_optimizer_placement(by_time, board, &h100).streamed_blocks.blocks(),
+            by_time.streamed_blocks.blocks());
+}
+
 // --optimizer-state: the plan counts each kind's bytes wherever the moments live (gpu mode's
 // device buffer, layup's host, device and disk tiers), auto places blocks by them, and the planner
 // never chooses a lossy kind itself: not under a budget that only a compact kind would fit.
