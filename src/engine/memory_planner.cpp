@@ -22,8 +22,10 @@ namespace {
 
 // What the process itself holds on the host, whatever the model: its code and libraries, the
 // tokenizer, the threads' stacks, the CUDA context's host side. Allowances on the generous side of
-// what runs measure (bench/RESULTS.md): a CPU run's own resident set is a few tens of MiB.
-constexpr size_t kCpuRuntimeBytes = size_t{160} << 20;
+// what runs measure (bench/RESULTS.md): a CPU run's own resident set is a few tens of MiB, and a
+// binary built with CUDA maps its libraries (cuBLASLt, cuDNN, NVRTC) on the CPU backend too,
+// which took a small run's peak to 775 MiB against a plan of 774 with 160 MiB allowed here.
+constexpr size_t kCpuRuntimeBytes = size_t{256} << 20;
 constexpr size_t kCudaRuntimeBytes = size_t{2} << 30;
 
 // The backend's and the device's buffers, as they list them.
