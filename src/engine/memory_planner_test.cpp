@@ -71,6 +71,18 @@ ScheduleOptions schedule_of(const MemoryPlan& plan, int cpu_workers = 0) {
   return plan_run_memory(plan.request, cpu_workers).schedule;
 }
 
+// Llama 3 8B as issue 43 trains it on a 24 GiB board: layup on a discrete GPU, B x 2048 x 8
+// micro-batches layer-major, --recompute 3, deferred clipping, 8-bit moments.
+MemoryPlanRequest llama_3_8b_on_a_24_gib_board(int batch) {
+  MemoryPlanRequest llama =
+      on_a_discrete_gpu(cpu_request(named_config("llama-3-8b"), "layup", batch, 2048, 8));
+  llama.recompute = 3;
+  llama.accumulation = Accumulation::kLayerMajor;
+  llama.layup_clip = LayupClip::kDeferred;
+  llama.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+  return llama;
+}
+
 std::string refusal(const MemoryPlan& plan, const MemoryBudgets& budgets) {
   return error_of([&] { check_run_budget(plan, budgets); });
 }
@@ -1002,12 +1014,7 @@ TEST(MemoryPlan, StreamedBlocksTradeTheirDeviceWeightsForARing) {
   EXPECT_EQ(resolve_optimizer_placement(request, budgets).streamed_blocks.name(), "auto (5)");
   // Llama 3 8B at B=4 on a 24 GiB device: the head placed on the device leaves no count that
   // fits; auto then moves the head to the host and streams the fewest blocks that fit.
-  MemoryPlanRequest llama =
-      on_a_discrete_gpu(cpu_request(named_config("llama-3-8b"), "layup", 4, 2048, 8));
-  llama.recompute = 3;
-  llama.accumulation = Accumulation::kLayerMajor;
-  llama.layup_clip = LayupClip::kDeferred;
-  llama.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+  const MemoryPlanRequest llama = llama_3_8b_on_a_24_gib_board(4);
   MemoryBudgets board;
   board.device = size_t{24} << 30;
   const MemoryPlanRequest fitted = resolve_optimizer_placement(llama, board);
@@ -1045,12 +1052,7 @@ TEST(MemoryPlan, StreamedBlocksTradeTheirDeviceWeightsForARing) {
 // the head's AdamW off the CPU, and no alternative that fits is predicted faster. Without rates
 // the choice stays the memory-first one.
 TEST(MemoryPlan, AutoTakesThePlanPredictedFastestWhereTheRatesAreKnown) {
-  MemoryPlanRequest llama =
-      on_a_discrete_gpu(cpu_request(named_config("llama-3-8b"), "layup", 2, 2048, 8));
-  llama.recompute = 3;
-  llama.accumulation = Accumulation::kLayerMajor;
-  llama.layup_clip = LayupClip::kDeferred;
-  llama.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+  const MemoryPlanRequest llama = llama_3_8b_on_a_24_gib_board(2);
   MemoryBudgets board;
   board.device = size_t{24} << 30;
   MachineRates h100;
@@ -1078,7 +1080,7 @@ TEST(MemoryPlan, AutoTakesThePlanPredictedFastestWhereTheRatesAreKnown) {
   EXPECT_GT(by_time.streamed_blocks.blocks(), by_memory.streamed_blocks.blocks());
   EXPECT_LT(step_s(by_time), 0.99 * step_s(by_memory));
   for (const LayupHead head : {LayupHead::kDevice, LayupHead::kHost})
-    for (const int streamed : {0, 8, 16, 24, 32}) {
+    for (const int streamed : {0, 16, 32}) {
       MemoryPlanRequest other = llama;
       other.layup_head = head;
       other.optimizer_placement = OptimizerPlacement::parse("host");
