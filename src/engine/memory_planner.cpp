@@ -356,7 +356,7 @@ MemoryPlanRequest resolve_staged_blocks(MemoryPlanRequest resolved, const Memory
   if (!may_stage) return resolved;
   const int candidates = resolved.config.n_layer - placement.blocks_on_device();
   const std::optional<double> none = predicted_step_s(resolved, *rates);
-  if (candidates <= 0 || !none || !fits(plan_memory(resolved), budgets)) return resolved;
+  if (candidates <= 0 || !none || !plan_fits(resolved, budgets)) return resolved;
   MemoryPlanRequest best = resolved;
   double best_s = *none * 0.99;
   for (int staged = 1; staged <= candidates; ++staged) {
@@ -374,13 +374,7 @@ MemoryPlanRequest resolve_staged_blocks(MemoryPlanRequest resolved, const Memory
       }
     }
     const std::optional<double> step_s = predicted_step_s(tried, *rates);
-    if (!step_s || *step_s >= best_s) continue;
-    bool fitting = false;
-    try {
-      fitting = fits(plan_memory(tried), budgets);
-    } catch (const Error&) {
-    }
-    if (!fitting) continue;
+    if (!step_s || *step_s >= best_s || !plan_fits(tried, budgets)) continue;
     best = tried;
     best_s = *step_s;
   }
