@@ -346,6 +346,9 @@ class CudaBackend final : public ModelBackend {
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
   // The pinned staging's ints, once the uploads queued from it have run.
   int32_t* staging_ints();
+  // The batch's shape into sizes_ and its token ids to the device through the pinned staging
+  // (forward's and the layer-major forward's uploads); returns where they lie in the staging.
+  int32_t* upload_tokens(const TokenBatch& batch);
   // Uploads from the staging were queued: the next writer of it waits for them (staging_ints).
   void staging_queued();
   // The embedding backward's grouping of the BT tokens at `host_inputs` (in the staging), made on
@@ -606,13 +609,8 @@ template <class T>
 float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch& batch,
                               ForwardHooks& hooks) {
   check_batch(params, batch);
-  sizes_ = graph::shape_of(config_, batch.batch, batch.seq_len);
+  int32_t* host_inputs = upload_tokens(batch);
   const int BT = sizes_.rows;
-
-  int32_t* host_inputs = staging_ints();
-  std::copy_n(batch.inputs, BT, host_inputs);
-  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.tokens, host_inputs, BT * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, stream_));
   CastingHooks casting(*this, params, hooks);
   CudaOps<T> graph_ops = ops();
   resumed_ = layer_major_forward_ = layer_major_started_ = false;
@@ -628,6 +626,16 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   enqueue_losses(batch);
   upload_embedding_plan(host_inputs, BT);  // while the GPU runs the forward
   return mean_loss(batch);
+}
+
+template <class T>
+int32_t* CudaBackend<T>::upload_tokens(const TokenBatch& batch) {
+  sizes_ = graph::shape_of(config_, batch.batch, batch.seq_len);
+  int32_t* host_inputs = staging_ints();
+  std::copy_n(batch.inputs, sizes_.rows, host_inputs);
+  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.tokens, host_inputs, sizes_.rows * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+  return host_inputs;
 }
 
 template <class T>
@@ -700,12 +708,8 @@ void CudaBackend<T>::forward_embeddings(const ParameterPointers& params, const T
               "block's backward computes its forward again from its stored input; this backend "
               "runs --recompute ",
               recompute_, ")");
-  sizes_ = graph::shape_of(config_, batch.batch, batch.seq_len);
+  int32_t* host_inputs = upload_tokens(batch);
   const int BT = sizes_.rows;
-  int32_t* host_inputs = staging_ints();
-  std::copy_n(batch.inputs, BT, host_inputs);
-  LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.tokens, host_inputs, BT * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, stream_));
   next_step_ = BackwardStep::kNeedsForwardWithTargets;
   logits_valid_ = false;
   resumed_ = false;
