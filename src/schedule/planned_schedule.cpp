@@ -37,7 +37,8 @@
 // coordinator (CpuUpdatePools of one thread each) hand gradients on and run updates, every pass on
 // the pinned HostAdamW workers; the weight ring's thread fills the streamed blocks' slots as the
 // device thread starts the plan's "weights in" tasks (StepFills); CpuProgress tells each who is
-// done. Updates may still be landing
+// done. gpu mode has no CPU side: its device lane and its one consume run on the calling thread.
+// Updates may still be landing
 // when step() returns: a forward waits span by span (ForwardWaits); export_tensors,
 // import_tensors, set_trace and the destructor wait for all. Trace tracks and span names, and what
 // a non-finite step leaves: docs/schedules.md. With several ranks, MPI is called by one thread at a
@@ -153,6 +154,7 @@ class PlannedSchedule final : public Schedule {
                      hidden_states_kind(options_, model_.device().kinds())),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_updated_(layout.config().n_layer, 0),
+        steps_on_caller_(mode == Mode::kGpu),
         progress_(layout.spans().size()) {
     head_routed_.resize(layout.spans().size());
     LAYUP_CHECK(options_.host_gradient || !model_.speculative_clip(),
@@ -258,7 +260,7 @@ class PlannedSchedule final : public Schedule {
     const StepContext context = begin_step(step_plan, settings);
     double loss_sum = 0.0;
     try {
-      device_thread_.run([&] { device_step(micro_batches, step_plan, context, loss_sum); });
+      on_device_lane([&] { device_step(micro_batches, step_plan, context, loss_sum); });
       progress_.wait_consumed();
       // Where the plan's norm waits for the head's gradient on the host (the host sums it), the
       // head's update is decided with its gradient there.
@@ -297,7 +299,7 @@ class PlannedSchedule final : public Schedule {
     // After the blocks' updates are queued: on CUDA it returns at once and runs before the next
     // forward in the device's order; on the CPU backend it runs here.
     if (!device_tier_.spans().empty())
-      device_thread_.run([&] {
+      on_device_lane([&] {
         const bool copies_written = device_tier_.update(
             adamw, device_tier_weights_, device_tier_compute_copies_, trace_, device_track_);
         // Where the update wrote every span's compute copy, the next forward skips its cast (with
@@ -750,7 +752,7 @@ class PlannedSchedule final : public Schedule {
     std::shared_ptr<const DeviceFence> written = model_.device().fence();
     progress_.consume_submitted();
     if (head != nullptr) progress_.head_landing_submitted();
-    consumer_.submit([this, written, output, on_device, head] {
+    to_consumer([this, written, output, on_device, head] {
       run_task([&] {
         {
           TraceSpan traced(trace_, consumer_track_, "consume head");
@@ -772,7 +774,7 @@ class PlannedSchedule final : public Schedule {
   void hand_on_head_span(size_t index, const float* data, bool first, bool last) {
     std::shared_ptr<const DeviceFence> written = model_.device().fence();
     progress_.consume_submitted();
-    consumer_.submit([this, index, data, written, first, last] {
+    to_consumer([this, index, data, written, first, last] {
       run_task([&] {
         {
           TraceSpan traced(trace_, consumer_track_, "consume head");
@@ -870,7 +872,7 @@ class PlannedSchedule final : public Schedule {
                const StepContext* update) {
     std::shared_ptr<const DeviceFence> written = model_.device().fence();
     progress_.consume_submitted();
-    consumer_.submit([this, layer, lease, written, first, last, update] {
+    to_consumer([this, layer, lease, written, first, last, update] {
       run_task([&] {
         consume_block(layer, lease, *written, first, last, update);
         progress_.consume_done();
@@ -952,7 +954,7 @@ class PlannedSchedule final : public Schedule {
     std::shared_ptr<const DeviceFence> written = model_.device().fence();
     progress_.consume_submitted();
     if (last && head != nullptr) progress_.head_landing_submitted();
-    consumer_.submit([this, written, first, last, head = last ? head : nullptr] {
+    to_consumer([this, written, first, last, head = last ? head : nullptr] {
       run_task([&] { consume_head(*written, first, last, head); });
     });
   }
@@ -1117,6 +1119,25 @@ class PlannedSchedule final : public Schedule {
     }
   }
 
+  // The device lane's work of a step (device_step, the device's AdamW), on the device thread; a
+  // step with no CPU side (gpu mode) runs it on the calling thread, as a single loop would: each
+  // hand-off between threads is a sleeping thread's wake-up while the GPU waits.
+  void on_device_lane(const std::function<void()>& work) {
+    if (steps_on_caller_)
+      work();
+    else
+      device_thread_.run(work);
+  }
+
+  // A consume (a gradient taken off the device, the sums of squares read) on the consumer; with no
+  // CPU side, at once on the device lane's thread.
+  void to_consumer(std::function<void()> task) {
+    if (steps_on_caller_)
+      task();
+    else
+      consumer_.submit(std::move(task));
+  }
+
   // Runs a consumer or coordinator task; a failure is kept in progress_, so that nobody waits
   // forever for what the task would have reported, and rethrown to the pool.
   template <class Task>
@@ -1237,6 +1258,8 @@ class PlannedSchedule final : public Schedule {
   int staging_track_ = 0;   // "staging" in trace_: the staged blocks' updates
   int consumer_track_ = 0;  // "gradients to host" in trace_
   bool broken_ = false;
+  // gpu mode: nothing of a step runs beside the device lane, which runs on the calling thread.
+  const bool steps_on_caller_;
   CpuProgress progress_;
   // Where several ranks update spans on the device: those spans' sums over the ranks.
   std::unique_ptr<DeviceCollectives> collectives_;
