@@ -119,6 +119,8 @@ void add_memory_command(CLI::App& app) {
     MemoryBudgets budgets;
     budgets.total = flags->memory_budget;
     budgets.device = flags->device_budget;
+    if (budgets.device && asked.target.device == DeviceKind::kCuda)
+      budgets.device_reserve = device_budget_reserve(*budgets.device);
     budgets.host = flags->host_budget;
     if (!flags->offload_dir.empty()) {
       const DiskSpace space = read_disk_space(flags->offload_dir);

@@ -167,7 +167,7 @@ namespace {
 
 // Whether the plan's device side fits the device's budget and this machine's GPU.
 bool device_side_fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {
-  return (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device) &&
+  return (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device_limit()) &&
          (!budgets.machine_gpu || plan.gpu_memory_bytes() <= *budgets.machine_gpu);
 }
 

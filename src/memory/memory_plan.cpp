@@ -272,10 +272,22 @@ MemoryBudgets parse_memory_budgets(const std::string& memory_budget,
   return budgets;
 }
 
+namespace {
+// A GPU's free memory less this is what a plan may take (with_machine_limit).
+size_t card_reserve(size_t total) {
+  return std::max(total / 50, size_t{1} << 30);
+}
+}  // namespace
+
+size_t device_budget_reserve(size_t budget) {
+  constexpr size_t kContextAndHandles = size_t{512} << 20;
+  return kContextAndHandles + card_reserve(budget);
+}
+
 MemoryBudgets with_machine_limit(MemoryBudgets budgets, const HostMemoryLimit& machine,
                                  bool allow_overcommit, const DeviceMemoryAttributes& gpu) {
   if (gpu.device == DeviceKind::kCuda && gpu.queried && !gpu.integrated && gpu.total_bytes > 0) {
-    const size_t reserve = std::max(gpu.total_bytes / 50, size_t{1} << 30);
+    const size_t reserve = card_reserve(gpu.total_bytes);
     budgets.machine_gpu = gpu.free_bytes > reserve ? gpu.free_bytes - reserve : 0;
     budgets.machine_gpu_source = format_bytes(*budgets.machine_gpu) + " (" + gpu.name + ": " +
                                  format_bytes(gpu.free_bytes) + " free of " +
@@ -311,7 +323,7 @@ int largest_fitting_batch(const MemoryPlanRequest& request, const MemoryBudgets&
 
 bool fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {
   return (!budgets.total || plan.total_bytes() <= *budgets.total) &&
-         (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device) &&
+         (!budgets.device || plan.bytes(MemorySide::kDevice) <= *budgets.device_limit()) &&
          (!budgets.host || plan.bytes(MemorySide::kHost) <= *budgets.host) &&
          (!budgets.machine_host || plan.host_memory_bytes() <= *budgets.machine_host) &&
          (!budgets.machine_gpu || plan.gpu_memory_bytes() <= *budgets.machine_gpu) &&
@@ -326,10 +338,18 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets, const Re
     bool host_memory = false;        // the plan's bytes in host memory (the machine's limit)
     bool gpu_memory = false;         // the plan's bytes in the GPU's memory (what it has free)
     bool disk = false;               // the plan's bytes on disk (under --offload-dir)
+    bool bytes_in_name = false;      // the name says the limit's bytes (as the machine's do)
   };
   const Limit limits[] = {
       {"--memory-budget", budgets.total, std::nullopt},
-      {"--device-budget", budgets.device, MemorySide::kDevice},
+      {budgets.device_reserve > 0
+           ? "what --device-budget " + format_bytes(*budgets.device) + " leaves a plan, " +
+                 format_bytes(*budgets.device_limit()) + " (less " +
+                 format_bytes(budgets.device_reserve) +
+                 " for the CUDA context, the libraries' handles and cuDNN's run-time workspace)"
+           : std::string("--device-budget"),
+       budgets.device_limit(), MemorySide::kDevice, false, false, false,
+       budgets.device_reserve > 0},
       {"--host-budget", budgets.host, MemorySide::kHost},
       {"what this machine's host memory can give it, " + budgets.machine_host_source,
        budgets.machine_host, std::nullopt, true},
@@ -376,7 +396,7 @@ void check_budget(const MemoryPlan& plan, const MemoryBudgets& budgets, const Re
       message += " (device side " + format_bytes(plan.bytes(MemorySide::kDevice)) +
                  " + host side " + format_bytes(plan.bytes(MemorySide::kHost)) + ")";
     // The limit's name holds its bytes.
-    const bool machine = limit.host_memory || limit.gpu_memory || limit.disk;
+    const bool machine = limit.host_memory || limit.gpu_memory || limit.disk || limit.bytes_in_name;
     message += ", over " + limit.name + (machine ? "," : "") + " " +
                (machine ? "" : format_bytes(*limit.budget) + " ") + "by " +
                format_bytes(need - *limit.budget) + ".";
@@ -469,9 +489,15 @@ std::string format_memory_plan(const MemoryPlan& plan, const MemoryBudgets& budg
   if (budgets.total)
     text +=
         "  budget: " + budget_line("--memory-budget", *budgets.total, plan.total_bytes()) + "\n";
-  if (budgets.device)
-    text += "  budget: " +
-            budget_line("--device-budget", *budgets.device, plan.bytes(MemorySide::kDevice)) + "\n";
+  if (budgets.device) {
+    text += "  budget: " + budget_line("--device-budget", *budgets.device_limit(),
+                                       plan.bytes(MemorySide::kDevice));
+    if (budgets.device_reserve > 0)
+      text += " (of " + format_bytes(*budgets.device) + ", less " +
+              format_bytes(budgets.device_reserve) +
+              " kept for the CUDA context, the libraries' handles and cuDNN's run-time workspace)";
+    text += "\n";
+  }
   if (budgets.host)
     text +=
         "  budget: " + budget_line("--host-budget", *budgets.host, plan.bytes(MemorySide::kHost)) +

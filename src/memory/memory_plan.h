@@ -16,6 +16,7 @@
 // docs/memory.md.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <functional>
@@ -138,6 +139,13 @@ using Replan = std::function<MemoryPlan(const MemoryPlanRequest&)>;
 // gpu_memory_bytes(); with_machine_limit sets them.
 struct MemoryBudgets {
   std::optional<size_t> total, device, host;
+  // Of `device`, what a plan may not take (device_budget_reserve where the device is a GPU).
+  size_t device_reserve = 0;
+  // What the device side of a plan may take: `device` less its reserve.
+  std::optional<size_t> device_limit() const {
+    if (!device) return std::nullopt;
+    return *device - std::min(*device, device_reserve);
+  }
   std::optional<size_t> machine_host, machine_gpu;
   std::string machine_host_source, machine_gpu_source;  // where they come from, for messages
   // What the file system under --offload-dir can take (free less a reserve), checked against the
@@ -155,6 +163,11 @@ struct MemoryBudgets {
 // host's limit: the kernel may then end the run.
 MemoryBudgets with_machine_limit(MemoryBudgets budgets, const HostMemoryLimit& machine,
                                  bool allow_overcommit, const DeviceMemoryAttributes& gpu = {});
+
+// What a --device-budget on a GPU keeps back from the plan: the budget stands for a card of that
+// size, whose CUDA context and library handles live outside the plan (0.5 GiB) and whose check
+// leaves the reserve a real card's leaves (2%, at least 1 GiB) for what cuDNN sizes at run time.
+size_t device_budget_reserve(size_t budget);
 
 // A size as the budget flags take it: a number (fractions allowed) with an optional unit: K, M,
 // G, T (powers of 1024; KiB, MiB, GiB, TiB the same), KB, MB, GB, TB (powers of 1000), or B /
