@@ -48,6 +48,16 @@ nlohmann::json mistral_7b() {
     "tie_word_embeddings": false, "vocab_size": 32000})");
 }
 
+// Llama 2 13B's: 40 heads with keys and values of their own, rope_theta 10000, an untied head.
+nlohmann::json llama_2_13b() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 5120,
+    "intermediate_size": 13824, "max_position_embeddings": 4096, "model_type": "llama",
+    "num_attention_heads": 40, "num_hidden_layers": 40, "num_key_value_heads": 40,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false,
+    "vocab_size": 32000})");
+}
+
 // Llama 3.2 3B's: 1B's rope and tied head at width 3072, 24 heads of 128.
 nlohmann::json llama_3_2_3b() {
   nlohmann::json file = llama_3_2_1b();
@@ -157,7 +167,7 @@ TEST(HfConfig, NamedLlamaConfigsAreThePublishedFiles) {
   const std::pair<const char*, nlohmann::json> published[] = {
       {"llama-3.2-1b", llama_3_2_1b()}, {"llama-3.2-3b", llama_3_2_3b()},
       {"llama-3-8b", llama_3_8b()},     {"qwen2.5-0.5b", qwen2_5_0_5b()},
-      {"mistral-7b", mistral_7b()},
+      {"mistral-7b", mistral_7b()},     {"llama-2-13b", llama_2_13b()},
   };
   for (const auto& [name, file] : published) {
     const ModelConfig named = named_config(name);

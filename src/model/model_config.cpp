@@ -97,6 +97,13 @@ ModelConfig mistral_7b() {
   return config;
 }
 
+// Llama 2 13B: every head its own keys and values, a 32000-token vocabulary, an untied head.
+ModelConfig llama_2_13b() {
+  ModelConfig config = llama_config(40, 40, 40, 5120, 13824, 4096, 32000);
+  config.layer_norm_epsilon = 1e-5f;
+  return config;
+}
+
 struct NamedLlamaConfig {
   const char* name;
   ModelConfig (*make)();
@@ -106,6 +113,7 @@ constexpr NamedLlamaConfig kNamedLlamaConfigs[] = {
     {"llama-3.2-1b", [] { return llama_3_2(16, 32, 2048); }},
     {"llama-3.2-3b", [] { return llama_3_2(28, 24, 3072); }},
     {"llama-3-8b", llama_3_8b},
+    {"llama-2-13b", llama_2_13b},
     {"qwen2.5-0.5b", qwen2_5_0_5b},
     {"mistral-7b", mistral_7b},
 };

@@ -68,7 +68,7 @@ ModelConfig gpt2_config(int n_layer, int n_head, int n_embd, int n_positions,
 
 // gpt2 (124M), gpt2-medium (350M), gpt2-large (774M), gpt2-xl (1.5B), and "small", the default
 // that shows learning within minutes on a 2-core CPU; the Llama family's published shapes:
-// llama-3.2-1b, llama-3.2-3b, llama-3-8b, qwen2.5-0.5b, mistral-7b (v0.1), each as its
+// llama-3.2-1b, llama-3.2-3b, llama-3-8b, llama-2-13b, qwen2.5-0.5b, mistral-7b (v0.1), each as its
 // config.json reads (context: its max_position_embeddings). Throws layup::Error for other names.
 ModelConfig named_config(std::string_view name);
 std::vector<std::string> named_config_names();

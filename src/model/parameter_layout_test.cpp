@@ -83,7 +83,7 @@ TEST(ParameterLayout, LlamaFamilyCountsMatchThePublishedModels) {
 TEST(ParameterLayout, NamedLlamaConfigsHaveThePublishedCounts) {
   const std::pair<const char*, long long> published[] = {
       {"llama-3.2-1b", 1235814400}, {"llama-3.2-3b", 3212749824}, {"llama-3-8b", 8030261248},
-      {"qwen2.5-0.5b", 494032768},  {"mistral-7b", 7241732096},
+      {"qwen2.5-0.5b", 494032768},  {"mistral-7b", 7241732096},   {"llama-2-13b", 13015864320},
   };
   for (const auto& [name, count] : published) {
     const ModelConfig config = named_config(name);
