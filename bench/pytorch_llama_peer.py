@@ -11,7 +11,19 @@ as layup's does (transformers' labels= would shift inside and drop one). Warm-up
 steps, each from zero_grad to the loss read back, between torch.cuda.synchronize() calls.
 
   bench/pytorch_llama_peer.py --model llama-3.2-1b --batch 8 --seq-len 2048 [--compile]
+  bench/pytorch_llama_peer.py --model llama-3-8b --batch 2 --seq-len 2048 --cpu-offload \
+      --device-budget 24
   bench/pytorch_llama_peer.py --model tiny --device cpu --batch 2 --seq-len 64 --steps 2
+
+--cpu-offload is the recipe torchao gives for a model whose AdamW state does not fit the GPU:
+torchao's CPUOffloadOptimizer (AdamW on the CPU, fused; each gradient copied to pinned host memory
+by a hook as backward produces it and freed on the GPU, each parameter copied back after its step),
+the model in bf16 (weights, gradients and AdamW state all bf16: CPUOffloadOptimizer keeps the
+host copy in the parameters' dtype, and fp32 weights of an 8B model alone would fill a 24 GB GPU),
+activation checkpointing per layer, no clipping (the gradients are gone from the GPU once copied)
+and no accumulation (offload_gradients frees each gradient, so the micro-batches cannot be
+summed): one micro-batch a step. --device-budget GiB caps PyTorch's caching allocator
+(set_per_process_memory_fraction) to stand for a smaller GPU.
 
 FLOPs per token for MFU use layup's count: 6N + 12LTC, N the matmul weights (q/k/v, o, gate, up,
 down of every block, and V C for the head). llama-3-8b in fp32 with AdamW needs ~128 GB for its
@@ -44,6 +56,10 @@ CONFIGS = {
                        hidden_size=4096, intermediate_size=14336, vocab_size=128256,
                        max_position_embeddings=8192, rope_theta=500000.0, rope_scaling=None,
                        tie_word_embeddings=False, rms_norm_eps=1e-5),
+    "llama-2-13b": dict(num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=40,
+                        hidden_size=5120, intermediate_size=13824, vocab_size=32000,
+                        max_position_embeddings=4096, rope_theta=10000.0, rope_scaling=None,
+                        tie_word_embeddings=False, rms_norm_eps=1e-5),
     "tiny": dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  hidden_size=64, intermediate_size=96, vocab_size=512,
                  max_position_embeddings=131072, rope_theta=500000.0,
@@ -108,6 +124,10 @@ def main():
     parser.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--json", help="write the result as one JSON object here")
+    parser.add_argument("--cpu-offload", action="store_true",
+                        help="torchao's CPUOffloadOptimizer, bf16 model, checkpointed layers")
+    parser.add_argument("--device-budget", type=float,
+                        help="GiB of GPU memory PyTorch's allocator may take")
     args = parser.parse_args()
     for flag in ("batch", "seq_len", "steps"):
         if getattr(args, flag) < 1:
@@ -123,14 +143,31 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
+    if args.cpu_offload and not on_cuda:
+        parser.error("--cpu-offload needs --device cuda (CPUOffloadOptimizer offloads from a GPU)")
+    if args.device_budget:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.device_budget * 2**30 / total))
+
     config = llama_config(args.model)
+    if args.cpu_offload:
+        torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy ever on the GPU
     with torch.device(device):  # initialized where it trains: 8B on the CPU takes minutes
         model = LlamaForCausalLM(config)
+    torch.set_default_dtype(torch.float32)
     model.train()
+    if args.cpu_offload:
+        model.gradient_checkpointing_enable()
     assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
     n_params = sum(p.numel() for p in model.parameters())  # a tied head counted once
-    optimizer = torch.optim.AdamW(pytorch_peer.adamw_param_groups(model.parameters()),
-                                  **pytorch_peer.ADAMW_HYPERPARAMS, fused=on_cuda)
+    if args.cpu_offload:
+        from torchao.optim import CPUOffloadOptimizer
+        optimizer = CPUOffloadOptimizer(pytorch_peer.adamw_param_groups(model.parameters()),
+                                        torch.optim.AdamW, offload_gradients=True, fused=True,
+                                        **pytorch_peer.ADAMW_HYPERPARAMS)
+    else:
+        optimizer = torch.optim.AdamW(pytorch_peer.adamw_param_groups(model.parameters()),
+                                      **pytorch_peer.ADAMW_HYPERPARAMS, fused=on_cuda)
     step_model = torch.compile(model) if args.compile else model
     dtype = torch.bfloat16 if on_cuda else torch.float32
     vocab = config.vocab_size
@@ -142,13 +179,16 @@ def main():
             logits = step_model(input_ids=inputs, use_cache=False).logits
             loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not args.cpu_offload:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         return loss.item()  # reads the loss back, as layup's step does
 
     step_ms, loss, device_used_peak = pytorch_peer.time_steps(train_step, args.warmup, args.steps,
                                                               on_cuda)
     engine = "pytorch-compile" if args.compile else "pytorch-eager"
+    if args.cpu_offload:
+        engine = "pytorch-torchao-cpu-offload-bf16"
     result = make_result(engine, args, device, step_ms, loss, device_used_peak, n_params)
     pytorch_peer.report(result, args.json, extra_rows=(
         ("parameters", f"{n_params:,} ({result['n_kv_head']} K/V heads, "
