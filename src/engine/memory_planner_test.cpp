@@ -698,6 +698,23 @@ TEST(MemoryPlan, DeviceAndHostBudgetsCountTheirSideOnly) {
   EXPECT_NE(message.find("on the host side, over --host-budget"), std::string::npos) << message;
 }
 
+// A --device-budget on a GPU stands for a card of that size: a plan gets it less the card's CUDA
+// context and the reserve a real card's check keeps (24 GiB: 0.5 + 1 GiB).
+TEST(MemoryPlan, ADeviceBudgetOnAGpuKeepsTheCardsReserve) {
+  EXPECT_EQ(device_budget_reserve(size_t{24} << 30), size_t{3} << 29);
+  EXPECT_EQ(device_budget_reserve(size_t{100} << 30), (size_t{1} << 29) + (size_t{2} << 30));
+  const MemoryPlan plan = plan_memory(on_a_discrete_gpu(cpu_request(tiny_config(), "layup", 2, 8)));
+  MemoryBudgets budgets;
+  budgets.device = plan.bytes(MemorySide::kDevice) + device_budget_reserve(size_t{1} << 30);
+  budgets.device_reserve = device_budget_reserve(*budgets.device);
+  EXPECT_TRUE(fits(plan, budgets));
+  budgets.device = *budgets.device - 1;
+  budgets.device_reserve = device_budget_reserve(*budgets.device);
+  const std::string message = refusal(plan, budgets);
+  EXPECT_NE(message.find("over what --device-budget"), std::string::npos) << message;
+  EXPECT_NE(message.find("for the CUDA context"), std::string::npos) << message;
+}
+
 // Every plan is checked against what this machine's host memory can give the run: the plan's
 // bytes in host memory at its peak, transients included.
 TEST(MemoryPlan, TheMachinesHostMemoryIsALimitToo) {
