@@ -76,9 +76,11 @@ void Device::adamw_update_span_state(const ParameterLayout& layout, const Span& 
 void Device::adamw_update_span_part_state(const ParameterLayout& layout, const Span& span,
                                           size_t first, size_t count, float* params,
                                           const float* grads, const AdamWMoments& moments,
-                                          const AdamWStep& step) {
+                                          const AdamWStep& step, void* bf16_weights) {
   LAYUP_CHECK(moments.kind == OptimizerStateKind::kFp32, "the ", name(), " device keeps no ",
               name_of(moments.kind), " optimizer state; use --optimizer-state fp32");
+  LAYUP_CHECK(bf16_weights == nullptr, "the ", name(),
+              " device writes no bf16 copy of part of a span");
   adamw_update_span_part(layout, span, first, count, params, grads, moments.m_fp32(),
                          moments.v_fp32(), step);
 }

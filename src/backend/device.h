@@ -218,12 +218,13 @@ class Device {
                                        const AdamWMoments& moments, const AdamWStep& step,
                                        void* bf16_weights);
   // adamw_update_span_part in any kind, the moments starting at element `first`, which must
-  // start an 8-bit block (check_state_part; otherwise layup::Error). The base updates fp32
-  // moments through adamw_update_span_part and refuses the other kinds.
+  // start an 8-bit block (check_state_part; otherwise layup::Error); `bf16_weights` (may be null)
+  // receives the part's new weights rounded to bf16. The base updates fp32 moments through
+  // adamw_update_span_part and refuses the other kinds and a bf16 copy.
   virtual void adamw_update_span_part_state(const ParameterLayout& layout, const Span& span,
                                             size_t first, size_t count, float* params,
                                             const float* grads, const AdamWMoments& moments,
-                                            const AdamWStep& step);
+                                            const AdamWStep& step, void* bf16_weights);
 
  protected:
   // A null accountant gives the device a ledger of its own.

@@ -115,12 +115,14 @@ Work work_of(const StepTimeRequest& request, const MachineRates& rates) {
     if (updates_beside_gradients) beside += seconds(kFloatBytes * n, rates.d2h_bytes_per_s);
     if (staging) beside = seconds(n, rates.cpu_adamw_params_per_s);
     work.cpu_adamw_s.push_back(cpu_adamw_seconds(n, beside, rates));
-    // In: the gradient, the master weights and the moments; back: the last two.
+    // In: the gradient, the master weights and the moments; back: the last two, and a streamed
+    // block's new weights for its host copy.
     const bool staged = plan.spans[i].site == UpdateSite::kStaged;
     const double state = staged ? state_bytes(request.optimizer_state, n) : 0.0;
+    const double weights = staged && plan.spans[i].streamed ? work.compute_weight_bytes * n : 0.0;
     work.staged_in_s.push_back(
         seconds(staged ? kFloatBytes * n + state : 0.0, rates.h2d_bytes_per_s));
-    work.staged_out_s.push_back(seconds(state, rates.d2h_bytes_per_s));
+    work.staged_out_s.push_back(seconds(state + weights, rates.d2h_bytes_per_s));
   }
   return work;
 }

@@ -251,7 +251,8 @@ bool DeviceTier::update(const AdamWStep& adamw, const std::vector<float*>& weigh
       TraceSpan traced(trace, track, trace_name(TaskKind::kAdamW, span.kind), span.layer);
       device_.adamw_update_span_part_state(layout_, span, part.first, part.count,
                                            weights[index] + part.first,
-                                           gradient(index) + part.first, moments, adamw);
+                                           gradient(index) + part.first, moments, adamw,
+                                           /*bf16_weights=*/nullptr);
       continue;
     }
     TraceSpan traced(trace, track, trace_name(TaskKind::kAdamW, span.kind), span.layer);

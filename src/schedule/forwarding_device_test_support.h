@@ -84,8 +84,10 @@ class ForwardingDevice : public Device {
   }
   void adamw_update_span_part_state(const ParameterLayout& layout, const Span& span, size_t first,
                                     size_t count, float* params, const float* grads,
-                                    const AdamWMoments& moments, const AdamWStep& step) override {
-    inner_->adamw_update_span_part_state(layout, span, first, count, params, grads, moments, step);
+                                    const AdamWMoments& moments, const AdamWStep& step,
+                                    void* bf16_weights) override {
+    inner_->adamw_update_span_part_state(layout, span, first, count, params, grads, moments, step,
+                                         bf16_weights);
   }
 
  protected:

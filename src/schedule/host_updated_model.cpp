@@ -171,7 +171,7 @@ HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layou
         MemorySide::kHost, TensorClass::kWeights, kinds.host_copy,
         (static_cast<size_t>(options.streamed_blocks) * layout.block().count * 2 + 3) / 4 * 4,
         "bf16 weights of the streamed blocks, the source of their fills (written by the host "
-        "update)"};
+        "update, or a staged block's device AdamW)"};
   if (const PackedSpans summed = gradient_spans(layout, options); summed.count > 0)
     buffers.gradient = HostGradient::buffers(layout, summed, kinds);
   if (any_on_disk(options))
@@ -290,8 +290,7 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
     }
   }
   if (StagedTier::any(options))
-    staged_tier_ = std::make_unique<StagedTier>(*device_, layout_, options,
-                                                StagedTier::params_in_slot(options));
+    staged_tier_ = std::make_unique<StagedTier>(*device_, layout_, options);
   if (any_on_disk(options))
     disk_tier_ = std::make_unique<DiskTier>(
         *device_, layout_, options.update_sites, options.offload_dir,
@@ -535,8 +534,9 @@ void HostUpdatedModel::update_staged_span(size_t index, const float* grads,
   // The device updates the fp32 copy it computes with where it has one (its weights land there
   // with no copy of their own); else the master weights in the slot, writing the bf16 compute
   // copy where the weights land in it, or nothing where it computes with the master weights in
-  // place.
+  // place. A streamed block's new weights go to the host's copy the ring fills from.
   const bool device_copy = device_copy_spans_.holds(index);
+  const bool streamed = streams(index);
   StagedTier::Update update;
   update.index = index;
   update.grads = grads;
@@ -545,8 +545,14 @@ void HostUpdatedModel::update_staged_span(size_t index, const float* grads,
   update.to_params = to.params + at;
   update.to_moments = host_moments_.base(to.moments, index);
   update.device_params = device_copy ? params_.data() + device_copy_spans_.at[index] : nullptr;
-  update.bf16_weights =
-      weights_land_in_compute_copy_ && !device_copy ? backend_->compute_copy(index) : nullptr;
+  update.bf16_weights = weights_land_in_compute_copy_ && !device_copy && !streamed
+                            ? backend_->compute_copy(index)
+                            : nullptr;
+  // (Without a bf16 copy of its own, a streamed block's fills read the master weights.)
+  if (streamed && stream_host_.data() != nullptr) {
+    update.stream_copy = reinterpret_cast<uint16_t*>(stream_host_.data()) + stream_host_at_[index];
+    update.stream_element_bytes = sizeof(uint16_t);
+  }
   TraceSpan traced(trace_, trace_track, trace_name(TaskKind::kAdamW, span.kind), span.layer);
   staged_tier_->update(update, adamw, std::move(landed));
 }

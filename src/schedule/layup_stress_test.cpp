@@ -206,9 +206,11 @@ class DelayingDevice final : public ForwardingDevice {
   }
   void adamw_update_span_part_state(const ParameterLayout& layout, const Span& span, size_t first,
                                     size_t count, float* params, const float* grads,
-                                    const AdamWMoments& moments, const AdamWStep& step) override {
+                                    const AdamWMoments& moments, const AdamWStep& step,
+                                    void* bf16_weights) override {
     delays_.maybe_sleep();
-    inner().adamw_update_span_part_state(layout, span, first, count, params, grads, moments, step);
+    inner().adamw_update_span_part_state(layout, span, first, count, params, grads, moments, step,
+                                         bf16_weights);
   }
 
  private:

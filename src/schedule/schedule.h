@@ -207,6 +207,9 @@ struct ScheduleOptions {
   // through (a block's gradient and state copied in, updated, copied back): two let one block's
   // copies in run beside the last one's AdamW and copies back.
   int staging_slots = 2;
+  // The most elements of a block one staging slot holds (a multiple of 256); 0:
+  // StagedTier::kStagingPartElements. Tests set it small to update blocks in several parts.
+  size_t staging_part_elements = 0;
   // Where each class's primary tensors live (the run's placement, memory/memory_plan.h, which
   // --place overrides): the master weights, moments and gradients of every mode, and the device
   // copy of the weights in offload and layup. A class without a kind takes the device's default:

@@ -731,6 +731,23 @@ TEST(SchedulesEquivalence, StagedBlocksTrainLikeHostUpdatedOnes) {
        "layup",
        {.host_gradient = false, .update_sites = staged},
        {{1, false}}},
+      // 12,704 elements a block: 12 parts of 1,024 and one of 416, through two slots.
+      {"layup, in parts",
+       "layup",
+       {.update_sites = staged, .staging_part_elements = 1024},
+       {{1, false}, {2, true}}},
+      {"layup, in parts, every block streamed, layer-major",
+       "layup",
+       {.host_gradient = false,
+        .update_sites = staged,
+        .staging_part_elements = 1024,
+        .accumulation = lm,
+        .streamed_blocks = 3},
+       {{1, false}, {3, false}}},
+      {"offload, in parts, the staged blocks streamed",
+       "offload",
+       {.update_sites = staged, .staging_part_elements = 4096, .streamed_blocks = 2},
+       {{2, true}}},
   };
   std::map<std::pair<int, bool>, TrainingRun> gpu;
   for (const auto& [name, mode, options, runs] : placements)
@@ -1141,6 +1158,10 @@ TEST_P(CompactStateEquivalence, StagedBlocksTrainTheSame) {
       {"layup, staged, weights in place",
        "layup",
        {.weights_in_place = true, .update_sites = staged, .staging_slots = 1}},
+      // Parts of 768: three 8-bit blocks of the moments each, the last part a partial block.
+      {"layup, staged in parts, streamed",
+       "layup",
+       {.update_sites = staged, .staging_part_elements = 768, .streamed_blocks = 3}},
   };
   for (const auto& [micro_batches, clip] : {std::pair{2, true}, {1, false}}) {
     SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " +

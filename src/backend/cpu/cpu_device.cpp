@@ -93,7 +93,10 @@ class CpuDevice final : public Device {
 
   void adamw_update_span_part_state(const ParameterLayout& layout, const Span& span, size_t first,
                                     size_t count, float* params, const float* grads,
-                                    const AdamWMoments& moments, const AdamWStep& step) override {
+                                    const AdamWMoments& moments, const AdamWStep& step,
+                                    void* bf16_weights) override {
+    LAYUP_CHECK(bf16_weights == nullptr,
+                "the CPU device computes in fp32 and keeps no bf16 copy of the weights");
     layup::adamw_update_span_part(layout, span, first, count, params, grads, moments, step);
   }
 

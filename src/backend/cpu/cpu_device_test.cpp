@@ -82,13 +82,13 @@ TEST(CpuDevice, StatePartsAreTheFreeFunctionsAndStayInWholeBlocks) {
   SpanState got = span_state(kind, count), expected = got;
   device->adamw_update_span_part_state(
       layout, span, first, count, got.params.data(), got.grads.data(),
-      AdamWMoments::in_buffer(kind, got.moments.data(), count), a_step());
+      AdamWMoments::in_buffer(kind, got.moments.data(), count), a_step(), nullptr);
   adamw_update_span_part(layout, span, first, count, expected.params.data(), expected.grads.data(),
                          AdamWMoments::in_buffer(kind, expected.moments.data(), count), a_step());
   EXPECT_EQ(got.moments, expected.moments);
   EXPECT_THROW(device->adamw_update_span_part_state(
                    layout, span, first + 1, count - 1, got.params.data(), got.grads.data(),
-                   AdamWMoments::in_buffer(kind, got.moments.data(), count - 1), a_step()),
+                   AdamWMoments::in_buffer(kind, got.moments.data(), count - 1), a_step(), nullptr),
                Error);
   int bf16_copy = 0;
   EXPECT_THROW(device->adamw_update_span_state(

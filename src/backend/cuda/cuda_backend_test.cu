@@ -845,11 +845,23 @@ TEST_P(CudaBackendTest, StagedBlocksTrainLikeHostUpdatedOnes) {
                   "layup, staged, weights landing in the compute copy" + clip_name);
     ScheduleOptions compact = landing;
     compact.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
-    expect_agrees(
-        run_mode("layup", compact, clip, true),
-        run_mode("gpu", {.cpu_workers = 2, .optimizer_state = OptimizerStateKind::kBlockwise8Bit},
-                 clip, true),
-        "layup, staged, 8-bit moments" + clip_name);
+    const ModeRun gpu_8bit = run_mode(
+        "gpu", {.cpu_workers = 2, .optimizer_state = OptimizerStateKind::kBlockwise8Bit}, clip,
+        true);
+    expect_agrees(run_mode("layup", compact, clip, true), gpu_8bit,
+                  "layup, staged, 8-bit moments" + clip_name);
+    // Each staged block in parts of 512 elements (two 8-bit blocks of the moments), every block
+    // streamed: the device's AdamW writes the part's bf16 weights for the host's copy the ring
+    // fills from, in fp32 moments and in 8-bit ones.
+    ScheduleOptions parts = landing;
+    parts.speculative_clip = false;
+    parts.staging_part_elements = 512;
+    parts.streamed_blocks = config.n_layer;
+    expect_agrees(run_mode("layup", parts, clip, true), gpu_run,
+                  "layup, staged in parts, streamed" + clip_name);
+    parts.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+    expect_agrees(run_mode("layup", parts, clip, true), gpu_8bit,
+                  "layup, staged in parts, streamed, 8-bit moments" + clip_name);
   }
 }
 

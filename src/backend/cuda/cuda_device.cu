@@ -396,6 +396,43 @@ class CudaDevice final : public Device {
                              static_cast<__nv_bfloat16*>(bf16_weights), cudaStreamLegacy);
   }
 
+  // Elements [first, first + count) of the span; every pointer at the part's first element.
+  void adamw_update_span_part_state(const ParameterLayout& layout, const Span& span, size_t first,
+                                    size_t count, float* params, const float* grads,
+                                    const AdamWMoments& moments, const AdamWStep& step,
+                                    void* bf16_weights) override {
+    check_state_part(moments.kind, span, first, count);
+    const AdamWConstants constants = adamw_constants(step, /*decay=*/true);
+    const std::vector<DecayRun> decay = decay_runs(layout, span, first, count);
+    auto* bf16 = static_cast<__nv_bfloat16*>(bf16_weights);
+    if (moments.kind != OptimizerStateKind::kFp32) {
+      cuda::adamw_update_state(params, grads, moments, count, constants, decay, bf16,
+                               cudaStreamLegacy);
+      return;
+    }
+    // fp32: each run of elements that decay alike as one tensor of the span kernel's batch.
+    for (size_t run = 0; run < decay.size(); run += kMaxTensorsPerLaunch) {
+      AdamWTensors batch{};
+      size_t blocks = 0;
+      for (size_t r = run; r < std::min(decay.size(), run + kMaxTensorsPerLaunch); ++r) {
+        const size_t begin = r == 0 ? 0 : decay[r - 1].end;
+        const size_t end = std::min(decay[r].end, count);
+        if (end <= begin) continue;
+        const int k = batch.count++;
+        batch.offset[k] = begin;
+        batch.size[k] = end - begin;
+        batch.decay_factor[k] = decay[r].decay ? constants.decay_factor : 1.0f;
+        batch.first_block[k] = static_cast<unsigned>(blocks);
+        blocks += ceil_div(end - begin, kAdamBlockElements);
+      }
+      batch.first_block[batch.count] = static_cast<unsigned>(blocks);
+      if (blocks == 0) continue;
+      adamw_kernel<<<static_cast<unsigned>(blocks), kAdamThreads, 0, cudaStreamLegacy>>>(
+          params, grads, moments.m_fp32(), moments.v_fp32(), bf16, batch, constants);
+      LAYUP_CUDA_CHECK_LAUNCH();
+    }
+  }
+
  private:
   std::string name_;
   double* partials_ = nullptr;  // [kSumBlocks]
