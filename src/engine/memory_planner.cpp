@@ -183,9 +183,11 @@ MemoryPlanRequest resolve_streamed_blocks(MemoryPlanRequest request, const Memor
   if (request.mode == Mode::kGpu || request.ranks > 1) return request;
   const RunMemory resident = plan_run_memory(request);
   if (fits(resident.plan, budgets)) return request;
+  // The blocks whose state the host keeps in memory may be streamed (WeightRing::streamed_spans).
   int host_blocks = 0;
   for (size_t index = 1; index + 1 < resident.step.spans.size(); ++index)
-    host_blocks += resident.step.spans[index].site == UpdateSite::kHost;
+    host_blocks += resident.step.spans[index].site == UpdateSite::kHost ||
+                   resident.step.spans[index].site == UpdateSite::kStaged;
   for (int count = 1; count <= host_blocks; ++count) {
     streamed.count = count;
     if (device_side_fits(plan_memory(request), budgets)) return request;

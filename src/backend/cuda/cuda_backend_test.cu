@@ -845,9 +845,9 @@ TEST_P(CudaBackendTest, StagedBlocksTrainLikeHostUpdatedOnes) {
                   "layup, staged, weights landing in the compute copy" + clip_name);
     ScheduleOptions compact = landing;
     compact.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
-    const ModeRun gpu_8bit = run_mode(
-        "gpu", {.cpu_workers = 2, .optimizer_state = OptimizerStateKind::kBlockwise8Bit}, clip,
-        true);
+    const ModeRun gpu_8bit =
+        run_mode("gpu", {.cpu_workers = 2, .optimizer_state = OptimizerStateKind::kBlockwise8Bit},
+                 clip, true);
     expect_agrees(run_mode("layup", compact, clip, true), gpu_8bit,
                   "layup, staged, 8-bit moments" + clip_name);
     // Each staged block in parts of 512 elements (two 8-bit blocks of the moments), every block
