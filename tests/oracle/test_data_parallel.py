@@ -184,7 +184,7 @@ def test_each_device_updated_blocks_sum_over_the_ranks_overlaps_the_backward_bel
     """Each device-updated span's gradient is summed over the ranks as its backward ends, on the
     plan's ranks lane, while the device computes the blocks below (docs/schedules.md): the C++
     suite traces it as two ranks, the sums in the lane's order and each block's beside the next
-    block's backward (src/schedule/step_plan_trace_test.cpp)."""
+    block's backward (src/schedule/ranks_overlap_test.cpp)."""
     result = run(["mpirun", "--oversubscribe", "-np", "2", binary("layup_tests"),
                   "--gtest_filter=RanksTrace.*", "--gtest_color=no"], env=MPI_ENV)
     assert result.stdout.count("[  PASSED  ] 1 test.") == 2, result.stdout
