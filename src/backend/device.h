@@ -84,6 +84,15 @@ class DeviceCollectives {
   // Every rank's `count` floats (device memory) summed element by element from +0 in rank order,
   // into every rank's `data`: the bits Communicator::sum_in_rank_order gives in host memory.
   virtual void sum_in_rank_order(float* data, size_t count) = 0;
+  // The same sum, started once `after` (a fence of `device`) has passed, beside the device's work
+  // and without waiting for work issued after the fence (on CUDA on a stream of its own): a
+  // block's gradient summed while the device computes the blocks below. Returns a fence that
+  // passes once the sums are in `data`; device work that reads or writes `data` must be ordered
+  // after it (Device::order_after). Sums started one after another run in that order. The base
+  // waits for `after` and sums on the calling thread.
+  virtual std::shared_ptr<const DeviceFence> start_sum_in_rank_order(Device& device,
+                                                                     const DeviceFence& after,
+                                                                     float* data, size_t count);
 };
 
 class Device {

@@ -154,7 +154,9 @@ double task_seconds(const StepPlan& plan, const PlanTask& task, const Work& work
       return task.lane == Lane::kToDevice ? work.staged_in_s[i] : work.disk_read_s[i];
     case TaskKind::kWriteState:
       return task.lane == Lane::kToHost ? work.staged_out_s[i] : work.disk_write_s[i];
-    case TaskKind::kSumOverRanks:  // one rank's model: no time
+    // No rate for the link between ranks is calibrated (one machine, one GPU): the sums are left
+    // out, and the prediction is one rank's (docs/time_model.md).
+    case TaskKind::kSumOverRanks:
     case TaskKind::kNorm:
       return 0.0;
   }

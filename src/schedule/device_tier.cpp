@@ -204,23 +204,26 @@ std::vector<size_t> DeviceTier::bounds_within(size_t begin, size_t end) const {
   return shards_->bounds_within(begin, end);
 }
 
-void DeviceTier::sum_over_ranks(DeviceCollectives& collectives) {
-  for_each_run([this](size_t index) { return gradient(index); },
-               [&](float* data, size_t begin, size_t end) {
-                 collectives.sum_in_rank_order(data, end - begin);
-               });
+// Span by span: each float's sum is its own, so the bits are those of one collective over a run of
+// spans.
+std::shared_ptr<const DeviceFence> DeviceTier::start_sum_over_ranks(size_t index,
+                                                                    DeviceCollectives& collectives,
+                                                                    const DeviceFence& after) {
+  return collectives.start_sum_in_rank_order(device_, after, gradient(index),
+                                             layout_.spans()[index].count);
 }
 
-void DeviceTier::reduce_scatter(std::vector<double>& span_sum_sq, TraceRecorder* trace, int track) {
+void DeviceTier::reduce_scatter(size_t index) {
   LAYUP_CHECK(sharded(), "internal error: a reduce-scatter without optimizer shards");
+  const Span& span = layout_.spans()[index];
+  ranks_->reduce_scatter_in_rank_order(gradient(index),
+                                       bounds_within(span.offset, span.offset + span.count));
+}
+
+void DeviceTier::sums_of_squares_of_parts(std::vector<double>& span_sum_sq, TraceRecorder* trace,
+                                          int track) {
+  LAYUP_CHECK(sharded(), "internal error: sums of squares of parts without optimizer shards");
   const OptimizerShards& shards = *shards_;
-  {
-    TraceSpan traced(trace, track, "reduce_scatter");
-    for_each_run([this](size_t index) { return gradient(index); },
-                 [&](float* data, size_t begin, size_t end) {
-                   ranks_->reduce_scatter_in_rank_order(data, bounds_within(begin, end));
-                 });
-  }
   TraceSpan traced(trace, track, "grad_norm");
   // Every chunk of the layout has its place; the host-updated spans' stay 0 and unread.
   std::vector<double> chunk_sums(shards.span_chunks.back(), 0.0);

@@ -15,10 +15,12 @@
 //
 // Threads: the device thread issues all of its device work; step() calls begin_step before the
 // device thread starts and the state copies between steps. With several ranks its collectives run
-// on one thread at a time (the consumer during the step, the device thread for the update).
+// on one thread at a time (the consumer during the step, span by span as each span's gradient is
+// final, while the device computes the spans below; the device thread for the update).
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -71,15 +73,21 @@ class DeviceTier {
   // Device thread: span `index`'s gradient this step, once its backward is done: the sum, or the
   // only micro-batch's (which a data-parallel run sums over the ranks in place).
   float* gradient(size_t index) const;
-  // Consumer, several ranks without ZeRO-1, after the step's device work: every device-updated
-  // span's gradient summed over the ranks in place (rank order, from +0), one collective per run
-  // of spans that lie one after another.
-  void sum_over_ranks(DeviceCollectives& collectives);
-  // Consumer, ZeRO-1, after the step's device work: every device-updated span's gradient summed
-  // over the ranks into this rank's part only (rank order, from +0), and into span_sum_sq[index]
-  // the sum of squares of each span's whole sum, from every rank's whole chunks added in the order
-  // every mode adds them. Traced as "reduce_scatter" and "grad_norm" on `track`.
-  void reduce_scatter(std::vector<double>& span_sum_sq, TraceRecorder* trace, int track);
+  // Consumer, several ranks without ZeRO-1, once span `index`'s gradient is final (`after`: the
+  // device's fence after its last backward or add): the gradient summed over the ranks in place
+  // (rank order, from +0), beside the device's work (collectives.start_sum_in_rank_order).
+  // Returns the fence after which the sum is there.
+  std::shared_ptr<const DeviceFence> start_sum_over_ranks(size_t index,
+                                                          DeviceCollectives& collectives,
+                                                          const DeviceFence& after);
+  // Consumer, ZeRO-1, once span `index`'s gradient is final (on the CPU backend, whose device work
+  // is done when issued): the gradient summed over the ranks into this rank's part only (rank
+  // order, from +0).
+  void reduce_scatter(size_t index);
+  // Consumer, ZeRO-1, after every device-updated span's reduce_scatter: into span_sum_sq[index]
+  // the sum of squares of each span's whole sum, from every rank's whole chunks added in the
+  // order every mode adds them. Traced as "grad_norm" on `track`.
+  void sums_of_squares_of_parts(std::vector<double>& span_sum_sq, TraceRecorder* trace, int track);
 
   // Device thread: AdamW on every device-updated span (ZeRO-1: on this rank's part, then every
   // rank's new weights gathered), span `index` in weights[index] (its fp32 weights in the device

@@ -37,14 +37,18 @@
 // coordinator (CpuUpdatePools of one thread each) hand gradients on and run updates, every pass on
 // the pinned HostAdamW workers; the weight ring's thread fills the streamed blocks' slots as the
 // device thread starts the plan's "weights in" tasks (StepFills); CpuProgress tells each who is
-// done. gpu mode has no CPU side: its device lane and its one consume run on the calling thread.
+// done. gpu mode on one rank has no CPU side: its device lane and its one consume run on the
+// calling thread.
 // Updates may still be landing
 // when step() returns: a forward waits span by span (ForwardWaits); export_tensors,
 // import_tensors, set_trace and the destructor wait for all. Trace tracks and span names, and what
 // a non-finite step leaves: docs/schedules.md. With several ranks, MPI is called by one thread at a
-// time: the consumer during the step (the sums over the ranks), then step() itself (the loss; with
+// time: the consumer during the step (the sums over the ranks, the plan's ranks lane: a host span's
+// as it lands, a device-updated span's as the device thread hands it over at the end of its last
+// backward, each while the device computes the spans below), then step() itself (the loss; with
 // ZeRO-1 of the host's state, every host span's update and the gather of its weights), then the
-// device thread (the device tier's update).
+// device thread (the device tier's update). Every rank runs the lane in its plan's order, so the
+// collectives pair up.
 //
 // Every micro-batch's gradient is summed with one float add per element in micro-batch order,
 // and the norm is the sum of per-span sums of squares in layout order: what `gpu` and `offload`
@@ -154,7 +158,7 @@ class PlannedSchedule final : public Schedule {
                      hidden_states_kind(options_, model_.device().kinds())),
         span_sum_sq_(layout.spans().size(), 0.0),
         block_updated_(layout.config().n_layer, 0),
-        steps_on_caller_(mode == Mode::kGpu),
+        steps_on_caller_(mode == Mode::kGpu && model_.ranks() == nullptr),
         progress_(layout.spans().size()) {
     head_routed_.resize(layout.spans().size());
     LAYUP_CHECK(options_.host_gradient || !model_.speculative_clip(),
@@ -201,6 +205,7 @@ class PlannedSchedule final : public Schedule {
     staging_track_ =
         recorder != nullptr && StagedTier::any(options_) ? recorder->track("staging") : 0;
     consumer_track_ = recorder != nullptr ? recorder->track("gradients to host") : 0;
+    ranks_track_ = recorder != nullptr && model_.ranks() != nullptr ? recorder->track("ranks") : 0;
   }
 
   float evaluate(const TokenBatch& batch) override { return forward_pass(batch, fill_now()); }
@@ -640,7 +645,8 @@ class PlannedSchedule final : public Schedule {
       if (task.kind == TaskKind::kNorm)
         return std::any_of(task.after.begin(), task.after.end(), [&](int before) {
           const PlanTask& waited = step_plan.tasks[static_cast<size_t>(before)];
-          return waited.lane != Lane::kDevice && (waited.span == 0 || waited.span == last);
+          return waited.lane != Lane::kDevice && (waited.span == 0 || waited.span == last) &&
+                 step_plan.spans[static_cast<size_t>(waited.span)].site != UpdateSite::kDevice;
         });
     return false;
   }
@@ -693,8 +699,38 @@ class PlannedSchedule final : public Schedule {
       }
       gradients_.slots().release(lease);  // its next backward runs after the add, in device order
     }
-    if (last && model_.ranks() == nullptr)
+    if (last) final_on_device(index);
+  }
+
+  // Device thread: device-updated span `index`'s gradient is final (its last backward or add is
+  // issued). One rank: its sum of squares, taken where it lies. Several: its sum over the ranks
+  // handed to the consumer (the plan's ranks lane), which starts it while the device computes the
+  // spans below (on CUDA on the collectives' stream, after a fence here); the sum of squares is
+  // taken of the sum once every span's is in (device_spans_sums_of_squares).
+  void final_on_device(size_t index) {
+    if (model_.ranks() == nullptr) {
       model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+      return;
+    }
+    std::shared_ptr<const DeviceFence> final = model_.device().fence();
+    progress_.consume_submitted();
+    to_consumer([this, index, final] {
+      run_task([&] {
+        const Span& span = layout_.spans()[index];
+        {
+          TraceSpan traced(trace_, ranks_track_, trace_name(TaskKind::kSumOverRanks, span.kind),
+                           span.layer);
+          if (device_tier_.sharded()) {
+            model_.device().wait_for(*final);  // ZeRO-1: on the CPU backend, already passed
+            device_tier_.reduce_scatter(index);
+          } else {
+            sums_over_ranks_[index] =
+                device_tier_.start_sum_over_ranks(index, *collectives_, *final);
+          }
+        }
+        progress_.consume_done();
+      });
+    });
   }
 
   // Device thread, layer-major: micro-batch k's head backward, parked in its store (beside the
@@ -902,7 +938,11 @@ class PlannedSchedule final : public Schedule {
       if (!last) return;
       span_sum_sq_[index] = first ? model_.device_sum_of_squares(index) : routed.host_sum_sq;
       // Before any update reads it: the block's gradient over every rank, in the accumulator.
-      if (model_.ranks() != nullptr) span_sum_sq_[index] = model_.sum_gradient_over_ranks(index);
+      if (model_.ranks() != nullptr) {
+        TraceSpan summed(trace_, ranks_track_,
+                         trace_name(TaskKind::kSumOverRanks, SpanKind::kBlock), layer);
+        span_sum_sq_[index] = model_.sum_gradient_over_ranks(index);
+      }
     }
     if (update != nullptr && update->timing->update_now(span_sum_sq_[index])) {
       block_updated_[layer] = 1;  // before this consume reports done, so step() sees it
@@ -915,17 +955,21 @@ class PlannedSchedule final : public Schedule {
   // Consumer, after the step's device work (the device is idle until step() returns, so the sums
   // go in its order from here): the device-updated spans' sums of squares, which with several
   // ranks are of their gradient summed over the ranks (ZeRO-1: into each rank's part by the device
-  // tier; else in place, rank order from +0 as the host's sums, then taken again).
+  // tier; else in place, rank order from +0 as the host's sums, then taken again). Every span's
+  // sum over the ranks was started by now (final_on_device, earlier on this thread).
   void device_spans_sums_of_squares() {
     if (device_tier_.sharded()) {
-      device_tier_.reduce_scatter(span_sum_sq_, trace_, consumer_track_);
+      device_tier_.sums_of_squares_of_parts(span_sum_sq_, trace_, ranks_track_);
       return;
     }
     if (model_.ranks() != nullptr) {
-      TraceSpan traced(trace_, consumer_track_, "sum_over_ranks");
-      device_tier_.sum_over_ranks(*collectives_);
-      for (const size_t index : device_tier_.spans())
+      for (const size_t index : device_tier_.spans()) {
+        LAYUP_CHECK(sums_over_ranks_[index] != nullptr, "internal error: span ", index,
+                    "'s sum over the ranks was never started");
+        // The device's later work (these sums, AdamW, the next step's backward) after the sum.
+        model_.device().order_after(*std::exchange(sums_over_ranks_[index], nullptr));
         model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+      }
       model_.device().wait_for(*model_.device().fence());
     }
     for (const size_t index : device_tier_.spans())
@@ -947,8 +991,7 @@ class PlannedSchedule final : public Schedule {
           continue;
         }
         if (!(first && last)) device_tier_.add(index, micro_batch, first);
-        if (last && model_.ranks() == nullptr)
-          model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+        if (last) final_on_device(index);
       }
     }
     std::shared_ptr<const DeviceFence> written = model_.device().fence();
@@ -985,8 +1028,11 @@ class PlannedSchedule final : public Schedule {
           if (one_micro_batch)
             for (const size_t index : host_head_spans_)
               routed.push_back(head_route().take(head_source(index, written), first, last));
-          for (const size_t index : host_head_spans_)
+          for (const size_t index : host_head_spans_) {
+            TraceSpan summed(trace_, ranks_track_,
+                             trace_name(TaskKind::kSumOverRanks, layout_.spans()[index].kind));
             span_sum_sq_[index] = model_.sum_gradient_over_ranks(index);
+          }
         }
       }
       progress_.consume_done();
@@ -1257,12 +1303,17 @@ class PlannedSchedule final : public Schedule {
   int cpu_track_ = 0;       // "cpu workers" in trace_
   int staging_track_ = 0;   // "staging" in trace_: the staged blocks' updates
   int consumer_track_ = 0;  // "gradients to host" in trace_
+  int ranks_track_ = 0;     // "ranks" in trace_ (several ranks): each sum over the ranks
   bool broken_ = false;
   // gpu mode: nothing of a step runs beside the device lane, which runs on the calling thread.
   const bool steps_on_caller_;
   CpuProgress progress_;
   // Where several ranks update spans on the device: those spans' sums over the ranks.
   std::unique_ptr<DeviceCollectives> collectives_;
+  // Consumer, several ranks without ZeRO-1: per device-updated span, the fence after which this
+  // step's sum over the ranks is in its gradient (null once the device is ordered after it).
+  std::vector<std::shared_ptr<const DeviceFence>> sums_over_ranks_ =
+      std::vector<std::shared_ptr<const DeviceFence>>(layout_.spans().size());
   // Last: threads stop (joined in their destructors) before the state they use goes away.
   CpuUpdatePool coordinator_{1};
   // The staged blocks' updates (their copies and the device's AdamW), beside the coordinator's.

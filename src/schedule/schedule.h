@@ -222,6 +222,9 @@ struct ScheduleOptions {
   // each block's backward ends, on its gradient consumer), layup's device-updated spans where they
   // are. Not owned.
   Communicator* ranks = nullptr;
+  // Without `ranks` (a run planned, not started: `layup memory --ranks N`), the rank count whose
+  // sums the step plan lists; `ranks`, where given, decides.
+  int planned_ranks = 1;
   // The ranks the moments of the device-updated spans (gpu mode: every span) are split across
   // (ZeRO-1: each rank keeps and updates its part of each, schedule/optimizer_shards.h; the CPU
   // backend only); 1: every rank keeps them whole. The count is known when the run is planned,

@@ -69,6 +69,7 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
       r.mode != Mode::kLayup || r.clip > 0.0f || (r.grad_accum > 1 && !layer_major);
   // ZeRO-1 in every mode on the CPU backend for now; on GPUs every rank keeps the whole state.
   options.optimizer_shards = !cuda ? r.ranks : 1;
+  options.planned_ranks = r.ranks;
   options.optimizer_state = r.optimizer_state;
   // auto: where host and device share one memory, the spare copy would come out of what the
   // activations need.

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "io/test_files.h"
 #include "optim/adamw_moments.h"
+#include "schedule/ranks_test_support.h"
 #include "schedule/schedule.h"
 #include "schedule/schedule_plan.h"
 
@@ -1391,8 +1392,6 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
     if (sharded && world->rank() > 0) mine.tensors = one.tensors;  // rank 0 has compared them
     expect_same(one, mine, c.name);
   }
-  world.reset();
-  finish_ranks();
 }
 
 }  // namespace

@@ -30,6 +30,8 @@ const char* name_of(Lane lane) {
       return "step";
     case Lane::kStaging:
       return "staging";
+    case Lane::kRanks:
+      return "ranks";
   }
   return "?";
 }
@@ -119,7 +121,8 @@ class PlanBuilder {
         spans_(static_cast<int>(plan.spans.size())),
         layers_(layers),
         on_host_(plan.spans.size(), -1),
-        landed_(plan.spans.size(), -1) {
+        landed_(plan.spans.size(), -1),
+        summed_(plan.spans.size(), -1) {
     head_copy_[0] = head_copy_[spans_ - 1] = -1;
   }
 
@@ -236,6 +239,7 @@ class PlanBuilder {
         summed =
             slot && k == 0 ? task : add(TaskKind::kAddGradient, Lane::kDevice, span, k, {task});
       }
+      if (!on_cpu_side(span)) sum_where_it_lies(span, summed);
       if (plan_.mode == Mode::kOffload || !on_cpu_side(span)) continue;
       const int copy = sum_to_host(span, summed);
       if (slot) slot_user_[layer % 2] = copy;
@@ -256,7 +260,8 @@ class PlanBuilder {
   // into the device tier's sum, or to the host and added there after the first.
   void head_path(int span, int computed, int k) {
     if (!on_cpu_side(span)) {
-      add(TaskKind::kAddGradient, Lane::kDevice, span, k, {computed});
+      const int added = add(TaskKind::kAddGradient, Lane::kDevice, span, k, {computed});
+      if (k + 1 == plan_.micro_batches) sum_where_it_lies(span, added);
       return;
     }
     const int copy = add(TaskKind::kGradientToHost, Lane::kToHost, span, k, {computed});
@@ -271,8 +276,16 @@ class PlanBuilder {
     on_host_[span] = copy;
     if (span == 0 || span == spans_ - 1) head_copy_[span] = copy;
     if (plan_.ranks > 1)
-      on_host_[span] = add(TaskKind::kSumOverRanks, Lane::kCpu, span, -1, {copy});
+      on_host_[span] = add(TaskKind::kSumOverRanks, Lane::kRanks, span, -1, {copy});
     return copy;
+  }
+
+  // A device-updated span's gradient, final once `final` is done (its last micro-batch's backward
+  // or add), summed over the ranks where it lies, on the ranks' lane while the device computes the
+  // spans below: the norm and the span's AdamW wait for it.
+  void sum_where_it_lies(int span, int final) {
+    if (plan_.ranks > 1)
+      summed_[span] = add(TaskKind::kSumOverRanks, Lane::kRanks, span, -1, {final});
   }
 
   int last_task() const { return static_cast<int>(plan_.tasks.size()) - 1; }
@@ -293,9 +306,10 @@ class PlanBuilder {
     const SpanPlan& s = plan_.spans[span];
     if (s.gradient != GradientTarget::kSlot) {
       // gpu and the device-updated spans sum micro-batches on the device; offload copies after.
-      const int task = add(TaskKind::kBackward, Lane::kDevice, span, k, {});
-      if (device_adds(k) && !on_cpu_side(span))
-        add(TaskKind::kAddGradient, Lane::kDevice, span, k, {task});
+      int task = add(TaskKind::kBackward, Lane::kDevice, span, k, {});
+      if (on_cpu_side(span)) return;
+      if (device_adds(k)) task = add(TaskKind::kAddGradient, Lane::kDevice, span, k, {task});
+      if (last) sum_where_it_lies(span, task);
       return;
     }
     // Slot (layer % 2) is free once the host has its last gradient.
@@ -313,7 +327,10 @@ class PlanBuilder {
   // first, summed over the ranks after the last. Returns the copy (what frees its buffer).
   int gradient_path(int span, int computed, int k) {
     if (!on_cpu_side(span)) {
-      if (device_adds(k)) add(TaskKind::kAddGradient, Lane::kDevice, span, k, {computed});
+      const int final = device_adds(k)
+                            ? add(TaskKind::kAddGradient, Lane::kDevice, span, k, {computed})
+                            : computed;
+      if (k + 1 == plan_.micro_batches) sum_where_it_lies(span, final);
       return -1;
     }
     const int copy = add(TaskKind::kGradientToHost, Lane::kToHost, span, k, {computed});
@@ -322,7 +339,7 @@ class PlanBuilder {
     if (k > 0 && plan_.host_gradient)
       on_host_[span] = add(TaskKind::kAddGradient, Lane::kCpu, span, k, {copy});
     if (k + 1 == plan_.micro_batches && plan_.ranks > 1)
-      on_host_[span] = add(TaskKind::kSumOverRanks, Lane::kCpu, span, -1, {on_host_[span]});
+      on_host_[span] = add(TaskKind::kSumOverRanks, Lane::kRanks, span, -1, {on_host_[span]});
     return copy;
   }
 
@@ -337,7 +354,7 @@ class PlanBuilder {
       previous = add(TaskKind::kGradientToHost, Lane::kToHost, i, k, {previous});
       if (k > 0) previous = add(TaskKind::kAddGradient, Lane::kCpu, i, k, {previous});
       if (k + 1 == plan_.micro_batches && plan_.ranks > 1)
-        previous = add(TaskKind::kSumOverRanks, Lane::kCpu, i, -1, {previous});
+        previous = add(TaskKind::kSumOverRanks, Lane::kRanks, i, -1, {previous});
       on_host_[i] = previous;
     }
     return previous;
@@ -346,11 +363,9 @@ class PlanBuilder {
   // The norm, then the updates the window left; the device's in layout order after the host's
   // are queued (they run before the next forward, in the device's order).
   void finish_step() {
-    if (plan_.ranks > 1 && plan_.mode == Mode::kGpu)
-      for (int i = 0; i < spans_; ++i)
-        on_host_[i] = add(TaskKind::kSumOverRanks, on_cpu_side(i) ? Lane::kCpu : Lane::kDevice, i,
-                          -1, {on_host_[i] >= 0 ? on_host_[i] : last_backward_});
     std::vector<int> after = {last_backward_};
+    for (int i = 0; i < spans_; ++i)
+      if (summed_[i] >= 0) after.push_back(summed_[i]);
     // Layer-major: the host sums the head's micro-batches (its spans the host updates).
     const bool host_sums = plan_.mode == Mode::kOffload ||
                            (plan_.host_gradient && plan_.micro_batches > 1) ||
@@ -366,8 +381,12 @@ class PlanBuilder {
       for (int i = 1; i < spans_ - 1; ++i) order.push_back(i);
     for (const int i : order)
       if (on_cpu_side(i)) update(i, {norm_, on_host_[i]});
-    for (int i = 0; i < spans_; ++i)
-      if (!on_cpu_side(i)) landed_[i] = add(TaskKind::kAdamW, Lane::kDevice, i, -1, {norm_});
+    for (int i = 0; i < spans_; ++i) {
+      if (on_cpu_side(i)) continue;
+      std::vector<int> adamw_after = {norm_};
+      if (summed_[i] >= 0) adamw_after.push_back(summed_[i]);
+      landed_[i] = add(TaskKind::kAdamW, Lane::kDevice, i, -1, std::move(adamw_after));
+    }
   }
 
   // A host-updated span's AdamW on the CPU workers (its state read from disk first, written back
@@ -444,6 +463,7 @@ class PlanBuilder {
   const int spans_, layers_;
   std::vector<int> on_host_;  // per span: the last task of its gradient's way to the host
   std::vector<int> landed_;   // per span: the task after which its new weights are on the device
+  std::vector<int> summed_;   // per device-updated span: its sum over the ranks (-1: none)
   std::vector<int> first_forward_;
   std::map<int, int> head_copy_;          // per head span: its last copy to the host
   std::array<int, 2> slot_user_{-1, -1};  // per slot: the copy that last read it
@@ -472,7 +492,7 @@ StepPlan compile_step_plan(Mode mode, const ParameterLayout& layout, const Sched
   StepPlan plan;
   plan.mode = mode;
   plan.micro_batches = micro_batches;
-  plan.ranks = options.ranks != nullptr ? options.ranks->size() : 1;
+  plan.ranks = options.ranks != nullptr ? options.ranks->size() : options.planned_ranks;
   plan.spans.resize(span_count);
   for (size_t i = 0; i < span_count; ++i) {
     SpanPlan& s = plan.spans[i];

@@ -19,10 +19,12 @@ namespace layup {
 
 // Who runs a task: the thread that issues the device's work (the device itself, in order); the
 // link each way; the host's CPU workers (gradient adds and AdamW); the disk; step() itself (the
-// norm, once every sum of squares is in); and the staging thread, which issues the staged blocks'
-// AdamW on the device beside the device thread's work (UpdateSite::kStaged).
-enum class Lane : uint8_t { kDevice, kToHost, kCpu, kToDevice, kDisk, kStep, kStaging };
-inline constexpr int kLaneCount = 7;
+// norm, once every sum of squares is in); the staging thread, which issues the staged blocks'
+// AdamW on the device beside the device thread's work (UpdateSite::kStaged); and the link between
+// the ranks, which sums each span's gradient over them in the lane's order, the same on every rank
+// (the consumer's thread calls MPI; on CUDA it issues NCCL on a stream of its own).
+enum class Lane : uint8_t { kDevice, kToHost, kCpu, kToDevice, kDisk, kStep, kStaging, kRanks };
+inline constexpr int kLaneCount = 8;
 const char* name_of(Lane lane);
 
 enum class TaskKind : uint8_t {
@@ -30,7 +32,7 @@ enum class TaskKind : uint8_t {
   kBackward,        // a span's backward of one micro-batch (the final norm's: backward_head)
   kGradientToHost,  // one micro-batch's gradient of a span copied to the host
   kAddGradient,     // a later micro-batch's gradient added into the span's sum
-  kSumOverRanks,    // the span's gradient summed over the ranks
+  kSumOverRanks,    // the span's gradient summed over the ranks (ZeRO-1: into this rank's part)
   kNorm,            // the global norm and the clip factor known
   kReadState,       // a disk span's master weights and moments read into a staging slot; a staged
                // span's gradient, master weights and moments copied into its slot on the device

@@ -184,6 +184,76 @@ TEST(StepPlan, GpuModeRunsEverythingOnTheDevice) {
   EXPECT_EQ(plan.tasks[forward].after_last_step, std::vector<int>{find(plan, TaskKind::kAdamW, 2)});
 }
 
+// Several ranks: every span's gradient is summed over them once a step, on the ranks' lane. A
+// device-updated span's sum waits for its last micro-batch's backward or add and nothing else, so
+// it comes before the backward of the block below (which the device computes meanwhile); the norm
+// waits for every sum, and each device AdamW for its own span's.
+TEST(StepPlan, EachDeviceUpdatedSpanIsSummedOverTheRanksAsItsGradientIsFinal) {
+  const std::vector<std::pair<Mode, std::vector<UpdateSite>>> runs = {
+      {Mode::kGpu, {}},
+      {Mode::kOffload, {}},
+      {Mode::kLayup, {}},
+      {Mode::kLayup,
+       {UpdateSite::kDevice, UpdateSite::kDevice, UpdateSite::kHost, UpdateSite::kHost,
+        UpdateSite::kHost, UpdateSite::kDevice}},
+      {Mode::kLayup, std::vector<UpdateSite>(6, UpdateSite::kDevice)}};
+  for (const auto& [mode, sites] : runs)
+    for (const int micro_batches : {1, 2})
+      for (const bool clipping : {false, true}) {
+        SCOPED_TRACE(name_of(mode) + " x" + std::to_string(micro_batches) +
+                     (clipping ? " clipped" : "") + (sites.empty() ? "" : " with device spans"));
+        ScheduleOptions options;
+        options.update_sites = sites;
+        options.planned_ranks = 2;
+        const StepPlan plan =
+            compile_step_plan(mode, layout(), options, kKinds, micro_batches, clipping);
+        EXPECT_EQ(plan.ranks, 2);
+        for (size_t t = 0; t < plan.tasks.size(); ++t)
+          for (const int before : plan.tasks[t].after) EXPECT_LT(before, static_cast<int>(t));
+        const int last_k = micro_batches - 1;
+        const int norm = find(plan, TaskKind::kNorm, -1);
+        for (int span = 0; span < 6; ++span) {
+          int sums = 0;
+          for (const PlanTask& task : plan.tasks)
+            if (task.span == span && task.kind == TaskKind::kSumOverRanks) {
+              ++sums;
+              EXPECT_EQ(task.lane, Lane::kRanks);
+            }
+          EXPECT_EQ(sums, 1) << "span " << span;
+          const int sum = find(plan, TaskKind::kSumOverRanks, span);
+          if (plan.spans[span].site != UpdateSite::kDevice) {
+            EXPECT_TRUE(waits_for(plan, norm, sum)) << "span " << span;
+            continue;
+          }
+          // Its gradient is final after its last micro-batch's add, where the device adds;
+          // else after its backward (a head span's: backward_embeddings, which ends both).
+          const bool head = span == 0 || span == 5;
+          int final = find(plan, TaskKind::kAddGradient, span, last_k);
+          if (final < 0) final = find(plan, TaskKind::kBackward, head ? 0 : span, last_k);
+          EXPECT_EQ(plan.tasks[sum].after, std::vector<int>{final}) << "span " << span;
+          if (!head && span > 1) {
+            EXPECT_LT(sum, find(plan, TaskKind::kBackward, span - 1, last_k))
+                << "block " << span - 2 << "'s backward comes before block " << span - 1
+                << "'s sum";
+          }
+          EXPECT_TRUE(waits_for(plan, norm, sum)) << "span " << span;
+          EXPECT_TRUE(waits_for(plan, find(plan, TaskKind::kAdamW, span), sum)) << "span " << span;
+        }
+        // The lane's device-updated spans in the order their gradients are final: the blocks
+        // top down, then the embeddings and the final norm.
+        std::vector<int> lane, expected;
+        for (const PlanTask& task : plan.tasks)
+          if (task.lane == Lane::kRanks && plan.spans[task.span].site == UpdateSite::kDevice)
+            lane.push_back(task.span);
+        for (const int span : {4, 3, 2, 1, 0, 5})
+          if (plan.spans[span].site == UpdateSite::kDevice) expected.push_back(span);
+        EXPECT_EQ(lane, expected);
+      }
+  // One rank sums nothing.
+  EXPECT_EQ(plan_of(Mode::kGpu, 2).count(TaskKind::kSumOverRanks, Lane::kRanks), 0);
+  EXPECT_EQ(plan_of(Mode::kLayup, 2, true).count(TaskKind::kSumOverRanks, Lane::kRanks), 0);
+}
+
 TEST(StepPlan, LayupWithoutClippingUpdatesEachBlockAsItsGradientLands) {
   const StepPlan plan = plan_of(Mode::kLayup);
   EXPECT_EQ(plan.window, UpdateWindow::kDuringBackward);

@@ -180,6 +180,17 @@ def test_spans_updated_on_the_device_side_are_summed_over_the_ranks():
     assert "SKIPPED" not in result.stdout, result.stdout
 
 
+def test_each_device_updated_blocks_sum_over_the_ranks_overlaps_the_backward_below():
+    """Each device-updated span's gradient is summed over the ranks as its backward ends, on the
+    plan's ranks lane, while the device computes the blocks below (docs/schedules.md): the C++
+    suite traces it as two ranks, the sums in the lane's order and each block's beside the next
+    block's backward (src/schedule/ranks_overlap_test.cpp)."""
+    result = run(["mpirun", "--oversubscribe", "-np", "2", binary("layup_tests"),
+                  "--gtest_filter=RanksTrace.*", "--gtest_color=no"], env=MPI_ENV)
+    assert result.stdout.count("[  PASSED  ] 1 test.") == 2, result.stdout
+    assert "SKIPPED" not in result.stdout, result.stdout
+
+
 def test_ranks_started_from_a_hostfile_train_like_one_process(tmp_path, shards):
     """The several-hosts path (docs/parallel.md) with one host: Open MPI places the ranks by the
     hostfile's slots instead of --oversubscribe."""

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_backend_buffers.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_fence.h"
 #include "backend/cuda/cuda_memory.h"
 #include "backend/cuda/nccl_collectives.h"
 #include "backend/cuda/ops/adamw_state.cuh"
@@ -162,23 +163,6 @@ __global__ void add_kernel(float* dst, const float* src, size_t count) {
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
     dst[i] += src[i];
 }
-
-// A fence is an event recorded on the legacy default stream, which waits for all work issued
-// before it on the blocking streams (the backend's included); or on a copy stream, after a copy.
-class CudaFence final : public DeviceFence {
- public:
-  explicit CudaFence(cudaStream_t stream = cudaStreamLegacy) {
-    LAYUP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    LAYUP_CUDA_CHECK(cudaEventRecord(event_, stream));
-  }
-  ~CudaFence() override { cudaEventDestroy(event_); }
-  CudaFence(const CudaFence&) = delete;
-  CudaFence& operator=(const CudaFence&) = delete;
-  cudaEvent_t event() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
 
 // Waits until everything issued on `stream` so far is done, sleeping rather than spinning: the
 // waiting thread shares the cores with the CPU AdamW workers.

@@ -1,11 +1,15 @@
-// NcclCollectives: sum_in_rank_order as Communicator's MPI version does it, in device memory.
+// NcclCollectives: sum_in_rank_order as Communicator's MPI version does it, in device memory, on
+// a communication stream of its own: a sum waits there for its fence (the end of the backward that
+// wrote the gradient) and runs beside the compute issued after it.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "backend/cuda/cuda_backend_buffers.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_fence.h"
 #include "backend/cuda/nccl_collectives.h"
 #include "backend/cuda/nccl_library.h"
 #include "core/error.h"
@@ -29,7 +33,7 @@ __global__ void add_in_rank_order(float* out, const float* received, int ranks, 
 class NcclCollectives final : public DeviceCollectives {
  public:
   NcclCollectives(Device& device, const std::vector<uint8_t>& id, int rank, int ranks)
-      : nccl_(nccl::Library::get()), rank_(rank), ranks_(ranks) {
+      : device_(device), nccl_(nccl::Library::get()), rank_(rank), ranks_(ranks) {
     nccl::UniqueId unique{};
     LAYUP_CHECK(id.size() == sizeof unique, "internal error: an NCCL id of ", id.size(),
                 " bytes, not ", sizeof unique);
@@ -37,12 +41,33 @@ class NcclCollectives final : public DeviceCollectives {
     nccl_.check(nccl_.comm_init_rank(&comm_, ranks, unique, rank), "ncclCommInitRank");
     // A round's pieces from every rank: kNcclRoundFloats in all, whatever the model.
     received_ = device.allocate(cuda_collectives_buffers().at(0));
+    // Non-blocking: a sum waits for its fence only, not for the compute issued after it.
+    LAYUP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
-  ~NcclCollectives() override { nccl_.comm_destroy(comm_); }
+  ~NcclCollectives() override {
+    cudaStreamSynchronize(stream_);
+    nccl_.comm_destroy(comm_);
+    cudaStreamDestroy(stream_);
+  }
 
+  // Ordered with the device's other work both ways: after all issued before it, before all issued
+  // after it.
   void sum_in_rank_order(float* data, size_t count) override {
-    // On the legacy default stream, where the device's other work runs: ordered with it both ways.
-    const cudaStream_t stream = cudaStreamLegacy;
+    device_.order_after(*start_sum_in_rank_order(device_, *device_.fence(), data, count));
+  }
+
+  std::shared_ptr<const DeviceFence> start_sum_in_rank_order(Device&, const DeviceFence& after,
+                                                             float* data, size_t count) override {
+    LAYUP_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<const CudaFence&>(after).event(), 0));
+    sum_on_stream(data, count);
+    return std::make_shared<CudaFence>(stream_);
+  }
+
+ private:
+  // The rank-order sum of `count` floats at `data`, issued on stream_ (one sum at a time shares
+  // received_: they run in the stream's order).
+  void sum_on_stream(float* data, size_t count) {
+    const cudaStream_t stream = stream_;
     const size_t stride = kNcclRoundFloats / ranks_;
     for (size_t first = 0; first < count; first += stride * ranks_) {
       const size_t n = std::min(stride * ranks_, count - first);
@@ -80,11 +105,12 @@ class NcclCollectives final : public DeviceCollectives {
     }
   }
 
- private:
+  Device& device_;
   const nccl::Library& nccl_;
   int rank_ = 0, ranks_ = 1;
   nccl::Comm comm_ = nullptr;
   DeviceBuffer received_;
+  cudaStream_t stream_ = nullptr;  // the communication stream
 };
 
 }  // namespace

@@ -1,10 +1,12 @@
 // The CUDA device's collectives (NCCL) with one rank, which one GPU can run: the rank-order sum
 // of one rank is +0 + x, element by element (a -0 becomes +0), across several rounds and a
-// partial last one. Two ranks need two GPUs: tests/oracle/test_data_parallel.py's multi-GPU case
-// and bench/run_h200_multi.sh.
+// partial last one; a sum started after a fence, on the collectives' stream, is ordered both ways
+// with the device's work. Two ranks need two GPUs: tests/oracle/test_data_parallel.py's multi-GPU
+// case and bench/run_h200_multi.sh.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/ops/gradient_check.h"
@@ -40,6 +42,40 @@ TEST(NcclCollectives, OneRankSumsFromPlusZero) {
   for (size_t i = 0; i < count; ++i) {
     const float expected = 0.0f + values[i];
     ASSERT_EQ(std::memcmp(&summed[i], &expected, sizeof(float)), 0) << "element " << i;
+  }
+}
+
+// The sum started beside the device's work (on the collectives' own stream) sees what the device
+// wrote before its fence, and device work ordered after the fence it returns sees the sum: the
+// way a schedule sums each block's gradient as its backward ends.
+TEST(NcclCollectives, AStartedSumWaitsForItsFenceAndTheDeviceOrderedAfterItSeesIt) {
+  LAYUP_REQUIRE_GPU();
+  try {
+    nccl::Library::get();
+  } catch (const Error& error) {
+    GTEST_SKIP() << error.what();
+  }
+  std::unique_ptr<Device> device = make_cuda_device();
+  std::unique_ptr<DeviceCollectives> collectives =
+      device->join_collectives(device->new_collectives_id(), 0, 1);
+  const size_t count = kNcclRoundFloats + 777;
+  Rng rng(4);
+  const std::vector<float> values = op_test::random_vector(rng, count);
+  const std::vector<float> addend = op_test::random_vector(rng, count);
+  DeviceBuffer data = device->allocate(count, TensorClass::kWeightGrads);
+  DeviceBuffer other = device->allocate(count, TensorClass::kWeightGrads);
+  device->copy_to_device(data.data(), values.data(), count);
+  device->copy_to_device(other.data(), addend.data(), count);
+  device->add(data.data(), other.data(), count);  // before the fence: the sum reads it
+  const std::shared_ptr<const DeviceFence> summed =
+      collectives->start_sum_in_rank_order(*device, *device->fence(), data.data(), count);
+  device->order_after(*summed);
+  device->add(data.data(), other.data(), count);  // after the sum: it adds to the sum
+  std::vector<float> result(count);
+  device->copy_to_host(result.data(), data.data(), count);
+  for (size_t i = 0; i < count; ++i) {
+    const float expected = (0.0f + (values[i] + addend[i])) + addend[i];
+    ASSERT_EQ(std::memcmp(&result[i], &expected, sizeof(float)), 0) << "element " << i;
   }
 }
 
