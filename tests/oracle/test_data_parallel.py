@@ -107,6 +107,28 @@ def test_three_ranks_split_the_moments_and_train_bitwise(tmp_path, shards, mode)
     assert files(tmp_path / "one" / "step-00000003") == files(tmp_path / "three" / "step-00000003")
 
 
+def measured_host_state(record):
+    """The bytes of master weights and moments the accountant measured on the host side."""
+    cells = record["memory"]["measured"]["cells"]
+    return {c["class"]: c["peak_bytes"] for c in cells
+            if c["side"] == "host" and c["class"] in ("master", "moments")}
+
+
+def test_each_rank_measures_a_third_of_the_moments_on_three_ranks(tmp_path):
+    """ZeRO-1 measured, not only planned: rank 0's accountant (what its allocations took) holds
+    a third of the host's moments under three ranks, and all of the master weights (every rank
+    gathers the updated weights)."""
+    args = ["bench", *TINY_MODEL, "--seq-len", "32", "--batch", "2", "--grad-accum", "3",
+            "--device", "cpu", "--mode", "layup", "--layup-clip", "deferred", "--threads", "1",
+            "--warmup", "1", "--steps", "1"]
+    run([binary("layup"), *args, "--json", tmp_path / "one.json"])
+    ranks(3, [*args, "--json", tmp_path / "three.json"])
+    one = measured_host_state(json.loads((tmp_path / "one.json").read_text()))
+    three = measured_host_state(json.loads((tmp_path / "three.json").read_text()))
+    assert 0 < three["moments"] < 0.4 * one["moments"], (one, three)
+    assert three["master"] == one["master"], (one, three)
+
+
 def test_bench_under_two_ranks_reports_once_for_the_global_batch(tmp_path):
     args = ["bench", *TINY_MODEL, "--seq-len", "32", "--batch", "2", "--grad-accum", "2",
             "--device", "cpu", "--mode", "gpu", "--threads", "1", "--warmup", "1", "--steps", "2",
