@@ -119,8 +119,6 @@ void add_memory_command(CLI::App& app) {
     MemoryBudgets budgets;
     budgets.total = flags->memory_budget;
     budgets.device = flags->device_budget;
-    if (budgets.device && asked.target.device == DeviceKind::kCuda)
-      budgets.device_reserve = device_budget_reserve(*budgets.device);
     budgets.host = flags->host_budget;
     if (!flags->offload_dir.empty()) {
       const DiskSpace space = read_disk_space(flags->offload_dir);
@@ -147,6 +145,10 @@ void add_memory_command(CLI::App& app) {
     std::vector<MemoryPlan> plans;
     for (const RunMemory& run : runs) plans.push_back(run.plan);
     const MemoryPlanRequest& base = plans.front().request;
+    // The plans' device, resolved (`auto` on a GPU machine plans for cuda), keeps its reserve as
+    // plan_only's did.
+    if (budgets.device && base.device == DeviceKind::kCuda && !base.attributes.integrated)
+      budgets.device_reserve = device_budget_reserve(*budgets.device);
     const ModelConfig& config = base.config;
     std::printf(
         "layup memory: %s (%d layers, %d heads, width %d; %.1fM parameters), B=%d x T=%d%s, %s "

@@ -713,6 +713,17 @@ TEST(MemoryPlan, ADeviceBudgetOnAGpuKeepsTheCardsReserve) {
   const std::string message = refusal(plan, budgets);
   EXPECT_NE(message.find("over what --device-budget"), std::string::npos) << message;
   EXPECT_NE(message.find("for the CUDA context"), std::string::npos) << message;
+  // Every run's budgets go through with_machine_limit with the device it resolved to (`--device
+  // auto` on a GPU machine too): a discrete GPU keeps the reserve, the CPU none.
+  MemoryBudgets asked;
+  asked.device = size_t{24} << 30;
+  HostMemoryLimit host;
+  host.available_bytes = size_t{1} << 40;
+  EXPECT_EQ(with_machine_limit(asked, host, false, plan.request.attributes).device_reserve,
+            size_t{3} << 29);
+  EXPECT_EQ(with_machine_limit(asked, host, true, plan.request.attributes).device_reserve,
+            size_t{3} << 29);
+  EXPECT_EQ(with_machine_limit(asked, host, false, {}).device_reserve, 0u);
 }
 
 // Every plan is checked against what this machine's host memory can give the run: the plan's

@@ -36,8 +36,6 @@ MemoryBudgets flag_budgets(const RunRequest& request) {
   MemoryBudgets budgets;
   budgets.total = request.memory_budget;
   budgets.device = request.device_budget;
-  if (budgets.device && request.target.device == DeviceKind::kCuda)
-    budgets.device_reserve = device_budget_reserve(*budgets.device);
   budgets.host = request.host_budget;
   return budgets;
 }

@@ -286,6 +286,8 @@ size_t device_budget_reserve(size_t budget) {
 
 MemoryBudgets with_machine_limit(MemoryBudgets budgets, const HostMemoryLimit& machine,
                                  bool allow_overcommit, const DeviceMemoryAttributes& gpu) {
+  if (budgets.device && gpu.device == DeviceKind::kCuda && !gpu.integrated)
+    budgets.device_reserve = device_budget_reserve(*budgets.device);
   if (gpu.device == DeviceKind::kCuda && gpu.queried && !gpu.integrated && gpu.total_bytes > 0) {
     const size_t reserve = card_reserve(gpu.total_bytes);
     budgets.machine_gpu = gpu.free_bytes > reserve ? gpu.free_bytes - reserve : 0;

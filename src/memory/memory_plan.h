@@ -158,7 +158,8 @@ struct MemoryBudgets {
 
 // `budgets` with this machine's host memory as one more limit, and a discrete GPU's free memory
 // (gpu: attributes read from the driver; less a reserve of 2%, at least 1 GiB, for the CUDA
-// context and what cuDNN sizes at run time) as another. A --host-budget above what the machine
+// context and what cuDNN sizes at run time) as another; on a discrete GPU a --device-budget keeps
+// its device_budget_reserve. A --host-budget above what the machine
 // has is refused (it can only lower the limit) unless allow_overcommit, which also drops the
 // host's limit: the kernel may then end the run.
 MemoryBudgets with_machine_limit(MemoryBudgets budgets, const HostMemoryLimit& machine,
