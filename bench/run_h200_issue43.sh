@@ -50,7 +50,12 @@ EOF
 run() {  # name, layup bench arguments...: `layup memory`, then the bench under /usr/bin/time
   local name=$1
   shift
-  "$layup" memory "$@" --device cuda --explain > "$out/memory-$name.txt" 2>&1
+  local planned=() skip=0
+  for arg in "$@"; do  # `layup memory` takes the run's flags but not the bench's own
+    if [ $skip = 1 ]; then skip=0; continue; fi
+    case $arg in --steps | --warmup) skip=1 ;; *) planned+=("$arg") ;; esac
+  done
+  "$layup" memory "${planned[@]}" --device cuda --explain > "$out/memory-$name.txt" 2>&1
   grep -E "budget:|predicted step  |layup keeps|streamed blocks  " "$out/memory-$name.txt" | cut -c1-220
   /usr/bin/time -v "$layup" bench "$@" --json "$out/$name.json" > "$out/bench-$name.log" \
     2> "$out/time-$name.txt"
