@@ -206,12 +206,18 @@ TEST(Calibration, MeasuresEveryRateOnTheCpuBackend) {
 }
 
 TEST(Calibration, SplitsTheFlopRateBetweenTheBlocksAndTheHeadFromTwoCuts) {
-  // 2 blocks of 10 FLOPs at 1 s each and a head of 30 FLOPs in 0.5 s: 50 FLOPs in 2.5 s; 4 blocks:
-  // 70 FLOPs in 4.5 s.
-  const std::optional<FlopRateSplit> split = split_flop_rate(50.0, 2.5, 70.0, 4.5);
+  // 2 blocks of 10 FLOPs at 1 s each and a head of 30 FLOPs in 1.5 s: 50 FLOPs in 3.5 s; 4 blocks:
+  // 70 FLOPs in 5.5 s.
+  const std::optional<FlopRateSplit> split = split_flop_rate(50.0, 3.5, 70.0, 5.5);
   ASSERT_TRUE(split.has_value());
   EXPECT_DOUBLE_EQ(split->blocks, 10.0);
-  EXPECT_DOUBLE_EQ(split->head, 60.0);
+  EXPECT_DOUBLE_EQ(split->head, 20.0);
+  // Noise that leaves the head almost no time (its rate over three times the blocks'): the
+  // head takes the cut's rate.
+  const std::optional<FlopRateSplit> noisy = split_flop_rate(50.0, 2.5, 70.0, 4.5);
+  ASSERT_TRUE(noisy.has_value());
+  EXPECT_DOUBLE_EQ(noisy->blocks, 10.0);
+  EXPECT_DOUBLE_EQ(noisy->head, 20.0);
   // Noise that leaves the deeper cut no slower, or the head no time: no split.
   EXPECT_FALSE(split_flop_rate(50.0, 2.5, 70.0, 2.4).has_value());
   EXPECT_FALSE(split_flop_rate(50.0, 2.5, 70.0, 5.0).has_value());
