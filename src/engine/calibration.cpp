@@ -174,10 +174,11 @@ std::optional<FlopRateSplit> split_flop_rate(double cut_flops, double cut_s, dou
   if (!(block_flops > 0.0 && block_s > 0.0 && head_flops > 0.0 && head_s > 0.0)) return {};
   // A head of few FLOPs (a 32000-token vocabulary) has its time as a small difference of two
   // timings, which noise can shrink to nothing (Llama 2 13B's read 2,370 TFLOP/s on an H100, 4.4x
-  // its blocks'; heads measure 1.2-1.4x): a head rate over three times the blocks' says nothing,
-  // and the head takes the cut's rate.
+  // its blocks'; GPU heads measure 1.2-1.4x): a head under a tenth of the cut's time at over three
+  // times the blocks' rate says nothing. (On a CPU a large head beside tiny blocks is that fast.)
   const double block_rate = block_flops / block_s, head_rate = head_flops / head_s;
-  return FlopRateSplit{block_rate, head_rate > 3.0 * block_rate ? cut_flops / cut_s : head_rate};
+  if (head_s < 0.1 * cut_s && head_rate > 3.0 * block_rate) return {};
+  return FlopRateSplit{block_rate, head_rate};
 }
 
 std::string FlopRateShape::describe() const {

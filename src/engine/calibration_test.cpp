@@ -212,12 +212,11 @@ TEST(Calibration, SplitsTheFlopRateBetweenTheBlocksAndTheHeadFromTwoCuts) {
   ASSERT_TRUE(split.has_value());
   EXPECT_DOUBLE_EQ(split->blocks, 10.0);
   EXPECT_DOUBLE_EQ(split->head, 20.0);
-  // Noise that leaves the head almost no time (its rate over three times the blocks'): the
-  // head takes the cut's rate.
-  const std::optional<FlopRateSplit> noisy = split_flop_rate(50.0, 2.5, 70.0, 4.5);
-  ASSERT_TRUE(noisy.has_value());
-  EXPECT_DOUBLE_EQ(noisy->blocks, 10.0);
-  EXPECT_DOUBLE_EQ(noisy->head, 20.0);
+  // A head under a tenth of the cut's time at over three times the blocks' rate (2 blocks in 2 s,
+  // the head's 30 FLOPs in 0.2 s): noise, no split; the same rate over a larger share stands.
+  EXPECT_FALSE(split_flop_rate(50.0, 2.2, 70.0, 4.2).has_value());
+  ASSERT_TRUE(split_flop_rate(50.0, 2.5, 70.0, 4.5).has_value());
+  EXPECT_DOUBLE_EQ(split_flop_rate(50.0, 2.5, 70.0, 4.5)->head, 60.0);
   // Noise that leaves the deeper cut no slower, or the head no time: no split.
   EXPECT_FALSE(split_flop_rate(50.0, 2.5, 70.0, 2.4).has_value());
   EXPECT_FALSE(split_flop_rate(50.0, 2.5, 70.0, 5.0).has_value());
