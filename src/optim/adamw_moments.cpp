@@ -204,15 +204,21 @@ void encode_moments(const float* m, const float* v, size_t count, const AdamWMom
 void copy_moments(const AdamWMoments& from, const AdamWMoments& to, size_t count) {
   LAYUP_CHECK(from.kind == to.kind, "internal error: ", name_of(from.kind), " moments copied into ",
               name_of(to.kind), " ones");
-  const size_t element = from.kind == OptimizerStateKind::kFp32   ? sizeof(float)
-                         : from.kind == OptimizerStateKind::kBf16 ? sizeof(uint16_t)
-                                                                  : sizeof(uint8_t);
-  std::memmove(to.m, from.m, count * element);
-  std::memmove(to.v, from.v, count * element);
-  if (from.kind != OptimizerStateKind::kBlockwise8Bit) return;
-  const size_t blocks = optimizer_state_blocks(count);
-  std::memmove(to.m_scales, from.m_scales, blocks * sizeof(float));
-  std::memmove(to.v_scales, from.v_scales, blocks * sizeof(float));
+  const std::vector<MomentArray> in = moment_arrays(from, count), out = moment_arrays(to, count);
+  for (size_t a = 0; a < in.size(); ++a) std::memmove(out[a].data, in[a].data, in[a].bytes);
+}
+
+std::vector<MomentArray> moment_arrays(const AdamWMoments& moments, size_t count) {
+  const size_t element = moments.kind == OptimizerStateKind::kFp32   ? sizeof(float)
+                         : moments.kind == OptimizerStateKind::kBf16 ? sizeof(uint16_t)
+                                                                     : sizeof(uint8_t);
+  std::vector<MomentArray> arrays = {{moments.m, count * element}, {moments.v, count * element}};
+  if (moments.kind == OptimizerStateKind::kBlockwise8Bit) {
+    const size_t scales = optimizer_state_blocks(count) * sizeof(float);
+    arrays.push_back({moments.m_scales, scales});
+    arrays.push_back({moments.v_scales, scales});
+  }
+  return arrays;
 }
 
 void decode_moments(const AdamWMoments& in, size_t count, float* m, float* v) {

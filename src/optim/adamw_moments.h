@@ -28,6 +28,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/run_choices.h"
 
@@ -173,5 +174,15 @@ void decode_moments(const AdamWMoments& in, size_t count, float* m, float* v);
 // The coded moments of `count` elements from `from` to `to` (both of one kind, in host memory),
 // bit for bit: the values (8bit: codes) and the block scales.
 void copy_moments(const AdamWMoments& from, const AdamWMoments& to, size_t count);
+
+// The arrays that hold `count` elements' moments in `moments`, each as its first byte and its
+// size: m's and v's values (8bit: codes), then (8bit) m's and v's block scales. The same list, in
+// the same order, for any two AdamWMoments of one kind, so moments copy array by array (between
+// memories too: a staging slot on the device).
+struct MomentArray {
+  void* data;
+  size_t bytes;
+};
+std::vector<MomentArray> moment_arrays(const AdamWMoments& moments, size_t count);
 
 }  // namespace layup

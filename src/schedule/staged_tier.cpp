@@ -50,23 +50,6 @@ bool bf16_weights_in_slot(const ParameterLayout& layout, const ScheduleOptions& 
   return any_staged_streamed(layout, options) && WeightRing::element_bytes(options) == 2;
 }
 
-// The arrays that hold `n` elements' moments in `moments` (m and v; 8bit: their codes, then their
-// scales), each as its first byte and its size: the same list, in the same order, for any two
-// AdamWMoments of one kind, so one part's moments copy array by array.
-std::vector<std::pair<char*, size_t>> moment_arrays(const AdamWMoments& moments, size_t n) {
-  const size_t element = moments.kind == OptimizerStateKind::kFp32   ? sizeof(float)
-                         : moments.kind == OptimizerStateKind::kBf16 ? sizeof(uint16_t)
-                                                                     : sizeof(uint8_t);
-  std::vector<std::pair<char*, size_t>> arrays = {{static_cast<char*>(moments.m), n * element},
-                                                  {static_cast<char*>(moments.v), n * element}};
-  if (moments.kind == OptimizerStateKind::kBlockwise8Bit) {
-    const size_t scales = optimizer_state_blocks(n) * sizeof(float);
-    arrays.emplace_back(reinterpret_cast<char*>(moments.m_scales), scales);
-    arrays.emplace_back(reinterpret_cast<char*>(moments.v_scales), scales);
-  }
-  return arrays;
-}
-
 }  // namespace
 
 bool StagedTier::staged(const ScheduleOptions& options, size_t index) {
@@ -231,8 +214,8 @@ void StagedTier::update_part(const Update& u, size_t first, size_t count, const 
     std::shared_ptr<const DeviceFence> in =
         device_.copy_to_device_after(nullptr, params, u.from_params + first, bytes);
     for (size_t a = 0; a < slot_arrays.size(); ++a)
-      in = device_.copy_to_device_after(nullptr, slot_arrays[a].first, from_arrays[a].first,
-                                        slot_arrays[a].second);
+      in = device_.copy_to_device_after(nullptr, slot_arrays[a].data, from_arrays[a].data,
+                                        slot_arrays[a].bytes);
     // Waited for here rather than on the device: the compute stream would otherwise stall the
     // device thread's work behind this copy.
     device_.wait_for(*in);
@@ -254,10 +237,10 @@ void StagedTier::update_part(const Update& u, size_t first, size_t count, const 
                                  count * u.stream_element_bytes, {});
     // On one stream the copies land in order: the last one's handler frees the slot.
     for (size_t a = 0; a + 1 < slot_arrays.size(); ++a)
-      device_.copy_to_host_async(*updated, to_arrays[a].first, slot_arrays[a].first,
-                                 slot_arrays[a].second, {});
-    device_.copy_to_host_async(*updated, to_arrays.back().first, slot_arrays.back().first,
-                               slot_arrays.back().second, [release, landed = std::move(landed)] {
+      device_.copy_to_host_async(*updated, to_arrays[a].data, slot_arrays[a].data,
+                                 slot_arrays[a].bytes, {});
+    device_.copy_to_host_async(*updated, to_arrays.back().data, slot_arrays.back().data,
+                               slot_arrays.back().bytes, [release, landed = std::move(landed)] {
                                  release();
                                  landed();
                                });
