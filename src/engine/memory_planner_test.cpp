@@ -380,6 +380,12 @@ TEST(MemoryPlan, UnifiedMemoryBoardBudgetOnTheCpuBackend) {
   EXPECT_TRUE(schedule_of(clipped).host_gradient);
   EXPECT_FALSE(fits(clipped, budgets));
 
+  // So do several ranks unclipped: each host span's gradient is summed over them there.
+  MemoryPlanRequest ranked = cpu_request(config, "layup", 1, 1024);
+  ranked.clip = 0.0f;
+  ranked.ranks = 2;
+  EXPECT_TRUE(schedule_of(plan_memory(ranked)).host_gradient);
+
   // The saving is exact: gpu needs one whole-model fp32 copy more than layup, less the slots.
   const ParameterLayout layout(config);
   const size_t model = layout.total_count() * sizeof(float);

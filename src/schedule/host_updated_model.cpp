@@ -226,9 +226,8 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
                 "the device computes with the bf16 copy the gather would not write");
   }
   LAYUP_CHECK(ranks_ == nullptr || options.host_gradient || cpu_spans_.count == 0,
-              "several ranks sum each span's gradient on the host, and this schedule keeps none "
-              "there (layup with --clip none and one micro-batch a rank); clip, or give each "
-              "rank two micro-batches");
+              "internal error: several ranks sum each span's gradient on the host, and this "
+              "schedule keeps none there (ScheduleOptions::host_gradient)");
   LAYUP_CHECK(ranks_ == nullptr || !any_on_disk(options),
               "several ranks (mpirun) with blocks' state on disk (--offload-dir) are not "
               "supported yet: each rank would need a disk tier of its own; keep the state on the "

@@ -164,9 +164,6 @@ class PlannedSchedule final : public Schedule {
     LAYUP_CHECK(options_.host_gradient || !model_.speculative_clip(),
                 "speculative clipping needs the whole-model gradient on the host (it may redo "
                 "every block's update once the norm is known)");
-    LAYUP_CHECK(options_.accumulation != Accumulation::kLayerMajor || model_.ranks() == nullptr,
-                "--accumulate layer-major runs on one rank for now; with several ranks use "
-                "--accumulate micro-batch-major");
     // The device-updated spans' gradients are summed over the ranks where they are (ZeRO-1: by
     // the device tier, into each rank's part).
     if (model_.ranks() != nullptr && !device_tier_.spans().empty() && !device_tier_.sharded())
@@ -783,8 +780,7 @@ class PlannedSchedule final : public Schedule {
       return;
     }
     for (const size_t index : device_tier_.spans())
-      if (index == 0 || index + 1 == layout_.spans().size())
-        model_.start_device_sum_of_squares(index, device_tier_.gradient(index));
+      if (index == 0 || index + 1 == layout_.spans().size()) final_on_device(index);
     std::shared_ptr<const DeviceFence> written = model_.device().fence();
     progress_.consume_submitted();
     if (head != nullptr) progress_.head_landing_submitted();
@@ -794,8 +790,7 @@ class PlannedSchedule final : public Schedule {
           TraceSpan traced(trace_, consumer_track_, "consume head");
           if (!on_device) take_head_span(0, output, *written, /*first=*/false, /*last=*/true);
           model_.device().wait_for(*written);
-          for (const size_t index : device_tier_.spans())
-            span_sum_sq_[index] = model_.device_sum_of_squares(index);
+          device_spans_sums_of_squares();
           progress_.consume_done();
         }
         std::vector<RoutedGradient> routed;
@@ -829,6 +824,11 @@ class PlannedSchedule final : public Schedule {
     if (!last) return;
     span_sum_sq_[index] = routed.host_sum_sq;
     head_routed_[index] = std::move(routed);
+    if (model_.ranks() != nullptr) {
+      TraceSpan summed(trace_, ranks_track_,
+                       trace_name(TaskKind::kSumOverRanks, layout_.spans()[index].kind));
+      span_sum_sq_[index] = model_.sum_gradient_over_ranks(index);
+    }
   }
 
   // The route of the host-updated head spans' gradients: the blocks' route, or (layer-major
@@ -898,7 +898,11 @@ class PlannedSchedule final : public Schedule {
         model_.device().add(sum, output, count);
         break;
     }
-    if (last) model_.start_device_sum_of_squares(index, sum);
+    if (!last) return;
+    if (target == GradientTarget::kOwnBuffer)
+      final_on_device(index);
+    else
+      model_.start_device_sum_of_squares(index, sum);
   }
 
   // Device thread: block `layer`'s gradient (in the slot `lease` holds, else in the whole-model

@@ -65,8 +65,9 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
       layer_major ? micro_batch_state_bytes(r.config, r.batch, r.seq_len, activation_bytes) : 0;
   options.hidden_state_bytes =
       layer_major ? hidden_state_bytes(r.config, r.batch, r.seq_len, activation_bytes) : 0;
+  // Several ranks sum each host-updated span's gradient there, whatever the clipping.
   options.host_gradient =
-      r.mode != Mode::kLayup || r.clip > 0.0f || (r.grad_accum > 1 && !layer_major);
+      r.mode != Mode::kLayup || r.clip > 0.0f || (r.grad_accum > 1 && !layer_major) || r.ranks > 1;
   // ZeRO-1 in every mode on the CPU backend for now; on GPUs every rank keeps the whole state.
   options.optimizer_shards = !cuda ? r.ranks : 1;
   options.planned_ranks = r.ranks;

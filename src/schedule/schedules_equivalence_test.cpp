@@ -1359,6 +1359,32 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
        "layup",
        {.update_sites = head_on_device(layout), .optimizer_shards = ranks},
        2},
+      // Layer-major accumulation: each rank sums its micro-batches span by span, then the ranks'
+      // sums (the host-updated spans' in the host's gradient, the device-updated ones' where they
+      // lie), against micro-batch-major with every rank keeping the whole state.
+      {"offload, layer-major, 2 micro-batches a rank",
+       "offload",
+       {.accumulation = Accumulation::kLayerMajor},
+       2},
+      {"layup, layer-major, ZeRO-1, 2 micro-batches a rank",
+       "layup",
+       {.optimizer_shards = ranks, .accumulation = Accumulation::kLayerMajor},
+       2},
+      {"layup, layer-major, head and block 0 on the device, 2 micro-batches a rank",
+       "layup",
+       {.update_sites = head_and_block_0, .accumulation = Accumulation::kLayerMajor},
+       2},
+      {"layup, layer-major, every span on the device, ZeRO-1, 8-bit state, 2 micro-batches a "
+       "rank",
+       "layup",
+       {.update_sites = every_span_on_device,
+        .optimizer_shards = ranks,
+        .optimizer_state = OptimizerStateKind::kBlockwise8Bit,
+        .accumulation = Accumulation::kLayerMajor},
+       2},
+      {"layup, layer-major, ZeRO-1, one micro-batch a rank",
+       "layup",
+       {.optimizer_shards = ranks, .accumulation = Accumulation::kLayerMajor}},
       // Blocks of two sum-of-squares chunks: the shards cut inside a span.
       {"layup, ZeRO-1, blocks cut between ranks",
        "layup",
@@ -1378,9 +1404,11 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
     ScheduleOptions ranked = c.options;
     ranked.ranks = world.get();
     // Several micro-batches a rank add in another order than one process's (each rank's sum,
-    // then the ranks'): ZeRO-1 is compared with every rank keeping the whole state.
+    // then the ranks'): those runs are compared with the same ranks keeping the whole state and
+    // summing micro-batch by micro-batch (which one rank's layer-major sums equal bit for bit).
     ScheduleOptions whole = ranked;
     whole.optimizer_shards = 1;
+    whole.accumulation = Accumulation::kMicroBatchMajor;
     const TrainingRun one =
         per_rank == 1
             ? train(with_options(c.mode, alone), ranks, clip_plan, c.config)

@@ -267,6 +267,8 @@ class PlanBuilder {
     const int copy = add(TaskKind::kGradientToHost, Lane::kToHost, span, k, {computed});
     on_host_[span] = head_copy_[span] = copy;
     if (k > 0) on_host_[span] = add(TaskKind::kAddGradient, Lane::kCpu, span, k, {copy});
+    if (k + 1 == plan_.micro_batches && plan_.ranks > 1)
+      on_host_[span] = add(TaskKind::kSumOverRanks, Lane::kRanks, span, -1, {on_host_[span]});
   }
 
   // Layer-major: span `span`'s sum over the micro-batches to the host in one copy once `summed`

@@ -25,6 +25,9 @@ MODES = {
     "layup-speculative": ["--mode", "layup", "--layup-clip", "speculative"],
     "layup-deferred": ["--mode", "layup", "--layup-clip", "deferred"],
     "layup-no-clip": ["--mode", "layup", "--clip", "none"],
+    # Each rank sums its micro-batches block by block, then the ranks' sums (docs/parallel.md).
+    "layup-layer-major": ["--mode", "layup", "--layup-clip", "deferred", "--accumulate",
+                          "layer-major"],
 }
 # Open MPI refuses root without these (CI runs as root); --oversubscribe: CI has two cores.
 MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -142,7 +145,7 @@ def test_bench_under_two_ranks_reports_once_for_the_global_batch(tmp_path):
     assert record["tokens_per_step"] == 2 * 2 * 32  # the global batch: both ranks' micro-batches
 
 
-@pytest.mark.parametrize("mode", ["gpu", "layup-deferred"])
+@pytest.mark.parametrize("mode", ["gpu", "layup-deferred", "layup-layer-major"])
 def test_two_micro_batches_a_rank_agree_to_rounding(tmp_path, shards, mode):
     """Four micro-batches: one process adds them in turn, two ranks add pairs then the pairs, so
     the gradients differ in the last bits; the trajectories agree to fp32 rounding."""
