@@ -172,7 +172,7 @@ bool device_side_fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {
 }
 
 // --streamed-blocks auto against `budgets` (the placement resolved): none where the plan fits, or
-// where streaming cannot run (gpu mode, several ranks); else the
+// where streaming cannot run (gpu mode); else the
 // fewest blocks that let the device's side fit, none where no count does (the budget check then
 // says why). An explicit count comes back as it was.
 MemoryPlanRequest resolve_streamed_blocks(MemoryPlanRequest request, const MemoryBudgets& budgets) {
@@ -180,7 +180,7 @@ MemoryPlanRequest resolve_streamed_blocks(MemoryPlanRequest request, const Memor
   if (!streamed.automatic || streamed.resolved) return request;
   streamed.resolved = true;
   streamed.count = 0;
-  if (request.mode == Mode::kGpu || request.ranks > 1) return request;
+  if (request.mode == Mode::kGpu) return request;
   const RunMemory resident = plan_run_memory(request);
   if (fits(resident.plan, budgets)) return request;
   // The blocks whose state the host keeps in memory may be streamed (WeightRing::streamed_spans).

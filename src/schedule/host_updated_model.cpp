@@ -245,9 +245,6 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
   LAYUP_CHECK(!StagedTier::any(options) || !any_on_disk(options),
               "blocks staged through the device (--optimizer-placement staged:S) and blocks on "
               "disk in one run are not supported yet; use one or the other");
-  LAYUP_CHECK(options.streamed_blocks == 0 || ranks_ == nullptr,
-              "--streamed-blocks runs on one rank for now (each rank would fill its ring from "
-              "weights a gather is still writing); use --streamed-blocks 0 with several ranks");
   if (weights_land_in_compute_copy_) {
     LAYUP_CHECK(!weights_in_place_, "weights cannot both be in place and land in a compute copy");
     LAYUP_CHECK(backend_->compute_copy(0) != nullptr, "the ", backend_->name(),

@@ -170,8 +170,6 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
   LAYUP_CHECK(streamed == 0 || r.mode != Mode::kGpu, "--streamed-blocks ", streamed,
               ": gpu mode updates every block on the device, in place, and has no host copy of "
               "the weights to stream from; use offload or layup, or --streamed-blocks 0");
-  LAYUP_CHECK(streamed == 0 || r.ranks <= 1, "--streamed-blocks ", streamed,
-              " runs on one rank for now; use --streamed-blocks 0 with ", r.ranks, " ranks");
   options.streamed_blocks = r.mode == Mode::kGpu ? 0 : streamed;
   return options;
 }

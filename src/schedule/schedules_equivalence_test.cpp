@@ -1385,6 +1385,23 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
       {"layup, layer-major, ZeRO-1, one micro-batch a rank",
        "layup",
        {.optimizer_shards = ranks, .accumulation = Accumulation::kLayerMajor}},
+      // Streamed blocks: each rank's ring fills from the weights its updates (ZeRO-1: the
+      // gathers) wrote.
+      {"offload, 3 blocks streamed", "offload", {.streamed_blocks = 3}},
+      {"layup, ZeRO-1, 3 blocks streamed, 2 micro-batches a rank",
+       "layup",
+       {.optimizer_shards = ranks, .streamed_blocks = 3},
+       2},
+      {"layup, head on the device, 1 block streamed",
+       "layup",
+       {.update_sites = head_on_device(layout), .streamed_blocks = 1}},
+      {"layup, layer-major, ZeRO-1, bf16 state, 3 blocks streamed, 2 micro-batches a rank",
+       "layup",
+       {.optimizer_shards = ranks,
+        .optimizer_state = OptimizerStateKind::kBf16,
+        .accumulation = Accumulation::kLayerMajor,
+        .streamed_blocks = 3},
+       2},
       // Blocks of two sum-of-squares chunks: the shards cut inside a span.
       {"layup, ZeRO-1, blocks cut between ranks",
        "layup",

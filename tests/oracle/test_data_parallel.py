@@ -28,6 +28,8 @@ MODES = {
     # Each rank sums its micro-batches block by block, then the ranks' sums (docs/parallel.md).
     "layup-layer-major": ["--mode", "layup", "--layup-clip", "deferred", "--accumulate",
                           "layer-major"],
+    # A block's weights streamed through a ring, filled from each rank's host copy.
+    "layup-streamed": ["--mode", "layup", "--layup-clip", "deferred", "--streamed-blocks", "1"],
 }
 # Open MPI refuses root without these (CI runs as root); --oversubscribe: CI has two cores.
 MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
