@@ -946,6 +946,14 @@ TEST(MemoryPlan, StagedBlocksTakeTheirSlotsOnTheDevice) {
   with_disk.optimizer_placement = OptimizerPlacement::parse("disk:1,staged:1");
   with_disk.offload_dir = "/tmp";
   EXPECT_NE(error_of([&] { plan_memory(with_disk); }).find("not supported yet"), std::string::npos);
+  // Several ranks on the CPU backend split every block's moments (ZeRO-1): no whole block to
+  // stage. On GPUs every rank keeps the whole state, and stages as one rank does.
+  MemoryPlanRequest ranked = cpu_request(config, "layup", kBatch, kSeqLen, 2);
+  ranked.optimizer_placement = OptimizerPlacement::parse("staged:1");
+  ranked.ranks = 2;
+  EXPECT_NE(error_of([&] { plan_memory(ranked); }).find("(ZeRO-1)"), std::string::npos);
+  ranked = on_a_discrete_gpu(ranked);
+  EXPECT_EQ(plan_run_memory(ranked).schedule.update_sites[3], UpdateSite::kStaged);
 
   // On a discrete GPU in bf16 the slots hold the master weights too (no fp32 copy to update in
   // place), beside the blocks placed on the device first.

@@ -239,9 +239,10 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
   LAYUP_CHECK(!any_on_disk(options) || !speculative_clip_,
               "speculative clipping keeps a second copy of the optimizer state, which blocks on "
               "disk do not have; clip with --layup-clip deferred");
-  LAYUP_CHECK(!StagedTier::any(options) || ranks_ == nullptr,
-              "several ranks (mpirun) with blocks staged through the device (--optimizer-placement "
-              "staged:S) are not supported yet; keep their state on the host or run one rank");
+  LAYUP_CHECK(!StagedTier::any(options) || !shards_,
+              "blocks staged through the device (--optimizer-placement staged:S) update a whole "
+              "block's state, and with ZeRO-1 each rank keeps only its part of it; keep their "
+              "state on the host");
   LAYUP_CHECK(!StagedTier::any(options) || !any_on_disk(options),
               "blocks staged through the device (--optimizer-placement staged:S) and blocks on "
               "disk in one run are not supported yet; use one or the other");

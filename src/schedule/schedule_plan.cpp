@@ -130,11 +130,13 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
               r.optimizer_placement.name(),
               ": blocks staged through the device and blocks on disk in one run are not "
               "supported yet; use one or the other");
-  LAYUP_CHECK(staged_blocks == 0 || r.ranks <= 1, "--optimizer-placement ",
+  // Under ZeRO-1 of the host's state (several ranks on the CPU backend) each rank keeps a part of
+  // every block's moments, and a staged update reads a whole block's.
+  LAYUP_CHECK(staged_blocks == 0 || r.ranks <= 1 || cuda, "--optimizer-placement ",
               r.optimizer_placement.name(),
-              " stages blocks through the device on one rank only "
-              "for now; keep their state on the host (drop staged:S) with ",
-              r.ranks, " ranks");
+              " stages whole blocks' state through the device, and with ", r.ranks,
+              " ranks on the CPU backend each rank keeps only its part of every block's moments "
+              "(ZeRO-1); keep their state on the host (drop staged:S)");
   LAYUP_CHECK(device_blocks + disk_blocks + staged_blocks <= L, "--optimizer-placement ",
               r.optimizer_placement.name(), " places ", device_blocks + disk_blocks + staged_blocks,
               " blocks, and the model has ", L);

@@ -1402,6 +1402,16 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
         .accumulation = Accumulation::kLayerMajor,
         .streamed_blocks = 3},
        2},
+      // Blocks staged through the device, as several GPUs run them (every rank keeps the whole
+      // state: ZeRO-1 keeps parts, which a staged update cannot read).
+      {"layup, blocks 0 and 2 staged", "layup", {.update_sites = staged_0_and_2(layout)}},
+      {"offload, blocks 0 and 2 staged, layer-major, 2 micro-batches a rank",
+       "offload",
+       {.update_sites = staged_0_and_2(layout), .accumulation = Accumulation::kLayerMajor},
+       2},
+      {"layup, blocks 0 and 2 staged beside a device head, 1 block streamed",
+       "layup",
+       {.update_sites = staged_0_and_2(layout, head_on_device(layout)), .streamed_blocks = 1}},
       // Blocks of two sum-of-squares chunks: the shards cut inside a span.
       {"layup, ZeRO-1, blocks cut between ranks",
        "layup",
