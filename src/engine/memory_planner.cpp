@@ -12,7 +12,7 @@
 #include "io/streamed_file_writer.h"
 #include "model/parameter_layout.h"
 #include "model/shape_limits.h"
-#include "schedule/disk_tier.h"
+#include "schedule/host_updated_model.h"
 #include "schedule/schedule_plan.h"
 #include "schedule/weight_ring.h"
 
@@ -137,8 +137,8 @@ RunMemory plan_run_memory(const MemoryPlanRequest& r, int cpu_workers) {
   append(plan.allocations, run.step.buffers);
   append(plan.allocations, backend_and_device_buffers(r, plan.placement, run.schedule));
   append(plan.allocations, process_buffers(r, layout));
-  plan.disk_bytes = disk_state_bytes(
-      DiskTier::records(layout, run.schedule.update_sites, run.schedule.optimizer_state));
+  // Per rank: each rank's file holds its part of the moments (ZeRO-1).
+  plan.disk_bytes = HostUpdatedModel::disk_bytes(layout, run.schedule);
 
   if (cuda) {
     if (r.dtype == Dtype::kBf16)

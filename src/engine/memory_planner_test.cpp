@@ -22,6 +22,8 @@
 #include "engine/step_time_model.h"
 #include "io/streamed_file_writer.h"
 #include "model/parameter_layout.h"
+#include "schedule/disk_tier.h"
+#include "schedule/optimizer_shards.h"
 #include "schedule/packed_moments.h"
 #include "schedule/random_step.h"
 #include "schedule/schedule.h"
@@ -1304,6 +1306,48 @@ TEST(MemoryPlan, OptimizerPlacementUsesTheDiskWhenTheHostIsFull) {
             OptimizerPlacement::parse("disk:3,device:1"));
   for (const char* bad : {"disk", "disk:", "disk:-1", "device:1,device:2", "device:1,", "disk:2x"})
     EXPECT_THROW(OptimizerPlacement::parse(bad), Error) << bad;
+}
+
+// ZeRO-1 with blocks on disk (--ranks 2): each rank's file holds its disk blocks' whole master
+// weights and its part of their moments, and so do its staging slots; a plan lists the largest
+// rank's (as it lists the largest shard of the host's moments). Blocks of a small vocabulary's
+// model are most of it, so the shards cut them.
+TEST(MemoryPlan, EachRankPlansItsPartOfTheDiskBlocksMoments) {
+  const ModelConfig config = gpt2_config(4, 2, 64, 64, 61);
+  const ParameterLayout layout(config);
+  MemoryPlanRequest request = cpu_request(config, "layup", 2, 16, 2);
+  request.layup_clip = LayupClip::kDeferred;
+  request.offload_dir = "/offload";
+  request.optimizer_placement = OptimizerPlacement::parse("disk:4");
+  const MemoryPlan one = plan_memory(request);
+  request.ranks = 2;
+  const MemoryPlan two = plan_memory(request);
+  const ScheduleOptions options = schedule_of(two);
+  ASSERT_EQ(options.optimizer_shards, 2);
+  const OptimizerShards shards = optimizer_shards(layout, 2);
+  size_t largest_file = 0, largest_slot = 0;
+  std::vector<size_t> moments(static_cast<size_t>(config.n_layer), 0);
+  for (const int rank : {0, 1}) {
+    const std::vector<DiskRecord> records =
+        DiskTier::records(layout, options.update_sites, options.optimizer_state, &shards, rank);
+    largest_file = std::max(largest_file, disk_state_bytes(records));
+    largest_slot = std::max(largest_slot, disk_staging_ring(records, 1).slot_bytes);
+    ASSERT_EQ(records.size(), moments.size());
+    for (size_t block = 0; block < records.size(); ++block) {
+      EXPECT_EQ(records[block].count, layout.block().count);
+      moments[block] += records[block].moments();
+    }
+  }
+  for (const size_t count : moments) EXPECT_EQ(count, layout.block().count);  // split, not lost
+  EXPECT_EQ(two.disk_bytes, largest_file);
+  // The weights whole (a third of one process's file), about half the moments.
+  EXPECT_LT(two.disk_bytes, one.disk_bytes * 3 / 4);
+  EXPECT_GT(two.disk_bytes, one.disk_bytes / 3);
+  // The slots hold the largest record of any rank (here rank 0's block 0: its moments whole).
+  size_t slots = 0;
+  for (const PlannedAllocation& a : two.allocations)
+    if (a.what.find("disk tier staging slot") != std::string::npos) slots += a.bytes;
+  EXPECT_EQ(slots, static_cast<size_t>(options.disk_slots) * (largest_slot + kDiskAlignment));
 }
 
 }  // namespace

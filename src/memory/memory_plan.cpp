@@ -514,7 +514,8 @@ std::string format_memory_plan(const MemoryPlan& plan, const MemoryBudgets& budg
             budgets.machine_gpu_source + ")\n";
   if (plan.disk_bytes > 0)
     text += "  on disk under " + r.offload_dir + ": " + format_bytes(plan.disk_bytes) +
-            " (the optimizer state of the blocks placed there)\n";
+            (r.ranks > 1 ? " (one rank's file, the largest: each rank keeps its own)\n"
+                         : " (the optimizer state of the blocks placed there)\n");
   if (budgets.disk)
     text += "  the disk's free space: " + budget_line("usable", *budgets.disk, plan.disk_bytes) +
             " (" + budgets.disk_source + ")\n";

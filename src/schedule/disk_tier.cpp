@@ -29,11 +29,16 @@ std::string span_name(const Span& span) {
 
 std::vector<DiskRecord> DiskTier::records(const ParameterLayout& layout,
                                           const std::vector<UpdateSite>& sites,
-                                          OptimizerStateKind kind) {
+                                          OptimizerStateKind kind, const OptimizerShards* shards,
+                                          int rank) {
   std::vector<DiskRecord> records;
-  for (size_t index = 0; index < sites.size(); ++index)
-    if (sites[index] == UpdateSite::kDisk)
-      records.push_back({layout.spans()[index].count, span_name(layout.spans()[index]), kind});
+  for (size_t index = 0; index < sites.size(); ++index) {
+    if (sites[index] != UpdateSite::kDisk) continue;
+    const Span& span = layout.spans()[index];
+    records.push_back(
+        {span.count, span_name(span), kind,
+         shards != nullptr ? std::optional(shards->part(span, rank).count) : std::nullopt});
+  }
   return records;
 }
 
@@ -47,8 +52,9 @@ BufferList DiskTier::staging_buffers(const std::vector<DiskRecord>& records, siz
 }
 
 BufferList DiskTier::buffers(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
-                             size_t slots, DeviceKinds kinds, OptimizerStateKind kind) {
-  const std::vector<DiskRecord> disk = records(layout, sites, kind);
+                             size_t slots, DeviceKinds kinds, OptimizerStateKind kind,
+                             const OptimizerShards* shards, int rank) {
+  const std::vector<DiskRecord> disk = records(layout, sites, kind, shards, rank);
   if (disk.empty()) return {};
   BufferList list = staging_buffers(disk, slots, kinds.host_copy);
   append(list, DiskStateStore::buffers());
@@ -56,14 +62,20 @@ BufferList DiskTier::buffers(const ParameterLayout& layout, const std::vector<Up
 }
 
 DiskUsage DiskTier::disk_usage(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
-                               const std::string& dir, OptimizerStateKind kind) {
-  return DiskStateStore::disk_usage(dir, records(layout, sites, kind));
+                               const std::string& dir, OptimizerStateKind kind,
+                               const OptimizerShards* shards, int rank) {
+  return DiskStateStore::disk_usage(dir, records(layout, sites, kind, shards, rank));
 }
 
 DiskTier::DiskTier(Device& device, const ParameterLayout& layout,
                    const std::vector<UpdateSite>& sites, const std::string& dir, size_t slots,
-                   OptimizerStateKind kind)
-    : device_(device), layout_(layout), kind_(kind), record_of_(layout.spans().size(), kNotHere) {
+                   OptimizerStateKind kind, const OptimizerShards* shards, int rank)
+    : device_(device),
+      layout_(layout),
+      kind_(kind),
+      record_of_(layout.spans().size(), kNotHere),
+      moment_first_(layout.spans().size(), 0),
+      parts_(shards != nullptr) {
   LAYUP_CHECK(sites.size() == layout.spans().size(), "the update sites name ", sites.size(),
               " spans, but the model has ", layout.spans().size());
   for (size_t index = 0; index < sites.size(); ++index) {
@@ -73,13 +85,17 @@ DiskTier::DiskTier(Device& device, const ParameterLayout& layout,
                 span_name(layout.spans()[index]));
     record_of_[index] = spans_.size();
     spans_.push_back(index);
+    if (shards != nullptr) moment_first_[index] = shards->part(layout.spans()[index], rank).first;
   }
   if (spans_.empty()) return;
   LAYUP_CHECK(!dir.empty(),
               "blocks placed on disk need a directory for their file: give --offload-dir");
   LAYUP_CHECK(slots >= 1, "the disk tier needs at least one staging slot");
-  const std::vector<DiskRecord> disk = records(layout, sites, kind);
-  store_ = std::make_unique<DiskStateStore>(dir, disk);
+  const std::vector<DiskRecord> disk = records(layout, sites, kind, shards, rank);
+  // Ranks on one machine may share the directory: each file is named for its rank.
+  DiskStateStoreOptions store_options;
+  if (shards != nullptr) store_options.file_tag = "rank" + std::to_string(rank);
+  store_ = std::make_unique<DiskStateStore>(dir, disk, store_options);
   for (const PlannedAllocation& buffer : staging_buffers(disk, slots, device.host_memory_kind())) {
     Slot slot;
     slot.buffer = device.allocate(buffer);
@@ -110,8 +126,13 @@ DiskTier::~DiskTier() {
 
 std::string DiskTier::describe() const {
   if (spans_.empty()) return "";
-  return std::to_string(spans_.size()) + " block(s) on disk, " + std::to_string(slots_.size()) +
-         " staging slot(s) of " + format_bytes(store_->layout(0).bytes) + "; " + store_->describe();
+  size_t largest = 0;
+  for (size_t record = 0; record < store_->record_count(); ++record)
+    largest = std::max(largest, store_->layout(record).bytes);
+  return std::to_string(spans_.size()) + " block(s) on disk" +
+         (parts_ ? " (their whole master weights, this rank's part of their moments)" : "") + ", " +
+         std::to_string(slots_.size()) + " staging slot(s) of " + format_bytes(largest) + "; " +
+         store_->describe();
 }
 
 void DiskTier::expect(const std::vector<size_t>& spans) {
@@ -130,7 +151,7 @@ AdamWMoments DiskTier::moments_in(size_t span, float* record) const {
   const DiskRecordLayout& layout = record_layout(span);
   if (kind_ == OptimizerStateKind::kFp32)
     return AdamWMoments::fp32(record + layout.m_offset(), record + layout.v_offset());
-  return AdamWMoments::in_buffer(kind_, record + layout.m_offset(), layout.count);
+  return AdamWMoments::in_buffer(kind_, record + layout.m_offset(), layout.moment_count);
 }
 
 DiskTier::Lease DiskTier::lease_of(size_t slot) {
@@ -334,15 +355,23 @@ void DiskTier::wait_for_write_backs(std::unique_lock<std::mutex>& lock) {
   rethrow_failure();
 }
 
-void DiskTier::read_span(size_t span, const SpanState& out) {
-  LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
-  std::unique_lock lock(mutex_);
+size_t DiskTier::settled_slot(size_t span, std::unique_lock<std::mutex>& lock) {
   wait_for_write_backs(lock);
   const size_t slot = slot_holding(span);
   if (slot != kNotHere && slots_[slot].state == SlotState::kReading) {
     slots_[slot].ticket.wait();
     slots_[slot].state = SlotState::kReady;
   }
+  return slot;
+}
+
+void DiskTier::read_span(size_t span, const SpanState& out) {
+  LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
+  LAYUP_CHECK(!parts_ || (out.m == nullptr && out.v == nullptr && out.coded == nullptr),
+              "internal error: this disk tier keeps a part of each span's moments: read_moments "
+              "reads them");
+  std::unique_lock lock(mutex_);
+  const size_t slot = settled_slot(span, lock);
   const size_t count = layout_.spans()[span].count;
   // Where `out` wants the moments coded, as the run keeps them.
   const std::optional<AdamWMoments> coded_out =
@@ -353,18 +382,19 @@ void DiskTier::read_span(size_t span, const SpanState& out) {
     if (out.params) std::copy_n(lease.params, count, out.params);
     if (coded_out)
       copy_moments(lease.moments, *coded_out, count);
-    else
+    else if (out.m != nullptr || out.v != nullptr)
       decode_moments(lease.moments, count, out.m, out.v);
     return;
   }
   // Under the lock: the ring starts no read of it meanwhile.
   const DiskRecordLayout& layout = record_layout(span);
+  const size_t params_bytes = out.params != nullptr ? layout.part_floats * sizeof(float) : 0;
   if (kind_ == OptimizerStateKind::kFp32) {
     float* m = coded_out ? coded_out->m_fp32() : out.m;
     float* v = coded_out ? coded_out->v_fp32() : out.v;
     store_->read_parts(record_of_[span], out.params, m, v);
-    const size_t parts = (out.params != nullptr) + (m != nullptr) + (v != nullptr);
-    traffic_.bytes_read += parts * layout.part_floats * sizeof(float);
+    traffic_.bytes_read += params_bytes + ((m != nullptr) + (v != nullptr)) *
+                                              layout.moment_part_floats * sizeof(float);
     return;
   }
   const bool decoded = out.m != nullptr || out.v != nullptr;
@@ -373,8 +403,23 @@ void DiskTier::read_span(size_t span, const SpanState& out) {
   store_->read_parts(record_of_[span], out.params, moments);
   if (!coded_out && decoded)
     decode_moments(AdamWMoments::in_buffer(kind_, coded.data(), count), count, out.m, out.v);
-  traffic_.bytes_read += (out.params != nullptr ? layout.part_floats * sizeof(float) : 0) +
-                         (moments != nullptr ? layout.moment_bytes : 0);
+  traffic_.bytes_read += params_bytes + (moments != nullptr ? layout.moment_bytes : 0);
+}
+
+void DiskTier::read_moments(size_t span, float* packed) {
+  LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
+  std::unique_lock lock(mutex_);
+  const size_t slot = settled_slot(span, lock);
+  const DiskRecordLayout& layout = record_layout(span);
+  const AdamWMoments out = AdamWMoments::in_buffer(kind_, packed, layout.moment_count);
+  if (slot != kNotHere) return copy_moments(lease_of(slot).moments, out, layout.moment_count);
+  if (kind_ == OptimizerStateKind::kFp32) {
+    store_->read_parts(record_of_[span], nullptr, out.m_fp32(), out.v_fp32());
+    traffic_.bytes_read += 2 * layout.moment_part_floats * sizeof(float);
+  } else {
+    store_->read_parts(record_of_[span], nullptr, packed);
+    traffic_.bytes_read += layout.moment_bytes;
+  }
 }
 
 void DiskTier::write_span(size_t span, const ConstSpanState& in) {
@@ -390,20 +435,34 @@ void DiskTier::write_span(size_t span, const ConstSpanState& in) {
     slots_[slot].span = kNotHere;
   }
   const DiskRecordLayout& layout = record_layout(span);
-  if (kind_ == OptimizerStateKind::kFp32) {
-    const float* coded = static_cast<const float*>(in.coded);
-    store_->write_parts(record_of_[span], in.params, coded ? coded : in.m,
-                        coded ? coded + layout.count : in.v);
-  } else if (in.coded != nullptr) {
-    store_->write_parts(record_of_[span], in.params, in.coded);
+  const size_t record = record_of_[span];
+  // The record's moments from `in`, the whole span's: those of its floats from `first` on.
+  const size_t first = moment_first_[span];
+  const size_t count = layout.moment_count;
+  const bool whole = count == layout.count;
+  if (in.coded != nullptr) {
+    const AdamWMoments source =
+        AdamWMoments::in_buffer(kind_, const_cast<void*>(in.coded), layout.count).at(first);
+    if (kind_ == OptimizerStateKind::kFp32) {
+      store_->write_parts(record, in.params, source.m_fp32(), source.v_fp32());
+    } else if (whole) {
+      store_->write_parts(record, in.params, in.coded);
+    } else {
+      std::vector<float> part(layout.moment_bytes / sizeof(float));
+      copy_moments(source, AdamWMoments::in_buffer(kind_, part.data(), count), count);
+      store_->write_parts(record, in.params, part.data());
+    }
+  } else if (kind_ == OptimizerStateKind::kFp32) {
+    store_->write_parts(record, in.params, in.m != nullptr ? in.m + first : nullptr,
+                        in.v != nullptr ? in.v + first : nullptr);
   } else if (in.m == nullptr || in.v == nullptr) {
-    store_->write_parts(record_of_[span], in.params, nullptr);
+    store_->write_parts(record, in.params, nullptr);
   } else {
-    // Coded from the span's first element, as its updates code it.
+    // Coded from the part's first element (the span's where it is whole), as its updates code it.
     std::vector<float> coded(layout.moment_bytes / sizeof(float));
-    encode_moments(in.m, in.v, layout.count,
-                   AdamWMoments::in_buffer(kind_, coded.data(), layout.count));
-    store_->write_parts(record_of_[span], in.params, coded.data());
+    encode_moments(in.m + first, in.v + first, count,
+                   AdamWMoments::in_buffer(kind_, coded.data(), count));
+    store_->write_parts(record, in.params, coded.data());
   }
   traffic_.bytes_written += layout.bytes;  // null m, v: zeros written
 }

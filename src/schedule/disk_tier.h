@@ -2,7 +2,9 @@
 // weights and AdamW moments (in the run's optimizer state kind) in one DiskStateStore file under
 // ScheduleOptions::offload_dir, and a ring of staging slots in host memory (pinned on CUDA) that an
 // update reads a span into, updates in place, sends to the device from and writes back. See
-// docs/schedules.md ("The disk tier").
+// docs/schedules.md ("The disk tier"). With ZeRO-1 (docs/parallel.md) each rank has a tier and a
+// file of its own, holding each span's whole master weights and this rank's part of its moments
+// (OptimizerShards::part), coded from the part's first element as the host's parts are.
 //
 // Read-ahead: the schedule says in which order it will update the disk spans (expect); the ring's
 // thread reads the next ones into free slots before they are asked for, and completes the
@@ -30,6 +32,7 @@
 #include "backend/device.h"
 #include "model/parameter_layout.h"
 #include "optim/adamw_moments.h"
+#include "schedule/optimizer_shards.h"
 #include "schedule/schedule.h"
 #include "tier/disk_state_store.h"
 
@@ -38,27 +41,33 @@ namespace layup {
 class DiskTier {
  public:
   // `sites`: one per span (the disk spans are those at UpdateSite::kDisk), in `dir`, with `slots`
-  // staging slots, the moments in `kind`. `device` must outlive this.
+  // staging slots, the moments in `kind`; with `shards` (ZeRO-1), rank `rank`'s part of each
+  // span's moments, else the whole span's. `device` and `shards` must outlive this.
   DiskTier(Device& device, const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
            const std::string& dir, size_t slots,
-           OptimizerStateKind kind = OptimizerStateKind::kFp32);
+           OptimizerStateKind kind = OptimizerStateKind::kFp32,
+           const OptimizerShards* shards = nullptr, int rank = 0);
   // Finishes the write-backs (an error is printed: nobody is left to throw it to).
   ~DiskTier();
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
 
-  // The disk spans of `sites` as the store's records, in layout order.
+  // The disk spans of `sites` as the store's records, in layout order (with `shards`, rank
+  // `rank`'s: each holds its part of the span's moments).
   static std::vector<DiskRecord> records(const ParameterLayout& layout,
                                          const std::vector<UpdateSite>& sites,
-                                         OptimizerStateKind kind = OptimizerStateKind::kFp32);
+                                         OptimizerStateKind kind = OptimizerStateKind::kFp32,
+                                         const OptimizerShards* shards = nullptr, int rank = 0);
   // What it allocates on the host (the slots, each padded to align it for direct I/O, and the
   // store's bounce buffer), and on disk.
   static BufferList buffers(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
                             size_t slots, DeviceKinds kinds,
-                            OptimizerStateKind kind = OptimizerStateKind::kFp32);
+                            OptimizerStateKind kind = OptimizerStateKind::kFp32,
+                            const OptimizerShards* shards = nullptr, int rank = 0);
   static DiskUsage disk_usage(const ParameterLayout& layout, const std::vector<UpdateSite>& sites,
                               const std::string& dir,
-                              OptimizerStateKind kind = OptimizerStateKind::kFp32);
+                              OptimizerStateKind kind = OptimizerStateKind::kFp32,
+                              const OptimizerShards* shards = nullptr, int rank = 0);
 
   bool holds(size_t span) const { return record_of_[span] != kNotHere; }
   const std::vector<size_t>& spans() const { return spans_; }
@@ -74,8 +83,10 @@ class DiskTier {
   struct Lease {
     size_t span = 0;
     size_t slot = 0;
-    float* params = nullptr;
-    AdamWMoments moments;  // in the slot, in the run's kind
+    float* params = nullptr;  // the whole span's
+    // In the slot, in the run's kind: the whole span's, or (ZeRO-1) this rank's part's, coded
+    // from the part's first element.
+    AdamWMoments moments;
   };
   // The span's state, read ahead or read now; the slot is the caller's until put_back.
   Lease take(size_t span);
@@ -85,9 +96,17 @@ class DiskTier {
   std::function<void()> put_back(const Lease& lease);
 
   // A span's state out of (or into) the tier, whole: for export and import. Waits for the
-  // write-backs first.
+  // write-backs first. With ZeRO-1, write_span keeps this rank's part of the moments `in` holds
+  // for the whole span, and read_span reads the weights only (read_moments reads the part).
   void read_span(size_t span, const SpanState& out);
   void write_span(size_t span, const ConstSpanState& in);
+  // The moments the tier keeps of `span` (ZeRO-1: this rank's part) into `packed`, coded from
+  // their first element as PackedMoments packs them (PackedMoments::padded_bytes of moment_count
+  // floats). Waits for the write-backs first.
+  void read_moments(size_t span, float* packed);
+  // The floats whose moments the tier keeps of `span`, and the first of them in the span.
+  size_t moment_count(size_t span) const { return record_layout(span).moment_count; }
+  size_t moment_first(size_t span) const { return moment_first_[span]; }
 
   // What it has moved so far.
   DiskTraffic traffic();
@@ -114,6 +133,9 @@ class DiskTier {
   // Under mutex_ (dropped while waiting): returns once every write-back is done; throws the first
   // failed transfer.
   void wait_for_write_backs(std::unique_lock<std::mutex>& lock);
+  // Under mutex_: once the write-backs and a read of `span` in flight are done, the slot that
+  // holds it (ready), or kNotHere.
+  size_t settled_slot(size_t span, std::unique_lock<std::mutex>& lock);
   // take's end, the lock not held: runs `read` (which fills the slot, taken for the span), and on
   // its failure frees the slot and rethrows.
   Lease finish_take(size_t slot, const std::function<void()>& read);
@@ -136,6 +158,9 @@ class DiskTier {
   const OptimizerStateKind kind_;
   std::vector<size_t> spans_;
   std::vector<size_t> record_of_;  // per span: its record in the store, or kNotHere
+  // Per span: the first element whose moments its record holds (ZeRO-1: its part's; else 0).
+  std::vector<size_t> moment_first_;
+  const bool parts_;  // ZeRO-1: the records hold parts of the spans' moments
   std::unique_ptr<DiskStateStore> store_;
   std::vector<Slot> slots_;
 

@@ -4,13 +4,19 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "backend/device.h"
+#include "core/error.h"
 #include "io/test_files.h"
 #include "model/model_config.h"
 #include "model/parameter_layout.h"
+#include "optim/adamw_moments.h"
+#include "schedule/optimizer_shards.h"
+#include "schedule/packed_moments.h"
 
 namespace layup {
 namespace {
@@ -102,6 +108,81 @@ TEST(DiskTier, TrafficCountsTheBytesOfRecordsAndParts) {
   EXPECT_EQ(since.bytes_written, record);
   EXPECT_EQ(since.bytes_read, record / 3);  // params, m and v are equal parts of a record
   EXPECT_EQ(since.read_on_take + since.read_ahead + since.written_back + since.given_up, 0u);
+}
+
+// ZeRO-1: each rank's tier keeps every disk span's whole weights and its part of the moments,
+// coded from the part's first element. An import keeps that part of the whole span's moments;
+// an update's lease holds it; read_moments returns it; an export reads the weights whole and
+// leaves the moments to read_moments. Blocks of four sum-of-squares chunks: the shards cut inside
+// a block.
+TEST(DiskTier, EachRankKeepsTheWholeWeightsAndItsPartOfTheMoments) {
+  const ParameterLayout layout(gpt2_config(2, 2, 128, 16, 61));
+  std::vector<UpdateSite> sites(layout.spans().size(), UpdateSite::kDisk);
+  sites.front() = sites.back() = UpdateSite::kHost;
+  const OptimizerShards shards = optimizer_shards(layout, 2);
+  bool cut_inside = false;
+  for (size_t span = 1; span + 1 < layout.spans().size(); ++span)
+    cut_inside = cut_inside || shards.part(layout.spans()[span], 1).first > 0;
+  ASSERT_TRUE(cut_inside) << "no block is cut between the ranks";
+  const std::unique_ptr<Device> device = make_cpu_device();
+  for (const OptimizerStateKind kind :
+       {OptimizerStateKind::kFp32, OptimizerStateKind::kBlockwise8Bit})
+    for (const int rank : {0, 1}) {
+      SCOPED_TRACE(name_of(kind) + ", rank " + std::to_string(rank));
+      test_files::TempDir dir;
+      DiskTier tier(*device, layout, sites, dir.path(), 1, kind, &shards, rank);
+      const std::vector<DiskRecord> records = DiskTier::records(layout, sites, kind, &shards, rank);
+      std::mt19937 random(static_cast<uint32_t>(rank + 1));
+      std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+      for (size_t r = 0; r < tier.spans().size(); ++r) {
+        const size_t span = tier.spans()[r];
+        const size_t count = layout.spans()[span].count;
+        const OptimizerShards::Part part = shards.part(layout.spans()[span], rank);
+        EXPECT_EQ(records[r].moments(), part.count);
+        EXPECT_EQ(tier.moment_count(span), part.count);
+        EXPECT_EQ(tier.moment_first(span), part.first);
+        std::vector<float> params(count), m(count), v(count);
+        for (size_t i = 0; i < count; ++i) {
+          params[i] = uniform(random);
+          m[i] = uniform(random) - 0.5f;
+          v[i] = uniform(random);
+        }
+        tier.write_span(span, {params.data(), m.data(), v.data()});
+        // The part as the host's parts code it, from its first element.
+        std::vector<float> expected(PackedMoments::padded_bytes(kind, part.count) / 4);
+        encode_moments(m.data() + part.first, v.data() + part.first, part.count,
+                       AdamWMoments::in_buffer(kind, expected.data(), part.count));
+        std::vector<float> packed(expected.size());
+        tier.read_moments(span, packed.data());
+        EXPECT_EQ(std::memcmp(packed.data(), expected.data(), expected.size() * 4), 0);
+
+        const DiskTier::Lease lease = tier.take(span);
+        EXPECT_EQ(std::memcmp(lease.params, params.data(), count * 4), 0);
+        std::vector<float> leased(expected.size());
+        copy_moments(lease.moments, AdamWMoments::in_buffer(kind, leased.data(), part.count),
+                     part.count);
+        EXPECT_EQ(std::memcmp(leased.data(), expected.data(), expected.size() * 4), 0);
+        for (size_t i = 0; i < count; ++i) lease.params[i] += 1.0f;
+        tier.put_back(lease)();
+        std::vector<float> params_back(count);
+        tier.read_span(span, {params_back.data(), nullptr, nullptr});
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(params_back[i], params[i] + 1.0f);
+        EXPECT_THROW(tier.read_span(span, {nullptr, m.data(), v.data()}), Error);
+        // Coded moments in and out, as a checkpoint of the run's kind carries them.
+        std::vector<float> whole(PackedMoments::padded_bytes(kind, count) / 4);
+        encode_moments(m.data(), v.data(), count,
+                       AdamWMoments::in_buffer(kind, whole.data(), count));
+        tier.write_span(span, {params.data(), nullptr, nullptr, whole.data()});
+        std::fill(packed.begin(), packed.end(), 0.0f);
+        tier.read_moments(span, packed.data());
+        std::vector<float> from_whole(expected.size());
+        copy_moments(AdamWMoments::in_buffer(kind, whole.data(), count).at(part.first),
+                     AdamWMoments::in_buffer(kind, from_whole.data(), part.count), part.count);
+        EXPECT_EQ(std::memcmp(packed.data(), from_whole.data(), expected.size() * 4), 0);
+      }
+      EXPECT_NE(tier.describe().find("this rank's part of their moments"), std::string::npos)
+          << tier.describe();
+    }
 }
 
 }  // namespace

@@ -37,6 +37,18 @@ bool any_on_disk(const ScheduleOptions& options) {
          options.update_sites.end();
 }
 
+// The ranks whose disk tier a run of `options` plans (one unless sharded): this process's where
+// the ranks are known; else (a plan of ZeRO-1: `layup memory --ranks N`) every rank, the plan
+// taking the largest, as host_moments does. Their records differ in their part of the moments.
+std::vector<int> planned_disk_ranks(const ScheduleOptions& options,
+                                    const std::optional<OptimizerShards>& shards) {
+  if (!shards) return {0};
+  if (options.ranks != nullptr) return {options.ranks->rank()};
+  std::vector<int> ranks(static_cast<size_t>(options.optimizer_shards));
+  for (size_t rank = 0; rank < ranks.size(); ++rank) ranks[rank] = static_cast<int>(rank);
+  return ranks;
+}
+
 // Before anything reads the sites span by span.
 void check_update_sites(const ParameterLayout& layout, const ScheduleOptions& options) {
   LAYUP_CHECK(options.update_sites.empty() || options.update_sites.size() == layout.spans().size(),
@@ -85,8 +97,38 @@ PackedSpans HostUpdatedModel::device_copy_spans(const ParameterLayout& layout,
 
 std::optional<OptimizerShards> HostUpdatedModel::host_shards(const ParameterLayout& layout,
                                                              const ScheduleOptions& options) {
-  if (options.optimizer_shards <= 1 || host_spans(layout, options).count == 0) return std::nullopt;
+  if (options.optimizer_shards <= 1 || cpu_spans(layout, options).count == 0) return std::nullopt;
   return optimizer_shards(layout, options.optimizer_shards);
+}
+
+size_t HostUpdatedModel::disk_bytes(const ParameterLayout& layout, const ScheduleOptions& options) {
+  if (!any_on_disk(options)) return 0;
+  const std::optional<OptimizerShards> shards = host_shards(layout, options);
+  size_t largest = 0;
+  for (const int rank : planned_disk_ranks(options, shards))
+    largest = std::max(largest, disk_state_bytes(DiskTier::records(
+                                    layout, options.update_sites, options.optimizer_state,
+                                    shards ? &*shards : nullptr, rank)));
+  return largest;
+}
+
+BufferList HostUpdatedModel::disk_staging(const ParameterLayout& layout,
+                                          const ScheduleOptions& options, DeviceKinds kinds) {
+  if (!any_on_disk(options)) return {};
+  const std::optional<OptimizerShards> shards = host_shards(layout, options);
+  const auto bytes_of = [](const BufferList& list) {
+    size_t bytes = 0;
+    for (const PlannedAllocation& buffer : list) bytes += buffer.bytes;
+    return bytes;
+  };
+  BufferList largest;
+  for (const int rank : planned_disk_ranks(options, shards)) {
+    BufferList staging =
+        DiskTier::buffers(layout, options.update_sites, static_cast<size_t>(options.disk_slots),
+                          kinds, options.optimizer_state, shards ? &*shards : nullptr, rank);
+    if (largest.empty() || bytes_of(staging) > bytes_of(largest)) largest = std::move(staging);
+  }
+  return largest;
 }
 
 PackedMoments HostUpdatedModel::host_moments(const ParameterLayout& layout,
@@ -174,10 +216,7 @@ HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layou
         "update, or a staged block's device AdamW)"};
   if (const PackedSpans summed = gradient_spans(layout, options); summed.count > 0)
     buffers.gradient = HostGradient::buffers(layout, summed, kinds);
-  if (any_on_disk(options))
-    buffers.disk_staging =
-        DiskTier::buffers(layout, options.update_sites, static_cast<size_t>(options.disk_slots),
-                          kinds, options.optimizer_state);
+  buffers.disk_staging = disk_staging(layout, options, kinds);
   buffers.device_staging = StagedTier::buffers(layout, options, kinds);
   return buffers;
 }
@@ -228,10 +267,6 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
   LAYUP_CHECK(ranks_ == nullptr || options.host_gradient || cpu_spans_.count == 0,
               "internal error: several ranks sum each span's gradient on the host, and this "
               "schedule keeps none there (ScheduleOptions::host_gradient)");
-  LAYUP_CHECK(ranks_ == nullptr || !any_on_disk(options),
-              "several ranks (mpirun) with blocks' state on disk (--offload-dir) are not "
-              "supported yet: each rank would need a disk tier of its own; keep the state on the "
-              "host or run one rank");
   LAYUP_CHECK(options.cpu_workers >= 0, "--cpu-workers must be at least 1 (got ",
               options.cpu_workers, ")");
   LAYUP_CHECK(!weights_in_place_ || cpu_spans_.count == layout.total_count(),
@@ -288,10 +323,12 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
   }
   if (StagedTier::any(options))
     staged_tier_ = std::make_unique<StagedTier>(*device_, layout_, options);
+  // Each rank keeps a tier and a file of its own (ZeRO-1: with its part of the moments).
   if (any_on_disk(options))
     disk_tier_ = std::make_unique<DiskTier>(
         *device_, layout_, options.update_sites, options.offload_dir,
-        static_cast<size_t>(options.disk_slots), options.optimizer_state);
+        static_cast<size_t>(options.disk_slots), options.optimizer_state,
+        shards_ ? &*shards_ : nullptr, ranks_ != nullptr ? ranks_->rank() : 0);
 }
 
 size_t HostUpdatedModel::host_at(size_t index) const {
@@ -338,7 +375,12 @@ void HostUpdatedModel::set_trace(TraceRecorder* recorder) {
 }
 
 void HostUpdatedModel::export_span(size_t index, const SpanState& out) const {
-  if (disk_tier_ && disk_tier_->holds(index)) return disk_tier_->read_span(index, out);
+  if (disk_tier_ && disk_tier_->holds(index)) {
+    if (!shards_) return disk_tier_->read_span(index, out);
+    // The whole weights from this rank's record, the moments part by part from their owners.
+    disk_tier_->read_span(index, {out.params, nullptr, nullptr});
+    return export_moment_parts(index, out);
+  }
   const size_t count = layout_.spans()[index].count;
   const size_t at = host_at(index);
   if (out.params) copy_in_parallel(out.params, host_params_.data() + at, count);
@@ -358,14 +400,17 @@ void HostUpdatedModel::export_moment_parts(size_t index, const SpanState& out) c
               "internal error: only rank 0 exports the optimizer state of a sharded run");
   const Span& span = layout_.spans()[index];
   const OptimizerStateKind kind = host_moments_.kind;
-  // Each rank's part decoded from its first element: this rank's from its buffer, the others'
-  // asked of their owners.
+  // Each rank's part decoded from its first element: this rank's from its buffer or its disk
+  // record, the others' asked of their owners.
   std::vector<float> received;
   for (int rank = 0; rank < rank_count(); ++rank) {
     const OptimizerShards::Part part = shards_->part(span, rank);
     if (part.count == 0) continue;
     float* packed = nullptr;
-    if (rank == 0) {
+    if (rank == 0 && disk_tier_ && disk_tier_->holds(index)) {
+      received = read_disk_moments(index);
+      packed = received.data();
+    } else if (rank == 0) {
       packed = host_moments_.base(host_moments_buffer_.data(), index);
     } else {
       received.resize(PackedMoments::padded_bytes(kind, part.count) / sizeof(float));
@@ -385,10 +430,24 @@ void HostUpdatedModel::export_moment_parts(size_t index, const SpanState& out) c
 }
 
 void HostUpdatedModel::send_moments(size_t index) const {
-  LAYUP_CHECK(shards_ && index < layout_.spans().size() && host_moments_.holds(index),
+  const bool on_disk = index < layout_.spans().size() && disk_tier_ && disk_tier_->holds(index);
+  LAYUP_CHECK(shards_ && index < layout_.spans().size() &&
+                  (host_moments_.holds(index) ||
+                   (on_disk && shards_->part(layout_.spans()[index], ranks_->rank()).count > 0)),
               "internal error: rank 0 asked for moments this rank does not own");
+  if (on_disk) {
+    const std::vector<float> packed = read_disk_moments(index);
+    return ranks_->send(packed.data(), packed.size(), 0);
+  }
   ranks_->send(host_moments_.base(host_moments_buffer_.data(), index), host_moments_.floats(index),
                0);
+}
+
+std::vector<float> HostUpdatedModel::read_disk_moments(size_t index) const {
+  const size_t count = disk_tier_->moment_count(index);
+  std::vector<float> packed(PackedMoments::padded_bytes(host_moments_.kind, count) / sizeof(float));
+  disk_tier_->read_moments(index, packed.data());
+  return packed;
 }
 
 void HostUpdatedModel::import_span(size_t index, const ConstSpanState& in) {
@@ -504,22 +563,45 @@ void HostUpdatedModel::update_span_part(size_t index, const float* grads, const 
                                         int trace_track) {
   LAYUP_CHECK(shards_, "internal error: a part's update without optimizer shards");
   const Span& span = layout_.spans()[index];
-  float* master = host_params_.data() + host_at(index);
+  // Where the state is: the host's (the whole master weights, this rank's part of the moments),
+  // or a disk span's staging slot, which holds the same.
+  std::optional<DiskTier::Lease> lease;
+  float* master = nullptr;
+  AdamWMoments moments;
+  if (disk_tier_ && disk_tier_->holds(index)) {
+    TraceSpan traced(trace_, trace_track, "read from disk", span.layer);
+    lease = disk_tier_->take(index);
+    master = lease->params;
+    moments = lease->moments;
+  } else {
+    master = host_params_.data() + host_at(index);
+    moments = host_moments_.in(host_moments_buffer_.data(), index);
+  }
   const OptimizerShards::Part part = shards_->part(span, ranks_->rank());
   if (part.count > 0) {
     TraceSpan traced(trace_, trace_track, trace_name(TaskKind::kAdamW, span.kind), span.layer);
     WorkerShares shares(*this, span);
+    // The part's moments are coded from its first element.
     host_adamw_->update_span_part(
         layout_, span, part.first, part.count,
-        AdamWStateBuffers::in_place(master + part.first, grads + part.first,
-                                    host_moments_.in(host_moments_buffer_.data(), index)),
-        adamw, shares.hook);
+        AdamWStateBuffers::in_place(master + part.first, grads + part.first, moments), adamw,
+        shares.hook);
   }
   {
     TraceSpan traced(trace_, trace_track, "all_gather_weights", span.layer);
     ranks_->all_gather(master, shards_->bounds_within(span.offset, span.offset + span.count));
   }
-  send_weights_now(index, master);
+  if (!lease) return send_weights_now(index, master);
+  // The write-back and the copy to the device only read the slot: they run side by side, and the
+  // slot is free once both are done.
+  const std::function<void()> slot_free = disk_tier_->put_back(*lease);
+  try {
+    send_weights_now(index, master);
+  } catch (...) {
+    slot_free();  // no copy reads the slot: the write-back may finish
+    throw;
+  }
+  slot_free();
 }
 
 void HostUpdatedModel::update_staged_span(size_t index, const float* grads,

@@ -119,11 +119,16 @@ class HostUpdatedModel {
   // The moments of host_spans in the run's optimizer state kind (ZeRO-1: this rank's part of each).
   static PackedMoments host_moments(const ParameterLayout& layout, const ScheduleOptions& options);
   // ZeRO-1 of the host's state (ScheduleOptions::optimizer_shards > 1 and some span updated on
-  // the host): each rank keeps the whole fp32 master weights (the device computes with them, and
-  // a gather of each span's new weights keeps them equal) and its part of every host span's
-  // moments.
+  // the host or on disk): each rank keeps the whole fp32 master weights (the device computes with
+  // them, and a gather of each span's new weights keeps them equal) and its part of every host
+  // span's moments; its disk tier likewise each disk span's whole master weights and its part of
+  // the moments.
   static std::optional<OptimizerShards> host_shards(const ParameterLayout& layout,
                                                     const ScheduleOptions& options);
+  // The bytes of the disk tier's file on this rank (0 without disk spans): with ZeRO-1 each rank's
+  // file holds every disk span's whole master weights and its part of their moments; where the
+  // rank is not known yet (a plan), the largest rank's.
+  static size_t disk_bytes(const ParameterLayout& layout, const ScheduleOptions& options);
   bool sharded() const { return shards_.has_value(); }
 
   // The weights the device computes with, span by span: its own copy; or the master weights in
@@ -180,7 +185,9 @@ class HostUpdatedModel {
   // ZeRO-1: AdamW on this rank's part of span `index` (in place, `grads` laid out like the span,
   // this rank's part summed over the ranks), then every rank's new weights gathered into the
   // master weights (MPI: the caller's thread is the only one calling the communicator) and sent
-  // to the device. Every rank calls it for the same spans in the same order.
+  // to the device. A disk span's state is taken into a staging slot for it and written back.
+  // Every rank calls it for the same spans in the same order (disk spans: the order given to
+  // DiskTier::expect).
   void update_span_part(size_t index, const float* grads, const AdamWStep& adamw, int trace_track);
   // ZeRO-1, a rank other than 0 (Schedule::serve_exports): its part of span `index`'s moments to
   // rank 0, which asked for them in export_span.
@@ -230,6 +237,12 @@ class HostUpdatedModel {
   void export_moment_parts(size_t index, const SpanState& out) const;
   // ZeRO-1's import: this rank's part of span `index`'s moments from the whole span's `in`.
   void import_moment_part(size_t index, const ConstSpanState& in);
+  // ZeRO-1: this rank's part of disk span `index`'s moments, packed (coded from its first
+  // element, as the host's parts are and send_moments sends them).
+  std::vector<float> read_disk_moments(size_t index) const;
+  // The disk tier's staging slots and store buffers on this rank (disk_bytes says why "this").
+  static BufferList disk_staging(const ParameterLayout& layout, const ScheduleOptions& options,
+                                 DeviceKinds kinds);
 
   const ParameterLayout layout_;
   std::unique_ptr<ModelBackend> backend_;

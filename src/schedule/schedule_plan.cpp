@@ -257,10 +257,16 @@ std::vector<std::string> schedule_notes(const MemoryPlanRequest& r,
         "layup keeps the optimizer state of blocks " +
         std::to_string(r.config.n_layer - disk_blocks) + "-" +
         std::to_string(r.config.n_layer - 1) + " in a file under " + r.offload_dir +
-        " (--optimizer-placement " + r.optimizer_placement.name() + "), " +
-        std::to_string(options.disk_slots) +
+        " (--optimizer-placement " + r.optimizer_placement.name() +
+        (options.optimizer_shards > 1
+             ? "; each rank a file of its own: their whole master weights and its part of their "
+               "moments, ZeRO-1"
+             : "") +
+        "), " + std::to_string(options.disk_slots) +
         " blocks' worth of host memory stage them: each step reads and writes " + record_bytes +
-        " bytes a parameter of them, which hides under the GPU's work only in steps long enough");
+        " bytes a parameter of them" +
+        (options.optimizer_shards > 1 ? " (of the moments, this rank's part only)" : "") +
+        ", which hides under the GPU's work only in steps long enough");
   if (options.accumulation == Accumulation::kLayerMajor && r.grad_accum > 1)
     notes.push_back(
         "micro-batches accumulate layer-major (--accumulate " + name_of(r.accumulation) +

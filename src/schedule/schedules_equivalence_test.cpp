@@ -1449,5 +1449,108 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
   }
 }
 
+// ZeRO-1 with blocks whose state is on disk (mpirun, as the case above): each rank's disk tier has
+// a file of its own (here in a folder of its own) holding its blocks' whole master weights and
+// its part of their moments, updated after the norm in layout order, read ahead in that order.
+// layup ends bitwise like one process taking every micro-batch, in fp32 and 8-bit state, with one
+// staging slot (every update reads its block again) and with as many as blocks, beside device-
+// and host-updated spans, with blocks cut between ranks; rank 0's export asks the other ranks for
+// the parts of their disk blocks' moments. With two micro-batches a rank (another order of
+// additions than one process's), like the same ranks keeping the whole state on the host.
+TEST(RanksEquivalence, BlocksOnDiskTrainLikeOneProcess) {
+  std::unique_ptr<Communicator> world = make_world_communicator();
+  if (world->size() < 2)
+    GTEST_SKIP() << "one process: mpirun -np 2 runs this (test_data_parallel.py)";
+  const int ranks = world->size();
+  test_files::TempDir dir;  // this rank's
+  const ParameterLayout layout(tiny_config());
+  const size_t spans = layout.spans().size();
+  std::vector<UpdateSite> blocks_1_and_2(spans, UpdateSite::kHost);
+  blocks_1_and_2[1 + 1] = blocks_1_and_2[1 + 2] = UpdateSite::kDisk;
+  std::vector<UpdateSite> every_block(spans, UpdateSite::kDisk);
+  every_block.front() = every_block.back() = UpdateSite::kHost;
+  // Blocks of four sum-of-squares chunks, which two and three ranks both cut inside a block.
+  const ModelConfig wide_blocks = gpt2_config(2, 2, 128, 16, 61);
+  std::vector<UpdateSite> wide_on_disk(ParameterLayout(wide_blocks).spans().size(),
+                                       UpdateSite::kDisk);
+  wide_on_disk.front() = wide_on_disk.back() = UpdateSite::kHost;
+  struct Case {
+    std::string name;
+    ScheduleOptions options;
+    int micro_batches_per_rank = 1;
+    ModelConfig config = tiny_config();
+  };
+  const ScheduleOptions on_disk = {.update_sites = blocks_1_and_2,
+                                   .offload_dir = dir.path(),
+                                   .disk_slots = 1,
+                                   .optimizer_shards = ranks};
+  ScheduleOptions on_disk_8bit = on_disk;
+  on_disk_8bit.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+  std::vector<Case> cases = {
+      {"blocks 1-2 on disk, 1 slot", on_disk},
+      {"blocks 1-2 on disk, 1 slot, 8-bit state", on_disk_8bit},
+      {"blocks 1-2 on disk, 1 slot, 2 micro-batches a rank", on_disk, 2},
+      {"blocks 1-2 on disk, 1 slot, 8-bit state, 2 micro-batches a rank", on_disk_8bit, 2},
+      {"every block on disk, 3 slots, master weights in place",
+       {.weights_in_place = true,
+        .update_sites = every_block,
+        .offload_dir = dir.path(),
+        .disk_slots = 3,
+        .optimizer_shards = ranks}},
+      {"blocks 0 and 2 on disk, block 1 and the head on the device",
+       {.update_sites = disk_device_disk(layout),
+        .offload_dir = dir.path(),
+        .disk_slots = 1,
+        .optimizer_shards = ranks}},
+      {"every block on disk, cut between ranks, 8-bit state",
+       {.update_sites = wide_on_disk,
+        .offload_dir = dir.path(),
+        .disk_slots = 1,
+        .optimizer_shards = ranks,
+        .optimizer_state = OptimizerStateKind::kBlockwise8Bit},
+       1,
+       wide_blocks},
+  };
+  const ClipPlan clip_plan = [](int step, std::span<const TokenBatch>) {
+    return step % 3 == 2 ? 0.0f : step % 3 == 0 ? 1e-3f : 1e6f;
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int per_rank = c.micro_batches_per_rank;
+    const Share share = {world->rank() * per_rank, per_rank, false};
+    ScheduleOptions ranked = c.options;
+    ranked.ranks = world.get();
+    TrainingRun one;
+    if (per_rank == 1) {
+      ScheduleOptions alone = c.options;
+      alone.optimizer_shards = 1;
+      one = train(with_options("layup", alone), ranks, clip_plan, c.config);
+    } else {
+      // Each rank's sum of its micro-batches, then the ranks': compared with the same ranks
+      // keeping the whole state on the host.
+      ScheduleOptions whole = ranked;
+      whole.optimizer_shards = 1;
+      for (UpdateSite& site : whole.update_sites)
+        if (site == UpdateSite::kDisk) site = UpdateSite::kHost;
+      one = train(with_options("layup", whole), ranks * per_rank, clip_plan, c.config, share);
+    }
+    TrainingRun mine = train(with_options("layup", ranked), ranks * per_rank, clip_plan, c.config,
+                             {share.first, share.taken, true});
+    EXPECT_NE(one.losses.front(), one.losses.back());
+    if (world->rank() > 0) mine.tensors = one.tensors;  // rank 0 has compared them
+    expect_same(one, mine, c.name);
+  }
+  // What each rank's tier keeps, and its file's name.
+  const ParameterLayout tiny(tiny_config());
+  ScheduleOptions ranked = on_disk;
+  ranked.ranks = world.get();
+  const std::unique_ptr<Schedule> schedule = with_options("layup", ranked)(
+      make_cpu_backend(tiny_config(), kBatch, kSeqLen), make_cpu_device(), tiny);
+  const std::string storage = schedule->storage_report();
+  EXPECT_NE(storage.find("this rank's part of their moments"), std::string::npos) << storage;
+  EXPECT_NE(storage.find("rank" + std::to_string(world->rank()) + "-"), std::string::npos)
+      << storage;
+}
+
 }  // namespace
 }  // namespace layup

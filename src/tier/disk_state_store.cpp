@@ -116,15 +116,20 @@ std::atomic<unsigned> next_file_number{0};
 
 // ---- layout and planning -----------------------------------------------------------------------
 
-DiskRecordLayout disk_record_layout(size_t count, OptimizerStateKind kind) {
+DiskRecordLayout disk_record_layout(size_t count, OptimizerStateKind kind,
+                                    std::optional<size_t> moment_count) {
   DiskRecordLayout layout;
   layout.count = count;
+  layout.moment_count = moment_count.value_or(count);
   layout.kind = kind;
   layout.part_floats = round_up(count * sizeof(float), kDiskAlignment) / sizeof(float);
   if (kind == OptimizerStateKind::kFp32) {
-    layout.bytes = 3 * layout.part_floats * sizeof(float);
+    layout.moment_part_floats =
+        round_up(layout.moment_count * sizeof(float), kDiskAlignment) / sizeof(float);
+    layout.bytes = (layout.part_floats + 2 * layout.moment_part_floats) * sizeof(float);
   } else {
-    layout.moment_bytes = round_up(optimizer_moments_bytes(kind, count), sizeof(float));
+    layout.moment_bytes =
+        round_up(optimizer_moments_bytes(kind, layout.moment_count), sizeof(float));
     layout.bytes =
         layout.part_floats * sizeof(float) + round_up(layout.moment_bytes, kDiskAlignment);
   }
@@ -133,8 +138,7 @@ DiskRecordLayout disk_record_layout(size_t count, OptimizerStateKind kind) {
 
 size_t disk_state_bytes(const std::vector<DiskRecord>& records) {
   size_t bytes = 0;
-  for (const DiskRecord& record : records)
-    bytes += disk_record_layout(record.count, record.kind).bytes;
+  for (const DiskRecord& record : records) bytes += disk_record_layout(record).bytes;
   return bytes;
 }
 
@@ -142,8 +146,7 @@ DiskStagingRing disk_staging_ring(const std::vector<DiskRecord>& records, size_t
   DiskStagingRing ring;
   ring.slots = slots;
   for (const DiskRecord& record : records)
-    ring.slot_bytes =
-        std::max(ring.slot_bytes, disk_record_layout(record.count, record.kind).bytes);
+    ring.slot_bytes = std::max(ring.slot_bytes, disk_record_layout(record).bytes);
   return ring;
 }
 
@@ -215,7 +218,10 @@ DiskStateStore::DiskStateStore(const std::string& dir, std::vector<DiskRecord> r
   for (size_t i = 0; i < records_.size(); ++i) {
     if (records_[i].name.empty()) records_[i].name = "record " + std::to_string(i);
     LAYUP_CHECK(records_[i].count > 0, "the disk tier's ", records_[i].name, " holds no floats");
-    layouts_.push_back(disk_record_layout(records_[i].count, records_[i].kind));
+    LAYUP_CHECK(records_[i].moments() <= records_[i].count, "the disk tier's ", records_[i].name,
+                " holds the moments of ", records_[i].moments(), " floats, more than its ",
+                records_[i].count);
+    layouts_.push_back(disk_record_layout(records_[i]));
     offsets_.push_back(file_bytes_);
     file_bytes_ += layouts_.back().bytes;
   }
@@ -239,8 +245,10 @@ DiskStateStore::DiskStateStore(const std::string& dir, std::vector<DiskRecord> r
   int fd = -1;
   bool opened_direct = false;
   for (int attempt = 0; fd < 0; ++attempt) {
-    path_ = (std::filesystem::path(dir_) / ("layup-optimizer-state-" + std::to_string(::getpid()) +
-                                            "-" + std::to_string(next_file_number++) + ".bin"))
+    const std::string tag = options_.file_tag.empty() ? "" : options_.file_tag + "-";
+    path_ = (std::filesystem::path(dir_) /
+             ("layup-optimizer-state-" + tag + std::to_string(::getpid()) + "-" +
+              std::to_string(next_file_number++) + ".bin"))
                 .string();
     const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
     opened_direct = options_.direct_io;

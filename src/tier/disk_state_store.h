@@ -4,7 +4,8 @@
 // Each span is one record: its params, m and v (fp32 moments), or its params and its moments in
 // a compact optimizer state kind (bf16 or 8bit, laid out as AdamWMoments::in_buffer lays them out
 // in one buffer), each part padded to 4096 bytes, one after the other in one 4096-aligned extent
-// of the file, so one read or write of a span is one sequential
+// of the file. The moments may be those of a run of the span's floats only (ZeRO-1: a rank's
+// part, DiskRecord::moment_count). One read or write of a span is one sequential
 // transfer that direct I/O (O_DIRECT) can do without the page cache. A transfer is cut into
 // chunks (4 MiB by default) that the I/O threads run in parallel, so one span's read keeps
 // several requests in the disk's queue. The whole file is reserved (fallocate) at construction:
@@ -27,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,36 +44,52 @@ constexpr size_t kDiskAlignment = 4096;
 
 // One span placed on disk.
 struct DiskRecord {
-  size_t count = 0;  // the span's floats; the record holds their params and moments
+  size_t count = 0;  // the span's floats; the record holds their params
   std::string name;  // for messages, e.g. "block 7" (default "record <index>")
   OptimizerStateKind kind = OptimizerStateKind::kFp32;  // how the moments are kept
+  // The floats whose moments the record holds, a run of the span's coded from its first element
+  // (ZeRO-1: this rank's part; it may be none); unset: all `count`.
+  std::optional<size_t> moment_count = std::nullopt;
+
+  size_t moments() const { return moment_count.value_or(count); }
 };
 
 // Where the parts sit in a record: in its extent of the file and, identically, in a staging
 // buffer that reads or writes it whole. Each part starts 4096-aligned: the params (count floats);
-// then fp32 moments as two parts, m and v (count floats each), or compact ones as one part,
-// laid out by AdamWMoments::in_buffer.
+// then fp32 moments as two parts, m and v (moment_count floats each), or compact ones as one
+// part, laid out by AdamWMoments::in_buffer for moment_count floats.
 struct DiskRecordLayout {
-  size_t count = 0;  // the span's floats
+  size_t count = 0;         // the span's floats
+  size_t moment_count = 0;  // the floats whose moments the record holds
   OptimizerStateKind kind = OptimizerStateKind::kFp32;
-  size_t part_floats = 0;   // the params part, start to end: count rounded up to 4096 bytes
+  size_t part_floats = 0;  // the params part, start to end: count rounded up to 4096 bytes
+  // fp32: each moment's part, start to end (moment_count rounded up to 4096 bytes); compact: 0.
+  size_t moment_part_floats = 0;
   size_t moment_bytes = 0;  // compact: the moments' bytes (a multiple of 4); fp32: 0
   size_t bytes = 0;         // the whole record
 
-  size_t params_offset() const { return 0; }           // in floats
-  size_t m_offset() const { return part_floats; }      // fp32: m; compact: the moments part
-  size_t v_offset() const { return 2 * part_floats; }  // fp32 only
+  size_t params_offset() const { return 0; }       // in floats
+  size_t m_offset() const { return part_floats; }  // fp32: m; compact: the moments part
+  size_t v_offset() const { return part_floats + moment_part_floats; }  // fp32 only
   // The parts in order: 3 (params, m, v) or 2 (params, moments); each one's offset in the record
   // and the bytes of data in it (the rest, up to the next part, is zero padding).
   size_t parts() const { return kind == OptimizerStateKind::kFp32 ? 3 : 2; }
-  size_t part_offset(size_t part) const { return part * part_floats * sizeof(float); }
+  size_t part_offset(size_t part) const {
+    return (part == 0 ? 0 : part_floats + (part - 1) * moment_part_floats) * sizeof(float);
+  }
   size_t part_data_bytes(size_t part) const {
-    return part == 0 || kind == OptimizerStateKind::kFp32 ? count * sizeof(float) : moment_bytes;
+    if (part == 0) return count * sizeof(float);
+    return kind == OptimizerStateKind::kFp32 ? moment_count * sizeof(float) : moment_bytes;
   }
 };
 
+// `moment_count` unset: the moments of every float.
 DiskRecordLayout disk_record_layout(size_t count,
-                                    OptimizerStateKind kind = OptimizerStateKind::kFp32);
+                                    OptimizerStateKind kind = OptimizerStateKind::kFp32,
+                                    std::optional<size_t> moment_count = std::nullopt);
+inline DiskRecordLayout disk_record_layout(const DiskRecord& record) {
+  return disk_record_layout(record.count, record.kind, record.moment_count);
+}
 
 // The bytes of the file that holds `records`.
 size_t disk_state_bytes(const std::vector<DiskRecord>& records);
@@ -107,6 +125,9 @@ struct DiskStateStoreOptions {
   int io_threads = 4;                    // I/O threads, each with one request in flight
   size_t chunk_bytes = size_t{4} << 20;  // the size of one request; a multiple of 4096
   bool direct_io = true;                 // false: buffered I/O even where O_DIRECT works
+  // A word in the file's name (several ranks: "rank1"), which tells the files of processes that
+  // share the directory apart in messages and in `lsof +L1`; the pid keeps the names apart anyway.
+  std::string file_tag;
   // For tests: called on the I/O thread before each request with its record, direction and
   // offset in the file; a non-zero errno fails the request as if the system call had.
   std::function<int(size_t record, DiskOp op, size_t file_offset)> fault_for_tests;

@@ -47,7 +47,7 @@ void fill_random(std::byte* data, size_t bytes, uint32_t seed) {
 }
 
 bool same_bytes(const std::byte* a, const std::byte* b, size_t bytes) {
-  return std::memcmp(a, b, bytes) == 0;
+  return bytes == 0 || std::memcmp(a, b, bytes) == 0;  // an empty vector's data may be null
 }
 
 // The files in `dir` (the store's file is unlinked, so there should be none).
@@ -231,6 +231,99 @@ TEST(DiskStateStore, CompactMomentsRoundTripAsOnePart) {
   }
 }
 
+// A record may hold the moments of fewer floats than its params (ZeRO-1: a rank keeps a span's
+// whole weights and its part of the moments, perhaps none): the moments' parts shrink to theirs,
+// each still 4096-aligned; unset, the moments are the params' count.
+TEST(DiskRecordLayout, MomentsOfAPartFollowWholeParams) {
+  const DiskRecordLayout fp32 = disk_record_layout(70001, OptimizerStateKind::kFp32, 1025);
+  EXPECT_EQ(fp32.count, 70001u);
+  EXPECT_EQ(fp32.moment_count, 1025u);
+  EXPECT_EQ(fp32.part_floats, disk_record_layout(70001).part_floats);
+  EXPECT_EQ(fp32.moment_part_floats, 2048u);  // 1025 floats, rounded up to 8192 bytes
+  EXPECT_EQ(fp32.v_offset(), fp32.m_offset() + 2048);
+  EXPECT_EQ(fp32.part_offset(2), fp32.v_offset() * sizeof(float));
+  EXPECT_EQ(fp32.part_data_bytes(0), 70001u * 4);
+  EXPECT_EQ(fp32.part_data_bytes(2), 1025u * 4);
+  EXPECT_EQ(fp32.bytes, (fp32.part_floats + 2 * 2048) * sizeof(float));
+  const DiskRecordLayout none = disk_record_layout(1024, OptimizerStateKind::kFp32, 0);
+  EXPECT_EQ(none.bytes, 4096u);  // the params alone
+  const DiskRecordLayout coded = disk_record_layout(70001, OptimizerStateKind::kBlockwise8Bit, 512);
+  EXPECT_EQ(coded.moment_bytes, optimizer_moments_padded_bytes(coded.kind, 512));
+  EXPECT_EQ(coded.bytes, coded.part_floats * sizeof(float) + 4096);
+  const DiskRecord whole{1025, "block 0"};
+  EXPECT_EQ(whole.moments(), 1025u);
+  EXPECT_EQ(disk_record_layout(whole).bytes, disk_record_layout(1025).bytes);
+  const std::vector<DiskRecord> parts = {{1025, "", OptimizerStateKind::kFp32, 10},
+                                         {70001, "", OptimizerStateKind::kFp32, 70001}};
+  EXPECT_EQ(disk_state_bytes(parts), disk_record_layout(1025, OptimizerStateKind::kFp32, 10).bytes +
+                                         disk_record_layout(70001).bytes);
+  EXPECT_EQ(disk_staging_ring(parts, 2).slot_bytes, disk_record_layout(70001).bytes);
+}
+
+TEST(DiskStateStore, ARecordWithFewerMomentsThanParamsRoundTrips) {
+  test_files::TempDir dir;
+  const OptimizerStateKind coded = OptimizerStateKind::kBlockwise8Bit;
+  DiskStateStore store(dir.path(),
+                       {{70001, "block 0", OptimizerStateKind::kFp32, 1025},
+                        {1025, "block 1", OptimizerStateKind::kFp32, 0},
+                        {70001, "block 2", coded, 768}},
+                       small_chunks());
+  EXPECT_EQ(store.record(0).moments(), 1025u);
+  EXPECT_THROW(DiskStateStore(dir.path(), {{10, "block 0", OptimizerStateKind::kFp32, 11}}),
+               Error);  // more moments than params
+  for (size_t r = 0; r < 3; ++r) {
+    SCOPED_TRACE("record " + std::to_string(r));
+    const DiskRecordLayout& layout = store.layout(r);
+    const bool fp32 = layout.kind == OptimizerStateKind::kFp32;
+    // fp32: m and v, each a part; compact: one part of their coded bytes.
+    std::vector<float> params(layout.count), m(fp32 ? layout.moment_count : 0),
+        v(fp32 ? layout.moment_count : 0);
+    std::vector<std::byte> moments(layout.moment_bytes);
+    fill_random(reinterpret_cast<std::byte*>(params.data()), params.size() * 4, 11);
+    fill_random(reinterpret_cast<std::byte*>(m.data()), m.size() * 4, 12);
+    fill_random(reinterpret_cast<std::byte*>(v.data()), v.size() * 4, 13);
+    fill_random(moments.data(), moments.size(), 14);
+    if (fp32)
+      store.write_parts(r, params.data(), m.data(), v.data());
+    else
+      store.write_parts(r, params.data(), moments.data());
+    std::vector<float> params_back(layout.count), m_back(m.size()), v_back(v.size());
+    std::vector<std::byte> moments_back(layout.moment_bytes);
+    if (fp32)
+      store.read_parts(r, params_back.data(), m_back.data(), v_back.data());
+    else
+      store.read_parts(r, params_back.data(), moments_back.data());
+    EXPECT_TRUE(same_bytes(reinterpret_cast<std::byte*>(params.data()),
+                           reinterpret_cast<std::byte*>(params_back.data()), params.size() * 4));
+    EXPECT_TRUE(same_bytes(reinterpret_cast<std::byte*>(m.data()),
+                           reinterpret_cast<std::byte*>(m_back.data()), m.size() * 4));
+    EXPECT_TRUE(same_bytes(reinterpret_cast<std::byte*>(v.data()),
+                           reinterpret_cast<std::byte*>(v_back.data()), v.size() * 4));
+    EXPECT_TRUE(same_bytes(moments.data(), moments_back.data(), moments.size()));
+    // The whole record, as a staging slot reads and writes it: each part where the layout says.
+    AlignedBuffer slot = aligned(layout.bytes);
+    store.read_now(r, slot.get());
+    const float* floats = reinterpret_cast<const float*>(slot.get());
+    EXPECT_TRUE(same_bytes(reinterpret_cast<const std::byte*>(floats + layout.params_offset()),
+                           reinterpret_cast<std::byte*>(params.data()), params.size() * 4));
+    if (fp32) {
+      EXPECT_TRUE(same_bytes(reinterpret_cast<const std::byte*>(floats + layout.m_offset()),
+                             reinterpret_cast<std::byte*>(m.data()), m.size() * 4));
+      EXPECT_TRUE(same_bytes(reinterpret_cast<const std::byte*>(floats + layout.v_offset()),
+                             reinterpret_cast<std::byte*>(v.data()), v.size() * 4));
+    } else {
+      EXPECT_TRUE(same_bytes(reinterpret_cast<const std::byte*>(floats + layout.m_offset()),
+                             moments.data(), moments.size()));
+    }
+    fill_random(slot.get(), layout.bytes, 15);
+    store.write_now(r, slot.get());
+    AlignedBuffer again = aligned(layout.bytes);
+    store.read_now(r, again.get());
+    EXPECT_TRUE(same_bytes(slot.get(), again.get(), layout.bytes));
+  }
+  EXPECT_EQ(store.file_bytes(), store.file_offset(2) + store.layout(2).bytes);
+}
+
 TEST(DiskStateStore, ConcurrentTransfersOfDifferentRecordsFromManyThreads) {
   test_files::TempDir dir;
   std::vector<DiskRecord> records;
@@ -294,6 +387,13 @@ TEST(DiskStateStore, TwoStoresInOneDirectoryHaveTheirOwnFiles) {
   DiskStateStore first(dir.path(), {{1000, ""}}, small_chunks());
   DiskStateStore second(dir.path(), {{1000, ""}}, small_chunks());
   EXPECT_NE(first.path(), second.path());
+  // Ranks sharing a directory name their files (each rank a process of its own, with its pid).
+  DiskStateStoreOptions tagged = small_chunks();
+  tagged.file_tag = "rank1";
+  DiskStateStore rank_one(dir.path(), {{1000, ""}}, tagged);
+  EXPECT_NE(rank_one.path().find("layup-optimizer-state-rank1-"), std::string::npos)
+      << rank_one.path();
+  EXPECT_NE(rank_one.describe().find("rank1"), std::string::npos);
 }
 
 TEST(DiskStateStore, ASecondTransferOfARecordInFlightAndAnUnalignedBufferAreRefused) {

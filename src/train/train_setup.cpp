@@ -170,11 +170,6 @@ RunRanks join_ranks(TrainOptions& options, const ResumePoint& resume) {
               " micro-batches do not split evenly over ", ranks.count,
               " ranks: give a multiple of the rank count (each rank takes --grad-accum / ranks of "
               "every step's micro-batches)");
-  LAYUP_CHECK(ranks.count == 1 || options.optimizer_placement.blocks_on_disk() == 0,
-              "several ranks (mpirun) with blocks' state on disk (--optimizer-placement ",
-              options.optimizer_placement.name(),
-              ") are not supported yet: each rank would need a disk tier of its own; keep the "
-              "state on the host or run one rank");
   // Every rank takes part in a checkpoint (the optimizer state may be split across them).
   ranks.take_part_in_checkpoints = options.checkpoints;
   if (!ranks.leader) {
