@@ -1417,7 +1417,7 @@ TEST(RanksEquivalence, EveryModeAndPlacementTrainsLikeOneProcess) {
        "layup",
        {.optimizer_shards = ranks},
        1,
-       gpt2_config(2, 2, 80, 16, 61)},
+       gpt2_config(2, 2, 128, 16, 61)},
   };
   const ClipPlan clip_plan = [](int step, std::span<const TokenBatch>) {
     return step % 3 == 2 ? 0.0f : step % 3 == 0 ? 1e-3f : 1e6f;
