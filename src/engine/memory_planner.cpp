@@ -183,11 +183,10 @@ MemoryPlanRequest resolve_streamed_blocks(MemoryPlanRequest request, const Memor
   if (request.mode == Mode::kGpu) return request;
   const RunMemory resident = plan_run_memory(request);
   if (fits(resident.plan, budgets)) return request;
-  // The blocks whose state the host keeps in memory may be streamed (WeightRing::streamed_spans).
+  // The blocks whose update the host runs may be streamed (WeightRing::streamed_spans).
   int host_blocks = 0;
   for (size_t index = 1; index + 1 < resident.step.spans.size(); ++index)
-    host_blocks += resident.step.spans[index].site == UpdateSite::kHost ||
-                   resident.step.spans[index].site == UpdateSite::kStaged;
+    host_blocks += resident.step.spans[index].site != UpdateSite::kDevice;
   for (int count = 1; count <= host_blocks; ++count) {
     streamed.count = count;
     if (device_side_fits(plan_memory(request), budgets)) return request;
@@ -237,6 +236,32 @@ MemoryPlanRequest resolve_blocks(MemoryPlanRequest request, const MemoryBudgets&
   return request;
 }
 
+// Whether `request`'s plan fits `budgets`; a choice the plan refuses does not.
+bool plan_fits(const MemoryPlanRequest& request, const MemoryBudgets& budgets) {
+  try {
+    return fits(plan_memory(request), budgets);
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// `streamed` (placement and streaming resolved, the device's side fitting) with its host's side
+// made to fit by moving the fewest host-updated blocks to disk, where `asked` lets the placement
+// use the disk; none where no count fits.
+std::optional<MemoryPlanRequest> with_fewest_disk_blocks(const MemoryPlanRequest& asked,
+                                                         MemoryPlanRequest streamed,
+                                                         const MemoryBudgets& budgets) {
+  OptimizerPlacement& placement = streamed.optimizer_placement;
+  if (!asked.optimizer_placement.automatic || streamed.offload_dir.empty() ||
+      placement.disk_blocks > 0 || placement.blocks_staged() > 0)
+    return std::nullopt;
+  for (int disk = 1; disk + placement.device_blocks <= streamed.config.n_layer; ++disk) {
+    placement.disk_blocks = disk;
+    if (plan_fits(streamed, budgets)) return streamed;
+  }
+  return std::nullopt;
+}
+
 // --optimizer-placement and --layup-head auto (resolve_optimizer_placement).
 MemoryPlanRequest resolve_placement_and_head(MemoryPlanRequest request,
                                              const MemoryBudgets& budgets) {
@@ -271,7 +296,15 @@ MemoryPlanRequest resolve_tiers(MemoryPlanRequest request, const MemoryBudgets& 
   host_head.layup_head = LayupHead::kHost;
   MemoryPlanRequest retried =
       resolve_streamed_blocks(resolve_placement_and_head(host_head, budgets), budgets);
-  return fits(plan_memory(retried), budgets) ? retried : resolved;
+  if (fits(plan_memory(retried), budgets)) return retried;
+  // The blocks' placement put none on disk where the device side did not fit before streaming:
+  // with the streamed count that fits the device, as few blocks on disk as the host needs (a
+  // streamed block on disk streams from a host copy of its weights alone).
+  for (MemoryPlanRequest streamed : {resolved, retried})
+    if (std::optional<MemoryPlanRequest> on_disk =
+            with_fewest_disk_blocks(request, streamed, budgets))
+      return *on_disk;
+  return resolved;
 }
 
 // The predicted step of `request`'s plan at `rates`, or none where the plan cannot be made (a
@@ -285,15 +318,6 @@ std::optional<double> predicted_step_s(const MemoryPlanRequest& request,
     return predict_step_time(step, rates).step_s;
   } catch (const Error&) {
     return std::nullopt;
-  }
-}
-
-// Whether `request`'s plan fits `budgets`; a choice the plan refuses does not.
-bool plan_fits(const MemoryPlanRequest& request, const MemoryBudgets& budgets) {
-  try {
-    return fits(plan_memory(request), budgets);
-  } catch (const Error&) {
-    return false;
   }
 }
 

@@ -28,6 +28,7 @@
 #include "schedule/random_step.h"
 #include "schedule/schedule.h"
 #include "schedule/schedule_plan.h"
+#include "schedule/weight_ring.h"
 #include "train/benchmark.h"
 
 namespace layup {
@@ -1088,6 +1089,37 @@ TEST(MemoryPlan, StreamedBlocksTradeTheirDeviceWeightsForARing) {
             std::string::npos);
   EXPECT_THROW(StreamedBlocks::parse("-1"), Error);
   EXPECT_THROW(StreamedBlocks::parse("some"), Error);
+}
+
+// A 24 GiB device beside a 64 GiB host (a workstation): Llama 3 8B streams its blocks to fit the
+// device, and the host cannot hold their state, so auto moves the fewest blocks to disk, streamed
+// from a host copy of their weights; without a --offload-dir the budget check refuses.
+TEST(MemoryPlan, AutoPutsStreamedBlocksOnDiskWhereTheHostIsShort) {
+  MemoryPlanRequest llama = llama_3_8b_on_a_24_gib_board(2);
+  llama.clip = 0.0f;
+  llama.offload_dir = "/tmp";
+  MemoryBudgets workstation;
+  workstation.device = size_t{45} << 29;  // what --device-budget 24G leaves a plan (22.5 GiB)
+  workstation.host = size_t{64} << 30;
+  const MemoryPlanRequest fitted = resolve_optimizer_placement(llama, workstation);
+  const int disk = fitted.optimizer_placement.blocks_on_disk();
+  EXPECT_GT(disk, 0);
+  EXPECT_LT(disk, 32);
+  EXPECT_GT(fitted.streamed_blocks.blocks(), 0);
+  EXPECT_EQ(refusal(plan_memory(fitted), workstation), "");
+  // The fewest: one block less on disk does not fit the host.
+  MemoryPlanRequest one_fewer = fitted;
+  one_fewer.optimizer_placement.disk_blocks = disk - 1;
+  EXPECT_NE(refusal(plan_memory(one_fewer), workstation), "");
+  // The streamed disk blocks fill from a bf16 copy of their weights on the host.
+  const RunMemory run = plan_run_memory(fitted);
+  const std::vector<char> streamed = WeightRing::streamed_spans(
+      ParameterLayout(fitted.config), run.schedule.update_sites, run.schedule.streamed_blocks);
+  EXPECT_EQ(run.schedule.update_sites[32], UpdateSite::kDisk);
+  EXPECT_TRUE(streamed[32]);
+  llama.offload_dir.clear();
+  EXPECT_EQ(resolve_optimizer_placement(llama, workstation).optimizer_placement.blocks_on_disk(),
+            0);
 }
 
 // With a calibration, --layup-head and --streamed-blocks auto take the plan predicted fastest of

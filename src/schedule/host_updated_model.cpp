@@ -82,6 +82,18 @@ PackedSpans HostUpdatedModel::gradient_spans(const ParameterLayout& layout,
   });
 }
 
+std::vector<char> HostUpdatedModel::stream_copy_spans(const ParameterLayout& layout,
+                                                      const ScheduleOptions& options) {
+  std::vector<char> copied =
+      WeightRing::streamed_spans(layout, options.update_sites, options.streamed_blocks);
+  // Without a bf16 copy of all of them, the fills read the master weights, which a disk span
+  // keeps only on disk: those get an fp32 copy.
+  if (!options.weights_land_in_compute_copy)
+    for (size_t index = 0; index < copied.size(); ++index)
+      copied[index] = copied[index] && site_of(options, index) == UpdateSite::kDisk;
+  return copied;
+}
+
 PackedSpans HostUpdatedModel::device_copy_spans(const ParameterLayout& layout,
                                                 const ScheduleOptions& options) {
   check_update_sites(layout, options);
@@ -208,12 +220,17 @@ HostUpdatedModel::Buffers HostUpdatedModel::buffers(const ParameterLayout& layou
         host_state(TensorClass::kOptimizerMoments, "spare AdamW m and v, " + kind);
   }
   buffers.ring = WeightRing::buffer(layout, options, kinds);
-  if (buffers.ring && options.weights_land_in_compute_copy)
+  const std::vector<char> copied = stream_copy_spans(layout, options);
+  const size_t copied_blocks = static_cast<size_t>(std::count(copied.begin(), copied.end(), 1));
+  const size_t element_bytes = WeightRing::element_bytes(options);
+  if (buffers.ring && copied_blocks > 0)
     buffers.stream_host = PlannedAllocation{
         MemorySide::kHost, TensorClass::kWeights, kinds.host_copy,
-        (static_cast<size_t>(options.streamed_blocks) * layout.block().count * 2 + 3) / 4 * 4,
-        "bf16 weights of the streamed blocks, the source of their fills (written by the host "
-        "update, or a staged block's device AdamW)"};
+        (copied_blocks * layout.block().count * element_bytes + 3) / 4 * 4,
+        std::string(element_bytes == 2 ? "bf16" : "fp32") + " weights of the streamed blocks" +
+            (options.weights_land_in_compute_copy ? "" : " on disk") +
+            ", the source of their fills (written by the host update, or a staged block's "
+            "device AdamW)"};
   if (const PackedSpans summed = gradient_spans(layout, options); summed.count > 0)
     buffers.gradient = HostGradient::buffers(layout, summed, kinds);
   buffers.disk_staging = disk_staging(layout, options, kinds);
@@ -310,12 +327,18 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
   if (listed.ring) ring_ = std::make_unique<WeightRing>(*device_, layout_, options);
   if (listed.stream_host) {
     stream_host_ = device_->allocate(*listed.stream_host);
-    stream_host_at_.assign(layout.spans().size(), 0);
+    stream_host_at_.assign(layout.spans().size(), kNoStreamCopy);
+    const std::vector<char> copied = stream_copy_spans(layout, options);
     size_t at = 0;
     for (size_t index = 0; index < layout.spans().size(); ++index) {
-      if (!ring_->streams(index)) continue;
+      if (!copied[index]) continue;
       stream_host_at_[index] = at;
       at += layout.spans()[index].count;
+    }
+  }
+  if (ring_ && weights_land_in_compute_copy_) {
+    for (size_t index = 0; index < layout.spans().size(); ++index) {
+      if (!ring_->streams(index)) continue;
       // The backend computes with the span's compute copy, which is its ring slot from now on.
       LAYUP_CHECK(backend_->place_compute_copy(index, ring_->slot(index)), "the ", backend_->name(),
                   " backend cannot compute a block from a ring slot");
@@ -510,16 +533,24 @@ void HostUpdatedModel::refresh_device_weights(size_t index) {
   send_weights_now(index, host_params_.data() + host_at(index));
 }
 
+bool HostUpdatedModel::has_stream_copy(size_t index) const {
+  return !stream_host_at_.empty() && stream_host_at_[index] != kNoStreamCopy;
+}
+
 const void* HostUpdatedModel::stream_source(size_t index) const {
-  if (stream_host_.data() != nullptr)
+  if (!has_stream_copy(index)) return host_params_.data() + host_at(index);
+  if (weights_land_in_compute_copy_)
     return reinterpret_cast<const uint16_t*>(stream_host_.data()) + stream_host_at_[index];
-  return host_params_.data() + host_at(index);
+  return stream_host_.data() + stream_host_at_[index];
 }
 
 void HostUpdatedModel::write_stream_copy(size_t index, const float* weights) {
-  if (stream_host_.data() == nullptr || !streams(index)) return;
-  uint16_t* out = reinterpret_cast<uint16_t*>(stream_host_.data()) + stream_host_at_[index];
+  if (!has_stream_copy(index)) return;
   const long count = static_cast<long>(layout_.spans()[index].count);
+  if (!weights_land_in_compute_copy_)
+    return copy_in_parallel(stream_host_.data() + stream_host_at_[index], weights,
+                            static_cast<size_t>(count));
+  uint16_t* out = reinterpret_cast<uint16_t*>(stream_host_.data()) + stream_host_at_[index];
 #pragma omp parallel for schedule(static)
   for (long i = 0; i < count; ++i) out[i] = bf16_from_float(weights[i]);
 }
@@ -628,7 +659,7 @@ void HostUpdatedModel::update_staged_span(size_t index, const float* grads,
                             ? backend_->compute_copy(index)
                             : nullptr;
   // (Without a bf16 copy of its own, a streamed block's fills read the master weights.)
-  if (streamed && stream_host_.data() != nullptr) {
+  if (streamed && has_stream_copy(index)) {
     update.stream_copy = reinterpret_cast<uint16_t*>(stream_host_.data()) + stream_host_at_[index];
     update.stream_element_bytes = sizeof(uint16_t);
   }

@@ -66,9 +66,9 @@ class HostUpdatedModel {
     if (staged_tier_) staged_tier_->wait_idle();
   }
   // The ring the streamed blocks compute from (null where none is streamed), and where a streamed
-  // span's fill reads its weights: the current fp32 master weights, or, where weights land in the
-  // bf16 compute copy, the streamed blocks' bf16 copy in pinned host memory, which the host
-  // update writes when the block's new weights are there (before it reports them landed).
+  // span's fill reads its weights: the current fp32 master weights, or a copy in pinned host
+  // memory (stream_copy_spans), which the host update writes when the block's new weights are
+  // there (before it reports them landed).
   WeightRing* weight_ring() const { return ring_.get(); }
   bool streams(size_t index) const { return ring_ && ring_->streams(index); }
   const void* stream_source(size_t index) const;
@@ -96,7 +96,7 @@ class HostUpdatedModel {
     std::optional<PlannedAllocation> weights, landing_staging;
     std::optional<PlannedAllocation> spare_master, spare_moments;  // speculative_clip
     std::optional<PlannedAllocation> ring;                         // streamed_blocks
-    // streamed_blocks where weights land in the bf16 compute copy: their bf16 copy on the host.
+    // The host copy the streamed blocks of stream_copy_spans fill from.
     std::optional<PlannedAllocation> stream_host;
     std::optional<HostGradient::Buffers> gradient;  // host_gradient
     BufferList disk_staging;    // the disk tier's slots (spans at UpdateSite::kDisk)
@@ -116,6 +116,11 @@ class HostUpdatedModel {
   static PackedSpans gradient_spans(const ParameterLayout& layout, const ScheduleOptions& options);
   static PackedSpans device_copy_spans(const ParameterLayout& layout,
                                        const ScheduleOptions& options);
+  // Per span whether it is streamed from a host copy of its own (in the ring's element type):
+  // every streamed span where weights land in the bf16 compute copy, else the streamed disk spans
+  // (the others' fills read their master weights).
+  static std::vector<char> stream_copy_spans(const ParameterLayout& layout,
+                                             const ScheduleOptions& options);
   // The moments of host_spans in the run's optimizer state kind (ZeRO-1: this rank's part of each).
   static PackedMoments host_moments(const ParameterLayout& layout, const ScheduleOptions& options);
   // ZeRO-1 of the host's state (ScheduleOptions::optimizer_shards > 1 and some span updated on
@@ -269,12 +274,14 @@ class HostUpdatedModel {
   std::unique_ptr<DiskTier> disk_tier_;
   std::unique_ptr<StagedTier> staged_tier_;
   std::unique_ptr<WeightRing> ring_;
-  // With weights landing in the compute copy: the streamed blocks' bf16 weights (pinned), what
-  // their fills read, block after block in layout order (stream_host_at_: a span's first element).
+  // The streamed spans' copy their fills read (stream_copy_spans; pinned), block after block in
+  // layout order (stream_host_at_: a span's first element, kNoStreamCopy for the others).
+  static constexpr size_t kNoStreamCopy = static_cast<size_t>(-1);
   DeviceBuffer stream_host_;
   std::vector<size_t> stream_host_at_;
-  // Writes span `index`'s bf16 copy on the host from its fp32 `weights` (rounded to nearest even,
-  // as the device's cast rounds), where it has one.
+  bool has_stream_copy(size_t index) const;
+  // Writes span `index`'s copy on the host from its fp32 `weights` (in bf16 rounded to nearest
+  // even, as the device's cast rounds), where it has one.
   void write_stream_copy(size_t index, const float* weights);
   TraceRecorder* trace_ = nullptr;
   int to_device_track_ = 0;         // "to device" in trace_

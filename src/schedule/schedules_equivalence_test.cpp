@@ -550,6 +550,8 @@ TEST(SchedulesEquivalence, StreamedWeightsTrainLikeResidentOnes) {
   std::vector<UpdateSite> tiers = head_on_device(layout);
   tiers[1 + 0] = UpdateSite::kDevice;
   tiers[1 + 2] = UpdateSite::kDisk;
+  std::vector<UpdateSite> every_block_on_disk(layout.spans().size(), UpdateSite::kDisk);
+  every_block_on_disk.front() = every_block_on_disk.back() = UpdateSite::kHost;
   const Accumulation mbm = Accumulation::kMicroBatchMajor, lm = Accumulation::kLayerMajor;
   const struct {
     const char* name;
@@ -596,11 +598,31 @@ TEST(SchedulesEquivalence, StreamedWeightsTrainLikeResidentOnes) {
        {.weights_in_place = true, .streamed_blocks = 2},
        2,
        false},
+      // A streamed block on disk fills from a host copy of its weights alone (the disk block
+      // streamed first, as the last the host updates).
       {"layup, a block on the device, one on disk",
        "layup",
        {.update_sites = tiers, .offload_dir = dir.path(), .disk_slots = 1, .streamed_blocks = 1},
        1,
        true},
+      {"layup, every block on disk, streamed, layer-major",
+       "layup",
+       {.update_sites = every_block_on_disk,
+        .offload_dir = dir.path(),
+        .disk_slots = 2,
+        .accumulation = lm,
+        .streamed_blocks = 3},
+       2,
+       true},
+      {"layup, every block on disk, two streamed, weights in place",
+       "layup",
+       {.weights_in_place = true,
+        .update_sites = every_block_on_disk,
+        .offload_dir = dir.path(),
+        .disk_slots = 1,
+        .streamed_blocks = 2},
+       1,
+       false},
   };
   std::map<std::pair<int, bool>, TrainingRun> gpu;
   for (const auto& [name, mode, options, micro_batches, clip] : runs) {

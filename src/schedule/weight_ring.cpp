@@ -18,16 +18,15 @@ std::vector<char> WeightRing::streamed_spans(const ParameterLayout& layout,
   LAYUP_CHECK(streamed_blocks >= 0, "--streamed-blocks must be 0 or more (got ", streamed_blocks,
               ")");
   if (streamed_blocks == 0) return streamed;
-  // The last blocks whose state the host keeps in memory (updated by the CPU or staged through
-  // the device): above the device-updated ones, below those on disk.
+  // The last blocks whose update the host runs (by the CPU, staged through the device, or from
+  // disk): above the device-updated ones; those on disk, the last, first.
   std::vector<size_t> host_blocks;
   for (size_t index = 1; index + 1 < layout.spans().size(); ++index)
-    if (sites.empty() || sites[index] == UpdateSite::kHost || sites[index] == UpdateSite::kStaged)
-      host_blocks.push_back(index);
+    if (sites.empty() || sites[index] != UpdateSite::kDevice) host_blocks.push_back(index);
   LAYUP_CHECK(static_cast<size_t>(streamed_blocks) <= host_blocks.size(), "--streamed-blocks ",
               streamed_blocks, " streams more blocks than the ", host_blocks.size(),
-              " whose optimizer state the host keeps in its memory (a block updated on the "
-              "device or on disk keeps its weights on the device); use --streamed-blocks ",
+              " whose update the host runs (a block updated on the device keeps its weights "
+              "there); use --streamed-blocks ",
               host_blocks.size(), " or fewer");
   for (size_t j = host_blocks.size() - streamed_blocks; j < host_blocks.size(); ++j)
     streamed[host_blocks[j]] = 1;

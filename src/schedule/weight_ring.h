@@ -26,9 +26,9 @@ class TraceRecorder;
 
 class WeightRing {
  public:
-  // Per span whether its weights are streamed: the last `streamed_blocks` blocks `sites` updates
-  // on the host (UpdateSite::kHost; empty `sites`: every span on the host). A device-updated
-  // block's AdamW writes its weights where they lie, and a disk block's come from its staging.
+  // Per span whether its weights are streamed: the last `streamed_blocks` blocks whose update the
+  // host runs (UpdateSite kHost, kStaged or kDisk; empty `sites`: every span on the host). A
+  // device-updated block's AdamW writes its weights where they lie.
   static std::vector<char> streamed_spans(const ParameterLayout& layout,
                                           const std::vector<UpdateSite>& sites,
                                           int streamed_blocks);
