@@ -7,7 +7,9 @@
 #   tests   the CUDA tests
 #   8b      Llama 3 8B, T=2048, B=2, 8-bit moments, clip 1.0 deferred, --device-budget 24G, at
 #           --grad-accum in ACCUMS (8 16: global batches of 16 and 32 x 2048 tokens)
-#   host64  the same at --grad-accum 8 with --host-budget 64G and the disk (--offload-dir)
+#   host64  the same at --grad-accum 8 with --host-budget 64G and the disk (--offload-dir), with
+#           clip 1.0 and --clip none (fewer blocks on disk: no whole gradient on the host),
+#           calibrated with the disk first
 #   13b     Llama 2 13B's shape, T=2048, B=2 x 8, 8-bit, --clip none, --device-budget 24G
 #   box     the largest GPT of BOX_LAYERS (96: 30.5B, H40 C5120, T=1024, B=16) on the whole box:
 #           141 GB GPU, the host, the disk; 8-bit moments, --clip none
@@ -63,8 +65,9 @@ run() {  # name, layup bench arguments...: `layup memory`, then the bench under 
   summary "$name" "$out/$name.json" | tee -a "$out/summary.txt"
 }
 
-llama8b=(--model llama-3-8b --batch 2 --seq-len 2048 --mode layup --recompute 3 --device-budget 24G
-  --clip 1.0 --layup-clip deferred --optimizer-state 8bit)
+llama8b_shape=(--model llama-3-8b --batch 2 --seq-len 2048 --mode layup --recompute 3
+  --device-budget 24G --optimizer-state 8bit)
+llama8b=("${llama8b_shape[@]}" --clip 1.0 --layup-clip deferred)
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv,noheader
 "$layup" --version
@@ -77,7 +80,7 @@ for phase in ${PHASES:-tests}; do
       grep -E "FAILED|Failure" "$out/cuda_tests.log" | head -n 30
       ;;
     8b | host64 | trace8b)
-      [ -f "$out/calibrate-8b.txt" ] ||
+      [ -f "$out/calibrate-8b.txt" ] || [ "$phase" = host64 ] ||
         "$layup" calibrate --model llama-3-8b --batch 2 --seq-len 2048 --recompute 3 \
           > "$out/calibrate-8b.txt" 2>&1 || echo "calibrate 8b: exit $?"
       case $phase in
@@ -86,8 +89,16 @@ for phase in ${PHASES:-tests}; do
             done ;;
         host64)
           mkdir -p "$offload"
-          run 8b-host64 "${llama8b[@]}" --grad-accum 8 --host-budget 64G --offload-dir "$offload" \
-            --steps "$steps" --warmup 1
+          "$layup" calibrate --model llama-3-8b --batch 2 --seq-len 2048 --recompute 3 \
+            --offload-dir "$offload" > "$out/calibrate-8b-disk.txt" 2>&1 ||
+            echo "calibrate 8b with the disk: exit $?"
+          for clip in none 1.0; do
+            clipping=(--clip "$clip")
+            [ "$clip" = none ] || clipping+=(--layup-clip deferred)
+            run "8b-host64-clip-$clip" "${llama8b_shape[@]}" "${clipping[@]}" --grad-accum 8 \
+              --host-budget 64G --offload-dir "$offload" --steps "$steps" --warmup 1
+            rm -rf "${offload:?}"/*
+          done
           rm -rf "$offload" ;;
         trace8b)
           "$layup" bench "${llama8b[@]}" --grad-accum 8 --steps 1 --warmup 1 \

@@ -154,14 +154,17 @@ TEST(DiskTier, EachRankKeepsTheWholeWeightsAndItsPartOfTheMoments) {
                        AdamWMoments::in_buffer(kind, expected.data(), part.count));
         std::vector<float> packed(expected.size());
         tier.read_moments(span, packed.data());
-        EXPECT_EQ(std::memcmp(packed.data(), expected.data(), expected.size() * 4), 0);
+        // (A rank whose part of the span is empty compares no bytes: memcmp of null is undefined.)
+        EXPECT_TRUE(expected.empty() ||
+                    std::memcmp(packed.data(), expected.data(), expected.size() * 4) == 0);
 
         const DiskTier::Lease lease = tier.take(span);
         EXPECT_EQ(std::memcmp(lease.params, params.data(), count * 4), 0);
         std::vector<float> leased(expected.size());
         copy_moments(lease.moments, AdamWMoments::in_buffer(kind, leased.data(), part.count),
                      part.count);
-        EXPECT_EQ(std::memcmp(leased.data(), expected.data(), expected.size() * 4), 0);
+        EXPECT_TRUE(expected.empty() ||
+                    std::memcmp(leased.data(), expected.data(), expected.size() * 4) == 0);
         for (size_t i = 0; i < count; ++i) lease.params[i] += 1.0f;
         tier.put_back(lease)();
         std::vector<float> params_back(count);
@@ -178,7 +181,8 @@ TEST(DiskTier, EachRankKeepsTheWholeWeightsAndItsPartOfTheMoments) {
         std::vector<float> from_whole(expected.size());
         copy_moments(AdamWMoments::in_buffer(kind, whole.data(), count).at(part.first),
                      AdamWMoments::in_buffer(kind, from_whole.data(), part.count), part.count);
-        EXPECT_EQ(std::memcmp(packed.data(), from_whole.data(), expected.size() * 4), 0);
+        EXPECT_TRUE(expected.empty() ||
+                    std::memcmp(packed.data(), from_whole.data(), expected.size() * 4) == 0);
       }
       EXPECT_NE(tier.describe().find("this rank's part of their moments"), std::string::npos)
           << tier.describe();
