@@ -53,12 +53,14 @@ BufferList process_buffers(const MemoryPlanRequest& r, const ParameterLayout& la
   const bool cuda = r.device == DeviceKind::kCuda;
   size_t largest_span = 0;
   for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
-  // Compact moments are coded or decoded on the host on their way in or out, beside the span's
-  // fp32 values.
+  // fp32: the span's params, m and v. A compact kind's moments travel coded, as the run keeps
+  // them (fresh zeros, checkpoints, resumes): the params, the coded span, and a rank's or a
+  // tier's coded copy of it on the way.
+  const OptimizerStateKind kind = r.optimizer_state;
   const size_t span_bytes =
-      3 * largest_span * f + (r.optimizer_state == OptimizerStateKind::kFp32
-                                  ? 0
-                                  : optimizer_moments_bytes(r.optimizer_state, largest_span) + f);
+      kind == OptimizerStateKind::kFp32
+          ? 3 * largest_span * f
+          : largest_span * f + 2 * optimizer_moments_padded_bytes(kind, largest_span);
   BufferList list;
   if (r.streams_checkpoints)
     list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/run_choices.h"
 #include "model/init.h"
 #include "optim/host_adamw.h"
 #include "schedule/mode_schedules.h"
@@ -58,10 +59,18 @@ void Schedule::initialize_fresh(uint64_t seed,
   size_t largest = 0;
   for (const Span& span : layout().spans()) largest = std::max(largest, span.count);
   std::vector<float> params(largest);
-  const std::vector<float> zeros(largest, 0.0f);
+  // Fresh moments are zero, and all-zero bytes are the zero state of every kind
+  // (optim/adamw_moments.h): a compact kind's go in coded, in its own bytes, not fp32 m and v.
+  const OptimizerStateKind kind = optimizer_state();
+  const bool fp32 = kind == OptimizerStateKind::kFp32;
+  const std::vector<float> zeros(
+      fp32 ? largest : optimizer_moments_padded_bytes(kind, largest) / sizeof(float), 0.0f);
   for (size_t index = 0; index < layout().spans().size(); ++index) {
     init_span_parameters(layout(), index, params.data(), seed);
-    import_span(index, {params.data(), zeros.data(), zeros.data()});
+    if (fp32)
+      import_span(index, {params.data(), zeros.data(), zeros.data()});
+    else
+      import_span(index, {params.data(), nullptr, nullptr, zeros.data()});
     if (spans_done) spans_done(index + 1, layout().spans().size());
   }
 }
