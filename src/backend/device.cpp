@@ -67,8 +67,8 @@ std::unique_ptr<DeviceCollectives> Device::join_collectives(const std::vector<ui
 void Device::adamw_update_span_part(const ParameterLayout&, const Span&, size_t, size_t, float*,
                                     const float*, float*, float*, const AdamWStep&) {
   fail("the ", name(),
-       " device cannot update part of a span: the optimizer state is sharded "
-       "across ranks on the CPU backend only for now");
+       " device cannot update part of a span, which ZeRO-1 (the optimizer state sharded "
+       "across ranks) needs");
 }
 
 void Device::adamw_update_span_state(const ParameterLayout& layout, const Span& span, float* params,

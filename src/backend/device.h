@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,11 @@ class DeviceCollectives {
   virtual std::shared_ptr<const DeviceFence> start_sum_in_rank_order(Device& device,
                                                                      const DeviceFence& after,
                                                                      float* data, size_t count);
+  // ZeRO-1 (docs/parallel.md) in device memory: Communicator::reduce_scatter_in_rank_order's and
+  // all_gather's bits (rank r owns [bounds[r], bounds[r + 1]) of `data`), ordered with the
+  // device's other work both ways.
+  virtual void reduce_scatter_in_rank_order(float* data, std::span<const size_t> bounds) = 0;
+  virtual void all_gather(float* data, std::span<const size_t> bounds) = 0;
 };
 
 class Device {
@@ -195,6 +201,12 @@ class Device {
   // call has passed. A schedule takes a gradient's norm where the gradient lies, so the host does
   // not read it a second time for that.
   virtual void start_sum_of_squares(const float* x, size_t count, double* result) = 0;
+  // The sums of squares of chunks [first_chunk, end_chunk) of `x` (device memory, `count`
+  // elements) into chunk_sums[first_chunk, end_chunk) on the host, after the work issued before:
+  // optim/grad_norm.h's chunks (ZeRO-1's norm, each rank its shard's). The CPU's bits there; a
+  // GPU groups each chunk's additions its own way.
+  virtual void chunk_sums_of_squares(const float* x, size_t count, size_t first_chunk,
+                                     size_t end_chunk, double* chunk_sums) = 0;
 
   // AdamW on one span, weight decay per tensor as the layout says (see optim/adamw.h).
   // bf16_weights, when not null, is device memory laid out like the span in bfloat16 (16 bits

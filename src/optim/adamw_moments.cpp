@@ -205,7 +205,9 @@ void copy_moments(const AdamWMoments& from, const AdamWMoments& to, size_t count
   LAYUP_CHECK(from.kind == to.kind, "internal error: ", name_of(from.kind), " moments copied into ",
               name_of(to.kind), " ones");
   const std::vector<MomentArray> in = moment_arrays(from, count), out = moment_arrays(to, count);
-  for (size_t a = 0; a < in.size(); ++a) std::memmove(out[a].data, in[a].data, in[a].bytes);
+  // (An empty part's arrays may be null, which memmove may not be given even for 0 bytes.)
+  for (size_t a = 0; a < in.size(); ++a)
+    if (in[a].bytes > 0) std::memmove(out[a].data, in[a].data, in[a].bytes);
 }
 
 std::vector<MomentArray> moment_arrays(const AdamWMoments& moments, size_t count) {

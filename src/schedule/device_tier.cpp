@@ -140,9 +140,9 @@ DeviceTier::DeviceTier(Device& device, const ParameterLayout& layout,
     LAYUP_CHECK(options.optimizer_shards == rank_count(),
                 "internal error: the run was planned for ", options.optimizer_shards, " ranks but ",
                 rank_count(), " run it");
-    // The collectives read and write device memory through the communicator.
-    LAYUP_CHECK(device.kinds().own == MemoryKind::kHost,
-                "ZeRO-1 (the moments split across the ranks) runs on the CPU backend only for now");
+    // The gradient's and the weights' collectives in device memory (MPI where that is the host's,
+    // NCCL on GPUs).
+    collectives_ = join_device_collectives(device, *ranks_);
     LAYUP_CHECK(!options.weights_land_in_compute_copy,
                 "ZeRO-1 gathers the fp32 weights, and with weights landing in the compute copy "
                 "the device computes with the bf16 copy the gather would not write");
@@ -216,8 +216,8 @@ std::shared_ptr<const DeviceFence> DeviceTier::start_sum_over_ranks(size_t index
 void DeviceTier::reduce_scatter(size_t index) {
   LAYUP_CHECK(sharded(), "internal error: a reduce-scatter without optimizer shards");
   const Span& span = layout_.spans()[index];
-  ranks_->reduce_scatter_in_rank_order(gradient(index),
-                                       bounds_within(span.offset, span.offset + span.count));
+  collectives_->reduce_scatter_in_rank_order(gradient(index),
+                                             bounds_within(span.offset, span.offset + span.count));
 }
 
 void DeviceTier::sums_of_squares_of_parts(std::vector<double>& span_sum_sq, TraceRecorder* trace,
@@ -233,8 +233,8 @@ void DeviceTier::sums_of_squares_of_parts(std::vector<double>& span_sum_sq, Trac
     const size_t first = shards.span_chunks[index], end = shards.span_chunks[index + 1];
     const size_t from = std::max(first, mine_begin), to = std::min(end, mine_end);
     if (from < to)
-      chunk_sums_of_squares(gradient(index), span.count, from - first, to - first,
-                            chunk_sums.data() + first);
+      device_.chunk_sums_of_squares(gradient(index), span.count, from - first, to - first,
+                                    chunk_sums.data() + first);
   }
   ranks_->all_gather(chunk_sums.data(), shards.chunk_bounds);
   for (const size_t index : spans_)
@@ -268,7 +268,7 @@ bool DeviceTier::update(const AdamWStep& adamw, const std::vector<float*>& weigh
   TraceSpan traced(trace, track, "all_gather_weights");
   for_each_run([&weights](size_t index) { return weights[index]; },
                [&](float* data, size_t begin, size_t end) {
-                 ranks_->all_gather(data, bounds_within(begin, end));
+                 collectives_->all_gather(data, bounds_within(begin, end));
                });
   return false;
 }

@@ -127,6 +127,7 @@ class DeviceTier {
   const Buffers buffers_;
   Communicator* const ranks_;  // several ranks; else null
   const std::optional<OptimizerShards> shards_;
+  std::unique_ptr<DeviceCollectives> collectives_;  // ZeRO-1: its collectives in device memory
   const PackedMoments moments_;  // where each device-updated span's moments lie in moments_buffer_
   std::vector<size_t> spans_;
   std::vector<size_t> at_;        // per span: its place among the device-updated, or kNotHere

@@ -59,6 +59,10 @@ class ForwardingDevice : public Device {
   double sum_of_squares(const float* x, size_t count) override {
     return inner_->sum_of_squares(x, count);
   }
+  void chunk_sums_of_squares(const float* x, size_t count, size_t first_chunk, size_t end_chunk,
+                             double* chunk_sums) override {
+    inner_->chunk_sums_of_squares(x, count, first_chunk, end_chunk, chunk_sums);
+  }
   void start_sum_of_squares(const float* x, size_t count, double* result) override {
     inner_->start_sum_of_squares(x, count, result);
   }

@@ -90,6 +90,12 @@ class HostMemoryCollectives final : public DeviceCollectives {
   void sum_in_rank_order(float* data, size_t count) override {
     ranks_.sum_in_rank_order(data, count);
   }
+  void reduce_scatter_in_rank_order(float* data, std::span<const size_t> bounds) override {
+    ranks_.reduce_scatter_in_rank_order(data, bounds);
+  }
+  void all_gather(float* data, std::span<const size_t> bounds) override {
+    ranks_.all_gather(data, bounds);
+  }
 
  private:
   Communicator& ranks_;

@@ -226,8 +226,9 @@ struct ScheduleOptions {
   // sums the step plan lists; `ranks`, where given, decides.
   int planned_ranks = 1;
   // The ranks the moments of the device-updated spans (gpu mode: every span) are split across
-  // (ZeRO-1: each rank keeps and updates its part of each, schedule/optimizer_shards.h; the CPU
-  // backend only); 1: every rank keeps them whole. The count is known when the run is planned,
+  // and of the host-updated ones (ZeRO-1: each rank keeps and updates its part of each,
+  // schedule/optimizer_shards.h; every mode on the CPU backend, gpu mode on GPUs); 1: every rank
+  // keeps them whole. The count is known when the run is planned,
   // the communicator only when it is built: both must agree.
   int optimizer_shards = 1;
   // How AdamW keeps its moments in every mode and tier (--optimizer-state;

@@ -65,6 +65,11 @@ class CpuDevice final : public Device {
     return layup::sum_of_squares(x, count);
   }
   // The host's work is done when its calls return, so the sum is there at once.
+  void chunk_sums_of_squares(const float* x, size_t count, size_t first_chunk, size_t end_chunk,
+                             double* chunk_sums) override {
+    layup::chunk_sums_of_squares(x, count, first_chunk, end_chunk, chunk_sums);
+  }
+
   void start_sum_of_squares(const float* x, size_t count, double* result) override {
     *result = layup::sum_of_squares(x, count);
   }

@@ -18,6 +18,7 @@
 #include "backend/cuda/ops/cast.cuh"
 #include "backend/cuda/ops/common.cuh"
 #include "optim/adamw_simd.h"
+#include "optim/grad_norm.h"
 
 namespace layup {
 namespace {
@@ -74,6 +75,27 @@ __global__ void __launch_bounds__(kSumBlocks)
   double total = 0.0;
   for (int b = 0; b < kSumBlocks; ++b) total += loaded[b];
   *result = total;
+}
+
+// One block a chunk (optim/grad_norm.h's kSumOfSquaresChunk elements): chunk first_chunk +
+// blockIdx.x of x summed in double into sums[blockIdx.x], each warp's lanes then its warps in
+// order.
+__global__ void __launch_bounds__(kSumThreads)
+    chunk_sums_kernel(double* sums, const float* x, size_t count, size_t first_chunk) {
+  const size_t begin = (first_chunk + blockIdx.x) * kSumOfSquaresChunk;
+  const size_t end = begin + kSumOfSquaresChunk < count ? begin + kSumOfSquaresChunk : count;
+  double sum = 0.0;
+  for (size_t i = begin + threadIdx.x; i < end; i += kSumThreads)
+    sum += static_cast<double>(x[i]) * x[i];
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  __shared__ double warp_sums[kSumThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
+    sums[blockIdx.x] = total;
+  }
 }
 
 // ---- AdamW ------------------------------------------------------------------------------------
@@ -326,6 +348,25 @@ class CudaDevice final : public Device {
     double total = 0.0;
     LAYUP_CUDA_CHECK(cudaMemcpy(&total, partials_, sizeof(double), cudaMemcpyDeviceToHost));
     return total;
+  }
+
+  void chunk_sums_of_squares(const float* x, size_t count, size_t first_chunk, size_t end_chunk,
+                             double* chunk_sums) override {
+    if (end_chunk <= first_chunk) return;
+    const size_t chunks = end_chunk - first_chunk;
+    // A few KiB even at the largest span (8,000 chunks at 525M elements): allocated a call.
+    double* sums = nullptr;
+    LAYUP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&sums), chunks * sizeof(double),
+                                     cudaStreamLegacy));
+    chunk_sums_kernel<<<static_cast<unsigned>(chunks), kSumThreads, 0, cudaStreamLegacy>>>(
+        sums, x, count, first_chunk);
+    LAYUP_CUDA_CHECK_LAUNCH();
+    const cudaError_t copied =
+        cudaMemcpyAsync(chunk_sums + first_chunk, sums, chunks * sizeof(double),
+                        cudaMemcpyDeviceToHost, cudaStreamLegacy);
+    cudaFreeAsync(sums, cudaStreamLegacy);
+    LAYUP_CUDA_CHECK(copied);
+    LAYUP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   }
 
   void start_sum_of_squares(const float* x, size_t count, double* result) override {

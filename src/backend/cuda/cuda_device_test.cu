@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/ops/gradient_check.h"
@@ -73,6 +74,32 @@ TEST(CudaDevice, SumOfSquaresMatchesCpuAndIsReproducible) {
       device->wait_for(*device->fence());
       EXPECT_EQ(std::memcmp(&gpu, started, sizeof(double)), 0)
           << "started: " << *started << ", at once: " << gpu;
+    }
+  }
+}
+
+// ZeRO-1's norm: the sums of a range of chunks, each near the CPU's (its own grouping inside a
+// chunk), written to their places and nowhere else; a short last chunk; an empty range.
+TEST(CudaDevice, ChunkSumsOfSquaresMatchTheCpusChunks) {
+  LAYUP_REQUIRE_GPU();
+  std::unique_ptr<Device> device = make_cuda_device();
+  const size_t count = 5 * kSumOfSquaresChunk + 1234;
+  const size_t chunks = sum_of_squares_chunks(count);
+  Rng rng(11);
+  const std::vector<float> values = random_vector(rng, count, 0.01f);
+  DeviceBuffer buffer = device->allocate(count, TensorClass::kScratch);
+  device->copy_to_device(buffer.data(), values.data(), count);
+  std::vector<double> cpu(chunks, 0.0);
+  chunk_sums_of_squares(values.data(), count, 0, chunks, cpu.data());
+  for (const auto& [first, end] :
+       {std::pair<size_t, size_t>{0, chunks}, {2, chunks}, {1, 3}, {4, 4}}) {
+    std::vector<double> gpu(chunks, -1.0);
+    device->chunk_sums_of_squares(buffer.data(), count, first, end, gpu.data());
+    for (size_t c = 0; c < chunks; ++c) {
+      if (c < first || c >= end)
+        EXPECT_EQ(gpu[c], -1.0) << "chunk " << c << " of [" << first << ", " << end << ")";
+      else
+        EXPECT_NEAR(gpu[c], cpu[c], 1e-12 * cpu[c]) << "chunk " << c;
     }
   }
 }

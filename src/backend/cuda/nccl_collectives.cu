@@ -1,11 +1,13 @@
-// NcclCollectives: sum_in_rank_order as Communicator's MPI version does it, in device memory, on
-// a communication stream of its own: a sum waits there for its fence (the end of the backward that
-// wrote the gradient) and runs beside the compute issued after it.
+// NcclCollectives: sum_in_rank_order, and ZeRO-1's reduce-scatter and all-gather, as
+// Communicator's MPI versions do them, in device memory, on a communication stream of its own: a
+// sum waits there for its fence (the end of the backward that wrote the gradient) and runs beside
+// the compute issued after it.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <span>
 
 #include "backend/cuda/cuda_backend_buffers.h"
 #include "backend/cuda/cuda_check.h"
@@ -63,7 +65,78 @@ class NcclCollectives final : public DeviceCollectives {
     return std::make_shared<CudaFence>(stream_);
   }
 
+  // Every rank's copy of this rank's shard, received in rounds of at most kNcclRoundFloats / N
+  // floats of each, added from +0 in rank order into the shard; the rest of `data` untouched.
+  void reduce_scatter_in_rank_order(float* data, std::span<const size_t> bounds) override {
+    check_bounds(bounds);
+    wait_for_device();
+    const size_t stride = kNcclRoundFloats / ranks_;
+    const auto length = [&](int r) { return bounds[r + 1] - bounds[r]; };
+    size_t longest = 0;
+    for (int r = 0; r < ranks_; ++r) longest = std::max(longest, length(r));
+    // Round j: the elements [j stride, (j + 1) stride) of every rank's shard.
+    for (size_t first = 0; first < longest; first += stride) {
+      const auto piece = [&](int r) {
+        return length(r) > first ? std::min(stride, length(r) - first) : size_t{0};
+      };
+      const size_t mine = piece(rank_);
+      nccl_.check(nccl_.group_start(), "ncclGroupStart");
+      for (int r = 0; r < ranks_; ++r) {
+        if (piece(r) > 0)
+          nccl_.check(
+              nccl_.send(data + bounds[r] + first, piece(r), nccl::kFloat32, r, comm_, stream_),
+              "ncclSend");
+        if (mine > 0)
+          nccl_.check(
+              nccl_.recv(received_.data() + r * stride, mine, nccl::kFloat32, r, comm_, stream_),
+              "ncclRecv");
+      }
+      nccl_.check(nccl_.group_end(), "ncclGroupEnd");
+      if (mine > 0) {
+        const int threads = 256;
+        const int blocks = static_cast<int>(std::min<size_t>((mine + threads - 1) / threads, 4096));
+        add_in_rank_order<<<blocks, threads, 0, stream_>>>(data + bounds[rank_] + first,
+                                                           received_.data(), ranks_, stride, mine);
+        LAYUP_CUDA_CHECK_LAUNCH();
+      }
+    }
+    order_device_after();
+  }
+
+  // This rank's shard to every other rank, theirs into `data` where they lie.
+  void all_gather(float* data, std::span<const size_t> bounds) override {
+    check_bounds(bounds);
+    wait_for_device();
+    const size_t mine = bounds[rank_ + 1] - bounds[rank_];
+    nccl_.check(nccl_.group_start(), "ncclGroupStart");
+    for (int r = 0; r < ranks_; ++r) {
+      if (r == rank_) continue;
+      if (mine > 0)
+        nccl_.check(nccl_.send(data + bounds[rank_], mine, nccl::kFloat32, r, comm_, stream_),
+                    "ncclSend");
+      if (bounds[r + 1] > bounds[r])
+        nccl_.check(nccl_.recv(data + bounds[r], bounds[r + 1] - bounds[r], nccl::kFloat32, r,
+                               comm_, stream_),
+                    "ncclRecv");
+    }
+    nccl_.check(nccl_.group_end(), "ncclGroupEnd");
+    order_device_after();
+  }
+
  private:
+  void check_bounds(std::span<const size_t> bounds) const {
+    LAYUP_CHECK(bounds.size() == static_cast<size_t>(ranks_) + 1,
+                "internal error: shard bounds for ", bounds.size() - 1, " ranks, and ", ranks_,
+                " run");
+  }
+  // The collectives' stream after the work the device issued so far...
+  void wait_for_device() {
+    LAYUP_CUDA_CHECK(
+        cudaStreamWaitEvent(stream_, static_cast<const CudaFence&>(*device_.fence()).event(), 0));
+  }
+  // ... and the device's later work after the collectives'.
+  void order_device_after() { device_.order_after(CudaFence(stream_)); }
+
   // The rank-order sum of `count` floats at `data`, issued on stream_ (one sum at a time shares
   // received_: they run in the stream's order).
   void sum_on_stream(float* data, size_t count) {

@@ -45,6 +45,35 @@ TEST(NcclCollectives, OneRankSumsFromPlusZero) {
   }
 }
 
+// ZeRO-1's collectives with one rank: the reduce-scatter of one rank is +0 + x over its shard (a
+// rank's shard may start anywhere in the vector), across rounds; the all-gather leaves it as it is.
+TEST(NcclCollectives, OneRankReduceScattersFromPlusZeroAndGathersItsOwn) {
+  LAYUP_REQUIRE_GPU();
+  try {
+    nccl::Library::get();
+  } catch (const Error& error) {
+    GTEST_SKIP() << error.what();
+  }
+  std::unique_ptr<Device> device = make_cuda_device();
+  std::unique_ptr<DeviceCollectives> collectives =
+      device->join_collectives(device->new_collectives_id(), 0, 1);
+  const size_t count = kNcclRoundFloats + 4321;
+  Rng rng(5);
+  std::vector<float> values = op_test::random_vector(rng, count);
+  for (size_t i = 0; i < count; i += 997) values[i] = -0.0f;
+  DeviceBuffer data = device->allocate(count, TensorClass::kWeightGrads);
+  device->copy_to_device(data.data(), values.data(), count);
+  const std::vector<size_t> bounds = {0, count};
+  collectives->reduce_scatter_in_rank_order(data.data(), bounds);
+  collectives->all_gather(data.data(), bounds);
+  std::vector<float> result(count);
+  device->copy_to_host(result.data(), data.data(), count);
+  for (size_t i = 0; i < count; ++i) {
+    const float expected = 0.0f + values[i];
+    ASSERT_EQ(std::memcmp(&result[i], &expected, sizeof(float)), 0) << "element " << i;
+  }
+}
+
 // The sum started beside the device's work (on the collectives' own stream) sees what the device
 // wrote before its fence, and device work ordered after the fence it returns sees the sum: the
 // way a schedule sums each block's gradient as its backward ends.
