@@ -309,12 +309,14 @@ MemoryPlanRequest resolve_tiers(MemoryPlanRequest request, const MemoryBudgets& 
   return resolved;
 }
 
-// The predicted step of `request`'s plan at `rates`, or none where the plan cannot be made (a
-// choice it refuses) or the rates cannot predict it.
-std::optional<double> predicted_step_s(const MemoryPlanRequest& request,
-                                       const MachineRates& rates) {
+// The predicted step of `request`'s plan at `rates` where the plan fits `budgets` (one plan for
+// both); none where it does not, where the plan cannot be made (a choice it refuses) or the rates
+// cannot predict it.
+std::optional<double> fitting_step_s(const MemoryPlanRequest& request, const MemoryBudgets& budgets,
+                                     const MachineRates& rates) {
   try {
     const RunMemory run = plan_run_memory(request);
+    if (!fits(run.plan, budgets)) return std::nullopt;
     const StepTimeRequest step = step_time_request(request, run.step);
     if (!missing_rates(step, rates).empty()) return std::nullopt;
     return predict_step_time(step, rates).step_s;
@@ -337,8 +339,8 @@ MemoryPlanRequest resolve_tiers_by_time(MemoryPlanRequest resolved, const Memory
                           asked.device == DeviceKind::kCuda && !asked.attributes.integrated &&
                           asked.ranks <= 1 && asked.streamed_blocks.automatic &&
                           !asked.streamed_blocks.resolved;
-  if (!may_choose || !plan_fits(resolved, budgets)) return resolved;
-  const std::optional<double> first = predicted_step_s(resolved, *rates);
+  if (!may_choose) return resolved;
+  const std::optional<double> first = fitting_step_s(resolved, budgets, *rates);
   if (!first) return resolved;
   std::vector<LayupHead> heads = {resolved.layup_head};
   if (asked.layup_head == LayupHead::kAuto) heads = {LayupHead::kDevice, LayupHead::kHost};
@@ -359,8 +361,8 @@ MemoryPlanRequest resolve_tiers_by_time(MemoryPlanRequest resolved, const Memory
         tried.layup_head = head;
         tried.optimizer_placement = placement;
         tried.streamed_blocks = {true, count, true};
-        const std::optional<double> step_s = predicted_step_s(tried, *rates);
-        if (!step_s || *step_s >= best_s || !plan_fits(tried, budgets)) continue;
+        const std::optional<double> step_s = fitting_step_s(tried, budgets, *rates);
+        if (!step_s || *step_s >= best_s) continue;
         best = tried;
         best_s = *step_s;
       }
@@ -394,8 +396,8 @@ MemoryPlanRequest resolve_staged_blocks(MemoryPlanRequest resolved, const Memory
                          resolved.ranks <= 1 && placement.blocks_on_disk() == 0;
   if (!may_stage) return resolved;
   const int candidates = resolved.config.n_layer - placement.blocks_on_device();
-  const std::optional<double> none = predicted_step_s(resolved, *rates);
-  if (candidates <= 0 || !none || !plan_fits(resolved, budgets)) return resolved;
+  const std::optional<double> none = fitting_step_s(resolved, budgets, *rates);
+  if (candidates <= 0 || !none) return resolved;
   MemoryPlanRequest best = resolved;
   double best_s = *none * 0.99;
   for (int staged = 1; staged <= candidates; ++staged) {
@@ -412,9 +414,8 @@ MemoryPlanRequest resolve_staged_blocks(MemoryPlanRequest resolved, const Memory
         continue;
       }
     }
-    const std::optional<double> step_s = predicted_step_s(tried, *rates);
-    if (!step_s || *step_s >= best_s || !plan_fits(tried, budgets) || streams_a_staged_block(tried))
-      continue;
+    const std::optional<double> step_s = fitting_step_s(tried, budgets, *rates);
+    if (!step_s || *step_s >= best_s || streams_a_staged_block(tried)) continue;
     best = tried;
     best_s = *step_s;
   }
