@@ -169,6 +169,9 @@ class Device {
   virtual void copy_to_compute_copy_async(void* bf16_dst, const float* host_src, size_t count,
                                           float* staging, size_t staging_count,
                                           std::function<void()> landed) = 0;
+  // `count` fp32 values in device memory cast into a bf16 compute copy, rounded as above, in the
+  // device's order (after the work issued before it). A device without bf16 compute refuses.
+  virtual void cast_to_compute_copy(void* bf16_dst, const float* device_src, size_t count) = 0;
   // A streamed block's weights into its ring slot (schedule/weight_ring.h): `bytes` of host
   // memory (pinned on CUDA) into device memory once `after` has passed (null: at once), beside the
   // device's work and without waiting for work issued after the fence (on CUDA on a copy stream);

@@ -957,6 +957,7 @@ TEST(MemoryPlan, StagedBlocksTakeTheirSlotsOnTheDevice) {
   EXPECT_NE(error_of([&] { plan_memory(ranked); }).find("(ZeRO-1)"), std::string::npos);
   ranked = on_a_discrete_gpu(ranked);
   EXPECT_EQ(plan_run_memory(ranked).schedule.update_sites[3], UpdateSite::kStaged);
+  EXPECT_EQ(plan_run_memory(ranked).schedule.optimizer_shards, 1);
 
   // On a discrete GPU in bf16 the slots hold the master weights too (no fp32 copy to update in
   // place), beside the blocks placed on the device first.
@@ -1338,6 +1339,32 @@ TEST(MemoryPlan, OptimizerPlacementUsesTheDiskWhenTheHostIsFull) {
             OptimizerPlacement::parse("disk:3,device:1"));
   for (const char* bad : {"disk", "disk:", "disk:-1", "device:1,device:2", "device:1,", "disk:2x"})
     EXPECT_THROW(OptimizerPlacement::parse(bad), Error) << bad;
+}
+
+// ZeRO-1 on GPUs in every mode (--ranks 2): each rank plans its shard of the moments, where they
+// lie (the device's in gpu mode and for layup's device-updated spans, the host's for the spans the
+// CPU updates), beside bf16 weights landing in the compute copy.
+TEST(MemoryPlan, OnGpusEveryModeSplitsTheMomentsAcrossTheRanks) {
+  const ModelConfig config = gpt2_config(4, 2, 64, 64, 61);
+  for (const char* mode : {"gpu", "offload", "layup"}) {
+    SCOPED_TRACE(mode);
+    MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, mode, 2, 16, 2));
+    request.layup_clip = LayupClip::kDeferred;
+    const MemoryPlan one = plan_memory(request);
+    request.ranks = 2;
+    const RunMemory two = plan_run_memory(request);
+    EXPECT_EQ(two.schedule.optimizer_shards, 2);
+    EXPECT_EQ(two.schedule.weights_land_in_compute_copy, std::string(mode) == "layup");
+    EXPECT_LT(two.plan.bytes(TensorClass::kOptimizerMoments),
+              one.bytes(TensorClass::kOptimizerMoments));
+    EXPECT_GE(2 * two.plan.bytes(TensorClass::kOptimizerMoments),
+              one.bytes(TensorClass::kOptimizerMoments));
+    for (const PlannedAllocation& buffer : two.plan.allocations) {
+      if (buffer.tensor_class == TensorClass::kOptimizerMoments) {
+        EXPECT_NE(buffer.what.find("this rank's shard of 2"), std::string::npos) << buffer.what;
+      }
+    }
+  }
 }
 
 // ZeRO-1 with blocks on disk (--ranks 2): each rank's file holds its disk blocks' whole master

@@ -141,11 +141,8 @@ DeviceTier::DeviceTier(Device& device, const ParameterLayout& layout,
                 "internal error: the run was planned for ", options.optimizer_shards, " ranks but ",
                 rank_count(), " run it");
     // The gradient's and the weights' collectives in device memory (MPI where that is the host's,
-    // NCCL on GPUs).
-    collectives_ = join_device_collectives(device, *ranks_);
-    LAYUP_CHECK(!options.weights_land_in_compute_copy,
-                "ZeRO-1 gathers the fp32 weights, and with weights landing in the compute copy "
-                "the device computes with the bf16 copy the gather would not write");
+    // NCCL on GPUs), where the tier updates spans (offload's and some of layup's update none).
+    if (!spans_.empty()) collectives_ = join_device_collectives(device, *ranks_);
   }
   if (buffers_.moments) moments_buffer_ = device.allocate(*buffers_.moments);
   if (buffers_.block_grads) block_grads_ = device.allocate(*buffers_.block_grads);
@@ -265,12 +262,22 @@ bool DeviceTier::update(const AdamWStep& adamw, const std::vector<float*>& weigh
                                     compute_copy);
   }
   if (!shards_) return copies_written;
-  TraceSpan traced(trace, track, "all_gather_weights");
-  for_each_run([&weights](size_t index) { return weights[index]; },
-               [&](float* data, size_t begin, size_t end) {
-                 collectives_->all_gather(data, bounds_within(begin, end));
-               });
-  return false;
+  {
+    TraceSpan traced(trace, track, "all_gather_weights");
+    for_each_run([&weights](size_t index) { return weights[index]; },
+                 [&](float* data, size_t begin, size_t end) {
+                   collectives_->all_gather(data, bounds_within(begin, end));
+                 });
+  }
+  // The gathered weights into the compute copies, where the backend keeps them: with weights
+  // landing in the compute copy no forward casts them again.
+  if (compute_copies.empty()) return false;
+  for (const size_t index : spans_) {
+    if (compute_copies[index] == nullptr) return false;
+    device_.cast_to_compute_copy(compute_copies[index], weights[index],
+                                 layout_.spans()[index].count);
+  }
+  return copies_written;
 }
 
 void DeviceTier::read_span(size_t index, const SpanState& out, const float* weights) const {

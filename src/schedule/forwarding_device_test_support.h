@@ -54,6 +54,9 @@ class ForwardingDevice : public Device {
                                   size_t staging_count, std::function<void()> landed) override {
     inner_->copy_to_compute_copy_async(dst, src, count, staging, staging_count, std::move(landed));
   }
+  void cast_to_compute_copy(void* dst, const float* src, size_t count) override {
+    inner_->cast_to_compute_copy(dst, src, count);
+  }
   void fill_zero(float* dst, size_t count) override { inner_->fill_zero(dst, count); }
   void add(float* dst, const float* src, size_t count) override { inner_->add(dst, src, count); }
   double sum_of_squares(const float* x, size_t count) override {

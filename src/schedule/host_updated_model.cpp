@@ -277,9 +277,6 @@ HostUpdatedModel::HostUpdatedModel(std::unique_ptr<ModelBackend> backend,
     LAYUP_CHECK(!speculative_clip_,
                 "ZeRO-1 (the moments split across the ranks) updates the host's spans once the "
                 "norm is known; use --layup-clip deferred");
-    LAYUP_CHECK(!weights_land_in_compute_copy_,
-                "ZeRO-1 gathers the fp32 weights, and with weights landing in the compute copy "
-                "the device computes with the bf16 copy the gather would not write");
   }
   LAYUP_CHECK(ranks_ == nullptr || options.host_gradient || cpu_spans_.count == 0,
               "internal error: several ranks sum each span's gradient on the host, and this "

@@ -68,9 +68,11 @@ ScheduleOptions choose_schedule_options(const MemoryPlanRequest& r, const Placem
   // Several ranks sum each host-updated span's gradient there, whatever the clipping.
   options.host_gradient =
       r.mode != Mode::kLayup || r.clip > 0.0f || (r.grad_accum > 1 && !layer_major) || r.ranks > 1;
-  // ZeRO-1 in every mode on the CPU backend, and in gpu mode on GPUs; offload and layup on GPUs
-  // keep the whole state on every rank for now (docs/parallel.md).
-  options.optimizer_shards = !cuda || r.mode == Mode::kGpu ? r.ranks : 1;
+  // ZeRO-1 in every mode (docs/parallel.md), except where blocks are staged through a GPU: a
+  // staged update reads a whole block's state, so there every rank keeps the whole state (on the
+  // CPU backend that placement is refused under ranks, below).
+  options.optimizer_shards =
+      cuda && r.mode == Mode::kLayup && r.optimizer_placement.blocks_staged() > 0 ? 1 : r.ranks;
   options.planned_ranks = r.ranks;
   options.optimizer_state = r.optimizer_state;
   // auto: where host and device share one memory, the spare copy would come out of what the

@@ -54,6 +54,9 @@ class CpuDevice final : public Device {
                                   std::function<void()>) override {
     LAYUP_CHECK(false, "the CPU device computes in fp32 and keeps no bf16 copy of the weights");
   }
+  void cast_to_compute_copy(void*, const float*, size_t) override {
+    LAYUP_CHECK(false, "the CPU device computes in fp32 and keeps no bf16 copy of the weights");
+  }
 
   void fill_zero(float* dst, size_t count) override { std::memset(dst, 0, count * sizeof(float)); }
   void add(float* dst, const float* src, size_t count) override {

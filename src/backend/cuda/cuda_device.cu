@@ -332,6 +332,10 @@ class CudaDevice final : public Device {
     handler.release();  // run_landed owns it now
   }
 
+  void cast_to_compute_copy(void* bf16_dst, const float* src, size_t count) override {
+    cuda::cast_to_bf16(static_cast<__nv_bfloat16*>(bf16_dst), src, count, cudaStreamLegacy);
+  }
+
   void fill_zero(float* dst, size_t count) override {
     LAYUP_CUDA_CHECK(cudaMemsetAsync(dst, 0, count * sizeof(float), cudaStreamLegacy));
   }
