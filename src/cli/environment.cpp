@@ -8,6 +8,7 @@
 #include "train/corpus_shards.h"
 
 #ifdef LAYUP_HAVE_CUDA
+#include "backend/cuda/cuda_device.h"
 #include "backend/cuda/nccl_library.h"
 #endif
 
@@ -36,6 +37,11 @@ LayupEnvironment read_layup_environment(const EnvironmentLookup& lookup) {
               "' is not a folder: give a folder holding proc/ and sys/ as the machine's root, or "
               "unset it to read the real one");
   environment.data_dir = text("LAYUP_DATA_DIR");
+  const std::string share = text("LAYUP_RANKS_SHARE_GPUS");
+  LAYUP_CHECK(share.empty() || share == "0" || share == "1", "LAYUP_RANKS_SHARE_GPUS '", share,
+              "' is neither 0 nor 1: give 1 to let more ranks than a host has GPUs share them, 0 "
+              "(or leave it unset) for a GPU a rank");
+  environment.ranks_share_gpus = share == "1";
   return environment;
 }
 
@@ -49,6 +55,7 @@ void apply_layup_environment(const LayupEnvironment& environment) {
       environment.data_dir, error ? std::string() : executable.string(), LAYUP_DATA_DIR));
 #ifdef LAYUP_HAVE_CUDA
   nccl::set_chosen_nccl_library(environment.nccl_library);
+  set_ranks_share_cuda_devices(environment.ranks_share_gpus);
 #endif
 }
 

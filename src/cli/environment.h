@@ -20,6 +20,7 @@ struct LayupEnvironment {
   std::string nccl_library;            // LAYUP_NCCL_LIBRARY; empty: the loader's search
   std::string system_root;             // LAYUP_SYSTEM_ROOT; empty: "/"
   std::string data_dir;                // LAYUP_DATA_DIR; empty: shipped_data_places' search
+  bool ranks_share_gpus = false;       // LAYUP_RANKS_SHARE_GPUS: 0 (the default) or 1
 };
 
 // A variable's value, or null when unset (std::getenv; tests give a table).

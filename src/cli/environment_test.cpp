@@ -39,6 +39,7 @@ TEST(Environment, UnsetVariablesLeaveTheDefaults) {
   EXPECT_EQ(environment.nccl_library, "");
   EXPECT_EQ(environment.system_root, "");
   EXPECT_EQ(environment.data_dir, "");
+  EXPECT_FALSE(environment.ranks_share_gpus);
 }
 
 TEST(Environment, ReadsEachVariableIntoItsTypedValue) {
@@ -47,12 +48,15 @@ TEST(Environment, ReadsEachVariableIntoItsTypedValue) {
                                                   {"LAYUP_ADAMW_STREAM", "0"},
                                                   {"LAYUP_NCCL_LIBRARY", "/opt/libnccl.so.2"},
                                                   {"LAYUP_SYSTEM_ROOT", root},
-                                                  {"LAYUP_DATA_DIR", "/somewhere/data"}});
+                                                  {"LAYUP_DATA_DIR", "/somewhere/data"},
+                                                  {"LAYUP_RANKS_SHARE_GPUS", "1"}});
   EXPECT_EQ(environment.adamw_isa, AdamWIsa::kScalar);
   EXPECT_FALSE(environment.adamw_streaming_stores);
   EXPECT_EQ(environment.nccl_library, "/opt/libnccl.so.2");
   EXPECT_EQ(environment.system_root, root);
   EXPECT_EQ(environment.data_dir, "/somewhere/data");
+  EXPECT_TRUE(environment.ranks_share_gpus);
+  EXPECT_FALSE(read_from({{"LAYUP_RANKS_SHARE_GPUS", "0"}}).ranks_share_gpus);
   EXPECT_FALSE(read_from({{"LAYUP_ADAMW_ISA", "auto"}}).adamw_isa);
   EXPECT_TRUE(read_from({{"LAYUP_ADAMW_STREAM", "1"}}).adamw_streaming_stores);
 }
@@ -78,6 +82,12 @@ TEST(Environment, AStreamSettingOtherThanZeroOrOneIsRefused) {
         << message;
     EXPECT_NE(message.find("neither 0 nor 1"), std::string::npos) << message;
   }
+}
+
+TEST(Environment, ASharingSettingOtherThanZeroOrOneIsRefused) {
+  const std::string message = error_of({{"LAYUP_RANKS_SHARE_GPUS", "yes"}});
+  EXPECT_NE(message.find("LAYUP_RANKS_SHARE_GPUS 'yes' is neither 0 nor 1"), std::string::npos)
+      << message;
 }
 
 TEST(Environment, ASystemRootThatIsNotAFolderIsRefused) {

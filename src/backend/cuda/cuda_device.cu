@@ -23,6 +23,9 @@
 namespace layup {
 namespace {
 
+bool ranks_share_devices = false;  // set_ranks_share_cuda_devices
+bool gpu_shared_by_ranks = false;  // this rank took a GPU another rank of its host has
+
 using cuda::adamw_lane;
 using cuda::ceil_div;
 
@@ -248,6 +251,11 @@ class CudaDevice final : public Device {
   std::vector<uint8_t> new_collectives_id() override { return new_nccl_id(); }
   std::unique_ptr<DeviceCollectives> join_collectives(const std::vector<uint8_t>& id, int rank,
                                                       int ranks) override {
+    LAYUP_CHECK(!gpu_shared_by_ranks,
+                "this run sums gradients in GPU memory over NCCL (gpu mode, or layup's "
+                "device-updated spans), and LAYUP_RANKS_SHARE_GPUS put two ranks on one GPU, "
+                "which NCCL refuses; start a rank a GPU, or keep every update on the host "
+                "(offload, or layup with --layup-head host and no device:N placement)");
     return make_nccl_collectives(*this, id, rank, ranks);
   }
 
@@ -477,11 +485,15 @@ void use_cuda_device_of_local_rank(int local_rank) {
     cudaGetLastError();  // no GPU: the run resolves to the CPU, or says why it cannot
     return;
   }
-  LAYUP_CHECK(local_rank < count, "rank ", local_rank,
+  LAYUP_CHECK(local_rank < count || ranks_share_devices, "rank ", local_rank,
               " of this host has no GPU of its own: ", count,
-              " visible (CUDA_VISIBLE_DEVICES); start at most ", count, " ranks a host");
-  LAYUP_CUDA_CHECK(cudaSetDevice(local_rank));
+              " visible (CUDA_VISIBLE_DEVICES); start at most ", count,
+              " ranks a host (or set LAYUP_RANKS_SHARE_GPUS=1 to let ranks share them)");
+  gpu_shared_by_ranks = local_rank >= count;
+  LAYUP_CUDA_CHECK(cudaSetDevice(local_rank % count));
 }
+
+void set_ranks_share_cuda_devices(bool share) { ranks_share_devices = share; }
 
 bool cuda_device_available(std::string* why) {
   // Asked once: the answer cannot change within a process.

@@ -29,6 +29,10 @@ bool cuda_device_available(std::string* why);
 // per rank of a data-parallel run on a host; nothing where no GPU is visible. Throws layup::Error
 // where the host has fewer GPUs than ranks. Call it before any other CUDA call.
 void use_cuda_device_of_local_rank(int local_rank);
+// LAYUP_RANKS_SHARE_GPUS (set once, before the ranks pick their GPUs): more ranks on a host than
+// it has GPUs take them in turn (local rank modulo the count), so several ranks can be checked on
+// one GPU. NCCL needs a GPU a rank: a run that sums on the device there is refused, saying so.
+void set_ranks_share_cuda_devices(bool share);
 
 // CUDA device 0's memory attributes as the driver reports them (the first GPU
 // CUDA_VISIBLE_DEVICES leaves); without a usable GPU, assumed_cuda_memory_attributes().
