@@ -41,6 +41,19 @@ __global__ void probe_kernel() {}
 constexpr int kSumBlocks = kCudaDeviceNormPartials;  // cuda_device_buffers lists the partials
 constexpr int kSumThreads = 256;
 
+// Every thread's `sum` of a kSumThreads block added in a fixed tree: each warp's lanes, then its
+// warps in order; the total is thread 0's.
+__device__ double block_sum(double sum) {
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  __shared__ double warp_sums[kSumThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  double total = 0.0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
+  return total;
+}
+
 __global__ void __launch_bounds__(kSumThreads)
     sum_of_squares_kernel(double* partials, const float* x, size_t count) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -56,15 +69,8 @@ __global__ void __launch_bounds__(kSumThreads)
   for (size_t i = packs * 4 + first; i < count; i += stride)
     sum += static_cast<double>(x[i]) * x[i];
 
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  __shared__ double warp_sums[kSumThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
-    partials[blockIdx.x] = total;
-  }
+  const double total = block_sum(sum);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
 // partials[0 .. kSumBlocks) added in block order into *result, which may be partials[0] itself
@@ -90,15 +96,8 @@ __global__ void __launch_bounds__(kSumThreads)
   double sum = 0.0;
   for (size_t i = begin + threadIdx.x; i < end; i += kSumThreads)
     sum += static_cast<double>(x[i]) * x[i];
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  __shared__ double warp_sums[kSumThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
-    sums[blockIdx.x] = total;
-  }
+  const double total = block_sum(sum);
+  if (threadIdx.x == 0) sums[blockIdx.x] = total;
 }
 
 // ---- AdamW ------------------------------------------------------------------------------------
