@@ -492,7 +492,9 @@ void use_cuda_device_of_local_rank(int local_rank) {
   LAYUP_CUDA_CHECK(cudaSetDevice(local_rank % count));
 }
 
-void set_ranks_share_cuda_devices(bool share) { ranks_share_devices = share; }
+void set_ranks_share_cuda_devices(bool share) {
+  ranks_share_devices = share;
+}
 
 bool cuda_device_available(std::string* why) {
   // Asked once: the answer cannot change within a process.
