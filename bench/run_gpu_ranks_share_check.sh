@@ -81,19 +81,19 @@ same "control, layup clipped vs not (must differ)" "$work/layup-host-one" "$work
 read -r -a flags <<< "${modes[layup-host]}"
 args=(train "${common[@]}" "${flags[@]}" --steps 6)
 for order in "2 1" "1 2"; do
-  read -r first then <<< "$order"
-  folder=$work/split-$first-$then
-  for count in $first $then; do
+  read -r first next <<< "$order"
+  folder=$work/split-$first-$next
+  for count in $first $next; do
     if [ "$count" = "$first" ]; then command=("${args[@]}" --until-step 3 --out "$folder")
     else  # the placement is not a setting a checkpoint keeps: given again
       command=(train --resume "$folder" --data "$work/shards" --layup-head host
         --optimizer-placement host "${device[@]:2}")
     fi
     if [ "$count" = 2 ]; then timeout 180 "${two[@]}" "${command[@]}"
-    else timeout 120 "$layup" "${command[@]}"; fi >> "$out/resume-$first-$then.log" 2>&1 ||
-      echo "resume $first -> $then, $count ranks: exit $?"
+    else timeout 120 "$layup" "${command[@]}"; fi >> "$out/resume-$first-$next.log" 2>&1 ||
+      echo "resume $first -> $next, $count ranks: exit $?"
   done
-  same "layup-host, resumed $first -> $then vs straight" "$work/layup-host-one" "$folder" \
+  same "layup-host, resumed $first -> $next vs straight" "$work/layup-host-one" "$folder" \
     step-00000006
 done
 

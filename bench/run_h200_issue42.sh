@@ -23,6 +23,8 @@
 # stand in for those builds where .carry/bin holds them (layup-before, layup, layup_cuda_tests:
 # BUILD=... scripts/build_device_binary.sh, the tests target added). Logs go to $OUT.
 set -uo pipefail
+# shellcheck source=bench/wait_for_free_gpu.sh
+source "$(dirname "$0")/wait_for_free_gpu.sh"
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/issue42}
@@ -60,6 +62,7 @@ ensure_built() {  # builds whichever tree lacks its binary, both at once
 
 for phase in ${PHASES:-build}; do
   echo "=== $phase at ${SECONDS}s"
+  wait_for_free_gpu
   case $phase in
     build)
       nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv,noheader

@@ -17,6 +17,8 @@
 #           (bench/pytorch_llama_peer.py --cpu-offload)
 #   trace8b one step of the 8b run at --grad-accum 8 under --trace (trace-8b.json)
 set -uo pipefail
+# shellcheck source=bench/wait_for_free_gpu.sh
+source "$(dirname "$0")/wait_for_free_gpu.sh"
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/issue43}
@@ -73,6 +75,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv
 "$layup" --version
 for phase in ${PHASES:-tests}; do
   echo "=== $phase at ${SECONDS}s"
+  wait_for_free_gpu
   case $phase in
     tests)
       "$tests" --gtest_brief=1 > "$out/cuda_tests.log" 2>&1
