@@ -357,8 +357,10 @@ void DeviceTier::write_span(size_t index, const ConstSpanState& in) {
 void DeviceTier::send_moments(size_t index) const {
   LAYUP_CHECK(shards_ && index < layout_.spans().size() && moments_.holds(index),
               "internal error: rank 0 asked for moments this rank does not own");
-  // The device's memory is the host's (ZeRO-1 runs on the CPU backend).
-  ranks_->send(moments_.base(moments_buffer_.data(), index), moments_.floats(index), 0);
+  // Through host memory: MPI reads the host's, and on a GPU the part is in the device's.
+  std::vector<float> packed(moments_.floats(index));
+  device_.copy_to_host(packed.data(), moments_.base(moments_buffer_.data(), index), packed.size());
+  ranks_->send(packed.data(), packed.size(), 0);
 }
 
 }  // namespace layup
