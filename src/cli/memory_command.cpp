@@ -36,6 +36,7 @@ struct MemoryFlags : RunSpec {
   std::string plan_path;
   std::string calibration_path;  // the step-time model's rates (empty: the default cache)
   int ranks = 1;                 // plan one rank of an mpirun of this many
+  bool checkpoints = true;       // --no-checkpoints: a run that writes none (bench, a timing run)
 };
 
 // The run the flags describe; plan_only resolves auto like `layup train` does, and an explicit
@@ -48,6 +49,7 @@ RunRequest run_request(const MemoryFlags& flags) {
   spec.place = place_flags_with_plan(flags.plan_path, flags.place);
   RunRequest request = run_request_of(spec);
   request.plan.ranks = flags.ranks;
+  request.plan.streams_checkpoints = flags.checkpoints;
   // --optimizer-placement auto stages blocks through the device by the calibration's rates.
   if (const std::optional<Calibration> calibration =
           load_calibration(calibration_path_or_default(flags.calibration_path)))
@@ -96,9 +98,12 @@ void add_memory_command(CLI::App& app) {
   add_accumulate_flag(*cmd, flags->accumulation);
   add_streamed_blocks_flag(*cmd, flags->streamed_blocks);
   add_whole_flag(*cmd, "--ranks", flags->ranks, at_least(1),
-                 "Plan one rank of `mpirun -np N layup train`: on the CPU backend each rank keeps "
-                 "its shard of the AdamW moments (ZeRO-1)")
+                 "Plan one rank of `mpirun -np N layup train`: each rank keeps its shard of the "
+                 "AdamW moments (ZeRO-1)")
       ->capture_default_str();
+  cmd->add_flag("--no-checkpoints{false}", flags->checkpoints,
+                "Plan a run that writes no checkpoint (`layup train --no-checkpoints`, `layup "
+                "bench`): no checkpoint writer's scratch among the transients");
   add_choice_option(*cmd, "--mode", flags->mode, kModeNames,
                     "Also print this mode's plan allocation by allocation (cuda plans without a "
                     "GPU too, with a discrete GPU's attributes); without it the predicted step "

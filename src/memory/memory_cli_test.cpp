@@ -92,6 +92,17 @@ TEST(MemoryCli, MemoryCommandComparesTheModes) {
   EXPECT_NE(budget.output.find("memory plan for gpt2-xl in layup mode"), std::string::npos)
       << budget.output;
 
+  // A run that writes no checkpoint (bench, train --no-checkpoints) needs no checkpoint writer's
+  // scratch: a smaller transient.
+  const Outcome writes = run_layup("memory --device cpu --model small --seq-len 64 --mode layup");
+  const Outcome no_checkpoints =
+      run_layup("memory --device cpu --model small --seq-len 64 --mode layup --no-checkpoints");
+  ASSERT_EQ(no_checkpoints.exit_code, 0) << no_checkpoints.output;
+  EXPECT_NE(writes.output.find("the checkpoint writer's or reader's scratch"), std::string::npos)
+      << writes.output;
+  EXPECT_EQ(no_checkpoints.output.find("checkpoint writer"), std::string::npos)
+      << no_checkpoints.output;
+
   const Outcome bad_place =
       run_layup("memory --device cpu --model small --seq-len 64 --place grads=device");
   EXPECT_NE(bad_place.exit_code, 0);
