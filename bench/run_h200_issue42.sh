@@ -130,7 +130,8 @@ EOF
         --grad-accum 4 --mode layup --recompute 3 --clip 1.0 --layup-clip deferred)
       "$layup" calibrate --layers 40 --heads 40 --dim 5120 --context 1024 --batch 32 \
         --recompute 3 > "$out/calibrate-13b.txt" 2>&1 || echo "calibrate 13b: exit $?"
-      "$layup" memory "${shape[@]}" --device cuda --explain > "$out/memory-13b.txt" 2>&1
+      "$layup" memory "${shape[@]}" --device cuda --no-checkpoints --explain \
+        > "$out/memory-13b.txt" 2>&1
       grep -E "note: layup keeps|host memory at the peak|predicted step  " "$out/memory-13b.txt"
       for side in ${SIDES:-before after}; do
         binary=("$layup")

@@ -59,7 +59,9 @@ run() {  # name, layup bench arguments...: `layup memory`, then the bench under 
     if [ $skip = 1 ]; then skip=0; continue; fi
     case $arg in --steps | --warmup) skip=1 ;; *) planned+=("$arg") ;; esac
   done
-  "$layup" memory "${planned[@]}" --device cuda --explain > "$out/memory-$name.txt" 2>&1
+  # --no-checkpoints: a bench writes none, so its plan leaves out the writer's scratch
+  "$layup" memory "${planned[@]}" --device cuda --no-checkpoints --explain \
+    > "$out/memory-$name.txt" 2>&1
   grep -E "budget:|predicted step  |layup keeps|streamed blocks  " "$out/memory-$name.txt" | cut -c1-220
   /usr/bin/time -v "$layup" bench "$@" --json "$out/$name.json" > "$out/bench-$name.log" \
     2> "$out/time-$name.txt"
