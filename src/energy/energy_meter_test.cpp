@@ -58,6 +58,15 @@ class SteppingCounter final : public EnergySource {
   int fail_at_;
 };
 
+// Waits until the poller has read `count` times: a loaded machine (the sanitizers' CI on two
+// cores) may run the poller far later than its period, so a fixed sleep would see fewer reads.
+void wait_for_reads(const std::atomic<int>& reads, int count) {
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (reads.load() < count && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_GE(reads.load(), count) << "the poller did not read the source in 60 s";
+}
+
 TEST(EnergyMeter, IntegratesPowerOverTheInterval) {
   std::vector<std::unique_ptr<EnergySource>> sources;
   sources.push_back(std::make_unique<ConstantPower>(250.0));
@@ -85,10 +94,10 @@ TEST(EnergyMeter, CountsEveryStepOfAWrappingCounter) {
   sources.push_back(std::make_unique<SteppingCounter>(30.0, 100.0, reads));
   EnergyMeter meter(std::move(sources), kFast);
   meter.start();
-  std::this_thread::sleep_for(20ms);
+  wait_for_reads(reads, 5);
   const std::vector<EnergyReading> readings = meter.stop();
   ASSERT_TRUE(readings[0].available) << readings[0].unavailable_reason;
-  EXPECT_GT(reads.load(), 3);
+  EXPECT_GT(reads.load(), 5);  // stop() reads once more
   EXPECT_DOUBLE_EQ(readings[0].joules, 30.0 * (reads.load() - 1));
 }
 
@@ -99,7 +108,7 @@ TEST(EnergyMeter, AFailedReadMakesTheReadingUnavailableNotSmaller) {
   sources.push_back(std::make_unique<ConstantPower>(10.0));
   EnergyMeter meter(std::move(sources), kFast);
   meter.start();
-  std::this_thread::sleep_for(10ms);
+  wait_for_reads(reads, 3);  // the start's read, then the poller's: the third fails
   const std::vector<EnergyReading> readings = meter.stop();
   EXPECT_FALSE(readings[0].available);
   EXPECT_EQ(readings[0].joules, 0.0);
