@@ -147,6 +147,23 @@ void DiskTier::expect(const std::vector<size_t>& spans) {
   changed_.notify_all();
 }
 
+void DiskTier::expect_step(const std::vector<size_t>& spans) {
+  if (spans_.empty()) return;
+  {
+    std::lock_guard lock(mutex_);
+    const auto size = static_cast<std::ptrdiff_t>(spans.size());
+    const bool predicted =
+        expected_.size() >= spans.size() &&
+        std::equal(spans.begin(), spans.end(), expected_.end() - size, expected_.end());
+    for (int copies = predicted ? 1 : 2; copies > 0; --copies)
+      for (const size_t span : spans) {
+        LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
+        expected_.push_back(span);
+      }
+  }
+  changed_.notify_all();
+}
+
 AdamWMoments DiskTier::moments_in(size_t span, float* record) const {
   const DiskRecordLayout& layout = record_layout(span);
   if (kind_ == OptimizerStateKind::kFp32)

@@ -78,6 +78,12 @@ class DiskTier {
   // reads ahead in that order. A take consumes the entries up to its span's first, so an update
   // that never comes (a step abandoned) costs only a read.
   void expect(const std::vector<size_t>& spans);
+  // A step's order of updates: `spans` where the last step's call did not already expect it,
+  // then the next step's, assumed alike. The ring then reads the next step's first spans as soon
+  // as this step's last are taken, while the rest of its backward runs, not at the next step's
+  // start (where the disk would idle between the steps). A next step in another order costs a
+  // few reads; one that never comes, up to a read a slot.
+  void expect_step(const std::vector<size_t>& spans);
 
   // One span's state in a staging slot, for one update.
   struct Lease {

@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/device.h"
@@ -69,6 +71,49 @@ TEST(DiskTier, AnUpdateWaitsForItsOwnReadAndNoReadIsGivenUp) {
       EXPECT_EQ(traffic.read_ahead, slots == 4 ? 4u : 12u);
       if (::testing::Test::HasFailure()) return;
     }
+  }
+}
+
+// expect_step: the tier expects the next step's updates in this step's order, so once this
+// step's last block is taken its slots are read for the next step's first blocks with nothing
+// more said; the next step finds them read (no read on a take, none given up). A step in another
+// order than the last (the timing changed) still finds each block's state as its update left it.
+TEST(DiskTier, ReadsTheNextStepsFirstBlocksOnceThisStepsLastAreTaken) {
+  const ParameterLayout layout(gpt2_config(4, 2, 32, 16, 61));
+  std::vector<UpdateSite> sites(layout.spans().size(), UpdateSite::kDisk);
+  sites.front() = sites.back() = UpdateSite::kHost;
+  test_files::TempDir dir;
+  const std::unique_ptr<Device> device = make_cpu_device();
+  DiskTier tier(*device, layout, sites, dir.path(), 2);
+  for (const size_t span : tier.spans()) {
+    const std::vector<float> params(layout.spans()[span].count, 0.0f);
+    tier.write_span(span, {params.data(), nullptr, nullptr});
+  }
+  const std::vector<size_t> top_down(tier.spans().rbegin(), tier.spans().rend());
+  const auto step = [&](const std::vector<size_t>& order) {
+    tier.expect_step(order);
+    for (const size_t span : order) {
+      const DiskTier::Lease lease = tier.take(span);
+      for (size_t i = 0; i < layout.spans()[span].count; ++i) lease.params[i] += 1.0f;
+      tier.put_back(lease)();
+    }
+  };
+  step(top_down);
+  // Four blocks read for this step, then the next step's first two into the two slots.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (tier.traffic().read_ahead < 6 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(tier.traffic().read_ahead, 6u);
+  step(top_down);
+  EXPECT_EQ(tier.traffic().read_on_take, 0u);
+  EXPECT_EQ(tier.traffic().given_up, 0u);
+  const std::vector<size_t> bottom_up(tier.spans().begin(), tier.spans().end());
+  step(bottom_up);
+  step(top_down);
+  for (const size_t span : tier.spans()) {
+    std::vector<float> params(layout.spans()[span].count);
+    tier.read_span(span, {params.data(), nullptr, nullptr});
+    for (const float value : params) ASSERT_EQ(value, 4.0f) << "span " << span;
   }
 }
 

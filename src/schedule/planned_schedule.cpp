@@ -482,10 +482,11 @@ class PlannedSchedule final : public Schedule {
       context.head = std::make_shared<HeadUpdate>();
     if (model_.disk_tier() != nullptr) {
       // The disk blocks' updates in the order the timing runs them, for the tier to read ahead:
-      // as backward reaches them (top down), or after the norm (bottom up).
+      // as backward reaches them (top down), or after the norm (bottom up); the next step's
+      // too, so that the disk does not idle between the steps.
       std::vector<size_t> order = model_.disk_tier()->spans();
       if (context.timing->during_backward()) std::reverse(order.begin(), order.end());
-      model_.disk_tier()->expect(order);
+      model_.disk_tier()->expect_step(order);
     }
     return context;
   }
