@@ -8,8 +8,8 @@
 #   8b      Llama 3 8B, T=2048, B=2, 8-bit moments, clip 1.0 deferred, --device-budget 24G, at
 #           --grad-accum in ACCUMS (8 16: global batches of 16 and 32 x 2048 tokens)
 #   host64  the same at --grad-accum 8 with --host-budget 64G and the disk (--offload-dir), with
-#           clip 1.0 and --clip none (fewer blocks on disk: no whole gradient on the host),
-#           calibrated with the disk first
+#           --clip in CLIPS (none 1.0; none: fewer blocks on disk, no whole gradient on the
+#           host), calibrated with the disk first
 #   13b     Llama 2 13B's shape, T=2048, B=2 x 8, 8-bit, --clip none, --device-budget 24G
 #   box     the largest GPT of BOX_LAYERS (96: 30.5B, H40 C5120, T=1024, B=16) on the whole box:
 #           141 GB GPU, the host, the disk; 8-bit moments, --clip none
@@ -97,7 +97,7 @@ for phase in ${PHASES:-tests}; do
           "$layup" calibrate --model llama-3-8b --batch 2 --seq-len 2048 --recompute 3 \
             --offload-dir "$offload" > "$out/calibrate-8b-disk.txt" 2>&1 ||
             echo "calibrate 8b with the disk: exit $?"
-          for clip in none 1.0; do
+          for clip in ${CLIPS:-none 1.0}; do
             clipping=(--clip "$clip")
             [ "$clip" = none ] || clipping+=(--layup-clip deferred)
             run "8b-host64-clip-$clip" "${llama8b_shape[@]}" "${clipping[@]}" --grad-accum 8 \
