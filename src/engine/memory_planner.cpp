@@ -291,20 +291,22 @@ MemoryPlanRequest resolve_tiers(MemoryPlanRequest request, const MemoryBudgets& 
   // The head's and the blocks' placement are chosen before streaming, which they do not see:
   // where nothing fits, the head on the host (its moments off the device) may leave room enough
   // for the fewest streamed blocks. So auto refuses no run that explicit choices fit.
-  const bool may_retry = request.mode == Mode::kLayup && request.layup_head == LayupHead::kAuto &&
-                         request.streamed_blocks.automatic && !request.streamed_blocks.resolved;
-  if (!may_retry || fits(plan_memory(resolved), budgets)) return resolved;
-  MemoryPlanRequest host_head = request;
-  host_head.layup_head = LayupHead::kHost;
-  MemoryPlanRequest retried =
-      resolve_streamed_blocks(resolve_placement_and_head(host_head, budgets), budgets);
-  if (fits(plan_memory(retried), budgets)) return retried;
+  if (fits(plan_memory(resolved), budgets)) return resolved;
+  std::vector<MemoryPlanRequest> streamed = {resolved};
+  if (request.mode == Mode::kLayup && request.layup_head == LayupHead::kAuto &&
+      request.streamed_blocks.automatic && !request.streamed_blocks.resolved) {
+    MemoryPlanRequest host_head = request;
+    host_head.layup_head = LayupHead::kHost;
+    streamed.push_back(
+        resolve_streamed_blocks(resolve_placement_and_head(host_head, budgets), budgets));
+    if (fits(plan_memory(streamed.back()), budgets)) return streamed.back();
+  }
   // The blocks' placement put none on disk where the device side did not fit before streaming:
   // with the streamed count that fits the device, as few blocks on disk as the host needs (a
-  // streamed block on disk streams from a host copy of its weights alone).
-  for (MemoryPlanRequest streamed : {resolved, retried})
-    if (std::optional<MemoryPlanRequest> on_disk =
-            with_fewest_disk_blocks(request, streamed, budgets))
+  // streamed block on disk streams from a host copy of its weights alone), whether the head's
+  // placement was the planner's or the user's.
+  for (const MemoryPlanRequest& tried : streamed)
+    if (std::optional<MemoryPlanRequest> on_disk = with_fewest_disk_blocks(request, tried, budgets))
       return *on_disk;
   return resolved;
 }

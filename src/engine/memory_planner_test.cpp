@@ -1118,6 +1118,15 @@ TEST(MemoryPlan, AutoPutsStreamedBlocksOnDiskWhereTheHostIsShort) {
       ParameterLayout(fitted.config), run.schedule.update_sites, run.schedule.streamed_blocks);
   EXPECT_EQ(run.schedule.update_sites[32], UpdateSite::kDisk);
   EXPECT_TRUE(streamed[32]);
+  // The same with the head's placement given: auto still takes the disk it needs.
+  for (const LayupHead head : {LayupHead::kDevice, LayupHead::kHost}) {
+    MemoryPlanRequest given = llama;
+    given.layup_head = head;
+    const MemoryPlanRequest placed = resolve_optimizer_placement(given, workstation);
+    EXPECT_GT(placed.optimizer_placement.blocks_on_disk(), 0);
+    EXPECT_EQ(refusal(plan_memory(placed), workstation), "")
+        << (head == LayupHead::kHost ? "head on the host" : "head on the device");
+  }
   llama.offload_dir.clear();
   EXPECT_EQ(resolve_optimizer_placement(llama, workstation).optimizer_placement.blocks_on_disk(),
             0);
