@@ -54,13 +54,15 @@ BufferList process_buffers(const MemoryPlanRequest& r, const ParameterLayout& la
   size_t largest_span = 0;
   for (const Span& span : layout.spans()) largest_span = std::max(largest_span, span.count);
   // fp32: the span's params, m and v. A compact kind's moments travel coded, as the run keeps
-  // them (fresh zeros, checkpoints, resumes): the params, the coded span, and a rank's or a
-  // tier's coded copy of it on the way.
+  // them (fresh zeros, Hugging Face weights, checkpoints of its kind): the params and the coded
+  // span, which one rank's host, device and disk tiers take as they are; with several ranks
+  // also a copy of a rank's part, coded from the part's first element.
   const OptimizerStateKind kind = r.optimizer_state;
+  const size_t coded_copies = r.ranks > 1 ? 2 : 1;
   const size_t span_bytes =
       kind == OptimizerStateKind::kFp32
           ? 3 * largest_span * f
-          : largest_span * f + 2 * optimizer_moments_padded_bytes(kind, largest_span);
+          : largest_span * f + coded_copies * optimizer_moments_padded_bytes(kind, largest_span);
   BufferList list;
   if (r.streams_checkpoints)
     list = {{host, TensorClass::kMasterWeights, MemoryKind::kHost,

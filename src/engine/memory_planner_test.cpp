@@ -405,6 +405,17 @@ TEST(MemoryPlan, UnifiedMemoryBoardBudgetOnTheCpuBackend) {
     largest_span = std::max(largest_span, span.count * sizeof(float));
   EXPECT_EQ(layup.transient_bytes(),
             3 * largest_span + 2 * largest_tensor + 2 * kStreamedWriteBufferBytes);
+  // A compact kind's moments travel coded: one rank's tiers take the coded span as it is; with
+  // several ranks a rank's part is coded again from its first element, one more coded span.
+  MemoryPlanRequest compact = cpu_request(config, "layup", 1, 1024);
+  compact.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+  const size_t coded =
+      optimizer_moments_padded_bytes(compact.optimizer_state, largest_span / sizeof(float));
+  EXPECT_EQ(plan_memory(compact).transient_bytes(),
+            largest_span + coded + 2 * largest_tensor + 2 * kStreamedWriteBufferBytes);
+  compact.ranks = 2;
+  EXPECT_EQ(plan_memory(compact).transient_bytes(),
+            largest_span + 2 * coded + 2 * largest_tensor + 2 * kStreamedWriteBufferBytes);
   for (int seq_len : {1, 128, 1024}) {
     std::printf(
         "gpt2-xl B=1 T=%d on the CPU backend, at the peak: gpu %s, offload %s, layup %s "

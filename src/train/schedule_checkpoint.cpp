@@ -281,7 +281,10 @@ void load_schedule_checkpoint(const CheckpointInfo& info, Schedule& schedule) {
 
 void load_schedule_weights(const std::string& hf_dir, Schedule& schedule) {
   const ParameterLayout& layout = schedule.layout();
-  SpanBuffers buffers(layout, OptimizerStateKind::kFp32);  // zero moments, coded in any kind
+  // Zero moments in the run's own kind: a compact kind's coded zeros go in as they are (as
+  // initialize_fresh's), where fp32 zeros would hold 8 bytes a parameter of the largest span and be
+  // coded again on the way in.
+  SpanBuffers buffers(layout, schedule.optimizer_state());
   SpanImporter weights(schedule, buffers, false);
   load_hf_model_streamed(hf_dir, layout.config(),
                          [&weights](size_t offset, size_t count, const float* in) {

@@ -155,6 +155,43 @@ TEST(ScheduleCheckpoint, WeightsOnlyHoldsTheWeightsAndIsNotResumable) {
             std::string::npos);
 }
 
+// `--init-from` into a run of a compact state kind imports its coded zero moments as they are
+// (the run's kind, one span of them), and trains exactly as the fp32 zeros coded on the way in
+// did, with placements on the host and on disk.
+TEST(ScheduleCheckpoint, HuggingFaceWeightsStartACompactKindFromItsZeroMoments) {
+  const ParameterLayout layout(tiny_config());
+  std::unique_ptr<Schedule> source = trained_schedule(layout);
+  TempDir dir, offload;
+  const SavedCheckpoint saved = save_schedule_checkpoint(
+      dir.path(), *source, progress_at(2), CheckpointContents::kWeights, {2000, 64, 2, {}});
+  const std::vector<float> weights = source->export_tensors().params;
+  std::vector<UpdateSite> on_disk(layout.spans().size(), UpdateSite::kHost);
+  on_disk[2] = UpdateSite::kDisk;
+  for (const std::vector<UpdateSite>& sites : {std::vector<UpdateSite>{}, on_disk}) {
+    const auto compact = [&] {
+      ScheduleOptions options;
+      options.cpu_workers = 1;
+      options.update_sites = sites;
+      options.offload_dir = offload.path();
+      options.optimizer_state = OptimizerStateKind::kBlockwise8Bit;
+      return make_schedule(Mode::kLayup, make_cpu_backend(layout.config(), kBatch, kSeqLen),
+                           make_cpu_device(), layout, options);
+    };
+    std::unique_ptr<Schedule> loaded = compact(), coded_on_the_way = compact();
+    load_schedule_weights(saved.path, *loaded);
+    std::vector<float> zeros;
+    for (size_t index = 0; index < layout.spans().size(); ++index) {
+      const Span& span = layout.spans()[index];
+      zeros.assign(span.count, 0.0f);
+      coded_on_the_way->import_span(index,
+                                    {weights.data() + span.offset, zeros.data(), zeros.data()});
+    }
+    for (Schedule* schedule : {loaded.get(), coded_on_the_way.get()})
+      ASSERT_TRUE(random_step(*schedule, layout.config(), kBatch, kSeqLen, 1, 1.0f).applied);
+    expect_same_state(*loaded, *coded_on_the_way);
+  }
+}
+
 // A checkpoint whose files disagree on the model (config.json edited, or copied from another
 // checkpoint) is a user's error, named by field and file before anything is planned.
 TEST(ScheduleCheckpoint, AConfigOfAnotherShapeIsRefusedNamingTheField) {
