@@ -2,6 +2,7 @@
 #include "schedule/disk_tier.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -148,20 +149,9 @@ void DiskTier::expect(const std::vector<size_t>& spans) {
 }
 
 void DiskTier::expect_step(const std::vector<size_t>& spans) {
-  if (spans_.empty()) return;
-  {
-    std::lock_guard lock(mutex_);
-    const auto size = static_cast<std::ptrdiff_t>(spans.size());
-    const bool predicted =
-        expected_.size() >= spans.size() &&
-        std::equal(spans.begin(), spans.end(), expected_.end() - size, expected_.end());
-    for (int copies = predicted ? 1 : 2; copies > 0; --copies)
-      for (const size_t span : spans) {
-        LAYUP_CHECK(holds(span), "span ", span, " is not on disk");
-        expected_.push_back(span);
-      }
-  }
-  changed_.notify_all();
+  expect(spans);
+  std::lock_guard lock(mutex_);
+  predicted_ = spans;
 }
 
 AdamWMoments DiskTier::moments_in(size_t span, float* record) const {
@@ -183,10 +173,23 @@ size_t DiskTier::slot_holding(size_t span) const {
   return kNotHere;
 }
 
+std::vector<size_t> DiskTier::read_ahead_window() const {
+  const size_t ahead = read_ahead(slots_.size());
+  std::vector<size_t> window;
+  for (const size_t span : expected_) {
+    if (window.size() == ahead) return window;
+    window.push_back(span);
+  }
+  for (const size_t span : predicted_) {
+    if (window.size() == ahead) return window;
+    window.push_back(span);
+  }
+  return window;
+}
+
 bool DiskTier::expected_soon(size_t span) const {
-  const size_t ahead = std::min(expected_.size(), read_ahead(slots_.size()));
-  return std::find(expected_.begin(), expected_.begin() + static_cast<std::ptrdiff_t>(ahead),
-                   span) != expected_.begin() + static_cast<std::ptrdiff_t>(ahead);
+  const std::vector<size_t> window = read_ahead_window();
+  return std::find(window.begin(), window.end(), span) != window.end();
 }
 
 size_t DiskTier::prefetch_victim() const {
@@ -234,16 +237,18 @@ DiskTier::Lease DiskTier::take(size_t span) {
   // first until it is in a slot: where it is not read yet, the ring reads it next, into the first
   // slot a write-back frees (a read of a later span there would be given up for it).
   const auto first = std::find(expected_.begin(), expected_.end(), span);
-  const bool expected = first != expected_.end();
-  if (expected) expected_.erase(expected_.begin(), first);
+  if (first != expected_.end()) expected_.erase(expected_.begin(), first);
   changed_.notify_all();
+  // Updates run on several workers: another take may have passed this span's entry (an update
+  // that came out of the order announced), so it counts as expected only while it is first.
+  const auto first_expected = [&] { return !expected_.empty() && expected_.front() == span; };
   const auto consume = [&] {
-    if (expected) expected_.pop_front();
+    if (first_expected()) expected_.pop_front();
     changed_.notify_all();  // the ring may read further ahead now
   };
   for (;;) {
     const size_t slot = slot_holding(span);
-    if (slot == kNotHere && !expected) break;
+    if (slot == kNotHere && !first_expected()) break;
     if (slot == kNotHere) {  // the ring reads it as soon as a slot is free
       changed_.wait(lock);
       rethrow_failure();
@@ -312,13 +317,34 @@ std::function<void()> DiskTier::put_back(const Lease& lease) {
   };
 }
 
+bool DiskTier::settle_stale_reads() {
+  bool in_flight = false;
+  for (Slot& slot : slots_) {
+    if (slot.state != SlotState::kReading || expected_soon(slot.span)) continue;
+    if (!slot.ticket.done()) {
+      in_flight = true;
+      continue;
+    }
+    try {
+      slot.ticket.wait();  // done: returns at once, or throws the read's error
+      slot.state = SlotState::kReady;
+    } catch (...) {  // nobody waits for this read: the span is read again when it is taken
+      slot.state = SlotState::kFree;
+      slot.span = kNotHere;
+    }
+  }
+  return in_flight;
+}
+
 void DiskTier::run_ring() {
   std::unique_lock lock(mutex_);
   for (;;) {
+    // A read ahead that the expected order no longer wants (the next step came in another order
+    // than the last) keeps its slot until it is done; then the slot holds a span like any other.
+    const bool stale_reads = settle_stale_reads();
     // Reads first: they are what the next update waits for, and starting one never blocks.
     bool started = false;
-    for (const size_t span : expected_) {
-      if (!expected_soon(span)) break;
+    for (const size_t span : read_ahead_window()) {
       if (slot_holding(span) != kNotHere) continue;
       const size_t slot = prefetch_victim();
       if (slot == kNotHere) break;
@@ -359,7 +385,11 @@ void DiskTier::run_ring() {
       continue;
     }
     if (stopping_) return;
-    changed_.wait(lock);
+    // A stale read's end wakes nobody: look again shortly.
+    if (stale_reads)
+      changed_.wait_for(lock, std::chrono::milliseconds(1));
+    else
+      changed_.wait(lock);
   }
 }
 

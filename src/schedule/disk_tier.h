@@ -78,11 +78,11 @@ class DiskTier {
   // reads ahead in that order. A take consumes the entries up to its span's first, so an update
   // that never comes (a step abandoned) costs only a read.
   void expect(const std::vector<size_t>& spans);
-  // A step's order of updates: `spans` where the last step's call did not already expect it,
-  // then the next step's, assumed alike. The ring then reads the next step's first spans as soon
-  // as this step's last are taken, while the rest of its backward runs, not at the next step's
-  // start (where the disk would idle between the steps). A next step in another order costs a
-  // few reads; one that never comes, up to a read a slot.
+  // A step's order of updates, expected as `expect` does, and the next step's order assumed
+  // alike: once this step's expected updates are fewer than the slots, the ring reads ahead into
+  // the next step's first spans, while the rest of this step's backward runs, rather than at the
+  // next step's start (where the disk would idle between the steps). A next step in another order
+  // costs a few reads; one that never comes, up to a read a slot.
   void expect_step(const std::vector<size_t>& spans);
 
   // One span's state in a staging slot, for one update.
@@ -150,12 +150,18 @@ class DiskTier {
   // Under mutex_: a slot to read `span` into ahead of its take, or kNotHere: a free one, or one
   // whose span is not among the next few expected.
   size_t prefetch_victim() const;
+  // Under mutex_: the spans the ring reads ahead, in order: the first of the expected updates,
+  // then of the next step's predicted ones, as many as the slots.
+  std::vector<size_t> read_ahead_window() const;
   bool expected_soon(size_t span) const;
   const DiskRecordLayout& record_layout(size_t span) const {
     return store_->layout(record_of_[span]);
   }
   // Under mutex_ (the lock is dropped while it waits): a slot to read into now for a take.
   size_t take_victim(std::unique_lock<std::mutex>& lock);
+  // Under mutex_: the reads ahead of spans no longer expected soon that have ended become ready
+  // (or free, where they failed); returns whether any such read is still in flight.
+  bool settle_stale_reads();
   void run_ring();
   void rethrow_failure();
 
@@ -172,8 +178,9 @@ class DiskTier {
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::deque<size_t> expected_;  // spans, in the order of their updates to come
-  std::deque<size_t> writing_;   // slots, in the order their writes started
+  std::deque<size_t> expected_;    // spans, in the order of their updates to come
+  std::vector<size_t> predicted_;  // the next step's order (expect_step), read ahead after them
+  std::deque<size_t> writing_;     // slots, in the order their writes started
   DiskTraffic traffic_;
   std::exception_ptr failure_;
   bool stopping_ = false;

@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -74,10 +78,41 @@ TEST(DiskTier, AnUpdateWaitsForItsOwnReadAndNoReadIsGivenUp) {
   }
 }
 
+// Aborts the test binary (a deadlock cannot be failed any other way) unless destroyed within
+// `seconds`.
+class Watchdog {
+ public:
+  Watchdog(int seconds, const char* what) {
+    thread_ = std::thread([this, seconds, what] {
+      std::unique_lock lock(mutex_);
+      if (!done_.wait_for(lock, std::chrono::seconds(seconds), [this] { return finished_; })) {
+        std::fprintf(stderr, "deadlock: %s did not end in %d s\n", what, seconds);
+        std::abort();
+      }
+    });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      finished_ = true;
+    }
+    done_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  bool finished_ = false;
+  std::thread thread_;
+};
+
 // expect_step: the tier expects the next step's updates in this step's order, so once this
 // step's last block is taken its slots are read for the next step's first blocks with nothing
-// more said; the next step finds them read (no read on a take, none given up). A step in another
-// order than the last (the timing changed) still finds each block's state as its update left it.
+// more said; the next step finds them read (no read on a take, none given up). A next step in
+// another order (the timing changed: top down during backward, bottom up after the norm) finds
+// both slots reading blocks it does not want first: the ring lets those reads end and reads its
+// blocks into their slots, and each block's state is as its last update left it.
 TEST(DiskTier, ReadsTheNextStepsFirstBlocksOnceThisStepsLastAreTaken) {
   const ParameterLayout layout(gpt2_config(4, 2, 32, 16, 61));
   std::vector<UpdateSite> sites(layout.spans().size(), UpdateSite::kDisk);
@@ -90,6 +125,7 @@ TEST(DiskTier, ReadsTheNextStepsFirstBlocksOnceThisStepsLastAreTaken) {
     tier.write_span(span, {params.data(), nullptr, nullptr});
   }
   const std::vector<size_t> top_down(tier.spans().rbegin(), tier.spans().rend());
+  const std::vector<size_t> bottom_up(tier.spans().begin(), tier.spans().end());
   const auto step = [&](const std::vector<size_t>& order) {
     tier.expect_step(order);
     for (const size_t span : order) {
@@ -98,16 +134,19 @@ TEST(DiskTier, ReadsTheNextStepsFirstBlocksOnceThisStepsLastAreTaken) {
       tier.put_back(lease)();
     }
   };
+  const auto wait_for_reads_ahead = [&](size_t count) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (tier.traffic().read_ahead < count && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(tier.traffic().read_ahead, count);
+  };
+  Watchdog watchdog(120, "a step of the disk tier");
   step(top_down);
-  // Four blocks read for this step, then the next step's first two into the two slots.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (tier.traffic().read_ahead < 6 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  EXPECT_EQ(tier.traffic().read_ahead, 6u);
+  wait_for_reads_ahead(6);  // four for this step, then the next step's first two
   step(top_down);
   EXPECT_EQ(tier.traffic().read_on_take, 0u);
   EXPECT_EQ(tier.traffic().given_up, 0u);
-  const std::vector<size_t> bottom_up(tier.spans().begin(), tier.spans().end());
+  wait_for_reads_ahead(10);  // the top two again, which the next step does not want first
   step(bottom_up);
   step(top_down);
   for (const size_t span : tier.spans()) {
