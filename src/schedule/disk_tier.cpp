@@ -237,18 +237,16 @@ DiskTier::Lease DiskTier::take(size_t span) {
   // first until it is in a slot: where it is not read yet, the ring reads it next, into the first
   // slot a write-back frees (a read of a later span there would be given up for it).
   const auto first = std::find(expected_.begin(), expected_.end(), span);
-  if (first != expected_.end()) expected_.erase(expected_.begin(), first);
+  const bool expected = first != expected_.end();
+  if (expected) expected_.erase(expected_.begin(), first);
   changed_.notify_all();
-  // Updates run on several workers: another take may have passed this span's entry (an update
-  // that came out of the order announced), so it counts as expected only while it is first.
-  const auto first_expected = [&] { return !expected_.empty() && expected_.front() == span; };
   const auto consume = [&] {
-    if (first_expected()) expected_.pop_front();
+    if (expected) expected_.pop_front();
     changed_.notify_all();  // the ring may read further ahead now
   };
   for (;;) {
     const size_t slot = slot_holding(span);
-    if (slot == kNotHere && !first_expected()) break;
+    if (slot == kNotHere && !expected) break;
     if (slot == kNotHere) {  // the ring reads it as soon as a slot is free
       changed_.wait(lock);
       rethrow_failure();

@@ -6,16 +6,18 @@
 // file of its own, holding each span's whole master weights and this rank's part of its moments
 // (OptimizerShards::part), coded from the part's first element as the host's parts are.
 //
-// Read-ahead: the schedule says in which order it will update the disk spans (expect); the ring's
-// thread reads the next ones into free slots before they are asked for, and completes the
-// write-backs. A slot keeps its span after the write-back until the slot is needed again, so
+// Read-ahead: the schedule says in which order it will update the disk spans (expect), and
+// expect_step adds that the next step will update them alike; the ring's thread reads the next
+// ones (this step's, then the next's) into free slots before they are asked for, and completes
+// the write-backs. A slot keeps its span after the write-back until the slot is needed again, so
 // with as many slots as disk spans nothing is read twice. An update that finds its span not read
-// yet waits for the ring to read it next, rather than giving up a read ahead for a later span.
+// yet waits for the ring to read it next, rather than giving up a read ahead for a later span; a
+// read ahead that the order no longer wants ends and leaves its slot to the ring.
 //
 // Threads: take and put_back from one thread at a time (the schedule's coordinator); the function
-// put_back returns from any thread (a copy's landing); expect, read_span and write_span between
-// or during steps from any thread. A failed read or write is thrown by the next take, read_span
-// or write_span.
+// put_back returns from any thread (a copy's landing); expect, expect_step, read_span and
+// write_span between or during steps from any thread. A failed read or write is thrown by the next
+// take, read_span or write_span.
 #pragma once
 
 #include <condition_variable>

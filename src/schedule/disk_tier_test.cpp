@@ -27,6 +27,17 @@
 namespace layup {
 namespace {
 
+// One step's updates of the disk blocks in `order`, one at a time: each read, changed (+1 to
+// every parameter), written back and, once its weights have "landed", free.
+void update_in_order(DiskTier& tier, const ParameterLayout& layout,
+                     const std::vector<size_t>& order) {
+  for (const size_t span : order) {
+    const DiskTier::Lease lease = tier.take(span);
+    for (size_t i = 0; i < layout.spans()[span].count; ++i) lease.params[i] += 1.0f;
+    tier.put_back(lease)();  // nothing reads the slot: the weights land at once
+  }
+}
+
 // Four blocks on disk (the embeddings and the final norm on the host), as the updates of
 // `steps` steps of layup with --clip none run them: the blocks top down, one at a time, each
 // read, changed (+1 to every parameter), written back and, once its weights have "landed",
@@ -45,11 +56,7 @@ DiskTraffic update_every_block(size_t slots, int steps) {
   std::vector<size_t> order(tier.spans().rbegin(), tier.spans().rend());
   for (int step = 0; step < steps; ++step) {
     tier.expect(order);
-    for (const size_t span : order) {
-      const DiskTier::Lease lease = tier.take(span);
-      for (size_t i = 0; i < layout.spans()[span].count; ++i) lease.params[i] += 1.0f;
-      tier.put_back(lease)();  // nothing reads the slot: the weights land at once
-    }
+    update_in_order(tier, layout, order);
   }
   for (const size_t span : tier.spans()) {
     std::vector<float> params(layout.spans()[span].count);
@@ -128,11 +135,7 @@ TEST(DiskTier, ReadsTheNextStepsFirstBlocksOnceThisStepsLastAreTaken) {
   const std::vector<size_t> bottom_up(tier.spans().begin(), tier.spans().end());
   const auto step = [&](const std::vector<size_t>& order) {
     tier.expect_step(order);
-    for (const size_t span : order) {
-      const DiskTier::Lease lease = tier.take(span);
-      for (size_t i = 0; i < layout.spans()[span].count; ++i) lease.params[i] += 1.0f;
-      tier.put_back(lease)();
-    }
+    update_in_order(tier, layout, order);
   };
   const auto wait_for_reads_ahead = [&](size_t count) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
