@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "schedule/forwarding_backend_test_support.h"
 #include "schedule/forwarding_device_test_support.h"
 #include "schedule/schedule.h"
 
@@ -72,25 +73,23 @@ class RandomDelays {
 };
 
 // The CPU backend with a delay before each call (all made by the schedule's device thread).
-class DelayingBackend final : public ModelBackend {
+class DelayingBackend final : public ForwardingBackend {
  public:
   DelayingBackend(std::unique_ptr<ModelBackend> inner, RandomDelays& delays)
-      : inner_(std::move(inner)), delays_(delays) {}
-  std::string name() const override { return inner_->name(); }
+      : ForwardingBackend(std::move(inner)), delays_(delays) {}
   float forward(const ParameterPointers& params, const TokenBatch& batch,
                 ForwardHooks& hooks) override {
     delays_.maybe_sleep();
-    return inner_->forward(params, batch, hooks);
+    return inner().forward(params, batch, hooks);
   }
-  const float* logits() const override { return inner_->logits(); }
   void backward_head(const ParameterPointers& params, float* final_norm_grad,
                      float* embeddings_grad, float loss_scale) override {
     delays_.maybe_sleep();
-    inner_->backward_head(params, final_norm_grad, embeddings_grad, loss_scale);
+    inner().backward_head(params, final_norm_grad, embeddings_grad, loss_scale);
   }
   void backward_block(int layer, const ParameterPointers& params, float* block_grad) override {
     delays_.maybe_sleep();
-    inner_->backward_block(layer, params, block_grad);
+    inner().backward_block(layer, params, block_grad);
     if (after_backward_block_) after_backward_block_(layer, block_grad);
     delays_.maybe_sleep();  // between the writes and the fence the schedule takes next
   }
@@ -101,36 +100,33 @@ class DelayingBackend final : public ModelBackend {
   }
   void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) override {
     delays_.maybe_sleep();
-    inner_->backward_embeddings(params, embeddings_grad);
+    inner().backward_embeddings(params, embeddings_grad);
   }
-  size_t micro_batch_state_bytes() const override { return inner_->micro_batch_state_bytes(); }
   void park_micro_batch(void* store, bool with_inputs) override {
     delays_.maybe_sleep();
-    inner_->park_micro_batch(store, with_inputs);
+    inner().park_micro_batch(store, with_inputs);
   }
   void resume_micro_batch(const void* store, int layer) override {
     delays_.maybe_sleep();
-    inner_->resume_micro_batch(store, layer);
+    inner().resume_micro_batch(store, layer);
   }
-  size_t hidden_state_bytes() const override { return inner_->hidden_state_bytes(); }
   void forward_embeddings(const ParameterPointers& params, const TokenBatch& batch, void* hidden,
                           void* store, ForwardHooks& hooks) override {
     delays_.maybe_sleep();
-    inner_->forward_embeddings(params, batch, hidden, store, hooks);
+    inner().forward_embeddings(params, batch, hidden, store, hooks);
   }
   void forward_block(int layer, const ParameterPointers& params, void* hidden, void* store,
                      ForwardHooks& hooks) override {
     delays_.maybe_sleep();
-    inner_->forward_block(layer, params, hidden, store, hooks);
+    inner().forward_block(layer, params, hidden, store, hooks);
   }
   float forward_head(const ParameterPointers& params, const TokenBatch& batch, const void* hidden,
                      ForwardHooks& hooks) override {
     delays_.maybe_sleep();
-    return inner_->forward_head(params, batch, hidden, hooks);
+    return inner().forward_head(params, batch, hidden, hooks);
   }
 
  private:
-  std::unique_ptr<ModelBackend> inner_;
   RandomDelays& delays_;
   std::function<void(int, float*)> after_backward_block_;
 };

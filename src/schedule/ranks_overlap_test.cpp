@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "schedule/forwarding_backend_test_support.h"
 #include "schedule/random_step.h"
 #include "schedule/ranks_test_support.h"
 #include "schedule/schedule.h"
@@ -42,29 +43,13 @@ bool starts_with(const std::string& text, const char* prefix) {
 constexpr auto kSlowBackward = std::chrono::milliseconds(20);
 constexpr auto kSlowSum = std::chrono::milliseconds(5);
 
-class SlowBackwardBackend final : public ModelBackend {
+class SlowBackwardBackend final : public ForwardingBackend {
  public:
-  explicit SlowBackwardBackend(std::unique_ptr<ModelBackend> inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return inner_->name(); }
-  float forward(const ParameterPointers& params, const TokenBatch& batch,
-                ForwardHooks& hooks) override {
-    return inner_->forward(params, batch, hooks);
-  }
-  const float* logits() const override { return inner_->logits(); }
-  void backward_head(const ParameterPointers& params, float* final_norm_grad,
-                     float* embeddings_grad, float loss_scale) override {
-    inner_->backward_head(params, final_norm_grad, embeddings_grad, loss_scale);
-  }
+  using ForwardingBackend::ForwardingBackend;
   void backward_block(int layer, const ParameterPointers& params, float* block_grad) override {
     std::this_thread::sleep_for(kSlowBackward);
-    inner_->backward_block(layer, params, block_grad);
+    inner().backward_block(layer, params, block_grad);
   }
-  void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) override {
-    inner_->backward_embeddings(params, embeddings_grad);
-  }
-
- private:
-  std::unique_ptr<ModelBackend> inner_;
 };
 
 // The ranks, with a sleep of kSlowSum before each sum of floats.

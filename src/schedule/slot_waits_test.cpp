@@ -22,6 +22,7 @@
 #include <span>
 #include <vector>
 
+#include "schedule/forwarding_backend_test_support.h"
 #include "schedule/forwarding_device_test_support.h"
 #include "schedule/schedule.h"
 
@@ -111,50 +112,16 @@ class SlotWatch {
 };
 
 // The CPU backend, telling `watch` where each block's backward starts.
-class WatchedBackend final : public ModelBackend {
+class WatchedBackend final : public ForwardingBackend {
  public:
   WatchedBackend(std::unique_ptr<ModelBackend> inner, SlotWatch& watch)
-      : inner_(std::move(inner)), watch_(watch) {}
-  std::string name() const override { return inner_->name(); }
-  float forward(const ParameterPointers& params, const TokenBatch& batch,
-                ForwardHooks& hooks) override {
-    return inner_->forward(params, batch, hooks);
-  }
-  const float* logits() const override { return inner_->logits(); }
-  void backward_head(const ParameterPointers& params, float* final_norm_grad,
-                     float* embeddings_grad, float loss_scale) override {
-    inner_->backward_head(params, final_norm_grad, embeddings_grad, loss_scale);
-  }
+      : ForwardingBackend(std::move(inner)), watch_(watch) {}
   void backward_block(int layer, const ParameterPointers& params, float* block_grad) override {
     watch_.backward_starts(layer, block_grad);
-    inner_->backward_block(layer, params, block_grad);
-  }
-  void backward_embeddings(const ParameterPointers& params, float* embeddings_grad) override {
-    inner_->backward_embeddings(params, embeddings_grad);
-  }
-  size_t micro_batch_state_bytes() const override { return inner_->micro_batch_state_bytes(); }
-  void park_micro_batch(void* store, bool with_inputs) override {
-    inner_->park_micro_batch(store, with_inputs);
-  }
-  void resume_micro_batch(const void* store, int layer) override {
-    inner_->resume_micro_batch(store, layer);
-  }
-  size_t hidden_state_bytes() const override { return inner_->hidden_state_bytes(); }
-  void forward_embeddings(const ParameterPointers& params, const TokenBatch& batch, void* hidden,
-                          void* store, ForwardHooks& hooks) override {
-    inner_->forward_embeddings(params, batch, hidden, store, hooks);
-  }
-  void forward_block(int layer, const ParameterPointers& params, void* hidden, void* store,
-                     ForwardHooks& hooks) override {
-    inner_->forward_block(layer, params, hidden, store, hooks);
-  }
-  float forward_head(const ParameterPointers& params, const TokenBatch& batch, const void* hidden,
-                     ForwardHooks& hooks) override {
-    return inner_->forward_head(params, batch, hidden, hooks);
+    inner().backward_block(layer, params, block_grad);
   }
 
  private:
-  std::unique_ptr<ModelBackend> inner_;
   SlotWatch& watch_;
 };
 
