@@ -176,9 +176,9 @@ bool device_side_fits(const MemoryPlan& plan, const MemoryBudgets& budgets) {
 }
 
 // --streamed-blocks auto against `budgets` (the placement resolved): none where the plan fits, or
-// where streaming cannot run (gpu mode); else the
-// fewest blocks that let the device's side fit, none where no count does (the budget check then
-// says why). An explicit count comes back as it was.
+// where streaming cannot run (gpu mode); else the fewest blocks that let the device's side fit,
+// none where no count does (the budget check then says why). An explicit count comes back as it
+// was.
 MemoryPlanRequest resolve_streamed_blocks(MemoryPlanRequest request, const MemoryBudgets& budgets) {
   StreamedBlocks& streamed = request.streamed_blocks;
   if (!streamed.automatic || streamed.resolved) return request;
@@ -191,12 +191,34 @@ MemoryPlanRequest resolve_streamed_blocks(MemoryPlanRequest request, const Memor
   int host_blocks = 0;
   for (size_t index = 1; index + 1 < resident.step.spans.size(); ++index)
     host_blocks += resident.step.spans[index].site != UpdateSite::kDevice;
-  for (int count = 1; count <= host_blocks; ++count) {
+  const auto device_fits_streaming = [&](int count) {
     streamed.count = count;
-    if (device_side_fits(plan_memory(request), budgets)) return request;
+    return device_side_fits(plan_memory(request), budgets);
+  };
+  // Each block streamed gives up its device weights for a share of the ring's two slots, so the
+  // device's side never grows with the count: the fewest that fit, by bisection (a 96-block model
+  // is planned a few times, not 96).
+  if (host_blocks == 0 || !device_fits_streaming(host_blocks)) {
+    streamed.count = 0;
+    return request;
   }
-  streamed.count = 0;
+  int fewest = host_blocks, below = 0;  // fewest fits; below does not (0: the resident plan)
+  while (fewest - below > 1) {
+    const int middle = below + (fewest - below) / 2;
+    (device_fits_streaming(middle) ? fewest : below) = middle;
+  }
+  streamed.count = fewest;
   return request;
+}
+
+// Whether layup may keep blocks' state on the device: on a discrete GPU whose own memory holds the
+// weights (with the weights placed in pinned memory the device computes with the master weights in
+// place and has no copy to update blocks in).
+bool has_device_tier(const MemoryPlanRequest& request) {
+  return request.mode == Mode::kLayup && request.device == DeviceKind::kCuda &&
+         !request.attributes.integrated &&
+         resolve_placement(request.mode, request.attributes,
+                           request.place)[TensorClass::kWeights] != MemoryKind::kPinnedMapped;
 }
 
 // --optimizer-placement auto against `budgets` (resolve_optimizer_placement), the disk only where
@@ -208,13 +230,7 @@ MemoryPlanRequest resolve_blocks(MemoryPlanRequest request, const MemoryBudgets&
   placement.resolved = true;
   placement.device_blocks = placement.disk_blocks = 0;
   if (request.mode != Mode::kLayup) return request;
-  // Blocks on the device: on a discrete GPU whose own memory holds the weights (with the weights
-  // placed in pinned memory the device computes with the master weights in place and has no copy
-  // to update blocks in).
-  const bool device_tier =
-      request.device == DeviceKind::kCuda && !request.attributes.integrated &&
-      resolve_placement(request.mode, request.attributes, request.place)[TensorClass::kWeights] !=
-          MemoryKind::kPinnedMapped;
+  const bool device_tier = has_device_tier(request);
   const auto device_fits = [&budgets](const MemoryPlan& plan) {
     return device_side_fits(plan, budgets);
   };
@@ -266,6 +282,37 @@ std::optional<MemoryPlanRequest> with_fewest_disk_blocks(const MemoryPlanRequest
   return std::nullopt;
 }
 
+// Where no choice above fits: of the heads `asked` allows, the most blocks on the device whose plan
+// fits once the fewest streamed blocks (where streaming is automatic) free the device's side. A
+// block updated on the device keeps no state on the host, and streaming more blocks makes room for
+// its state on the device: a run short on both sides may fit that way, where the placement chosen
+// before streaming (as many blocks as fit unstreamed) does not. None where `asked`'s placement is
+// explicit or no count fits.
+std::optional<MemoryPlanRequest> with_more_blocks_on_device_streamed(const MemoryPlanRequest& asked,
+                                                                     const MemoryBudgets& budgets) {
+  if (!asked.optimizer_placement.automatic || asked.optimizer_placement.resolved ||
+      !has_device_tier(asked))
+    return std::nullopt;
+  std::vector<LayupHead> heads = {asked.layup_head};
+  if (asked.layup_head == LayupHead::kAuto) heads = {LayupHead::kDevice, LayupHead::kHost};
+  const int host_kept = asked.streamed_blocks.automatic ? 0 : asked.streamed_blocks.count;
+  for (int blocks = asked.config.n_layer - host_kept; blocks >= 1; --blocks)
+    for (const LayupHead head : heads) {
+      MemoryPlanRequest tried = asked;
+      tried.layup_head = head;
+      tried.optimizer_placement.resolved = true;
+      tried.optimizer_placement.device_blocks = blocks;
+      tried.optimizer_placement.disk_blocks = 0;
+      try {
+        tried = resolve_streamed_blocks(tried, budgets);
+      } catch (const Error&) {
+        continue;
+      }
+      if (plan_fits(tried, budgets)) return tried;
+    }
+  return std::nullopt;
+}
+
 // --optimizer-placement and --layup-head auto (resolve_optimizer_placement).
 MemoryPlanRequest resolve_placement_and_head(MemoryPlanRequest request,
                                              const MemoryBudgets& budgets) {
@@ -310,6 +357,8 @@ MemoryPlanRequest resolve_tiers(MemoryPlanRequest request, const MemoryBudgets& 
   for (const MemoryPlanRequest& tried : streamed)
     if (std::optional<MemoryPlanRequest> on_disk = with_fewest_disk_blocks(request, tried, budgets))
       return *on_disk;
+  if (std::optional<MemoryPlanRequest> more = with_more_blocks_on_device_streamed(request, budgets))
+    return *more;
   return resolved;
 }
 

@@ -38,7 +38,9 @@ MemoryPlan plan_memory(const MemoryPlanRequest& request);
 // nothing from the move, and the CPU backend computes in place. An explicit placement comes back
 // as it was. --layup-head auto, which puts the head on a discrete GPU, is resolved too: to the
 // host where no plan with the head on the device fits and one with it on the host does, before
-// any block goes to disk. So auto never refuses a run that some explicit head and placement fit.
+// any block goes to disk. --streamed-blocks auto then streams the fewest blocks the device needs;
+// where nothing fits, more blocks on the device with more streamed are tried last. So auto never
+// refuses a run that some explicit head, placement and streamed count fit.
 // With the machine's `rates` (a calibration; null: none), offload and layup on a discrete GPU then
 // stage through the device the number of the host's blocks (spread over them) whose plan fits and
 // the step-time model predicts fastest, where that is at least 1% faster than staging none: the

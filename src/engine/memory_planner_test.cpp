@@ -606,6 +606,96 @@ TEST(MemoryPlan, AutoNeverRefusesWhatAnExplicitHeadAndPlacementFit) {
   EXPECT_GT(checked, 100);
 }
 
+// The same with streamed blocks among the explicit choices, and with the head or the streamed
+// count given while the placement is auto: whatever explicit choices fit a pair of budgets, auto
+// for the rest fits it too. The budgets are a sample of the choices' own sizes, on both sides.
+TEST(MemoryPlan, AutoNeverRefusesWhatExplicitChoicesWithStreamedBlocksFit) {
+  const ModelConfig config = gpt2_config(4, 2, 64, 32, 61);  // the blocks outweigh the head
+  MemoryPlanRequest request = on_a_discrete_gpu(cpu_request(config, "layup", 2, 32));
+  request.layup_clip = LayupClip::kDeferred;
+  request.recompute = 3;
+  request.offload_dir = "/offload";
+  struct Choice {
+    LayupHead head;
+    int streamed;
+    MemoryPlan plan;
+  };
+  std::vector<Choice> choices;
+  for (const LayupHead head : {LayupHead::kDevice, LayupHead::kHost})
+    for (int device = 0; device <= config.n_layer; ++device)
+      for (int disk = 0; device + disk <= config.n_layer; ++disk)
+        for (int streamed = 0; device + streamed <= config.n_layer; ++streamed) {
+          MemoryPlanRequest r = request;
+          r.layup_head = head;
+          r.optimizer_placement =
+              OptimizerPlacement::parse("device:" + std::to_string(device) +
+                                        (disk > 0 ? ",disk:" + std::to_string(disk) : ""));
+          r.streamed_blocks = StreamedBlocks::parse(std::to_string(streamed));
+          try {
+            choices.push_back({head, streamed, plan_memory(r)});
+          } catch (const Error&) {  // a combination the planner refuses is no choice
+          }
+        }
+  ASSERT_GT(choices.size(), 100u);
+
+  // Every second of the choices' sizes on each side, sorted: from the smallest to the largest.
+  std::vector<size_t> device_sizes, host_sizes;
+  for (const Choice& choice : choices) {
+    device_sizes.push_back(choice.plan.bytes(MemorySide::kDevice));
+    host_sizes.push_back(choice.plan.bytes(MemorySide::kHost));
+  }
+  const auto sample = [](std::vector<size_t> sizes) {
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    std::vector<size_t> every_second;
+    for (size_t i = 0; i < sizes.size(); i += 2) every_second.push_back(sizes[i]);
+    if (every_second.back() != sizes.back()) every_second.push_back(sizes.back());
+    return every_second;
+  };
+  // What auto leaves to the planner: all three, or the placement with the head or the streamed
+  // count given (-1: auto).
+  struct Asked {
+    LayupHead head;
+    int streamed;
+  };
+  std::vector<Asked> asked = {
+      {LayupHead::kAuto, -1}, {LayupHead::kDevice, -1}, {LayupHead::kHost, -1}};
+  for (int streamed = 0; streamed <= config.n_layer; ++streamed)
+    asked.push_back({LayupHead::kAuto, streamed});
+  int checked = 0, streaming = 0;
+  MemoryBudgets budgets;
+  for (const size_t device : sample(device_sizes))
+    for (const size_t host : sample(host_sizes)) {
+      budgets.device = device;
+      budgets.host = host;
+      for (const Asked& ask : asked) {
+        const bool some_fits = std::any_of(choices.begin(), choices.end(), [&](const Choice& c) {
+          return (ask.head == LayupHead::kAuto || c.head == ask.head) &&
+                 (ask.streamed < 0 || c.streamed == ask.streamed) && fits(c.plan, budgets);
+        });
+        if (!some_fits) continue;
+        ++checked;
+        MemoryPlanRequest automatic = request;
+        automatic.layup_head = ask.head;
+        if (ask.streamed >= 0)
+          automatic.streamed_blocks = StreamedBlocks::parse(std::to_string(ask.streamed));
+        automatic = resolve_optimizer_placement(automatic, budgets);
+        streaming += ask.streamed < 0 && automatic.streamed_blocks.blocks() > 0;
+        EXPECT_TRUE(fits(plan_memory(automatic), budgets))
+            << "device budget " << device << ", host budget " << host << ", head "
+            << (ask.head == LayupHead::kAuto   ? "auto"
+                : ask.head == LayupHead::kHost ? "host"
+                                               : "device")
+            << ", streamed blocks " << (ask.streamed < 0 ? "auto" : std::to_string(ask.streamed))
+            << ": auto chose " << automatic.optimizer_placement.name() << ", streamed blocks "
+            << automatic.streamed_blocks.name() << ", the head on the "
+            << (automatic.layup_head == LayupHead::kHost ? "host" : "device");
+      }
+    }
+  EXPECT_GT(checked, 500);
+  EXPECT_GT(streaming, 0);  // the grid reaches budgets that only streaming fits
+}
+
 TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
   const ModelConfig config = tiny_config();
   MemoryPlanRequest request = cpu_request(config, "layup", 1, 8);
