@@ -683,17 +683,15 @@ TEST(MemoryPlan, AutoNeverRefusesWhatExplicitChoicesWithStreamedBlocksFit) {
         streaming += ask.streamed < 0 && automatic.streamed_blocks.blocks() > 0;
         EXPECT_TRUE(fits(plan_memory(automatic), budgets))
             << "device budget " << device << ", host budget " << host << ", head "
-            << (ask.head == LayupHead::kAuto   ? "auto"
-                : ask.head == LayupHead::kHost ? "host"
-                                               : "device")
-            << ", streamed blocks " << (ask.streamed < 0 ? "auto" : std::to_string(ask.streamed))
-            << ": auto chose " << automatic.optimizer_placement.name() << ", streamed blocks "
+            << name_of(ask.head) << ", streamed blocks "
+            << (ask.streamed < 0 ? "auto" : std::to_string(ask.streamed)) << ": auto chose "
+            << automatic.optimizer_placement.name() << ", streamed blocks "
             << automatic.streamed_blocks.name() << ", the head on the "
-            << (automatic.layup_head == LayupHead::kHost ? "host" : "device");
+            << name_of(automatic.layup_head);
       }
     }
   EXPECT_GT(checked, 500);
-  EXPECT_GT(streaming, 0);  // the grid reaches budgets that only streaming fits
+  EXPECT_GT(streaming, 0);  // the grid reaches budgets where auto streams blocks
 }
 
 TEST(MemoryPlan, PlacementIsCheckedAgainstTheDevice) {
