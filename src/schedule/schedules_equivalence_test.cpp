@@ -131,14 +131,66 @@ bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
+// Parameters and both moments equal bit for bit; `what` names the comparison in a failure.
+void expect_same_tensors(const OptimizerTensors& expected, const OptimizerTensors& actual,
+                         const std::string& what) {
+  EXPECT_TRUE(bitwise_equal(expected.params, actual.params)) << what << ": params";
+  EXPECT_TRUE(bitwise_equal(expected.adam_m, actual.adam_m)) << what << ": m";
+  EXPECT_TRUE(bitwise_equal(expected.adam_v, actual.adam_v)) << what << ": v";
+}
+
 void expect_same(const TrainingRun& expected, const TrainingRun& actual, const std::string& mode) {
   EXPECT_TRUE(bitwise_equal(expected.losses, actual.losses)) << mode << ": losses";
   EXPECT_TRUE(bitwise_equal(expected.norms, actual.norms)) << mode << ": gradient norms";
   EXPECT_TRUE(bitwise_equal(expected.clip_factors, actual.clip_factors)) << mode << ": clip";
-  EXPECT_TRUE(bitwise_equal(expected.tensors.params, actual.tensors.params)) << mode << ": params";
-  EXPECT_TRUE(bitwise_equal(expected.tensors.adam_m, actual.tensors.adam_m)) << mode << ": m";
-  EXPECT_TRUE(bitwise_equal(expected.tensors.adam_v, actual.tensors.adam_v)) << mode << ": v";
+  expect_same_tensors(expected.tensors, actual.tensors, mode);
 }
+
+// A schedule of `mode` on a fresh CPU backend of the tests' batch shape.
+std::unique_ptr<Schedule> cpu_schedule(Mode mode, const ParameterLayout& layout,
+                                       const ScheduleOptions& options = {},
+                                       std::shared_ptr<MemoryAccountant> accountant = nullptr) {
+  return make_schedule(mode, make_cpu_backend(layout.config(), kBatch, kSeqLen),
+                       make_cpu_device(std::move(accountant)), layout, options);
+}
+
+// The resume tests' data and steps: step `step` trains on random tokens drawn from a seed of its
+// own, so a run broken at any step and resumed sees the batches an unbroken run sees; every
+// second step clips (at 1e-3, always), the others do not.
+class ResumeSteps {
+ public:
+  ResumeSteps(const ModelConfig& config, unsigned seed)
+      : vocab_size_(config.vocab_size),
+        seed_(seed),
+        inputs_(kBatch * kSeqLen),
+        targets_(kBatch * kSeqLen) {}
+
+  TokenBatch batch(int step) {
+    std::mt19937 step_rng(seed_ + static_cast<unsigned>(step));
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      inputs_[i] = static_cast<int32_t>(step_rng() % vocab_size_);
+      targets_[i] = static_cast<int32_t>(step_rng() % vocab_size_);
+    }
+    return TokenBatch{inputs_.data(), targets_.data(), kBatch, kSeqLen};
+  }
+
+  // Steps from .. to - 1.
+  void run(Schedule& schedule, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      const TokenBatch step_batch = batch(step);
+      UpdateSettings settings;
+      settings.adamw.hyper.lr = 1e-2f;
+      settings.adamw.t = step + 1;
+      settings.clip_max_norm = step % 2 == 0 ? 1e-3f : 0.0f;
+      EXPECT_TRUE(schedule.step(std::span(&step_batch, 1), settings).applied) << "step " << step;
+    }
+  }
+
+ private:
+  int vocab_size_;
+  unsigned seed_;
+  std::vector<int32_t> inputs_, targets_;
+};
 
 void check_modes_agree(int micro_batches, bool clip, const ModelConfig& config = tiny_config()) {
   const TrainingRun gpu = train(with_options("gpu", {}), micro_batches, clip, config);
@@ -217,8 +269,7 @@ TEST(SchedulesEquivalence, SpeculativeClippingTrainsLikeTheGpuMode) {
     // step unclipped on a copy of the state (clipping a step does not change its own norm).
     std::vector<float> thresholds;
     Schedule* reference = nullptr;
-    std::unique_ptr<Schedule> probe = make_schedule(
-        Mode::kGpu, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
+    std::unique_ptr<Schedule> probe = cpu_schedule(Mode::kGpu, layout);
     const ScheduleFactory gpu_recording = [&](std::unique_ptr<ModelBackend> backend,
                                               std::unique_ptr<Device> device,
                                               const ParameterLayout& gpu_layout) {
@@ -290,10 +341,9 @@ TEST(SchedulesEquivalence, HeadUpdatedOnTheDeviceTrainsTheSame) {
       "layup, slots only, head on device");
 
   const ModelConfig config = tiny_config();
-  EXPECT_THROW(
-      make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                    layout, {.weights_in_place = true, .update_sites = head_on_device(layout)}),
-      Error);
+  EXPECT_THROW(cpu_schedule(Mode::kLayup, layout,
+                            {.weights_in_place = true, .update_sites = head_on_device(layout)}),
+               Error);
 }
 
 // Any span may be updated on the device (ScheduleOptions::update_sites), not only the head: block
@@ -336,14 +386,13 @@ TEST(SchedulesEquivalence, BlocksUpdatedOnTheDeviceTrainTheSame) {
 
   const ModelConfig config = tiny_config();
   EXPECT_THROW(
-      make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                    layout, {.weights_in_place = true, .update_sites = block_1}),
+      cpu_schedule(Mode::kLayup, layout, {.weights_in_place = true, .update_sites = block_1}),
       Error)
       << "a device-updated block needs the device's copy of the weights";
-  EXPECT_THROW(make_schedule(
-                   Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                   layout, {.update_sites = std::vector<UpdateSite>(spans - 1, UpdateSite::kHost)}),
-               Error)
+  EXPECT_THROW(
+      cpu_schedule(Mode::kLayup, layout,
+                   {.update_sites = std::vector<UpdateSite>(spans - 1, UpdateSite::kHost)}),
+      Error)
       << "one site per span";
   std::vector<UpdateSite> blocks_0_to_1 = head_on_device(layout);
   blocks_0_to_1[1] = blocks_0_to_1[2] = UpdateSite::kDevice;
@@ -641,48 +690,23 @@ TEST(SchedulesEquivalence, StreamedWeightsTrainLikeResidentOnes) {
 TEST(SchedulesEquivalence, StreamedRunsResumeAndEvaluateBitForBit) {
   const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
-  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
-  const auto batch_of = [&](int step) {
-    std::mt19937 step_rng(static_cast<unsigned>(1000 + step));  // the same data in every run
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      inputs[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
-      targets[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
-    }
-    return TokenBatch{inputs.data(), targets.data(), kBatch, kSeqLen};
-  };
-  const auto steps = [&](Schedule& schedule, int from, int to) {
-    for (int step = from; step < to; ++step) {
-      const TokenBatch batch = batch_of(step);
-      UpdateSettings settings;
-      settings.adamw.hyper.lr = 1e-2f;
-      settings.adamw.t = step + 1;
-      settings.clip_max_norm = step % 2 == 0 ? 1e-3f : 0.0f;
-      EXPECT_TRUE(schedule.step(std::span(&batch, 1), settings).applied) << "step " << step;
-    }
-  };
-  const auto make = [&](Mode mode, const ScheduleOptions& options) {
-    return make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
-                         options);
-  };
+  ResumeSteps steps(config, 1000);
   const ScheduleOptions streamed{.speculative_clip = true, .streamed_blocks = 3};
-  std::unique_ptr<Schedule> unbroken = make(Mode::kGpu, {});
+  std::unique_ptr<Schedule> unbroken = cpu_schedule(Mode::kGpu, layout);
   unbroken->import_tensors(fresh_optimizer_tensors(layout, 7));
-  steps(*unbroken, 0, 6);
+  steps.run(*unbroken, 0, 6);
   const OptimizerTensors expected = unbroken->export_tensors();
-  const float expected_loss = unbroken->evaluate(batch_of(99));
+  const float expected_loss = unbroken->evaluate(steps.batch(99));
 
-  std::unique_ptr<Schedule> first = make(Mode::kLayup, streamed);
+  std::unique_ptr<Schedule> first = cpu_schedule(Mode::kLayup, layout, streamed);
   first->import_tensors(fresh_optimizer_tensors(layout, 7));
-  steps(*first, 0, 3);
+  steps.run(*first, 0, 3);
   const OptimizerTensors checkpoint = first->export_tensors();
-  std::unique_ptr<Schedule> resumed = make(Mode::kLayup, streamed);
+  std::unique_ptr<Schedule> resumed = cpu_schedule(Mode::kLayup, layout, streamed);
   resumed->import_tensors(checkpoint);
-  steps(*resumed, 3, 6);
-  const OptimizerTensors got = resumed->export_tensors();
-  EXPECT_TRUE(bitwise_equal(expected.params, got.params)) << "params";
-  EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m)) << "m";
-  EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v)) << "v";
-  const float loss = resumed->evaluate(batch_of(99));
+  steps.run(*resumed, 3, 6);
+  expect_same_tensors(expected, resumed->export_tensors(), "resumed");
+  const float loss = resumed->evaluate(steps.batch(99));
   EXPECT_EQ(std::memcmp(&loss, &expected_loss, sizeof loss), 0) << loss << " " << expected_loss;
 }
 
@@ -795,43 +819,21 @@ TEST(SchedulesEquivalence, StagedBlocksTrainLikeHostUpdatedOnes) {
 TEST(SchedulesEquivalence, StagedBlocksSurviveACheckpoint) {
   const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
-  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
-  const auto steps = [&](Schedule& schedule, int from, int to) {
-    for (int step = from; step < to; ++step) {
-      std::mt19937 step_rng(static_cast<unsigned>(500 + step));  // the same data in every run
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        inputs[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
-        targets[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
-      }
-      const TokenBatch batch{inputs.data(), targets.data(), kBatch, kSeqLen};
-      UpdateSettings settings;
-      settings.adamw.hyper.lr = 1e-2f;
-      settings.adamw.t = step + 1;
-      settings.clip_max_norm = step % 2 == 0 ? 1e-3f : 0.0f;
-      EXPECT_TRUE(schedule.step(std::span(&batch, 1), settings).applied) << "step " << step;
-    }
-  };
-  const auto make = [&](Mode mode, const ScheduleOptions& options) {
-    return make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
-                         options);
-  };
+  ResumeSteps steps(config, 500);
   const ScheduleOptions staged{.speculative_clip = true, .update_sites = staged_0_and_2(layout)};
-  std::unique_ptr<Schedule> unbroken = make(Mode::kGpu, {});
+  std::unique_ptr<Schedule> unbroken = cpu_schedule(Mode::kGpu, layout);
   unbroken->import_tensors(fresh_optimizer_tensors(layout, 7));
-  steps(*unbroken, 0, 6);
+  steps.run(*unbroken, 0, 6);
   const OptimizerTensors expected = unbroken->export_tensors();
   for (const Mode second : {Mode::kLayup, Mode::kGpu}) {
     SCOPED_TRACE(name_of(second));
-    std::unique_ptr<Schedule> first = make(Mode::kLayup, staged);
+    std::unique_ptr<Schedule> first = cpu_schedule(Mode::kLayup, layout, staged);
     first->import_tensors(fresh_optimizer_tensors(layout, 7));
-    steps(*first, 0, 3);
-    std::unique_ptr<Schedule> resumed = make(second, staged);
+    steps.run(*first, 0, 3);
+    std::unique_ptr<Schedule> resumed = cpu_schedule(second, layout, staged);
     resumed->import_tensors(first->export_tensors());
-    steps(*resumed, 3, 6);
-    const OptimizerTensors got = resumed->export_tensors();
-    EXPECT_TRUE(bitwise_equal(expected.params, got.params)) << "params";
-    EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m)) << "m";
-    EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v)) << "v";
+    steps.run(*resumed, 3, 6);
+    expect_same_tensors(expected, resumed->export_tensors(), "resumed");
   }
 }
 
@@ -842,8 +844,7 @@ TEST(SchedulesEquivalence, StagedBlocksRefuseWhatTheyCannotDo) {
   test_files::TempDir dir;
   const auto message = [&](const ScheduleOptions& options) {
     try {
-      make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                    layout, options);
+      cpu_schedule(Mode::kLayup, layout, options);
     } catch (const Error& error) {
       return std::string(error.what());
     }
@@ -869,8 +870,7 @@ TEST(SchedulesEquivalence, BlocksOnDiskRefuseWhatTheyCannotDo) {
   std::vector<UpdateSite> sites(layout.spans().size(), UpdateSite::kHost);
   sites[1 + 1] = UpdateSite::kDisk;
   const auto make = [&](const ScheduleOptions& options) {
-    return make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                         layout, options);
+    return cpu_schedule(Mode::kLayup, layout, options);
   };
   const auto message = [&](const ScheduleOptions& options) {
     try {
@@ -906,40 +906,20 @@ TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
   sites[1 + 2] = UpdateSite::kDisk;
   test_files::TempDir dir;
   const ScheduleOptions options{.update_sites = sites, .offload_dir = dir.path()};
-  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
-  const auto steps = [&](Schedule& schedule, int from, int to) {
-    for (int step = from; step < to; ++step) {
-      std::mt19937 step_rng(static_cast<unsigned>(1000 + step));  // the same data in every run
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        inputs[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
-        targets[i] = static_cast<int32_t>(step_rng() % config.vocab_size);
-      }
-      const TokenBatch batch{inputs.data(), targets.data(), kBatch, kSeqLen};
-      UpdateSettings settings;
-      settings.adamw.hyper.lr = 1e-2f;
-      settings.adamw.t = step + 1;
-      settings.clip_max_norm = step % 2 == 0 ? 1e-3f : 0.0f;
-      EXPECT_TRUE(schedule.step(std::span(&batch, 1), settings).applied) << "step " << step;
-    }
-  };
-  const auto layup = [&](std::shared_ptr<MemoryAccountant> accountant = nullptr) {
-    return make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen),
-                         make_cpu_device(std::move(accountant)), layout, options);
-  };
-
-  std::unique_ptr<Schedule> unbroken = layup();
+  ResumeSteps steps(config, 1000);
+  std::unique_ptr<Schedule> unbroken = cpu_schedule(Mode::kLayup, layout, options);
   unbroken->import_tensors(fresh_optimizer_tensors(layout, 7));
-  steps(*unbroken, 0, 6);
+  steps.run(*unbroken, 0, 6);
   const OptimizerTensors expected = unbroken->export_tensors();
 
-  std::unique_ptr<Schedule> first = layup();
+  std::unique_ptr<Schedule> first = cpu_schedule(Mode::kLayup, layout, options);
   first->import_tensors(fresh_optimizer_tensors(layout, 7));
-  steps(*first, 0, 3);
+  steps.run(*first, 0, 3);
   const OptimizerTensors checkpoint = first->export_tensors();
   EXPECT_NE(checkpoint.adam_v[layout.spans()[2].offset], 0.0f) << "block 1's moments";
 
   auto accountant = std::make_shared<MemoryAccountant>();
-  std::unique_ptr<Schedule> resumed = layup(accountant);
+  std::unique_ptr<Schedule> resumed = cpu_schedule(Mode::kLayup, layout, options, accountant);
   const size_t on_device =
       layout.embeddings().count + layout.block().count + layout.final_norm().count;
   EXPECT_EQ(accountant->cell(MemorySide::kDevice, TensorClass::kOptimizerMoments, MemoryKind::kHost)
@@ -952,24 +932,14 @@ TEST(SchedulesEquivalence, DeviceUpdatedSpansSurviveACheckpoint) {
       << "the host keeps the master weights of the spans it keeps the state of (not those on "
          "the device or on disk)";
   resumed->import_tensors(checkpoint);
-  const OptimizerTensors round_trip = resumed->export_tensors();
-  EXPECT_TRUE(bitwise_equal(checkpoint.params, round_trip.params));
-  EXPECT_TRUE(bitwise_equal(checkpoint.adam_m, round_trip.adam_m));
-  EXPECT_TRUE(bitwise_equal(checkpoint.adam_v, round_trip.adam_v));
-  steps(*resumed, 3, 6);
-  const OptimizerTensors got = resumed->export_tensors();
-  EXPECT_TRUE(bitwise_equal(expected.params, got.params)) << "resumed in layup: params";
-  EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m)) << "resumed in layup: m";
-  EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v)) << "resumed in layup: v";
+  expect_same_tensors(checkpoint, resumed->export_tensors(), "exported as imported");
+  steps.run(*resumed, 3, 6);
+  expect_same_tensors(expected, resumed->export_tensors(), "resumed in layup");
 
-  std::unique_ptr<Schedule> gpu = make_schedule(
-      Mode::kGpu, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout);
+  std::unique_ptr<Schedule> gpu = cpu_schedule(Mode::kGpu, layout);
   gpu->import_tensors(checkpoint);
-  steps(*gpu, 3, 6);
-  const OptimizerTensors in_gpu_mode = gpu->export_tensors();
-  EXPECT_TRUE(bitwise_equal(expected.params, in_gpu_mode.params)) << "resumed in gpu mode: params";
-  EXPECT_TRUE(bitwise_equal(expected.adam_m, in_gpu_mode.adam_m)) << "resumed in gpu mode: m";
-  EXPECT_TRUE(bitwise_equal(expected.adam_v, in_gpu_mode.adam_v)) << "resumed in gpu mode: v";
+  steps.run(*gpu, 3, 6);
+  expect_same_tensors(expected, gpu->export_tensors(), "resumed in gpu mode");
 }
 
 // A fresh run's state, imported span by span (Schedule::initialize_fresh, one span's worth of host
@@ -987,13 +957,10 @@ TEST(SchedulesEquivalence, InitializedSpanBySpanAsWhole) {
     const ScheduleOptions options =
         mode == Mode::kLayup ? ScheduleOptions{.update_sites = sites, .offload_dir = dir.path()}
                              : ScheduleOptions{};
-    std::unique_ptr<Schedule> schedule = make_schedule(
-        mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout, options);
+    std::unique_ptr<Schedule> schedule = cpu_schedule(mode, layout, options);
     schedule->initialize_fresh(11);
     const OptimizerTensors got = schedule->export_tensors();
-    EXPECT_TRUE(bitwise_equal(expected.params, got.params));
-    EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m));
-    EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v));
+    expect_same_tensors(expected, got, "initialized span by span");
     // One part alone (a checkpoint's weights pass): the others are not touched.
     for (size_t index = 0; index < layout.spans().size(); ++index) {
       const Span& span = layout.spans()[index];
@@ -1033,8 +1000,7 @@ TEST(SchedulesEquivalence, CompactStateInGpuModeIsTheFp32UpdateWithItsMomentsCod
        {OptimizerStateKind::kBf16, OptimizerStateKind::kBlockwise8Bit}) {
     SCOPED_TRACE(name_of(kind));
     auto make = [&](OptimizerStateKind state) {
-      return make_schedule(Mode::kGpu, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                           layout, {.optimizer_state = state});
+      return cpu_schedule(Mode::kGpu, layout, {.optimizer_state = state});
     };
     std::unique_ptr<Schedule> compact = make(kind), exact = make(OptimizerStateKind::kFp32);
     compact->import_tensors(fresh_optimizer_tensors(layout, 7));
@@ -1233,8 +1199,7 @@ TEST_P(CompactStateEquivalence, CodedStateCarriesARunOnBitForBit) {
     }
   };
   auto make = [&](Mode mode, const ScheduleOptions& options) {
-    return make_schedule(mode, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(), layout,
-                         with_kind(options));
+    return cpu_schedule(mode, layout, with_kind(options));
   };
   std::vector<float> straight_losses;
   std::unique_ptr<Schedule> straight = make(Mode::kGpu, {});
@@ -1272,10 +1237,7 @@ TEST_P(CompactStateEquivalence, CodedStateCarriesARunOnBitForBit) {
     }
     run(*second, kSteps / 2, kSteps, losses);
     EXPECT_TRUE(bitwise_equal(losses, straight_losses));
-    const OptimizerTensors got = second->export_tensors();
-    EXPECT_TRUE(bitwise_equal(expected.params, got.params));
-    EXPECT_TRUE(bitwise_equal(expected.adam_m, got.adam_m));
-    EXPECT_TRUE(bitwise_equal(expected.adam_v, got.adam_v));
+    expect_same_tensors(expected, second->export_tensors(), "resumed");
   }
 }
 
@@ -1290,9 +1252,7 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CompactStateEquivalence,
 TEST(SchedulesEquivalence, LayupWithoutHostGradientRefusesToClipOrAccumulate) {
   const ModelConfig config = tiny_config();
   const ParameterLayout layout(config);
-  std::unique_ptr<Schedule> schedule =
-      make_schedule(Mode::kLayup, make_cpu_backend(config, kBatch, kSeqLen), make_cpu_device(),
-                    layout, {.host_gradient = false});
+  std::unique_ptr<Schedule> schedule = cpu_schedule(Mode::kLayup, layout, {.host_gradient = false});
   std::vector<int32_t> tokens(kBatch * kSeqLen, 1);
   const TokenBatch batch{tokens.data(), tokens.data(), kBatch, kSeqLen};
   const TokenBatch two[] = {batch, batch};
