@@ -92,13 +92,7 @@ class NcclCollectives final : public DeviceCollectives {
               "ncclRecv");
       }
       nccl_.check(nccl_.group_end(), "ncclGroupEnd");
-      if (mine > 0) {
-        const int threads = 256;
-        const int blocks = static_cast<int>(std::min<size_t>((mine + threads - 1) / threads, 4096));
-        add_in_rank_order<<<blocks, threads, 0, stream_>>>(data + bounds[rank_] + first,
-                                                           received_.data(), ranks_, stride, mine);
-        LAYUP_CUDA_CHECK_LAUNCH();
-      }
+      add_received(data + bounds[rank_] + first, mine);
     }
     order_device_after();
   }
@@ -137,6 +131,17 @@ class NcclCollectives final : public DeviceCollectives {
   // ... and the device's later work after the collectives'.
   void order_device_after() { device_.order_after(CudaFence(stream_)); }
 
+  // out[0, count) = the ranks' pieces in received_ (rank r's at r * stride), added from +0 in
+  // rank order, on stream_.
+  void add_received(float* out, size_t count) {
+    if (count == 0) return;
+    const int threads = 256;
+    const int blocks = static_cast<int>(std::min<size_t>((count + threads - 1) / threads, 4096));
+    add_in_rank_order<<<blocks, threads, 0, stream_>>>(out, received_.data(), ranks_,
+                                                       kNcclRoundFloats / ranks_, count);
+    LAYUP_CUDA_CHECK_LAUNCH();
+  }
+
   // The rank-order sum of `count` floats at `data`, issued on stream_ (one sum at a time shares
   // received_: they run in the stream's order).
   void sum_on_stream(float* data, size_t count) {
@@ -158,13 +163,7 @@ class NcclCollectives final : public DeviceCollectives {
             "ncclRecv");
       }
       nccl_.check(nccl_.group_end(), "ncclGroupEnd");
-      if (mine > 0) {
-        const int threads = 256;
-        const int blocks = static_cast<int>(std::min<size_t>((mine + threads - 1) / threads, 4096));
-        add_in_rank_order<<<blocks, threads, 0, stream>>>(data + begin(rank_), received_.data(),
-                                                          ranks_, stride, mine);
-        LAYUP_CUDA_CHECK_LAUNCH();
-      }
+      add_received(data + begin(rank_), mine);
       // The sums back to every rank.
       nccl_.check(nccl_.group_start(), "ncclGroupStart");
       for (int r = 0; r < ranks_; ++r) {

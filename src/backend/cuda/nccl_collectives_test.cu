@@ -20,16 +20,32 @@
 namespace layup {
 namespace {
 
-TEST(NcclCollectives, OneRankSumsFromPlusZero) {
-  LAYUP_REQUIRE_GPU();
-  try {
-    nccl::Library::get();
-  } catch (const Error& error) {
-    GTEST_SKIP() << error.what();
+// One rank's collectives on the CUDA device; skipped without a GPU or without NCCL.
+class NcclCollectives : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LAYUP_REQUIRE_GPU();
+    try {
+      nccl::Library::get();
+    } catch (const Error& error) {
+      GTEST_SKIP() << error.what();
+    }
+    device = make_cuda_device();
+    collectives = device->join_collectives(device->new_collectives_id(), 0, 1);
   }
-  std::unique_ptr<Device> device = make_cuda_device();
-  std::unique_ptr<DeviceCollectives> collectives =
-      device->join_collectives(device->new_collectives_id(), 0, 1);
+
+  // `data`'s `count` floats, copied back to the host.
+  std::vector<float> on_host(const DeviceBuffer& data, size_t count) const {
+    std::vector<float> host(count);
+    device->copy_to_host(host.data(), data.data(), count);
+    return host;
+  }
+
+  std::unique_ptr<Device> device;
+  std::unique_ptr<DeviceCollectives> collectives;
+};
+
+TEST_F(NcclCollectives, OneRankSumsFromPlusZero) {
   const size_t count = 2 * kNcclRoundFloats + 12345;
   Rng rng(3);
   std::vector<float> values = op_test::random_vector(rng, count);
@@ -37,8 +53,7 @@ TEST(NcclCollectives, OneRankSumsFromPlusZero) {
   DeviceBuffer data = device->allocate(count, TensorClass::kWeightGrads);
   device->copy_to_device(data.data(), values.data(), count);
   collectives->sum_in_rank_order(data.data(), count);
-  std::vector<float> summed(count);
-  device->copy_to_host(summed.data(), data.data(), count);
+  const std::vector<float> summed = on_host(data, count);
   for (size_t i = 0; i < count; ++i) {
     const float expected = 0.0f + values[i];
     ASSERT_EQ(std::memcmp(&summed[i], &expected, sizeof(float)), 0) << "element " << i;
@@ -47,16 +62,7 @@ TEST(NcclCollectives, OneRankSumsFromPlusZero) {
 
 // ZeRO-1's collectives with one rank: the reduce-scatter of one rank is +0 + x over its shard (a
 // rank's shard may start anywhere in the vector), across rounds; the all-gather leaves it as it is.
-TEST(NcclCollectives, OneRankReduceScattersFromPlusZeroAndGathersItsOwn) {
-  LAYUP_REQUIRE_GPU();
-  try {
-    nccl::Library::get();
-  } catch (const Error& error) {
-    GTEST_SKIP() << error.what();
-  }
-  std::unique_ptr<Device> device = make_cuda_device();
-  std::unique_ptr<DeviceCollectives> collectives =
-      device->join_collectives(device->new_collectives_id(), 0, 1);
+TEST_F(NcclCollectives, OneRankReduceScattersFromPlusZeroAndGathersItsOwn) {
   const size_t count = kNcclRoundFloats + 4321;
   Rng rng(5);
   std::vector<float> values = op_test::random_vector(rng, count);
@@ -66,8 +72,7 @@ TEST(NcclCollectives, OneRankReduceScattersFromPlusZeroAndGathersItsOwn) {
   const std::vector<size_t> bounds = {0, count};
   collectives->reduce_scatter_in_rank_order(data.data(), bounds);
   collectives->all_gather(data.data(), bounds);
-  std::vector<float> result(count);
-  device->copy_to_host(result.data(), data.data(), count);
+  const std::vector<float> result = on_host(data, count);
   for (size_t i = 0; i < count; ++i) {
     const float expected = 0.0f + values[i];
     ASSERT_EQ(std::memcmp(&result[i], &expected, sizeof(float)), 0) << "element " << i;
@@ -77,16 +82,7 @@ TEST(NcclCollectives, OneRankReduceScattersFromPlusZeroAndGathersItsOwn) {
 // The sum started beside the device's work (on the collectives' own stream) sees what the device
 // wrote before its fence, and device work ordered after the fence it returns sees the sum: the
 // way a schedule sums each block's gradient as its backward ends.
-TEST(NcclCollectives, AStartedSumWaitsForItsFenceAndTheDeviceOrderedAfterItSeesIt) {
-  LAYUP_REQUIRE_GPU();
-  try {
-    nccl::Library::get();
-  } catch (const Error& error) {
-    GTEST_SKIP() << error.what();
-  }
-  std::unique_ptr<Device> device = make_cuda_device();
-  std::unique_ptr<DeviceCollectives> collectives =
-      device->join_collectives(device->new_collectives_id(), 0, 1);
+TEST_F(NcclCollectives, AStartedSumWaitsForItsFenceAndTheDeviceOrderedAfterItSeesIt) {
   const size_t count = kNcclRoundFloats + 777;
   Rng rng(4);
   const std::vector<float> values = op_test::random_vector(rng, count);
@@ -100,8 +96,7 @@ TEST(NcclCollectives, AStartedSumWaitsForItsFenceAndTheDeviceOrderedAfterItSeesI
       collectives->start_sum_in_rank_order(*device, *device->fence(), data.data(), count);
   device->order_after(*summed);
   device->add(data.data(), other.data(), count);  // after the sum: it adds to the sum
-  std::vector<float> result(count);
-  device->copy_to_host(result.data(), data.data(), count);
+  const std::vector<float> result = on_host(data, count);
   for (size_t i = 0; i < count; ++i) {
     const float expected = (0.0f + (values[i] + addend[i])) + addend[i];
     ASSERT_EQ(std::memcmp(&result[i], &expected, sizeof(float)), 0) << "element " << i;
