@@ -394,28 +394,10 @@ class CudaDevice final : public Device {
                          void* bf16_weights) override {
     // The CPU's constants (optim/adamw_simd.h): the same values, so the same bits.
     const AdamWConstants constants = adamw_constants(step, /*decay=*/true);
-    const float decay_factor = constants.decay_factor;
-
-    const std::vector<TensorSpec> tensors = layout.tensors_in(span);
-    for (size_t first = 0; first < tensors.size(); first += kMaxTensorsPerLaunch) {
-      AdamWTensors batch{};
-      size_t blocks = 0;
-      for (size_t i = first; i < std::min(tensors.size(), first + kMaxTensorsPerLaunch); ++i) {
-        const int k = batch.count++;
-        batch.offset[k] = tensors[i].offset_in_span;
-        batch.size[k] = tensors[i].count;
-        batch.decay_factor[k] = tensors[i].weight_decay ? decay_factor : 1.0f;
-        batch.first_block[k] = static_cast<unsigned>(blocks);
-        blocks += ceil_div(tensors[i].count, kAdamBlockElements);
-      }
-      batch.first_block[batch.count] = static_cast<unsigned>(blocks);
-      if (blocks == 0) continue;
-      LAYUP_CHECK(blocks < (size_t{1} << 31), "a span of ", span.count,
-                  " parameters is too large for one AdamW launch");
-      adamw_kernel<<<static_cast<unsigned>(blocks), kAdamThreads, 0, cudaStreamLegacy>>>(
-          params, grads, m, v, static_cast<__nv_bfloat16*>(bf16_weights), batch, constants);
-      LAYUP_CUDA_CHECK_LAUNCH();
-    }
+    std::vector<AdamWRange> ranges;
+    for (const TensorSpec& tensor : layout.tensors_in(span))
+      ranges.push_back({tensor.offset_in_span, tensor.count, tensor.weight_decay});
+    launch_adamw(ranges, params, grads, m, v, static_cast<__nv_bfloat16*>(bf16_weights), constants);
   }
 
   void adamw_update_span_state(const ParameterLayout& layout, const Span& span, float* params,
@@ -447,29 +429,47 @@ class CudaDevice final : public Device {
       return;
     }
     // fp32: each run of elements that decay alike as one tensor of the span kernel's batch.
-    for (size_t run = 0; run < decay.size(); run += kMaxTensorsPerLaunch) {
+    std::vector<AdamWRange> ranges;
+    for (size_t r = 0; r < decay.size(); ++r) {
+      const size_t begin = r == 0 ? 0 : decay[r - 1].end;
+      const size_t end = std::min(decay[r].end, count);
+      if (end > begin) ranges.push_back({begin, end - begin, decay[r].decay});
+    }
+    launch_adamw(ranges, params, grads, moments.m_fp32(), moments.v_fp32(), bf16, constants);
+  }
+
+ private:
+  // Elements [offset, offset + count) of the buffers, decayed or not.
+  struct AdamWRange {
+    size_t offset = 0, count = 0;
+    bool decay = false;
+  };
+
+  // adamw_kernel over `ranges`, kMaxTensorsPerLaunch of them a launch, on the legacy stream.
+  static void launch_adamw(const std::vector<AdamWRange>& ranges, float* params, const float* grads,
+                           float* m, float* v, __nv_bfloat16* bf16,
+                           const AdamWConstants& constants) {
+    for (size_t first = 0; first < ranges.size(); first += kMaxTensorsPerLaunch) {
       AdamWTensors batch{};
       size_t blocks = 0;
-      for (size_t r = run; r < std::min(decay.size(), run + kMaxTensorsPerLaunch); ++r) {
-        const size_t begin = r == 0 ? 0 : decay[r - 1].end;
-        const size_t end = std::min(decay[r].end, count);
-        if (end <= begin) continue;
+      for (size_t i = first; i < std::min(ranges.size(), first + kMaxTensorsPerLaunch); ++i) {
         const int k = batch.count++;
-        batch.offset[k] = begin;
-        batch.size[k] = end - begin;
-        batch.decay_factor[k] = decay[r].decay ? constants.decay_factor : 1.0f;
+        batch.offset[k] = ranges[i].offset;
+        batch.size[k] = ranges[i].count;
+        batch.decay_factor[k] = ranges[i].decay ? constants.decay_factor : 1.0f;
         batch.first_block[k] = static_cast<unsigned>(blocks);
-        blocks += ceil_div(end - begin, kAdamBlockElements);
+        blocks += ceil_div(ranges[i].count, kAdamBlockElements);
       }
       batch.first_block[batch.count] = static_cast<unsigned>(blocks);
       if (blocks == 0) continue;
+      LAYUP_CHECK(blocks < (size_t{1} << 31), "AdamW over ", blocks, " blocks of ",
+                  kAdamBlockElements, " parameters is too large for one launch");
       adamw_kernel<<<static_cast<unsigned>(blocks), kAdamThreads, 0, cudaStreamLegacy>>>(
-          params, grads, moments.m_fp32(), moments.v_fp32(), bf16, batch, constants);
+          params, grads, m, v, bf16, batch, constants);
       LAYUP_CUDA_CHECK_LAUNCH();
     }
   }
 
- private:
   std::string name_;
   double* partials_ = nullptr;  // [kSumBlocks]
   MemoryRecord partials_record_;
