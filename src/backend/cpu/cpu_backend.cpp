@@ -243,17 +243,15 @@ float CpuBackend::forward(const ParameterPointers& params, const TokenBatch& bat
   shape_ = graph::shape_of(config_, batch.batch, batch.seq_len);
   const int BT = shape_.rows;
   std::copy_n(batch.inputs, BT, arena_.inputs);
-  resumed_ = layer_major_forward_ = layer_major_started_ = false;
+  order_.forward_started(/*layer_major=*/false);
+  layer_major_started_ = false;
   CpuOps ops(shape_, arena_);
   graph::forward(ops, shape_, layout_, params, arena_, hooks);
   return loss_of(batch);
 }
 
 float CpuBackend::loss_of(const TokenBatch& batch) {
-  if (!batch.targets) {
-    next_step_ = BackwardStep::kNeedsForwardWithTargets;
-    return std::numeric_limits<float>::quiet_NaN();
-  }
+  if (!batch.targets) return std::numeric_limits<float>::quiet_NaN();
   const int BT = shape_.rows;
   std::copy_n(batch.targets, BT, arena_.targets);
   classifier_forward(arena_.losses, arena_.logsumexp, arena_.logits, arena_.targets, BT, shape_.V,
@@ -261,49 +259,35 @@ float CpuBackend::loss_of(const TokenBatch& batch) {
   learned_targets_ = learned_target_count(batch.targets, BT);
   double total = 0.0;
   for (int n = 0; n < BT; ++n) total += arena_.losses[n];
-  next_step_ = BackwardStep::kHead;
+  order_.loss_computed();
   return learned_targets_ > 0 ? static_cast<float>(total / learned_targets_) : 0.0f;
 }
 
 void CpuBackend::backward_head(const ParameterPointers& params, float* final_norm_grad,
                                float* embeddings_grad, float loss_scale) {
-  LAYUP_CHECK(next_step_ != BackwardStep::kNeedsForwardWithTargets,
-              "backward_head needs a forward pass with targets first");
-  LAYUP_CHECK(next_step_ == BackwardStep::kHead,
-              "backward_head called in the middle of a backward pass; finish it with the blocks "
-              "and backward_embeddings first");
+  order_.check_head(/*why_once=*/"");
   // d(mean loss) / d(loss of one learned position), scaled; 0 when none is learned
   const float dloss = learned_targets_ > 0 ? loss_scale / learned_targets_ : 0.0f;
   CpuOps ops(shape_, arena_);
   graph::backward_head(ops, shape_, layout_, params, arena_, final_norm_grad, embeddings_grad,
                        dloss);
-  next_step_ = BackwardStep::kBlock;
-  next_layer_ = config_.n_layer - 1;
+  order_.head_done();
 }
 
 void CpuBackend::backward_block(int layer, const ParameterPointers& params, float* block_grad) {
-  LAYUP_CHECK(next_step_ == BackwardStep::kBlock && layer == next_layer_, "backward_block(", layer,
-              ") is out of order: backward runs backward_head, then blocks ", config_.n_layer - 1,
-              " down to 0, then backward_embeddings",
-              next_step_ == BackwardStep::kBlock ? "; the next block is " : "",
-              next_step_ == BackwardStep::kBlock ? std::to_string(next_layer_) : "");
-  LAYUP_CHECK(resumed_ || !layer_major_forward_, "backward_block(", layer,
-              ") after a layer-major forward needs resume_micro_batch first: the blocks' inputs "
-              "are in the stores");
+  order_.check_block(layer);
   CpuOps ops(shape_, arena_);
   graph::backward_block(ops, shape_, layout_.block(), layer, params.blocks[layer], block_grad,
-                        arena_, /*recompute=*/resumed_ ? 3 : 0, /*last_kept=*/!resumed_);
-  next_layer_ = layer - 1;
-  if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
+                        arena_, /*recompute=*/order_.resumed() ? 3 : 0,
+                        /*last_kept=*/!order_.resumed());
+  order_.block_done(layer);
 }
 
 void CpuBackend::backward_embeddings(const ParameterPointers& /*params*/, float* embeddings_grad) {
-  LAYUP_CHECK(next_step_ == BackwardStep::kEmbeddings,
-              "backward_embeddings called before the backward of block 0");
+  order_.check_embeddings();
   CpuOps ops(shape_, arena_);
   graph::backward_embeddings(ops, layout_.embeddings(), arena_, embeddings_grad);
-  // The forward's activations are intact, so the same backward may be run again.
-  next_step_ = BackwardStep::kHead;
+  order_.embeddings_done(/*repeatable=*/true);  // the forward's activations are intact
 }
 
 size_t CpuBackend::micro_batch_state_bytes() const {
@@ -311,9 +295,7 @@ size_t CpuBackend::micro_batch_state_bytes() const {
 }
 
 void CpuBackend::park_micro_batch(void* store, bool with_inputs) {
-  LAYUP_CHECK(next_step_ == BackwardStep::kBlock || next_step_ == BackwardStep::kEmbeddings,
-              "park_micro_batch belongs between a micro-batch's backward calls (after its "
-              "backward_head or a block's)");
+  order_.check_park();
   const MicroBatchStoreLayout at =
       micro_batch_store_layout(config_, max_batch_, max_seq_len_, sizeof(float));
   char* base = static_cast<char*>(store);
@@ -327,8 +309,7 @@ void CpuBackend::park_micro_batch(void* store, bool with_inputs) {
 }
 
 void CpuBackend::resume_micro_batch(const void* store, int layer) {
-  LAYUP_CHECK(next_step_ != BackwardStep::kNeedsForwardWithTargets && layer >= -1 &&
-                  layer < config_.n_layer,
+  LAYUP_CHECK(!order_.awaits_forward() && layer >= -1 && layer < config_.n_layer,
               "resume_micro_batch(", layer,
               ") needs a forward first and a block of the model "
               "(or -1: the embeddings)");
@@ -340,13 +321,10 @@ void CpuBackend::resume_micro_batch(const void* store, int layer) {
   if (layer >= 0) {
     std::copy_n(reinterpret_cast<const float*>(base + at.block_input(layer)), activation,
                 arena_.residual[layer]);
-    next_step_ = BackwardStep::kBlock;
   } else {
     std::copy_n(reinterpret_cast<const int32_t*>(base + at.tokens), shape_.rows, arena_.inputs);
-    next_step_ = BackwardStep::kEmbeddings;
   }
-  next_layer_ = layer;
-  resumed_ = true;
+  order_.resumed_at(layer);
 }
 
 size_t CpuBackend::hidden_state_bytes() const {
@@ -365,9 +343,8 @@ void CpuBackend::forward_embeddings(const ParameterPointers& params, const Token
       micro_batch_store_layout(config_, max_batch_, max_seq_len_, sizeof(float));
   std::copy_n(batch.inputs, shape_.rows,
               reinterpret_cast<int32_t*>(static_cast<char*>(store) + at.tokens));
-  next_step_ = BackwardStep::kNeedsForwardWithTargets;
-  resumed_ = false;
-  layer_major_forward_ = layer_major_started_ = true;
+  order_.forward_started(/*layer_major=*/true);
+  layer_major_started_ = true;
   CpuOps ops(shape_, arena_);
   graph::forward_embeddings(ops, layout_, params, static_cast<float*>(hidden), hooks);
 }
@@ -433,8 +410,8 @@ const float* CpuBackend::decode(const ParameterPointers& params, std::span<const
               " more do not fit");
   const TokenBatch batch{tokens.data(), nullptr, 1, count};
   check_batch(params, batch);
-  next_step_ = BackwardStep::kNeedsForwardWithTargets;
-  layer_major_forward_ = layer_major_started_ = false;
+  order_.forward_started(/*layer_major=*/false);
+  layer_major_started_ = false;
   shape_ = graph::shape_of(config_, 1, count);
   std::copy_n(tokens.data(), count, arena_.inputs);
   CpuDecodeOps ops(shape_, arena_,

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backward_order.h"
 #include "backend/cpu/cpu_backend_buffers.h"
 #include "backend/model_backend.h"
 #include "backend/model_graph.h"
@@ -55,9 +56,6 @@ class CpuBackend final : public ModelBackend {
   int decoded_positions() const override { return decode_cache_.length; }
 
  private:
-  // Which backward call is legal next; backward runs head, blocks L-1..0, embeddings.
-  enum class BackwardStep { kNeedsForwardWithTargets, kHead, kBlock, kEmbeddings };
-
   void check_batch(const ParameterPointers& params, const TokenBatch& batch) const;
   // The mean loss of the logits against batch.targets (forward's and forward_head's), and the
   // backward's state after it.
@@ -89,15 +87,8 @@ class CpuBackend final : public ModelBackend {
   DecodeCache decode_cache_;
   std::shared_ptr<MemoryAccountant> accountant_;
 
-  BackwardStep next_step_ = BackwardStep::kNeedsForwardWithTargets;
-  int next_layer_ = -1;
+  BackwardOrder order_{config_.n_layer};
   int learned_targets_ = 0;  // of the last forward: the divisor of its mean loss
-  // A micro-batch was resumed since the last forward: its blocks' activations are not in the
-  // arena, and each block's backward computes them again from its input.
-  bool resumed_ = false;
-  // The last forward was layer-major: the blocks' inputs are in the stores only, so a block's
-  // backward needs resume_micro_batch first.
-  bool layer_major_forward_ = false;
   // forward_embeddings has run since the last forward or decode: the blocks may follow.
   bool layer_major_started_ = false;
 };

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backward_order.h"
 #include "backend/cuda/cuda_arena.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -316,8 +317,6 @@ class CudaBackend final : public ModelBackend {
   int decoded_positions() const override { return decode_length_; }
 
  private:
-  enum class BackwardStep { kNeedsForwardWithTargets, kHead, kBlock, kEmbeddings };
-
   // The caller's hooks, each followed in bf16 by the cast of its span into the compute copy: a
   // hook may wait for the span's update, which the cast reads.
   class CastingHooks final : public ForwardHooks {
@@ -426,15 +425,8 @@ class CudaBackend final : public ModelBackend {
   mutable std::vector<float> host_logits_;
   mutable std::vector<T> host_logits_raw_;  // bf16 mode: the logits as they come off the GPU
 
-  BackwardStep next_step_ = BackwardStep::kNeedsForwardWithTargets;
-  int next_layer_ = -1;
+  BackwardOrder order_{config_.n_layer};
   int learned_targets_ = 0;  // of the last forward: the divisor of its mean loss
-  // A micro-batch was resumed since the last forward (ModelBackend::resume_micro_batch): each
-  // block's backward computes the block's forward again, the last block's too.
-  bool resumed_ = false;
-  // The last forward was layer-major: the blocks' inputs are in the stores only, so a block's
-  // backward needs resume_micro_batch first.
-  bool layer_major_forward_ = false;
   // forward_embeddings has run since the last forward or decode: the blocks may follow.
   bool layer_major_started_ = false;
   // Recorded after the last uploads from the pinned staging (staging_queued), while they may be
@@ -613,12 +605,12 @@ float CudaBackend<T>::forward(const ParameterPointers& params, const TokenBatch&
   const int BT = sizes_.rows;
   CastingHooks casting(*this, params, hooks);
   CudaOps<T> graph_ops = ops();
-  resumed_ = layer_major_forward_ = layer_major_started_ = false;
+  order_.forward_started(/*layer_major=*/false);
+  layer_major_started_ = false;
   graph::forward(graph_ops, sizes_, layout_, weights(params), arena_, casting);
   logits_valid_ = true;
 
   if (!batch.targets) {
-    next_step_ = BackwardStep::kNeedsForwardWithTargets;
     LAYUP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     staging_busy_ = false;
     return std::numeric_limits<float>::quiet_NaN();
@@ -692,7 +684,7 @@ float CudaBackend<T>::mean_loss(const TokenBatch& batch) {
   staging_busy_ = false;
   double total = 0.0;
   for (int n = 0; n < BT; ++n) total += host_losses_[n];
-  next_step_ = BackwardStep::kHead;
+  order_.loss_computed();
   return learned_targets_ > 0 ? static_cast<float>(total / learned_targets_) : 0.0f;
 }
 
@@ -710,10 +702,9 @@ void CudaBackend<T>::forward_embeddings(const ParameterPointers& params, const T
               recompute_, ")");
   int32_t* host_inputs = upload_tokens(batch);
   const int BT = sizes_.rows;
-  next_step_ = BackwardStep::kNeedsForwardWithTargets;
+  order_.forward_started(/*layer_major=*/true);
   logits_valid_ = false;
-  resumed_ = false;
-  layer_major_forward_ = layer_major_started_ = true;
+  layer_major_started_ = true;
   CastingHooks casting(*this, params, hooks);
   CudaOps<T> graph_ops = ops();
   graph::forward_embeddings(graph_ops, layout_, weights(params), static_cast<T*>(hidden), casting);
@@ -781,55 +772,41 @@ const float* CudaBackend<T>::logits() const {
 template <class T>
 void CudaBackend<T>::backward_head(const ParameterPointers& params, float* final_norm_grad,
                                    float* embeddings_grad, float loss_scale) {
-  LAYUP_CHECK(next_step_ != BackwardStep::kNeedsForwardWithTargets,
-              "backward_head needs a forward pass with targets first (on the CUDA backend, one "
-              "forward per backward pass: the head's backward consumes the logits)");
-  LAYUP_CHECK(next_step_ == BackwardStep::kHead,
-              "backward_head called in the middle of a backward pass; finish it with the blocks "
-              "and backward_embeddings first");
+  order_.check_head(
+      /*why_once=*/
+      " (on the CUDA backend, one forward per backward pass: the head's backward "
+      "consumes the logits)");
   // d(mean loss) / d(loss of one learned position), scaled; 0 when none is learned
   const float dloss = learned_targets_ > 0 ? loss_scale / learned_targets_ : 0.0f;
   logits_valid_ = false;  // the head's backward turns them into their gradient, in place
   CudaOps<T> graph_ops = ops();
   graph::backward_head(graph_ops, sizes_, layout_, weights(params), arena_, final_norm_grad,
                        embeddings_grad, dloss);
-  next_step_ = BackwardStep::kBlock;
-  next_layer_ = config_.n_layer - 1;
+  order_.head_done();
 }
 
 template <class T>
 void CudaBackend<T>::backward_block(int layer, const ParameterPointers& params, float* block_grad) {
-  LAYUP_CHECK(next_step_ == BackwardStep::kBlock && layer == next_layer_, "backward_block(", layer,
-              ") is out of order: backward runs backward_head, then blocks ", config_.n_layer - 1,
-              " down to 0, then backward_embeddings",
-              next_step_ == BackwardStep::kBlock ? "; the next block is " : "",
-              next_step_ == BackwardStep::kBlock ? std::to_string(next_layer_) : "");
-  LAYUP_CHECK(resumed_ || !layer_major_forward_, "backward_block(", layer,
-              ") after a layer-major forward needs resume_micro_batch first: the blocks' inputs "
-              "are in the stores");
+  order_.check_block(layer);
   CudaOps<T> graph_ops = ops();
   graph::backward_block(graph_ops, sizes_, layout_.block(), layer, weights(params).blocks[layer],
-                        block_grad, arena_, recompute_, /*last_kept=*/!resumed_);
-  next_layer_ = layer - 1;
-  if (layer == 0) next_step_ = BackwardStep::kEmbeddings;
+                        block_grad, arena_, recompute_, /*last_kept=*/!order_.resumed());
+  order_.block_done(layer);
 }
 
 template <class T>
 void CudaBackend<T>::backward_embeddings(const ParameterPointers& /*params*/,
                                          float* embeddings_grad) {
-  LAYUP_CHECK(next_step_ == BackwardStep::kEmbeddings,
-              "backward_embeddings called before the backward of block 0");
+  order_.check_embeddings();
   CudaOps<T> graph_ops = ops();
   graph::backward_embeddings(graph_ops, layout_.embeddings(), arena_, embeddings_grad);
   // The logits were consumed by backward_head: another backward needs another forward.
-  next_step_ = BackwardStep::kNeedsForwardWithTargets;
+  order_.embeddings_done(/*repeatable=*/false);
 }
 
 template <class T>
 void CudaBackend<T>::park_micro_batch(void* store, bool with_inputs) {
-  LAYUP_CHECK(next_step_ == BackwardStep::kBlock || next_step_ == BackwardStep::kEmbeddings,
-              "park_micro_batch belongs between a micro-batch's backward calls (after its "
-              "backward_head or a block's)");
+  order_.check_park();
   const MicroBatchStoreLayout at =
       micro_batch_store_layout(config_, max_batch_, max_seq_len_, sizeof(T));
   char* base = static_cast<char*>(store);
@@ -885,7 +862,6 @@ void CudaBackend<T>::resume_micro_batch(const void* store, int layer) {
   if (layer >= 0) {
     LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.residual[layer], base + at.block_input(layer),
                                      activation_bytes, cudaMemcpyDefault, stream_));
-    next_step_ = BackwardStep::kBlock;
   } else {
     const auto* ints = reinterpret_cast<const int32_t*>(base + at.tokens);
     const std::array<std::pair<int32_t*, size_t>, 4> parts = {{{arena_.tokens, rows},
@@ -898,10 +874,8 @@ void CudaBackend<T>::resume_micro_batch(const void* store, int layer) {
       ints += count;
     }
     segments_ = segments->second;
-    next_step_ = BackwardStep::kEmbeddings;
   }
-  next_layer_ = layer;
-  resumed_ = true;
+  order_.resumed_at(layer);
 }
 
 template <class T>
@@ -950,9 +924,9 @@ const float* CudaBackend<T>::decode(const ParameterPointers& params,
               " more do not fit");
   const TokenBatch batch{tokens.data(), nullptr, 1, count};
   check_batch(params, batch);
-  next_step_ = BackwardStep::kNeedsForwardWithTargets;
+  order_.forward_started(/*layer_major=*/false);
   logits_valid_ = false;
-  layer_major_forward_ = layer_major_started_ = false;
+  layer_major_started_ = false;
   sizes_ = graph::shape_of(config_, 1, count);
   std::copy_n(tokens.data(), count, staging_ints());
   LAYUP_CUDA_CHECK(cudaMemcpyAsync(arena_.tokens, host_ints_, count * sizeof(int32_t),
